@@ -1,0 +1,492 @@
+//! `LockGuard`: one holding of a lock, with its watchdog and lost signal.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::local_queue::LocalSlot;
+use crate::options::{check_ttl, clock_drift};
+
+/// Why a lease was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lease ran out: auto-renew was off and nobody extended it in time.
+    Expired,
+    /// Auto-renewal kept failing (e.g. the server was unreachable) until the lease ran out.
+    RenewalFailed,
+    /// The backend says the lease is no longer ours: it was deleted behind our
+    /// back, expired on the server, or is now held by another owner.
+    Revoked,
+    /// The session that held the lock expired (ZooKeeper).
+    SessionExpired,
+    /// The connection that held the lock is gone (SQL session locks).
+    ConnectionLost,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "the lease expired without being extended",
+            LostReason::RenewalFailed => "renewal failed until the lease ran out",
+            LostReason::Revoked => "the backend no longer holds the lease for this owner",
+            LostReason::SessionExpired => "the session expired",
+            LostReason::ConnectionLost => "the connection holding the lock was lost",
+        })
+    }
+}
+
+/// The backend side of one holding: what a [`LockGuard`] calls to extend and
+/// release. Backends implement it; users never see it.
+#[async_trait::async_trait]
+pub trait Lease: Send + Sync + fmt::Debug + 'static {
+    /// The backend's name for logs, e.g. `"redis"`.
+    fn backend(&self) -> &'static str;
+    /// Makes the lease end `ttl` from now. `Ok(false)`: the lease is no longer ours.
+    async fn extend(&self, ttl: Duration) -> Result<bool>;
+    /// Releases the lease if it is still ours. `Ok(false)`: it was not (anymore).
+    async fn release(&self) -> Result<bool>;
+}
+
+struct Timing {
+    ttl: Duration,
+    valid_until: Instant,
+    renewed_at: Instant,
+}
+
+struct Shared {
+    name: Box<str>,
+    fencing: Option<FencingToken>,
+    auto_renew: bool,
+    lease: Arc<dyn Lease>,
+    lost: watch::Sender<Option<LostReason>>,
+    timing: Mutex<Timing>,
+    timing_changed: Notify,
+    /// Serialises extends (watchdog and user) and release, so that the last lease
+    /// length applied on the server is the one recorded here.
+    ops: tokio::sync::Mutex<()>,
+    /// This client's local FIFO slot for the name, freed as soon as the holding ends.
+    slot: Mutex<Option<LocalSlot>>,
+}
+
+impl Shared {
+    fn lost_reason(&self) -> Option<LostReason> {
+        *self.lost.borrow()
+    }
+
+    fn valid_until(&self) -> Instant {
+        lock(&self.timing).valid_until
+    }
+
+    fn record_extension(&self, sent: Instant, ttl: Duration) {
+        let mut timing = lock(&self.timing);
+        timing.ttl = ttl;
+        timing.renewed_at = sent;
+        timing.valid_until = sent + ttl - clock_drift(ttl);
+    }
+
+    fn free_slot(&self) {
+        drop(lock(&self.slot).take());
+    }
+
+    /// Marks the holding lost; true if this call did it.
+    fn mark_lost(&self, reason: LostReason) -> bool {
+        let first = self.lost.send_if_modified(|lost| {
+            if lost.is_none() {
+                *lost = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        if first {
+            tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
+            self.free_slot();
+        }
+        first
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<()> {
+        let _ops = self.ops.lock().await;
+        if let Some(reason) = self.lost_reason() {
+            return Err(LockError::lost(&self.name, reason));
+        }
+        let sent = Instant::now();
+        if self.lease.extend(ttl).await? {
+            self.record_extension(sent, ttl);
+            self.timing_changed.notify_one();
+            Ok(())
+        } else {
+            self.mark_lost(LostReason::Revoked);
+            Err(LockError::lost(&self.name, LostReason::Revoked))
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these short critical sections cannot leave
+    // the data half-updated, so poisoning is ignored.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One holding of a lock. Not `Clone`: there is exactly one guard per holding.
+///
+/// * While the guard lives and `auto_renew` is on, a watchdog task extends the
+///   lease every `ttl / 3`. If renewal fails it keeps trying until the lease's
+///   validity runs out, then marks the guard lost.
+/// * [`release`](Self::release) frees the lock with an atomic compare-and-delete:
+///   it never removes someone else's lease.
+/// * Dropping the guard without `release` stops the watchdog and spawns a
+///   best-effort release on the current tokio runtime, so an early return or a
+///   panic frees the lock within a round trip instead of after the TTL. Outside a
+///   runtime the lock stays held until its TTL runs out. Call `release` when you
+///   want to know that it worked.
+/// * [`lost`](Self::lost) resolves when the lease is gone; `select!` on it around
+///   the work the lock protects.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit_core::Result<()> {
+/// use lockkit_core::{DistributedLock, LockOptions, MemoryLock};
+///
+/// let locks = MemoryLock::shared();
+/// let guard = locks.acquire("nightly-report", &LockOptions::new()).await?;
+/// tokio::select! {
+///     reason = guard.lost() => eprintln!("lock lost: {reason}"),
+///     _ = async { /* the work */ } => {}
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct LockGuard {
+    shared: Arc<Shared>,
+    watchdog: Option<AbortHandle>,
+    /// Set once `release` has finished, so that `Drop` does not release again.
+    finished: bool,
+}
+
+impl LockGuard {
+    /// Builds the guard of a fresh holding and starts its watchdog. For backend
+    /// implementors; must be called inside a tokio runtime.
+    ///
+    /// `sent_at` is when the acquiring request was sent: the lease is valid until
+    /// `sent_at + ttl - drift` (see [`clock_drift`]).
+    pub fn new(
+        name: &str,
+        lease: Arc<dyn Lease>,
+        fencing: Option<FencingToken>,
+        ttl: Duration,
+        sent_at: Instant,
+        auto_renew: bool,
+    ) -> LockGuard {
+        Self::with_slot(name, lease, fencing, ttl, sent_at, auto_renew, None)
+    }
+
+    pub(crate) fn with_slot(
+        name: &str,
+        lease: Arc<dyn Lease>,
+        fencing: Option<FencingToken>,
+        ttl: Duration,
+        sent_at: Instant,
+        auto_renew: bool,
+        slot: Option<LocalSlot>,
+    ) -> LockGuard {
+        let shared = Arc::new(Shared {
+            name: name.into(),
+            fencing,
+            auto_renew,
+            lease,
+            lost: watch::Sender::new(None),
+            timing: Mutex::new(Timing {
+                ttl,
+                valid_until: sent_at + ttl - clock_drift(ttl),
+                renewed_at: sent_at,
+            }),
+            timing_changed: Notify::new(),
+            ops: tokio::sync::Mutex::new(()),
+            slot: Mutex::new(slot),
+        });
+        let watchdog = tokio::spawn(watchdog(shared.clone())).abort_handle();
+        LockGuard {
+            shared,
+            watchdog: Some(watchdog),
+            finished: false,
+        }
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The fencing token of this holding, where the backend gives one
+    /// (see [`Capabilities::fencing`](crate::Capabilities::fencing)).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.shared.fencing
+    }
+
+    /// Until when the lease is valid as far as this client can tell: the last
+    /// grant or renewal's send time plus the TTL minus the drift allowance.
+    pub fn valid_until(&self) -> Option<Instant> {
+        Some(self.shared.valid_until())
+    }
+
+    /// Whether the lease is known to be gone, or its validity has run out.
+    pub fn is_lost(&self) -> bool {
+        self.shared.lost_reason().is_some() || Instant::now() >= self.shared.valid_until()
+    }
+
+    /// Resolves with the reason once the lease is lost (renewal failed, the lease
+    /// was deleted or taken over, the session or connection died). It never
+    /// resolves for a lease that is released normally. The future does not borrow
+    /// the guard, so it can be spawned.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut lost = self.shared.lost.subscribe();
+        async move {
+            loop {
+                let current = *lost.borrow_and_update();
+                if let Some(reason) = current {
+                    return reason;
+                }
+                if lost.changed().await.is_err() {
+                    // The holding ended without a loss.
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+
+    /// A handle through which the backend can report a loss it notices on its own
+    /// (session expiry, a dropped connection). For backend implementors.
+    pub fn loss_notifier(&self) -> LossNotifier {
+        LossNotifier(Arc::downgrade(&self.shared))
+    }
+
+    /// Extends the lease so that it ends `ttl` from now; the watchdog uses `ttl`
+    /// from then on. Only the holder can extend: `LockError::Lost` if the lease is
+    /// already gone.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        check_ttl(ttl)?;
+        let span = tracing::debug_span!(
+            "lockkit.extend",
+            lock.name = %self.shared.name,
+            lock.backend = self.shared.lease.backend(),
+            outcome = tracing::field::Empty,
+        );
+        let result = self.shared.extend(ttl).instrument(span.clone()).await;
+        span.record("outcome", outcome(&result));
+        result
+    }
+
+    /// Releases the lock with an atomic compare-and-delete. `LockError::Lost` if
+    /// the lease was already gone (it is never someone else's that gets deleted).
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_watchdog();
+        let shared = self.shared.clone();
+        let span = tracing::debug_span!(
+            "lockkit.release",
+            lock.name = %shared.name,
+            lock.backend = shared.lease.backend(),
+            outcome = tracing::field::Empty,
+        );
+        let result = async {
+            if let Some(reason) = shared.lost_reason() {
+                return Err(LockError::lost(&shared.name, reason));
+            }
+            let released = {
+                let _ops = shared.ops.lock().await;
+                shared.lease.release().await?
+            };
+            if released {
+                shared.free_slot();
+                Ok(())
+            } else {
+                shared.mark_lost(LostReason::Revoked);
+                Err(LockError::lost(&shared.name, LostReason::Revoked))
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("outcome", outcome(&result));
+        // On a transport error the outcome is unknown: leave `finished` unset so
+        // that `Drop` tries once more in the background.
+        self.finished = !matches!(
+            result,
+            Err(LockError::Unavailable { .. } | LockError::Backend { .. })
+        );
+        result
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+    }
+}
+
+fn outcome<T>(result: &Result<T>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(LockError::Lost { .. }) => "lost",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(_) => "error",
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if self.finished || self.shared.lost_reason().is_some() {
+            return;
+        }
+        release_in_background(self.shared.clone());
+    }
+}
+
+/// Spawns a best-effort release that keeps the local slot until it is done.
+fn release_in_background(shared: Arc<Shared>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                let _ops = shared.ops.lock().await;
+                match shared.lease.release().await {
+                    Ok(_) => {
+                        tracing::debug!(lock.name = %shared.name, "released in the background")
+                    }
+                    Err(error) => tracing::warn!(
+                        lock.name = %shared.name,
+                        %error,
+                        "background release failed; the lease ends with its TTL"
+                    ),
+                }
+            });
+        }
+        Err(_) => tracing::warn!(
+            lock.name = %shared.name,
+            "guard dropped outside a tokio runtime; the lock stays held until its TTL runs out"
+        ),
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.shared.name)
+            .field("backend", &self.shared.lease.backend())
+            .field("fencing_token", &self.shared.fencing)
+            .field("valid_until", &self.shared.valid_until())
+            .field("lost", &self.shared.lost_reason())
+            .finish()
+    }
+}
+
+/// Reports a loss that the backend noticed on its own; see [`LockGuard::loss_notifier`].
+#[derive(Clone, Debug)]
+pub struct LossNotifier(Weak<Shared>);
+
+impl LossNotifier {
+    /// Marks the holding lost (if it still exists and is not lost already).
+    /// Returns true if this call marked it.
+    pub fn mark_lost(&self, reason: LostReason) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|shared| shared.mark_lost(reason))
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Renews the lease every ttl/3 (when auto-renew is on) and marks the guard lost
+/// once its validity runs out.
+async fn watchdog(shared: Arc<Shared>) {
+    let mut lost = shared.lost.subscribe();
+    // Retries after a failed renewal, until the validity runs out.
+    let mut retry =
+        crate::backoff::Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).delays();
+    let mut retry_at: Option<Instant> = None;
+    loop {
+        if lost.borrow_and_update().is_some() {
+            return;
+        }
+        let (ttl, valid_until, renew_at) = {
+            let timing = lock(&shared.timing);
+            (
+                timing.ttl,
+                timing.valid_until,
+                timing.renewed_at + timing.ttl / 3,
+            )
+        };
+        let wake = if shared.auto_renew {
+            retry_at.unwrap_or(renew_at).min(valid_until)
+        } else {
+            valid_until
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = shared.timing_changed.notified() => { retry_at = None; continue }
+            _ = lost.changed() => return,
+        }
+        let now = Instant::now();
+        if now >= valid_until {
+            let reason = if shared.auto_renew {
+                LostReason::RenewalFailed
+            } else {
+                LostReason::Expired
+            };
+            if shared.mark_lost(reason) {
+                // For session-based backends this frees the node or session lock;
+                // for lease backends it is a harmless compare-and-delete.
+                let _ops = shared.ops.lock().await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), shared.lease.release()).await;
+            }
+            return;
+        }
+        if !shared.auto_renew {
+            continue;
+        }
+        let ops = shared.ops.lock().await;
+        if lost.borrow().is_some() {
+            return;
+        }
+        let sent = Instant::now();
+        let budget = valid_until.saturating_duration_since(sent);
+        match tokio::time::timeout(budget, shared.lease.extend(ttl)).await {
+            Ok(Ok(true)) => {
+                shared.record_extension(sent, ttl);
+                retry.reset();
+                retry_at = None;
+                tracing::trace!(lock.name = %shared.name, "lease renewed");
+            }
+            Ok(Ok(false)) => {
+                drop(ops);
+                shared.mark_lost(LostReason::Revoked);
+                return;
+            }
+            Ok(Err(error)) => {
+                let delay = retry.next().unwrap_or(Duration::from_millis(10));
+                retry_at = Some(Instant::now() + delay);
+                tracing::warn!(lock.name = %shared.name, %error, "lease renewal failed; retrying until the lease runs out");
+            }
+            Err(_elapsed) => {
+                // The validity ran out while the renewal was in flight; the next
+                // loop marks the guard lost.
+            }
+        }
+    }
+}

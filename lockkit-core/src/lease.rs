@@ -1,0 +1,322 @@
+//! The engine shared by lease-based backends (memory, Redis, Redlock, SQL lease rows).
+//!
+//! A backend implements [`LeaseBackend`]: a handful of primitive, single-round-trip
+//! operations on one lock name. [`LeaseLock`] turns it into a full
+//! [`DistributedLock`]: validation, a per-name local FIFO, the shared wait policy
+//! with release notifications, cancellation safety, guards with a watchdog, and
+//! tracing.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::capabilities::Capabilities;
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::guard::{Lease, LockGuard};
+use crate::local_queue::{LocalQueue, LocalSlot};
+use crate::lock::DistributedLock;
+use crate::name::validate_name;
+use crate::notify::ReleaseWatch;
+use crate::options::{LockOptions, Wait, clock_drift};
+use crate::token::OwnerToken;
+use crate::wait::{Attempt, Waiter};
+
+/// The primitive operations of a lease-based backend; see [`LeaseLock`].
+///
+/// Every method is one atomic step on the server, bounded by the backend's own
+/// timeouts, and must be safe to cancel at any await point.
+#[async_trait::async_trait]
+pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
+    /// The backend's name for logs and errors, e.g. `"redis"`.
+    fn backend_name(&self) -> &'static str;
+
+    /// What the backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Checks a lock name. The default applies [`validate_name`]; backends add
+    /// their own limits on top.
+    fn check_name(&self, name: &str) -> Result<()> {
+        validate_name(name)
+    }
+
+    /// Takes `name` for `owner` for `ttl` if nobody holds it: the fencing token
+    /// (if the backend has them) on success, the holder's remaining lease (if
+    /// known) otherwise.
+    async fn try_lock(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>>;
+
+    /// Makes `owner`'s lease end `ttl` from now. `Ok(false)`: not `owner`'s.
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+
+    /// Deletes `owner`'s lease and wakes waiters. `Ok(false)`: not `owner`'s.
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+
+    /// Subscribes to release notifications of `name`. Default: none.
+    async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
+        let _ = name;
+        Ok(ReleaseWatch::none())
+    }
+}
+
+/// A [`DistributedLock`] built from a [`LeaseBackend`].
+///
+/// Tasks of one `LeaseLock` that want the same name queue in a local FIFO and
+/// only the head of the queue contends on the backend, so a task that releases
+/// and asks again cannot starve the others, and the fairness between clients is
+/// the backend's.
+pub struct LeaseLock<B> {
+    backend: Arc<B>,
+    local: LocalQueue,
+}
+
+impl<B: LeaseBackend> LeaseLock<B> {
+    /// Wraps a backend.
+    pub fn new(backend: B) -> Self {
+        LeaseLock {
+            backend: Arc::new(backend),
+            local: LocalQueue::default(),
+        }
+    }
+
+    /// The backend, for backend-specific operations.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        try_only: bool,
+    ) -> Result<Option<LockGuard>> {
+        self.backend.check_name(name)?;
+        opts.validate()?;
+        let mut waiter = Waiter::new(name, opts);
+        let slot = if try_only || opts.get_wait() == Wait::NoWait {
+            match self.local.try_enter(name) {
+                Some(slot) => slot,
+                None if try_only => return Ok(None),
+                None => return Err(waiter.timeout_error()),
+            }
+        } else {
+            waiter.until_deadline(self.local.enter(name)).await?
+        };
+
+        let owner = OwnerToken::new();
+        let ttl = opts.get_ttl();
+        let mut pending = PendingRelease {
+            backend: self.backend.clone(),
+            name,
+            owner: &owner,
+            armed: false,
+        };
+        let mut watch: Option<ReleaseWatch> = None;
+        loop {
+            let sent = Instant::now();
+            pending.armed = true;
+            let outcome = waiter
+                .attempt(self.backend.try_lock(name, &owner, ttl))
+                .await?;
+            match outcome {
+                Attempt::Acquired(fencing) => {
+                    if Instant::now() >= sent + ttl - clock_drift(ttl) {
+                        // `pending` stays armed and releases the stale grant.
+                        return Err(LockError::unavailable(
+                            self.backend.backend_name(),
+                            format!(
+                                "the lease on {name:?} was granted after its ttl of {ttl:?} had run out; the backend is too slow for this ttl"
+                            ),
+                        ));
+                    }
+                    pending.armed = false;
+                    return Ok(Some(self.guard(
+                        name,
+                        owner.clone(),
+                        fencing,
+                        opts,
+                        sent,
+                        slot,
+                    )));
+                }
+                Attempt::Busy { retry_after } => {
+                    pending.armed = false;
+                    if try_only {
+                        return Ok(None);
+                    }
+                    if waiter.is_over() {
+                        return Err(waiter.timeout_error());
+                    }
+                    match &mut watch {
+                        None => {
+                            let subscribed =
+                                waiter.until_deadline(self.backend.watch(name)).await??;
+                            let active = subscribed.is_active();
+                            let watch = watch.insert(subscribed);
+                            // With a live subscription, try again at once: a
+                            // release before it was set up is then seen too.
+                            if !active {
+                                waiter.pause(retry_after, watch).await?;
+                            }
+                        }
+                        Some(watch) => waiter.pause(retry_after, watch).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    fn guard(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        fencing: Option<FencingToken>,
+        opts: &LockOptions,
+        sent: Instant,
+        slot: LocalSlot,
+    ) -> LockGuard {
+        let lease = Arc::new(HeldLease {
+            backend: self.backend.clone(),
+            name: name.into(),
+            owner,
+        });
+        LockGuard::with_slot(
+            name,
+            lease,
+            fencing,
+            opts.get_ttl(),
+            sent,
+            opts.get_auto_renew(),
+            Some(slot),
+        )
+    }
+
+    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "lockkit.acquire",
+            op,
+            lock.name = %name,
+            lock.backend = self.backend.backend_name(),
+            outcome = tracing::field::Empty,
+        )
+    }
+}
+
+fn record(span: &tracing::Span, result: &Result<Option<LockGuard>>) {
+    span.record(
+        "outcome",
+        match result {
+            Ok(Some(_)) => "acquired",
+            Ok(None) => "busy",
+            Err(LockError::Timeout { .. }) => "timeout",
+            Err(_) => "error",
+        },
+    );
+}
+
+#[async_trait::async_trait]
+impl<B: LeaseBackend> DistributedLock for LeaseLock<B> {
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let span = self.span("try_acquire", name);
+        let result = self
+            .acquire_inner(name, opts, true)
+            .instrument(span.clone())
+            .await;
+        record(&span, &result);
+        result
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let span = self.span("acquire", name);
+        let result = self
+            .acquire_inner(name, opts, false)
+            .instrument(span.clone())
+            .await;
+        record(&span, &result);
+        result.map(|guard| guard.expect("acquire_inner waits until it has a guard"))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.backend.capabilities()
+    }
+
+    async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
+        self.backend.watch(name).await
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for LeaseLock<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseLock")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Releases a grant whose outcome the caller never saw: an attempt that was
+/// cancelled, timed out or failed after it may have reached the server.
+struct PendingRelease<'a, B: LeaseBackend> {
+    backend: Arc<B>,
+    name: &'a str,
+    owner: &'a OwnerToken,
+    armed: bool,
+}
+
+impl<B: LeaseBackend> Drop for PendingRelease<'_, B> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, name, owner) = (
+            self.backend.clone(),
+            self.name.to_owned(),
+            self.owner.clone(),
+        );
+        runtime.spawn(async move {
+            if let Err(error) = backend.release(&name, &owner).await {
+                tracing::warn!(lock.name = %name, %error, "could not release an interrupted acquire; its lease ends with its TTL");
+            }
+        });
+    }
+}
+
+/// The lease behind a guard from a [`LeaseLock`].
+struct HeldLease<B> {
+    backend: Arc<B>,
+    name: Box<str>,
+    owner: OwnerToken,
+}
+
+impl<B: fmt::Debug> fmt::Debug for HeldLease<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldLease")
+            .field("name", &self.name)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl<B: LeaseBackend> Lease for HeldLease<B> {
+    fn backend(&self) -> &'static str {
+        self.backend.backend_name()
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<bool> {
+        self.backend.extend(&self.name, &self.owner, ttl).await
+    }
+
+    async fn release(&self) -> Result<bool> {
+        self.backend.release(&self.name, &self.owner).await
+    }
+}

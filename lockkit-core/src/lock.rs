@@ -1,0 +1,108 @@
+//! The `DistributedLock` trait.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use crate::capabilities::Capabilities;
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::notify::ReleaseWatch;
+use crate::options::LockOptions;
+use crate::wait::{Attempt, acquire_by_attempts};
+
+/// A distributed lock service: one client of one backend.
+///
+/// Object-safe, so an application can hold an `Arc<dyn DistributedLock>` and
+/// swap backends by URL ([`DynDistributedLock`] names the trait object).
+///
+/// Callers use [`try_acquire`](Self::try_acquire), [`acquire`](Self::acquire) and
+/// [`capabilities`](Self::capabilities). Implementors write `try_acquire` and
+/// `capabilities`, and may refine the provided `acquire` through two hooks:
+/// [`attempt`](Self::attempt) (one try that reports the holder's remaining lease)
+/// and [`watch_releases`](Self::watch_releases) (release notifications). Backends
+/// whose server queues waiters override `acquire` itself and keep its semantics
+/// with a [`Waiter`](crate::Waiter).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit_core::Result<()> {
+/// use std::{sync::Arc, time::Duration};
+/// use lockkit_core::{DistributedLock, LockOptions, MemoryLock};
+///
+/// let locks: Arc<dyn DistributedLock> = Arc::new(MemoryLock::shared());
+/// let opts = LockOptions::new().ttl(Duration::from_secs(10)).wait_for(Duration::from_secs(1));
+/// let guard = locks.acquire("migrate-schema", &opts).await?;
+/// assert!(locks.try_acquire("migrate-schema", &opts).await?.is_none());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[async_trait::async_trait]
+pub trait DistributedLock: Send + Sync + Debug {
+    /// One attempt, no waiting. `Ok(None)` when someone else holds `name`.
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>>;
+
+    /// Waits as `opts` says; `Err(LockError::Timeout { .. })` once the wait is over.
+    ///
+    /// Cancellation-safe: dropping the future at any await point leaks no lease.
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        acquire_by_attempts(self, name, opts).await
+    }
+
+    /// What this backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Hook for the provided `acquire`: one attempt that says how long the holder
+    /// keeps the lock. The default calls [`try_acquire`](Self::try_acquire) and
+    /// reports no expiry.
+    async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
+        Ok(match self.try_acquire(name, opts).await? {
+            Some(guard) => Attempt::Acquired(guard),
+            None => Attempt::Busy { retry_after: None },
+        })
+    }
+
+    /// Hook for the provided `acquire`: a subscription to release notifications
+    /// of `name`. The default has none, so waiting relies on backoff alone.
+    async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
+        let _ = name;
+        Ok(ReleaseWatch::none())
+    }
+}
+
+/// The trait object type, as applications hold it: `Arc<DynDistributedLock>`.
+pub type DynDistributedLock = dyn DistributedLock;
+
+macro_rules! forward_impl {
+    ($($ptr:ty),*) => {$(
+        #[async_trait::async_trait]
+        impl<T: DistributedLock + ?Sized> DistributedLock for $ptr {
+            async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+                (**self).try_acquire(name, opts).await
+            }
+            async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+                (**self).acquire(name, opts).await
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
+                (**self).attempt(name, opts).await
+            }
+            async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
+                (**self).watch_releases(name).await
+            }
+        }
+    )*};
+}
+
+forward_impl!(Arc<T>, Box<T>);
+
+/// Compile-time proof that the trait stays object-safe and that the trait
+/// object is shareable across tasks.
+#[allow(dead_code)]
+fn _object_safe(lock: Arc<dyn DistributedLock>) -> impl Send + Sync + 'static {
+    fn send_sync<T: Send + Sync + 'static>(t: T) -> T {
+        t
+    }
+    send_sync(lock)
+}

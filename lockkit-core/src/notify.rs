@@ -1,0 +1,289 @@
+//! Release notifications: how a waiter learns that a lock was released.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::watch;
+
+/// A subscription to the release notifications of one lock name.
+///
+/// [`changed`](Self::changed) resolves when the backend reports a release (or
+/// anything else that makes a new attempt worthwhile, such as a reconnect after
+/// which messages may have been missed). A watch without a source never resolves,
+/// so waiting falls back on the holder's expiry and the backoff.
+pub struct ReleaseWatch {
+    rx: Option<watch::Receiver<u64>>,
+    _registration: Option<Registration>,
+}
+
+impl ReleaseWatch {
+    /// A watch that never fires, for backends without notifications.
+    pub fn none() -> Self {
+        ReleaseWatch {
+            rx: None,
+            _registration: None,
+        }
+    }
+
+    /// A watch that fires whenever the sender's value changes.
+    pub fn from_receiver(rx: watch::Receiver<u64>) -> Self {
+        ReleaseWatch {
+            rx: Some(rx),
+            _registration: None,
+        }
+    }
+
+    /// Whether notifications can arrive at all.
+    pub fn is_active(&self) -> bool {
+        self.rx.is_some()
+    }
+
+    /// Waits for the next notification (cancel-safe).
+    pub async fn changed(&mut self) {
+        match &mut self.rx {
+            Some(rx) => {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseWatch")
+            .field("active", &self.is_active())
+            .finish()
+    }
+}
+
+type IdleHook = Box<dyn Fn(&str) + Send + Sync>;
+
+struct HubInner {
+    topics: Mutex<HashMap<Box<str>, Topic>>,
+    on_idle: Option<IdleHook>,
+}
+
+struct Topic {
+    tx: watch::Sender<u64>,
+    watchers: usize,
+}
+
+/// A registry of release notifications by key, shared by a client's waiters.
+///
+/// A backend calls [`watch`](Self::watch) for each waiter, and [`notify`](Self::notify)
+/// when its server reports a release. With an idle hook, topics nobody watches
+/// stay registered until the backend calls [`remove_if_idle`](Self::remove_if_idle),
+/// so that it can keep a server-side subscription open for a while (Redis).
+#[derive(Clone)]
+pub struct NotifyHub {
+    inner: Arc<HubInner>,
+}
+
+impl Default for NotifyHub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for NotifyHub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NotifyHub")
+            .field("topics", &self.len())
+            .finish()
+    }
+}
+
+impl NotifyHub {
+    /// A hub that forgets a topic as soon as nobody watches it.
+    pub fn new() -> Self {
+        NotifyHub {
+            inner: Arc::new(HubInner {
+                topics: Mutex::default(),
+                on_idle: None,
+            }),
+        }
+    }
+
+    /// A hub that calls `on_idle(key)` when the last watcher of `key` goes away
+    /// and keeps the topic until [`remove_if_idle`](Self::remove_if_idle).
+    /// The hook runs synchronously in `Drop`: keep it short (e.g. spawn a task).
+    pub fn with_idle_hook(on_idle: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        NotifyHub {
+            inner: Arc::new(HubInner {
+                topics: Mutex::default(),
+                on_idle: Some(Box::new(on_idle)),
+            }),
+        }
+    }
+
+    fn topics(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Topic>> {
+        self.inner.topics.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches `key`. The flag is true when the topic is new, i.e. the backend
+    /// should subscribe on the server before relying on notifications.
+    pub fn watch(&self, key: &str) -> (ReleaseWatch, bool) {
+        let mut topics = self.topics();
+        let (rx, new) = match topics.get_mut(key) {
+            Some(topic) => {
+                topic.watchers += 1;
+                (topic.tx.subscribe(), false)
+            }
+            None => {
+                let (tx, rx) = watch::channel(0);
+                topics.insert(key.into(), Topic { tx, watchers: 1 });
+                (rx, true)
+            }
+        };
+        let watch = ReleaseWatch {
+            rx: Some(rx),
+            _registration: Some(Registration {
+                hub: Arc::downgrade(&self.inner),
+                key: key.into(),
+            }),
+        };
+        (watch, new)
+    }
+
+    /// Wakes the watchers of `key`; false if nobody watches it.
+    pub fn notify(&self, key: &str) -> bool {
+        match self.topics().get(key) {
+            Some(topic) => {
+                topic.tx.send_modify(|n| *n = n.wrapping_add(1));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wakes every watcher (e.g. after a reconnect, when messages may have been missed).
+    pub fn notify_all(&self) {
+        for topic in self.topics().values() {
+            topic.tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Removes `key` if nobody watches it; true if it was removed.
+    pub fn remove_if_idle(&self, key: &str) -> bool {
+        let mut topics = self.topics();
+        if topics.get(key).is_some_and(|t| t.watchers == 0) {
+            topics.remove(key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The number of registered topics.
+    pub fn len(&self) -> usize {
+        self.topics().len()
+    }
+
+    /// Whether no topic is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+struct Registration {
+    hub: Weak<HubInner>,
+    key: Box<str>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.upgrade() else {
+            return;
+        };
+        let idle = {
+            let mut topics = hub.topics.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(topic) = topics.get_mut(&self.key) else {
+                return;
+            };
+            topic.watchers -= 1;
+            if topic.watchers > 0 {
+                false
+            } else if hub.on_idle.is_none() {
+                topics.remove(&self.key);
+                false
+            } else {
+                true
+            }
+        };
+        if idle && let Some(hook) = &hub.on_idle {
+            hook(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn notify_wakes_watchers_of_that_key_only() {
+        let hub = NotifyHub::new();
+        let (mut a, new_a) = hub.watch("a");
+        let (mut b, _) = hub.watch("b");
+        let (mut a2, new_a2) = hub.watch("a");
+        assert!(new_a && !new_a2);
+        assert!(hub.notify("a"));
+        tokio::time::timeout(Duration::from_secs(1), a.changed())
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(1), a2.changed())
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), b.changed())
+                .await
+                .is_err()
+        );
+        drop((a, a2, b));
+        assert!(hub.is_empty());
+        assert!(!hub.notify("a"));
+    }
+
+    #[tokio::test]
+    async fn notification_before_waiting_is_not_lost() {
+        let hub = NotifyHub::new();
+        let (mut w, _) = hub.watch("k");
+        hub.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), w.changed())
+            .await
+            .unwrap();
+    }
+
+    #[test]
+    fn idle_hook_keeps_topic_until_removed() {
+        let idle = Arc::new(Mutex::new(Vec::new()));
+        let seen = idle.clone();
+        let hub = NotifyHub::with_idle_hook(move |key| seen.lock().unwrap().push(key.to_owned()));
+        let (w, _) = hub.watch("x");
+        drop(w);
+        assert_eq!(*idle.lock().unwrap(), ["x"]);
+        assert_eq!(hub.len(), 1);
+        let (w, new) = hub.watch("x");
+        assert!(!new, "a lingering topic is reused");
+        assert!(!hub.remove_if_idle("x"));
+        drop(w);
+        assert!(hub.remove_if_idle("x"));
+        assert!(hub.is_empty());
+    }
+
+    #[tokio::test]
+    async fn inactive_watch_never_fires() {
+        let mut none = ReleaseWatch::none();
+        assert!(!none.is_active());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), none.changed())
+                .await
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! The shared wait policy: one deadline, backoff with full jitter, and waking
+//! on release notifications or at the holder's expiry.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backoff::Delays;
+use crate::error::{LockError, Result};
+use crate::guard::LockGuard;
+use crate::lock::DistributedLock;
+use crate::notify::ReleaseWatch;
+use crate::options::{LockOptions, Wait};
+
+/// How long an attempt that started before the deadline may run past it.
+/// Together with the final attempt this keeps `Timeout` within `wait + 100 ms`.
+pub const DEADLINE_GRACE: Duration = Duration::from_millis(50);
+
+/// Sleep this much past a holder's reported expiry, so the key is gone when we retry.
+const EXPIRY_SLACK: Duration = Duration::from_millis(1);
+
+/// The outcome of one attempt to take a lock.
+#[derive(Debug)]
+pub enum Attempt<T> {
+    /// The lock is ours.
+    Acquired(T),
+    /// Someone else holds it.
+    Busy {
+        /// How long the holder's lease still runs, when the backend can tell.
+        /// The waiter never sleeps past it.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The state of one `acquire` call under the shared wait policy.
+///
+/// Backends that override [`DistributedLock::acquire`] use it too, so every
+/// backend has the same deadline and timeout semantics:
+///
+/// ```
+/// # use lockkit_core::{Attempt, LockOptions, Waiter, ReleaseWatch, Result};
+/// # async fn try_once() -> Result<Attempt<()>> { Ok(Attempt::Acquired(())) }
+/// # async fn example() -> Result<()> {
+/// let opts = LockOptions::new();
+/// let mut waiter = Waiter::new("job", &opts);
+/// let mut watch = ReleaseWatch::none();
+/// loop {
+///     match waiter.attempt(try_once()).await? {
+///         Attempt::Acquired(()) => break,
+///         Attempt::Busy { retry_after } => waiter.pause(retry_after, &mut watch).await?,
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Waiter<'a> {
+    name: &'a str,
+    started: Instant,
+    deadline: Option<Instant>,
+    delays: Delays,
+    attempts: u32,
+}
+
+impl<'a> Waiter<'a> {
+    /// Starts the clock for a wait on `name` as `opts` says.
+    pub fn new(name: &'a str, opts: &LockOptions) -> Self {
+        let started = Instant::now();
+        let deadline = match opts.get_wait() {
+            Wait::NoWait => Some(started),
+            // Past the end of time is the same as forever.
+            Wait::For(wait) => started.checked_add(wait),
+            Wait::Forever => None,
+        };
+        Waiter {
+            name,
+            started,
+            deadline,
+            delays: opts.get_backoff().delays(),
+            attempts: 0,
+        }
+    }
+
+    /// When the wait ends, if it does.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether the deadline has passed.
+    pub fn is_over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// The `Timeout` error of this wait.
+    pub fn timeout_error(&self) -> LockError {
+        LockError::Timeout {
+            name: self.name.to_owned(),
+            waited: self.started.elapsed(),
+        }
+    }
+
+    /// Runs one attempt. The first attempt always runs to completion (bounded by
+    /// the backend's own command timeout), so even `no_wait` makes one honest
+    /// try; later ones are cut off [`DEADLINE_GRACE`] after the deadline, with
+    /// `Timeout`. A cut-off attempt is dropped: it must be cancellation-safe.
+    pub async fn attempt<T>(&mut self, attempt: impl Future<Output = Result<T>>) -> Result<T> {
+        self.attempts += 1;
+        match self.deadline {
+            Some(deadline) if self.attempts > 1 => {
+                match tokio::time::timeout_at(deadline + DEADLINE_GRACE, attempt).await {
+                    Ok(result) => result,
+                    Err(_) => Err(self.timeout_error()),
+                }
+            }
+            _ => attempt.await,
+        }
+    }
+
+    /// Runs a local wait (a queue, a subscription) that must end by the deadline.
+    pub async fn until_deadline<T>(&self, wait: impl Future<Output = T>) -> Result<T> {
+        match self.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, wait)
+                .await
+                .map_err(|_| self.timeout_error()),
+            None => Ok(wait.await),
+        }
+    }
+
+    /// After a busy attempt: `Timeout` if the wait is over; otherwise sleeps
+    /// until a release notification, the holder's expiry (`retry_after`), the
+    /// next backoff delay or the deadline, whichever comes first.
+    pub async fn pause(
+        &mut self,
+        retry_after: Option<Duration>,
+        watch: &mut ReleaseWatch,
+    ) -> Result<()> {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|d| now >= d) {
+            return Err(self.timeout_error());
+        }
+        let mut delay = self.delays.next().unwrap_or(Duration::from_millis(1));
+        if let Some(remaining) = retry_after {
+            delay = delay.min(remaining + EXPIRY_SLACK);
+        }
+        let mut wake = now + delay;
+        if let Some(deadline) = self.deadline {
+            wake = wake.min(deadline);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = watch.changed() => self.delays.reset(),
+        }
+        Ok(())
+    }
+}
+
+/// The provided [`DistributedLock::acquire`]: repeated
+/// [`attempt`](DistributedLock::attempt)s under the shared wait policy, woken by
+/// [`watch_releases`](DistributedLock::watch_releases).
+///
+/// The subscription is made after the first busy attempt and followed at once by
+/// another attempt, so a release can never fall between the two unnoticed.
+pub async fn acquire_by_attempts<L>(lock: &L, name: &str, opts: &LockOptions) -> Result<LockGuard>
+where
+    L: DistributedLock + ?Sized,
+{
+    opts.validate()?;
+    let mut waiter = Waiter::new(name, opts);
+    let mut watch: Option<ReleaseWatch> = None;
+    loop {
+        match waiter.attempt(lock.attempt(name, opts)).await? {
+            Attempt::Acquired(guard) => return Ok(guard),
+            Attempt::Busy { retry_after } => {
+                if waiter.is_over() {
+                    return Err(waiter.timeout_error());
+                }
+                match &mut watch {
+                    None => {
+                        let subscribed = waiter.until_deadline(lock.watch_releases(name)).await??;
+                        let active = subscribed.is_active();
+                        watch = Some(subscribed);
+                        if active {
+                            continue;
+                        }
+                        waiter
+                            .pause(retry_after, watch.as_mut().expect("just set"))
+                            .await?;
+                    }
+                    Some(watch) => waiter.pause(retry_after, watch).await?,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notify::NotifyHub;
+
+    #[tokio::test(start_paused = true)]
+    async fn no_wait_times_out_after_one_attempt() {
+        let opts = LockOptions::new().no_wait();
+        let mut waiter = Waiter::new("x", &opts);
+        let busy: Attempt<()> = waiter
+            .attempt(async { Ok(Attempt::Busy { retry_after: None }) })
+            .await
+            .unwrap();
+        assert!(matches!(busy, Attempt::Busy { .. }));
+        let err = waiter
+            .pause(None, &mut ReleaseWatch::none())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Timeout { .. }));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_never_sleeps_past_holder_expiry() {
+        let opts = LockOptions::new().backoff(crate::Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ));
+        let mut waiter = Waiter::new("x", &opts);
+        let before = Instant::now();
+        waiter
+            .pause(Some(Duration::from_millis(30)), &mut ReleaseWatch::none())
+            .await
+            .unwrap();
+        assert!(
+            before.elapsed() <= Duration::from_millis(31),
+            "{:?}",
+            before.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_wakes_on_notification() {
+        let hub = NotifyHub::new();
+        let (mut watch, _) = hub.watch("x");
+        let opts = LockOptions::new().backoff(crate::Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ));
+        let mut waiter = Waiter::new("x", &opts);
+        let notifier = hub.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            notifier.notify("x");
+        });
+        let before = Instant::now();
+        waiter.pause(None, &mut watch).await.unwrap();
+        // Without the notification the jittered sleep would be uniform in 0..10 s.
+        assert!(
+            before.elapsed() <= Duration::from_millis(6),
+            "{:?}",
+            before.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_stops_at_deadline() {
+        let opts = LockOptions::new()
+            .wait_for(Duration::from_millis(100))
+            .backoff(crate::Backoff::new(
+                Duration::from_secs(10),
+                Duration::from_secs(10),
+            ));
+        let mut waiter = Waiter::new("x", &opts);
+        let mut none = ReleaseWatch::none();
+        let mut pauses = 0;
+        let err = loop {
+            match waiter.pause(None, &mut none).await {
+                Ok(()) => pauses += 1,
+                Err(e) => break e,
+            }
+            assert!(pauses < 1000);
+        };
+        assert!(matches!(err, LockError::Timeout { .. }));
+        assert!(waiter.started.elapsed() >= Duration::from_millis(100));
+        assert!(waiter.started.elapsed() < Duration::from_millis(101));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn later_attempts_are_cut_at_deadline_plus_grace() {
+        let opts = LockOptions::new().wait_for(Duration::from_millis(10));
+        let mut waiter = Waiter::new("x", &opts);
+        let first: Result<()> = waiter
+            .attempt(async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok(())
+            })
+            .await;
+        assert!(first.is_ok(), "the first attempt runs to completion");
+        let start = Instant::now();
+        let second: Result<()> = waiter.attempt(std::future::pending()).await;
+        assert!(matches!(second, Err(LockError::Timeout { .. })));
+        assert!(start.elapsed() <= DEADLINE_GRACE);
+    }
+}

@@ -1,0 +1,683 @@
+//! The conformance cases. Each is a plain async fn over a [`Harness`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions, LostReason};
+use tokio::time::Instant;
+
+use super::Harness;
+
+/// A lock name no other test uses.
+pub fn unique(case: &str) -> String {
+    format!("lockkit-test/{case}/{:016x}", fastrand::u64(..))
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::new().ttl(ttl)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn must_acquire(lock: &dyn DistributedLock, name: &str, opts: &LockOptions) -> LockGuard {
+    match lock
+        .acquire(name, &opts.clone().wait_for(Duration::from_secs(10)))
+        .await
+    {
+        Ok(guard) => guard,
+        Err(e) => panic!("acquire {name:?} failed: {e}"),
+    }
+}
+
+async fn is_free_for(lock: &dyn DistributedLock, name: &str) -> bool {
+    match lock.try_acquire(name, &opts(Duration::from_secs(5))).await {
+        Ok(Some(guard)) => {
+            guard.release().await.expect("release of a probe");
+            true
+        }
+        Ok(None) => false,
+        Err(e) => panic!("try_acquire {name:?} failed: {e}"),
+    }
+}
+
+async fn assert_held(lock: &dyn DistributedLock, name: &str, why: &str) {
+    let probe = lock
+        .try_acquire(name, &opts(Duration::from_secs(5)))
+        .await
+        .unwrap_or_else(|e| panic!("try_acquire {name:?} failed: {e}"));
+    if let Some(guard) = probe {
+        guard.release().await.ok();
+        panic!("{name:?} should be held: {why}");
+    }
+}
+
+/// Two clients: while one holds a name the other can neither take it nor wait it out.
+pub async fn mutual_exclusion_between_two_clients(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("mutex");
+    let o = opts(Duration::from_secs(10));
+    let guard = a
+        .try_acquire(&name, &o)
+        .await
+        .unwrap()
+        .expect("a free lock is granted");
+    assert!(b.try_acquire(&name, &o).await.unwrap().is_none());
+    let err = b
+        .acquire(&name, &o.clone().wait_for(ms(200)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    guard.release().await.unwrap();
+    let guard = b
+        .try_acquire(&name, &o)
+        .await
+        .unwrap()
+        .expect("free after release");
+    assert!(a.try_acquire(&name, &o).await.unwrap().is_none());
+    guard.release().await.unwrap();
+}
+
+/// Holding one name does not block another.
+pub async fn independent_names(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let (one, two) = (unique("indep-1"), unique("indep-2"));
+    let o = opts(Duration::from_secs(10));
+    let g1 = a.try_acquire(&one, &o).await.unwrap().expect("one is free");
+    let g2 = b
+        .try_acquire(&two, &o)
+        .await
+        .unwrap()
+        .expect("two is free while one is held");
+    let g3 = a
+        .try_acquire(&unique("indep-3"), &o)
+        .await
+        .unwrap()
+        .expect("a third name is free");
+    assert_held(b.as_ref(), &one, "a holds it").await;
+    assert_held(a.as_ref(), &two, "b holds it").await;
+    for g in [g1, g2, g3] {
+        g.release().await.unwrap();
+    }
+}
+
+/// A name can be taken again right after release, many times over.
+pub async fn reacquire_after_release(h: &dyn Harness) {
+    let a = h.client().await;
+    let name = unique("reacquire");
+    for i in 0..20 {
+        let g = a
+            .try_acquire(&name, &opts(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {i}: free after release"));
+        g.release().await.unwrap();
+    }
+}
+
+/// After a release, nothing of the old holding touches the next holder: not its
+/// drop, not a late release of a lease that is already gone (which says `Lost`).
+pub async fn double_release_is_harmless(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("double-release");
+    let o = opts(Duration::from_secs(10));
+    let first = must_acquire(a.as_ref(), &name, &o).await;
+    first.release().await.unwrap();
+    let second = must_acquire(b.as_ref(), &name, &o).await;
+    tokio::time::sleep(ms(200)).await;
+    assert_held(a.as_ref(), &name, "b holds it after a's release").await;
+    // A lease that is already gone: releasing it is a clean `Lost`, twice over.
+    h.revoke(&name).await;
+    let err = second.release().await.unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "{err}");
+    assert!(is_free_for(a.as_ref(), &name).await);
+}
+
+/// A guard whose lease is gone (revoked, or expired) cannot release or extend the
+/// lease of the holder that came after it; it gets `Lost`.
+pub async fn stale_guard_cannot_release_or_extend(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let long = opts(Duration::from_secs(30)).auto_renew(false);
+
+    // Revoked, then taken by b: the server-side compare refuses a's release.
+    let name = unique("stale-release");
+    let stale = must_acquire(a.as_ref(), &name, &long).await;
+    h.revoke(&name).await;
+    let fresh = must_acquire(b.as_ref(), &name, &long).await;
+    let err = stale.release().await.unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "release: {err}");
+    assert_held(a.as_ref(), &name, "b's lease survives a's stale release").await;
+    fresh.release().await.unwrap();
+
+    // Revoked, then taken by b: the server-side compare refuses a's extend.
+    let name = unique("stale-extend");
+    let stale = must_acquire(a.as_ref(), &name, &long).await;
+    h.revoke(&name).await;
+    let fresh = must_acquire(b.as_ref(), &name, &long).await;
+    let err = stale.extend(Duration::from_secs(60)).await.unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "extend: {err}");
+    assert!(stale.is_lost());
+    drop(stale);
+    tokio::time::sleep(ms(100)).await;
+    assert_held(
+        a.as_ref(),
+        &name,
+        "b's lease survives a's stale extend and drop",
+    )
+    .await;
+    fresh.release().await.unwrap();
+
+    // Expired by its TTL, then taken by b.
+    let name = unique("stale-expired");
+    let stale = must_acquire(a.as_ref(), &name, &opts(ms(300)).auto_renew(false)).await;
+    let fresh = must_acquire(b.as_ref(), &name, &long).await;
+    assert!(stale.is_lost());
+    assert!(matches!(
+        stale.extend(Duration::from_secs(60)).await,
+        Err(LockError::Lost { .. })
+    ));
+    assert!(matches!(stale.release().await, Err(LockError::Lost { .. })));
+    assert_held(a.as_ref(), &name, "b's lease survives the expired guard").await;
+    fresh.release().await.unwrap();
+}
+
+/// A holder that stops renewing and never releases (a crash) loses the lock
+/// when its TTL runs out, not before.
+pub async fn ttl_expiry_frees_crashed_holder(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("crash");
+    let ttl = ms(600);
+    let granted = Instant::now();
+    let crashed = must_acquire(a.as_ref(), &name, &opts(ttl).auto_renew(false)).await;
+    // A crash: no release on drop. (`forget` also keeps the guard's timers alive,
+    // which only mark it lost once its validity is over.)
+    std::mem::forget(crashed);
+    assert_held(b.as_ref(), &name, "right after the crash").await;
+    let taken = b
+        .acquire(
+            &name,
+            &opts(Duration::from_secs(10)).wait_for(Duration::from_secs(5)),
+        )
+        .await
+        .expect("the TTL frees the crashed holder's lock");
+    let after = granted.elapsed();
+    assert!(
+        after >= ttl - ms(50),
+        "freed after {after:?}, before the TTL of {ttl:?}"
+    );
+    assert!(after < ttl + ms(1500), "freed only after {after:?}");
+    taken.release().await.unwrap();
+}
+
+/// The holder can extend its lease past the original TTL.
+pub async fn extend_by_holder(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("extend");
+    let guard = must_acquire(a.as_ref(), &name, &opts(ms(400)).auto_renew(false)).await;
+    let before = guard.valid_until().expect("validity is known");
+    tokio::time::sleep(ms(150)).await;
+    guard.extend(Duration::from_secs(2)).await.unwrap();
+    let after = guard.valid_until().expect("validity is known");
+    assert!(
+        after > before + ms(1000),
+        "extend moved validity from {before:?} to {after:?}"
+    );
+    tokio::time::sleep(ms(500)).await; // well past the original 400 ms
+    assert!(!guard.is_lost());
+    assert_held(b.as_ref(), &name, "extended past its first TTL").await;
+    guard.release().await.unwrap();
+}
+
+/// With auto-renew on, a lock outlives many TTLs.
+pub async fn auto_renew_keeps_lock_across_five_ttls(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("renew");
+    let ttl = ms(300);
+    let guard = must_acquire(a.as_ref(), &name, &opts(ttl).auto_renew(true)).await;
+    let end = Instant::now() + ttl * 6;
+    let mut probes = 0;
+    while Instant::now() < end {
+        assert_held(b.as_ref(), &name, "auto-renew keeps it").await;
+        probes += 1;
+        tokio::time::sleep(ms(60)).await;
+    }
+    assert!(probes >= 10, "only {probes} probes");
+    assert!(!guard.is_lost());
+    guard.release().await.unwrap();
+}
+
+/// Deleting the lease behind the holder's back fires the lost signal.
+pub async fn lost_signal_when_lease_deleted(h: &dyn Harness) {
+    let a = h.client().await;
+    let name = unique("lost-deleted");
+    let guard = must_acquire(a.as_ref(), &name, &opts(ms(600)).auto_renew(true)).await;
+    let lost = guard.lost();
+    assert!(!guard.is_lost());
+    h.revoke(&name).await;
+    let reason = tokio::time::timeout(Duration::from_secs(3), lost)
+        .await
+        .expect("lost signal fires within a renewal period");
+    assert_eq!(reason, LostReason::Revoked);
+    assert!(guard.is_lost());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
+
+/// A dead server fires the lost signal once the lease can no longer be renewed.
+pub async fn lost_signal_when_server_dies(h: &dyn Harness) {
+    let mut server = h.disposable().await;
+    let a = server.connect().await.expect("connect to a live server");
+    let name = unique("lost-server");
+    let ttl = ms(800);
+    let guard = must_acquire(a.as_ref(), &name, &opts(ttl).auto_renew(true)).await;
+    server.kill().await;
+    let killed = Instant::now();
+    let reason = tokio::time::timeout(ttl + Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost signal fires once the lease runs out");
+    assert!(
+        matches!(
+            reason,
+            LostReason::RenewalFailed | LostReason::SessionExpired | LostReason::ConnectionLost
+        ),
+        "{reason:?}"
+    );
+    assert!(
+        killed.elapsed() <= ttl + Duration::from_secs(2),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(guard.is_lost());
+}
+
+/// Fencing tokens strictly increase across 100 successive holders (where the
+/// backend claims fencing; otherwise guards carry none).
+pub async fn fencing_tokens_strictly_increase(h: &dyn Harness) {
+    let clients = [h.client().await, h.client().await];
+    let fencing = clients[0].capabilities().fencing;
+    let name = unique("fencing");
+    let mut last = None;
+    for i in 0..100 {
+        let guard = must_acquire(
+            clients[i % 2].as_ref(),
+            &name,
+            &opts(Duration::from_secs(10)),
+        )
+        .await;
+        let token = guard.fencing_token();
+        if fencing {
+            let token = token.unwrap_or_else(|| panic!("holder {i} has no fencing token"));
+            if let Some(previous) = last {
+                assert!(token > previous, "holder {i}: {token} after {previous}");
+            }
+            last = Some(token);
+        } else {
+            assert_eq!(token, None, "capabilities say no fencing");
+        }
+        guard.release().await.unwrap();
+    }
+}
+
+/// A waiting `acquire` gets the lock as soon as the holder releases, not after its TTL.
+pub async fn acquire_succeeds_when_holder_releases(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("handoff");
+    let holder = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(30))).await;
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move {
+            let guard = b
+                .acquire(
+                    &name,
+                    &opts(Duration::from_secs(30)).wait_for(Duration::from_secs(20)),
+                )
+                .await;
+            (guard, Instant::now())
+        })
+    };
+    tokio::time::sleep(ms(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter must wait while the lock is held"
+    );
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let (guard, acquired) = waiter.await.unwrap();
+    let guard = guard.expect("the waiter gets the lock");
+    let handoff = acquired.saturating_duration_since(released);
+    assert!(handoff < ms(600), "handoff took {handoff:?}");
+    guard.release().await.unwrap();
+}
+
+/// `acquire` with a wait gives `Timeout` no later than the wait plus 100 ms.
+pub async fn acquire_times_out_near_deadline(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("timeout");
+    let holder = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(30))).await;
+    let wait = ms(400);
+    let start = Instant::now();
+    let err = b
+        .acquire(&name, &opts(Duration::from_secs(30)).wait_for(wait))
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    assert!(took >= wait, "gave up early, after {took:?}");
+    assert!(took <= wait + ms(100), "gave up late, after {took:?}");
+    holder.release().await.unwrap();
+}
+
+/// `no_wait` and `try_acquire` make one attempt and return at once.
+pub async fn no_wait_gives_timeout_at_once(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("no-wait");
+    let holder = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(30))).await;
+    let start = Instant::now();
+    let err = b
+        .acquire(&name, &opts(Duration::from_secs(30)).no_wait())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    assert!(
+        b.try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(start.elapsed() < ms(500), "took {:?}", start.elapsed());
+    holder.release().await.unwrap();
+}
+
+/// 64 tasks on 4 clients × 50 critical sections: never two inside at once, and
+/// no update of a shared counter is lost.
+pub async fn no_overlap_under_contention(h: &dyn Harness) {
+    const CLIENTS: usize = 4;
+    const TASKS_PER_CLIENT: usize = 16;
+    const ROUNDS: u64 = 50;
+    let name = unique("contention");
+    let inside = Arc::new(AtomicU32::new(0));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = h.client().await;
+        for _ in 0..TASKS_PER_CLIENT {
+            let (client, name) = (client.clone(), name.clone());
+            let (inside, overlaps, counter) = (inside.clone(), overlaps.clone(), counter.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client
+                        .acquire(
+                            &name,
+                            &opts(Duration::from_secs(10)).wait_for(Duration::from_secs(60)),
+                        )
+                        .await
+                        .expect("acquire under contention");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    // A read-modify-write that loses updates if two tasks interleave.
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release under contention");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("worker task");
+    }
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "critical sections overlapped"
+    );
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        (CLIENTS * TASKS_PER_CLIENT) as u64 * ROUNDS,
+        "updates were lost"
+    );
+}
+
+/// 200 `acquire` futures cancelled at random points (queued, in flight, just
+/// granted) leak no lease: the lock is free again within 1 s, not after its TTL.
+pub async fn cancelled_acquires_leak_no_lease(h: &dyn Harness) {
+    let clients = [h.client().await, h.client().await];
+    let name = unique("cancel");
+    let o = opts(Duration::from_secs(60)).wait_for(Duration::from_secs(30));
+    let mut completed = 0;
+    for batch in 0..20 {
+        let mut tasks = Vec::new();
+        for i in 0..10 {
+            let (client, name, o) = (clients[(batch + i) % 2].clone(), name.clone(), o.clone());
+            tasks.push(tokio::spawn(async move { client.acquire(&name, &o).await }));
+        }
+        for task in &tasks {
+            // Spread the cancellation points from "not started" through "request
+            // in flight" to "granted", with scheduler yields (microseconds) and,
+            // now and then, a timer tick (about a millisecond).
+            for _ in 0..fastrand::usize(0..300) {
+                tokio::task::yield_now().await;
+            }
+            if fastrand::u8(0..4) == 0 {
+                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2000))).await;
+            }
+            task.abort();
+        }
+        for task in tasks {
+            // A task that finished before its abort hands back a guard; dropping
+            // it must release the lock as well.
+            if let Ok(result) = task.await {
+                result.expect("acquire");
+                completed += 1;
+            }
+        }
+    }
+    let probe = h.client().await;
+    let start = Instant::now();
+    let guard = probe
+        .acquire(
+            &name,
+            &opts(Duration::from_secs(10)).wait_for(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!("lock still held after cancellations ({completed} of 200 completed): {e}")
+        });
+    assert!(start.elapsed() <= Duration::from_secs(1) + ms(100));
+    guard.release().await.unwrap();
+}
+
+/// Dropping a guard without `release` frees the lock within a second.
+pub async fn dropped_guard_releases_promptly(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("drop");
+    let guard = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(60))).await;
+    drop(guard);
+    let start = Instant::now();
+    let taken = b
+        .acquire(
+            &name,
+            &opts(Duration::from_secs(10)).wait_for(Duration::from_secs(1)),
+        )
+        .await
+        .expect("a dropped guard frees the lock within 1 s");
+    assert!(start.elapsed() <= Duration::from_secs(1) + ms(100));
+    taken.release().await.unwrap();
+}
+
+/// Empty, over-long and control-character names are rejected with `InvalidName`.
+pub async fn invalid_names_rejected(h: &dyn Harness) {
+    let a = h.client().await;
+    let o = opts(Duration::from_secs(5)).wait_for(ms(100));
+    for bad in [
+        String::new(),
+        "x".repeat(256),
+        "line\nbreak".to_owned(),
+        "nul\0".to_owned(),
+        "\u{1b}[31m".to_owned(),
+    ] {
+        let err = a.try_acquire(&bad, &o).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidName { .. }),
+            "try_acquire {bad:?}: {err}"
+        );
+        let err = a.acquire(&bad, &o).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidName { .. }),
+            "acquire {bad:?}: {err}"
+        );
+    }
+    let longest = format!("{}{}", unique("max"), "y".repeat(255))
+        .chars()
+        .take(255)
+        .collect::<String>();
+    let guard = a
+        .try_acquire(&longest, &o)
+        .await
+        .unwrap()
+        .expect("a 255-byte name works");
+    guard.release().await.unwrap();
+}
+
+/// A zero or huge TTL is `InvalidOptions`, for acquiring and for extending.
+pub async fn invalid_options_rejected(h: &dyn Harness) {
+    let a = h.client().await;
+    let name = unique("options");
+    for bad in [
+        opts(Duration::ZERO),
+        opts(Duration::MAX),
+        opts(Duration::from_secs(5)).wait_for(Duration::MAX),
+    ] {
+        let err = a.try_acquire(&name, &bad).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. }),
+            "{bad:?}: {err}"
+        );
+        let err = a.acquire(&name, &bad).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+    let guard = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(5))).await;
+    for bad in [Duration::ZERO, Duration::MAX] {
+        let err = guard.extend(bad).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. }),
+            "extend {bad:?}: {err}"
+        );
+    }
+    assert!(!guard.is_lost(), "a rejected extend leaves the lease alone");
+    guard.release().await.unwrap();
+}
+
+/// Names with `/`, `..`, `{}`, spaces, `%`, case differences and non-ASCII work,
+/// and distinct names are distinct locks.
+pub async fn odd_names_work_and_do_not_collide(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let base = unique("odd");
+    let suffixes = [
+        "",
+        "/",
+        "a/b",
+        "a%2Fb",
+        "a_2Fb",
+        "..",
+        ".",
+        "a/../b",
+        "{a}",
+        "{a}:fence",
+        "{",
+        "}",
+        "with space",
+        "with  two",
+        "A",
+        "a",
+        "ünïcödé 名前",
+        "emoji 🔒",
+        "%",
+        "%25",
+        "-lock-",
+        "__lock__",
+        "tab-free\u{a0}nbsp",
+        "'quote\"",
+        "back\\slash",
+        "semi;colon",
+    ];
+    let names: Vec<String> = suffixes.iter().map(|s| format!("{base}{s}")).collect();
+    let o = opts(Duration::from_secs(20)).auto_renew(false);
+    let mut guards = Vec::new();
+    for name in &names {
+        let guard = a
+            .try_acquire(name, &o)
+            .await
+            .unwrap_or_else(|e| panic!("{name:?}: {e}"))
+            .unwrap_or_else(|| panic!("{name:?} collides with an earlier name"));
+        guards.push(guard);
+    }
+    for name in &names {
+        assert_held(b.as_ref(), name, "a holds every odd name").await;
+    }
+    for guard in guards {
+        let name = guard.name().to_owned();
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release {name:?}: {e}"));
+    }
+    for name in &names {
+        assert!(
+            is_free_for(b.as_ref(), name).await,
+            "{name:?} free after release"
+        );
+    }
+}
+
+/// A dead server gives `Unavailable` within the connect timeout (no hang, no panic).
+pub async fn dead_server_gives_unavailable(h: &dyn Harness) {
+    let mut server = h.disposable().await;
+    server.kill().await;
+    let start = Instant::now();
+    let outcome = match server.connect().await {
+        Err(e) => e,
+        Ok(client) => client
+            .try_acquire(&unique("dead"), &opts(Duration::from_secs(5)))
+            .await
+            .expect_err("a dead server cannot grant a lock"),
+    };
+    let took = start.elapsed();
+    assert!(
+        matches!(outcome, LockError::Unavailable { .. }),
+        "{outcome}"
+    );
+    assert!(
+        took <= h.connect_timeout() + Duration::from_secs(1),
+        "took {took:?} with a connect timeout of {:?}",
+        h.connect_timeout()
+    );
+}
+
+/// A guard knows its name, its validity and that it is not lost.
+pub async fn guard_reports_its_state(h: &dyn Harness) {
+    let a = h.client().await;
+    let name = unique("state");
+    let ttl = Duration::from_secs(10);
+    let before = Instant::now();
+    let guard = must_acquire(a.as_ref(), &name, &opts(ttl)).await;
+    assert_eq!(guard.name(), name);
+    let valid_until = guard.valid_until().expect("validity is known");
+    assert!(valid_until > Instant::now() + ttl / 2, "{valid_until:?}");
+    assert!(
+        valid_until <= before + ttl + ms(1),
+        "validity beyond the TTL"
+    );
+    assert!(!guard.is_lost());
+    assert_eq!(guard.fencing_token().is_some(), a.capabilities().fencing);
+    let shown = format!("{guard:?}");
+    assert!(shown.contains(&name), "{shown}");
+    guard.release().await.unwrap();
+}

@@ -1,0 +1,97 @@
+//! The shared behavioural suite: every backend runs all of it against its real
+//! server.
+//!
+//! A backend's test file implements [`Harness`] and expands
+//! [`conformance_suite!`](crate::conformance_suite), which turns every case
+//! below into its own named `#[tokio::test]`, so a failure says which case broke:
+//!
+//! ```ignore
+//! lockkit_testkit::conformance_suite!(MyHarness::start().await);
+//! ```
+//!
+//! Cases use unique lock names, so they can share one server with other tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, Result};
+
+mod cases;
+
+pub use cases::*;
+
+/// How long one case may run before it counts as hung.
+pub const CASE_LIMIT: Duration = Duration::from_secs(90);
+
+/// What a backend provides to run the suite.
+#[async_trait::async_trait]
+pub trait Harness: Send + Sync {
+    /// A new, independent client of the shared server (its own connections).
+    async fn client(&self) -> Arc<dyn DistributedLock>;
+
+    /// Deletes the lease on `name` behind its holder's back, as an operator would.
+    async fn revoke(&self, name: &str);
+
+    /// A server of its own that the case may kill.
+    async fn disposable(&self) -> Box<dyn Disposable>;
+
+    /// The connect timeout the harness's clients are configured with.
+    fn connect_timeout(&self) -> Duration;
+}
+
+/// A server that one case owns and may kill; see [`Harness::disposable`].
+#[async_trait::async_trait]
+pub trait Disposable: Send + Sync {
+    /// A client of this server. Once the server is dead this must fail with
+    /// `LockError::Unavailable` (or give a client whose first call does).
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>>;
+
+    /// Kills the server (the process dies; nothing is shut down gracefully).
+    async fn kill(&mut self);
+}
+
+/// Expands to one `#[tokio::test]` per conformance case, each building its own
+/// harness from the given expression (which may use `.await`).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($harness:expr) => {
+        $crate::conformance_suite!(@cases $harness;
+            mutual_exclusion_between_two_clients,
+            independent_names,
+            reacquire_after_release,
+            double_release_is_harmless,
+            stale_guard_cannot_release_or_extend,
+            ttl_expiry_frees_crashed_holder,
+            extend_by_holder,
+            auto_renew_keeps_lock_across_five_ttls,
+            lost_signal_when_lease_deleted,
+            lost_signal_when_server_dies,
+            fencing_tokens_strictly_increase,
+            acquire_succeeds_when_holder_releases,
+            acquire_times_out_near_deadline,
+            no_wait_gives_timeout_at_once,
+            no_overlap_under_contention,
+            cancelled_acquires_leak_no_lease,
+            dropped_guard_releases_promptly,
+            invalid_names_rejected,
+            invalid_options_rejected,
+            odd_names_work_and_do_not_collide,
+            dead_server_gives_unavailable,
+            guard_reports_its_state,
+        );
+    };
+    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness;
+                tokio::time::timeout(
+                    $crate::conformance::CASE_LIMIT,
+                    $crate::conformance::$case(&harness),
+                )
+                .await
+                .expect(concat!("conformance case `", stringify!($case), "` hung"));
+            }
+        )*
+    };
+}

@@ -1,0 +1,604 @@
+//! A real `redis-server` on a free loopback port, for tests.
+
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::process::{LOG_TAIL_LINES, ServerError, ServerProcess, find_binary, free_port};
+
+/// Environment variable that overrides the `redis-server` binary.
+const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
+const INSTALL_HINT: &str = "run scripts/install-services.sh (or: apt-get install -y redis-server)";
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Extra attempts, each on a new port, when the first start finds its port taken.
+const PORT_RETRIES: usize = 3;
+const LOG_FILE: &str = "redis.log";
+const OUTPUT_FILE: &str = "redis.stdout.log";
+
+/// Options shared by every (re)start of one server.
+#[derive(Clone, Default)]
+struct Options {
+    appendonly: bool,
+    password: Option<String>,
+    args: Vec<String>,
+    binary: Option<PathBuf>,
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("appendonly", &self.appendonly)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("extra_args", &self.args.len())
+            .field("binary", &self.binary)
+            .finish()
+    }
+}
+
+/// A `redis-server` child process bound to `127.0.0.1` on a free port, with
+/// its own temporary directory, for tests.
+///
+/// The process is killed when the `RedisServer` is dropped, and also when the
+/// test process dies (even if the server lives in a static). Fault injection:
+/// [`pause`](Self::pause) (SIGSTOP), [`resume`](Self::resume),
+/// [`kill`](Self::kill) and [`restart`](Self::restart) on the same port.
+///
+/// The `Debug` output never contains the password.
+pub struct RedisServer {
+    port: u16,
+    binary: PathBuf,
+    options: Options,
+    state: Mutex<Option<ServerProcess>>,
+    dir: TempDir,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("pid", &self.pid())
+            .field("dir", &self.dir.path())
+            .field("binary", &self.binary)
+            .field("appendonly", &self.options.appendonly)
+            .field(
+                "password",
+                &self.options.password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("extra_args", &self.options.args.len())
+            .finish()
+    }
+}
+
+/// Configures a [`RedisServer`] before starting it.
+#[derive(Debug, Default)]
+pub struct RedisServerBuilder {
+    options: Options,
+}
+
+impl RedisServerBuilder {
+    /// AOF persistence (`--appendonly yes --appendfsync always`), so written
+    /// data survives [`RedisServer::kill`] and [`RedisServer::restart`].
+    /// Off by default: a restart then starts empty.
+    pub fn appendonly(mut self, on: bool) -> Self {
+        self.options.appendonly = on;
+        self
+    }
+
+    /// Requires this password (`--requirepass`). [`RedisServer::url`] then
+    /// contains it and [`RedisServer::command`] authenticates first.
+    pub fn password(mut self, password: &str) -> Self {
+        self.options.password = Some(password.to_owned());
+        self
+    }
+
+    /// Appends a raw `redis-server` command-line argument (e.g. TLS options).
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.options.args.push(arg.to_owned());
+        self
+    }
+
+    /// Uses this `redis-server` binary (a path, or a name searched on `PATH`)
+    /// instead of `$LOCKKIT_REDIS_SERVER` or `redis-server` on `PATH`.
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.options.binary = Some(path.into());
+        self
+    }
+
+    /// Starts the server and waits until it answers `PING`.
+    ///
+    /// # Panics
+    ///
+    /// With the [`ServerError`]'s message when it cannot be started.
+    pub async fn start(self) -> RedisServer {
+        self.try_start().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts the server and waits until it answers `PING`.
+    ///
+    /// When another process takes the chosen port before the server binds it,
+    /// retries up to three times on a new port.
+    pub async fn try_start(self) -> Result<RedisServer, ServerError> {
+        let binary = resolve_binary(&self.options)?;
+        let mut retries = 0;
+        loop {
+            let dir = tempfile::Builder::new()
+                .prefix("lockkit-redis-")
+                .tempdir()
+                .map_err(|source| ServerError::Io {
+                    what: "create a temporary directory for redis-server".to_owned(),
+                    source,
+                })?;
+            let server = RedisServer {
+                port: free_port(),
+                binary: binary.clone(),
+                options: self.options.clone(),
+                state: Mutex::new(None),
+                dir,
+            };
+            match server.launch().await {
+                Ok(()) => return Ok(server),
+                Err(e) if retries < PORT_RETRIES && is_address_in_use(&e) => {
+                    retries += 1;
+                    tracing::warn!(
+                        "port {} of redis-server was taken meanwhile; retrying on another port",
+                        server.port
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+fn resolve_binary(options: &Options) -> Result<PathBuf, ServerError> {
+    if let Some(binary) = &options.binary {
+        return find_binary(binary, INSTALL_HINT);
+    }
+    match std::env::var_os(BINARY_ENV) {
+        Some(binary) if !binary.is_empty() => find_binary(binary, INSTALL_HINT),
+        _ => find_binary("redis-server", INSTALL_HINT),
+    }
+}
+
+fn is_address_in_use(error: &ServerError) -> bool {
+    matches!(error, ServerError::Exited { log_tail, .. } if log_tail.contains("Address already in use"))
+}
+
+impl RedisServer {
+    /// Starts a default server (no persistence, no password).
+    ///
+    /// # Panics
+    ///
+    /// With the [`ServerError`]'s message when it cannot be started, e.g.
+    /// when `redis-server` is not installed.
+    pub async fn start() -> RedisServer {
+        Self::builder().start().await
+    }
+
+    /// Starts a default server (no persistence, no password).
+    pub async fn try_start() -> Result<RedisServer, ServerError> {
+        Self::builder().try_start().await
+    }
+
+    /// A builder for a server with options.
+    pub fn builder() -> RedisServerBuilder {
+        RedisServerBuilder::default()
+    }
+
+    /// The TCP port (the same across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's PID, `None` while it is killed (or has died).
+    pub fn pid(&self) -> Option<u32> {
+        let mut state = self.lock();
+        let process = state.as_mut()?;
+        process.is_running().then(|| process.pid())
+    }
+
+    /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` (the
+    /// password percent-encoded) when a password is set.
+    pub fn url(&self) -> String {
+        match &self.options.password {
+            Some(password) => format!(
+                "redis://:{}@127.0.0.1:{}",
+                percent_encode(password),
+                self.port
+            ),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The server's directory (working directory, log, AOF files); removed
+    /// when the server is dropped.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The last `lines` lines of the server's log (and of its stdout/stderr).
+    pub fn log_tail(&self, lines: usize) -> String {
+        crate::process::log_tail(
+            &self.dir.path().join(LOG_FILE),
+            &self.dir.path().join(OUTPUT_FILE),
+            lines,
+        )
+    }
+
+    /// Freezes the server with SIGSTOP: connections are still accepted by
+    /// the kernel but nothing is answered until [`resume`](Self::resume).
+    /// Does nothing while the server is killed.
+    pub fn pause(&self) {
+        if let Some(process) = self.lock().as_mut()
+            && let Err(e) = process.pause()
+        {
+            tracing::warn!("cannot pause redis-server on port {}: {e}", self.port);
+        }
+    }
+
+    /// Continues a paused server with SIGCONT.
+    pub fn resume(&self) {
+        if let Some(process) = self.lock().as_mut()
+            && let Err(e) = process.resume()
+        {
+            tracing::warn!("cannot resume redis-server on port {}: {e}", self.port);
+        }
+    }
+
+    /// Kills the server with SIGKILL and reaps it. The port and directory are
+    /// kept for [`restart`](Self::restart). Idempotent.
+    pub fn kill(&self) {
+        let process = self.lock().take();
+        if let Some(mut process) = process {
+            process.kill();
+        }
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port, in
+    /// the same directory and with the same options, and waits until it is
+    /// ready.
+    ///
+    /// # Panics
+    ///
+    /// With the [`ServerError`]'s message when it cannot be started.
+    pub async fn restart(&self) {
+        self.try_restart()
+            .await
+            .unwrap_or_else(|e| panic!("cannot restart redis-server: {e}"));
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port, in
+    /// the same directory and with the same options, and waits until it is
+    /// ready. On failure the server stays killed.
+    pub async fn try_restart(&self) -> Result<(), ServerError> {
+        self.kill();
+        self.launch().await
+    }
+
+    /// Sends one command over a new TCP connection (after `AUTH` when a
+    /// password is set) and returns the reply as text: simple strings, errors
+    /// and integers as their text (an error as e.g. `ERR unknown command…`),
+    /// bulk strings as their content, nil as `(nil)`, arrays as their items
+    /// joined by spaces.
+    ///
+    /// Fails with [`io::ErrorKind::TimedOut`] when there is no reply within
+    /// 2 s (e.g. while paused), with the connection's error when the server is
+    /// down, and with [`io::ErrorKind::PermissionDenied`] when `AUTH` fails.
+    pub async fn command(&self, args: &[&str]) -> Result<String, io::Error> {
+        if args.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "empty redis command",
+            ));
+        }
+        let exchange = exchange(self.addr(), self.options.password.as_deref(), args);
+        match tokio::time::timeout(COMMAND_TIMEOUT, exchange).await {
+            Ok(result) => result.map(|reply| reply.into_text()),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "redis-server on {} did not answer {} within {COMMAND_TIMEOUT:?}",
+                    self.addr(),
+                    args[0]
+                ),
+            )),
+        }
+    }
+
+    fn what(&self) -> String {
+        format!("redis-server on {}", self.addr())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<ServerProcess>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn redis_args(&self) -> Vec<String> {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let logfile = self
+            .dir
+            .path()
+            .join(LOG_FILE)
+            .to_string_lossy()
+            .into_owned();
+        let mut args: Vec<String> = [
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--dir",
+            &dir,
+            "--logfile",
+            &logfile,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if self.options.appendonly {
+            args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
+        } else {
+            args.extend(["--appendonly", "no"].map(String::from));
+        }
+        if let Some(password) = &self.options.password {
+            args.extend(["--requirepass".to_owned(), password.clone()]);
+        }
+        args.extend(self.options.args.iter().cloned());
+        args
+    }
+
+    /// Spawns the process (the state must be empty) and waits until it is
+    /// ready; on failure kills it again.
+    async fn launch(&self) -> Result<(), ServerError> {
+        let what = self.what();
+        let mut command = Command::new(&self.binary);
+        command.args(self.redis_args()).current_dir(self.dir.path());
+        let process = ServerProcess::spawn_async(
+            &what,
+            &command,
+            &self.dir.path().join(LOG_FILE),
+            &self.dir.path().join(OUTPUT_FILE),
+        )
+        .await?;
+        let pid = process.pid();
+        let previous = self.lock().replace(process);
+        drop(previous);
+        let result = self.wait_ready(&what, pid).await;
+        if result.is_err() {
+            self.kill();
+        }
+        result
+    }
+
+    /// Waits until our process answers `PING` (and `INFO` names its PID, so a
+    /// stranger that took the port is never mistaken for it).
+    async fn wait_ready(&self, what: &str, pid: u32) -> Result<(), ServerError> {
+        let started = Instant::now();
+        let password = self.options.password.as_deref();
+        loop {
+            if let Some(error) = self.exited(what, pid) {
+                return Err(error);
+            }
+            if tokio::time::timeout(PROBE_TIMEOUT, probe(self.addr(), password, pid))
+                .await
+                .is_ok_and(|ready| ready)
+            {
+                tracing::debug!(pid, "{what} is ready after {:?}", started.elapsed());
+                return Ok(());
+            }
+            if started.elapsed() >= READY_TIMEOUT {
+                return Err(ServerError::NotReady {
+                    what: what.to_owned(),
+                    waited: started.elapsed(),
+                    log_tail: self.log_tail(LOG_TAIL_LINES),
+                });
+            }
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+    }
+
+    /// `Some(Exited)` when our process `pid` is no longer running.
+    fn exited(&self, what: &str, pid: u32) -> Option<ServerError> {
+        let mut state = self.lock();
+        let status = match state.as_mut() {
+            Some(process) if process.pid() == pid => {
+                if process.is_running() {
+                    return None;
+                }
+                process.exit_status()
+            }
+            // Killed (or replaced) by another caller meanwhile.
+            _ => None,
+        };
+        drop(state);
+        Some(ServerError::Exited {
+            what: what.to_owned(),
+            status,
+            log_tail: self.log_tail(LOG_TAIL_LINES),
+        })
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // Before the temporary directory is removed.
+        self.kill();
+    }
+}
+
+/// One readiness probe: `PING` answers `PONG` and `INFO server` reports `pid`.
+async fn probe(addr: SocketAddr, password: Option<&str>, pid: u32) -> bool {
+    let Ok(mut connection) = connect(addr, password).await else {
+        return false;
+    };
+    match request(&mut connection, &["PING"]).await {
+        Ok(Reply::Simple(pong)) if pong == "PONG" => {}
+        _ => return false,
+    }
+    match request(&mut connection, &["INFO", "server"]).await {
+        Ok(Reply::Bulk(Some(info))) => String::from_utf8_lossy(&info)
+            .lines()
+            .any(|line| line.trim() == format!("process_id:{pid}")),
+        _ => false,
+    }
+}
+
+async fn exchange(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> io::Result<Reply> {
+    let mut connection = connect(addr, password).await?;
+    request(&mut connection, args).await
+}
+
+/// Connects, and authenticates when a password is given.
+async fn connect(addr: SocketAddr, password: Option<&str>) -> io::Result<BufReader<TcpStream>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut connection = BufReader::new(stream);
+    if let Some(password) = password
+        && let Reply::Error(e) = request(&mut connection, &["AUTH", password]).await?
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("AUTH failed: {e}"),
+        ));
+    }
+    Ok(connection)
+}
+
+async fn request(connection: &mut BufReader<TcpStream>, args: &[&str]) -> io::Result<Reply> {
+    let mut encoded = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        encoded.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        encoded.extend_from_slice(arg.as_bytes());
+        encoded.extend_from_slice(b"\r\n");
+    }
+    connection.get_mut().write_all(&encoded).await?;
+    read_reply(connection).await
+}
+
+/// A RESP2 reply (plus the line-based RESP3 types, as text).
+#[derive(Debug)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+impl Reply {
+    fn into_text(self) -> String {
+        match self {
+            Reply::Simple(text) | Reply::Error(text) => text,
+            Reply::Integer(n) => n.to_string(),
+            Reply::Bulk(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            Reply::Bulk(None) | Reply::Array(None) => "(nil)".to_owned(),
+            Reply::Array(Some(items)) => items
+                .into_iter()
+                .map(Reply::into_text)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+}
+
+fn protocol_error(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+async fn read_line(connection: &mut BufReader<TcpStream>) -> io::Result<String> {
+    let mut line = Vec::new();
+    connection.read_until(b'\n', &mut line).await?;
+    if !line.ends_with(b"\r\n") {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed in the middle of a reply",
+        ));
+    }
+    line.truncate(line.len() - 2);
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+fn parse_length(text: &str) -> io::Result<Option<usize>> {
+    let n: i64 = text
+        .parse()
+        .map_err(|_| protocol_error(format!("bad length {text:?}")))?;
+    if n < 0 {
+        Ok(None)
+    } else {
+        usize::try_from(n)
+            .map(Some)
+            .map_err(|_| protocol_error(format!("bad length {text:?}")))
+    }
+}
+
+async fn read_reply(connection: &mut BufReader<TcpStream>) -> io::Result<Reply> {
+    let line = read_line(connection).await?;
+    let Some(kind) = line.chars().next() else {
+        return Err(protocol_error("empty reply line".to_owned()));
+    };
+    let rest = &line[kind.len_utf8()..];
+    match kind {
+        '+' => Ok(Reply::Simple(rest.to_owned())),
+        '-' => Ok(Reply::Error(rest.to_owned())),
+        ':' => rest
+            .parse()
+            .map(Reply::Integer)
+            .map_err(|_| protocol_error(format!("bad integer {rest:?}"))),
+        '$' => match parse_length(rest)? {
+            None => Ok(Reply::Bulk(None)),
+            Some(len) => {
+                let mut bytes = vec![0; len + 2];
+                connection.read_exact(&mut bytes).await?;
+                bytes.truncate(len);
+                Ok(Reply::Bulk(Some(bytes)))
+            }
+        },
+        '*' => match parse_length(rest)? {
+            None => Ok(Reply::Array(None)),
+            Some(len) => {
+                let mut items = Vec::with_capacity(len.min(1024));
+                for _ in 0..len {
+                    items.push(Box::pin(read_reply(connection)).await?);
+                }
+                Ok(Reply::Array(Some(items)))
+            }
+        },
+        '_' => Ok(Reply::Bulk(None)),
+        ',' | '#' | '(' => Ok(Reply::Simple(rest.to_owned())),
+        other => Err(protocol_error(format!(
+            "unsupported reply type {other:?} in {line:?}"
+        ))),
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}

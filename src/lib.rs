@@ -1,0 +1,17 @@
+#![doc = include_str!("../README.md")]
+
+mod connect;
+
+pub use connect::connect;
+pub use lockkit_core::{
+    Backoff, BoxError, Capabilities, DistributedLock, DynDistributedLock, FencingToken, LockError,
+    LockGuard, LockOptions, LostReason, MemoryLock, MemoryStore, ReleaseOnCrash, Result, Wait,
+};
+
+/// The core crate, for backend implementors: [`LeaseBackend`](lockkit_core::LeaseBackend),
+/// [`Waiter`](lockkit_core::Waiter), [`Lease`](lockkit_core::Lease) and friends.
+pub use lockkit_core as core;
+
+/// The single-instance Redis backend, for options a URL cannot express.
+#[cfg(feature = "redis")]
+pub use lockkit_redis as redis;

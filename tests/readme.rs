@@ -1,0 +1,23 @@
+//! The README's backend table is generated from the backends' `Capabilities`.
+
+#[test]
+fn readme_capabilities_table_is_current() {
+    let mut rows = vec![("memory", lockkit::core::MEMORY_CAPABILITIES)];
+    #[cfg(feature = "redis")]
+    rows.push(("redis", lockkit::redis::REDIS_CAPABILITIES));
+    let table = lockkit::Capabilities::markdown_table(&rows);
+
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("<!-- capabilities:start -->\n")
+        .expect("start marker")
+        + 28;
+    let end = readme
+        .find("<!-- capabilities:end -->")
+        .expect("end marker");
+    assert_eq!(
+        &readme[start..end],
+        table,
+        "README.md's capability table is out of date; replace it with:\n{table}"
+    );
+}
