@@ -13,10 +13,17 @@
 /// assert_eq!(lockkit_core::redact_url("redis://127.0.0.1"), "redis://127.0.0.1");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+    // Where the authority starts: after "://"; in malformed input after "//" or
+    // after the first ':' (so that "redis//u:pw@h" and "u:pw@h" are covered too).
+    let rest_start = if let Some(i) = url.find("://") {
+        i + 3
+    } else if let Some(i) = url.find("//") {
+        i + 2
+    } else if let Some(i) = url.find(':') {
+        i + 1
+    } else {
+        0
     };
-    let rest_start = scheme_end + 3;
     let rest = &url[rest_start..];
     // The authority ends at the first '/', '?' or '#'; the userinfo at the last '@' before it.
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -56,6 +63,10 @@ mod tests {
             ("redis://h:1/?q=a@b", "redis://h:1/?q=a@b"),
             ("memory://", "memory://"),
             ("not a url", "not a url"),
+            ("redis//:pw@h", "redis//:***@h"),
+            ("redis:u:pw@h", "redis:u:***@h"),
+            ("pw@h", ":***@h"),
+            ("sqlite::memory:", "sqlite::memory:"),
         ] {
             assert_eq!(redact_url(input), expected, "{input}");
         }

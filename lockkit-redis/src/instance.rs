@@ -74,6 +74,9 @@ impl RedisInstance {
         let connect = async {
             let mut manager =
                 ConnectionManager::new_with_config(client, manager_config(&config)).await?;
+            // A lone PING first: it surfaces a missing or wrong password as one
+            // clear error instead of one per pipelined command.
+            redis::cmd("PING").query_async::<()>(&mut manager).await?;
             let mut load = redis::pipe();
             for source in SOURCES {
                 load.cmd("SCRIPT").arg("LOAD").arg(source);

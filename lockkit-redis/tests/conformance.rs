@@ -70,6 +70,14 @@ impl Disposable for DisposableRedis {
     async fn kill(&mut self) {
         self.server.kill();
     }
+
+    async fn pause(&mut self) {
+        self.server.pause();
+    }
+
+    async fn resume(&mut self) {
+        self.server.resume();
+    }
 }
 
 lockkit_testkit::conformance_suite!(RedisHarness::start().await);

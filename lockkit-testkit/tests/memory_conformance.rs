@@ -54,6 +54,14 @@ impl Disposable for DisposableStore {
     async fn kill(&mut self) {
         self.store.set_available(false);
     }
+
+    async fn pause(&mut self) {
+        self.store.set_available(false);
+    }
+
+    async fn resume(&mut self) {
+        self.store.set_available(true);
+    }
 }
 
 lockkit_testkit::conformance_suite!(MemoryHarness::new());

@@ -291,6 +291,26 @@ pub async fn lost_signal_when_server_dies(h: &dyn Harness) {
     assert!(guard.is_lost());
 }
 
+/// A server outage shorter than the lease costs renewals, not the lease: the
+/// watchdog retries until the validity runs out.
+pub async fn renewal_survives_a_short_outage(h: &dyn Harness) {
+    let mut server = h.disposable().await;
+    let (a, b) = (
+        server.connect().await.expect("connect"),
+        server.connect().await.expect("connect"),
+    );
+    let name = unique("outage");
+    let ttl = ms(1500);
+    let guard = must_acquire(a.as_ref(), &name, &opts(ttl).auto_renew(true)).await;
+    server.pause().await;
+    tokio::time::sleep(ttl / 3 + ms(300)).await; // a renewal falls into the outage
+    server.resume().await;
+    tokio::time::sleep(ttl).await; // past the validity the lost renewal would have given
+    assert!(!guard.is_lost(), "a short outage lost the lease");
+    assert_held(b.as_ref(), &name, "renewal resumed after the outage").await;
+    guard.release().await.unwrap();
+}
+
 /// Fencing tokens strictly increase across 100 successive holders (where the
 /// backend claims fencing; otherwise guards carry none).
 pub async fn fencing_tokens_strictly_increase(h: &dyn Harness) {

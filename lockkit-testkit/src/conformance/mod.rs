@@ -48,6 +48,12 @@ pub trait Disposable: Send + Sync {
 
     /// Kills the server (the process dies; nothing is shut down gracefully).
     async fn kill(&mut self);
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    async fn pause(&mut self);
+
+    /// Unfreezes the server.
+    async fn resume(&mut self);
 }
 
 /// Expands to one `#[tokio::test]` per conformance case, each building its own
@@ -66,6 +72,7 @@ macro_rules! conformance_suite {
             auto_renew_keeps_lock_across_five_ttls,
             lost_signal_when_lease_deleted,
             lost_signal_when_server_dies,
+            renewal_survives_a_short_outage,
             fencing_tokens_strictly_increase,
             acquire_succeeds_when_holder_releases,
             acquire_times_out_near_deadline,

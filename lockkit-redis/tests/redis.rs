@@ -1,0 +1,547 @@
+//! Redis-specific behaviour against real redis-server processes: key layout,
+//! reconnects, timeouts, authentication, TLS, notification-driven waits, fencing
+//! persistence and interop with redis-py.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockError, LockOptions};
+use lockkit_redis::{RedisLock, RedisLockBuilder};
+use lockkit_testkit::{RedisServer, free_port};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::time::Instant;
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+async fn connect(url: &str) -> RedisLock {
+    lockkit_redis::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// The lock key holds the owner token under the prefix; the fence counter and
+/// the URL's database are where the docs say.
+#[tokio::test]
+async fn key_layout_and_database() {
+    let server = RedisServer::start().await;
+    let locks = connect(&format!("{}/2?prefix=app%3A", server.url())).await;
+    let guard = locks.acquire("job/1", &opts()).await.unwrap();
+    let token = guard.fencing_token().unwrap().get();
+    let value = server.command(&["SELECT", "2"]).await.unwrap();
+    assert_eq!(value, "OK");
+    // `command` opens a fresh connection per call, so select inside one script.
+    let owner = server
+        .command(&[
+            "EVAL",
+            "redis.call('SELECT', 2) return redis.call('GET', KEYS[1])",
+            "1",
+            "app:job/1",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(owner.len(), 36, "owner token is a UUID, got {owner:?}");
+    let fence = server
+        .command(&[
+            "EVAL",
+            "redis.call('SELECT', 2) return redis.call('GET', KEYS[1])",
+            "1",
+            "{app:job/1}:fence",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(fence, token.to_string());
+    assert_eq!(
+        server.command(&["EXISTS", "app:job/1"]).await.unwrap(),
+        "0",
+        "db 0 untouched"
+    );
+    guard.release().await.unwrap();
+}
+
+/// With an empty prefix, a name shaped like another lock's fence counter is refused.
+#[tokio::test]
+async fn empty_prefix_refuses_fence_lookalikes() {
+    let server = RedisServer::start().await;
+    let locks = connect(&format!("{}?prefix=", server.url())).await;
+    let err = locks.try_acquire("{job}:fence", &opts()).await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidName { .. }), "{err}");
+    let guard = locks
+        .try_acquire("job", &opts())
+        .await
+        .unwrap()
+        .expect("plain key");
+    assert_eq!(server.command(&["EXISTS", "job"]).await.unwrap(), "1");
+    guard.release().await.unwrap();
+}
+
+/// After a restart (which also empties the script cache) the client reconnects
+/// and reloads its scripts by itself.
+#[tokio::test]
+async fn reconnects_after_server_restart() {
+    let server = RedisServer::start().await;
+    let locks = connect(&format!("{}?command_timeout=500ms", server.url())).await;
+    locks
+        .acquire("before", &opts())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let guard = loop {
+        match locks.try_acquire("after", &opts()).await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("nobody holds `after`"),
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no reconnect: {e}"),
+        }
+    };
+    guard.release().await.unwrap();
+}
+
+/// A paused (SIGSTOP) server makes calls fail with `Unavailable` within the
+/// command timeout instead of hanging; after it resumes, calls work again.
+#[tokio::test]
+async fn paused_server_gives_unavailable_within_command_timeout() {
+    let server = RedisServer::start().await;
+    let locks = connect(&format!("{}?command_timeout=300ms", server.url())).await;
+    server.pause();
+    let start = Instant::now();
+    let err = locks.try_acquire("paused", &opts()).await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_millis(300 + 400),
+        "{:?}",
+        start.elapsed()
+    );
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match locks.try_acquire("paused", &opts()).await {
+            Ok(Some(guard)) => {
+                guard.release().await.unwrap();
+                break;
+            }
+            Ok(None) => {} // the interrupted attempt's lease, released in the background
+            Err(e) if Instant::now() >= deadline => panic!("not back after resume: {e}"),
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Connecting to a server that accepts TCP but never answers fails within the
+/// connect timeout.
+#[tokio::test]
+async fn unresponsive_server_fails_within_connect_timeout() {
+    let server = RedisServer::start().await;
+    server.pause();
+    let start = Instant::now();
+    let err = lockkit_redis::connect(&format!("{}?connect_timeout=400ms", server.url()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_millis(400 + 400),
+        "{:?}",
+        start.elapsed()
+    );
+    server.resume();
+}
+
+/// Nothing listens: `Unavailable`, quickly.
+#[tokio::test]
+async fn closed_port_is_unavailable() {
+    let port = free_port();
+    let start = Instant::now();
+    let err = lockkit_redis::connect(&format!("redis://127.0.0.1:{port}?connect_timeout=1s"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+/// Wrong or missing passwords give a typed error that names the problem and
+/// never shows the password; the right one works, and `Debug` hides it.
+#[tokio::test]
+async fn authentication_errors_are_typed_and_secret_free() {
+    let server = RedisServer::builder()
+        .password("correct-horse")
+        .start()
+        .await;
+    let port = server.port();
+    for url in [
+        format!("redis://:battery-staple@127.0.0.1:{port}"),
+        format!("redis://default:battery-staple@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+    ] {
+        let err = lockkit_redis::connect(&url).await.unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(matches!(err, LockError::Backend { .. }), "{url}: {shown}");
+        assert!(shown.contains("authentication"), "{shown}");
+        assert!(!shown.contains("battery-staple"), "{shown}");
+    }
+    let locks = connect(&server.url()).await;
+    let shown = format!("{locks:?}");
+    assert!(!shown.contains("correct-horse"), "{shown}");
+    locks
+        .acquire("authed", &opts())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// With AOF persistence the fencing counter survives a restart; without it the
+/// counter starts over (the documented caveat).
+#[tokio::test]
+async fn fencing_counter_and_persistence() {
+    for (aof, survives) in [(true, true), (false, false)] {
+        let server = RedisServer::builder().appendonly(aof).start().await;
+        let locks = connect(&server.url()).await;
+        let mut last = 0;
+        for _ in 0..5 {
+            let guard = locks.acquire("fenced", &opts()).await.unwrap();
+            last = guard.fencing_token().unwrap().get();
+            guard.release().await.unwrap();
+        }
+        assert_eq!(last, 5);
+        server.restart().await;
+        let locks = connect(&server.url()).await;
+        let next = locks.acquire("fenced", &opts()).await.unwrap();
+        let token = next.fencing_token().unwrap().get();
+        if survives {
+            assert_eq!(token, 6, "AOF keeps the counter");
+        } else {
+            assert_eq!(token, 1, "without persistence the counter starts over");
+        }
+        next.release().await.unwrap();
+    }
+}
+
+fn evalsha_calls(info: &str) -> u64 {
+    info.split_whitespace()
+        .find_map(|part| part.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A waiter is woken by the release's pub/sub message, not by polling: with a
+/// 10 s backoff it still gets the lock at once, after only a handful of attempts.
+#[tokio::test]
+async fn waiter_is_woken_by_release_notification() {
+    let server = RedisServer::start().await;
+    let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
+    let slow = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_secs(20))
+        .backoff(lockkit_core::Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ));
+    let held = holder.acquire("notified", &opts()).await.unwrap();
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    let task = tokio::spawn(async move {
+        let guard = waiter.acquire("notified", &slow).await;
+        (guard, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, acquired) = task.await.unwrap();
+    let guard = guard.expect("waiter acquires");
+    let handoff = acquired - released;
+    assert!(
+        handoff < Duration::from_millis(500),
+        "handoff took {handoff:?}"
+    );
+    let calls = evalsha_calls(&server.command(&["INFO", "commandstats"]).await.unwrap());
+    // first try, the try right after subscribing, the holder's release, the
+    // try after the notification (+1 if a jittered delay happened to be short)
+    assert!(
+        (4..=6).contains(&calls),
+        "{calls} script calls: the waiter polled"
+    );
+    guard.release().await.unwrap();
+}
+
+/// A holder that crashed never publishes a release: the waiter wakes when the
+/// holder's PTTL runs out, even with a long backoff.
+#[tokio::test]
+async fn waiter_wakes_at_holder_expiry() {
+    let server = RedisServer::start().await;
+    let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
+    let ttl = Duration::from_millis(700);
+    let granted = Instant::now();
+    let crashed = holder
+        .acquire("expiring", &LockOptions::new().ttl(ttl).auto_renew(false))
+        .await
+        .unwrap();
+    std::mem::forget(crashed);
+    let slow = LockOptions::new()
+        .wait_for(Duration::from_secs(20))
+        .backoff(lockkit_core::Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ));
+    let guard = waiter.acquire("expiring", &slow).await.unwrap();
+    let after = granted.elapsed();
+    assert!(after >= ttl - Duration::from_millis(50), "{after:?}");
+    assert!(after < ttl + Duration::from_millis(500), "{after:?}");
+    guard.release().await.unwrap();
+}
+
+/// Subscriptions of names nobody waits for any more are dropped after the linger time.
+#[tokio::test]
+async fn idle_subscriptions_are_dropped() {
+    let server = RedisServer::start().await;
+    let holder = connect(&server.url()).await;
+    let waiter = std::sync::Arc::new(
+        RedisLockBuilder::from_url(&server.url())
+            .unwrap()
+            .subscription_linger(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut held = Vec::new();
+    for i in 0..5 {
+        held.push(holder.acquire(&format!("sub-{i}"), &opts()).await.unwrap());
+    }
+    let waits: Vec<_> = (0..5)
+        .map(|i| {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                waiter
+                    .acquire(
+                        &format!("sub-{i}"),
+                        &opts().wait_for(Duration::from_millis(150)),
+                    )
+                    .await
+            })
+        })
+        .collect();
+    for wait in waits {
+        assert!(matches!(
+            wait.await.unwrap(),
+            Err(LockError::Timeout { .. })
+        ));
+    }
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    let channels = server.command(&["PUBSUB", "CHANNELS"]).await.unwrap();
+    assert_eq!(channels.split_whitespace().count(), 5, "{channels}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let channels = server.command(&["PUBSUB", "CHANNELS"]).await.unwrap();
+    assert!(channels.trim().is_empty(), "still subscribed: {channels}");
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("openssl is needed for the TLS test (run scripts/install-services.sh): {e}")
+        });
+    assert!(status.success(), "openssl {args:?} failed");
+}
+
+/// `rediss://` with a private CA given by `ca_file`; a client that does not trust
+/// the CA is refused.
+#[tokio::test]
+async fn tls_with_private_ca() {
+    let dir = tempfile_dir();
+    let d = dir.path();
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=lockkit test CA",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    std::fs::write(
+        d.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
+    );
+    let tls_port = free_port();
+    let path = |f: &str| d.join(f).to_str().unwrap().to_owned();
+    let server = RedisServer::builder()
+        .arg("--tls-port")
+        .arg(&tls_port.to_string())
+        .arg("--tls-cert-file")
+        .arg(&path("server.crt"))
+        .arg("--tls-key-file")
+        .arg(&path("server.key"))
+        .arg("--tls-ca-cert-file")
+        .arg(&path("ca.crt"))
+        .arg("--tls-auth-clients")
+        .arg("no")
+        .start()
+        .await;
+    let url = format!("rediss://127.0.0.1:{tls_port}?ca_file={}", path("ca.crt"));
+    let locks = connect(&url).await;
+    let guard = locks.acquire("over-tls", &opts()).await.unwrap();
+    assert_eq!(
+        server
+            .command(&["EXISTS", "lockkit:over-tls"])
+            .await
+            .unwrap(),
+        "1"
+    );
+    guard.release().await.unwrap();
+
+    let err = lockkit_redis::connect(&format!("rediss://127.0.0.1:{tls_port}?connect_timeout=1s"))
+        .await
+        .expect_err("the private CA is not in the system roots");
+    assert!(
+        matches!(
+            err,
+            LockError::Unavailable { .. } | LockError::Backend { .. }
+        ),
+        "{err}"
+    );
+}
+
+fn tempfile_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+const REDIS_PY_PEER: &str = r#"
+import sys, redis
+r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
+lock = r.lock(sys.argv[2], timeout=30)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "try":
+        print("acquired" if lock.acquire(blocking=False) else "busy", flush=True)
+    elif cmd == "release":
+        lock.release()
+        print("released", flush=True)
+"#;
+
+/// With an empty prefix, lockkit and redis-py's `Lock` on the same name exclude
+/// each other, and neither releases the other's lease.
+#[tokio::test]
+async fn interop_with_redis_py() {
+    let check = std::process::Command::new("python3")
+        .args(["-c", "import redis"])
+        .output();
+    match check {
+        Ok(out) if out.status.success() => {}
+        _ => panic!(
+            "the interop test needs Python's redis client: run scripts/install-services.sh \
+             (or: python3 -m pip install redis)"
+        ),
+    }
+    let server = RedisServer::start().await;
+    let locks = connect(&format!("{}?prefix=", server.url())).await;
+    let mut py = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            REDIS_PY_PEER,
+            &server.port().to_string(),
+            "shared-job",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start python3");
+    let mut stdin = py.stdin.take().unwrap();
+    let mut stdout = BufReader::new(py.stdout.take().unwrap()).lines();
+    let mut ask = async |cmd: &str| -> String {
+        stdin
+            .write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), stdout.next_line())
+            .await
+            .expect("redis-py answers")
+            .unwrap()
+            .expect("redis-py is alive")
+    };
+
+    assert_eq!(ask("try").await, "acquired");
+    assert!(
+        locks
+            .try_acquire("shared-job", &opts())
+            .await
+            .unwrap()
+            .is_none(),
+        "redis-py's lock excludes lockkit"
+    );
+    assert_eq!(ask("release").await, "released");
+
+    let guard = locks
+        .try_acquire("shared-job", &opts())
+        .await
+        .unwrap()
+        .expect("free after redis-py released");
+    assert_eq!(ask("try").await, "busy", "lockkit's lock excludes redis-py");
+    guard.release().await.unwrap();
+    assert_eq!(ask("try").await, "acquired");
+    assert_eq!(ask("release").await, "released");
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what is missing, then runs every
+# test against real servers (started by lockkit-testkit on loopback ports), the
+# doc tests, clippy on every target and feature, rustfmt and rustdoc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-services.sh
+
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --all-features --no-fail-fast
+else
+    cargo test --workspace --all-features --no-fail-fast --lib --bins --tests --examples
+fi
+# nextest does not run doc tests.
+cargo test --workspace --all-features --doc
+# Benchmarks compile and run once each (criterion's test mode), with a short load.
+LOCKKIT_BENCH_QUICK=1 cargo bench -p lockkit-benches --bench redis -- --test
+
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+cargo fmt --all -- --check
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+echo "scripts/test.sh: all green" >&2

@@ -1,0 +1,110 @@
+//! `lockkit::connect`: a table of good and bad URLs.
+
+use std::time::Duration;
+
+use lockkit::{LockError, LockOptions};
+
+fn assert_invalid_url(url: &str, err: &LockError) {
+    assert!(matches!(err, LockError::InvalidUrl { .. }), "{url}: {err}");
+}
+
+#[tokio::test]
+async fn memory_urls() {
+    let locks = lockkit::connect("memory://").await.unwrap();
+    let guard = locks
+        .acquire("facade/memory", &LockOptions::new())
+        .await
+        .unwrap();
+    // Every memory:// connection of the process shares one store.
+    let other = lockkit::connect("memory://").await.unwrap();
+    assert!(
+        other
+            .try_acquire("facade/memory", &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    for bad in ["memory://somewhere", "memory:///path", "memory://?x=1"] {
+        assert_invalid_url(bad, &lockkit::connect(bad).await.unwrap_err());
+    }
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_urls() {
+    for bad in [
+        "",
+        "localhost:6379",
+        "carrier-pigeon://coop",
+        "://nothing",
+        "1redis://h",
+    ] {
+        assert_invalid_url(bad, &lockkit::connect(bad).await.unwrap_err());
+    }
+}
+
+#[tokio::test]
+async fn backends_not_compiled_name_their_feature() {
+    let mut expected = vec![
+        ("redlock://a:1,b:2,c:3", "redlock"),
+        ("zk://127.0.0.1:2181/locks", "zk"),
+        ("postgres://u:p@localhost/db", "postgres"),
+        ("postgresql://localhost/db", "postgres"),
+        ("mysql://localhost/db", "mysql"),
+        ("mariadb://localhost/db", "mysql"),
+        ("sqlite://lockkit.db", "sqlite"),
+    ];
+    if cfg!(not(feature = "redis")) {
+        expected.push(("redis://127.0.0.1:6379", "redis"));
+        expected.push(("rediss://127.0.0.1:6379", "redis"));
+    }
+    for (url, feature) in expected {
+        match lockkit::connect(url).await.unwrap_err() {
+            LockError::BackendNotCompiled { feature: named, .. } => {
+                assert_eq!(named, feature, "{url}")
+            }
+            other => panic!("{url}: {other}"),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_urls() {
+    for bad in [
+        "redis://:pw@",
+        "redis://h:99999",
+        "redis://h/notadb",
+        "redis://h?prefx=typo",
+        "redis://h?connect_timeout=soon",
+        "redis://h?command_timeout=0ms",
+        "rediss://h?ca_file=/nonexistent/ca.pem",
+    ] {
+        let err = lockkit::connect(bad).await.unwrap_err();
+        assert_invalid_url(bad, &err);
+    }
+    // A closed port: unavailable, quickly, and the password stays out of the error.
+    let port = lockkit_testkit::free_port();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}?connect_timeout=500ms");
+    let start = std::time::Instant::now();
+    let err = lockkit::connect(&url).await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_through_the_facade() {
+    let server = lockkit_testkit::RedisServer::start().await;
+    let locks = lockkit::connect(&format!("{}?prefix=facade:", server.url()))
+        .await
+        .unwrap();
+    assert!(locks.capabilities().fencing);
+    let guard = locks.acquire("job", &LockOptions::new()).await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", "facade:job"]).await.unwrap(),
+        "1"
+    );
+    guard.release().await.unwrap();
+}
