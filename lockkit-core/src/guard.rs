@@ -177,7 +177,9 @@ pub struct LockGuard {
 
 impl LockGuard {
     /// Builds the guard of a fresh holding and starts its watchdog. For backend
-    /// implementors; must be called inside a tokio runtime.
+    /// implementors. Outside a tokio runtime the guard has no watchdog: it is not
+    /// renewed and its lost signal does not fire (`is_lost` still turns true
+    /// once the validity is over).
     ///
     /// `sent_at` is when the acquiring request was sent: the lease is valid until
     /// `sent_at + ttl - drift` (see [`clock_drift`]).
@@ -216,10 +218,16 @@ impl LockGuard {
             ops: tokio::sync::Mutex::new(()),
             slot: Mutex::new(slot),
         });
-        let watchdog = tokio::spawn(watchdog(shared.clone())).abort_handle();
+        let watchdog = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => Some(runtime.spawn(watchdog(shared.clone())).abort_handle()),
+            Err(_) => {
+                tracing::warn!(lock.name = %name, "guard created outside a tokio runtime: no auto-renewal and no lost signal");
+                None
+            }
+        };
         LockGuard {
             shared,
-            watchdog: Some(watchdog),
+            watchdog,
             finished: false,
         }
     }

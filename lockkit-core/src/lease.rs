@@ -91,111 +91,43 @@ impl<B: LeaseBackend> LeaseLock<B> {
         &self.backend
     }
 
-    async fn acquire_inner(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        try_only: bool,
-    ) -> Result<Option<LockGuard>> {
+    async fn try_acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        self.backend.check_name(name)?;
+        opts.validate()?;
+        let Some(slot) = self.local.try_enter(name) else {
+            return Ok(None);
+        };
+        let mut waiter = Waiter::new(name, opts);
+        let mut grant = Grant::new(&self.backend, name, opts);
+        Ok(match grant.attempt(&mut waiter).await? {
+            Attempt::Acquired(fencing) => Some(grant.into_guard(fencing, slot)),
+            Attempt::Busy { .. } => None,
+        })
+    }
+
+    async fn acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
         self.backend.check_name(name)?;
         opts.validate()?;
         let mut waiter = Waiter::new(name, opts);
-        let slot = if try_only || opts.get_wait() == Wait::NoWait {
-            match self.local.try_enter(name) {
-                Some(slot) => slot,
-                None if try_only => return Ok(None),
-                None => return Err(waiter.timeout_error()),
-            }
+        let slot = if opts.get_wait() == Wait::NoWait {
+            self.local
+                .try_enter(name)
+                .ok_or_else(|| waiter.timeout_error())?
         } else {
             waiter.until_deadline(self.local.enter(name)).await?
         };
-
-        let owner = OwnerToken::new();
-        let ttl = opts.get_ttl();
-        let mut pending = PendingRelease {
-            backend: self.backend.clone(),
-            name,
-            owner: &owner,
-            armed: false,
-        };
-        let mut watch: Option<ReleaseWatch> = None;
+        let mut grant = Grant::new(&self.backend, name, opts);
+        let mut watch = None;
         loop {
-            let sent = Instant::now();
-            pending.armed = true;
-            let outcome = waiter
-                .attempt(self.backend.try_lock(name, &owner, ttl))
-                .await?;
-            match outcome {
-                Attempt::Acquired(fencing) => {
-                    if Instant::now() >= sent + ttl - clock_drift(ttl) {
-                        // `pending` stays armed and releases the stale grant.
-                        return Err(LockError::unavailable(
-                            self.backend.backend_name(),
-                            format!(
-                                "the lease on {name:?} was granted after its ttl of {ttl:?} had run out; the backend is too slow for this ttl"
-                            ),
-                        ));
-                    }
-                    pending.armed = false;
-                    return Ok(Some(self.guard(
-                        name,
-                        owner.clone(),
-                        fencing,
-                        opts,
-                        sent,
-                        slot,
-                    )));
-                }
+            match grant.attempt(&mut waiter).await? {
+                Attempt::Acquired(fencing) => return Ok(grant.into_guard(fencing, slot)),
                 Attempt::Busy { retry_after } => {
-                    pending.armed = false;
-                    if try_only {
-                        return Ok(None);
-                    }
-                    if waiter.is_over() {
-                        return Err(waiter.timeout_error());
-                    }
-                    match &mut watch {
-                        None => {
-                            let subscribed =
-                                waiter.until_deadline(self.backend.watch(name)).await??;
-                            let active = subscribed.is_active();
-                            let watch = watch.insert(subscribed);
-                            // With a live subscription, try again at once: a
-                            // release before it was set up is then seen too.
-                            if !active {
-                                waiter.pause(retry_after, watch).await?;
-                            }
-                        }
-                        Some(watch) => waiter.pause(retry_after, watch).await?,
-                    }
+                    waiter
+                        .busy(retry_after, &mut watch, || self.backend.watch(name))
+                        .await?
                 }
             }
         }
-    }
-
-    fn guard(
-        &self,
-        name: &str,
-        owner: OwnerToken,
-        fencing: Option<FencingToken>,
-        opts: &LockOptions,
-        sent: Instant,
-        slot: LocalSlot,
-    ) -> LockGuard {
-        let lease = Arc::new(HeldLease {
-            backend: self.backend.clone(),
-            name: name.into(),
-            owner,
-        });
-        LockGuard::with_slot(
-            name,
-            lease,
-            fencing,
-            opts.get_ttl(),
-            sent,
-            opts.get_auto_renew(),
-            Some(slot),
-        )
     }
 
     fn span(&self, op: &'static str, name: &str) -> tracing::Span {
@@ -209,12 +141,12 @@ impl<B: LeaseBackend> LeaseLock<B> {
     }
 }
 
-fn record(span: &tracing::Span, result: &Result<Option<LockGuard>>) {
+fn record<T>(span: &tracing::Span, result: &Result<T>, acquired: impl FnOnce(&T) -> bool) {
     span.record(
         "outcome",
         match result {
-            Ok(Some(_)) => "acquired",
-            Ok(None) => "busy",
+            Ok(value) if acquired(value) => "acquired",
+            Ok(_) => "busy",
             Err(LockError::Timeout { .. }) => "timeout",
             Err(_) => "error",
         },
@@ -226,21 +158,21 @@ impl<B: LeaseBackend> DistributedLock for LeaseLock<B> {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
         let span = self.span("try_acquire", name);
         let result = self
-            .acquire_inner(name, opts, true)
+            .try_acquire_inner(name, opts)
             .instrument(span.clone())
             .await;
-        record(&span, &result);
+        record(&span, &result, Option::is_some);
         result
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
         let span = self.span("acquire", name);
         let result = self
-            .acquire_inner(name, opts, false)
+            .acquire_inner(name, opts)
             .instrument(span.clone())
             .await;
-        record(&span, &result);
-        result.map(|guard| guard.expect("acquire_inner waits until it has a guard"))
+        record(&span, &result, |_| true);
+        result
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -260,18 +192,76 @@ impl<B: fmt::Debug> fmt::Debug for LeaseLock<B> {
     }
 }
 
-/// Releases a grant whose outcome the caller never saw: an attempt that was
-/// cancelled, timed out or failed after it may have reached the server.
-struct PendingRelease<'a, B: LeaseBackend> {
-    backend: Arc<B>,
+/// One acquisition in progress: its owner token, and the duty to release
+/// whatever the server may have granted when the caller never saw the outcome
+/// (an attempt cancelled, timed out or failed in flight).
+struct Grant<'a, B: LeaseBackend> {
+    backend: &'a Arc<B>,
     name: &'a str,
-    owner: &'a OwnerToken,
-    armed: bool,
+    owner: OwnerToken,
+    ttl: Duration,
+    auto_renew: bool,
+    sent: Instant,
+    in_doubt: bool,
 }
 
-impl<B: LeaseBackend> Drop for PendingRelease<'_, B> {
+impl<'a, B: LeaseBackend> Grant<'a, B> {
+    fn new(backend: &'a Arc<B>, name: &'a str, opts: &LockOptions) -> Self {
+        Grant {
+            backend,
+            name,
+            owner: OwnerToken::new(),
+            ttl: opts.get_ttl(),
+            auto_renew: opts.get_auto_renew(),
+            sent: Instant::now(),
+            in_doubt: false,
+        }
+    }
+
+    /// One `try_lock`, bounded by the waiter.
+    async fn attempt(&mut self, waiter: &mut Waiter<'_>) -> Result<Attempt<Option<FencingToken>>> {
+        self.sent = Instant::now();
+        self.in_doubt = true;
+        let outcome = waiter
+            .attempt(self.backend.try_lock(self.name, &self.owner, self.ttl))
+            .await?;
+        if let Attempt::Acquired(_) = outcome
+            && Instant::now() >= self.sent + self.ttl - clock_drift(self.ttl)
+        {
+            // Still in doubt: dropping the grant releases the stale lease.
+            return Err(LockError::unavailable(
+                self.backend.backend_name(),
+                format!(
+                    "the lease on {:?} was granted after its ttl of {:?} had run out; the backend is too slow for this ttl",
+                    self.name, self.ttl
+                ),
+            ));
+        }
+        self.in_doubt = false;
+        Ok(outcome)
+    }
+
+    fn into_guard(self, fencing: Option<FencingToken>, slot: LocalSlot) -> LockGuard {
+        let lease = Arc::new(HeldLease {
+            backend: self.backend.clone(),
+            name: self.name.into(),
+            owner: self.owner.clone(),
+        });
+        LockGuard::with_slot(
+            self.name,
+            lease,
+            fencing,
+            self.ttl,
+            self.sent,
+            self.auto_renew,
+            Some(slot),
+        )
+    }
+}
+
+impl<B: LeaseBackend> Drop for Grant<'_, B> {
     fn drop(&mut self) {
-        if !self.armed {
+        if !self.in_doubt {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

@@ -154,6 +154,39 @@ impl<'a> Waiter<'a> {
     }
 }
 
+impl Waiter<'_> {
+    /// After a busy attempt, the whole policy in one call: `Timeout` if the wait
+    /// is over; on the first busy attempt, subscribe with `subscribe` and return
+    /// at once when the subscription is live, so that the caller tries again
+    /// right away (a release that came before the subscription is then seen);
+    /// otherwise [`pause`](Self::pause).
+    pub async fn busy<F, Fut>(
+        &mut self,
+        retry_after: Option<Duration>,
+        watch: &mut Option<ReleaseWatch>,
+        subscribe: F,
+    ) -> Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<ReleaseWatch>>,
+    {
+        if self.is_over() {
+            return Err(self.timeout_error());
+        }
+        let watch = match watch {
+            Some(watch) => watch,
+            None => {
+                let subscribed = watch.insert(self.until_deadline(subscribe()).await??);
+                if subscribed.is_active() {
+                    return Ok(());
+                }
+                subscribed
+            }
+        };
+        self.pause(retry_after, watch).await
+    }
+}
+
 /// The provided [`DistributedLock::acquire`]: repeated
 /// [`attempt`](DistributedLock::attempt)s under the shared wait policy, woken by
 /// [`watch_releases`](DistributedLock::watch_releases).
@@ -166,28 +199,14 @@ where
 {
     opts.validate()?;
     let mut waiter = Waiter::new(name, opts);
-    let mut watch: Option<ReleaseWatch> = None;
+    let mut watch = None;
     loop {
         match waiter.attempt(lock.attempt(name, opts)).await? {
             Attempt::Acquired(guard) => return Ok(guard),
             Attempt::Busy { retry_after } => {
-                if waiter.is_over() {
-                    return Err(waiter.timeout_error());
-                }
-                match &mut watch {
-                    None => {
-                        let subscribed = waiter.until_deadline(lock.watch_releases(name)).await??;
-                        let active = subscribed.is_active();
-                        watch = Some(subscribed);
-                        if active {
-                            continue;
-                        }
-                        waiter
-                            .pause(retry_after, watch.as_mut().expect("just set"))
-                            .await?;
-                    }
-                    Some(watch) => waiter.pause(retry_after, watch).await?,
-                }
+                waiter
+                    .busy(retry_after, &mut watch, || lock.watch_releases(name))
+                    .await?
             }
         }
     }

@@ -5,7 +5,7 @@
 //! [`conformance_suite!`](crate::conformance_suite), which turns every case
 //! below into its own named `#[tokio::test]`, so a failure says which case broke:
 //!
-//! ```ignore
+//! ```text
 //! lockkit_testkit::conformance_suite!(MyHarness::start().await);
 //! ```
 //!
