@@ -1,7 +1,5 @@
 //! `lockkit::connect`: a table of good and bad URLs.
 
-use std::time::Duration;
-
 use lockkit::{LockError, LockOptions};
 
 fn assert_invalid_url(url: &str, err: &LockError) {
@@ -89,7 +87,7 @@ async fn redis_urls() {
     let start = std::time::Instant::now();
     let err = lockkit::connect(&url).await.unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(start.elapsed() < std::time::Duration::from_secs(2));
     assert!(!format!("{err} {err:?}").contains("hunter2"));
 }
 
