@@ -191,18 +191,6 @@ impl LockGuard {
         sent_at: Instant,
         auto_renew: bool,
     ) -> LockGuard {
-        Self::with_slot(name, lease, fencing, ttl, sent_at, auto_renew, None)
-    }
-
-    pub(crate) fn with_slot(
-        name: &str,
-        lease: Arc<dyn Lease>,
-        fencing: Option<FencingToken>,
-        ttl: Duration,
-        sent_at: Instant,
-        auto_renew: bool,
-        slot: Option<LocalSlot>,
-    ) -> LockGuard {
         let shared = Arc::new(Shared {
             name: name.into(),
             fencing,
@@ -216,7 +204,7 @@ impl LockGuard {
             }),
             timing_changed: Notify::new(),
             ops: tokio::sync::Mutex::new(()),
-            slot: Mutex::new(slot),
+            slot: Mutex::new(None),
         });
         let watchdog = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => Some(runtime.spawn(watchdog(shared.clone())).abort_handle()),
@@ -229,6 +217,17 @@ impl LockGuard {
             shared,
             watchdog,
             finished: false,
+        }
+    }
+
+    /// Hands this client's local FIFO slot to the guard, which gives it up when
+    /// the holding ends (released, dropped or lost).
+    pub(crate) fn attach_slot(&self, slot: LocalSlot) {
+        let mut held = lock(&self.shared.slot);
+        // Checked under the slot lock, which `mark_lost` takes after setting
+        // the reason: a concurrent loss cannot strand the slot here.
+        if self.shared.lost_reason().is_none() {
+            *held = Some(slot);
         }
     }
 

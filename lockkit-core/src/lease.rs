@@ -1,7 +1,7 @@
 //! The engine shared by lease-based backends (memory, Redis, Redlock, SQL lease rows).
 //!
 //! A backend implements [`LeaseBackend`]: a handful of primitive, single-round-trip
-//! operations on one lock name. [`LeaseLock`] turns it into a full
+//! operations on one lock. [`LeaseLock`] turns it into a full
 //! [`DistributedLock`]: validation, a per-name local FIFO, the shared wait policy
 //! with release notifications, cancellation safety, guards with a watchdog, and
 //! tracing.
@@ -19,7 +19,6 @@ use crate::fencing::FencingToken;
 use crate::guard::{Lease, LockGuard};
 use crate::local_queue::{LocalQueue, LocalSlot};
 use crate::lock::DistributedLock;
-use crate::name::validate_name;
 use crate::notify::ReleaseWatch;
 use crate::options::{LockOptions, Wait, clock_drift};
 use crate::token::OwnerToken;
@@ -27,41 +26,44 @@ use crate::wait::{Attempt, Waiter};
 
 /// The primitive operations of a lease-based backend; see [`LeaseLock`].
 ///
-/// Every method is one atomic step on the server, bounded by the backend's own
-/// timeouts, and must be safe to cancel at any await point.
+/// A lock name is checked and mapped into the backend's keyspace once per
+/// acquisition ([`key`](Self::key)); every other method works on that key. Each
+/// is one atomic step on the server, bounded by the backend's own timeouts, and
+/// must be safe to cancel at any await point.
 #[async_trait::async_trait]
 pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
+    /// A lock name in the backend's keyspace (e.g. the Redis keys of a name).
+    type Key: Send + Sync + fmt::Debug + 'static;
+
     /// The backend's name for logs and errors, e.g. `"redis"`.
     fn backend_name(&self) -> &'static str;
 
     /// What the backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
-    /// Checks a lock name. The default applies [`validate_name`]; backends add
-    /// their own limits on top.
-    fn check_name(&self, name: &str) -> Result<()> {
-        validate_name(name)
-    }
+    /// Checks `name` — at least with [`validate_name`](crate::validate_name) —
+    /// and maps it into the backend's keyspace, injectively.
+    fn key(&self, name: &str) -> Result<Self::Key>;
 
-    /// Takes `name` for `owner` for `ttl` if nobody holds it: the fencing token
-    /// (if the backend has them) on success, the holder's remaining lease (if
-    /// known) otherwise.
+    /// Takes the lock for `owner` for `ttl` if nobody holds it: the fencing
+    /// token (if the backend has them) on success, the holder's remaining lease
+    /// (if known) otherwise.
     async fn try_lock(
         &self,
-        name: &str,
+        key: &Self::Key,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>>;
 
     /// Makes `owner`'s lease end `ttl` from now. `Ok(false)`: not `owner`'s.
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+    async fn extend(&self, key: &Self::Key, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
 
     /// Deletes `owner`'s lease and wakes waiters. `Ok(false)`: not `owner`'s.
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+    async fn release(&self, key: &Self::Key, owner: &OwnerToken) -> Result<bool>;
 
-    /// Subscribes to release notifications of `name`. Default: none.
-    async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
-        let _ = name;
+    /// Subscribes to release notifications of the lock. Default: none.
+    async fn watch(&self, key: &Self::Key) -> Result<ReleaseWatch> {
+        let _ = key;
         Ok(ReleaseWatch::none())
     }
 }
@@ -92,13 +94,13 @@ impl<B: LeaseBackend> LeaseLock<B> {
     }
 
     async fn try_acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        self.backend.check_name(name)?;
+        let key = self.backend.key(name)?;
         opts.validate()?;
         let Some(slot) = self.local.try_enter(name) else {
             return Ok(None);
         };
         let mut waiter = Waiter::new(name, opts);
-        let mut grant = Grant::new(&self.backend, name, opts);
+        let mut grant = Grant::new(&self.backend, name, key, opts);
         Ok(match grant.attempt(&mut waiter).await? {
             Attempt::Acquired(fencing) => Some(grant.into_guard(fencing, slot)),
             Attempt::Busy { .. } => None,
@@ -106,7 +108,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
     }
 
     async fn acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        self.backend.check_name(name)?;
+        let key = self.backend.key(name)?;
         opts.validate()?;
         let mut waiter = Waiter::new(name, opts);
         let slot = if opts.get_wait() == Wait::NoWait {
@@ -116,14 +118,17 @@ impl<B: LeaseBackend> LeaseLock<B> {
         } else {
             waiter.until_deadline(self.local.enter(name)).await?
         };
-        let mut grant = Grant::new(&self.backend, name, opts);
+        let mut grant = Grant::new(&self.backend, name, key, opts);
         let mut watch = None;
         loop {
             match grant.attempt(&mut waiter).await? {
                 Attempt::Acquired(fencing) => return Ok(grant.into_guard(fencing, slot)),
                 Attempt::Busy { retry_after } => {
+                    let key = grant.key.clone();
                     waiter
-                        .busy(retry_after, &mut watch, || self.backend.watch(name))
+                        .busy(retry_after, &mut watch, || async move {
+                            self.backend.watch(&key).await
+                        })
                         .await?
                 }
             }
@@ -180,7 +185,7 @@ impl<B: LeaseBackend> DistributedLock for LeaseLock<B> {
     }
 
     async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
-        self.backend.watch(name).await
+        self.backend.watch(&self.backend.key(name)?).await
     }
 }
 
@@ -192,12 +197,13 @@ impl<B: fmt::Debug> fmt::Debug for LeaseLock<B> {
     }
 }
 
-/// One acquisition in progress: its owner token, and the duty to release
-/// whatever the server may have granted when the caller never saw the outcome
-/// (an attempt cancelled, timed out or failed in flight).
+/// One acquisition in progress: its key and owner token, and the duty to
+/// release whatever the server may have granted when the caller never saw the
+/// outcome (an attempt cancelled, timed out or failed in flight).
 struct Grant<'a, B: LeaseBackend> {
     backend: &'a Arc<B>,
     name: &'a str,
+    key: Arc<B::Key>,
     owner: OwnerToken,
     ttl: Duration,
     auto_renew: bool,
@@ -206,10 +212,11 @@ struct Grant<'a, B: LeaseBackend> {
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
-    fn new(backend: &'a Arc<B>, name: &'a str, opts: &LockOptions) -> Self {
+    fn new(backend: &'a Arc<B>, name: &'a str, key: B::Key, opts: &LockOptions) -> Self {
         Grant {
             backend,
             name,
+            key: Arc::new(key),
             owner: OwnerToken::new(),
             ttl: opts.get_ttl(),
             auto_renew: opts.get_auto_renew(),
@@ -223,7 +230,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         self.sent = Instant::now();
         self.in_doubt = true;
         let outcome = waiter
-            .attempt(self.backend.try_lock(self.name, &self.owner, self.ttl))
+            .attempt(self.backend.try_lock(&self.key, &self.owner, self.ttl))
             .await?;
         if let Attempt::Acquired(_) = outcome
             && Instant::now() >= self.sent + self.ttl - clock_drift(self.ttl)
@@ -244,18 +251,19 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
     fn into_guard(self, fencing: Option<FencingToken>, slot: LocalSlot) -> LockGuard {
         let lease = Arc::new(HeldLease {
             backend: self.backend.clone(),
-            name: self.name.into(),
+            key: self.key.clone(),
             owner: self.owner.clone(),
         });
-        LockGuard::with_slot(
+        let guard = LockGuard::new(
             self.name,
             lease,
             fencing,
             self.ttl,
             self.sent,
             self.auto_renew,
-            Some(slot),
-        )
+        );
+        guard.attach_slot(slot);
+        guard
     }
 }
 
@@ -267,30 +275,30 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (backend, name, owner) = (
-            self.backend.clone(),
-            self.name.to_owned(),
-            self.owner.clone(),
-        );
+        let lease = HeldLease {
+            backend: self.backend.clone(),
+            key: self.key.clone(),
+            owner: self.owner.clone(),
+        };
         runtime.spawn(async move {
-            if let Err(error) = backend.release(&name, &owner).await {
-                tracing::warn!(lock.name = %name, %error, "could not release an interrupted acquire; its lease ends with its TTL");
+            if let Err(error) = lease.release().await {
+                tracing::warn!(lock.key = ?lease.key, %error, "could not release an interrupted acquire; its lease ends with its TTL");
             }
         });
     }
 }
 
 /// The lease behind a guard from a [`LeaseLock`].
-struct HeldLease<B> {
+struct HeldLease<B: LeaseBackend> {
     backend: Arc<B>,
-    name: Box<str>,
+    key: Arc<B::Key>,
     owner: OwnerToken,
 }
 
-impl<B: fmt::Debug> fmt::Debug for HeldLease<B> {
+impl<B: LeaseBackend> fmt::Debug for HeldLease<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HeldLease")
-            .field("name", &self.name)
+            .field("key", &self.key)
             .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
@@ -303,10 +311,10 @@ impl<B: LeaseBackend> Lease for HeldLease<B> {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<bool> {
-        self.backend.extend(&self.name, &self.owner, ttl).await
+        self.backend.extend(&self.key, &self.owner, ttl).await
     }
 
     async fn release(&self) -> Result<bool> {
-        self.backend.release(&self.name, &self.owner).await
+        self.backend.release(&self.key, &self.owner).await
     }
 }

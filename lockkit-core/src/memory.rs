@@ -11,6 +11,7 @@ use crate::capabilities::{Capabilities, ReleaseOnCrash};
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{LeaseBackend, LeaseLock};
+use crate::name::validate_name;
 use crate::notify::{NotifyHub, ReleaseWatch};
 use crate::token::OwnerToken;
 use crate::wait::Attempt;
@@ -170,8 +171,16 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::
 
 #[async_trait::async_trait]
 impl LeaseBackend for MemoryBackend {
+    /// The name itself.
+    type Key = String;
+
     fn backend_name(&self) -> &'static str {
         BACKEND
+    }
+
+    fn key(&self, name: &str) -> Result<String> {
+        validate_name(name)?;
+        Ok(name.to_owned())
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -180,7 +189,7 @@ impl LeaseBackend for MemoryBackend {
 
     async fn try_lock(
         &self,
-        name: &str,
+        name: &String,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
@@ -195,18 +204,18 @@ impl LeaseBackend for MemoryBackend {
             });
         }
         state.leases.insert(
-            name.to_owned(),
+            name.clone(),
             Held {
                 owner: owner.clone(),
                 expires_at: now + ttl,
             },
         );
-        let fence = state.fences.entry(name.to_owned()).or_insert(0);
+        let fence = state.fences.entry(name.clone()).or_insert(0);
         *fence += 1;
         Ok(Attempt::Acquired(Some(FencingToken::new(*fence))))
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         self.store.check_available()?;
         let now = Instant::now();
         let mut state = self.store.state();
@@ -219,7 +228,7 @@ impl LeaseBackend for MemoryBackend {
         }
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
         self.store.check_available()?;
         let now = Instant::now();
         let released = {
@@ -239,7 +248,7 @@ impl LeaseBackend for MemoryBackend {
         Ok(released)
     }
 
-    async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
+    async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
         self.store.check_available()?;
         Ok(self.store.hub.watch(name).0)
     }

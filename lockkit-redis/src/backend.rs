@@ -53,42 +53,40 @@ impl RedisBackend {
 
 #[lockkit_core::async_trait]
 impl LeaseBackend for RedisBackend {
+    type Key = Keys;
+
     fn backend_name(&self) -> &'static str {
         BACKEND
+    }
+
+    fn key(&self, name: &str) -> Result<Keys> {
+        self.keys(name)
     }
 
     fn capabilities(&self) -> Capabilities {
         REDIS_CAPABILITIES
     }
 
-    fn check_name(&self, name: &str) -> Result<()> {
-        self.keys(name).map(|_| ())
-    }
-
     async fn try_lock(
         &self,
-        name: &str,
+        keys: &Keys,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         self.instance
-            .try_lock(&self.keys(name)?, owner.as_str(), ttl, true)
+            .try_lock(keys, owner.as_str(), ttl, true)
             .await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.instance
-            .extend(&self.keys(name)?, owner.as_str(), ttl)
-            .await
+    async fn extend(&self, keys: &Keys, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.instance.extend(keys, owner.as_str(), ttl).await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.instance
-            .release(&self.keys(name)?, owner.as_str())
-            .await
+    async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
+        self.instance.release(keys, owner.as_str()).await
     }
 
-    async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
-        Ok(self.instance.watch(&self.keys(name)?).await)
+    async fn watch(&self, keys: &Keys) -> Result<ReleaseWatch> {
+        Ok(self.instance.watch(keys).await)
     }
 }

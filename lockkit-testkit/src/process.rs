@@ -236,36 +236,14 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Spawns `command` (program, arguments, environment changes and working
     /// directory are taken from it; `env_clear` and stdio settings are not)
-    /// under `setpriv --pdeathsig KILL`, in its own process group, from the
-    /// dedicated spawner thread. Blocks for the duration of the fork/exec.
+    /// under `setpriv --pdeathsig KILL`, in its own process group, so that the
+    /// server dies with this process. The fork happens on the dedicated spawner
+    /// thread; this waits for it without blocking the runtime.
     ///
     /// `what` describes the server in messages. `log_path` is the server's
     /// log file; stdout and stderr are appended to `output_path` (which may be
     /// the same file). stdin is `/dev/null`.
-    pub fn spawn(
-        what: &str,
-        command: &Command,
-        log_path: &Path,
-        output_path: &Path,
-    ) -> Result<Self, ServerError> {
-        let wrapped = wrap(what, command, output_path)?;
-        let (sender, receiver) = mpsc::channel();
-        let reply = Box::new(move |result: io::Result<Child>| {
-            if let Err(mpsc::SendError(Ok(child))) = sender.send(result) {
-                discard(child);
-            }
-        });
-        request(what, wrapped, reply)?;
-        let child = receiver
-            .recv()
-            .map_err(|_| spawner_gone(what))?
-            .map_err(|source| spawn_error(what, source))?;
-        Ok(Self::new(what, child, log_path, output_path))
-    }
-
-    /// Like [`ServerProcess::spawn`], but waits for the spawner thread
-    /// without blocking the async runtime.
-    pub async fn spawn_async(
+    pub async fn spawn(
         what: &str,
         command: &Command,
         log_path: &Path,

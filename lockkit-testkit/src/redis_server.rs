@@ -372,7 +372,7 @@ impl RedisServer {
         let what = self.what();
         let mut command = Command::new(&self.binary);
         command.args(self.redis_args()).current_dir(self.dir.path());
-        let process = ServerProcess::spawn_async(
+        let process = ServerProcess::spawn(
             &what,
             &command,
             &self.dir.path().join(LOG_FILE),

@@ -4,13 +4,11 @@
 //! same contract as the backends' own.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use lockkit_core::{
-    Capabilities, DistributedLock, LockGuard, LockOptions, MemoryLock, MemoryStore, ReleaseWatch,
-    Result,
+    Capabilities, DistributedLock, LockGuard, LockOptions, MemoryLock, ReleaseWatch, Result,
 };
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_testkit::conformance::MemoryHarness;
 
 /// Forwards `try_acquire` (and, when `notified`, `watch_releases`) to a memory
 /// lock and leaves `acquire` to the trait's provided implementation.
@@ -39,76 +37,18 @@ impl DistributedLock for TryOnly {
     }
 }
 
-struct TryOnlyHarness {
-    store: Arc<MemoryStore>,
-    notified: bool,
-}
-
-fn client(store: &Arc<MemoryStore>, notified: bool) -> Arc<dyn DistributedLock> {
-    Arc::new(TryOnly {
-        inner: MemoryLock::with_store(store.clone()),
-        notified,
-    })
-}
-
-#[async_trait::async_trait]
-impl Harness for TryOnlyHarness {
-    async fn client(&self) -> Arc<dyn DistributedLock> {
-        client(&self.store, self.notified)
-    }
-
-    async fn revoke(&self, name: &str) {
-        assert!(self.store.revoke(name), "no lease on {name:?} to revoke");
-    }
-
-    async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(DisposableStore {
-            store: MemoryStore::new(),
-            notified: self.notified,
-        })
-    }
-
-    fn connect_timeout(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-struct DisposableStore {
-    store: Arc<MemoryStore>,
-    notified: bool,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposableStore {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(client(&self.store, self.notified))
-    }
-
-    async fn kill(&mut self) {
-        self.store.set_available(false);
-    }
-
-    async fn pause(&mut self) {
-        self.store.set_available(false);
-    }
-
-    async fn resume(&mut self) {
-        self.store.set_available(true);
-    }
-}
-
 mod polling {
     use super::*;
-    lockkit_testkit::conformance_suite!(TryOnlyHarness {
-        store: MemoryStore::new(),
-        notified: false,
-    });
+    lockkit_testkit::conformance_suite!(MemoryHarness::wrapping(|inner| Arc::new(TryOnly {
+        inner,
+        notified: false
+    })));
 }
 
 mod notified {
     use super::*;
-    lockkit_testkit::conformance_suite!(TryOnlyHarness {
-        store: MemoryStore::new(),
-        notified: true,
-    });
+    lockkit_testkit::conformance_suite!(MemoryHarness::wrapping(|inner| Arc::new(TryOnly {
+        inner,
+        notified: true
+    })));
 }

@@ -17,8 +17,10 @@ use std::time::Duration;
 use lockkit_core::{DistributedLock, Result};
 
 mod cases;
+mod memory;
 
 pub use cases::*;
+pub use memory::{MemoryHarness, Wrap};
 
 /// How long one case may run before it counts as hung.
 pub const CASE_LIMIT: Duration = Duration::from_secs(90);
