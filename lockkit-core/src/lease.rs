@@ -197,9 +197,10 @@ impl<B: fmt::Debug> fmt::Debug for LeaseLock<B> {
     }
 }
 
-/// One acquisition in progress: its key and owner token, and the duty to
-/// release whatever the server may have granted when the caller never saw the
-/// outcome (an attempt cancelled, timed out or failed in flight).
+/// One acquisition in progress: its key, the owner token of its current
+/// attempt, and the duty to release whatever the server may have granted when
+/// the caller never saw the outcome (an attempt cancelled, timed out or failed
+/// in flight).
 struct Grant<'a, B: LeaseBackend> {
     backend: &'a Arc<B>,
     name: &'a str,
@@ -225,8 +226,11 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         }
     }
 
-    /// One `try_lock`, bounded by the waiter.
+    /// One `try_lock`, bounded by the waiter. Every attempt has an owner token
+    /// of its own, so that whatever cleans up after one attempt (a rollback
+    /// still in flight on a slow server) can never touch the next one's lease.
     async fn attempt(&mut self, waiter: &mut Waiter<'_>) -> Result<Attempt<Option<FencingToken>>> {
+        self.owner = OwnerToken::new();
         self.sent = Instant::now();
         self.in_doubt = true;
         let outcome = waiter

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::Poll;
 
 use tokio::sync::watch;
 
@@ -13,42 +14,71 @@ use tokio::sync::watch;
 /// which messages may have been missed). A watch without a source never resolves,
 /// so waiting falls back on the holder's expiry and the backoff.
 pub struct ReleaseWatch {
-    rx: Option<watch::Receiver<u64>>,
-    _registration: Option<Registration>,
+    sources: Vec<watch::Receiver<u64>>,
+    _registrations: Vec<Registration>,
 }
 
 impl ReleaseWatch {
     /// A watch that never fires, for backends without notifications.
     pub fn none() -> Self {
         ReleaseWatch {
-            rx: None,
-            _registration: None,
+            sources: Vec::new(),
+            _registrations: Vec::new(),
         }
     }
 
     /// A watch that fires whenever the sender's value changes.
     pub fn from_receiver(rx: watch::Receiver<u64>) -> Self {
         ReleaseWatch {
-            rx: Some(rx),
-            _registration: None,
+            sources: vec![rx],
+            _registrations: Vec::new(),
         }
+    }
+
+    /// One watch that fires when any of `watches` does (e.g. the release
+    /// channels of several servers that hold the same lock).
+    pub fn merge(watches: impl IntoIterator<Item = ReleaseWatch>) -> Self {
+        let mut merged = ReleaseWatch::none();
+        for watch in watches {
+            merged.sources.extend(watch.sources);
+            merged._registrations.extend(watch._registrations);
+        }
+        merged
     }
 
     /// Whether notifications can arrive at all.
     pub fn is_active(&self) -> bool {
-        self.rx.is_some()
+        !self.sources.is_empty()
     }
 
-    /// Waits for the next notification (cancel-safe).
+    /// Waits for the next notification from any source (cancel-safe). Sources
+    /// that close never fire; with none left it waits forever.
     pub async fn changed(&mut self) {
-        match &mut self.rx {
-            Some(rx) => {
-                if rx.changed().await.is_err() {
-                    std::future::pending::<()>().await;
+        if let [only] = self.sources.as_mut_slice() {
+            if only.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            return;
+        }
+        let mut waiting: Vec<_> = self
+            .sources
+            .iter_mut()
+            .map(|rx| Some(Box::pin(rx.changed())))
+            .collect();
+        std::future::poll_fn(|cx| {
+            for slot in &mut waiting {
+                if let Some(changed) = slot {
+                    match changed.as_mut().poll(cx) {
+                        Poll::Ready(Ok(())) => return Poll::Ready(()),
+                        // Closed: this source never fires again.
+                        Poll::Ready(Err(_)) => *slot = None,
+                        Poll::Pending => {}
+                    }
                 }
             }
-            None => std::future::pending().await,
-        }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -140,11 +170,11 @@ impl NotifyHub {
             }
         };
         let watch = ReleaseWatch {
-            rx: Some(rx),
-            _registration: Some(Registration {
+            sources: vec![rx],
+            _registrations: vec![Registration {
                 hub: Arc::downgrade(&self.inner),
                 key: key.into(),
-            }),
+            }],
         };
         (watch, new)
     }
@@ -274,6 +304,32 @@ mod tests {
         drop(w);
         assert!(hub.remove_if_idle("x"));
         assert!(hub.is_empty());
+    }
+
+    #[tokio::test]
+    async fn merged_watch_fires_on_any_source() {
+        let (one, two) = (NotifyHub::new(), NotifyHub::new());
+        let mut merged =
+            ReleaseWatch::merge([one.watch("k").0, two.watch("k").0, ReleaseWatch::none()]);
+        assert!(merged.is_active());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), merged.changed())
+                .await
+                .is_err()
+        );
+        two.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), merged.changed())
+            .await
+            .unwrap();
+        one.notify("k");
+        tokio::time::timeout(Duration::from_secs(1), merged.changed())
+            .await
+            .unwrap();
+        drop(merged);
+        assert!(
+            one.is_empty() && two.is_empty(),
+            "registrations go with the merged watch"
+        );
     }
 
     #[tokio::test]

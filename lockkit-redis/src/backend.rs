@@ -83,7 +83,7 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
-        self.instance.release(keys, owner.as_str()).await
+        self.instance.release(keys, owner.as_str(), true).await
     }
 
     async fn watch(&self, keys: &Keys) -> Result<ReleaseWatch> {

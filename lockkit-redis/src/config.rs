@@ -43,6 +43,40 @@ impl fmt::Debug for RedisConfig {
 }
 
 impl RedisConfig {
+    /// Parses the connection part of a `redis://` or `rediss://` URL (see
+    /// [`RedisLockBuilder`] for the parameters). `prefix` belongs to a lock,
+    /// not to a connection, and is refused here.
+    pub fn from_url(url: &str) -> Result<RedisConfig> {
+        let (config, prefix) = parse_url(url)?;
+        if prefix != DEFAULT_PREFIX {
+            return Err(LockError::invalid_url(
+                url,
+                "prefix is an option of the lock, not of the connection",
+            ));
+        }
+        Ok(config)
+    }
+
+    /// Sets the connect timeout.
+    pub fn set_connect_timeout(&mut self, timeout: Duration) {
+        self.connect_timeout = timeout;
+    }
+
+    /// Sets the per-command timeout.
+    pub fn set_command_timeout(&mut self, timeout: Duration) {
+        self.command_timeout = timeout;
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The per-command timeout.
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
     /// The server address as `host:port` (never with credentials).
     pub fn address(&self) -> String {
         self.info.addr().to_string()

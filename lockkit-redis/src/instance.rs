@@ -97,6 +97,23 @@ impl RedisInstance {
                 ));
             }
         };
+        tracing::debug!(redis.address = %address, "connected");
+        Self::with_commands(&config, commands)
+    }
+
+    /// An instance that connects on first use: no network traffic here, and a
+    /// server that is down now is picked up once it is back. The scripts are
+    /// loaded on their first `NOSCRIPT`. For Redlock, which must start with a
+    /// quorum and let the other instances come later.
+    pub fn connect_lazy(config: RedisConfig) -> Result<RedisInstance> {
+        let client = client_for(&config, config.info.clone())?;
+        let commands = ConnectionManager::new_lazy_with_config(client, manager_config(&config))
+            .map_err(|e| map_error(&config.address(), "set up the connection", e))?;
+        Self::with_commands(&config, commands)
+    }
+
+    fn with_commands(config: &RedisConfig, commands: ConnectionManager) -> Result<RedisInstance> {
+        let address = config.address();
         // Release notifications arrive on a second, RESP3 connection that is only
         // opened when the first waiter needs it.
         let resp3 = config.info.clone().set_redis_settings(
@@ -107,14 +124,13 @@ impl RedisInstance {
                 .set_protocol(redis::ProtocolVersion::RESP3),
         );
         let notifications = Notifications::new(
-            client_for(&config, resp3)?,
-            manager_config(&config),
+            client_for(config, resp3)?,
+            manager_config(config),
             address.clone(),
             config.command_timeout,
             config.subscription_linger,
         )
         .map_err(|e| map_error(&address, "set up the subscriber", e))?;
-        tracing::debug!(redis.address = %address, "connected");
         Ok(RedisInstance {
             inner: Arc::new(Inner {
                 address,
@@ -200,8 +216,10 @@ impl RedisInstance {
         Ok(extended == 1)
     }
 
-    /// Deletes the key if it is `owner`'s and publishes the release; false if it was not.
-    pub async fn release(&self, keys: &Keys, owner: &str) -> Result<bool> {
+    /// Deletes the key if it is `owner`'s; false if it was not. With `notify`,
+    /// a release is published to wake waiters (Redlock rolls back a partial
+    /// grant without it, so that contenders keep their random retry delays).
+    pub async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let released: i64 = self
             .run(
@@ -211,6 +229,7 @@ impl RedisInstance {
                     .key(&keys.lock)
                     .arg(owner)
                     .arg(&keys.channel)
+                    .arg(if notify { "1" } else { "0" })
                     .invoke_async(&mut conn),
             )
             .await?;

@@ -55,17 +55,23 @@ impl Notifications {
         Ok(notifications)
     }
 
-    /// A watch on `channel`, subscribing on the server if this is its first watcher.
+    /// A watch on `channel`, subscribing on the server if this is its first
+    /// watcher. Cancel-safe: a subscription that did not complete is forgotten,
+    /// so that the next waiter subscribes again.
     pub(crate) async fn watch(&self, channel: &str) -> ReleaseWatch {
         let (watch, new) = self.hub.watch(channel);
         if !new {
             return watch;
         }
+        let mut pending = PendingTopic {
+            hub: &self.hub,
+            channel,
+            watch: Some(watch),
+        };
         let _serial = self.serial.lock().await;
         let mut conn = self.conn.clone();
-        let outcome = tokio::time::timeout(self.command_timeout, conn.subscribe(channel)).await;
-        match outcome {
-            Ok(Ok(())) => watch,
+        match tokio::time::timeout(self.command_timeout, conn.subscribe(channel)).await {
+            Ok(Ok(())) => pending.watch.take().unwrap_or_else(ReleaseWatch::none),
             failed => {
                 let why = match failed {
                     Ok(Err(e)) => e.to_string(),
@@ -73,9 +79,6 @@ impl Notifications {
                 };
                 tracing::warn!(redis.address = %self.address, error = %why,
                     "cannot subscribe to release notifications; waiting by polling");
-                drop(watch);
-                // Forget the topic, so that the next waiter subscribes again.
-                self.hub.remove_if_idle(channel);
                 ReleaseWatch::none()
             }
         }
@@ -102,6 +105,22 @@ impl Notifications {
                     tokio::time::timeout(this.command_timeout, conn.unsubscribe(&channel)).await;
             }
         });
+    }
+}
+
+/// A topic whose server subscription is not confirmed yet: unless its watch is
+/// taken out, dropping it forgets the topic again.
+struct PendingTopic<'a> {
+    hub: &'a NotifyHub,
+    channel: &'a str,
+    watch: Option<ReleaseWatch>,
+}
+
+impl Drop for PendingTopic<'_> {
+    fn drop(&mut self) {
+        if self.watch.take().is_some() {
+            self.hub.remove_if_idle(self.channel);
+        }
     }
 }
 

@@ -26,12 +26,15 @@ end
 return 0
 ";
 
-/// KEYS[1] lock key; ARGV[1] owner token, ARGV[2] release channel.
-/// Deletes the key only if it holds our token, then wakes waiters. Returns 1 if released.
+/// KEYS[1] lock key; ARGV[1] owner token, ARGV[2] release channel, ARGV[3] "1"
+/// to wake waiters. Deletes the key only if it holds our token, then publishes
+/// the release if asked. Returns 1 if released.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
+  if ARGV[3] == '1' then
+    redis.call('PUBLISH', ARGV[2], '')
+  end
   return 1
 end
 return 0

@@ -1,0 +1,333 @@
+//! `redlock://` URLs and the builder.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lockkit_core::{LeaseLock, LockError, Result, redact_url};
+use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
+
+use crate::backend::{RedlockBackend, RedlockLock};
+use crate::error::{BACKEND, unreachable_quorum};
+
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Builds a [`RedlockLock`] over N independent Redis masters.
+///
+/// URL form: `redlock://[user:password@]host1:port1,host2:port2,…[/db][?param=value…]`
+/// (IPv6 hosts in brackets; the port defaults to 6379). The credentials and the
+/// database apply to every instance. Parameters:
+///
+/// | parameter | meaning | default |
+/// | --- | --- | --- |
+/// | `prefix` | key prefix | `lockkit:` |
+/// | `instance_timeout` | bound of each request to one instance | min(50 ms, ttl / 10) |
+/// | `connect_timeout` | per instance | 2 s |
+/// | `command_timeout` | per instance, for non-lock commands | 1 s |
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit_redlock::RedlockBuilder;
+///
+/// let builder = RedlockBuilder::from_url("redlock://:pw@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379?prefix=app:")?
+///     .instance_timeout(Duration::from_millis(20));
+/// assert_eq!(builder.instances().len(), 3);
+/// assert!(!format!("{builder:?}").contains("pw"));
+/// # Ok::<(), lockkit_core::LockError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedlockBuilder {
+    instances: Vec<RedisConfig>,
+    prefix: String,
+    instance_timeout: Option<Duration>,
+    redacted_url: String,
+}
+
+impl fmt::Debug for RedlockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBuilder")
+            .field("url", &self.redacted_url)
+            .field("instances", &self.instances.len())
+            .field("prefix", &self.prefix)
+            .field("instance_timeout", &self.instance_timeout)
+            .finish()
+    }
+}
+
+impl RedlockBuilder {
+    /// Builds from per-instance connection settings.
+    pub fn new(instances: Vec<RedisConfig>) -> Self {
+        let redacted_url = format!(
+            "redlock://{}",
+            instances
+                .iter()
+                .map(RedisConfig::address)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        RedlockBuilder {
+            instances,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            instance_timeout: None,
+            redacted_url,
+        }
+    }
+
+    /// Parses a `redlock://` URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        parse_url(url)
+    }
+
+    /// The key prefix (default `lockkit:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bounds every request to one instance (default min(50 ms, ttl / 10)).
+    /// It must stay far below the TTL: a request that takes longer is counted
+    /// as a missing vote.
+    pub fn instance_timeout(mut self, timeout: Duration) -> Self {
+        self.instance_timeout = Some(timeout);
+        self
+    }
+
+    /// The instances' connection settings.
+    pub fn instances(&self) -> &[RedisConfig] {
+        &self.instances
+    }
+
+    /// Connects to every instance in parallel. Succeeds when at least a quorum
+    /// (N/2 + 1) answers; the others are connected lazily and join when they
+    /// come up. Fewer than a quorum gives `LockError::Unavailable`.
+    pub async fn connect(self) -> Result<RedlockLock> {
+        if self.instances.is_empty() {
+            return Err(LockError::invalid_options(
+                "Redlock needs at least one instance",
+            ));
+        }
+        if let Some(timeout) = self.instance_timeout
+            && (timeout.is_zero() || timeout > MAX_TIMEOUT)
+        {
+            return Err(LockError::invalid_options(format!(
+                "instance_timeout {timeout:?} must be positive and at most one hour"
+            )));
+        }
+        let total = self.instances.len();
+        let quorum = total / 2 + 1;
+        let attempts = join_all(self.instances.into_iter().map(|config| async move {
+            let lazy = config.clone();
+            RedisInstance::connect(config).await.map_err(|e| (lazy, e))
+        }))
+        .await;
+        let mut instances = Vec::with_capacity(total);
+        let mut failures = Vec::new();
+        for attempt in attempts {
+            match attempt {
+                Ok(instance) => instances.push(instance),
+                Err((config, error)) => failures.push((config, error)),
+            }
+        }
+        if instances.len() < quorum {
+            // A configuration error (e.g. a wrong password everywhere) is
+            // reported as itself rather than as an outage.
+            if let Some((_, error)) = failures
+                .iter()
+                .find(|(_, e)| matches!(e, LockError::Backend { .. }))
+                && failures
+                    .iter()
+                    .all(|(_, e)| matches!(e, LockError::Backend { .. }))
+            {
+                return Err(LockError::backend(BACKEND, error.to_string()));
+            }
+            let reasons: Vec<String> = failures.iter().map(|(_, e)| e.to_string()).collect();
+            return Err(unreachable_quorum(instances.len(), total, quorum, &reasons));
+        }
+        for (config, error) in failures {
+            tracing::warn!(redis.address = %config.address(), %error,
+                "Redlock instance unreachable at connect; it joins when it comes up");
+            instances.push(RedisInstance::connect_lazy(config)?);
+        }
+        Ok(LeaseLock::new(RedlockBackend::new(
+            instances,
+            self.prefix,
+            self.instance_timeout,
+        )))
+    }
+}
+
+fn parse_timeout(key: &str, value: &str) -> std::result::Result<Duration, String> {
+    let parsed = humantime::parse_duration(value)
+        .map_err(|e| format!("{key}={value:?} is not a duration like 50ms or 2s: {e}"))?;
+    if parsed.is_zero() || parsed > MAX_TIMEOUT {
+        return Err(format!(
+            "{key}={value:?} must be positive and at most one hour"
+        ));
+    }
+    Ok(parsed)
+}
+
+/// Splits `host[:port]` (IPv6 in brackets) into host and port.
+fn host_port(item: &str) -> std::result::Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = item.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("unclosed '[' in {item:?}"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("bad port in {item:?}"))?,
+            ),
+        };
+        (format!("[{host}]"), port)
+    } else {
+        match item.rsplit_once(':') {
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => (item.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(format!("missing host in {item:?}"));
+    }
+    let port = match port {
+        None => 6379,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(format!("bad port {p:?} in {item:?}")),
+            Ok(port) => port,
+        },
+    };
+    Ok((host, port))
+}
+
+pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
+    let bad = |reason: String| LockError::invalid_url(raw, reason);
+    let rest = match raw.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("redlock") => rest,
+        _ => return Err(bad("expected redlock://host1:port1,host2:port2,…".into())),
+    };
+    if rest.contains('#') {
+        return Err(bad("a fragment is not allowed".into()));
+    }
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let db = match path.trim_start_matches('/') {
+        "" => None,
+        db => Some(
+            db.parse::<u32>()
+                .map_err(|_| bad(format!("bad database {db:?}")))?,
+        ),
+    };
+
+    let mut prefix = DEFAULT_PREFIX.to_owned();
+    let mut instance_timeout = None;
+    let mut passed_on = Vec::new();
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "prefix" => prefix = value.into_owned(),
+            "instance_timeout" => {
+                instance_timeout = Some(parse_timeout(&key, &value).map_err(bad)?)
+            }
+            "connect_timeout" | "command_timeout" => {
+                parse_timeout(&key, &value).map_err(bad)?;
+                passed_on.push(format!("{key}={value}"));
+            }
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter {other:?} (known: prefix, instance_timeout, connect_timeout, command_timeout)"
+                )));
+            }
+        }
+    }
+
+    let mut seen = HashSet::new();
+    let mut instances = Vec::new();
+    for item in hosts.split(',') {
+        let (host, port) = host_port(item.trim()).map_err(bad)?;
+        if !seen.insert((host.to_ascii_lowercase(), port)) {
+            return Err(bad(format!(
+                "{host}:{port} is listed twice; Redlock needs independent instances"
+            )));
+        }
+        let mut url = String::from("redis://");
+        if let Some(userinfo) = userinfo {
+            url.push_str(userinfo);
+            url.push('@');
+        }
+        url.push_str(&format!("{host}:{port}"));
+        if let Some(db) = db {
+            url.push_str(&format!("/{db}"));
+        }
+        if !passed_on.is_empty() {
+            url.push('?');
+            url.push_str(&passed_on.join("&"));
+        }
+        // Errors about one instance must not show its password either.
+        let config = RedisConfig::from_url(&url).map_err(|e| match e {
+            LockError::InvalidUrl { reason, .. } => bad(reason),
+            other => other,
+        })?;
+        instances.push(config);
+    }
+    Ok(RedlockBuilder {
+        instances,
+        prefix,
+        instance_timeout,
+        redacted_url: redact_url(raw),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_and_parameters() {
+        let b = parse_url(
+            "redlock://u:pw@a:1,b,[::1]:3/2?prefix=x%3A&instance_timeout=20ms&connect_timeout=300ms",
+        )
+        .unwrap();
+        let addresses: Vec<String> = b.instances.iter().map(RedisConfig::address).collect();
+        assert_eq!(addresses, ["a:1", "b:6379", "::1:3"]);
+        assert_eq!(b.prefix, "x:");
+        assert_eq!(b.instance_timeout, Some(Duration::from_millis(20)));
+        assert!(
+            b.instances
+                .iter()
+                .all(|c| c.connect_timeout() == Duration::from_millis(300))
+        );
+        assert!(!format!("{b:?}").contains("pw"));
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_the_password() {
+        for bad in [
+            "redis://:secretpw@a:1",
+            "redlock://:secretpw@",
+            "redlock://:secretpw@a:1,,b:2",
+            "redlock://:secretpw@a:1,a:1",
+            "redlock://:secretpw@a:0",
+            "redlock://:secretpw@a:99999",
+            "redlock://:secretpw@a:x",
+            "redlock://:secretpw@[::1:3",
+            "redlock://:secretpw@a:1/db",
+            "redlock://:secretpw@a:1?instance_timeout=0ms",
+            "redlock://:secretpw@a:1?instance_timeout=soon",
+            "redlock://:secretpw@a:1?prefx=typo",
+            "redlock://:secretpw@a:1#frag",
+        ] {
+            let err = parse_url(bad).map(|_| ()).unwrap_err();
+            assert!(matches!(err, LockError::InvalidUrl { .. }), "{bad}: {err}");
+            let text = format!("{err} {err:?}");
+            assert!(!text.contains("secretpw"), "{text}");
+        }
+    }
+}

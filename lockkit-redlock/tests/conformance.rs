@@ -1,0 +1,107 @@
+//! The conformance suite against Redlock over 3 and over 5 real redis-server
+//! processes started by the testkit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, Result};
+use lockkit_testkit::RedisServer;
+use lockkit_testkit::conformance::{Disposable, Harness};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+struct Servers(Vec<RedisServer>);
+
+impl Servers {
+    async fn start(n: usize) -> Self {
+        let mut servers = Vec::with_capacity(n);
+        for _ in 0..n {
+            servers.push(RedisServer::start().await);
+        }
+        Servers(servers)
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .0
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        format!(
+            "redlock://{}?connect_timeout=500ms&command_timeout=500ms",
+            hosts.join(",")
+        )
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(lockkit_redlock::connect(&self.url()).await?))
+    }
+}
+
+struct RedlockHarness {
+    servers: Servers,
+}
+
+impl RedlockHarness {
+    async fn start(n: usize) -> Self {
+        RedlockHarness {
+            servers: Servers::start(n).await,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for RedlockHarness {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        self.servers.connect().await.expect("connect")
+    }
+
+    async fn revoke(&self, name: &str) {
+        let key = format!("{}{name}", lockkit_redis::DEFAULT_PREFIX);
+        let mut deleted = 0;
+        for server in &self.servers.0 {
+            if server.command(&["DEL", &key]).await.expect("DEL") == "1" {
+                deleted += 1;
+            }
+        }
+        let quorum = self.servers.0.len() / 2 + 1;
+        assert!(deleted >= quorum, "only {deleted} instances held {name:?}");
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        Box::new(Servers::start(self.servers.0.len()).await)
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+#[async_trait::async_trait]
+impl Disposable for Servers {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        Servers::connect(self).await
+    }
+
+    async fn kill(&mut self) {
+        self.0.iter().for_each(RedisServer::kill);
+    }
+
+    async fn pause(&mut self) {
+        self.0.iter().for_each(RedisServer::pause);
+    }
+
+    async fn resume(&mut self) {
+        self.0.iter().for_each(RedisServer::resume);
+    }
+}
+
+mod three {
+    use super::*;
+    lockkit_testkit::conformance_suite!(RedlockHarness::start(3).await);
+}
+
+mod five {
+    use super::*;
+    lockkit_testkit::conformance_suite!(RedlockHarness::start(5).await);
+}

@@ -1,0 +1,282 @@
+//! Redlock under node failures, against real redis-server processes: killed,
+//! paused and restarted instances, and leases that expired on a majority.
+
+#![allow(clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
+use lockkit_redlock::RedlockLock;
+use lockkit_testkit::RedisServer;
+use tokio::time::Instant;
+
+async fn servers(n: usize) -> Vec<RedisServer> {
+    let mut servers = Vec::with_capacity(n);
+    for _ in 0..n {
+        servers.push(RedisServer::start().await);
+    }
+    servers
+}
+
+fn url(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    format!("redlock://{}?connect_timeout=500ms", hosts.join(","))
+}
+
+async fn connect(servers: &[RedisServer]) -> RedlockLock {
+    lockkit_redlock::connect(&url(servers))
+        .await
+        .expect("connect")
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(10))
+}
+
+/// How many instances hold `name` right now.
+async fn holders(servers: &[RedisServer], name: &str) -> usize {
+    let key = format!("lockkit:{name}");
+    let mut n = 0;
+    for server in servers {
+        if matches!(server.command(&["EXISTS", &key]).await.as_deref(), Ok("1")) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// With 2 of 5 instances dead, acquire, extend and release still work; the
+/// lock is held on all 3 live ones.
+#[tokio::test]
+async fn minority_down_still_works() {
+    let servers = servers(5).await;
+    let locks = connect(&servers).await;
+    servers[0].kill();
+    servers[1].kill();
+    let guard = locks
+        .acquire("minority", &opts())
+        .await
+        .expect("acquire with 3 of 5");
+    assert_eq!(holders(&servers[2..], "minority").await, 3);
+    guard
+        .extend(Duration::from_secs(20))
+        .await
+        .expect("extend with 3 of 5");
+    let other = connect(&servers[..]).await;
+    assert!(
+        other
+            .try_acquire("minority", &opts())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.expect("release with 3 of 5");
+    assert_eq!(holders(&servers[2..], "minority").await, 0);
+}
+
+/// With 3 of 5 dead, acquire fails with `Unavailable` — not `Timeout`, not a
+/// hang — within the per-instance timeout plus a small margin, and says how
+/// many instances answered.
+#[tokio::test]
+async fn majority_down_is_unavailable_quickly() {
+    let servers = servers(5).await;
+    let locks = connect(&servers).await;
+    for server in &servers[..3] {
+        server.kill();
+    }
+    let start = Instant::now();
+    let err = locks
+        .acquire("majority", &opts().wait_for(Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    match &err {
+        LockError::Unavailable { message, .. } => {
+            assert!(message.contains("2 of 5"), "{message}");
+            assert!(message.contains("quorum is 3"), "{message}");
+        }
+        other => panic!("expected Unavailable, got {other}"),
+    }
+    // The per-instance timeout is min(50 ms, ttl / 10) = 50 ms.
+    assert!(took < Duration::from_millis(50 + 150), "took {took:?}");
+
+    // Connecting while a majority is down fails the same way.
+    let err = lockkit_redlock::connect(&url(&servers)).await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+}
+
+/// With 2 of 5 instances frozen (SIGSTOP), acquiring stays fast: it needs a
+/// quorum of answers, not all of them, and each request is bounded by the
+/// per-instance timeout.
+#[tokio::test]
+async fn paused_minority_keeps_latency_bounded() {
+    let servers = servers(5).await;
+    let locks = connect(&servers).await;
+    servers[3].pause();
+    servers[4].pause();
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let start = Instant::now();
+        let guard = locks.acquire("paused", &opts()).await.expect("acquire");
+        let took = start.elapsed();
+        slowest = slowest.max(took);
+        assert!(
+            took < Duration::from_millis(50 + 150),
+            "acquire {i} took {took:?}"
+        );
+        let start = Instant::now();
+        guard.release().await.expect("release");
+        assert!(
+            start.elapsed() < Duration::from_millis(50 + 150),
+            "release {i} took {:?}",
+            start.elapsed()
+        );
+    }
+    servers[3].resume();
+    servers[4].resume();
+    println!("slowest acquire with 2 of 5 paused: {slowest:?}");
+}
+
+/// A holder whose lease expired on a majority is told `Lost`: by `extend`,
+/// and by the watchdog through the lost signal.
+#[tokio::test]
+async fn lease_expired_on_majority_is_lost() {
+    let servers = servers(5).await;
+    let locks = connect(&servers).await;
+
+    let guard = locks
+        .acquire("expired-extend", &opts().auto_renew(false))
+        .await
+        .unwrap();
+    for server in &servers[..3] {
+        server
+            .command(&["PEXPIRE", "lockkit:expired-extend", "1"])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let err = guard.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LockError::Lost {
+                reason: LostReason::Revoked,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let guard = locks
+        .acquire(
+            "expired-watchdog",
+            &LockOptions::new().ttl(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap();
+    for server in &servers[2..] {
+        server
+            .command(&["PEXPIRE", "lockkit:expired-watchdog", "1"])
+            .await
+            .unwrap();
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the watchdog notices at its next renewal");
+    assert_eq!(reason, LostReason::Revoked);
+}
+
+/// An instance that restarts without persistence forgets the key, but while a
+/// majority still holds it nobody else can take the lock.
+#[tokio::test]
+async fn restarted_instances_do_not_break_exclusion_while_a_majority_holds() {
+    let servers = servers(5).await;
+    let (a, b) = (connect(&servers).await, connect(&servers).await);
+    let guard = a.acquire("restart", &opts()).await.unwrap();
+    servers[0].restart().await;
+    servers[1].restart().await;
+    assert_eq!(holders(&servers, "restart").await, 3);
+    assert!(
+        b.try_acquire("restart", &opts()).await.unwrap().is_none(),
+        "3 of 5 still hold it"
+    );
+    // B's partial grant on the two restarted instances was rolled back.
+    assert_eq!(holders(&servers, "restart").await, 3);
+    guard
+        .extend(Duration::from_secs(20))
+        .await
+        .expect("a quorum still holds it");
+    guard.release().await.expect("release");
+    let guard = b
+        .acquire("restart", &opts().wait_for(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+/// 32 tasks × 50 critical sections on 4 clients, one of 5 instances frozen
+/// part of the way through: never two inside at once, no lost update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_with_an_instance_paused_mid_run() {
+    const CLIENTS: usize = 4;
+    const TASKS_PER_CLIENT: usize = 8;
+    const ROUNDS: u64 = 50;
+    let servers = Arc::new(servers(5).await);
+    let inside = Arc::new(AtomicU32::new(0));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let client = Arc::new(connect(&servers).await);
+        for _ in 0..TASKS_PER_CLIENT {
+            let (client, inside, overlaps, counter) = (
+                client.clone(),
+                inside.clone(),
+                overlaps.clone(),
+                counter.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = client
+                        .acquire("contended", &opts().wait_for(Duration::from_secs(60)))
+                        .await
+                        .expect("acquire");
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    // Freeze one instance once the run is under way, thaw it near the end.
+    while counter.load(Ordering::SeqCst) < 200 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    servers[2].pause();
+    let paused_at = counter.load(Ordering::SeqCst);
+    while counter.load(Ordering::SeqCst) < 1400 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    servers[2].resume();
+    for task in tasks {
+        task.await.expect("worker");
+    }
+    let total = (CLIENTS * TASKS_PER_CLIENT) as u64 * ROUNDS;
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "critical sections overlapped"
+    );
+    assert_eq!(counter.load(Ordering::SeqCst), total, "updates were lost");
+    assert!(paused_at < 1400, "the pause happened mid-run");
+}
