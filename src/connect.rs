@@ -24,7 +24,8 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | scheme | backend | cargo feature |
 /// | --- | --- | --- |
 /// | `memory://` | in-process store shared by the whole process | always on |
-/// | `redis://`, `rediss://` | one Redis server ([`lockkit_redis`](crate::redis)) | `redis` |
+/// | `redis://`, `rediss://` | one Redis server (`lockkit::redis`) | `redis` |
+/// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over N Redis masters (`lockkit::redlock`) | `redlock` |
 ///
 /// The connection is eager: an unreachable server gives
 /// [`LockError::Unavailable`] within the connect timeout, and the client
@@ -56,6 +57,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
             url,
             "Redis Cluster is not supported by this version of lockkit yet",
         )),
+        #[cfg(feature = "redlock")]
+        "redlock" => Ok(Arc::new(lockkit_redlock::connect(url).await?)),
         known => match SCHEMES.iter().find(|(name, _)| *name == known) {
             Some((_, feature)) => Err(LockError::BackendNotCompiled {
                 scheme: known.to_owned(),

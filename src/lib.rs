@@ -15,3 +15,7 @@ pub use lockkit_core as core;
 /// The single-instance Redis backend, for options a URL cannot express.
 #[cfg(feature = "redis")]
 pub use lockkit_redis as redis;
+
+/// The Redlock backend, for options a URL cannot express.
+#[cfg(feature = "redlock")]
+pub use lockkit_redlock as redlock;

@@ -1,13 +1,14 @@
 //! The README's backend table is generated from the backends' `Capabilities`.
 //! It lists every backend, so the check needs them all compiled in (CI runs
 //! with `--all-features`).
-#![cfg(feature = "redis")]
+#![cfg(all(feature = "redis", feature = "redlock"))]
 
 #[test]
 fn readme_capabilities_table_is_current() {
     let rows = [
         ("memory", lockkit::core::MEMORY_CAPABILITIES),
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
+        ("redlock", lockkit::redlock::REDLOCK_CAPABILITIES),
     ];
     let table = lockkit::Capabilities::markdown_table(&rows);
 
