@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockkit_core::{LeaseLock, LockError, Result, redact_url};
+use lockkit_core::{LeaseLock, LockError, Result, redact_url, timeout_param};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use crate::backend::{RedisBackend, RedisLock};
@@ -16,8 +16,6 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default time a pub/sub subscription is kept after its last waiter is gone.
 pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
-
-const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Settings of one Redis server connection. `Debug` hides the password.
 #[derive(Clone)]
@@ -171,7 +169,7 @@ impl RedisLockBuilder {
 }
 
 fn check_timeout(what: &str, value: Duration) -> Result<()> {
-    if value.is_zero() || value > MAX_TIMEOUT {
+    if value.is_zero() || value > lockkit_core::MAX_TIMEOUT_PARAM {
         Err(LockError::invalid_options(format!(
             "{what} {value:?} must be positive and at most one hour"
         )))
@@ -201,8 +199,8 @@ pub(crate) fn parse_url(raw: &str) -> Result<(RedisConfig, String)> {
     for (key, value) in url.query_pairs() {
         match &*key {
             "prefix" => prefix = value.into_owned(),
-            "connect_timeout" => connect_timeout = parse_timeout(&key, &value).map_err(bad)?,
-            "command_timeout" => command_timeout = parse_timeout(&key, &value).map_err(bad)?,
+            "connect_timeout" => connect_timeout = timeout_param(&key, &value).map_err(bad)?,
+            "command_timeout" => command_timeout = timeout_param(&key, &value).map_err(bad)?,
             "ca_file" => {
                 let pem = std::fs::read(&*value)
                     .map_err(|e| bad(format!("cannot read ca_file {value:?}: {e}")))?;
@@ -242,17 +240,6 @@ pub(crate) fn parse_url(raw: &str) -> Result<(RedisConfig, String)> {
         tls_root_cert,
     };
     Ok((config, prefix))
-}
-
-fn parse_timeout(key: &str, value: &str) -> std::result::Result<Duration, String> {
-    let parsed = humantime::parse_duration(value)
-        .map_err(|e| format!("{key}={value:?} is not a duration like 500ms or 2s: {e}"))?;
-    if parsed.is_zero() || parsed > MAX_TIMEOUT {
-        return Err(format!(
-            "{key}={value:?} must be positive and at most one hour"
-        ));
-    }
-    Ok(parsed)
 }
 
 #[cfg(test)]

@@ -5,13 +5,11 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::{LeaseLock, LockError, Result, redact_url};
+use lockkit_core::{LeaseLock, LockError, Result, redact_url, timeout_param};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
 
 use crate::backend::{RedlockBackend, RedlockLock};
 use crate::error::{BACKEND, unreachable_quorum};
-
-const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Builds a [`RedlockLock`] over N independent Redis masters.
 ///
@@ -108,7 +106,7 @@ impl RedlockBuilder {
             ));
         }
         if let Some(timeout) = self.instance_timeout
-            && (timeout.is_zero() || timeout > MAX_TIMEOUT)
+            && (timeout.is_zero() || timeout > lockkit_core::MAX_TIMEOUT_PARAM)
         {
             return Err(LockError::invalid_options(format!(
                 "instance_timeout {timeout:?} must be positive and at most one hour"
@@ -155,17 +153,6 @@ impl RedlockBuilder {
             self.instance_timeout,
         )))
     }
-}
-
-fn parse_timeout(key: &str, value: &str) -> std::result::Result<Duration, String> {
-    let parsed = humantime::parse_duration(value)
-        .map_err(|e| format!("{key}={value:?} is not a duration like 50ms or 2s: {e}"))?;
-    if parsed.is_zero() || parsed > MAX_TIMEOUT {
-        return Err(format!(
-            "{key}={value:?} must be positive and at most one hour"
-        ));
-    }
-    Ok(parsed)
 }
 
 /// Splits `host[:port]` (IPv6 in brackets) into host and port.
@@ -234,10 +221,10 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
         match &*key {
             "prefix" => prefix = value.into_owned(),
             "instance_timeout" => {
-                instance_timeout = Some(parse_timeout(&key, &value).map_err(bad)?)
+                instance_timeout = Some(timeout_param(&key, &value).map_err(bad)?)
             }
             "connect_timeout" | "command_timeout" => {
-                parse_timeout(&key, &value).map_err(bad)?;
+                timeout_param(&key, &value).map_err(bad)?;
                 passed_on.push(format!("{key}={value}"));
             }
             other => {

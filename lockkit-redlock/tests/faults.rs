@@ -4,12 +4,11 @@
 #![allow(clippy::print_stdout)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
 use lockkit_redlock::RedlockLock;
-use lockkit_testkit::RedisServer;
+use lockkit_testkit::{Probe, RedisServer, spawn_contenders};
 use tokio::time::Instant;
 
 async fn servers(n: usize) -> Vec<RedisServer> {
@@ -226,57 +225,32 @@ async fn contention_with_an_instance_paused_mid_run() {
     const CLIENTS: usize = 4;
     const TASKS_PER_CLIENT: usize = 8;
     const ROUNDS: u64 = 50;
-    let servers = Arc::new(servers(5).await);
-    let inside = Arc::new(AtomicU32::new(0));
-    let overlaps = Arc::new(AtomicU32::new(0));
-    let counter = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
+    let servers = servers(5).await;
+    let mut clients: Vec<Arc<dyn DistributedLock>> = Vec::new();
     for _ in 0..CLIENTS {
-        let client = Arc::new(connect(&servers).await);
-        for _ in 0..TASKS_PER_CLIENT {
-            let (client, inside, overlaps, counter) = (
-                client.clone(),
-                inside.clone(),
-                overlaps.clone(),
-                counter.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    let guard = client
-                        .acquire("contended", &opts().wait_for(Duration::from_secs(60)))
-                        .await
-                        .expect("acquire");
-                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
-                    }
-                    let seen = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(seen + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release");
-                }
-            }));
-        }
+        clients.push(Arc::new(connect(&servers).await));
     }
+    let probe = Probe::default();
+    let o = opts().wait_for(Duration::from_secs(60));
+    let tasks = spawn_contenders(&clients, TASKS_PER_CLIENT, ROUNDS, "contended", &o, &probe);
     // Freeze one instance once the run is under way, thaw it near the end.
-    while counter.load(Ordering::SeqCst) < 200 {
+    while probe.completed() < 200 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     servers[2].pause();
-    let paused_at = counter.load(Ordering::SeqCst);
-    while counter.load(Ordering::SeqCst) < 1400 {
+    let paused_at = probe.completed();
+    while probe.completed() < 1400 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     servers[2].resume();
     for task in tasks {
         task.await.expect("worker");
     }
-    let total = (CLIENTS * TASKS_PER_CLIENT) as u64 * ROUNDS;
+    assert_eq!(probe.overlaps(), 0, "critical sections overlapped");
     assert_eq!(
-        overlaps.load(Ordering::SeqCst),
-        0,
-        "critical sections overlapped"
+        probe.completed(),
+        (CLIENTS * TASKS_PER_CLIENT) as u64 * ROUNDS,
+        "updates were lost"
     );
-    assert_eq!(counter.load(Ordering::SeqCst), total, "updates were lost");
     assert!(paused_at < 1400, "the pause happened mid-run");
 }

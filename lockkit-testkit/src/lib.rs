@@ -11,8 +11,10 @@
 //! (`scripts/install-services.sh`), never a silent skip.
 
 pub mod conformance;
+pub mod contention;
 mod process;
 mod redis_server;
 
+pub use contention::{Probe, spawn_contenders};
 pub use process::{ServerError, ServerProcess, free_port};
 pub use redis_server::{RedisServer, RedisServerBuilder};

@@ -1,13 +1,12 @@
 //! The conformance cases. Each is a plain async fn over a [`Harness`].
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions, LostReason};
 use tokio::time::Instant;
 
 use super::Harness;
+use crate::contention::{Probe, spawn_contenders};
 
 /// A lock name no other test uses.
 pub fn unique(case: &str) -> String {
@@ -416,47 +415,18 @@ pub async fn no_overlap_under_contention(h: &dyn Harness) {
     const TASKS_PER_CLIENT: usize = 16;
     const ROUNDS: u64 = 50;
     let name = unique("contention");
-    let inside = Arc::new(AtomicU32::new(0));
-    let overlaps = Arc::new(AtomicU32::new(0));
-    let counter = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        let client = h.client().await;
-        for _ in 0..TASKS_PER_CLIENT {
-            let (client, name) = (client.clone(), name.clone());
-            let (inside, overlaps, counter) = (inside.clone(), overlaps.clone(), counter.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    let guard = client
-                        .acquire(
-                            &name,
-                            &opts(Duration::from_secs(10)).wait_for(Duration::from_secs(60)),
-                        )
-                        .await
-                        .expect("acquire under contention");
-                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                        overlaps.fetch_add(1, Ordering::SeqCst);
-                    }
-                    // A read-modify-write that loses updates if two tasks interleave.
-                    let seen = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(seen + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    guard.release().await.expect("release under contention");
-                }
-            }));
-        }
+        clients.push(h.client().await);
     }
-    for task in tasks {
+    let probe = Probe::default();
+    let o = opts(Duration::from_secs(10)).wait_for(Duration::from_secs(60));
+    for task in spawn_contenders(&clients, TASKS_PER_CLIENT, ROUNDS, &name, &o, &probe) {
         task.await.expect("worker task");
     }
+    assert_eq!(probe.overlaps(), 0, "critical sections overlapped");
     assert_eq!(
-        overlaps.load(Ordering::SeqCst),
-        0,
-        "critical sections overlapped"
-    );
-    assert_eq!(
-        counter.load(Ordering::SeqCst),
+        probe.completed(),
         (CLIENTS * TASKS_PER_CLIENT) as u64 * ROUNDS,
         "updates were lost"
     );
