@@ -29,8 +29,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use criterion::{BenchmarkGroup, Criterion, SamplingMode, measurement::WallTime};
-use lockkit_benches::{criterion_dir, criterion_median_ns, fmt_duration, fmt_ns, percentile};
+use criterion::{Criterion, SamplingMode};
+use lockkit_benches::{
+    CycleFixture, CycleKind, Estimates, Interleaved, Limit, RawLock, RunMode, bench_cycles,
+    fmt_duration, lockkit_cycle, percentile, ping, save_summary, verdict,
+};
 use lockkit_core::{Attempt, DistributedLock, LeaseBackend, LockOptions, OwnerToken};
 use lockkit_redis::RedisLock;
 use lockkit_testkit::RedisServer;
@@ -42,55 +45,19 @@ use tokio::time::Instant;
 const CYCLE_GROUP: &str = "redis_cycle";
 const HANDOFF_GROUP: &str = "redis_handoff";
 const TTL: Duration = Duration::from_secs(30);
+const RAW_KEY: &str = "bench:raw_floor";
 
-/// Compare-and-delete, as the raw floor's release.
-const RAW_RELEASE: &str =
-    "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('DEL',KEYS[1]) else return 0 end";
-
-/// How the run was asked for: criterion's own modes, plus our quick mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RunMode {
-    /// `cargo bench`: full measurements.
-    Bench,
-    /// `LOCKKIT_BENCH_QUICK=1`: tiny samples, still real estimates.
-    Quick,
-    /// `-- --test` (or `cargo test --benches`): every benchmark once, no estimates.
-    Test,
-    /// `-- --list`: criterion lists the benchmarks; nothing is run.
-    List,
-}
-
-impl RunMode {
-    /// Mirrors criterion 0.8's `configure_from_args`: test mode unless cargo
-    /// passed `--bench` and no `--test` was given.
-    fn from_env() -> RunMode {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let has = |flag: &str| args.iter().any(|a| a == flag);
-        if has("--list") {
-            RunMode::List
-        } else if !has("--bench") || has("--test") {
-            RunMode::Test
-        } else if std::env::var("LOCKKIT_BENCH_QUICK").is_ok_and(|v| v == "1") {
-            RunMode::Quick
-        } else {
-            RunMode::Bench
-        }
-    }
-
-    fn critical_sections(self) -> usize {
-        match self {
-            RunMode::Bench => 2000,
-            _ => 200,
-        }
+/// Critical sections of each contention run.
+fn critical_sections(mode: RunMode) -> usize {
+    match mode {
+        RunMode::Bench => 2000,
+        _ => 200,
     }
 }
 
 fn main() {
     let mode = RunMode::from_env();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = lockkit_benches::runtime();
     // Estimates older than this belong to an earlier run.
     let run_started = SystemTime::now();
     let server = runtime.block_on(RedisServer::start());
@@ -99,7 +66,7 @@ fn main() {
     let fixture = runtime.block_on(Fixture::new(&url));
 
     let mut criterion = Criterion::default().configure_from_args();
-    bench_cycle(&mut criterion, &runtime, &fixture, mode);
+    bench_cycles(&mut criterion, &runtime, CYCLE_GROUP, &fixture, mode);
     let handoff = bench_handoff(&mut criterion, &runtime, &url, &fixture, mode);
     criterion.final_summary();
 
@@ -107,14 +74,10 @@ fn main() {
         return;
     }
 
-    let (rounds, per_round) = match mode {
-        RunMode::Bench => (40, 100),
-        RunMode::Quick => (5, 20),
-        _ => (2, 5),
-    };
-    let paired = runtime.block_on(interleaved(&fixture, rounds, per_round));
+    let (rounds, per_round) = mode.interleaved_plan();
+    let paired = runtime.block_on(Interleaved::measure(&fixture, rounds, per_round));
 
-    let total = mode.critical_sections();
+    let total = critical_sections(mode);
     let cap = Duration::from_secs(60);
     let shared = runtime.block_on(contention(&url, Clients::Shared, 16, total, cap));
     println!("contention, 16 tasks on one client: {}", shared.describe());
@@ -125,44 +88,16 @@ fn main() {
     );
 
     let summary = summary(mode, run_started, &paired, &handoff, &shared, &separate);
-    println!("\n{summary}");
-    if mode == RunMode::Test {
-        println!("test mode: the summary is not saved");
-        return;
-    }
-    let dir = lockkit_benches::target_dir().join("lockkit-bench");
-    let path = dir.join("redis-summary.md");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &summary)) {
-        Ok(()) => println!("summary written to {}", path.display()),
-        Err(e) => println!("could not write {}: {e}", path.display()),
-    }
+    save_summary(mode, "redis", &summary);
     drop(server);
-}
-
-fn configure_fast(group: &mut BenchmarkGroup<'_, WallTime>, mode: RunMode) {
-    match mode {
-        RunMode::Quick => {
-            group
-                .sample_size(10)
-                .warm_up_time(Duration::from_millis(100))
-                .measurement_time(Duration::from_millis(300));
-        }
-        _ => {
-            group
-                .sample_size(50)
-                .warm_up_time(Duration::from_secs(1))
-                .measurement_time(Duration::from_secs(5));
-        }
-    }
 }
 
 /// The connections of the uncontended cycles, shared by the criterion group
 /// and the interleaved cross-check.
 struct Fixture {
     conn: ConnectionManager,
-    script: redis::Script,
+    raw: RawLock,
     locks: Arc<RedisLock>,
-    counter: AtomicUsize,
 }
 
 /// One uncontended cycle of each kind.
@@ -175,8 +110,8 @@ enum Cycle {
     Renew,
 }
 
-impl Cycle {
-    const ALL: [Cycle; 5] = [
+impl CycleKind for Cycle {
+    const ALL: &'static [Cycle] = &[
         Cycle::Ping,
         Cycle::Raw,
         Cycle::Backend,
@@ -198,35 +133,33 @@ impl Cycle {
 
 impl Fixture {
     async fn new(url: &str) -> Fixture {
-        let client = redis::Client::open(url).expect("a redis URL");
-        let mut conn = ConnectionManager::new(client)
-            .await
-            .expect("a redis connection");
-        let script = redis::Script::new(RAW_RELEASE);
-        script
-            .prepare_invoke()
-            .load_async(&mut conn)
-            .await
-            .expect("SCRIPT LOAD");
+        let raw = RawLock::default();
+        let conn = raw.connect(url).await;
         let locks = Arc::new(lockkit_redis::connect(url).await.expect("connect"));
-        Fixture {
-            conn,
-            script,
-            locks,
-            counter: AtomicUsize::new(0),
-        }
+        Fixture { conn, raw, locks }
     }
 
-    /// Runs one cycle of `kind`.
+    /// (a): `SET key token NX PX 30000`, then the compare-and-delete by EVALSHA.
+    async fn raw_cycle(&self) {
+        let token = self.raw.token();
+        assert!(
+            RawLock::set_nx_px(&self.conn, RAW_KEY, &token, TTL).await,
+            "raw_floor: the key was not free"
+        );
+        let deleted = self
+            .raw
+            .compare_and_delete(&self.conn, RAW_KEY, &token)
+            .await;
+        assert_eq!(deleted, 1, "raw_floor: compare-and-delete missed");
+    }
+}
+
+impl CycleFixture for Fixture {
+    type Kind = Cycle;
+
     async fn run(&self, kind: Cycle) {
         match kind {
-            Cycle::Ping => {
-                let mut conn = self.conn.clone();
-                redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .expect("PING");
-            }
+            Cycle::Ping => ping(&self.conn).await,
             Cycle::Raw => self.raw_cycle().await,
             Cycle::Backend => {
                 // The backend's two scripts without the LeaseLock engine (no
@@ -254,102 +187,10 @@ impl Fixture {
                         LockOptions::new().ttl(TTL).auto_renew(false),
                     )
                 };
-                let guard = self.locks.acquire(name, &opts).await.expect("acquire");
-                guard.release().await.expect("release");
+                lockkit_cycle(&self.locks, name, &opts).await;
             }
         }
     }
-
-    /// (a): `SET key token NX PX 30000`, then the compare-and-delete by EVALSHA.
-    async fn raw_cycle(&self) {
-        let mut conn = self.conn.clone();
-        let token = format!("raw-{:016x}", self.counter.fetch_add(1, Ordering::Relaxed));
-        let set: Option<String> = redis::cmd("SET")
-            .arg("bench:raw_floor")
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(30_000)
-            .query_async(&mut conn)
-            .await
-            .expect("SET NX PX");
-        assert!(set.is_some(), "raw_floor: the key was not free");
-        let deleted: i64 = self
-            .script
-            .key("bench:raw_floor")
-            .arg(&token)
-            .invoke_async(&mut conn)
-            .await
-            .expect("EVALSHA");
-        assert_eq!(deleted, 1, "raw_floor: compare-and-delete missed");
-    }
-}
-
-/// Uncontended cycles: PING, the raw floor (a), the backend alone (a
-/// diagnostic), lockkit without (b) and with (c) auto-renewal. One group, so
-/// criterion reports them side by side.
-fn bench_cycle(c: &mut Criterion, runtime: &Runtime, fixture: &Fixture, mode: RunMode) {
-    let mut group = c.benchmark_group(CYCLE_GROUP);
-    configure_fast(&mut group, mode);
-    for kind in Cycle::ALL {
-        group.bench_function(kind.bench(), |b| {
-            b.to_async(runtime).iter(|| fixture.run(kind));
-        });
-    }
-    group.finish();
-}
-
-/// Per-round mean cycle times (ns) from `rounds` rounds of `per_round` cycles
-/// of each kind, the kinds interleaved (and their order rotated) within every
-/// round. A slow or fast phase of the shared machine then hits all kinds of one
-/// round alike, and the per-round ratios cancel it out.
-#[derive(Debug, Default)]
-struct Interleaved {
-    /// `rounds[r][i]`: mean of kind `Cycle::ALL[i]` in round `r`.
-    rounds: Vec<[f64; 5]>,
-}
-
-impl Interleaved {
-    fn index(kind: Cycle) -> usize {
-        Cycle::ALL
-            .iter()
-            .position(|k| *k == kind)
-            .expect("every kind is in ALL")
-    }
-
-    fn median_of(mut values: Vec<f64>) -> Option<f64> {
-        values.sort_by(f64::total_cmp);
-        values.get(values.len() / 2).copied()
-    }
-
-    /// Median over rounds of the round mean of `kind`.
-    fn median(&self, kind: Cycle) -> Option<f64> {
-        let i = Self::index(kind);
-        Self::median_of(self.rounds.iter().map(|r| r[i]).collect())
-    }
-
-    /// Median over rounds of `kind / base` within the same round.
-    fn paired_ratio(&self, kind: Cycle, base: Cycle) -> Option<f64> {
-        let (i, b) = (Self::index(kind), Self::index(base));
-        Self::median_of(self.rounds.iter().map(|r| r[i] / r[b]).collect())
-    }
-}
-
-async fn interleaved(fixture: &Fixture, rounds: usize, per_round: usize) -> Interleaved {
-    let mut result = Interleaved::default();
-    for round in 0..rounds {
-        let mut means = [0.0; 5];
-        for step in 0..Cycle::ALL.len() {
-            let index = (round + step) % Cycle::ALL.len();
-            let started = Instant::now();
-            for _ in 0..per_round {
-                fixture.run(Cycle::ALL[index]).await;
-            }
-            means[index] = started.elapsed().as_nanos() as f64 / per_round as f64;
-        }
-        result.rounds.push(means);
-    }
-    result
 }
 
 /// Lock name of the handoff benchmark.
@@ -413,10 +254,7 @@ async fn handoff_once(
     );
     // A PING of the same moment, as the yardstick of this handoff.
     let ping_started = Instant::now();
-    redis::cmd("PING")
-        .query_async::<String>(&mut admin.clone())
-        .await
-        .expect("PING");
+    ping(admin).await;
     let ping = ping_started.elapsed();
     let start = Instant::now();
     held.release().await.expect("A releases");
@@ -753,14 +591,6 @@ async fn contention(
     }
 }
 
-/// PASS or MISS; a test-mode run (a smoke test of a debug build) judges nothing.
-fn verdict(pass: bool) -> &'static str {
-    if RunMode::from_env() == RunMode::Test {
-        return "not judged in test mode";
-    }
-    if pass { "PASS" } else { "MISS" }
-}
-
 fn contention_row(label: &str, c: &Contention, target: Option<Duration>) -> String {
     let waits = match (c.wait(50.0), c.wait(99.0), c.handoff_waits.last()) {
         (Some(p50), Some(p99), Some(max)) => format!(
@@ -818,34 +648,20 @@ fn contention_row(label: &str, c: &Contention, target: Option<Duration>) -> Stri
 fn summary(
     mode: RunMode,
     run_started: SystemTime,
-    paired: &Interleaved,
+    paired: &Interleaved<Cycle>,
     handoff_diag: &HandoffDiag,
     shared: &Contention,
     separate: &Contention,
 ) -> String {
-    let dir = criterion_dir();
-    let median = |group: &str, bench: &str| criterion_median_ns(&dir, group, bench, run_started);
-    let fmt_opt = |ns: Option<f64>| ns.map_or_else(|| "n/a".to_owned(), fmt_ns);
-    let target = |ratio: Option<f64>, limit: f64| match ratio {
-        Some(r) => (
-            format!("{r:.3}"),
-            format!("≤ {limit:.2}: {}", verdict(r <= limit)),
-        ),
-        None => ("n/a".to_owned(), format!("≤ {limit:.2}: not measured")),
-    };
+    let target = |ratio: Option<f64>, limit: f64| Limit::AtMost(limit).judge(ratio);
 
     let mut out = String::new();
     let _ = writeln!(
         out,
         "## lockkit on one Redis server ({} run, {} interleaved rounds, {} critical sections per contention run)\n",
-        match mode {
-            RunMode::Bench => "full",
-            RunMode::Quick => "quick",
-            RunMode::Test => "test-mode",
-            RunMode::List => "list",
-        },
-        paired.rounds.len(),
-        mode.critical_sections()
+        mode.label(),
+        paired.rounds(),
+        critical_sections(mode)
     );
     let _ = writeln!(
         out,
@@ -854,20 +670,10 @@ fn summary(
     let _ = writeln!(out, "| measurement | median | ratio | target |");
     let _ = writeln!(out, "| --- | --- | --- | --- |");
     let row = |out: &mut String, label: &str, kind: Cycle, limit: Option<f64>| {
-        let value = paired.median(kind);
-        let (ratio, verdict) = match limit {
-            Some(limit) => target(paired.paired_ratio(kind, Cycle::Raw), limit),
-            None => (
-                paired
-                    .paired_ratio(kind, Cycle::Raw)
-                    .map_or_else(|| "n/a".to_owned(), |r| format!("{r:.3}")),
-                "—".to_owned(),
-            ),
-        };
         let _ = writeln!(
             out,
-            "| {label} | {} | {ratio} | {verdict} |",
-            fmt_opt(value)
+            "{}",
+            paired.row(label, kind, Cycle::Raw, limit.map(Limit::AtMost))
         );
     };
     row(
@@ -942,38 +748,11 @@ fn summary(
 
     // Criterion's own medians: each benchmark measured for seconds, one after
     // the other, so drift of the machine between them shows in their ratios.
-    let crit = |kind: Cycle| median(CYCLE_GROUP, kind.bench());
-    let raw = crit(Cycle::Raw);
-    let _ = writeln!(
-        out,
-        "Criterion's medians (measured one benchmark after the other; informational):\n"
+    Estimates::new(run_started).write_table(
+        &mut out,
+        CYCLE_GROUP,
+        Cycle::Raw,
+        &[(HANDOFF_GROUP, "handoff")],
     );
-    let _ = writeln!(out, "| benchmark | median | ratio to raw_floor |");
-    let _ = writeln!(out, "| --- | --- | --- |");
-    for kind in Cycle::ALL {
-        let value = crit(kind);
-        let ratio = match (value, raw) {
-            (Some(v), Some(r)) => format!("{:.3}", v / r),
-            _ => "n/a".to_owned(),
-        };
-        let _ = writeln!(
-            out,
-            "| {CYCLE_GROUP}/{} | {} | {ratio} |",
-            kind.bench(),
-            fmt_opt(value)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "| {HANDOFF_GROUP}/handoff | {} | |",
-        fmt_opt(median(HANDOFF_GROUP, "handoff"))
-    );
-    if raw.is_none() {
-        let _ = writeln!(
-            out,
-            "\nNote: criterion wrote no fresh estimates (`--test`/`--list` mode or a filter); looked in {}.",
-            dir.display()
-        );
-    }
     out
 }

@@ -1,10 +1,20 @@
 //! Shared helpers for lockkit's benchmarks (not published).
 //!
-//! The benchmarks live in `benches/`; run the Redis one with
-//! `cargo bench -p lockkit-benches --bench redis`. This library holds what
-//! they share: percentiles, formatting of durations, and reading the
-//! estimates criterion wrote, so that a benchmark can print its own summary
-//! after the criterion groups have run.
+//! The benchmarks live in `benches/`; run them with
+//! `cargo bench -p lockkit-benches --bench redis` and `--bench redlock`. This
+//! library holds what they share: the run modes, the uncontended cycles
+//! measured both by criterion and in interleaved rounds (whose paired ratios
+//! the targets are judged on), the raw-command floor, percentiles, formatting
+//! of durations, and reading the estimates criterion wrote, so that a
+//! benchmark can print its own summary after the criterion groups have run.
+
+mod cycles;
+mod mode;
+mod raw;
+
+pub use cycles::{CycleFixture, CycleKind, Estimates, Interleaved, bench_cycles};
+pub use mode::{Limit, RunMode, configure_fast, runtime, save_summary, verdict};
+pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
 
 use std::env;
 use std::fs;
@@ -54,6 +64,11 @@ pub fn fmt_ns(ns: f64) -> String {
     } else {
         format!("{:.2} s", ns / 1e9)
     }
+}
+
+/// [`fmt_ns`] of a value that may be missing (`n/a`).
+pub fn fmt_opt_ns(ns: Option<f64>) -> String {
+    ns.map_or_else(|| "n/a".to_owned(), fmt_ns)
 }
 
 /// [`fmt_ns`] for a [`Duration`].

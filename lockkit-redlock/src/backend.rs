@@ -77,40 +77,33 @@ impl RedlockBackend {
         0..self.instances.len()
     }
 
-    /// Undoes a partial grant without waking waiters: waits for the instances
-    /// that granted (they have just answered), and rolls back the silent ones
-    /// in the background, as they may be slow or down.
+    /// Undoes a partial grant without waking waiters. Waits for the instances
+    /// that granted (they have just answered); the silent ones, which may be
+    /// slow or down, are rolled back in the background.
     async fn roll_back(
         &self,
         keys: &Keys,
         owner: &OwnerToken,
-        granted: Vec<usize>,
+        granted: &[usize],
         silent: Vec<usize>,
     ) {
-        let timeout = self.instance_timeout(None);
-        if !silent.is_empty()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let instances: Vec<RedisInstance> =
-                silent.iter().map(|&i| self.instances[i].clone()).collect();
-            let (keys, owner) = (keys.clone(), owner.clone());
-            runtime.spawn(async move {
-                ask(
-                    &instances,
-                    0..instances.len(),
-                    timeout,
-                    |instance| instance.release(&keys, owner.as_str(), false),
-                    |_| false,
-                )
-                .await;
-            });
-        }
+        let quorum_of_granted = granted.len();
         ask(
             &self.instances,
-            granted,
-            timeout,
-            |instance| instance.release(keys, owner.as_str(), false),
-            |_| false,
+            granted.iter().copied().chain(silent),
+            self.instance_timeout(None),
+            request(keys, owner, |instance, keys, owner| async move {
+                instance.release(&keys, owner.as_str(), false).await
+            }),
+            // Done once every instance that granted has answered.
+            |votes| {
+                votes
+                    .answers
+                    .iter()
+                    .filter(|(i, _)| granted.contains(i))
+                    .count()
+                    >= quorum_of_granted
+            },
         )
         .await;
     }
@@ -127,6 +120,18 @@ impl RedlockBackend {
 
 fn granted(answer: &Attempt<Option<FencingToken>>) -> bool {
     matches!(answer, Attempt::Acquired(_))
+}
+
+/// A request for [`ask`] made from `op`: each instance gets owned copies of the
+/// keys and the owner token, so that a request the caller no longer waits for
+/// can still complete in the background.
+fn request<Fut>(
+    keys: &Keys,
+    owner: &OwnerToken,
+    op: impl Fn(RedisInstance, Keys, OwnerToken) -> Fut,
+) -> impl Fn(RedisInstance) -> Fut {
+    let (keys, owner) = (keys.clone(), owner.clone());
+    move |instance| op(instance, keys.clone(), owner.clone())
 }
 
 #[lockkit_core::async_trait]
@@ -160,7 +165,9 @@ impl LeaseBackend for RedlockBackend {
             &self.instances,
             self.all(),
             self.instance_timeout(Some(ttl)),
-            |instance| instance.try_lock(keys, owner.as_str(), ttl, false),
+            request(keys, owner, move |instance, keys, owner| async move {
+                instance.try_lock(&keys, owner.as_str(), ttl, false).await
+            }),
             |votes| votes.count(granted) >= quorum,
         )
         .await;
@@ -170,7 +177,7 @@ impl LeaseBackend for RedlockBackend {
             return Ok(Attempt::Acquired(None));
         }
         let total = self.instances.len();
-        self.roll_back(keys, owner, votes.which(granted), votes.silent(total))
+        self.roll_back(keys, owner, &votes.which(granted), votes.silent(total))
             .await;
         let answered = votes.answers.len();
         if answered < quorum {
@@ -197,7 +204,9 @@ impl LeaseBackend for RedlockBackend {
             &self.instances,
             self.all(),
             self.instance_timeout(Some(ttl)),
-            |instance| instance.extend(keys, owner.as_str(), ttl),
+            request(keys, owner, move |instance, keys, owner| async move {
+                instance.extend(&keys, owner.as_str(), ttl).await
+            }),
             |votes| votes.count(|ours| *ours) >= quorum || votes.count(|ours| !*ours) >= quorum,
         )
         .await;
@@ -211,7 +220,8 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// Deletes our key on every instance and wakes waiters; returns as soon as
-    /// the outcome is decided (a slow minority still gets the request, queued).
+    /// the outcome is decided (the requests to a slow minority complete in the
+    /// background).
     /// `Ok(false)` (lost) when a quorum answered that the lease was not ours;
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
@@ -222,7 +232,9 @@ impl LeaseBackend for RedlockBackend {
             &self.instances,
             self.all(),
             self.instance_timeout(None),
-            |instance| instance.release(keys, owner.as_str(), true),
+            request(keys, owner, |instance, keys, owner| async move {
+                instance.release(&keys, owner.as_str(), true).await
+            }),
             |votes| votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum,
         )
         .await;

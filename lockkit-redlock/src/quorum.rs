@@ -31,7 +31,7 @@ impl<T> Votes<T> {
             .collect()
     }
 
-    /// The instances that gave no answer (failed, timed out, or not awaited).
+    /// The instances that gave no answer (yet).
     pub(crate) fn silent(&self, total: usize) -> Vec<usize> {
         (0..total)
             .filter(|i| !self.answers.iter().any(|(j, _)| j == i))
@@ -41,36 +41,36 @@ impl<T> Votes<T> {
 
 /// Sends `request` to the given instances at once, each bounded by `timeout`,
 /// and collects the answers until all are in or `decided` says the rest cannot
-/// change the outcome. Requests still in flight then are dropped without being
-/// cancelled on the server: one that was already sent still runs there, which
-/// every caller must tolerate.
-pub(crate) async fn ask<'a, T, F, Fut>(
-    instances: &'a [RedisInstance],
+/// change the outcome.
+///
+/// Requests still pending then are not dropped: redis-rs discards a queued
+/// request whose caller went away, so a release would silently never reach a
+/// slow instance. They are driven to completion by a background task instead.
+pub(crate) async fn ask<T, F, Fut>(
+    instances: &[RedisInstance],
     which: impl IntoIterator<Item = usize>,
     timeout: Duration,
     request: F,
     decided: impl Fn(&Votes<T>) -> bool,
 ) -> Votes<T>
 where
-    F: Fn(&'a RedisInstance) -> Fut,
-    Fut: Future<Output = Result<T>> + 'a,
+    T: Send + 'static,
+    F: Fn(RedisInstance) -> Fut,
+    Fut: Future<Output = Result<T>> + Send + 'static,
 {
-    let request = &request;
     let mut pending: FuturesUnordered<_> = which
         .into_iter()
         .map(|index| {
-            let instance = &instances[index];
-            async move {
-                let answer = tokio::time::timeout(timeout, request(instance)).await;
-                (index, instance.address(), answer)
-            }
+            let instance = instances[index].clone();
+            let answer = tokio::time::timeout(timeout, request(instance.clone()));
+            async move { (index, instance, answer.await) }
         })
         .collect();
     let mut votes = Votes {
         answers: Vec::with_capacity(instances.len()),
         failures: Vec::new(),
     };
-    while let Some((index, address, answer)) = pending.next().await {
+    while let Some((index, instance, answer)) = pending.next().await {
         match answer {
             Ok(Ok(answer)) => {
                 votes.answers.push((index, answer));
@@ -79,10 +79,16 @@ where
                 }
             }
             Ok(Err(error)) => votes.failures.push(error.to_string()),
-            Err(_) => votes
-                .failures
-                .push(format!("{address}: no reply within {timeout:?}")),
+            Err(_) => votes.failures.push(format!(
+                "{}: no reply within {timeout:?}",
+                instance.address()
+            )),
         }
+    }
+    if !pending.is_empty()
+        && let Ok(runtime) = tokio::runtime::Handle::try_current()
+    {
+        runtime.spawn(async move { while pending.next().await.is_some() {} });
     }
     votes
 }

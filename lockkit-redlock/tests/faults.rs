@@ -254,3 +254,33 @@ async fn contention_with_an_instance_paused_mid_run() {
     );
     assert!(paused_at < 1400, "the pause happened mid-run");
 }
+
+/// Every release reaches every instance, even when acquire and release return
+/// at a quorum: after many quick cycles no instance keeps the key (a request
+/// dropped in the client's queue would leave it there until its TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_reach_every_instance() {
+    let servers = servers(5).await;
+    let locks = connect(&servers).await;
+    let o = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .auto_renew(false);
+    for _ in 0..500 {
+        let guard = locks
+            .acquire(
+                "every-instance",
+                &o.clone().wait_for(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    // The requests of the last cycle to the slowest instances finish in the background.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut left = holders(&servers, "every-instance").await;
+    while left > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = holders(&servers, "every-instance").await;
+    }
+    assert_eq!(left, 0, "{left} instances still hold a released lock");
+}

@@ -1,0 +1,144 @@
+//! How a benchmark run was asked for, and what that changes: sample sizes,
+//! verdicts, whether the summary is saved.
+
+use std::time::Duration;
+
+use criterion::{BenchmarkGroup, measurement::WallTime};
+
+/// How the run was asked for: criterion's own modes, plus our quick mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// `cargo bench`: full measurements.
+    Bench,
+    /// `LOCKKIT_BENCH_QUICK=1`: tiny samples, still real estimates.
+    Quick,
+    /// `-- --test` (or `cargo test --benches`): every benchmark once, no estimates.
+    Test,
+    /// `-- --list`: criterion lists the benchmarks; nothing is run.
+    List,
+}
+
+impl RunMode {
+    /// Mirrors criterion 0.8's `configure_from_args`: test mode unless cargo
+    /// passed `--bench` and no `--test` was given.
+    pub fn from_env() -> RunMode {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let has = |flag: &str| args.iter().any(|a| a == flag);
+        if has("--list") {
+            RunMode::List
+        } else if !has("--bench") || has("--test") {
+            RunMode::Test
+        } else if std::env::var("LOCKKIT_BENCH_QUICK").is_ok_and(|v| v == "1") {
+            RunMode::Quick
+        } else {
+            RunMode::Bench
+        }
+    }
+
+    /// How the run is named in a summary's title: `full`, `quick`, …
+    pub fn label(self) -> &'static str {
+        match self {
+            RunMode::Bench => "full",
+            RunMode::Quick => "quick",
+            RunMode::Test => "test-mode",
+            RunMode::List => "list",
+        }
+    }
+
+    /// Rounds, and cycles of each kind per round, of an interleaved
+    /// measurement (see [`Interleaved`](crate::Interleaved)).
+    pub fn interleaved_plan(self) -> (usize, usize) {
+        match self {
+            RunMode::Bench => (40, 100),
+            RunMode::Quick => (5, 20),
+            _ => (2, 5),
+        }
+    }
+}
+
+/// PASS or MISS; a test-mode run (a smoke test of a debug build) judges nothing.
+pub fn verdict(pass: bool) -> &'static str {
+    if RunMode::from_env() == RunMode::Test {
+        return "not judged in test mode";
+    }
+    if pass { "PASS" } else { "MISS" }
+}
+
+/// A target on a ratio.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limit {
+    /// The ratio must be at most this.
+    AtMost(f64),
+    /// The ratio must be strictly below this.
+    Below(f64),
+}
+
+impl Limit {
+    /// Whether `ratio` meets the target.
+    pub fn passes(self, ratio: f64) -> bool {
+        match self {
+            Limit::AtMost(limit) => ratio <= limit,
+            Limit::Below(limit) => ratio < limit,
+        }
+    }
+
+    /// The ratio's cell and the target's cell of a summary row:
+    /// (`"1.043"`, `"≤ 1.10: PASS"`), or `n/a` and `not measured`.
+    pub fn judge(self, ratio: Option<f64>) -> (String, String) {
+        let target = match self {
+            Limit::AtMost(limit) => format!("≤ {limit:.2}"),
+            Limit::Below(limit) => format!("< {limit:.2}"),
+        };
+        match ratio {
+            Some(r) => (
+                format!("{r:.3}"),
+                format!("{target}: {}", verdict(self.passes(r))),
+            ),
+            None => ("n/a".to_owned(), format!("{target}: not measured")),
+        }
+    }
+}
+
+/// The budgets of a group of short benchmarks (a cycle of a few round trips).
+pub fn configure_fast(group: &mut BenchmarkGroup<'_, WallTime>, mode: RunMode) {
+    match mode {
+        RunMode::Quick => {
+            group
+                .sample_size(10)
+                .warm_up_time(Duration::from_millis(100))
+                .measurement_time(Duration::from_millis(300));
+        }
+        _ => {
+            group
+                .sample_size(50)
+                .warm_up_time(Duration::from_secs(1))
+                .measurement_time(Duration::from_secs(5));
+        }
+    }
+}
+
+/// A multi-thread tokio runtime with all drivers, for the benchmarks and
+/// their fixtures.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Prints `summary`, and writes it to `<target dir>/lockkit-bench/<name>-summary.md`
+/// unless this is a test-mode run.
+#[allow(clippy::print_stdout)]
+pub fn save_summary(mode: RunMode, name: &str, summary: &str) {
+    println!("\n{summary}");
+    if mode == RunMode::Test {
+        println!("test mode: the summary is not saved");
+        return;
+    }
+    let dir = crate::target_dir().join("lockkit-bench");
+    let path = dir.join(format!("{name}-summary.md"));
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, summary)) {
+        Ok(()) => println!("summary written to {}", path.display()),
+        Err(e) => println!("could not write {}: {e}", path.display()),
+    }
+}
