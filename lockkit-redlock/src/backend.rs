@@ -150,10 +150,16 @@ impl LeaseBackend for RedlockBackend {
         Keys::new(&self.prefix, name)
     }
 
-    /// Asks every instance at once and returns as soon as a quorum granted the
-    /// lock. Otherwise the partial grant is rolled back (quietly, so that
-    /// contenders keep their random retry delays), and the answer is `Busy`
-    /// when enough instances answered, `Unavailable` when not.
+    /// Asks every instance at once and waits for all answers, each bounded by
+    /// the per-instance timeout (so a frozen minority costs that timeout, no
+    /// more). With a quorum of grants the lock is ours. Otherwise the partial
+    /// grant is rolled back (quietly, so that contenders keep their random
+    /// retry delays), and the answer is `Busy` when enough instances answered,
+    /// `Unavailable` when not.
+    ///
+    /// It does not return at the first quorum: a `SET` still in flight could
+    /// then reach its instance after the release of the same lease, and leave
+    /// a key nobody holds until its TTL runs out.
     async fn try_lock(
         &self,
         keys: &Keys,
@@ -168,7 +174,7 @@ impl LeaseBackend for RedlockBackend {
             request(keys, owner, move |instance, keys, owner| async move {
                 instance.try_lock(&keys, owner.as_str(), ttl, false).await
             }),
-            |votes| votes.count(granted) >= quorum,
+            |_| false,
         )
         .await;
         let yes = votes.count(granted);

@@ -39,13 +39,20 @@ impl<T> Votes<T> {
     }
 }
 
-/// Sends `request` to the given instances at once, each bounded by `timeout`,
-/// and collects the answers until all are in or `decided` says the rest cannot
-/// change the outcome.
+/// Sends `request` to the given instances at once and collects the answers
+/// that arrive within `timeout`, until all are in or `decided` says the rest
+/// cannot change the outcome.
 ///
-/// Requests still pending then are not dropped: redis-rs discards a queued
-/// request whose caller went away, so a release would silently never reach a
-/// slow instance. They are driven to completion by a background task instead.
+/// Two properties keep requests to one instance in program order and make
+/// sure each one is sent:
+///
+/// * every request is first polled here, in the caller's task, which queues it
+///   on its instance's connection before anything asked later;
+/// * a request is never dropped while it is queued (redis-rs then discards it,
+///   and a release would silently never reach a slow instance): `timeout`
+///   bounds how long this waits for answers, and requests still pending then
+///   are driven to completion by a background task, bounded only by the
+///   instance's own command timeout.
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
     which: impl IntoIterator<Item = usize>,
@@ -58,31 +65,48 @@ where
     F: Fn(RedisInstance) -> Fut,
     Fut: Future<Output = Result<T>> + Send + 'static,
 {
-    let mut pending: FuturesUnordered<_> = which
-        .into_iter()
-        .map(|index| {
-            let instance = instances[index].clone();
-            let answer = tokio::time::timeout(timeout, request(instance.clone()));
-            async move { (index, instance, answer.await) }
+    let asked: Vec<usize> = which.into_iter().collect();
+    let mut pending: FuturesUnordered<_> = asked
+        .iter()
+        .map(|&index| {
+            let answer = request(instances[index].clone());
+            async move { (index, answer.await) }
         })
         .collect();
     let mut votes = Votes {
-        answers: Vec::with_capacity(instances.len()),
+        answers: Vec::with_capacity(asked.len()),
         failures: Vec::new(),
     };
-    while let Some((index, instance, answer)) = pending.next().await {
-        match answer {
-            Ok(Ok(answer)) => {
-                votes.answers.push((index, answer));
-                if decided(&votes) {
-                    break;
+    let mut heard = Vec::with_capacity(asked.len());
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            biased;
+            next = pending.next() => match next {
+                None => break,
+                Some((index, answer)) => {
+                    heard.push(index);
+                    match answer {
+                        Ok(answer) => {
+                            votes.answers.push((index, answer));
+                            if decided(&votes) {
+                                break;
+                            }
+                        }
+                        Err(error) => votes.failures.push(error.to_string()),
+                    }
                 }
+            },
+            () = &mut deadline => {
+                for &index in asked.iter().filter(|i| !heard.contains(i)) {
+                    votes.failures.push(format!(
+                        "{}: no reply within {timeout:?}",
+                        instances[index].address()
+                    ));
+                }
+                break;
             }
-            Ok(Err(error)) => votes.failures.push(error.to_string()),
-            Err(_) => votes.failures.push(format!(
-                "{}: no reply within {timeout:?}",
-                instance.address()
-            )),
         }
     }
     if !pending.is_empty()
