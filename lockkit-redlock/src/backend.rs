@@ -1,5 +1,8 @@
 //! The Redlock backend.
 
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -8,9 +11,10 @@ use lockkit_core::{
     ReleaseWatch, Result,
 };
 use lockkit_redis::{Keys, RedisInstance};
+use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum};
-use crate::quorum::{Votes, ask};
+use crate::quorum::{Votes, ask, finished};
 
 /// A Redlock client: [`LeaseLock`] over [`RedlockBackend`].
 pub type RedlockLock = LeaseLock<RedlockBackend>;
@@ -25,6 +29,10 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash:
 /// default is min(this, ttl / 10).
 pub const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// Acquire requests that were still in flight when a lease was granted: by
+/// instance, a signal that fires when that request has finished.
+type InFlight = Vec<(usize, watch::Receiver<()>)>;
+
 /// The [`LeaseBackend`] of Redlock: one lock over N independent Redis masters.
 #[derive(Debug)]
 pub struct RedlockBackend {
@@ -32,6 +40,10 @@ pub struct RedlockBackend {
     prefix: String,
     quorum: usize,
     instance_timeout: Option<Duration>,
+    /// By owner token: the acquire requests of a held lease that had not
+    /// answered when it was granted. Its release to those instances waits for
+    /// them, so that a late `SET` can never land after the `DEL`.
+    in_flight: Mutex<HashMap<String, InFlight>>,
 }
 
 impl RedlockBackend {
@@ -47,6 +59,7 @@ impl RedlockBackend {
             prefix: prefix.into(),
             quorum,
             instance_timeout,
+            in_flight: Mutex::default(),
         }
     }
 
@@ -77,38 +90,46 @@ impl RedlockBackend {
         0..self.instances.len()
     }
 
-    /// Undoes a partial grant without waking waiters. Waits for the instances
-    /// that granted (they have just answered); the silent ones, which may be
-    /// slow or down, are rolled back in the background.
-    async fn roll_back(
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, InFlight>> {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Deletes `owner`'s key on the given instances, each after the acquire
+    /// request to it has finished (where one is in `late`), and returns once
+    /// `decided`; the rest completes in the background.
+    async fn delete(
         &self,
         keys: &Keys,
         owner: &OwnerToken,
-        granted: &[usize],
-        silent: Vec<usize>,
-    ) {
-        let quorum_of_granted = granted.len();
+        which: impl IntoIterator<Item = usize>,
+        late: &InFlight,
+        notify: bool,
+        decided: impl Fn(&Votes<bool>) -> bool,
+    ) -> Votes<bool> {
+        let (keys, owner) = (keys.clone(), owner.clone());
         ask(
             &self.instances,
-            granted.iter().copied().chain(silent),
+            which,
             self.instance_timeout(None),
-            request(keys, owner, |instance, keys, owner| async move {
-                instance.release(&keys, owner.as_str(), false).await
-            }),
-            // Done once every instance that granted has answered.
-            |votes| {
-                votes
-                    .answers
+            |index, instance| {
+                let after = late
                     .iter()
-                    .filter(|(i, _)| granted.contains(i))
-                    .count()
-                    >= quorum_of_granted
+                    .find(|(i, _)| *i == index)
+                    .map(|(_, done)| done.clone());
+                let (keys, owner) = (keys.clone(), owner.clone());
+                async move {
+                    if let Some(done) = after {
+                        finished(done).await;
+                    }
+                    instance.release(&keys, owner.as_str(), notify).await
+                }
             },
+            decided,
         )
-        .await;
+        .await
     }
 
-    fn undecided(&self, votes: &Votes<bool>) -> lockkit_core::LockError {
+    fn undecided<T>(&self, votes: &Votes<T>) -> lockkit_core::LockError {
         unreachable_quorum(
             votes.answers.len(),
             self.instances.len(),
@@ -129,9 +150,20 @@ fn request<Fut>(
     keys: &Keys,
     owner: &OwnerToken,
     op: impl Fn(RedisInstance, Keys, OwnerToken) -> Fut,
-) -> impl Fn(RedisInstance) -> Fut {
+) -> impl FnMut(usize, RedisInstance) -> Fut {
     let (keys, owner) = (keys.clone(), owner.clone());
-    move |instance| op(instance, keys.clone(), owner.clone())
+    move |_, instance| op(instance, keys.clone(), owner.clone())
+}
+
+/// Wraps `request` so that the returned receiver fires when it has finished.
+fn tracked<T>(request: impl Future<Output = T>) -> (impl Future<Output = T>, watch::Receiver<()>) {
+    let (done, finished) = watch::channel(());
+    let request = async move {
+        let answer = request.await;
+        drop(done);
+        answer
+    };
+    (request, finished)
 }
 
 #[lockkit_core::async_trait]
@@ -150,16 +182,12 @@ impl LeaseBackend for RedlockBackend {
         Keys::new(&self.prefix, name)
     }
 
-    /// Asks every instance at once and waits for all answers, each bounded by
-    /// the per-instance timeout (so a frozen minority costs that timeout, no
-    /// more). With a quorum of grants the lock is ours. Otherwise the partial
-    /// grant is rolled back (quietly, so that contenders keep their random
-    /// retry delays), and the answer is `Busy` when enough instances answered,
-    /// `Unavailable` when not.
-    ///
-    /// It does not return at the first quorum: a `SET` still in flight could
-    /// then reach its instance after the release of the same lease, and leave
-    /// a key nobody holds until its TTL runs out.
+    /// Asks every instance at once and returns as soon as a quorum granted the
+    /// lock; a frozen minority costs nothing. Requests still in flight then
+    /// complete in the background, and the lease's release waits for them on
+    /// their instances. Without a quorum the partial grant is rolled back
+    /// (quietly, so that contenders keep their random retry delays), and the
+    /// answer is `Busy` when enough instances answered, `Unavailable` when not.
     async fn try_lock(
         &self,
         keys: &Keys,
@@ -167,24 +195,55 @@ impl LeaseBackend for RedlockBackend {
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let quorum = self.quorum;
-        let votes = ask(
-            &self.instances,
-            self.all(),
-            self.instance_timeout(Some(ttl)),
-            request(keys, owner, move |instance, keys, owner| async move {
-                instance.try_lock(&keys, owner.as_str(), ttl, false).await
-            }),
-            |_| false,
-        )
-        .await;
+        let total = self.instances.len();
+        let mut done = Vec::with_capacity(total);
+        let votes = {
+            let (keys, owner) = (keys.clone(), owner.clone());
+            ask(
+                &self.instances,
+                self.all(),
+                self.instance_timeout(Some(ttl)),
+                |index, instance| {
+                    let (keys, owner) = (keys.clone(), owner.clone());
+                    let (request, finished) = tracked(async move {
+                        instance.try_lock(&keys, owner.as_str(), ttl, false).await
+                    });
+                    done.push((index, finished));
+                    request
+                },
+                |votes| votes.count(granted) >= quorum,
+            )
+            .await
+        };
+        let silent = votes.silent(total);
+        let late: InFlight = done
+            .into_iter()
+            .filter(|(i, _)| silent.contains(i))
+            .collect();
         let yes = votes.count(granted);
         if yes >= quorum {
+            if !late.is_empty() {
+                self.in_flight().insert(owner.as_str().to_owned(), late);
+            }
             // Redlock has no safe fencing token.
             return Ok(Attempt::Acquired(None));
         }
-        let total = self.instances.len();
-        self.roll_back(keys, owner, &votes.which(granted), votes.silent(total))
-            .await;
+        // Roll back: wait for the instances that granted (they have just
+        // answered); the silent ones are rolled back in the background.
+        let granted_by = votes.which(granted);
+        self.delete(
+            keys,
+            owner,
+            granted_by.iter().copied().chain(silent),
+            &late,
+            false,
+            |votes| {
+                granted_by
+                    .iter()
+                    .all(|i| votes.answers.iter().any(|(j, _)| j == i))
+            },
+        )
+        .await;
         let answered = votes.answers.len();
         if answered < quorum {
             return Err(no_quorum(answered, yes, total, quorum, &votes.failures));
@@ -227,23 +286,19 @@ impl LeaseBackend for RedlockBackend {
 
     /// Deletes our key on every instance and wakes waiters; returns as soon as
     /// the outcome is decided (the requests to a slow minority complete in the
-    /// background).
+    /// background, each after the acquire request to its instance).
     /// `Ok(false)` (lost) when a quorum answered that the lease was not ours;
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
     /// a quorum answered.
     async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
         let quorum = self.quorum;
-        let votes = ask(
-            &self.instances,
-            self.all(),
-            self.instance_timeout(None),
-            request(keys, owner, |instance, keys, owner| async move {
-                instance.release(&keys, owner.as_str(), true).await
-            }),
-            |votes| votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum,
-        )
-        .await;
+        let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
+        let votes = self
+            .delete(keys, owner, self.all(), &late, true, |votes| {
+                votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum
+            })
+            .await;
         if votes.count(|released| !*released) >= quorum {
             Ok(false)
         } else if votes.answers.len() >= quorum {

@@ -7,6 +7,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lockkit_core::Result;
 use lockkit_redis::RedisInstance;
+use tokio::sync::watch;
 
 /// The answers of the instances that answered in time (by instance index), and
 /// why the others did not.
@@ -39,6 +40,12 @@ impl<T> Votes<T> {
     }
 }
 
+/// Resolves once the request that holds `done`'s sender has finished (the
+/// sender is dropped with it).
+pub(crate) async fn finished(mut done: watch::Receiver<()>) {
+    while done.changed().await.is_ok() {}
+}
+
 /// Sends `request` to the given instances at once and collects the answers
 /// that arrive within `timeout`, until all are in or `decided` says the rest
 /// cannot change the outcome.
@@ -62,14 +69,15 @@ pub(crate) async fn ask<T, F, Fut>(
 ) -> Votes<T>
 where
     T: Send + 'static,
-    F: Fn(RedisInstance) -> Fut,
+    F: FnMut(usize, RedisInstance) -> Fut,
     Fut: Future<Output = Result<T>> + Send + 'static,
 {
+    let mut request = request;
     let asked: Vec<usize> = which.into_iter().collect();
     let mut pending: FuturesUnordered<_> = asked
         .iter()
         .map(|&index| {
-            let answer = request(instances[index].clone());
+            let answer = request(index, instances[index].clone());
             async move { (index, answer.await) }
         })
         .collect();
