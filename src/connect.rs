@@ -26,6 +26,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | `memory://` | in-process store shared by the whole process | always on |
 /// | `redis://`, `rediss://` | one Redis server (`lockkit::redis`) | `redis` |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over N Redis masters (`lockkit::redlock`) | `redlock` |
+/// | `zk://h1:p1,h2:p2/root` | ZooKeeper (`lockkit::zk`) | `zk` |
 ///
 /// The connection is eager: an unreachable server gives
 /// [`LockError::Unavailable`] within the connect timeout, and the client
@@ -59,6 +60,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
         )),
         #[cfg(feature = "redlock")]
         "redlock" => Ok(Arc::new(lockkit_redlock::connect(url).await?)),
+        #[cfg(feature = "zk")]
+        "zk" => Ok(Arc::new(lockkit_zk::connect(url).await?)),
         known => match SCHEMES.iter().find(|(name, _)| *name == known) {
             Some((_, feature)) => Err(LockError::BackendNotCompiled {
                 scheme: known.to_owned(),

@@ -19,3 +19,7 @@ pub use lockkit_redis as redis;
 /// The Redlock backend, for options a URL cannot express.
 #[cfg(feature = "redlock")]
 pub use lockkit_redlock as redlock;
+
+/// The ZooKeeper backend, for options a URL cannot express.
+#[cfg(feature = "zk")]
+pub use lockkit_zk as zk;

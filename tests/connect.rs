@@ -44,13 +44,15 @@ async fn unknown_and_malformed_urls() {
 #[tokio::test]
 async fn backends_not_compiled_name_their_feature() {
     let mut expected = vec![
-        ("zk://127.0.0.1:2181/locks", "zk"),
         ("postgres://u:p@localhost/db", "postgres"),
         ("postgresql://localhost/db", "postgres"),
         ("mysql://localhost/db", "mysql"),
         ("mariadb://localhost/db", "mysql"),
         ("sqlite://lockkit.db", "sqlite"),
     ];
+    if cfg!(not(feature = "zk")) {
+        expected.push(("zk://127.0.0.1:2181/locks", "zk"));
+    }
     if cfg!(not(feature = "redlock")) {
         expected.push(("redlock://a:1,b:2,c:3", "redlock"));
     }
@@ -141,5 +143,34 @@ async fn redlock_urls() {
             "1"
         );
     }
+    guard.release().await.unwrap();
+}
+
+#[cfg(feature = "zk")]
+#[tokio::test]
+async fn zk_urls() {
+    for bad in [
+        "zk://",
+        "zk://a:1,a:1/locks",
+        "zk://h/a//b",
+        "zk://h?session_timeout=never",
+        "zk://h?root=typo",
+    ] {
+        assert_invalid_url(bad, &lockkit::connect(bad).await.unwrap_err());
+    }
+    let server = lockkit_testkit::ZkServer::start().await;
+    let locks = lockkit::connect(&server.url("facade")).await.unwrap();
+    let caps = locks.capabilities();
+    assert!(caps.fencing && caps.fifo && caps.survives_minority_failure);
+    let guard = locks.acquire("job", &LockOptions::new()).await.unwrap();
+    assert!(guard.fencing_token().is_some());
+    assert_eq!(
+        server
+            .four_letter("srvr")
+            .await
+            .map(|s| s.contains("Mode:"))
+            .ok(),
+        Some(true)
+    );
     guard.release().await.unwrap();
 }

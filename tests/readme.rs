@@ -1,7 +1,7 @@
 //! The README's backend table is generated from the backends' `Capabilities`.
 //! It lists every backend, so the check needs them all compiled in (CI runs
 //! with `--all-features`).
-#![cfg(all(feature = "redis", feature = "redlock"))]
+#![cfg(all(feature = "redis", feature = "redlock", feature = "zk"))]
 
 #[test]
 fn readme_capabilities_table_is_current() {
@@ -9,6 +9,7 @@ fn readme_capabilities_table_is_current() {
         ("memory", lockkit::core::MEMORY_CAPABILITIES),
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
         ("redlock", lockkit::redlock::REDLOCK_CAPABILITIES),
+        ("zookeeper", lockkit::zk::ZK_CAPABILITIES),
     ];
     let table = lockkit::Capabilities::markdown_table(&rows);
 

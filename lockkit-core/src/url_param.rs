@@ -26,3 +26,65 @@ pub fn timeout_param(key: &str, value: &str) -> Result<Duration, String> {
     }
     Ok(parsed)
 }
+
+/// Parses a comma-separated list of `host[:port]` (IPv6 hosts in brackets),
+/// as in `redlock://h1:p1,h2:p2` or `zk://h1:p1,h2:p2/root`. Hosts must be
+/// distinct: one server listed twice would count twice in a quorum. The error
+/// is a reason for [`LockError::invalid_url`](crate::LockError::invalid_url).
+///
+/// ```
+/// use lockkit_core::host_list;
+/// assert_eq!(
+///     host_list("a:1,b,[::1]:3", 6379),
+///     Ok(vec![("a".to_owned(), 1), ("b".to_owned(), 6379), ("[::1]".to_owned(), 3)])
+/// );
+/// assert!(host_list("a:1,a:1", 6379).is_err());
+/// assert!(host_list("a:0", 6379).is_err());
+/// ```
+pub fn host_list(hosts: &str, default_port: u16) -> Result<Vec<(String, u16)>, String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut list = Vec::new();
+    for item in hosts.split(',') {
+        let (host, port) = host_port(item.trim(), default_port)?;
+        if !seen.insert((host.to_ascii_lowercase(), port)) {
+            return Err(format!(
+                "{host}:{port} is listed twice; the servers must be distinct"
+            ));
+        }
+        list.push((host, port));
+    }
+    Ok(list)
+}
+
+/// Splits `host[:port]` (IPv6 in brackets) into host and port.
+fn host_port(item: &str, default_port: u16) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = item.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("unclosed '[' in {item:?}"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("bad port in {item:?}"))?,
+            ),
+        };
+        (format!("[{host}]"), port)
+    } else {
+        match item.rsplit_once(':') {
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => (item.to_owned(), None),
+        }
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(format!("missing host in {item:?}"));
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(format!("bad port {p:?} in {item:?}")),
+            Ok(port) => port,
+        },
+    };
+    Ok((host, port))
+}

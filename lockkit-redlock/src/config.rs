@@ -1,11 +1,10 @@
 //! `redlock://` URLs and the builder.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::{LeaseLock, LockError, Result, redact_url, timeout_param};
+use lockkit_core::{LeaseLock, LockError, Result, host_list, redact_url, timeout_param};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
 
 use crate::backend::{RedlockBackend, RedlockLock};
@@ -155,39 +154,6 @@ impl RedlockBuilder {
     }
 }
 
-/// Splits `host[:port]` (IPv6 in brackets) into host and port.
-fn host_port(item: &str) -> std::result::Result<(String, u16), String> {
-    let (host, port) = if let Some(rest) = item.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("unclosed '[' in {item:?}"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("bad port in {item:?}"))?,
-            ),
-        };
-        (format!("[{host}]"), port)
-    } else {
-        match item.rsplit_once(':') {
-            Some((host, port)) => (host.to_owned(), Some(port)),
-            None => (item.to_owned(), None),
-        }
-    };
-    if host.is_empty() || host == "[]" {
-        return Err(format!("missing host in {item:?}"));
-    }
-    let port = match port {
-        None => 6379,
-        Some(p) => match p.parse::<u16>() {
-            Ok(0) | Err(_) => return Err(format!("bad port {p:?} in {item:?}")),
-            Ok(port) => port,
-        },
-    };
-    Ok((host, port))
-}
-
 pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
     let bad = |reason: String| LockError::invalid_url(raw, reason);
     let rest = match raw.split_once("://") {
@@ -235,15 +201,8 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
         }
     }
 
-    let mut seen = HashSet::new();
     let mut instances = Vec::new();
-    for item in hosts.split(',') {
-        let (host, port) = host_port(item.trim()).map_err(bad)?;
-        if !seen.insert((host.to_ascii_lowercase(), port)) {
-            return Err(bad(format!(
-                "{host}:{port} is listed twice; Redlock needs independent instances"
-            )));
-        }
+    for (host, port) in host_list(hosts, 6379).map_err(bad)? {
         let mut url = String::from("redis://");
         if let Some(userinfo) = userinfo {
             url.push_str(userinfo);

@@ -2,10 +2,12 @@
 //!
 //! * Real servers as child processes on free loopback ports, in temporary
 //!   directories, killed when dropped and when the test process dies:
-//!   [`RedisServer`].
+//!   [`RedisServer`], [`ZkServer`] and a quorum of them, [`ZkEnsemble`].
 //! * Fault injection on them: pause (SIGSTOP), resume, kill, restart.
 //! * [`conformance`]: the behavioural suite every backend runs against its real
 //!   server, one named test per case.
+//! * [`contention`]: many tasks on one lock, watched by a [`Probe`] that
+//!   notices overlapping critical sections and lost updates.
 //!
 //! A missing server binary is a loud failure that says how to install it
 //! (`scripts/install-services.sh`), never a silent skip.
@@ -14,7 +16,9 @@ pub mod conformance;
 pub mod contention;
 mod process;
 mod redis_server;
+mod zk_server;
 
 pub use contention::{Probe, spawn_contenders};
 pub use process::{ServerError, ServerProcess, free_port};
 pub use redis_server::{RedisServer, RedisServerBuilder};
+pub use zk_server::{ZkEnsemble, ZkServer, ZkServerBuilder};

@@ -14,14 +14,15 @@ use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fmt;
 use std::fs::{self, File};
+use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError, mpsc};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, mpsc};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -31,6 +32,12 @@ pub(crate) const LOG_TAIL_LINES: usize = 20;
 
 const SETPRIV_HINT: &str =
     "install util-linux (it provides setpriv: apt-get install -y util-linux)";
+
+/// How long [`ServerProcess::pause`] waits for every thread to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Extra attempts, each on new ports, when a start finds a port taken.
+const PORT_RETRIES: usize = 3;
 
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago.
 ///
@@ -57,9 +64,11 @@ pub fn free_port() -> u16 {
 /// Why a test server could not be started (or restarted).
 #[derive(Debug)]
 pub enum ServerError {
-    /// The server's binary (or a helper such as `setpriv`) is not installed.
+    /// The server's binary (or a helper such as `setpriv`, or a jar it
+    /// needs) is not installed.
     NotInstalled {
-        /// The binary looked for: a name searched on `PATH`, or a path.
+        /// The binary looked for: a name searched on `PATH`, or a path (of a
+        /// jar when it ends with `.jar`).
         binary: String,
         /// How to install it.
         hint: String,
@@ -106,13 +115,21 @@ impl ServerError {
             _ => None,
         }
     }
+
+    /// Whether the server exited because one of its ports was taken meanwhile
+    /// (its log says "Address already in use").
+    pub(crate) fn is_address_in_use(&self) -> bool {
+        matches!(self, Self::Exited { log_tail, .. } if log_tail.contains("Address already in use"))
+    }
 }
 
 impl fmt::Display for ServerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NotInstalled { binary, hint } => {
-                if binary.contains('/') {
+                if binary.ends_with(".jar") {
+                    write!(f, "{binary} does not exist or is not a file: {hint}")
+                } else if binary.contains('/') {
                     write!(
                         f,
                         "{binary} does not exist or is not an executable file: {hint}"
@@ -177,6 +194,74 @@ pub(crate) fn find_binary(name: impl AsRef<OsStr>, hint: &str) -> Result<PathBuf
         .map(|dir| dir.join(name))
         .find(|candidate| is_executable(candidate))
         .ok_or_else(not_installed)
+}
+
+/// Resolves a server's binary: `explicit` (a builder option) when given,
+/// else the non-empty environment variable `env_var`, else `default`; each a
+/// path or a name searched on `PATH` (see [`find_binary`]).
+pub(crate) fn resolve_binary(
+    explicit: Option<&Path>,
+    env_var: &str,
+    default: &str,
+    hint: &str,
+) -> Result<PathBuf, ServerError> {
+    if let Some(binary) = explicit {
+        return find_binary(binary, hint);
+    }
+    match std::env::var_os(env_var) {
+        Some(binary) if !binary.is_empty() => find_binary(binary, hint),
+        _ => find_binary(default, hint),
+    }
+}
+
+/// A new temporary directory `<tmp>/<prefix>XXXXXX` for `what`.
+pub(crate) fn temp_dir(prefix: &str, what: &str) -> Result<tempfile::TempDir, ServerError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| ServerError::Io {
+            what: format!("create a temporary directory for {what}"),
+            source,
+        })
+}
+
+/// Runs `attempt` (which picks fresh ports each time) again, up to three
+/// more times, while it fails because another process took one of its ports
+/// before the server bound it.
+pub(crate) async fn retry_on_taken_port<T, F, Fut>(
+    what: &str,
+    mut attempt: F,
+) -> Result<T, ServerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ServerError>>,
+{
+    let mut retries = 0;
+    loop {
+        match attempt().await {
+            Err(e) if retries < PORT_RETRIES && e.is_address_in_use() => {
+                retries += 1;
+                tracing::warn!("a port of {what} was taken meanwhile; retrying on other ports");
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Awaits `future` for at most `timeout`; on expiry fails with
+/// [`io::ErrorKind::TimedOut`] and the message `describe()` + " within …".
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    future: impl Future<Output = io::Result<T>>,
+    describe: impl FnOnce() -> String,
+) -> io::Result<T> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{} within {timeout:?}", describe()),
+        )),
+    }
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -324,8 +409,21 @@ impl ServerProcess {
 
     /// Stops the server with SIGSTOP: it keeps its sockets but answers
     /// nothing until [`ServerProcess::resume`].
+    ///
+    /// Returns once every thread of the server has stopped (at most after
+    /// 1 s): SIGSTOP takes effect asynchronously, thread by thread, and a
+    /// multi-threaded server (a JVM) otherwise still answers, now and then, a
+    /// request sent right after the signal.
     pub fn pause(&mut self) -> io::Result<()> {
-        self.signal(Signal::SIGSTOP)
+        self.signal(Signal::SIGSTOP)?;
+        if !wait_until_stopped(self.pid(), STOP_TIMEOUT) {
+            tracing::warn!(
+                "{} (pid {}) was not fully stopped after {STOP_TIMEOUT:?}",
+                self.what,
+                self.pid()
+            );
+        }
+        Ok(())
     }
 
     /// Continues a paused server with SIGCONT.
@@ -388,6 +486,218 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// How long to wait for a server to become ready, and how to probe it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Readiness {
+    /// The overall deadline.
+    pub(crate) deadline: Duration,
+    /// The timeout of one probe.
+    pub(crate) probe_timeout: Duration,
+    /// The pause between two probes.
+    pub(crate) interval: Duration,
+}
+
+/// Where a server that can be killed and started again keeps its current
+/// process (`None` while killed): pause, resume, kill and (re)launch with a
+/// readiness probe, shared by every kind of server.
+#[derive(Debug, Default)]
+pub(crate) struct ProcessSlot {
+    state: Mutex<Option<ServerProcess>>,
+}
+
+impl ProcessSlot {
+    fn lock(&self) -> MutexGuard<'_, Option<ServerProcess>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The server's PID, `None` while it is killed (or has died).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        let mut state = self.lock();
+        let process = state.as_mut()?;
+        process.is_running().then(|| process.pid())
+    }
+
+    /// SIGSTOP; does nothing while killed (a failure is logged).
+    pub(crate) fn pause(&self) {
+        if let Some(process) = self.lock().as_mut()
+            && let Err(e) = process.pause()
+        {
+            tracing::warn!("cannot pause {}: {e}", process.description());
+        }
+    }
+
+    /// SIGCONT; does nothing while killed (a failure is logged).
+    pub(crate) fn resume(&self) {
+        if let Some(process) = self.lock().as_mut()
+            && let Err(e) = process.resume()
+        {
+            tracing::warn!("cannot resume {}: {e}", process.description());
+        }
+    }
+
+    /// Kills and reaps the process, if any. Idempotent.
+    pub(crate) fn kill(&self) {
+        let process = self.lock().take();
+        if let Some(mut process) = process {
+            process.kill();
+        }
+    }
+
+    /// Spawns `command` (see [`ServerProcess::spawn`]) in place of the
+    /// current process (killed first), and waits until `probe(pid)` answers
+    /// `true` within `readiness`. On failure the new process is killed again
+    /// and the error carries the tail of its log.
+    pub(crate) async fn launch<P, Fut>(
+        &self,
+        what: &str,
+        command: &Command,
+        log_path: &Path,
+        output_path: &Path,
+        readiness: Readiness,
+        mut probe: P,
+    ) -> Result<(), ServerError>
+    where
+        P: FnMut(u32) -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        self.kill();
+        let process = ServerProcess::spawn(what, command, log_path, output_path).await?;
+        let pid = process.pid();
+        let previous = self.lock().replace(process);
+        drop(previous);
+        let started = Instant::now();
+        let log_tail = || log_tail(log_path, output_path, LOG_TAIL_LINES);
+        let result = loop {
+            if let Some(status) = self.exited(pid) {
+                break Err(ServerError::Exited {
+                    what: what.to_owned(),
+                    status,
+                    log_tail: log_tail(),
+                });
+            }
+            if tokio::time::timeout(readiness.probe_timeout, probe(pid))
+                .await
+                .is_ok_and(|ready| ready)
+            {
+                tracing::debug!(pid, "{what} is ready after {:?}", started.elapsed());
+                break Ok(());
+            }
+            if started.elapsed() >= readiness.deadline {
+                break Err(ServerError::NotReady {
+                    what: what.to_owned(),
+                    waited: started.elapsed(),
+                    log_tail: log_tail(),
+                });
+            }
+            tokio::time::sleep(readiness.interval).await;
+        };
+        if result.is_err() {
+            self.kill();
+        }
+        result
+    }
+
+    /// `Some(status)` when the process `pid` is no longer running: its exit
+    /// status, or `None` when another caller killed (or replaced) it.
+    fn exited(&self, pid: u32) -> Option<Option<ExitStatus>> {
+        let mut state = self.lock();
+        match state.as_mut() {
+            Some(process) if process.pid() == pid => {
+                if process.is_running() {
+                    None
+                } else {
+                    Some(process.exit_status())
+                }
+            }
+            _ => Some(None),
+        }
+    }
+}
+
+/// Defines the fault-injection methods `pid`, `pause`, `resume`, `kill`,
+/// `restart` and `try_restart` inside the `impl` of a server type that has a
+/// field `process: ProcessSlot` and an `async fn launch(&self) ->
+/// Result<(), ServerError>` (which kills a running process first, starts it
+/// on the same port in the same directory and waits until it is ready).
+/// `$name` names the server in panic messages.
+macro_rules! fault_injection {
+    ($name:literal) => {
+        /// The server's PID, `None` while it is killed (or has died).
+        pub fn pid(&self) -> Option<u32> {
+            self.process.pid()
+        }
+
+        /// Freezes the server with SIGSTOP (returning once all its threads
+        /// stopped): connections are still accepted by the kernel but
+        /// nothing is answered until [`resume`](Self::resume). Does nothing
+        /// while the server is killed.
+        pub fn pause(&self) {
+            self.process.pause();
+        }
+
+        /// Continues a paused server with SIGCONT.
+        pub fn resume(&self) {
+            self.process.resume();
+        }
+
+        /// Kills the server with SIGKILL and reaps it. The port and directory
+        /// are kept for [`restart`](Self::restart). Idempotent.
+        pub fn kill(&self) {
+            self.process.kill();
+        }
+
+        /// Kills the server if it runs, then starts it again on the same
+        /// port, in the same directory and with the same options, and waits
+        /// until it is ready.
+        ///
+        /// # Panics
+        ///
+        /// With the [`ServerError`]'s message when it cannot be started.
+        pub async fn restart(&self) {
+            self.try_restart()
+                .await
+                .unwrap_or_else(|e| panic!(concat!("cannot restart ", $name, ": {}"), e));
+        }
+
+        /// Like [`restart`](Self::restart), but returns the error. On
+        /// failure the server stays killed.
+        pub async fn try_restart(&self) -> Result<(), ServerError> {
+            self.launch().await
+        }
+    };
+}
+pub(crate) use fault_injection;
+
+/// Polls `/proc/PID/task/*/stat` until no thread of `pid` can run any more
+/// (stopped, traced, dead, or gone); `false` when `timeout` passed first.
+fn wait_until_stopped(pid: u32, timeout: Duration) -> bool {
+    let started = Instant::now();
+    loop {
+        if all_threads_stopped(pid) {
+            return true;
+        }
+        if started.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true; // gone
+    };
+    tasks.filter_map(Result::ok).all(|task| {
+        // The state follows the command name, which is in parentheses and
+        // may itself contain ") ".
+        fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+                .is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'))
+        })
+    })
 }
 
 /// The tail of a server's log file, plus the tail of its stdout/stderr file

@@ -5,24 +5,26 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::process::{LOG_TAIL_LINES, ServerError, ServerProcess, find_binary, free_port};
+use crate::process::{
+    ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
+    within,
+};
 
 /// Environment variable that overrides the `redis-server` binary.
 const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
 const INSTALL_HINT: &str = "run scripts/install-services.sh (or: apt-get install -y redis-server)";
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
-const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
-const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+const READINESS: Readiness = Readiness {
+    deadline: Duration::from_secs(10),
+    probe_timeout: Duration::from_millis(200),
+    interval: Duration::from_millis(10),
+};
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-/// Extra attempts, each on a new port, when the first start finds its port taken.
-const PORT_RETRIES: usize = 3;
 const LOG_FILE: &str = "redis.log";
 const OUTPUT_FILE: &str = "redis.stdout.log";
 
@@ -59,7 +61,7 @@ pub struct RedisServer {
     port: u16,
     binary: PathBuf,
     options: Options,
-    state: Mutex<Option<ServerProcess>>,
+    process: ProcessSlot,
     dir: TempDir,
 }
 
@@ -129,50 +131,24 @@ impl RedisServerBuilder {
     /// When another process takes the chosen port before the server binds it,
     /// retries up to three times on a new port.
     pub async fn try_start(self) -> Result<RedisServer, ServerError> {
-        let binary = resolve_binary(&self.options)?;
-        let mut retries = 0;
-        loop {
-            let dir = tempfile::Builder::new()
-                .prefix("lockkit-redis-")
-                .tempdir()
-                .map_err(|source| ServerError::Io {
-                    what: "create a temporary directory for redis-server".to_owned(),
-                    source,
-                })?;
+        let binary = resolve_binary(
+            self.options.binary.as_deref(),
+            BINARY_ENV,
+            "redis-server",
+            INSTALL_HINT,
+        )?;
+        retry_on_taken_port("redis-server", || async {
             let server = RedisServer {
                 port: free_port(),
                 binary: binary.clone(),
                 options: self.options.clone(),
-                state: Mutex::new(None),
-                dir,
+                process: ProcessSlot::default(),
+                dir: temp_dir("lockkit-redis-", "redis-server")?,
             };
-            match server.launch().await {
-                Ok(()) => return Ok(server),
-                Err(e) if retries < PORT_RETRIES && is_address_in_use(&e) => {
-                    retries += 1;
-                    tracing::warn!(
-                        "port {} of redis-server was taken meanwhile; retrying on another port",
-                        server.port
-                    );
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            server.launch().await.map(|()| server)
+        })
+        .await
     }
-}
-
-fn resolve_binary(options: &Options) -> Result<PathBuf, ServerError> {
-    if let Some(binary) = &options.binary {
-        return find_binary(binary, INSTALL_HINT);
-    }
-    match std::env::var_os(BINARY_ENV) {
-        Some(binary) if !binary.is_empty() => find_binary(binary, INSTALL_HINT),
-        _ => find_binary("redis-server", INSTALL_HINT),
-    }
-}
-
-fn is_address_in_use(error: &ServerError) -> bool {
-    matches!(error, ServerError::Exited { log_tail, .. } if log_tail.contains("Address already in use"))
 }
 
 impl RedisServer {
@@ -199,13 +175,6 @@ impl RedisServer {
     /// The TCP port (the same across restarts).
     pub fn port(&self) -> u16 {
         self.port
-    }
-
-    /// The server's PID, `None` while it is killed (or has died).
-    pub fn pid(&self) -> Option<u32> {
-        let mut state = self.lock();
-        let process = state.as_mut()?;
-        process.is_running().then(|| process.pid())
     }
 
     /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` (the
@@ -241,55 +210,7 @@ impl RedisServer {
         )
     }
 
-    /// Freezes the server with SIGSTOP: connections are still accepted by
-    /// the kernel but nothing is answered until [`resume`](Self::resume).
-    /// Does nothing while the server is killed.
-    pub fn pause(&self) {
-        if let Some(process) = self.lock().as_mut()
-            && let Err(e) = process.pause()
-        {
-            tracing::warn!("cannot pause redis-server on port {}: {e}", self.port);
-        }
-    }
-
-    /// Continues a paused server with SIGCONT.
-    pub fn resume(&self) {
-        if let Some(process) = self.lock().as_mut()
-            && let Err(e) = process.resume()
-        {
-            tracing::warn!("cannot resume redis-server on port {}: {e}", self.port);
-        }
-    }
-
-    /// Kills the server with SIGKILL and reaps it. The port and directory are
-    /// kept for [`restart`](Self::restart). Idempotent.
-    pub fn kill(&self) {
-        let process = self.lock().take();
-        if let Some(mut process) = process {
-            process.kill();
-        }
-    }
-
-    /// Kills the server if it runs, then starts it again on the same port, in
-    /// the same directory and with the same options, and waits until it is
-    /// ready.
-    ///
-    /// # Panics
-    ///
-    /// With the [`ServerError`]'s message when it cannot be started.
-    pub async fn restart(&self) {
-        self.try_restart()
-            .await
-            .unwrap_or_else(|e| panic!("cannot restart redis-server: {e}"));
-    }
-
-    /// Kills the server if it runs, then starts it again on the same port, in
-    /// the same directory and with the same options, and waits until it is
-    /// ready. On failure the server stays killed.
-    pub async fn try_restart(&self) -> Result<(), ServerError> {
-        self.kill();
-        self.launch().await
-    }
+    crate::process::fault_injection!("redis-server");
 
     /// Sends one command over a new TCP connection (after `AUTH` when a
     /// password is set) and returns the reply as text: simple strings, errors
@@ -308,25 +229,15 @@ impl RedisServer {
             ));
         }
         let exchange = exchange(self.addr(), self.options.password.as_deref(), args);
-        match tokio::time::timeout(COMMAND_TIMEOUT, exchange).await {
-            Ok(result) => result.map(|reply| reply.into_text()),
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "redis-server on {} did not answer {} within {COMMAND_TIMEOUT:?}",
-                    self.addr(),
-                    args[0]
-                ),
-            )),
-        }
+        within(COMMAND_TIMEOUT, exchange, || {
+            format!("redis-server on {} did not answer {}", self.addr(), args[0])
+        })
+        .await
+        .map(Reply::into_text)
     }
 
     fn what(&self) -> String {
         format!("redis-server on {}", self.addr())
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Option<ServerProcess>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn redis_args(&self) -> Vec<String> {
@@ -366,75 +277,25 @@ impl RedisServer {
         args
     }
 
-    /// Spawns the process (the state must be empty) and waits until it is
-    /// ready; on failure kills it again.
+    /// Spawns the process (killing a running one first) and waits until it
+    /// answers `PING`; on failure kills it again.
     async fn launch(&self) -> Result<(), ServerError> {
-        let what = self.what();
         let mut command = Command::new(&self.binary);
         command.args(self.redis_args()).current_dir(self.dir.path());
-        let process = ServerProcess::spawn(
-            &what,
-            &command,
-            &self.dir.path().join(LOG_FILE),
-            &self.dir.path().join(OUTPUT_FILE),
-        )
-        .await?;
-        let pid = process.pid();
-        let previous = self.lock().replace(process);
-        drop(previous);
-        let result = self.wait_ready(&what, pid).await;
-        if result.is_err() {
-            self.kill();
-        }
-        result
-    }
-
-    /// Waits until our process answers `PING` (and `INFO` names its PID, so a
-    /// stranger that took the port is never mistaken for it).
-    async fn wait_ready(&self, what: &str, pid: u32) -> Result<(), ServerError> {
-        let started = Instant::now();
+        let addr = self.addr();
         let password = self.options.password.as_deref();
-        loop {
-            if let Some(error) = self.exited(what, pid) {
-                return Err(error);
-            }
-            if tokio::time::timeout(PROBE_TIMEOUT, probe(self.addr(), password, pid))
-                .await
-                .is_ok_and(|ready| ready)
-            {
-                tracing::debug!(pid, "{what} is ready after {:?}", started.elapsed());
-                return Ok(());
-            }
-            if started.elapsed() >= READY_TIMEOUT {
-                return Err(ServerError::NotReady {
-                    what: what.to_owned(),
-                    waited: started.elapsed(),
-                    log_tail: self.log_tail(LOG_TAIL_LINES),
-                });
-            }
-            tokio::time::sleep(PROBE_INTERVAL).await;
-        }
-    }
-
-    /// `Some(Exited)` when our process `pid` is no longer running.
-    fn exited(&self, what: &str, pid: u32) -> Option<ServerError> {
-        let mut state = self.lock();
-        let status = match state.as_mut() {
-            Some(process) if process.pid() == pid => {
-                if process.is_running() {
-                    return None;
-                }
-                process.exit_status()
-            }
-            // Killed (or replaced) by another caller meanwhile.
-            _ => None,
-        };
-        drop(state);
-        Some(ServerError::Exited {
-            what: what.to_owned(),
-            status,
-            log_tail: self.log_tail(LOG_TAIL_LINES),
-        })
+        self.process
+            .launch(
+                &self.what(),
+                &command,
+                &self.dir.path().join(LOG_FILE),
+                &self.dir.path().join(OUTPUT_FILE),
+                READINESS,
+                // `INFO` must name our PID, so a stranger that took the port
+                // is never mistaken for our server.
+                |pid| probe(addr, password, pid),
+            )
+            .await
     }
 }
 

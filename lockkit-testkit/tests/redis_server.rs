@@ -1,31 +1,14 @@
 //! Tests of the `RedisServer` harness against the real `redis-server`.
 
-use std::collections::HashSet;
-use std::io;
-use std::path::Path;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{assert_dropped, assert_not_installed, assert_times_out, process_exists};
 use lockkit_testkit::{RedisServer, ServerError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Polls `condition` every 10 ms until it holds or `timeout` passes.
-async fn eventually(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if started.elapsed() > timeout {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn process_exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
 
 #[tokio::test]
 async fn start_answers_ping_and_stores_data() {
@@ -116,12 +99,7 @@ async fn appendonly_data_survives_kill_and_restart() {
 async fn pause_makes_commands_time_out_and_resume_recovers() {
     let server = RedisServer::start().await;
     server.pause();
-    let started = Instant::now();
-    let error = server.command(&["PING"]).await.unwrap_err();
-    let waited = started.elapsed();
-    assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
-    assert!(waited >= Duration::from_millis(1900), "{waited:?}");
-    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    assert_times_out(server.command(&["PING"])).await;
     // Still the same, running (stopped) process.
     assert!(server.pid().is_some());
 
@@ -189,35 +167,16 @@ async fn drop_kills_the_process_and_frees_the_port() {
     let dir = server.dir().to_path_buf();
     assert!(process_exists(pid));
     drop(server);
-    assert!(
-        eventually(Duration::from_secs(2), || !process_exists(pid)).await,
-        "redis-server {pid} still exists after drop"
-    );
-    let signal = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None);
-    assert!(signal.is_err(), "pid {pid} still accepts signals");
-    let connect = TcpStream::connect(addr).await;
-    assert!(
-        connect.is_err(),
-        "port {} still accepts connections",
-        addr.port()
-    );
-    assert!(!dir.exists(), "temporary directory {dir:?} was not removed");
+    assert_dropped(pid, addr, &dir).await;
 }
 
 #[tokio::test]
 async fn missing_binary_error_says_how_to_install() {
-    let error = RedisServer::builder()
+    let result = RedisServer::builder()
         .binary("/nonexistent/redis-server")
         .try_start()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(error, ServerError::NotInstalled { .. }),
-        "{error:?}"
-    );
-    let message = error.to_string();
-    assert!(message.contains("scripts/install-services.sh"), "{message}");
-    assert!(message.contains("/nonexistent/redis-server"), "{message}");
+        .await;
+    assert_not_installed(result, "/nonexistent/redis-server");
 }
 
 #[tokio::test]

@@ -1,0 +1,250 @@
+//! `zk://` URLs and the builder.
+
+use std::fmt;
+use std::time::Duration;
+
+use lockkit_core::{LockError, Result, host_list, redact_url, timeout_param};
+
+use crate::lock::ZkLock;
+use crate::session::Sessions;
+
+/// Default ZooKeeper session timeout.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time to establish a session.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time to wait for the answer to one request.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default root node of the locks.
+pub const DEFAULT_ROOT: &str = "/lockkit";
+
+/// Builds a [`ZkLock`].
+///
+/// URL form: `zk://[user:password@]host1:port1,host2:port2,…[/root][?param=value…]`
+/// (the port defaults to 2181, the root to `/lockkit`). Lock `name` lives at
+/// `/root/<name>` (see [`encode_name`](crate::encode_name)). With credentials,
+/// the client authenticates with the `digest` scheme and creates its nodes so
+/// that only clients with the same credentials may change or delete them.
+///
+/// | parameter | meaning | default |
+/// | --- | --- | --- |
+/// | `session_timeout` | the session timeout to negotiate; a crashed holder's lock is freed after it | 10 s |
+/// | `connect_timeout` | to establish a session | 2 s |
+/// | `command_timeout` | per request | 2 s |
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit_zk::ZkLockBuilder;
+///
+/// let builder = ZkLockBuilder::from_url("zk://app:pw@10.0.0.1:2181,10.0.0.2:2181/jobs?session_timeout=6s")?
+///     .command_timeout(Duration::from_secs(1));
+/// assert_eq!(builder.root(), "/jobs");
+/// assert!(!format!("{builder:?}").contains("pw"));
+/// # Ok::<(), lockkit_core::LockError>(())
+/// ```
+#[derive(Clone)]
+pub struct ZkLockBuilder {
+    pub(crate) cluster: String,
+    pub(crate) root: String,
+    pub(crate) digest: Option<String>,
+    pub(crate) session_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) redacted_url: String,
+}
+
+impl fmt::Debug for ZkLockBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLockBuilder")
+            .field("url", &self.redacted_url)
+            .field("root", &self.root)
+            .field("digest_auth", &self.digest.is_some())
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+impl ZkLockBuilder {
+    /// Parses a `zk://` URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        parse_url(url)
+    }
+
+    /// The session timeout to negotiate (default 10 s; the server clamps it to
+    /// its `minSessionTimeout..=maxSessionTimeout`).
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Time to establish a session (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Time to wait for one request (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The root node of the locks.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// Connects (eagerly: an unreachable ensemble gives
+    /// `LockError::Unavailable` within the connect timeout). A new session is
+    /// opened on first use after the current one expires.
+    pub async fn connect(self) -> Result<ZkLock> {
+        for (what, value) in [
+            ("session_timeout", self.session_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("command_timeout", self.command_timeout),
+        ] {
+            if value.is_zero() || value > lockkit_core::MAX_TIMEOUT_PARAM {
+                return Err(LockError::invalid_options(format!(
+                    "{what} {value:?} must be positive and at most one hour"
+                )));
+            }
+        }
+        let sessions = Sessions::connect(self).await?;
+        Ok(ZkLock::new(sessions))
+    }
+}
+
+/// Checks a root path: absolute, no empty, `.` or `..` segments, no trailing `/`.
+fn check_root(root: &str) -> std::result::Result<(), String> {
+    if root == "/" {
+        return Ok(());
+    }
+    if root.ends_with('/') {
+        return Err(format!("root {root:?} must not end with '/'"));
+    }
+    for segment in root.split('/').skip(1) {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(format!("root {root:?} has an empty, '.' or '..' segment"));
+        }
+        if segment.chars().any(|c| c.is_control()) {
+            return Err(format!("root {root:?} has a control character"));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
+    let bad = |reason: String| LockError::invalid_url(raw, reason);
+    let rest = match raw.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("zk") => rest,
+        _ => return Err(bad("expected zk://host1:port1,host2:port2/root".into())),
+    };
+    if rest.contains('#') {
+        return Err(bad("a fragment is not allowed".into()));
+    }
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let hosts = host_list(hosts, 2181).map_err(bad)?;
+    let cluster = hosts
+        .iter()
+        .map(|(host, port)| format!("{host}:{port}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| bad("not valid UTF-8 after percent-decoding".into()))
+    };
+    let digest = match userinfo {
+        None => None,
+        Some(userinfo) => {
+            let (user, password) = userinfo
+                .split_once(':')
+                .ok_or_else(|| bad("credentials must be user:password".into()))?;
+            let (user, password) = (decode(user)?, decode(password)?);
+            if user.is_empty() {
+                return Err(bad("the user name is empty".into()));
+            }
+            Some(format!("{user}:{password}"))
+        }
+    };
+    let root = match decode(path)?.as_str() {
+        "" => DEFAULT_ROOT.to_owned(),
+        "/" => String::new(),
+        root => {
+            check_root(root).map_err(bad)?;
+            root.to_owned()
+        }
+    };
+    let mut builder = ZkLockBuilder {
+        cluster,
+        root,
+        digest,
+        session_timeout: DEFAULT_SESSION_TIMEOUT,
+        connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        command_timeout: DEFAULT_COMMAND_TIMEOUT,
+        redacted_url: redact_url(raw),
+    };
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let timeout = timeout_param(&key, &value);
+        match &*key {
+            "session_timeout" => builder.session_timeout = timeout.map_err(bad)?,
+            "connect_timeout" => builder.connect_timeout = timeout.map_err(bad)?,
+            "command_timeout" => builder.command_timeout = timeout.map_err(bad)?,
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter {other:?} (known: session_timeout, connect_timeout, command_timeout)"
+                )));
+            }
+        }
+    }
+    Ok(builder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_root_and_parameters() {
+        let b = parse_url("zk://u:p%40ss@a:1,b,[::1]:3/locks/app?session_timeout=3s").unwrap();
+        assert_eq!(b.cluster, "a:1,b:2181,[::1]:3");
+        assert_eq!(b.root, "/locks/app");
+        assert_eq!(b.digest.as_deref(), Some("u:p@ss"));
+        assert_eq!(b.session_timeout, Duration::from_secs(3));
+        assert!(!format!("{b:?}").contains("p@ss"));
+        assert_eq!(parse_url("zk://h").unwrap().root, DEFAULT_ROOT);
+        assert_eq!(parse_url("zk://h/").unwrap().root, "");
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_the_password() {
+        for bad in [
+            "zk://:secretpw@",
+            "zk://u:secretpw@h:0",
+            "zk://u:secretpw@h:1,h:1",
+            "zk://u:secretpw@h/a//b",
+            "zk://u:secretpw@h/a/../b",
+            "zk://u:secretpw@h/a/",
+            "zk://u:secretpw@h?session_timeout=never",
+            "zk://u:secretpw@h?sesion_timeout=1s",
+            "zk://secretpw@h",
+            "zk://:secretpw@h",
+            "zookeeper://u:secretpw@h",
+        ] {
+            let err = parse_url(bad).map(|_| ()).unwrap_err();
+            assert!(matches!(err, LockError::InvalidUrl { .. }), "{bad}: {err}");
+            let text = format!("{err} {err:?}");
+            assert!(!text.contains("secretpw"), "{text}");
+        }
+    }
+}

@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod lock;
+mod path;
+mod session;
+
+pub use config::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT,
+    ZkLockBuilder,
+};
+pub use lock::{ZK_CAPABILITIES, ZkLock};
+pub use path::encode_name;
+
+/// Connects to the ensemble of a `zk://` URL; see [`ZkLockBuilder`].
+pub async fn connect(url: &str) -> lockkit_core::Result<ZkLock> {
+    ZkLockBuilder::from_url(url)?.connect().await
+}

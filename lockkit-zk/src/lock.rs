@@ -1,0 +1,519 @@
+//! The ZooKeeper lock recipe.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use lockkit_core::{
+    Capabilities, DistributedLock, FencingToken, Lease, LockError, LockGuard, LockOptions,
+    OwnerToken, ReleaseOnCrash, Result, Wait, Waiter,
+};
+use tokio::time::Instant;
+use tracing::Instrument;
+use zookeeper_client::{CreateMode, Error as ZkError};
+
+use crate::error::BACKEND;
+use crate::path::{contenders, lock_dir, node_prefix};
+use crate::session::{RequestError, Session, Sessions};
+
+/// What the ZooKeeper backend guarantees.
+pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Session)
+    .with_fencing(true)
+    .with_notified_wait(true)
+    .with_fifo(true)
+    .with_survives_minority_failure(true);
+
+/// A lock client on a ZooKeeper ensemble; see the crate docs for the recipe.
+#[derive(Debug)]
+pub struct ZkLock {
+    sessions: Arc<Sessions>,
+    children_reads: AtomicU64,
+}
+
+impl ZkLock {
+    pub(crate) fn new(sessions: Arc<Sessions>) -> Self {
+        ZkLock {
+            sessions,
+            children_reads: AtomicU64::new(0),
+        }
+    }
+
+    /// How many times this client has listed a lock's contenders: once per
+    /// attempt and once per wake-up of a waiter. A diagnostic: a release wakes
+    /// exactly one waiter (its successor), so it adds exactly one read.
+    pub fn children_reads(&self) -> u64 {
+        self.children_reads.load(Ordering::Relaxed)
+    }
+
+    /// The id of the current session, if one is open.
+    pub async fn session_id(&self) -> Result<i64> {
+        Ok(self.sessions.session().await?.client.session_id().0)
+    }
+
+    async fn list(&self, session: &Session, dir: &str) -> Result<Vec<String>> {
+        Ok(self.try_list(session, dir).await?)
+    }
+
+    async fn try_list(
+        &self,
+        session: &Session,
+        dir: &str,
+    ) -> std::result::Result<Vec<String>, RequestError> {
+        self.children_reads.fetch_add(1, Ordering::Relaxed);
+        session
+            .run(
+                "list the lock's contenders",
+                session.client.list_children(dir),
+            )
+            .await
+    }
+
+    /// Creates our node, `<dir>/_c_<owner>-lock-<sequence>`, with its parents
+    /// as container nodes. After a lost connection the node may exist without
+    /// our knowing: it is looked up by the owner's uuid before trying again.
+    async fn create_node(&self, session: &Session, dir: &str, owner: &OwnerToken) -> Result<Node> {
+        let prefix = node_prefix(owner.as_str());
+        let path = format!("{dir}/{prefix}");
+        let acls = session.acls();
+        let options = CreateMode::EphemeralSequential.with_acls(acls);
+        let mut in_doubt = false;
+        for _ in 0..4 {
+            match session
+                .run(
+                    "create the lock node",
+                    session.client.create(&path, &[], &options),
+                )
+                .await
+            {
+                Ok((stat, sequence)) => {
+                    return Ok(Node {
+                        path: format!("{path}{sequence}"),
+                        name: format!("{prefix}{sequence}"),
+                        czxid: stat.czxid,
+                        in_doubt,
+                    });
+                }
+                Err(RequestError::Server(_, ZkError::NoNode)) => {
+                    let parents = CreateMode::Container.with_acls(acls);
+                    match session
+                        .run(
+                            "create the lock's parent nodes",
+                            session.client.mkdir(dir, &parents),
+                        )
+                        .await
+                    {
+                        Ok(()) | Err(RequestError::Server(_, ZkError::NodeExists)) => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                Err(error) if error.outcome_unknown() => {
+                    in_doubt = true;
+                    if let Some(node) = self.find_own(session, dir, &prefix).await? {
+                        return Ok(node);
+                    }
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!("could not create a lock node under {dir}"),
+        ))
+    }
+
+    /// Our node under `dir`, found by its owner prefix.
+    async fn find_own(&self, session: &Session, dir: &str, prefix: &str) -> Result<Option<Node>> {
+        let children = match self.list(session, dir).await {
+            Ok(children) => children,
+            Err(_) => return Ok(None),
+        };
+        let Some(name) = children.into_iter().find(|c| c.starts_with(prefix)) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{name}");
+        match session
+            .run("read the lock node", session.client.check_stat(&path))
+            .await?
+        {
+            Some(stat) => Ok(Some(Node {
+                path,
+                name,
+                czxid: stat.czxid,
+                in_doubt: true,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        try_only: bool,
+    ) -> Result<Option<LockGuard>> {
+        let dir = lock_dir(&self.sessions.settings.root, name)?;
+        opts.validate()?;
+        let mut waiter = Waiter::new(name, opts);
+        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let owner = OwnerToken::new();
+        // Armed before the create is sent: an acquire dropped while it is in
+        // flight still removes whatever node it produced.
+        let mut queued = Queued::new(session.clone(), &dir, &owner);
+        let sent = Instant::now();
+        let node = waiter
+            .attempt(self.create_node(&session, &dir, &owner))
+            .await?;
+        queued.created(&node);
+        loop {
+            let children = steady(&session, &waiter, || self.try_list(&session, &dir)).await?;
+            let queue = contenders(children);
+            let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!("our lock node under {dir} vanished (did the session expire?)"),
+                ));
+            };
+            if position == 0 {
+                let twins = queued.granted();
+                return Ok(Some(self.guard(name, session, node, twins, opts, sent)));
+            }
+            if try_only {
+                queued.leave().await;
+                return Ok(None);
+            }
+            if waiter.is_over() || opts.get_wait() == Wait::NoWait {
+                queued.leave().await;
+                return Err(waiter.timeout_error());
+            }
+            // Watch only the node right before ours: one release wakes one waiter.
+            let predecessor = format!("{dir}/{}", queue[position - 1].1);
+            let (stat, watcher) = steady(&session, &waiter, || {
+                session.run(
+                    "watch the predecessor",
+                    session.client.check_and_watch_stat(&predecessor),
+                )
+            })
+            .await?;
+            if stat.is_none() {
+                continue;
+            }
+            if let Err(timeout) = waiter.until_deadline(watcher.changed()).await {
+                queued.leave().await;
+                return Err(timeout);
+            }
+        }
+    }
+
+    fn guard(
+        &self,
+        name: &str,
+        session: Arc<Session>,
+        node: Node,
+        twins: Option<String>,
+        opts: &LockOptions,
+        sent: Instant,
+    ) -> LockGuard {
+        let lease = Arc::new(ZkLease {
+            session: session.clone(),
+            path: node.path.clone(),
+            twins,
+        });
+        let guard = LockGuard::new(
+            name,
+            lease,
+            Some(FencingToken::new(node.czxid as u64)),
+            opts.get_ttl(),
+            sent,
+            opts.get_auto_renew(),
+        );
+        session.hold(&node.path, guard.loss_notifier());
+        guard
+    }
+
+    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "lockkit.acquire",
+            op,
+            lock.name = %name,
+            lock.backend = BACKEND,
+            outcome = tracing::field::Empty,
+        )
+    }
+}
+
+/// Runs a request of a waiting acquire, and runs it again after a lost
+/// connection or a timeout, with backoff, for as long as the session lives and
+/// the wait is not over: a disconnection (a leader election, a server restart)
+/// is not yet a loss, and our node stays queued with the session.
+async fn steady<T, F, Fut>(session: &Session, waiter: &Waiter<'_>, mut request: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, RequestError>>,
+{
+    let mut delay = Duration::from_millis(10);
+    loop {
+        match request().await {
+            Ok(value) => return Ok(value),
+            Err(error) if error.outcome_unknown() && !session.has_ended() && !waiter.is_over() => {
+                tracing::debug!(?error, "zookeeper request failed while waiting; retrying");
+                let wake = Instant::now() + delay;
+                tokio::time::sleep_until(waiter.deadline().map_or(wake, |d| d.min(wake))).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Our lock node.
+#[derive(Debug)]
+struct Node {
+    path: String,
+    name: String,
+    czxid: i64,
+    /// A create was retried after an unknown outcome: a second node of ours
+    /// may exist, and leaving must remove it too.
+    in_doubt: bool,
+}
+
+/// Our place in the queue until the lock is granted: unless granted, it is
+/// removed when the attempt ends — at once on timeout, in the background if
+/// the acquire future is dropped. Before the node's path is known (the create
+/// is in flight, or its outcome was lost), every node with our owner prefix is
+/// removed; ZooKeeper answers one session's requests in order, so the cleanup
+/// sees the create.
+struct Queued {
+    session: Arc<Session>,
+    dir: String,
+    prefix: String,
+    path: Option<String>,
+    in_doubt: bool,
+    armed: bool,
+}
+
+impl Queued {
+    fn new(session: Arc<Session>, dir: &str, owner: &OwnerToken) -> Self {
+        Queued {
+            session,
+            dir: dir.to_owned(),
+            prefix: node_prefix(owner.as_str()),
+            path: None,
+            in_doubt: true,
+            armed: true,
+        }
+    }
+
+    fn created(&mut self, node: &Node) {
+        self.path = Some(node.path.clone());
+        self.in_doubt = node.in_doubt;
+    }
+
+    /// The lock is ours; returns the owner prefix if a twin node may exist.
+    fn granted(&mut self) -> Option<String> {
+        self.armed = false;
+        self.in_doubt.then(|| self.prefix.clone())
+    }
+
+    fn cleanup(&mut self) -> Option<Removal> {
+        if !std::mem::take(&mut self.armed) {
+            return None;
+        }
+        let prefix = (self.in_doubt || self.path.is_none()).then(|| self.prefix.clone());
+        Some(Removal {
+            session: self.session.clone(),
+            dir: self.dir.clone(),
+            path: self.path.take(),
+            prefix,
+        })
+    }
+
+    async fn leave(&mut self) {
+        if let Some(removal) = self.cleanup() {
+            removal.run().await;
+        }
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if let Some(removal) = self.cleanup()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(removal.run());
+        }
+    }
+}
+
+/// Nodes of ours to delete: `path`, and with `prefix` every other node whose
+/// name starts with it.
+struct Removal {
+    session: Arc<Session>,
+    dir: String,
+    path: Option<String>,
+    prefix: Option<String>,
+}
+
+impl Removal {
+    /// Deletes the nodes, retrying until they are gone or the session has
+    /// ended: a node left behind would hold up the whole queue until the
+    /// session expires.
+    async fn run(self) {
+        let Removal {
+            session,
+            dir,
+            path,
+            prefix,
+        } = self;
+        let mut paths: Vec<String> = path.into_iter().collect();
+        if let Some(prefix) = prefix
+            && let Ok(children) = session
+                .run(
+                    "list the lock's contenders",
+                    session.client.list_children(&dir),
+                )
+                .await
+        {
+            for child in children.into_iter().filter(|c| c.starts_with(&prefix)) {
+                let child = format!("{dir}/{child}");
+                if !paths.contains(&child) {
+                    paths.push(child);
+                }
+            }
+        }
+        for path in paths {
+            let mut delay = Duration::from_millis(20);
+            while !session.has_ended() {
+                match session
+                    .run("delete the lock node", session.client.delete(&path, None))
+                    .await
+                {
+                    Ok(()) | Err(RequestError::Server(_, ZkError::NoNode)) => break,
+                    Err(error) => {
+                        tracing::warn!(zk.path = %path, ?error, "could not delete a lock node; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(1));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[lockkit_core::async_trait]
+impl DistributedLock for ZkLock {
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let span = self.span("try_acquire", name);
+        let result = self
+            .acquire_inner(name, opts, true)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(Some(_)) => "acquired",
+                Ok(None) => "busy",
+                Err(_) => "error",
+            },
+        );
+        result
+    }
+
+    /// The server queues the waiters: each watches only its predecessor, so a
+    /// release wakes exactly one, in FIFO order. The wait ends as `opts` says,
+    /// with the same `Timeout` semantics as every backend.
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let span = self.span("acquire", name);
+        let result = self
+            .acquire_inner(name, opts, false)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(_) => "acquired",
+                Err(LockError::Timeout { .. }) => "timeout",
+                Err(_) => "error",
+            },
+        );
+        result?.ok_or_else(|| {
+            LockError::backend(BACKEND, "acquire ended without a lock and without an error")
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        ZK_CAPABILITIES
+    }
+}
+
+/// The lock node behind a guard.
+#[derive(Debug)]
+struct ZkLease {
+    session: Arc<Session>,
+    path: String,
+    /// The owner prefix, when a retried create may have left a twin node.
+    twins: Option<String>,
+}
+
+impl ZkLease {
+    fn dir(&self) -> String {
+        self.path
+            .rsplit_once('/')
+            .map_or("", |(dir, _)| dir)
+            .to_owned()
+    }
+}
+
+#[lockkit_core::async_trait]
+impl Lease for ZkLease {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Re-validates that our node still exists in our session (ZooKeeper keeps
+    /// the lock as long as the session lives; the TTL is the client's bound).
+    async fn extend(&self, _ttl: Duration) -> Result<bool> {
+        if self.session.has_ended() {
+            return Ok(false);
+        }
+        let stat = self
+            .session
+            .run(
+                "check the lock node",
+                self.session.client.check_stat(&self.path),
+            )
+            .await?;
+        Ok(stat.is_some_and(|stat| stat.ephemeral_owner == self.session.client.session_id().0))
+    }
+
+    async fn release(&self) -> Result<bool> {
+        self.session.forget(&self.path);
+        if self.session.has_ended() {
+            return Ok(false);
+        }
+        let deleted = self
+            .session
+            .run(
+                "delete the lock node",
+                self.session.client.delete(&self.path, None),
+            )
+            .await;
+        if self.twins.is_some() || deleted.is_err() {
+            // Twins, or a failed delete: keep at it in the background, as a
+            // node left behind would block the queue.
+            tokio::spawn(
+                Removal {
+                    session: self.session.clone(),
+                    dir: self.dir(),
+                    path: Some(self.path.clone()),
+                    prefix: self.twins.clone(),
+                }
+                .run(),
+            );
+        }
+        match deleted {
+            Ok(()) => Ok(true),
+            Err(RequestError::Server(_, ZkError::NoNode)) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+}

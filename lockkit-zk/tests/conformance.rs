@@ -1,0 +1,88 @@
+//! The conformance suite against a real ZooKeeper server started by the testkit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, Result};
+use lockkit_testkit::ZkServer;
+use lockkit_testkit::conformance::{Disposable, Harness};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn url(server: &ZkServer) -> String {
+    format!(
+        "{}?session_timeout=2s&connect_timeout=1s&command_timeout=1s",
+        server.url("locks")
+    )
+}
+
+async fn connect(server: &ZkServer) -> Result<Arc<dyn DistributedLock>> {
+    Ok(Arc::new(lockkit_zk::connect(&url(server)).await?))
+}
+
+struct ZkHarness {
+    server: ZkServer,
+}
+
+#[async_trait::async_trait]
+impl Harness for ZkHarness {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        connect(&self.server).await.expect("connect")
+    }
+
+    /// Deletes the lock's nodes with a client of its own, as an operator would.
+    async fn revoke(&self, name: &str) {
+        let admin = zookeeper_client::Client::connect(&self.server.connect_string())
+            .await
+            .expect("admin session");
+        let dir = format!("/locks/{}", lockkit_zk::encode_name(name));
+        let children = admin
+            .list_children(&dir)
+            .await
+            .expect("list the lock's nodes");
+        assert!(!children.is_empty(), "no node of {name:?} to revoke");
+        for child in children {
+            admin
+                .delete(&format!("{dir}/{child}"), None)
+                .await
+                .expect("delete a lock node");
+        }
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        Box::new(DisposableZk {
+            server: ZkServer::start().await,
+        })
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+struct DisposableZk {
+    server: ZkServer,
+}
+
+#[async_trait::async_trait]
+impl Disposable for DisposableZk {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        connect(&self.server).await
+    }
+
+    async fn kill(&mut self) {
+        self.server.kill();
+    }
+
+    async fn pause(&mut self) {
+        self.server.pause();
+    }
+
+    async fn resume(&mut self) {
+        self.server.resume();
+    }
+}
+
+lockkit_testkit::conformance_suite!(ZkHarness {
+    server: ZkServer::start().await
+});

@@ -1,0 +1,389 @@
+//! ZooKeeper-specific behaviour against real servers: FIFO order, no herd,
+//! session expiry, the node format, ACLs, and interop with kazoo.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
+use lockkit_testkit::ZkServer;
+use lockkit_zk::ZkLock;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::time::Instant;
+
+fn url(server: &ZkServer, params: &str) -> String {
+    format!(
+        "{}?connect_timeout=2s&command_timeout=2s{params}",
+        server.url("locks")
+    )
+}
+
+async fn connect(server: &ZkServer) -> ZkLock {
+    lockkit_zk::connect(&url(server, "&session_timeout=2s"))
+        .await
+        .expect("connect")
+}
+
+async fn admin(server: &ZkServer) -> zookeeper_client::Client {
+    zookeeper_client::Client::connect(&server.connect_string())
+        .await
+        .expect("admin session")
+}
+
+async fn nodes(admin: &zookeeper_client::Client, name: &str) -> Vec<String> {
+    let dir = format!("/locks/{}", lockkit_zk::encode_name(name));
+    admin.list_children(&dir).await.unwrap_or_default()
+}
+
+/// Waits until `name` has `count` nodes (holder plus queued waiters).
+async fn until_queued(admin: &zookeeper_client::Client, name: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes(admin, name).await.len() < count {
+        assert!(Instant::now() < deadline, "waiters did not queue");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+/// Lock nodes have Curator's protected format, `_c_<uuid>-lock-<10 digits>`,
+/// under `/root/<name>`, and the fencing token is the node's czxid.
+#[tokio::test]
+async fn node_format_and_fencing_token() {
+    let server = ZkServer::start().await;
+    let locks = connect(&server).await;
+    let admin = admin(&server).await;
+    let guard = locks.acquire("format", &opts()).await.unwrap();
+    let children = nodes(&admin, "format").await;
+    assert_eq!(children.len(), 1);
+    let node = &children[0];
+    let (prefix, sequence) = node.rsplit_once("-lock-").expect("curator format");
+    assert!(
+        prefix.starts_with("_c_") && prefix.len() == 3 + 36,
+        "{node}"
+    );
+    assert!(
+        sequence.len() == 10 && sequence.bytes().all(|b| b.is_ascii_digit()),
+        "{node}"
+    );
+    let (_, stat) = admin
+        .get_data(&format!("/locks/format/{node}"))
+        .await
+        .unwrap();
+    assert_eq!(guard.fencing_token().unwrap().get(), stat.czxid as u64);
+    assert_eq!(stat.ephemeral_owner, locks.session_id().await.unwrap());
+    guard.release().await.unwrap();
+    assert!(nodes(&admin, "format").await.is_empty());
+}
+
+/// 20 waiters that queued in order get the lock in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_acquire_in_fifo_order() {
+    let server = ZkServer::start().await;
+    let admin = admin(&server).await;
+    let holder = connect(&server).await;
+    let waiters = Arc::new(connect(&server).await);
+    let held = holder.acquire("fifo", &opts()).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (waiters, order) = (waiters.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = waiters
+                .acquire("fifo", &opts().wait_for(Duration::from_secs(30)))
+                .await
+                .expect("waiter acquires");
+            order.lock().unwrap().push(i);
+            guard.release().await.expect("waiter releases");
+        }));
+        until_queued(&admin, "fifo", i + 2).await;
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+}
+
+/// With 50 waiters, one release wakes exactly one of them: each watches only
+/// its predecessor, so the release costs one re-read of the queue, not 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_waiter() {
+    let server = ZkServer::start().await;
+    let admin = admin(&server).await;
+    let holder = connect(&server).await;
+    let waiters = Arc::new(connect(&server).await);
+    let held = holder.acquire("herd", &opts()).await.unwrap();
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let (go_tx, go) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (waiters, granted_tx, mut go) = (waiters.clone(), granted_tx.clone(), go.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = waiters
+                .acquire("herd", &opts().wait_for(Duration::from_secs(60)))
+                .await
+                .expect("waiter acquires");
+            granted_tx.send(i).unwrap();
+            // Hold until the test has counted, then pass the lock on.
+            go.wait_for(|go| *go).await.unwrap();
+            guard.release().await.expect("waiter releases");
+        }));
+    }
+    drop(go);
+    until_queued(&admin, "herd", 51).await;
+    // Every waiter has read the queue and set its watch once it is in it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = waiters.children_reads();
+
+    held.release().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), granted.recv())
+        .await
+        .expect("the successor acquires")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        waiters.children_reads() - before,
+        1,
+        "one release made more than one waiter re-read the queue"
+    );
+    assert!(
+        granted.try_recv().is_err(),
+        "only one waiter holds the lock"
+    );
+
+    go_tx.send(true).unwrap();
+    let mut got = vec![first];
+    for _ in 1..50 {
+        got.push(
+            tokio::time::timeout(Duration::from_secs(10), granted.recv())
+                .await
+                .expect("the queue drains")
+                .unwrap(),
+        );
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        waiters.children_reads() - before,
+        50,
+        "each handoff re-reads the queue once"
+    );
+}
+
+/// A session that expires while the server is frozen: the holder's lost
+/// signal fires, the server drops its node once it runs again, and another
+/// client takes the lock; the first client opens a new session afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_fires_lost_and_frees_the_lock() {
+    let server = ZkServer::start().await;
+    let a = connect(&server).await;
+    let guard = a.acquire("expiry", &opts()).await.unwrap();
+    let lost = guard.lost();
+    server.pause();
+    // The client gives the session up locally 7/5 of its 2 s timeout after
+    // it lost the server.
+    let reason = tokio::time::timeout(Duration::from_secs(6), lost)
+        .await
+        .expect("the lost signal fires");
+    assert_eq!(reason, LostReason::SessionExpired);
+    server.resume();
+    let b = connect(&server).await;
+    let taken = b
+        .acquire("expiry", &opts().wait_for(Duration::from_secs(10)))
+        .await
+        .expect("the expired session's node is gone");
+    taken.release().await.unwrap();
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    let again = a
+        .acquire("expiry", &opts().wait_for(Duration::from_secs(10)))
+        .await
+        .expect("a new session for the first client");
+    again.release().await.unwrap();
+}
+
+/// With credentials, lock nodes can be changed only with the same
+/// credentials: anonymous clients and wrong passwords get a typed error, and
+/// nobody else can delete the holder's node.
+#[tokio::test]
+async fn digest_credentials_protect_the_nodes() {
+    let server = ZkServer::start().await;
+    let port = server.port();
+    let with = |creds: &str| format!("zk://{creds}127.0.0.1:{port}/secured?session_timeout=2s");
+    let app = lockkit_zk::connect(&with("app:s3cret@")).await.unwrap();
+    let guard = app.acquire("job", &opts()).await.unwrap();
+
+    for creds in ["app:wrong@", ""] {
+        let other = lockkit_zk::connect(&with(creds)).await.unwrap();
+        let err = other.try_acquire("job", &opts()).await.unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(matches!(err, LockError::Backend { .. }), "{creds}: {shown}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("wrong"),
+            "{shown}"
+        );
+    }
+    let admin = admin(&server).await;
+    let node = admin.list_children("/secured/job").await.unwrap().remove(0);
+    let denied = admin.delete(&format!("/secured/job/{node}"), None).await;
+    assert_eq!(denied, Err(zookeeper_client::Error::NoAuth));
+    assert!(!format!("{app:?}").contains("s3cret"));
+    guard.release().await.unwrap();
+}
+
+/// An ensemble that cannot be reached is `Unavailable` within the connect timeout.
+#[tokio::test]
+async fn unreachable_ensemble_is_unavailable() {
+    let port = lockkit_testkit::free_port();
+    let start = Instant::now();
+    let err = lockkit_zk::connect(&format!("zk://127.0.0.1:{port}/locks?connect_timeout=1s"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+const KAZOO_PEER: &str = r#"
+import sys
+from kazoo.client import KazooClient
+zk = KazooClient(hosts=sys.argv[1])
+zk.start(timeout=10)
+lock = zk.Lock(sys.argv[2], "kazoo", extra_lock_patterns=["-lock-"])
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "try":
+        print("acquired" if lock.acquire(blocking=False) else "busy", flush=True)
+    elif cmd == "release":
+        lock.release()
+        print("released", flush=True)
+zk.stop()
+"#;
+
+/// kazoo's `Lock` (with `extra_lock_patterns=["-lock-"]`) and lockkit on the
+/// same path exclude each other.
+#[tokio::test]
+async fn interop_with_kazoo() {
+    let check = std::process::Command::new("python3")
+        .args(["-c", "import kazoo"])
+        .output();
+    match check {
+        Ok(out) if out.status.success() => {}
+        _ => panic!(
+            "the interop test needs Python's kazoo client: run scripts/install-services.sh \
+             (or: python3 -m pip install kazoo)"
+        ),
+    }
+    let server = ZkServer::start().await;
+    let locks = connect(&server).await;
+    let mut py = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            KAZOO_PEER,
+            &server.connect_string(),
+            "/locks/shared-job",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start python3");
+    let mut stdin = py.stdin.take().unwrap();
+    let mut stdout = BufReader::new(py.stdout.take().unwrap()).lines();
+    let mut ask = async |cmd: &str| -> String {
+        stdin
+            .write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(15), stdout.next_line())
+            .await
+            .expect("kazoo answers")
+            .unwrap()
+            .expect("kazoo is alive")
+    };
+
+    assert_eq!(ask("try").await, "acquired");
+    assert!(
+        locks
+            .try_acquire("shared-job", &opts())
+            .await
+            .unwrap()
+            .is_none(),
+        "kazoo's lock excludes lockkit"
+    );
+    assert_eq!(ask("release").await, "released");
+
+    let guard = locks
+        .try_acquire("shared-job", &opts())
+        .await
+        .unwrap()
+        .expect("free after kazoo released");
+    assert_eq!(ask("try").await, "busy", "lockkit's lock excludes kazoo");
+    guard.release().await.unwrap();
+    assert_eq!(ask("try").await, "acquired");
+    assert_eq!(ask("release").await, "released");
+}
+
+/// Killing the leader of a 3-node ensemble while a lock is held and waiters
+/// queue: nobody else gets the lock while its holder keeps it, the holder's
+/// session survives the election, and the queue drains afterwards with no two
+/// holders at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_failover_keeps_exclusion_and_drains_the_queue() {
+    let ensemble = lockkit_testkit::ZkEnsemble::start(3).await;
+    let url = format!(
+        "{}?session_timeout=10s&connect_timeout=5s&command_timeout=5s",
+        ensemble.url("locks")
+    );
+    let holder = lockkit_zk::connect(&url).await.expect("connect");
+    let guard = holder.acquire("failover", &opts()).await.unwrap();
+    let lost = tokio::spawn(guard.lost());
+
+    let probe = lockkit_testkit::Probe::default();
+    let mut clients: Vec<Arc<dyn DistributedLock>> = Vec::new();
+    for _ in 0..3 {
+        clients.push(Arc::new(lockkit_zk::connect(&url).await.expect("connect")));
+    }
+    let waiting = opts().wait_for(Duration::from_secs(60));
+    let tasks = lockkit_testkit::spawn_contenders(&clients, 2, 1, "failover", &waiting, &probe);
+    let admin = zookeeper_client::Client::connect(&ensemble.connect_string())
+        .await
+        .expect("admin session");
+    until_queued(&admin, "failover", 7).await;
+    drop(admin);
+
+    let leader = ensemble.leader().await.expect("a leader");
+    ensemble.servers()[leader].kill();
+    assert!(
+        ensemble.wait_for_quorum(Duration::from_secs(20)).await,
+        "no new leader"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        probe.completed(),
+        0,
+        "a waiter got the lock while it was held"
+    );
+    assert!(
+        !lost.is_finished(),
+        "the holder's session survives the election"
+    );
+    assert!(!guard.is_lost());
+
+    guard.release().await.expect("release after the election");
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the queue drains")
+            .expect("waiter");
+    }
+    assert_eq!(probe.completed(), 6);
+    assert_eq!(probe.overlaps(), 0, "two holders at once");
+    lost.abort();
+}
