@@ -29,10 +29,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use criterion::{Criterion, SamplingMode};
+use criterion::Criterion;
 use lockkit_benches::{
-    CycleFixture, CycleKind, Estimates, Interleaved, Limit, RawLock, RunMode, bench_cycles,
-    fmt_duration, lockkit_cycle, percentile, ping, save_summary, verdict,
+    CycleFixture, CycleKind, Estimates, HandoffDiag, HandoffProbe, Handoffs, Interleaved, Limit,
+    RawLock, RunMode, bench_then_pair, fmt_duration, lockkit_cycle, percentile, ping, save_summary,
+    verdict,
 };
 use lockkit_core::{Attempt, DistributedLock, LeaseBackend, LockOptions, OwnerToken};
 use lockkit_redis::RedisLock;
@@ -65,17 +66,11 @@ fn main() {
 
     let fixture = runtime.block_on(Fixture::new(&url));
 
-    let mut criterion = Criterion::default().configure_from_args();
-    bench_cycles(&mut criterion, &runtime, CYCLE_GROUP, &fixture, mode);
-    let handoff = bench_handoff(&mut criterion, &runtime, &url, &fixture, mode);
-    criterion.final_summary();
-
-    if mode == RunMode::List {
+    let Some((handoff, paired)) = bench_then_pair(&runtime, CYCLE_GROUP, &fixture, mode, |c| {
+        bench_handoff(c, &runtime, &url, &fixture, mode)
+    }) else {
         return;
-    }
-
-    let (rounds, per_round) = mode.interleaved_plan();
-    let paired = runtime.block_on(Interleaved::measure(&fixture, rounds, per_round));
+    };
 
     let total = critical_sections(mode);
     let cap = Duration::from_secs(60);
@@ -211,64 +206,34 @@ async fn evalsha_calls(conn: &ConnectionManager) -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits until the waiter is parked inside `acquire`: its first attempt and the
-/// attempt right after subscribing (two `EVALSHA`s) have reached the server.
-/// Polling the server keeps the machine as warm as criterion's PING loop is,
-/// where sleeping a fixed time would measure a wake-up from idle instead.
-async fn until_parked(conn: &ConnectionManager, calls_before: u64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while evalsha_calls(conn).await < calls_before + 2 {
-        assert!(Instant::now() < deadline, "the waiter never parked");
-    }
+/// The handoff's view of the Redis server, on the admin connection.
+struct RedisProbe {
+    admin: ConnectionManager,
 }
 
-/// One measured handoff from `holder` to a waiter on `waiter`.
-async fn handoff_once(
-    holder: &Arc<RedisLock>,
-    waiter: &Arc<RedisLock>,
-    opts: &LockOptions,
-    admin: &ConnectionManager,
-    diag: &Mutex<HandoffDiag>,
-) -> Duration {
-    let held = holder
-        .acquire(HANDOFF_NAME, opts)
-        .await
-        .expect("A acquires");
-    let calls_before = evalsha_calls(admin).await;
-    let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn({
-        let (waiter, opts) = (waiter.clone(), opts.clone());
-        async move {
-            let guard = waiter
-                .acquire(HANDOFF_NAME, &opts)
-                .await
-                .expect("B acquires");
-            let _ = tx.send(Instant::now());
-            guard.release().await.expect("B releases");
+impl HandoffProbe for RedisProbe {
+    /// `EVALSHA` calls served before the waiter starts.
+    type Mark = u64;
+
+    async fn mark(&self) -> u64 {
+        evalsha_calls(&self.admin).await
+    }
+
+    /// Waits until the waiter's first attempt and the attempt right after
+    /// subscribing (two `EVALSHA`s) have reached the server.
+    async fn until_parked(&self, calls_before: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while evalsha_calls(&self.admin).await < calls_before + 2 {
+            assert!(Instant::now() < deadline, "the waiter never parked");
         }
-    });
-    until_parked(admin, calls_before).await;
-    assert!(
-        !task.is_finished(),
-        "the waiter got the lock while A held it"
-    );
-    // A PING of the same moment, as the yardstick of this handoff.
-    let ping_started = Instant::now();
-    ping(admin).await;
-    let ping = ping_started.elapsed();
-    let start = Instant::now();
-    held.release().await.expect("A releases");
-    let released = Instant::now();
-    let acquired = rx.await.expect("the waiter reports its acquisition");
-    task.await.expect("the waiter task");
-    let handoff = acquired.saturating_duration_since(start);
-    diag.lock().unwrap_or_else(|p| p.into_inner()).record(
-        released - start,
-        acquired < released,
-        handoff,
-        ping,
-    );
-    handoff
+    }
+
+    /// A PING of the same moment.
+    async fn yardstick(&self) -> Duration {
+        let started = Instant::now();
+        ping(&self.admin).await;
+        started.elapsed()
+    }
 }
 
 /// (d): release by client A to acquisition by a waiting client B.
@@ -279,107 +244,18 @@ fn bench_handoff(
     fixture: &Fixture,
     mode: RunMode,
 ) -> HandoffDiag {
-    let holder = Arc::new(
-        runtime
-            .block_on(lockkit_redis::connect(url))
-            .expect("connect A"),
-    );
-    let waiter = Arc::new(
-        runtime
-            .block_on(lockkit_redis::connect(url))
-            .expect("connect B"),
-    );
-    let opts = LockOptions::new().ttl(TTL);
-    // Outside the measurement: B's first wait opens its subscriber connection.
-    runtime.block_on(async {
-        let scratch = Mutex::new(HandoffDiag::default());
-        for _ in 0..2 {
-            handoff_once(&holder, &waiter, &opts, &fixture.conn, &scratch).await;
-        }
-    });
-
-    let mut group = c.benchmark_group(HANDOFF_GROUP);
-    // Criterion plans the iteration counts from the wall time of its warm-up
-    // (each handoff also costs the setup and the polling until the waiter is
-    // parked), while the samples it analyses are the measured handoff
-    // durations. So these budgets are wall time.
-    group.sampling_mode(SamplingMode::Flat);
-    match mode {
-        RunMode::Quick => group
-            .sample_size(10)
-            .warm_up_time(Duration::from_millis(50))
-            .measurement_time(Duration::from_millis(300)),
-        _ => group
-            .sample_size(25)
-            .warm_up_time(Duration::from_millis(200))
-            .measurement_time(Duration::from_secs(2)),
+    let probe = RedisProbe {
+        admin: fixture.conn.clone(),
     };
-    let diag = Mutex::new(HandoffDiag::default());
-    group.bench_function("handoff", |b| {
-        b.to_async(runtime).iter_custom(|iters| {
-            let (holder, waiter, opts, admin, diag) =
-                (&holder, &waiter, &opts, &fixture.conn, &diag);
-            async move {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    total += handoff_once(holder, waiter, opts, admin, diag).await;
-                }
-                total
-            }
-        });
-    });
-    group.finish();
-    let mut diag = diag.into_inner().unwrap_or_else(|p| p.into_inner());
-    diag.release_calls.sort();
-    if let Some(line) = diag.describe() {
-        println!("handoff: {line}");
-    }
-    diag
-}
-
-/// Side observations of the handoff benchmark, to tell where its time goes.
-#[derive(Debug, Default)]
-struct HandoffDiag {
-    /// How long the holder's `release()` call took; sorted once complete.
-    release_calls: Vec<Duration>,
-    /// Handoffs where the waiter had the lock before the holder's `release()`
-    /// call returned.
-    waiter_first: usize,
-    /// Every measured handoff, and the PING timed just before it.
-    pairs: Vec<(Duration, Duration)>,
-}
-
-impl HandoffDiag {
-    fn record(
-        &mut self,
-        release_call: Duration,
-        waiter_first: bool,
-        handoff: Duration,
-        ping: Duration,
-    ) {
-        self.release_calls.push(release_call);
-        self.waiter_first += usize::from(waiter_first);
-        self.pairs.push((handoff, ping));
-    }
-
-    /// Medians of the handoffs and of the PINGs timed just before them.
-    fn paired_medians(&self) -> Option<(Duration, Duration)> {
-        let mut handoffs: Vec<Duration> = self.pairs.iter().map(|p| p.0).collect();
-        let mut pings: Vec<Duration> = self.pairs.iter().map(|p| p.1).collect();
-        handoffs.sort();
-        pings.sort();
-        Some((percentile(&handoffs, 50.0)?, percentile(&pings, 50.0)?))
-    }
-
-    fn describe(&self) -> Option<String> {
-        let p50 = percentile(&self.release_calls, 50.0)?;
-        Some(format!(
-            "{} handoffs measured; the holder's release() call took {} (p50); the waiter had the lock before that call returned in {} of them",
-            self.release_calls.len(),
-            fmt_duration(p50),
-            self.waiter_first
-        ))
-    }
+    let opts = LockOptions::new().ttl(TTL);
+    Handoffs::connect(
+        runtime,
+        || lockkit_redis::connect(url),
+        HANDOFF_NAME,
+        opts,
+        probe,
+    )
+    .bench(c, runtime, HANDOFF_GROUP, mode)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -653,67 +529,43 @@ fn summary(
     shared: &Contention,
     separate: &Contention,
 ) -> String {
-    let target = |ratio: Option<f64>, limit: f64| Limit::AtMost(limit).judge(ratio);
-
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "## lockkit on one Redis server ({} run, {} interleaved rounds, {} critical sections per contention run)\n",
-        mode.label(),
-        paired.rounds(),
-        critical_sections(mode)
+    let raw = Cycle::Raw;
+    let mut out = paired.summary(
+        mode,
+        "lockkit on one Redis server",
+        &format!(", {} critical sections per contention run", critical_sections(mode)),
+        "Targets, from paired measurements: each ratio compares cycles run in the same round (or a handoff with a PING timed just before it), so that the shared machine's slow and fast phases cancel out.",
+        &[
+            ("(a) raw SET NX PX + EVALSHA cycle", raw, raw, None),
+            (
+                "(b) lockkit acquire+release, auto_renew off",
+                Cycle::NoRenew,
+                raw,
+                Some(Limit::AtMost(1.10)),
+            ),
+            (
+                "(c) lockkit acquire+release, auto_renew on",
+                Cycle::Renew,
+                raw,
+                Some(Limit::AtMost(1.15)),
+            ),
+            (
+                "(diag) backend scripts alone, no LeaseLock engine",
+                Cycle::Backend,
+                raw,
+                None,
+            ),
+            ("PING round trip", Cycle::Ping, raw, None),
+        ],
     );
     let _ = writeln!(
         out,
-        "Targets, from paired measurements: each ratio compares cycles run in the same round (or a handoff with a PING timed just before it), so that the shared machine's slow and fast phases cancel out.\n"
-    );
-    let _ = writeln!(out, "| measurement | median | ratio | target |");
-    let _ = writeln!(out, "| --- | --- | --- | --- |");
-    let row = |out: &mut String, label: &str, kind: Cycle, limit: Option<f64>| {
-        let _ = writeln!(
-            out,
-            "{}",
-            paired.row(label, kind, Cycle::Raw, limit.map(Limit::AtMost))
-        );
-    };
-    row(
-        &mut out,
-        "(a) raw SET NX PX + EVALSHA cycle",
-        Cycle::Raw,
-        None,
-    );
-    row(
-        &mut out,
-        "(b) lockkit acquire+release, auto_renew off",
-        Cycle::NoRenew,
-        Some(1.10),
-    );
-    row(
-        &mut out,
-        "(c) lockkit acquire+release, auto_renew on",
-        Cycle::Renew,
-        Some(1.15),
-    );
-    row(
-        &mut out,
-        "(diag) backend scripts alone, no LeaseLock engine",
-        Cycle::Backend,
-        None,
-    );
-    row(&mut out, "PING round trip", Cycle::Ping, None);
-    let (handoff_ratio, handoff_target) = match handoff_diag.paired_medians() {
-        Some((handoff, ping)) => {
-            let (r, t) = target(Some(handoff.as_secs_f64() / ping.as_secs_f64()), 3.0);
-            (format!("{} (PING {})", r, fmt_duration(ping)), t)
-        }
-        None => target(None, 3.0),
-    };
-    let _ = writeln!(
-        out,
-        "| (d) handoff release→waiter acquired, ratio to PING | {} | {handoff_ratio} | {handoff_target} |",
-        handoff_diag
-            .paired_medians()
-            .map_or_else(|| "n/a".to_owned(), |(h, _)| fmt_duration(h))
+        "{}",
+        handoff_diag.row(
+            "(d) handoff release→waiter acquired, ratio to PING",
+            "PING",
+            Limit::AtMost(3.0),
+        )
     );
     let _ = writeln!(
         out,

@@ -32,10 +32,9 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use criterion::Criterion;
 use futures_util::future::join_all;
 use lockkit_benches::{
-    CycleFixture, CycleKind, Estimates, Interleaved, Limit, RawLock, RunMode, bench_cycles,
+    CycleFixture, CycleKind, Estimates, Interleaved, Limit, RawLock, RunMode, bench_then_pair,
     lockkit_cycle, ping, save_summary,
 };
 use lockkit_core::{LeaseBackend, LockOptions};
@@ -62,16 +61,9 @@ fn main() {
         runtime.block_on(join_all((0..INSTANCES).map(|_| RedisServer::start())));
     let fixture = runtime.block_on(Fixture::new(&servers));
 
-    let mut criterion = Criterion::default().configure_from_args();
-    bench_cycles(&mut criterion, &runtime, GROUP, &fixture, mode);
-    criterion.final_summary();
-
-    if mode == RunMode::List {
+    let Some(((), paired)) = bench_then_pair(&runtime, GROUP, &fixture, mode, |_| ()) else {
         return;
-    }
-
-    let (rounds, per_round) = mode.interleaved_plan();
-    let paired = runtime.block_on(Interleaved::measure(&fixture, rounds, per_round));
+    };
     let leak_cycles = match mode {
         RunMode::Bench => 500,
         RunMode::Quick => 100,
@@ -86,7 +78,7 @@ fn main() {
     save_summary(
         mode,
         "redlock",
-        &summary(mode, run_started, per_round, &paired, &leftovers),
+        &summary(mode, run_started, &paired, &leftovers),
     );
     drop(fixture);
     drop(servers);
@@ -385,67 +377,48 @@ impl Leftovers {
 fn summary(
     mode: RunMode,
     run_started: SystemTime,
-    per_round: usize,
     paired: &Interleaved<Cycle>,
     leftovers: &Leftovers,
 ) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "## lockkit-redlock on {INSTANCES} local Redis servers ({} run, {} interleaved rounds of {per_round} cycles of each kind)\n",
-        mode.label(),
-        paired.rounds(),
-    );
-    let _ = writeln!(
-        out,
-        "Targets, from paired measurements: each ratio is the median over rounds of the ratio of two cycles run in the same round, so that the shared machine's slow and fast phases cancel out.\n"
-    );
-    let _ = writeln!(out, "| measurement | median | paired ratio | target |");
-    let _ = writeln!(out, "| --- | --- | --- | --- |");
-    let row = |out: &mut String, label: &str, kind: Cycle, base: Cycle, limit: Option<Limit>| {
-        let _ = writeln!(out, "{}", paired.row(label, kind, base, limit));
-    };
-    row(
-        &mut out,
-        "(a) raw parallel floor: SET NX PX on all 5, then EVALSHA compare-and-delete on all 5",
-        Cycle::Raw,
-        Cycle::Raw,
-        None,
-    );
-    row(
-        &mut out,
-        "(b) lockkit-redlock acquire+release, auto_renew off; ratio (b)/(a)",
-        Cycle::NoRenew,
-        Cycle::Raw,
-        Some(Limit::AtMost(1.15)),
-    );
-    row(
-        &mut out,
-        "(b) against rslock: ratio (b)/(d)",
-        Cycle::NoRenew,
-        Cycle::Rslock,
-        Some(Limit::Below(1.0)),
-    );
-    row(
-        &mut out,
-        "(c) lockkit-redlock acquire+release, auto_renew on; ratio (c)/(a)",
-        Cycle::Renew,
-        Cycle::Raw,
-        None,
-    );
-    row(
-        &mut out,
-        "(d) rslock 0.10 lock+unlock; ratio (d)/(a)",
-        Cycle::Rslock,
-        Cycle::Raw,
-        None,
-    );
-    row(
-        &mut out,
-        "PING one instance; ratio to (a)",
-        Cycle::Ping,
-        Cycle::Raw,
-        None,
+    let raw = Cycle::Raw;
+    let mut out = paired.summary(
+        mode,
+        &format!("lockkit-redlock on {INSTANCES} local Redis servers"),
+        "",
+        "Targets, from paired measurements: each ratio is the median over rounds of the ratio of two cycles run in the same round, so that the shared machine's slow and fast phases cancel out.",
+        &[
+            (
+                "(a) raw parallel floor: SET NX PX on all 5, then EVALSHA compare-and-delete on all 5",
+                raw,
+                raw,
+                None,
+            ),
+            (
+                "(b) lockkit-redlock acquire+release, auto_renew off; ratio (b)/(a)",
+                Cycle::NoRenew,
+                raw,
+                Some(Limit::AtMost(1.15)),
+            ),
+            (
+                "(b) against rslock: ratio (b)/(d)",
+                Cycle::NoRenew,
+                Cycle::Rslock,
+                Some(Limit::Below(1.0)),
+            ),
+            (
+                "(c) lockkit-redlock acquire+release, auto_renew on; ratio (c)/(a)",
+                Cycle::Renew,
+                raw,
+                None,
+            ),
+            (
+                "(d) rslock 0.10 lock+unlock; ratio (d)/(a)",
+                Cycle::Rslock,
+                raw,
+                None,
+            ),
+            ("PING one instance; ratio to (a)", Cycle::Ping, raw, None),
+        ],
     );
     let rounds = paired.rounds();
     let _ = writeln!(

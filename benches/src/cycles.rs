@@ -5,7 +5,7 @@
 use std::fmt::{self, Write as _};
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use criterion::Criterion;
 use tokio::runtime::Runtime;
@@ -33,6 +33,16 @@ pub trait CycleFixture {
     /// Runs one cycle of `kind` (panics if it fails).
     async fn run(&self, kind: Self::Kind);
 
+    /// Runs one cycle of `kind` and returns how long its measured part took.
+    /// By default that is all of [`run`](Self::run); a kind whose cycle also
+    /// does work that is not to be timed (e.g. deleting what the measured
+    /// request created) times only its measured part here.
+    async fn run_timed(&self, kind: Self::Kind) -> Duration {
+        let started = Instant::now();
+        self.run(kind).await;
+        started.elapsed()
+    }
+
     /// Called outside the timing after every batch of cycles of `kind` (e.g.
     /// to check that nothing was left on the servers). Does nothing by default.
     async fn after_batch(&self, kind: Self::Kind) {
@@ -41,7 +51,8 @@ pub trait CycleFixture {
 }
 
 /// One criterion group `group` with a benchmark per kind (each cycle run by
-/// `to_async` on `runtime`), followed by [`CycleFixture::after_batch`].
+/// `to_async` on `runtime` and timed by [`CycleFixture::run_timed`]), each
+/// followed by [`CycleFixture::after_batch`].
 pub fn bench_cycles<F: CycleFixture>(
     c: &mut Criterion,
     runtime: &Runtime,
@@ -53,12 +64,46 @@ pub fn bench_cycles<F: CycleFixture>(
     configure_fast(&mut group, mode);
     for &kind in F::Kind::ALL {
         group.bench_function(kind.bench(), |b| {
-            b.to_async(runtime).iter(|| fixture.run(kind));
+            b.to_async(runtime).iter_custom(|iters| async move {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += fixture.run_timed(kind).await;
+                }
+                total
+            });
         });
         runtime.block_on(fixture.after_batch(kind));
     }
     group.finish();
 }
+
+/// What every benchmark runs first: criterion's group `group` of the cycles of
+/// `fixture` ([`bench_cycles`]), then `more` criterion benchmarks (e.g. a
+/// handoff), criterion's final summary, and, unless criterion was only asked
+/// to list the benchmarks (`None` then), the interleaved rounds of
+/// [`RunMode::interleaved_plan`].
+pub fn bench_then_pair<F: CycleFixture, T>(
+    runtime: &Runtime,
+    group: &str,
+    fixture: &F,
+    mode: RunMode,
+    more: impl FnOnce(&mut Criterion) -> T,
+) -> Option<(T, Interleaved<F::Kind>)> {
+    let mut criterion = Criterion::default().configure_from_args();
+    bench_cycles(&mut criterion, runtime, group, fixture, mode);
+    let more = more(&mut criterion);
+    criterion.final_summary();
+    if mode == RunMode::List {
+        return None;
+    }
+    let (rounds, per_round) = mode.interleaved_plan();
+    let paired = runtime.block_on(Interleaved::measure(fixture, rounds, per_round));
+    Some((more, paired))
+}
+
+/// A row of [`Interleaved::summary`]: label, kind, the base of its paired
+/// ratio, and the target on that ratio.
+pub type Row<'a, K> = (&'a str, K, K, Option<Limit>);
 
 /// Per-round mean cycle times (ns) from rounds of cycles of each kind, the
 /// kinds interleaved (and their order rotated) within every round. A slow or
@@ -68,11 +113,14 @@ pub fn bench_cycles<F: CycleFixture>(
 pub struct Interleaved<K> {
     /// `rounds[r][i]`: mean of kind `K::ALL[i]` in round `r`.
     rounds: Vec<Vec<f64>>,
+    /// Cycles of each kind per round.
+    per_round: usize,
     kind: PhantomData<K>,
 }
 
 impl<K: CycleKind> Interleaved<K> {
-    /// Runs `rounds` rounds of `per_round` cycles of every kind on `fixture`.
+    /// Runs `rounds` rounds of `per_round` cycles of every kind on `fixture`,
+    /// each timed by [`CycleFixture::run_timed`].
     pub async fn measure<F: CycleFixture<Kind = K>>(
         fixture: &F,
         rounds: usize,
@@ -84,26 +132,28 @@ impl<K: CycleKind> Interleaved<K> {
             let mut means = vec![f64::NAN; kinds];
             for step in 0..kinds {
                 let index = (round + step) % kinds;
-                let started = Instant::now();
+                let mut total = Duration::ZERO;
                 for _ in 0..per_round {
-                    fixture.run(K::ALL[index]).await;
+                    total += fixture.run_timed(K::ALL[index]).await;
                 }
-                means[index] = started.elapsed().as_nanos() as f64 / per_round as f64;
+                means[index] = total.as_nanos() as f64 / per_round as f64;
                 fixture.after_batch(K::ALL[index]).await;
             }
             result.push(means);
         }
-        Self::from_rounds(result)
+        Self::from_rounds(result, per_round)
     }
 
-    /// From measured rounds: `rounds[r][i]` is the mean of `K::ALL[i]` in round `r`.
-    pub fn from_rounds(rounds: Vec<Vec<f64>>) -> Self {
+    /// From measured rounds: `rounds[r][i]` is the mean of `K::ALL[i]` over
+    /// `per_round` cycles in round `r`.
+    pub fn from_rounds(rounds: Vec<Vec<f64>>, per_round: usize) -> Self {
         assert!(
             rounds.iter().all(|r| r.len() == K::ALL.len()),
             "one mean per kind in every round"
         );
         Interleaved {
             rounds,
+            per_round,
             kind: PhantomData,
         }
     }
@@ -153,6 +203,33 @@ impl<K: CycleKind> Interleaved<K> {
             "| {label} | {} | {ratio} | {target} |",
             fmt_opt_ns(self.median(kind))
         )
+    }
+
+    /// The start of a summary of these rounds: the title `## <what> (<mode>
+    /// run, <n> interleaved rounds of <m> cycles of each kind<more>)`, the
+    /// paragraph `intro`, and the table `| measurement | median | paired ratio
+    /// | target |` with a [`row`](Self::row) for each of `rows` (more rows may
+    /// follow).
+    pub fn summary(
+        &self,
+        mode: RunMode,
+        what: &str,
+        more: &str,
+        intro: &str,
+        rows: &[Row<'_, K>],
+    ) -> String {
+        let mut out = format!(
+            "## {what} ({} run, {} interleaved rounds of {} cycles of each kind{more})\n\n{intro}\n\n",
+            mode.label(),
+            self.rounds(),
+            self.per_round,
+        );
+        let _ = writeln!(out, "| measurement | median | paired ratio | target |");
+        let _ = writeln!(out, "| --- | --- | --- | --- |");
+        for &(label, kind, base, limit) in rows {
+            let _ = writeln!(out, "{}", self.row(label, kind, base, limit));
+        }
+        out
     }
 
     /// In how many rounds `kind` was faster than `base`.
@@ -254,11 +331,10 @@ mod tests {
     #[test]
     fn paired_ratios_cancel_drift() {
         // The machine slows down 10× in the last round; B stays 2 × A.
-        let paired = Interleaved::<K>::from_rounds(vec![
-            vec![100.0, 200.0],
-            vec![110.0, 220.0],
-            vec![1000.0, 2000.0],
-        ]);
+        let paired = Interleaved::<K>::from_rounds(
+            vec![vec![100.0, 200.0], vec![110.0, 220.0], vec![1000.0, 2000.0]],
+            100,
+        );
         assert_eq!(paired.rounds(), 3);
         assert_eq!(paired.median(K::A), Some(110.0));
         assert_eq!(paired.paired_ratio(K::B, K::A), Some(2.0));
@@ -267,6 +343,6 @@ mod tests {
             paired.row("b", K::B, K::A, None),
             "| b | 220 ns | 2.000 | — |"
         );
-        assert_eq!(Interleaved::<K>::from_rounds(vec![]).median(K::A), None);
+        assert_eq!(Interleaved::<K>::from_rounds(vec![], 0).median(K::A), None);
     }
 }
