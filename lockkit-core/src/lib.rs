@@ -30,7 +30,7 @@ pub use notify::{NotifyHub, ReleaseWatch};
 pub use options::{LockOptions, MAX_DURATION, MIN_TTL, Wait, check_ttl, clock_drift};
 pub use redact::redact_url;
 pub use token::OwnerToken;
-pub use url_param::{MAX_TIMEOUT_PARAM, host_list, timeout_param};
+pub use url_param::{MAX_TIMEOUT_PARAM, MultiHostUrl, host_list, timeout_param};
 pub use wait::{Attempt, DEADLINE_GRACE, Waiter, acquire_by_attempts};
 
 /// Re-exported so that backends implementing the traits use the same version.

@@ -88,3 +88,56 @@ fn host_port(item: &str, default_port: u16) -> Result<(String, u16), String> {
     };
     Ok((host, port))
 }
+
+/// The parts of a URL with a list of hosts, such as
+/// `redlock://user:pw@h1:p1,h2:p2/2?x=1` or `zk://h1:p1,h2:p2/root`, which the
+/// `url` crate cannot parse (its authority holds one host). All parts borrow
+/// from the input and are not decoded yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiHostUrl<'a> {
+    /// `user:password` before the `@`, if any.
+    pub userinfo: Option<&'a str>,
+    /// The comma-separated hosts (see [`host_list`]).
+    pub hosts: &'a str,
+    /// Everything from the first `/` after the hosts (may be empty).
+    pub path: &'a str,
+    /// Everything after the `?` (may be empty).
+    pub query: &'a str,
+}
+
+impl<'a> MultiHostUrl<'a> {
+    /// Splits `raw`, whose scheme must be `scheme` (case-insensitive). The error
+    /// is a reason for [`LockError::invalid_url`](crate::LockError::invalid_url).
+    ///
+    /// ```
+    /// use lockkit_core::MultiHostUrl;
+    /// let url = MultiHostUrl::parse("zk://u:p@a:1,b:2/root?x=1", "zk").unwrap();
+    /// assert_eq!(url.userinfo, Some("u:p"));
+    /// assert_eq!((url.hosts, url.path, url.query), ("a:1,b:2", "/root", "x=1"));
+    /// assert!(MultiHostUrl::parse("redis://a", "zk").is_err());
+    /// ```
+    pub fn parse(raw: &'a str, scheme: &str) -> Result<Self, String> {
+        let rest = match raw.split_once("://") {
+            Some((given, rest)) if given.eq_ignore_ascii_case(scheme) => rest,
+            _ => return Err(format!("expected {scheme}://host1:port1,host2:port2,…")),
+        };
+        if rest.contains('#') {
+            return Err("a fragment is not allowed".into());
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        Ok(MultiHostUrl {
+            userinfo,
+            hosts,
+            path,
+            query,
+        })
+    }
+}

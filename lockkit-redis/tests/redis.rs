@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
-use lockkit_testkit::{RedisServer, free_port};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use lockkit_testkit::{PythonPeer, RedisServer, free_port};
 use tokio::time::Instant;
 
 fn opts() -> LockOptions {
@@ -486,45 +485,12 @@ for line in sys.stdin:
 /// each other, and neither releases the other's lease.
 #[tokio::test]
 async fn interop_with_redis_py() {
-    let check = std::process::Command::new("python3")
-        .args(["-c", "import redis"])
-        .output();
-    match check {
-        Ok(out) if out.status.success() => {}
-        _ => panic!(
-            "the interop test needs Python's redis client: run scripts/install-services.sh \
-             (or: python3 -m pip install redis)"
-        ),
-    }
     let server = RedisServer::start().await;
     let locks = connect(&format!("{}?prefix=", server.url())).await;
-    let mut py = tokio::process::Command::new("python3")
-        .args([
-            "-c",
-            REDIS_PY_PEER,
-            &server.port().to_string(),
-            "shared-job",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start python3");
-    let mut stdin = py.stdin.take().unwrap();
-    let mut stdout = BufReader::new(py.stdout.take().unwrap()).lines();
-    let mut ask = async |cmd: &str| -> String {
-        stdin
-            .write_all(format!("{cmd}\n").as_bytes())
-            .await
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(10), stdout.next_line())
-            .await
-            .expect("redis-py answers")
-            .unwrap()
-            .expect("redis-py is alive")
-    };
+    let port = server.port().to_string();
+    let mut py = PythonPeer::start("redis", REDIS_PY_PEER, &[&port, "shared-job"]).await;
 
-    assert_eq!(ask("try").await, "acquired");
+    assert_eq!(py.ask("try").await, "acquired");
     assert!(
         locks
             .try_acquire("shared-job", &opts())
@@ -533,15 +499,19 @@ async fn interop_with_redis_py() {
             .is_none(),
         "redis-py's lock excludes lockkit"
     );
-    assert_eq!(ask("release").await, "released");
+    assert_eq!(py.ask("release").await, "released");
 
     let guard = locks
         .try_acquire("shared-job", &opts())
         .await
         .unwrap()
         .expect("free after redis-py released");
-    assert_eq!(ask("try").await, "busy", "lockkit's lock excludes redis-py");
+    assert_eq!(
+        py.ask("try").await,
+        "busy",
+        "lockkit's lock excludes redis-py"
+    );
     guard.release().await.unwrap();
-    assert_eq!(ask("try").await, "acquired");
-    assert_eq!(ask("release").await, "released");
+    assert_eq!(py.ask("try").await, "acquired");
+    assert_eq!(py.ask("release").await, "released");
 }

@@ -4,7 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::{LeaseLock, LockError, Result, host_list, redact_url, timeout_param};
+use lockkit_core::{
+    LeaseLock, LockError, MultiHostUrl, Result, host_list, redact_url, timeout_param,
+};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
 
 use crate::backend::{RedlockBackend, RedlockLock};
@@ -156,22 +158,12 @@ impl RedlockBuilder {
 
 pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
     let bad = |reason: String| LockError::invalid_url(raw, reason);
-    let rest = match raw.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("redlock") => rest,
-        _ => return Err(bad("expected redlock://host1:port1,host2:port2,…".into())),
-    };
-    if rest.contains('#') {
-        return Err(bad("a fragment is not allowed".into()));
-    }
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
+    let MultiHostUrl {
+        userinfo,
+        hosts,
+        path,
+        query,
+    } = MultiHostUrl::parse(raw, "redlock").map_err(bad)?;
     let db = match path.trim_start_matches('/') {
         "" => None,
         db => Some(

@@ -15,10 +15,12 @@
 pub mod conformance;
 pub mod contention;
 mod process;
+mod python_peer;
 mod redis_server;
 mod zk_server;
 
 pub use contention::{Probe, spawn_contenders};
 pub use process::{ServerError, ServerProcess, free_port};
+pub use python_peer::PythonPeer;
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use zk_server::{ZkEnsemble, ZkServer, ZkServerBuilder};

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockkit_core::{LockError, Result, host_list, redact_url, timeout_param};
+use lockkit_core::{LockError, MultiHostUrl, Result, host_list, redact_url, timeout_param};
 
 use crate::lock::ZkLock;
 use crate::session::Sessions;
@@ -136,22 +136,12 @@ fn check_root(root: &str) -> std::result::Result<(), String> {
 
 pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
     let bad = |reason: String| LockError::invalid_url(raw, reason);
-    let rest = match raw.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("zk") => rest,
-        _ => return Err(bad("expected zk://host1:port1,host2:port2/root".into())),
-    };
-    if rest.contains('#') {
-        return Err(bad("a fragment is not allowed".into()));
-    }
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
+    let MultiHostUrl {
+        userinfo,
+        hosts,
+        path,
+        query,
+    } = MultiHostUrl::parse(raw, "zk").map_err(bad)?;
     let hosts = host_list(hosts, 2181).map_err(bad)?;
     let cluster = hosts
         .iter()

@@ -1,14 +1,12 @@
 //! ZooKeeper-specific behaviour against real servers: FIFO order, no herd,
 //! session expiry, the node format, ACLs, and interop with kazoo.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
-use lockkit_testkit::ZkServer;
+use lockkit_testkit::{PythonPeer, ZkServer};
 use lockkit_zk::ZkLock;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
 fn url(server: &ZkServer, params: &str) -> String {
@@ -270,45 +268,12 @@ zk.stop()
 /// same path exclude each other.
 #[tokio::test]
 async fn interop_with_kazoo() {
-    let check = std::process::Command::new("python3")
-        .args(["-c", "import kazoo"])
-        .output();
-    match check {
-        Ok(out) if out.status.success() => {}
-        _ => panic!(
-            "the interop test needs Python's kazoo client: run scripts/install-services.sh \
-             (or: python3 -m pip install kazoo)"
-        ),
-    }
     let server = ZkServer::start().await;
     let locks = connect(&server).await;
-    let mut py = tokio::process::Command::new("python3")
-        .args([
-            "-c",
-            KAZOO_PEER,
-            &server.connect_string(),
-            "/locks/shared-job",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start python3");
-    let mut stdin = py.stdin.take().unwrap();
-    let mut stdout = BufReader::new(py.stdout.take().unwrap()).lines();
-    let mut ask = async |cmd: &str| -> String {
-        stdin
-            .write_all(format!("{cmd}\n").as_bytes())
-            .await
-            .unwrap();
-        tokio::time::timeout(Duration::from_secs(15), stdout.next_line())
-            .await
-            .expect("kazoo answers")
-            .unwrap()
-            .expect("kazoo is alive")
-    };
+    let hosts = server.connect_string();
+    let mut py = PythonPeer::start("kazoo", KAZOO_PEER, &[&hosts, "/locks/shared-job"]).await;
 
-    assert_eq!(ask("try").await, "acquired");
+    assert_eq!(py.ask("try").await, "acquired");
     assert!(
         locks
             .try_acquire("shared-job", &opts())
@@ -317,17 +282,17 @@ async fn interop_with_kazoo() {
             .is_none(),
         "kazoo's lock excludes lockkit"
     );
-    assert_eq!(ask("release").await, "released");
+    assert_eq!(py.ask("release").await, "released");
 
     let guard = locks
         .try_acquire("shared-job", &opts())
         .await
         .unwrap()
         .expect("free after kazoo released");
-    assert_eq!(ask("try").await, "busy", "lockkit's lock excludes kazoo");
+    assert_eq!(py.ask("try").await, "busy", "lockkit's lock excludes kazoo");
     guard.release().await.unwrap();
-    assert_eq!(ask("try").await, "acquired");
-    assert_eq!(ask("release").await, "released");
+    assert_eq!(py.ask("try").await, "acquired");
+    assert_eq!(py.ask("release").await, "released");
 }
 
 /// Killing the leader of a 3-node ensemble while a lock is held and waiters

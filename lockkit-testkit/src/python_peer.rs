@@ -1,0 +1,69 @@
+//! A Python client as the peer of an interop test.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+/// A Python program driven line by line: each command written to its stdin
+/// is answered with one line on its stdout. Killed when dropped.
+#[derive(Debug)]
+pub struct PythonPeer {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+impl PythonPeer {
+    /// Runs `python3 -c <script> <args…>`.
+    ///
+    /// # Panics
+    ///
+    /// Loudly, with the install command, when Python cannot import `module`.
+    pub async fn start(module: &str, script: &str, args: &[&str]) -> PythonPeer {
+        let check = std::process::Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .output();
+        match check {
+            Ok(out) if out.status.success() => {}
+            _ => panic!(
+                "this interop test needs Python's {module} client: run scripts/install-services.sh \
+                 (or: python3 -m pip install {module})"
+            ),
+        }
+        let mut child = tokio::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start python3");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        PythonPeer {
+            _child: child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends one command line and returns the peer's answer (within 15 s).
+    ///
+    /// # Panics
+    ///
+    /// When the peer does not answer in time or has exited.
+    pub async fn ask(&mut self, command: &str) -> String {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .expect("write to the Python peer");
+        tokio::time::timeout(Duration::from_secs(15), self.stdout.next_line())
+            .await
+            .expect("the Python peer answers")
+            .expect("read from the Python peer")
+            .expect("the Python peer is alive")
+    }
+}
