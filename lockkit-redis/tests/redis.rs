@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
-use lockkit_testkit::{PythonPeer, RedisServer, free_port};
+use lockkit_testkit::{PythonPeer, RedisServer, assert_mutual_exclusion_with, free_port};
 use tokio::time::Instant;
 
 fn opts() -> LockOptions {
@@ -489,29 +489,5 @@ async fn interop_with_redis_py() {
     let locks = connect(&format!("{}?prefix=", server.url())).await;
     let port = server.port().to_string();
     let mut py = PythonPeer::start("redis", REDIS_PY_PEER, &[&port, "shared-job"]).await;
-
-    assert_eq!(py.ask("try").await, "acquired");
-    assert!(
-        locks
-            .try_acquire("shared-job", &opts())
-            .await
-            .unwrap()
-            .is_none(),
-        "redis-py's lock excludes lockkit"
-    );
-    assert_eq!(py.ask("release").await, "released");
-
-    let guard = locks
-        .try_acquire("shared-job", &opts())
-        .await
-        .unwrap()
-        .expect("free after redis-py released");
-    assert_eq!(
-        py.ask("try").await,
-        "busy",
-        "lockkit's lock excludes redis-py"
-    );
-    guard.release().await.unwrap();
-    assert_eq!(py.ask("try").await, "acquired");
-    assert_eq!(py.ask("release").await, "released");
+    assert_mutual_exclusion_with(&mut py, &locks, "shared-job").await;
 }

@@ -21,6 +21,6 @@ mod zk_server;
 
 pub use contention::{Probe, spawn_contenders};
 pub use process::{ServerError, ServerProcess, free_port};
-pub use python_peer::PythonPeer;
+pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use zk_server::{ZkEnsemble, ZkServer, ZkServerBuilder};

@@ -67,3 +67,33 @@ impl PythonPeer {
             .expect("the Python peer is alive")
     }
 }
+
+/// The interop protocol, against a peer that answers `try` with `acquired` or
+/// `busy` and `release` with `released` for the same lock as `name`: the
+/// peer's lock excludes lockkit, lockkit's excludes the peer, and neither
+/// releases the other's.
+pub async fn assert_mutual_exclusion_with(
+    peer: &mut PythonPeer,
+    locks: &dyn lockkit_core::DistributedLock,
+    name: &str,
+) {
+    let opts = lockkit_core::LockOptions::new().ttl(Duration::from_secs(30));
+    assert_eq!(peer.ask("try").await, "acquired");
+    let probe = locks.try_acquire(name, &opts).await.expect("try_acquire");
+    assert!(probe.is_none(), "the peer's lock must exclude lockkit");
+    assert_eq!(peer.ask("release").await, "released");
+
+    let guard = locks
+        .try_acquire(name, &opts)
+        .await
+        .expect("try_acquire")
+        .expect("free once the peer released");
+    assert_eq!(
+        peer.ask("try").await,
+        "busy",
+        "lockkit's lock must exclude the peer"
+    );
+    guard.release().await.expect("release");
+    assert_eq!(peer.ask("try").await, "acquired");
+    assert_eq!(peer.ask("release").await, "released");
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
-use lockkit_testkit::{PythonPeer, ZkServer};
+use lockkit_testkit::{PythonPeer, ZkServer, assert_mutual_exclusion_with};
 use lockkit_zk::ZkLock;
 use tokio::time::Instant;
 
@@ -272,27 +272,7 @@ async fn interop_with_kazoo() {
     let locks = connect(&server).await;
     let hosts = server.connect_string();
     let mut py = PythonPeer::start("kazoo", KAZOO_PEER, &[&hosts, "/locks/shared-job"]).await;
-
-    assert_eq!(py.ask("try").await, "acquired");
-    assert!(
-        locks
-            .try_acquire("shared-job", &opts())
-            .await
-            .unwrap()
-            .is_none(),
-        "kazoo's lock excludes lockkit"
-    );
-    assert_eq!(py.ask("release").await, "released");
-
-    let guard = locks
-        .try_acquire("shared-job", &opts())
-        .await
-        .unwrap()
-        .expect("free after kazoo released");
-    assert_eq!(py.ask("try").await, "busy", "lockkit's lock excludes kazoo");
-    guard.release().await.unwrap();
-    assert_eq!(py.ask("try").await, "acquired");
-    assert_eq!(py.ask("release").await, "released");
+    assert_mutual_exclusion_with(&mut py, &locks, "shared-job").await;
 }
 
 /// Killing the leader of a 3-node ensemble while a lock is held and waiters
