@@ -419,13 +419,21 @@ impl fmt::Debug for Shared {
     }
 }
 
+/// How renewals are retried after a failure: full jitter between 10 ms and a
+/// tenth of the lease (at most 1 s), so that several retries fit into what is
+/// left of the validity and a short outage costs no more than it lasts.
+fn retry_backoff(ttl: Duration) -> crate::backoff::Backoff {
+    let cap = (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    crate::backoff::Backoff::new(Duration::from_millis(10), cap)
+}
+
 /// Renews the lease every ttl/3 (when auto-renew is on) and marks the guard lost
 /// once its validity runs out.
 async fn watchdog(shared: Arc<Shared>) {
     let mut lost = shared.lost.subscribe();
-    // Retries after a failed renewal, until the validity runs out.
-    let mut retry =
-        crate::backoff::Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).delays();
+    // Retries after a failed renewal, until the validity runs out; paced by
+    // the lease (see `retry_backoff`) and started afresh after each success.
+    let mut retry: Option<crate::backoff::Delays> = None;
     let mut retry_at: Option<Instant> = None;
     loop {
         if lost.borrow_and_update().is_some() {
@@ -476,7 +484,7 @@ async fn watchdog(shared: Arc<Shared>) {
         match tokio::time::timeout(budget, shared.lease.extend(ttl)).await {
             Ok(Ok(true)) => {
                 shared.record_extension(sent, ttl);
-                retry.reset();
+                retry = None;
                 retry_at = None;
                 tracing::trace!(lock.name = %shared.name, "lease renewed");
             }
@@ -486,7 +494,8 @@ async fn watchdog(shared: Arc<Shared>) {
                 return;
             }
             Ok(Err(error)) => {
-                let delay = retry.next().unwrap_or(Duration::from_millis(10));
+                let delays = retry.get_or_insert_with(|| retry_backoff(ttl).delays());
+                let delay = delays.next().unwrap_or(Duration::from_millis(10));
                 retry_at = Some(Instant::now() + delay);
                 tracing::warn!(lock.name = %shared.name, %error, "lease renewal failed; retrying until the lease runs out");
             }
@@ -495,5 +504,28 @@ async fn watchdog(shared: Arc<Shared>) {
                 // loop marks the guard lost.
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_retries_fit_into_the_lease() {
+        assert_eq!(
+            retry_backoff(Duration::from_millis(600)).max(),
+            Duration::from_millis(60)
+        );
+        assert_eq!(
+            retry_backoff(Duration::from_secs(30)).max(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            retry_backoff(Duration::from_millis(10)).max(),
+            Duration::from_millis(10)
+        );
+        let delays = retry_backoff(Duration::from_millis(600)).delays_seeded(1);
+        assert!(delays.take(50).all(|d| d <= Duration::from_millis(60)));
     }
 }

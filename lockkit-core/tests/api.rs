@@ -45,23 +45,22 @@ async fn every_method_future_is_send() {
     lost.abort();
 }
 
-/// A short outage (shorter than the lease) costs renewals, not the lease.
+/// A short outage (shorter than the lease) costs renewals, not the lease:
+/// the watchdog retries often enough to catch the end of it.
 #[tokio::test]
 async fn renewal_retries_through_a_short_outage() {
     let store = MemoryStore::new();
     let a = MemoryLock::with_store(store.clone());
     let b = MemoryLock::with_store(store.clone());
+    let ttl = Duration::from_millis(1500);
     let guard = a
-        .acquire(
-            "outage",
-            &LockOptions::new().ttl(Duration::from_millis(600)),
-        )
+        .acquire("outage", &LockOptions::new().ttl(ttl))
         .await
         .unwrap();
     store.set_available(false);
-    tokio::time::sleep(Duration::from_millis(300)).await; // a renewal was due at 200 ms
+    tokio::time::sleep(ttl / 3 + Duration::from_millis(300)).await; // a renewal falls into it
     store.set_available(true);
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(ttl).await; // past the validity the lost renewal would have given
     assert!(!guard.is_lost());
     assert!(
         b.try_acquire("outage", &LockOptions::new())
@@ -70,6 +69,37 @@ async fn renewal_retries_through_a_short_outage() {
             .is_none()
     );
     guard.release().await.unwrap();
+}
+
+/// Renewal retries are paced by the lease, not by a fixed backoff: with a
+/// 600 ms lease they come at most 60 ms apart, so every one of ten guards
+/// renews within 100 ms of an outage's end (with retries up to a second apart,
+/// most would miss the rest of their validity).
+#[tokio::test(start_paused = true)]
+async fn renewal_retries_are_paced_by_the_lease() {
+    let store = MemoryStore::new();
+    let a = MemoryLock::with_store(store.clone());
+    let ttl = Duration::from_millis(600);
+    let mut guards = Vec::new();
+    for i in 0..10 {
+        guards.push(
+            a.acquire(&format!("pace-{i}"), &LockOptions::new().ttl(ttl))
+                .await
+                .unwrap(),
+        );
+    }
+    store.set_available(false);
+    // The renewals due at 200 ms fail and are retried until the outage ends.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    store.set_available(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    assert_eq!(lost, 0, "{lost} of 10 guards missed the end of the outage");
+    tokio::time::sleep(ttl).await;
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
 }
 
 /// Dropping a guard outside any runtime does not panic; the lease then ends
