@@ -468,17 +468,11 @@ fn tempfile_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")
 }
 
-const REDIS_PY_PEER: &str = r#"
+/// redis-py's `Lock` on the plain key `argv[2]`.
+const REDIS_PY_LOCK: &str = r#"
 import sys, redis
 r = redis.Redis(host="127.0.0.1", port=int(sys.argv[1]))
 lock = r.lock(sys.argv[2], timeout=30)
-for line in sys.stdin:
-    cmd = line.strip()
-    if cmd == "try":
-        print("acquired" if lock.acquire(blocking=False) else "busy", flush=True)
-    elif cmd == "release":
-        lock.release()
-        print("released", flush=True)
 "#;
 
 /// With an empty prefix, lockkit and redis-py's `Lock` on the same name exclude
@@ -488,6 +482,6 @@ async fn interop_with_redis_py() {
     let server = RedisServer::start().await;
     let locks = connect(&format!("{}?prefix=", server.url())).await;
     let port = server.port().to_string();
-    let mut py = PythonPeer::start("redis", REDIS_PY_PEER, &[&port, "shared-job"]).await;
+    let mut py = PythonPeer::start_lock_peer("redis", REDIS_PY_LOCK, &[&port, "shared-job"]).await;
     assert_mutual_exclusion_with(&mut py, &locks, "shared-job").await;
 }

@@ -50,6 +50,14 @@ impl PythonPeer {
         }
     }
 
+    /// The peer side of [`assert_mutual_exclusion_with`]: `setup` is Python
+    /// code that defines `lock` (with `acquire(blocking=False)` and
+    /// `release()`, as redis-py's and kazoo's locks have); the command loop is
+    /// appended.
+    pub async fn start_lock_peer(module: &str, setup: &str, args: &[&str]) -> PythonPeer {
+        Self::start(module, &format!("{setup}\n{LOCK_PEER_LOOP}"), args).await
+    }
+
     /// Sends one command line and returns the peer's answer (within 15 s).
     ///
     /// # Panics
@@ -68,7 +76,20 @@ impl PythonPeer {
     }
 }
 
-/// The interop protocol, against a peer that answers `try` with `acquired` or
+/// The command loop of a lock peer: `try` and `release` on the `lock` the
+/// setup code defined.
+const LOCK_PEER_LOOP: &str = r#"
+import sys as _sys
+for _line in _sys.stdin:
+    _command = _line.strip()
+    if _command == "try":
+        print("acquired" if lock.acquire(blocking=False) else "busy", flush=True)
+    elif _command == "release":
+        lock.release()
+        print("released", flush=True)
+"#;
+
+/// The interop protocol, against a peer (see [`PythonPeer::start_lock_peer`]) that answers `try` with `acquired` or
 /// `busy` and `release` with `released` for the same lock as `name`: the
 /// peer's lock excludes lockkit, lockkit's excludes the peer, and neither
 /// releases the other's.

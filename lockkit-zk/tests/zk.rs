@@ -248,20 +248,13 @@ async fn unreachable_ensemble_is_unavailable() {
     );
 }
 
-const KAZOO_PEER: &str = r#"
+/// kazoo's `Lock` on path `argv[2]`, recognising lockkit's (Curator's) nodes.
+const KAZOO_LOCK: &str = r#"
 import sys
 from kazoo.client import KazooClient
 zk = KazooClient(hosts=sys.argv[1])
 zk.start(timeout=10)
 lock = zk.Lock(sys.argv[2], "kazoo", extra_lock_patterns=["-lock-"])
-for line in sys.stdin:
-    cmd = line.strip()
-    if cmd == "try":
-        print("acquired" if lock.acquire(blocking=False) else "busy", flush=True)
-    elif cmd == "release":
-        lock.release()
-        print("released", flush=True)
-zk.stop()
 "#;
 
 /// kazoo's `Lock` (with `extra_lock_patterns=["-lock-"]`) and lockkit on the
@@ -271,7 +264,8 @@ async fn interop_with_kazoo() {
     let server = ZkServer::start().await;
     let locks = connect(&server).await;
     let hosts = server.connect_string();
-    let mut py = PythonPeer::start("kazoo", KAZOO_PEER, &[&hosts, "/locks/shared-job"]).await;
+    let mut py =
+        PythonPeer::start_lock_peer("kazoo", KAZOO_LOCK, &[&hosts, "/locks/shared-job"]).await;
     assert_mutual_exclusion_with(&mut py, &locks, "shared-job").await;
 }
 
