@@ -9,9 +9,23 @@
 #                  slf4j-simple), run by lockkit-testkit's ZkServer/ZkEnsemble
 #   default-jre-headless   the `java` that runs it
 #   python3 kazoo  the Python ZooKeeper client, for the interop test
-#
-# Later backends add mariadb-server and postgresql.
+#   util-linux     setpriv, which starts every test server (and runs
+#                  PostgreSQL as the user postgres when the tests run as root)
+#   postgresql     postgres, initdb, pg_isready and psql under
+#                  /usr/lib/postgresql/<version>/bin (and the user postgres),
+#                  run by lockkit-testkit's PostgresServer and the SQL backend's
+#                  tests
+#   mariadb-server mariadbd and mariadb-install-db, run by lockkit-testkit's
+#                  MariaDbServer and the SQL backend's tests
+#   mariadb-client the mariadb client, its readiness probe and MariaDbServer::sql
 set -euo pipefail
+
+# The newest /usr/lib/postgresql/<version>/bin that has initdb, if any.
+postgres_bin_dir() {
+    local dir
+    dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$dir" ] && [ -x "$dir/initdb" ] && echo "$dir"
+}
 
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
@@ -21,6 +35,11 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 [ -f /usr/share/java/slf4j-simple.jar ] || need_apt+=(libslf4j-java)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+postgres_bin_dir >/dev/null || need_apt+=(postgresql)
+{ command -v mariadbd || [ -x /usr/sbin/mariadbd ]; } >/dev/null 2>&1 \
+    && command -v mariadb-install-db >/dev/null 2>&1 \
+    || need_apt+=(mariadb-server)
+command -v mariadb >/dev/null 2>&1 || need_apt+=(mariadb-client)
 
 if ((${#need_apt[@]})); then
     echo "install-services: installing ${need_apt[*]} from Debian's packages" >&2
@@ -30,9 +49,11 @@ if ((${#need_apt[@]})); then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-# The Debian packages start a system-wide redis-server and ZooKeeper (port
-# 2181) through systemd where systemd runs; the tests never use them (they
-# start their own on free ports).
+# The Debian packages start a system-wide redis-server, ZooKeeper (port
+# 2181), PostgreSQL (5432) and MariaDB (3306) through systemd where systemd
+# runs (elsewhere, e.g. in a container whose policy-rc.d denies it, they do
+# not start: harmless); the tests never use them (they start their own on
+# free ports, from their own data directories).
 
 if ! python3 -c 'import redis' >/dev/null 2>&1; then
     echo "install-services: installing Python's redis client from PyPI" >&2
@@ -51,3 +72,6 @@ python3 -c 'import redis; print("redis-py", redis.__version__)' >&2
 java -version 2>&1 | head -n 1 >&2
 java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.version.VersionInfoMain >&2
 python3 -c 'import kazoo.version; print("kazoo", kazoo.version.__version__)' >&2
+"$(postgres_bin_dir)/postgres" --version >&2
+mariadbd=$(command -v mariadbd || echo /usr/sbin/mariadbd)
+"$mariadbd" --version >&2

@@ -27,6 +27,9 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | `redis://`, `rediss://` | one Redis server (`lockkit::redis`) | `redis` |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over N Redis masters (`lockkit::redlock`) | `redlock` |
 /// | `zk://h1:p1,h2:p2/root` | ZooKeeper (`lockkit::zk`) | `zk` |
+/// | `postgres://`, `postgresql://` | PostgreSQL, `?mode=lease` (default), `row`, `advisory` (`lockkit::sql`) | `postgres` |
+/// | `mysql://`, `mariadb://` | MySQL/MariaDB, `?mode=lease` (default), `named` (`lockkit::sql`) | `mysql` |
+/// | `sqlite://path`, `sqlite::memory:` | SQLite lease rows (`lockkit::sql`) | `sqlite` |
 ///
 /// The connection is eager: an unreachable server gives
 /// [`LockError::Unavailable`] within the connect timeout, and the client
@@ -62,6 +65,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
         "redlock" => Ok(Arc::new(lockkit_redlock::connect(url).await?)),
         #[cfg(feature = "zk")]
         "zk" => Ok(Arc::new(lockkit_zk::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(lockkit_sql::connect(url).await?)),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(lockkit_sql::connect(url).await?)),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(lockkit_sql::connect(url).await?)),
         known => match SCHEMES.iter().find(|(name, _)| *name == known) {
             Some((_, feature)) => Err(LockError::BackendNotCompiled {
                 scheme: known.to_owned(),

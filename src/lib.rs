@@ -23,3 +23,8 @@ pub use lockkit_redlock as redlock;
 /// The ZooKeeper backend, for options a URL cannot express.
 #[cfg(feature = "zk")]
 pub use lockkit_zk as zk;
+
+/// The SQL backends (Postgres, MySQL/MariaDB, SQLite), for options a URL
+/// cannot express.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use lockkit_sql as sql;

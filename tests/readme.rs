@@ -1,7 +1,21 @@
 //! The README's backend table is generated from the backends' `Capabilities`.
 //! It lists every backend, so the check needs them all compiled in (CI runs
 //! with `--all-features`).
-#![cfg(all(feature = "redis", feature = "redlock", feature = "zk"))]
+#![cfg(all(
+    feature = "redis",
+    feature = "redlock",
+    feature = "zk",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+
+use lockkit::sql::{Database, Mode};
+
+fn sql(mode: Mode, database: Database) -> lockkit::Capabilities {
+    mode.capabilities(database)
+        .unwrap_or_else(|| panic!("{mode} on {database}"))
+}
 
 #[test]
 fn readme_capabilities_table_is_current() {
@@ -10,7 +24,19 @@ fn readme_capabilities_table_is_current() {
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
         ("redlock", lockkit::redlock::REDLOCK_CAPABILITIES),
         ("zookeeper", lockkit::zk::ZK_CAPABILITIES),
+        ("postgres lease", sql(Mode::Lease, Database::Postgres)),
+        (
+            "postgres row, advisory",
+            sql(Mode::Advisory, Database::Postgres),
+        ),
+        ("mysql lease", sql(Mode::Lease, Database::MySql)),
+        ("mysql named", sql(Mode::Named, Database::MySql)),
+        ("sqlite lease", sql(Mode::Lease, Database::Sqlite)),
     ];
+    assert_eq!(
+        sql(Mode::Row, Database::Postgres),
+        sql(Mode::Advisory, Database::Postgres)
+    );
     let table = lockkit::Capabilities::markdown_table(&rows);
 
     let readme = include_str!("../README.md");

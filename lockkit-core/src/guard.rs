@@ -221,8 +221,8 @@ impl LockGuard {
     }
 
     /// Hands this client's local FIFO slot to the guard, which gives it up when
-    /// the holding ends (released, dropped or lost).
-    pub(crate) fn attach_slot(&self, slot: LocalSlot) {
+    /// the holding ends (released, dropped or lost). For backend implementors.
+    pub fn attach_slot(&self, slot: LocalSlot) {
         let mut held = lock(&self.shared.slot);
         // Checked under the slot lock, which `mark_lost` takes after setting
         // the reason: a concurrent loss cannot strand the slot here.
@@ -318,8 +318,11 @@ impl LockGuard {
                 shared.free_slot();
                 Ok(())
             } else {
+                // The backend may have recorded a more precise reason meanwhile
+                // (a dropped connection, an expired session).
                 shared.mark_lost(LostReason::Revoked);
-                Err(LockError::lost(&shared.name, LostReason::Revoked))
+                let reason = shared.lost_reason().unwrap_or(LostReason::Revoked);
+                Err(LockError::lost(&shared.name, reason))
             }
         }
         .instrument(span.clone())

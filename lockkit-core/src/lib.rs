@@ -23,6 +23,7 @@ pub use error::{BoxError, LockError, Result};
 pub use fencing::FencingToken;
 pub use guard::{Lease, LockGuard, LossNotifier, LostReason};
 pub use lease::{LeaseBackend, LeaseLock};
+pub use local_queue::{LocalQueue, LocalSlot};
 pub use lock::{DistributedLock, DynDistributedLock};
 pub use memory::{HolderInfo, MEMORY_CAPABILITIES, MemoryBackend, MemoryLock, MemoryStore};
 pub use name::{MAX_NAME_LEN, validate_name};

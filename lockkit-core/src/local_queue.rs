@@ -14,8 +14,11 @@ use tokio::sync::OwnedMutexGuard;
 
 type Slots = Arc<Mutex<HashMap<Box<str>, Arc<tokio::sync::Mutex<()>>>>>;
 
+/// A per-name FIFO of the tasks of one client (see the module docs): only the
+/// task holding a name's [`LocalSlot`] talks to the backend about that name.
+/// For backend implementors; [`LeaseLock`](crate::LeaseLock) uses one.
 #[derive(Debug, Default)]
-pub(crate) struct LocalQueue {
+pub struct LocalQueue {
     slots: Slots,
 }
 
@@ -38,7 +41,7 @@ impl LocalQueue {
     }
 
     /// Waits for this client's turn on `name` (cancel-safe).
-    pub(crate) async fn enter(&self, name: &str) -> LocalSlot {
+    pub async fn enter(&self, name: &str) -> LocalSlot {
         let entry = self.entry(name);
         let turn = entry.mutex.clone().lock_owned().await;
         LocalSlot {
@@ -48,7 +51,7 @@ impl LocalQueue {
     }
 
     /// Takes this client's turn on `name` if nobody else in the client has it.
-    pub(crate) fn try_enter(&self, name: &str) -> Option<LocalSlot> {
+    pub fn try_enter(&self, name: &str) -> Option<LocalSlot> {
         let entry = self.entry(name);
         let turn = entry.mutex.clone().try_lock_owned().ok()?;
         Some(LocalSlot {
@@ -83,7 +86,7 @@ impl Drop for SlotEntry {
 
 /// This client's turn on a name. Field order matters: the turn is given up
 /// before the entry checks whether the queue can be removed.
-pub(crate) struct LocalSlot {
+pub struct LocalSlot {
     _turn: OwnedMutexGuard<()>,
     _entry: SlotEntry,
 }

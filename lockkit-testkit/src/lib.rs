@@ -3,6 +3,9 @@
 //! * Real servers as child processes on free loopback ports, in temporary
 //!   directories, killed when dropped and when the test process dies:
 //!   [`RedisServer`], [`ZkServer`] and a quorum of them, [`ZkEnsemble`].
+//! * SQL servers the same way: [`PostgresServer`] and [`MariaDbServer`],
+//!   each started from a copy of a template data directory built once per
+//!   machine (so a start takes a fraction of a second).
 //! * Fault injection on them: pause (SIGSTOP), resume, kill, restart.
 //! * [`conformance`]: the behavioural suite every backend runs against its real
 //!   server, one named test per case.
@@ -14,12 +17,16 @@
 
 pub mod conformance;
 pub mod contention;
+mod mariadb_server;
+mod postgres_server;
 mod process;
 mod python_peer;
 mod redis_server;
 mod zk_server;
 
 pub use contention::{Probe, spawn_contenders};
+pub use mariadb_server::{MariaDbServer, MariaDbServerBuilder};
+pub use postgres_server::{PostgresServer, PostgresServerBuilder};
 pub use process::{ServerError, ServerProcess, free_port};
 pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
 pub use redis_server::{RedisServer, RedisServerBuilder};

@@ -9,6 +9,15 @@
 //! statics, which are never dropped, and under `cargo nextest`, which runs
 //! every test in its own process). `setpriv` execs the server, so the PID we
 //! hold is the server's PID.
+//!
+//! Two options generalise this for PostgreSQL ([`SpawnOptions`]): running the
+//! server as another user (`setpriv --reuid --regid --init-groups`; setpriv
+//! sets the parent-death signal *after* switching user, so the switch does
+//! not clear it), and signalling the server's children too, for a server whose
+//! children leave its process group.
+//!
+//! Servers whose setup is slow (initdb, mariadb-install-db) copy a template
+//! data directory built once per machine: see [`ensure_template`].
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -17,7 +26,7 @@ use std::fs::{self, File};
 use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -25,7 +34,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
+use nix::unistd::{Pid, Uid, User};
 
 /// How many lines of a server's log an error message includes.
 pub(crate) const LOG_TAIL_LINES: usize = 20;
@@ -35,6 +44,14 @@ const SETPRIV_HINT: &str =
 
 /// How long [`ServerProcess::pause`] waits for every thread to stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long [`ServerProcess::kill`] waits for a server's killed children to
+/// be dead (they release what they hold, e.g. shared memory, on exit).
+const CHILD_EXIT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The directory under the system's temporary directory where template data
+/// directories are kept (see [`ensure_template`]).
+const TEMPLATES_DIR: &str = "lockkit-testkit-templates";
 
 /// Extra attempts, each on new ports, when a start finds a port taken.
 const PORT_RETRIES: usize = 3;
@@ -59,6 +76,21 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// How [`ServerProcess::spawn_with`] runs a server, beyond its command.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SpawnOptions {
+    /// Run the server as this user and group (`(uid, gid)`), with the user's
+    /// supplementary groups: `setpriv --reuid --regid --init-groups`. Needs
+    /// root. The parent-death signal still works: the kernel clears it on a
+    /// change of credentials, but setpriv sets it after the switch, just
+    /// before it execs the server.
+    pub(crate) run_as: Option<(u32, u32)>,
+    /// The server forks children that leave its process group (PostgreSQL's
+    /// backends call `setsid`): pause, resume and kill signal its direct
+    /// children too.
+    pub(crate) signal_children: bool,
 }
 
 /// Why a test server could not be started (or restarted).
@@ -307,13 +339,18 @@ fn discard(mut child: Child) {
 ///
 /// Signals go to the server's process group (the server and anything it
 /// forked), and only while the process has not been reaped, so a PID that the
-/// kernel may have reused is never signalled.
+/// kernel may have reused is never signalled. A server spawned to signal its
+/// children (PostgreSQL) also signals the processes whose parent it is, found
+/// in `/proc`, and only while it is stopped: a stopped server neither forks
+/// nor reaps, so the children found are all of them and their PIDs stay
+/// theirs.
 #[derive(Debug)]
 pub struct ServerProcess {
     what: String,
     child: Child,
     log_path: PathBuf,
     output_path: PathBuf,
+    options: SpawnOptions,
     /// `Some` once the child has been reaped (inner `None`: reaping failed).
     reaped: Option<Option<ExitStatus>>,
 }
@@ -334,7 +371,26 @@ impl ServerProcess {
         log_path: &Path,
         output_path: &Path,
     ) -> Result<Self, ServerError> {
-        let wrapped = wrap(what, command, output_path)?;
+        Self::spawn_with(
+            what,
+            command,
+            log_path,
+            output_path,
+            SpawnOptions::default(),
+        )
+        .await
+    }
+
+    /// Like [`spawn`](Self::spawn), with options: another user, and
+    /// signalling the server's children.
+    pub(crate) async fn spawn_with(
+        what: &str,
+        command: &Command,
+        log_path: &Path,
+        output_path: &Path,
+        options: SpawnOptions,
+    ) -> Result<Self, ServerError> {
+        let wrapped = wrap(what, command, output_path, options)?;
         let (sender, receiver) = tokio::sync::oneshot::channel();
         let reply = Box::new(move |result: io::Result<Child>| {
             // If the caller's future was dropped meanwhile, nobody owns the
@@ -348,18 +404,15 @@ impl ServerProcess {
             .await
             .map_err(|_| spawner_gone(what))?
             .map_err(|source| spawn_error(what, source))?;
-        Ok(Self::new(what, child, log_path, output_path))
-    }
-
-    fn new(what: &str, child: Child, log_path: &Path, output_path: &Path) -> Self {
         tracing::debug!(pid = child.id(), "started {what}");
-        Self {
+        Ok(Self {
             what: what.to_owned(),
             child,
             log_path: log_path.to_path_buf(),
             output_path: output_path.to_path_buf(),
+            options,
             reaped: None,
-        }
+        })
     }
 
     /// The server's PID (still reported after it exited).
@@ -408,27 +461,56 @@ impl ServerProcess {
     }
 
     /// Stops the server with SIGSTOP: it keeps its sockets but answers
-    /// nothing until [`ServerProcess::resume`].
+    /// nothing until [`ServerProcess::resume`]. A server spawned to signal
+    /// its children is stopped first, then its children.
     ///
-    /// Returns once every thread of the server has stopped (at most after
-    /// 1 s): SIGSTOP takes effect asynchronously, thread by thread, and a
-    /// multi-threaded server (a JVM) otherwise still answers, now and then, a
-    /// request sent right after the signal.
+    /// Returns once every thread of the server (and of those children) has
+    /// stopped (at most after 1 s each): SIGSTOP takes effect asynchronously,
+    /// thread by thread, and a multi-threaded server (a JVM) otherwise still
+    /// answers, now and then, a request sent right after the signal.
     pub fn pause(&mut self) -> io::Result<()> {
-        self.signal(Signal::SIGSTOP)?;
-        if !wait_until_stopped(self.pid(), STOP_TIMEOUT) {
-            tracing::warn!(
-                "{} (pid {}) was not fully stopped after {STOP_TIMEOUT:?}",
-                self.what,
-                self.pid()
-            );
+        self.stop()?;
+        if self.options.signal_children {
+            let children = children_of(self.pid());
+            for child in &children {
+                let _ = kill(child.raw_pid(), Signal::SIGSTOP);
+            }
+            for child in &children {
+                self.wait_stopped(child.pid);
+            }
         }
         Ok(())
     }
 
-    /// Continues a paused server with SIGCONT.
+    /// Continues a paused server with SIGCONT. A server spawned to signal its
+    /// children is stopped first (if it was not), so that its children's
+    /// PIDs stay theirs while they are continued, then continued itself.
     pub fn resume(&mut self) -> io::Result<()> {
+        if self.options.signal_children {
+            self.stop()?;
+            for child in children_of(self.pid()) {
+                let _ = kill(child.raw_pid(), Signal::SIGCONT);
+            }
+        }
         self.signal(Signal::SIGCONT)
+    }
+
+    /// SIGSTOP to the server's group, and waits until it stopped.
+    fn stop(&mut self) -> io::Result<()> {
+        self.signal(Signal::SIGSTOP)?;
+        self.wait_stopped(self.pid());
+        Ok(())
+    }
+
+    /// Waits until every thread of `pid` stopped (at most 1 s; a warning
+    /// otherwise).
+    fn wait_stopped(&self, pid: u32) {
+        if !wait_until_stopped(pid, STOP_TIMEOUT) {
+            tracing::warn!(
+                "{} (pid {pid}) was not fully stopped after {STOP_TIMEOUT:?}",
+                self.what,
+            );
+        }
     }
 
     fn signal(&mut self, signal: Signal) -> io::Result<()> {
@@ -455,15 +537,39 @@ impl ServerProcess {
 
     /// Kills the server with SIGKILL (its whole process group) and reaps it.
     /// Idempotent, and harmless after the process exited on its own.
+    ///
+    /// A server spawned to signal its children is stopped first, then its
+    /// children are killed, then the server; this returns once those children
+    /// are dead too (at most after 2 s), having released what they held.
     pub fn kill(&mut self) {
         if !self.is_running() {
             return;
         }
+        let mut children = Vec::new();
         if let Ok(pid) = self.raw_pid() {
+            if self.options.signal_children {
+                // Stopped, it can neither fork a new child nor reap one (so
+                // that its PID could be reused) while we kill them.
+                if killpg(pid, Signal::SIGSTOP).is_err() {
+                    let _ = kill(pid, Signal::SIGSTOP);
+                }
+                self.wait_stopped(self.pid());
+                children = children_of(self.pid());
+                for child in &children {
+                    let _ = kill(child.raw_pid(), Signal::SIGKILL);
+                }
+            }
             // SIGKILL also ends a stopped (paused) process.
             if killpg(pid, Signal::SIGKILL).is_err() {
                 let _ = kill(pid, Signal::SIGKILL);
             }
+        }
+        if !wait_until_dead(&children, CHILD_EXIT_TIMEOUT) {
+            tracing::warn!(
+                "children of {} (pid {}) were not dead after {CHILD_EXIT_TIMEOUT:?}",
+                self.what,
+                self.pid()
+            );
         }
         match self.child.wait() {
             Ok(status) => self.reaped = Some(Some(status)),
@@ -505,9 +611,18 @@ pub(crate) struct Readiness {
 #[derive(Debug, Default)]
 pub(crate) struct ProcessSlot {
     state: Mutex<Option<ServerProcess>>,
+    options: SpawnOptions,
 }
 
 impl ProcessSlot {
+    /// An empty slot whose processes are spawned with `options`.
+    pub(crate) fn with_options(options: SpawnOptions) -> Self {
+        Self {
+            state: Mutex::default(),
+            options,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<ServerProcess>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -563,7 +678,8 @@ impl ProcessSlot {
         Fut: Future<Output = bool>,
     {
         self.kill();
-        let process = ServerProcess::spawn(what, command, log_path, output_path).await?;
+        let process =
+            ServerProcess::spawn_with(what, command, log_path, output_path, self.options).await?;
         let pid = process.pid();
         let previous = self.lock().replace(process);
         drop(previous);
@@ -630,9 +746,10 @@ macro_rules! fault_injection {
         }
 
         /// Freezes the server with SIGSTOP (returning once all its threads
-        /// stopped): connections are still accepted by the kernel but
-        /// nothing is answered until [`resume`](Self::resume). Does nothing
-        /// while the server is killed.
+        /// stopped; for PostgreSQL, its backends and other children too):
+        /// connections are still accepted by the kernel but nothing is
+        /// answered until [`resume`](Self::resume). Does nothing while the
+        /// server is killed.
         pub fn pause(&self) {
             self.process.pause();
         }
@@ -642,8 +759,9 @@ macro_rules! fault_injection {
             self.process.resume();
         }
 
-        /// Kills the server with SIGKILL and reaps it. The port and directory
-        /// are kept for [`restart`](Self::restart). Idempotent.
+        /// Kills the server with SIGKILL (for PostgreSQL, its backends and
+        /// other children too) and reaps it. The port and directory are kept
+        /// for [`restart`](Self::restart). Idempotent.
         pub fn kill(&self) {
             self.process.kill();
         }
@@ -700,6 +818,256 @@ fn all_threads_stopped(pid: u32) -> bool {
     })
 }
 
+/// A process found in `/proc`: its PID and its start time (clock ticks
+/// since boot), which together name it even after its PID is reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ProcessId {
+    pid: u32,
+    start_time: u64,
+}
+
+impl ProcessId {
+    fn raw_pid(self) -> Pid {
+        // PIDs listed in /proc fit (pid_max is at most 2^22).
+        Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX))
+    }
+}
+
+/// `/proc/PID/stat` of `pid` as (state, parent PID, start time).
+fn proc_stat(pid: u32) -> Option<(char, u32, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields follow the command name, which is in parentheses and may
+    // itself contain ") ": state is field 3, ppid 4, starttime 22.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let parent = fields.get(1)?.parse().ok()?;
+    let start_time = fields.get(19)?.parse().ok()?;
+    Some((state, parent, start_time))
+}
+
+/// The processes whose parent is `parent` (zombies included).
+fn children_of(parent: u32) -> Vec<ProcessId> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (_, ppid, start_time) = proc_stat(pid)?;
+            (ppid == parent).then_some(ProcessId { pid, start_time })
+        })
+        .collect()
+}
+
+/// Whether `process` has exited: gone, a zombie, or its PID names another
+/// process by now. (A zombie no longer holds memory, files or sockets.)
+fn is_dead(process: ProcessId) -> bool {
+    proc_stat(process.pid).is_none_or(|(state, _, start_time)| {
+        start_time != process.start_time || matches!(state, 'Z' | 'X')
+    })
+}
+
+/// Polls until every one of `processes` has exited; `false` when `timeout`
+/// passed first.
+fn wait_until_dead(processes: &[ProcessId], timeout: Duration) -> bool {
+    let started = Instant::now();
+    loop {
+        if processes.iter().all(|&process| is_dead(process)) {
+            return true;
+        }
+        if started.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether this process runs as root (effective user ID 0).
+pub(crate) fn running_as_root() -> bool {
+    Uid::effective().is_root()
+}
+
+/// The name of this process's effective user (`uid<N>` when it has none).
+pub(crate) fn current_user_name() -> String {
+    let uid = Uid::effective();
+    User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid{uid}"), |user| user.name)
+}
+
+/// The user ID and primary group ID of the user `name`; `None` when there
+/// is no such user.
+pub(crate) fn user_ids(name: &str) -> io::Result<Option<(u32, u32)>> {
+    let user = User::from_name(name).map_err(io::Error::from)?;
+    Ok(user.map(|user| (user.uid.as_raw(), user.gid.as_raw())))
+}
+
+/// `text` reduced to characters that are safe in a file name (others become
+/// `_`).
+pub(crate) fn file_name_part(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Runs a helper command (`initdb`, `cp`…) to completion within `timeout`
+/// and returns its stdout. The helper is killed when it times out or when the
+/// returned future is dropped. A failure is a [`ServerError::Io`] whose
+/// message has the exit status and the last lines of the helper's output.
+pub(crate) async fn run_helper(
+    what: &str,
+    command: &mut tokio::process::Command,
+    timeout: Duration,
+) -> Result<String, ServerError> {
+    let io_error = |source| ServerError::Io {
+        what: format!("run {what}"),
+        source,
+    };
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| spawn_error(what, source))?;
+    let output = within(timeout, child.wait_with_output(), || {
+        format!("{what} did not finish")
+    })
+    .await
+    .map_err(io_error)?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        return Ok(stdout);
+    }
+    let all = format!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    Err(io_error(io::Error::other(format!(
+        "{}; last lines of its output:\n{}",
+        output.status,
+        tail(&all, LOG_TAIL_LINES)
+    ))))
+}
+
+/// `<tmp>/lockkit-testkit-templates`: where template data directories are
+/// kept unless a builder names another directory.
+pub(crate) fn default_templates_root() -> PathBuf {
+    std::env::temp_dir().join(TEMPLATES_DIR)
+}
+
+/// Returns the template directory `root/name`, building it first unless it
+/// exists.
+///
+/// `build` fills a new, empty directory beside it
+/// (`root/name.build-XXXXXX`), which is then renamed into place, so a
+/// template that exists is complete. Builders racing for one template (tasks
+/// of this process, or other processes: cargo nextest runs each test in its
+/// own) build their own directories; the first rename wins and the others
+/// discard theirs. Within this process builds are serialised, so the work is
+/// done once. A failed build is removed.
+///
+/// `root` is created if missing, world-writable and sticky like `/tmp`, so
+/// that the templates of different users (each keyed by its owner) can live
+/// side by side.
+pub(crate) async fn ensure_template<F, Fut>(
+    root: &Path,
+    name: &str,
+    build: F,
+) -> Result<PathBuf, ServerError>
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: Future<Output = Result<(), ServerError>>,
+{
+    static BUILDING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let template = root.join(name);
+    if template.is_dir() {
+        return Ok(template);
+    }
+    let _building = BUILDING.lock().await;
+    if template.is_dir() {
+        return Ok(template);
+    }
+    create_shared_dir(root)?;
+    let build_dir = tempfile::Builder::new()
+        .prefix(&format!("{name}.build-"))
+        .tempdir_in(root)
+        .map_err(|source| ServerError::Io {
+            what: format!("create a directory in {} to build {name}", root.display()),
+            source,
+        })?;
+    let started = Instant::now();
+    build(build_dir.path().to_path_buf()).await?;
+    publish_template(build_dir, &template)?;
+    tracing::debug!(
+        "built the template {} in {:?}",
+        template.display(),
+        started.elapsed()
+    );
+    Ok(template)
+}
+
+/// Renames a finished build to `template`, or discards it when another
+/// builder got there first.
+fn publish_template(build: tempfile::TempDir, template: &Path) -> Result<(), ServerError> {
+    match fs::rename(build.path(), template) {
+        Ok(()) => {
+            // Nothing is left at the build's path to remove.
+            let _ = build.keep();
+            Ok(())
+        }
+        Err(_) if template.is_dir() => {
+            tracing::debug!(
+                "{} was built by another process meanwhile; discarding ours",
+                template.display()
+            );
+            Ok(())
+        }
+        Err(source) => Err(ServerError::Io {
+            what: format!("move {} to {}", build.path().display(), template.display()),
+            source,
+        }),
+    }
+}
+
+/// Creates `dir` (and its parents) unless it exists; a directory this
+/// process creates is made world-writable and sticky, like `/tmp`.
+fn create_shared_dir(dir: &Path) -> Result<(), ServerError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let io_error = |source| ServerError::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    };
+    fs::create_dir_all(dir).map_err(io_error)?;
+    let ours = fs::metadata(dir).map_err(io_error)?.uid() == Uid::effective().as_raw();
+    if ours {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o1777)).map_err(io_error)?;
+    }
+    Ok(())
+}
+
+/// Copies the directory `template` to `dest` (which must not exist) with
+/// `cp -a`: modes, owners and timestamps preserved.
+pub(crate) async fn copy_template(template: &Path, dest: &Path) -> Result<(), ServerError> {
+    let mut cp = tokio::process::Command::new("cp");
+    cp.arg("-a").arg("--").arg(template).arg(dest);
+    run_helper(
+        &format!("cp -a {} {}", template.display(), dest.display()),
+        &mut cp,
+        Duration::from_secs(60),
+    )
+    .await
+    .map(drop)
+}
+
 /// The tail of a server's log file, plus the tail of its stdout/stderr file
 /// when that is a different, non-empty file.
 pub(crate) fn log_tail(log_path: &Path, output_path: &Path, lines: usize) -> String {
@@ -727,8 +1095,14 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Builds `setpriv --pdeathsig KILL -- <program> <args…>` from `command`.
-fn wrap(what: &str, command: &Command, output_path: &Path) -> Result<Command, ServerError> {
+/// Builds `setpriv [--reuid U --regid G --init-groups] --pdeathsig KILL --
+/// <program> <args…>` from `command`.
+fn wrap(
+    what: &str,
+    command: &Command,
+    output_path: &Path,
+    options: SpawnOptions,
+) -> Result<Command, ServerError> {
     let setpriv = find_binary("setpriv", SETPRIV_HINT)?;
     let output = File::options()
         .create(true)
@@ -742,6 +1116,14 @@ fn wrap(what: &str, command: &Command, output_path: &Path) -> Result<Command, Se
         .try_clone()
         .map_err(|source| spawn_error(what, source))?;
     let mut wrapped = Command::new(setpriv);
+    if let Some((uid, gid)) = options.run_as {
+        // setpriv switches credentials before it sets the parent-death
+        // signal (which a switch would clear), then execs.
+        wrapped
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .arg("--init-groups");
+    }
     wrapped
         .args(["--pdeathsig", "KILL", "--"])
         .arg(command.get_program())
@@ -781,4 +1163,51 @@ fn spawn_error(what: &str, source: io::Error) -> ServerError {
 
 fn spawner_gone(what: &str) -> ServerError {
     spawn_error(what, io::Error::other("the server spawner thread is gone"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_build_of_a_template_is_discarded() {
+        let root = tempfile::tempdir().unwrap();
+        let template = root.path().join("t");
+        let first = tempfile::tempdir_in(root.path()).unwrap();
+        fs::write(first.path().join("who"), "first").unwrap();
+        let second = tempfile::tempdir_in(root.path()).unwrap();
+        fs::write(second.path().join("who"), "second").unwrap();
+        let second_path = second.path().to_path_buf();
+
+        publish_template(first, &template).unwrap();
+        publish_template(second, &template).unwrap();
+        assert_eq!(fs::read_to_string(template.join("who")).unwrap(), "first");
+        assert!(!second_path.exists(), "the losing build was not removed");
+        let left: Vec<_> = fs::read_dir(root.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+    }
+
+    #[test]
+    fn children_of_finds_a_child_and_is_dead_sees_it_exit() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let children = children_of(std::process::id());
+        let found = children
+            .iter()
+            .find(|process| process.pid == child.id())
+            .copied()
+            .unwrap_or_else(|| panic!("{} not in {children:?}", child.id()));
+        assert!(!is_dead(found));
+        child.kill().unwrap();
+        assert!(wait_until_dead(&[found], Duration::from_secs(2)));
+        child.wait().unwrap();
+        assert!(is_dead(found));
+    }
+
+    #[test]
+    fn file_name_part_keeps_only_safe_characters() {
+        assert_eq!(
+            file_name_part("10.11.19-MariaDB-0+deb12u1 x/y"),
+            "10.11.19-MariaDB-0+deb12u1_x_y"
+        );
+    }
 }

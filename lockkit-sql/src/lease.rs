@@ -1,0 +1,209 @@
+//! `lease` mode: a row per lock with an owner and an expiry decided by the
+//! server's clock, on every database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{
+    Attempt, Capabilities, FencingToken, LeaseBackend, OwnerToken, ReleaseWatch, Result,
+    validate_name,
+};
+
+use crate::config::Settings;
+
+#[cfg(feature = "postgres")]
+use crate::config::NOTIFIED_LEASE_CAPABILITIES;
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+use crate::config::POLLED_LEASE_CAPABILITIES;
+
+/// The database behind the lease rows.
+#[derive(Debug)]
+pub(crate) enum Rows {
+    #[cfg(feature = "postgres")]
+    Postgres {
+        pool: sqlx::PgPool,
+        sql: Arc<crate::postgres::PgSql>,
+        notifications: crate::postgres::PgNotifications,
+    },
+    #[cfg(feature = "mysql")]
+    MySql {
+        pool: sqlx::MySqlPool,
+        sql: Arc<crate::mysql::MySql>,
+    },
+    #[cfg(feature = "sqlite")]
+    Sqlite {
+        pool: sqlx::SqlitePool,
+        sql: Arc<crate::sqlite::SqliteSql>,
+    },
+}
+
+/// The [`LeaseBackend`] of `lease` mode.
+#[derive(Debug)]
+pub(crate) struct LeaseRows {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    rows: Rows,
+    settings: Settings,
+}
+
+impl LeaseRows {
+    pub(crate) fn new(rows: Rows, settings: Settings) -> Self {
+        LeaseRows {
+            shared: Arc::new(Shared { rows, settings }),
+        }
+    }
+}
+
+#[lockkit_core::async_trait]
+impl LeaseBackend for LeaseRows {
+    type Key = String;
+
+    fn backend_name(&self) -> &'static str {
+        self.shared.settings.backend
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.shared.capabilities()
+    }
+
+    /// Names are stored as they are (bound parameters; byte-wise comparison).
+    fn key(&self, name: &str) -> Result<String> {
+        validate_name(name)?;
+        Ok(name.to_owned())
+    }
+
+    /// The upsert runs to completion in a task of its own, even when the
+    /// caller stops waiting for it: a statement already sent may still take
+    /// the lease after a rollback sent on another connection has found
+    /// nothing to delete (SQLite's statements even run on a worker thread
+    /// that a cancelled future does not stop). The task releases a lease that
+    /// nobody is left to receive.
+    async fn try_lock(
+        &self,
+        name: &String,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let shared = self.shared.clone();
+        let (name, owner) = (name.clone(), owner.clone());
+        tokio::spawn(async move {
+            let outcome = shared.try_lock(&name, &owner, ttl).await;
+            if let Err(Ok(Attempt::Acquired(_))) = tx.send(outcome)
+                && let Err(error) = shared.release(&name, &owner).await
+            {
+                tracing::warn!(lock.name = %name, %error, "could not release a lease whose acquire was cancelled; it ends with its TTL");
+            }
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(lockkit_core::LockError::backend(
+                self.shared.settings.backend,
+                "the acquire task ended without an answer",
+            ))
+        })
+    }
+
+    async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.shared.extend(name, owner, ttl).await
+    }
+
+    async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
+        self.shared.release(name, owner).await
+    }
+
+    async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
+        self.shared.watch(name).await
+    }
+}
+
+impl Shared {
+    fn capabilities(&self) -> Capabilities {
+        match &self.rows {
+            #[cfg(feature = "postgres")]
+            Rows::Postgres { .. } => NOTIFIED_LEASE_CAPABILITIES,
+            #[cfg(feature = "mysql")]
+            Rows::MySql { .. } => POLLED_LEASE_CAPABILITIES,
+            #[cfg(feature = "sqlite")]
+            Rows::Sqlite { .. } => POLLED_LEASE_CAPABILITIES,
+        }
+    }
+
+    async fn try_lock(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let s = &self.settings;
+        let owner = owner.as_str();
+        match &self.rows {
+            #[cfg(feature = "postgres")]
+            Rows::Postgres { pool, sql, .. } => {
+                crate::postgres::try_lock(pool, sql, s, name, owner, ttl).await
+            }
+            #[cfg(feature = "mysql")]
+            Rows::MySql { pool, sql } => {
+                crate::mysql::try_lock(pool, sql, s, name, owner, ttl).await
+            }
+            #[cfg(feature = "sqlite")]
+            Rows::Sqlite { pool, sql } => {
+                crate::sqlite::try_lock(pool, sql, s, name, owner, ttl).await
+            }
+        }
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let s = &self.settings;
+        let owner = owner.as_str();
+        match &self.rows {
+            #[cfg(feature = "postgres")]
+            Rows::Postgres { pool, sql, .. } => {
+                crate::postgres::extend(pool, sql, s, name, owner, ttl).await
+            }
+            #[cfg(feature = "mysql")]
+            Rows::MySql { pool, sql } => crate::mysql::extend(pool, sql, s, name, owner, ttl).await,
+            #[cfg(feature = "sqlite")]
+            Rows::Sqlite { pool, sql } => {
+                crate::sqlite::extend(pool, sql, s, name, owner, ttl).await
+            }
+        }
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let s = &self.settings;
+        let owner = owner.as_str();
+        match &self.rows {
+            #[cfg(feature = "postgres")]
+            Rows::Postgres { pool, sql, .. } => {
+                crate::postgres::release(pool, sql, s, name, owner).await
+            }
+            #[cfg(feature = "mysql")]
+            Rows::MySql { pool, sql } => crate::mysql::release(pool, sql, s, name, owner).await,
+            #[cfg(feature = "sqlite")]
+            Rows::Sqlite { pool, sql } => crate::sqlite::release(pool, sql, s, name, owner).await,
+        }
+    }
+
+    /// Postgres: `LISTEN` for the release's `NOTIFY`. Elsewhere none: waiters
+    /// back off, never past the holder's expiry.
+    async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
+        match &self.rows {
+            #[cfg(feature = "postgres")]
+            Rows::Postgres {
+                pool,
+                sql,
+                notifications,
+            } => Ok(notifications
+                .watch(pool, sql.channel(), &self.settings, name)
+                .await),
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = name;
+                Ok(ReleaseWatch::none())
+            }
+        }
+    }
+}

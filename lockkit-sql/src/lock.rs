@@ -1,0 +1,281 @@
+//! `SqlLock`: one client of one database in one mode.
+
+use std::fmt;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use std::str::FromStr;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use std::sync::Arc;
+
+use lockkit_core::{
+    Attempt, Capabilities, DistributedLock, LockError, LockGuard, LockOptions, ReleaseWatch, Result,
+};
+
+use crate::config::{Database, Mode, Settings, SqlLockBuilder};
+
+/// A lock client on one SQL database, in one [`Mode`].
+///
+/// Build it with [`SqlLock::connect`] (a URL) or [`SqlLockBuilder`]; use it
+/// through [`DistributedLock`]. `Debug` never shows credentials.
+pub struct SqlLock {
+    database: Database,
+    mode: Mode,
+    table: String,
+    redacted_url: String,
+    settings: Settings,
+    admin: Admin,
+    inner: Box<dyn DistributedLock>,
+}
+
+/// What `migrate` runs on.
+enum Admin {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool, Arc<crate::postgres::PgSql>),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool, Arc<crate::mysql::MySql>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool, Arc<crate::sqlite::SqliteSql>),
+    /// Never built: keeps the enum inhabited-looking without any feature.
+    #[allow(dead_code)]
+    None,
+}
+
+impl fmt::Debug for SqlLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlLock")
+            .field("url", &self.redacted_url)
+            .field("database", &self.database)
+            .field("mode", &self.mode)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlLock {
+    /// Connects to the database of a `postgres://`, `postgresql://`,
+    /// `mysql://`, `mariadb://` or `sqlite:` URL; see [`SqlLockBuilder`] for
+    /// the parameters.
+    pub async fn connect(url: &str) -> Result<SqlLock> {
+        SqlLockBuilder::from_url(url)?.connect().await
+    }
+
+    /// The database.
+    pub fn database(&self) -> Database {
+        self.database
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The lock table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Creates the lock table (and the fencing counter) if missing.
+    /// Idempotent, and safe to run from many clients at once. `connect` runs
+    /// it unless the URL says `migrate=false`.
+    pub async fn migrate(&self) -> Result<()> {
+        let s = &self.settings;
+        match &self.admin {
+            #[cfg(feature = "postgres")]
+            Admin::Postgres(pool, sql) => crate::postgres::migrate(pool, sql, s).await,
+            #[cfg(feature = "mysql")]
+            Admin::MySql(pool, sql) => crate::mysql::migrate(pool, sql, s).await,
+            #[cfg(feature = "sqlite")]
+            Admin::Sqlite(pool, sql) => crate::sqlite::migrate(pool, sql, s).await,
+            Admin::None => {
+                let _ = s;
+                Ok(())
+            }
+        }
+    }
+
+    // Without any database feature, everything after the match is unreachable.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(unreachable_code, unused_variables)
+    )]
+    pub(crate) async fn open(builder: SqlLockBuilder) -> Result<SqlLock> {
+        let settings = builder.settings();
+        let (admin, inner) = match builder.database {
+            #[cfg(feature = "postgres")]
+            Database::Postgres => open_postgres(&builder, &settings).await?,
+            #[cfg(feature = "mysql")]
+            Database::MySql => open_mysql(&builder, &settings).await?,
+            #[cfg(feature = "sqlite")]
+            Database::Sqlite => open_sqlite(&builder, &settings).await?,
+            #[allow(unreachable_patterns)]
+            other => {
+                return Err(LockError::BackendNotCompiled {
+                    scheme: other.to_string(),
+                    feature: other.feature(),
+                });
+            }
+        };
+        let lock = SqlLock {
+            database: builder.database,
+            mode: builder.mode,
+            table: builder.table.clone(),
+            redacted_url: builder.redacted_url.clone(),
+            settings,
+            admin,
+            inner,
+        };
+        if builder.migrate {
+            lock.migrate().await?;
+        }
+        tracing::debug!(url = %lock.redacted_url, mode = %lock.mode, "connected");
+        Ok(lock)
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(
+    builder: &SqlLockBuilder,
+    settings: &Settings,
+) -> Result<(Admin, Box<dyn DistributedLock>)> {
+    use crate::postgres::{PgNotifications, PgSession, PgSessionMode, PgSql};
+    let options = sqlx::postgres::PgConnectOptions::from_str(&builder.driver_url)
+        .map_err(|e| builder.invalid_url(e))?
+        .application_name("lockkit");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(builder.max_connections)
+        .acquire_timeout(builder.connect_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(options.clone());
+    drop(settings.connecting("connect", pool.acquire()).await?);
+    let sql = Arc::new(PgSql::new(&builder.table));
+    let admin = Admin::Postgres(pool.clone(), sql.clone());
+    let inner: Box<dyn DistributedLock> = match builder.mode {
+        Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
+            crate::lease::Rows::Postgres {
+                pool,
+                sql,
+                notifications: PgNotifications::new(),
+            },
+            settings.clone(),
+        ))),
+        mode => Box::new(crate::session::SessionLock::new(PgSession {
+            options,
+            pool,
+            sql,
+            mode: if mode == Mode::Row {
+                PgSessionMode::Row
+            } else {
+                PgSessionMode::Advisory
+            },
+            settings: settings.clone(),
+        })),
+    };
+    Ok((admin, inner))
+}
+
+#[cfg(feature = "mysql")]
+async fn open_mysql(
+    builder: &SqlLockBuilder,
+    settings: &Settings,
+) -> Result<(Admin, Box<dyn DistributedLock>)> {
+    use crate::mysql::{MySql, MySqlSession, MySqlSessionMode};
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&builder.driver_url)
+        .map_err(|e| builder.invalid_url(e))?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(builder.max_connections)
+        .acquire_timeout(builder.connect_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(options.clone());
+    drop(settings.connecting("connect", pool.acquire()).await?);
+    let sql = Arc::new(MySql::new(&builder.table));
+    let admin = Admin::MySql(pool.clone(), sql.clone());
+    let inner: Box<dyn DistributedLock> = match builder.mode {
+        Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
+            crate::lease::Rows::MySql { pool, sql },
+            settings.clone(),
+        ))),
+        mode => Box::new(crate::session::SessionLock::new(MySqlSession {
+            options,
+            pool,
+            sql,
+            mode: if mode == Mode::Row {
+                MySqlSessionMode::Row
+            } else {
+                MySqlSessionMode::Named
+            },
+            settings: settings.clone(),
+        })),
+    };
+    Ok((admin, inner))
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(
+    builder: &SqlLockBuilder,
+    settings: &Settings,
+) -> Result<(Admin, Box<dyn DistributedLock>)> {
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+    let in_memory = builder.driver_url == "sqlite://:memory:";
+    let mut options = SqliteConnectOptions::from_str(&builder.driver_url)
+        .map_err(|e| builder.invalid_url(e))?
+        .create_if_missing(true)
+        .busy_timeout(builder.command_timeout);
+    if !in_memory {
+        options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+    }
+    let pool = SqlitePoolOptions::new()
+        .max_connections(builder.max_connections)
+        .acquire_timeout(builder.connect_timeout)
+        .test_before_acquire(false)
+        // An in-memory database lives as long as one of its connections.
+        .min_connections(u32::from(in_memory))
+        .idle_timeout(if in_memory {
+            None
+        } else {
+            Some(std::time::Duration::from_secs(600))
+        })
+        .max_lifetime(if in_memory {
+            None
+        } else {
+            Some(std::time::Duration::from_secs(1800))
+        })
+        .connect_lazy_with(options);
+    drop(
+        settings
+            .connecting("open the database", pool.acquire())
+            .await?,
+    );
+    let sql = Arc::new(crate::sqlite::SqliteSql::new(&builder.table));
+    let admin = Admin::Sqlite(pool.clone(), sql.clone());
+    let inner = Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
+        crate::lease::Rows::Sqlite { pool, sql },
+        settings.clone(),
+    )));
+    Ok((admin, inner))
+}
+
+#[lockkit_core::async_trait]
+impl DistributedLock for SqlLock {
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        self.inner.try_acquire(name, opts).await
+    }
+
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        self.inner.acquire(name, opts).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
+        self.inner.attempt(name, opts).await
+    }
+
+    async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
+        self.inner.watch_releases(name).await
+    }
+}

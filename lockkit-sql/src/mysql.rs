@@ -1,0 +1,465 @@
+//! MySQL and MariaDB: lease rows, `SELECT … FOR UPDATE` row locks, and
+//! `GET_LOCK` named locks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{Attempt, Capabilities, FencingToken, Result};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
+use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
+
+use crate::config::Settings;
+use crate::error::is_lock_busy;
+use crate::session::{Locked, ServerWait, SessionDb};
+
+pub(crate) const BACKEND: &str = "mysql";
+
+/// Added to the holder's remaining lease (in µs) to tell a busy answer from
+/// a fencing token in `LAST_INSERT_ID` (tokens stay far below it).
+const BUSY_FLAG: u64 = 1 << 62;
+
+/// The server-side wait of an `acquire` that waits forever: a year.
+const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// The statements of one lock table, built once from the validated table name.
+#[derive(Debug)]
+pub(crate) struct MySql {
+    acquire: Arc<str>,
+    extend: Arc<str>,
+    release: Arc<str>,
+    ensure_row: Arc<str>,
+    row_lock: Arc<str>,
+    row_try: Arc<str>,
+    next_fence: Arc<str>,
+    migrate: Vec<String>,
+}
+
+impl MySql {
+    /// `table` must have passed [`validate_table`](crate::validate_table).
+    pub(crate) fn new(table: &str) -> Self {
+        let counter = format!("{table}_fence");
+        // One statement, and the row stays locked while it runs. The answer
+        // comes back in LAST_INSERT_ID (in the OK packet, as MySQL has no
+        // RETURNING): the new fence when the lease was free or expired,
+        // BUSY_FLAG + the holder's remaining µs otherwise. Every condition
+        // reads `expires_at`, which is assigned last.
+        MySql {
+            acquire: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                   owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+                   fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fence + 1), \
+                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
+                   expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            release: format!(
+                "UPDATE {table} SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            ensure_row: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
+            )
+            .into(),
+            row_lock: format!("SELECT name FROM {table} WHERE name = ? FOR UPDATE").into(),
+            row_try: format!("SELECT name FROM {table} WHERE name = ? FOR UPDATE NOWAIT").into(),
+            // The classic sequence of MySQL's manual; committed at once, so
+            // no rollback can undo it.
+            next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
+                .into(),
+            migrate: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (\
+                        name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                        owner VARCHAR(64) NULL, \
+                        fence BIGINT UNSIGNED NOT NULL, \
+                        expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {counter} (\
+                        id TINYINT UNSIGNED NOT NULL PRIMARY KEY, \
+                        n BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+                ),
+                format!("INSERT INTO {counter} (id, n) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id"),
+            ],
+        }
+    }
+}
+
+fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(sql.clone())
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Creates the lock table and the fencing counter if they are missing.
+pub(crate) async fn migrate(pool: &MySqlPool, sql: &MySql, settings: &Settings) -> Result<()> {
+    settings
+        .bounded("create the lock table", async {
+            for statement in &sql.migrate {
+                sqlx::query(AssertSqlSafe(statement.as_str()))
+                    .execute(pool)
+                    .await?;
+            }
+            Ok(())
+        })
+        .await
+}
+
+pub(crate) async fn try_lock(
+    pool: &MySqlPool,
+    sql: &MySql,
+    settings: &Settings,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<Attempt<Option<FencingToken>>> {
+    let done = settings
+        .bounded(
+            "acquire",
+            sqlx::query(q(&sql.acquire))
+                .bind(name.as_bytes())
+                .bind(owner)
+                .bind(micros(ttl))
+                .execute(pool),
+        )
+        .await?;
+    let answer = done.last_insert_id();
+    Ok(if answer >= BUSY_FLAG {
+        Attempt::Busy {
+            retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
+        }
+    } else if answer > 0 {
+        Attempt::Acquired(Some(FencingToken::new(answer)))
+    } else {
+        return Err(settings.error(
+            "acquire",
+            sqlx::Error::Protocol(
+                "the server returned no LAST_INSERT_ID for the lease upsert".into(),
+            ),
+        ));
+    })
+}
+
+pub(crate) async fn extend(
+    pool: &MySqlPool,
+    sql: &MySql,
+    settings: &Settings,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    let done = settings
+        .bounded(
+            "extend",
+            sqlx::query(q(&sql.extend))
+                .bind(micros(ttl))
+                .bind(name.as_bytes())
+                .bind(owner)
+                .execute(pool),
+        )
+        .await?;
+    Ok(done.rows_affected() >= 1)
+}
+
+pub(crate) async fn release(
+    pool: &MySqlPool,
+    sql: &MySql,
+    settings: &Settings,
+    name: &str,
+    owner: &str,
+) -> Result<bool> {
+    let done = settings
+        .bounded(
+            "release",
+            sqlx::query(q(&sql.release))
+                .bind(name.as_bytes())
+                .bind(owner)
+                .execute(pool),
+        )
+        .await?;
+    Ok(done.rows_affected() >= 1)
+}
+
+/// Which session mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MySqlSessionMode {
+    /// `GET_LOCK` on the mapped name.
+    Named,
+    /// `SELECT … FOR UPDATE` on the name's row, in an open transaction.
+    Row,
+}
+
+/// What the MySQL session modes guarantee.
+pub(crate) const MYSQL_SESSION_CAPABILITIES: Capabilities = crate::config::SESSION_CAPABILITIES;
+
+/// MySQL/MariaDB session locks on dedicated connections.
+#[derive(Debug)]
+pub(crate) struct MySqlSession {
+    pub(crate) options: MySqlConnectOptions,
+    pub(crate) pool: MySqlPool,
+    pub(crate) sql: Arc<MySql>,
+    pub(crate) mode: MySqlSessionMode,
+    pub(crate) settings: Settings,
+}
+
+/// A dedicated connection, its server-side id (for `KILL QUERY`) and the
+/// `innodb_lock_wait_timeout` currently set on it.
+pub(crate) struct MyConn {
+    conn: MySqlConnection,
+    id: u64,
+    lock_wait_secs: Option<u64>,
+}
+
+/// The key of a name in a session mode.
+#[derive(Debug, Clone)]
+pub(crate) enum MyKey {
+    /// The `GET_LOCK` name (see [`named_lock_name`](crate::named_lock_name)).
+    Named(String),
+    /// The row's name.
+    Row(String),
+}
+
+impl MySqlSession {
+    async fn next_fence(&self, conn: &mut MySqlConnection) -> sqlx::Result<u64> {
+        let done = sqlx::query(q(&self.sql.next_fence)).execute(conn).await?;
+        Ok(done.last_insert_id())
+    }
+
+    async fn lock_named(
+        &self,
+        conn: &mut MyConn,
+        name: &str,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<u64>> {
+        let seconds = match wait {
+            ServerWait::NoWait => 0.0,
+            ServerWait::For(left) => left.as_secs_f64(),
+            // MariaDB answers NULL to a negative (MySQL: infinite) timeout.
+            ServerWait::Forever => FOREVER_SECS,
+        };
+        let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+            .bind(name)
+            .bind(seconds)
+            .fetch_one(&mut conn.conn)
+            .await?;
+        match got {
+            Some(1) => self.next_fence(&mut conn.conn).await.map(Some),
+            Some(_) => Ok(None),
+            None => Err(sqlx::Error::Protocol(
+                "GET_LOCK returned NULL (the wait was killed or failed)".into(),
+            )),
+        }
+    }
+
+    async fn lock_row(
+        &self,
+        conn: &mut MyConn,
+        name: &str,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<u64>> {
+        let statement = match wait {
+            ServerWait::NoWait => &self.sql.row_try,
+            ServerWait::For(left) => {
+                // Whole seconds, at least 1: the client cuts the wait at the
+                // deadline when the server would wait longer.
+                self.set_lock_wait(conn, left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                    .await?;
+                &self.sql.row_lock
+            }
+            ServerWait::Forever => {
+                self.set_lock_wait(conn, 1_073_741_824).await?;
+                &self.sql.row_lock
+            }
+        };
+        for _ in 0..2 {
+            sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
+            let locked: sqlx::Result<Option<Vec<u8>>> = sqlx::query_scalar(q(statement))
+                .bind(name.as_bytes())
+                .fetch_optional(&mut conn.conn)
+                .await;
+            match locked {
+                Ok(Some(_)) => {
+                    // Drawn on the pool, so the counter's row lock is not
+                    // held for the whole holding and a rollback cannot undo it.
+                    let fence = self.next_fence_on_pool().await;
+                    return match fence {
+                        Ok(fence) => Ok(Some(fence)),
+                        Err(error) => {
+                            sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
+                            Err(error)
+                        }
+                    };
+                }
+                Ok(None) => {
+                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
+                    sqlx::query(q(&self.sql.ensure_row))
+                        .bind(name.as_bytes())
+                        .execute(&self.pool)
+                        .await?;
+                }
+                Err(error) => {
+                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
+                    return if is_lock_busy(&error) {
+                        Ok(None)
+                    } else {
+                        Err(error)
+                    };
+                }
+            }
+        }
+        Err(sqlx::Error::Protocol(format!(
+            "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
+        )))
+    }
+
+    async fn next_fence_on_pool(&self) -> sqlx::Result<u64> {
+        let mut conn = self.pool.acquire().await?;
+        self.next_fence(&mut conn).await
+    }
+
+    async fn set_lock_wait(&self, conn: &mut MyConn, seconds: u64) -> sqlx::Result<()> {
+        let seconds = seconds.clamp(1, 1_073_741_824);
+        if conn.lock_wait_secs != Some(seconds) {
+            conn.lock_wait_secs = None;
+            // An integer we formatted ourselves: no name is in this SQL.
+            sqlx::raw_sql(AssertSqlSafe(format!(
+                "SET SESSION innodb_lock_wait_timeout = {seconds}"
+            )))
+            .execute(&mut conn.conn)
+            .await?;
+            conn.lock_wait_secs = Some(seconds);
+        }
+        Ok(())
+    }
+}
+
+#[lockkit_core::async_trait]
+impl SessionDb for MySqlSession {
+    type Conn = MyConn;
+    type Key = MyKey;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        MYSQL_SESSION_CAPABILITIES
+    }
+
+    fn key(&self, name: &str) -> MyKey {
+        match self.mode {
+            MySqlSessionMode::Named => {
+                MyKey::Named(crate::names::named_lock_name(name).into_owned())
+            }
+            MySqlSessionMode::Row => MyKey::Row(name.to_owned()),
+        }
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.settings.command_timeout
+    }
+
+    fn liveness_interval(&self) -> Duration {
+        self.settings.liveness_interval
+    }
+
+    async fn connect(&self) -> Result<MyConn> {
+        let mut conn = self
+            .settings
+            .connecting("open a lock connection", self.options.connect())
+            .await?;
+        let id: u64 = self
+            .settings
+            .bounded(
+                "read the connection id",
+                sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn),
+            )
+            .await?;
+        Ok(MyConn {
+            conn,
+            id,
+            lock_wait_secs: None,
+        })
+    }
+
+    async fn lock(&self, conn: &mut MyConn, key: &MyKey, wait: ServerWait) -> Result<Locked> {
+        let locked = match key {
+            MyKey::Named(name) => self.lock_named(conn, name, wait).await,
+            MyKey::Row(name) => self.lock_row(conn, name, wait).await,
+        };
+        match locked {
+            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence))),
+            Ok(None) => Ok(Locked::Busy),
+            Err(error) => Err(self.settings.error("lock", error)),
+        }
+    }
+
+    async fn unlock(&self, conn: &mut MyConn, key: &MyKey) -> Result<bool> {
+        let unlocked = match key {
+            MyKey::Named(name) => {
+                sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+                    .bind(name)
+                    .fetch_one(&mut conn.conn)
+                    .await
+                    .map(|released| released == Some(1))
+            }
+            MyKey::Row(_) => sqlx::raw_sql("ROLLBACK")
+                .execute(&mut conn.conn)
+                .await
+                .map(|_| true),
+        };
+        unlocked.map_err(|error| self.settings.error("unlock", error))
+    }
+
+    async fn ping(&self, conn: &mut MyConn, key: &MyKey) -> Result<bool> {
+        let alive = match key {
+            // Also proves that this connection still owns the lock.
+            MyKey::Named(name) => sqlx::query_scalar::<_, Option<i64>>(
+                "SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED)",
+            )
+            .bind(name)
+            .fetch_one(&mut conn.conn)
+            .await
+            .map(|owned| owned == Some(1)),
+            MyKey::Row(_) => sqlx::raw_sql("SELECT 1")
+                .execute(&mut conn.conn)
+                .await
+                .map(|_| true),
+        };
+        alive.map_err(|error| self.settings.error("liveness check", error))
+    }
+
+    /// MySQL keeps a `GET_LOCK` or row-lock wait going after its client has
+    /// gone, so the wait is killed from another connection before this one is
+    /// closed. Connection ids are not reused, so the `KILL` can only hit this
+    /// connection's statement.
+    fn abandon(&self, conn: MyConn) {
+        let pool = self.pool.clone();
+        let limit = self.settings.command_timeout;
+        let id = conn.id;
+        drop(conn);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}"))).execute(&pool);
+            match tokio::time::timeout(limit, kill).await {
+                Ok(Ok(_)) => tracing::debug!(connection = id, "killed an abandoned lock wait"),
+                // Unknown thread id: the connection is already gone.
+                Ok(Err(error)) => tracing::trace!(connection = id, %error, "KILL QUERY"),
+                Err(_) => tracing::warn!(connection = id, "KILL QUERY got no answer"),
+            }
+        });
+    }
+}

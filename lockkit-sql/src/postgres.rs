@@ -1,0 +1,523 @@
+//! PostgreSQL: lease rows woken by `LISTEN/NOTIFY`, `SELECT … FOR UPDATE` row
+//! locks, and `pg_advisory_lock` session locks.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockkit_core::{Attempt, Capabilities, FencingToken, NotifyHub, ReleaseWatch, Result};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
+use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
+use tokio::task::AbortHandle;
+
+use crate::config::Settings;
+use crate::error::is_lock_busy;
+use crate::session::{Locked, ServerWait, SessionDb};
+
+pub(crate) const BACKEND: &str = "postgres";
+
+/// How often a waiting session-lock statement checks that its client is still
+/// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
+/// acquire closes its connection, and the server then drops the wait.
+const CLIENT_CHECK: &str = "SET client_connection_check_interval = '100ms'";
+
+/// The statements of one lock table, built once from the validated table name.
+#[derive(Debug)]
+pub(crate) struct PgSql {
+    acquire: Arc<str>,
+    extend: Arc<str>,
+    release: Arc<str>,
+    ensure_row: Arc<str>,
+    advisory_lock: Arc<str>,
+    advisory_try: Arc<str>,
+    row_lock: Arc<str>,
+    row_try: Arc<str>,
+    /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
+    channel: String,
+    migrate: Vec<String>,
+}
+
+impl PgSql {
+    /// The `LISTEN/NOTIFY` channel of releases.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// `table` must have passed [`validate_table`](crate::validate_table).
+    pub(crate) fn new(table: &str) -> Self {
+        let seq = format!("{table}_fence_seq");
+        PgSql {
+            acquire: format!(
+                "WITH taken AS (\
+                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                    VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond') \
+                    ON CONFLICT (name) DO UPDATE \
+                        SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                        WHERE l.expires_at <= now() \
+                    RETURNING l.fence) \
+                 SELECT (SELECT fence FROM taken), \
+                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
+                         FROM {table} WHERE name = $1)"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now()"
+            )
+            .into(),
+            release: format!(
+                "UPDATE {table} SET owner = NULL, expires_at = now() \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING pg_notify($3, $1)::text"
+            )
+            .into(),
+            ensure_row: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
+                 ON CONFLICT (name) DO NOTHING"
+            )
+            .into(),
+            // MATERIALIZED: the token is drawn only once the lock is granted.
+            advisory_lock: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_advisory_lock($1)) SELECT nextval('{seq}') FROM l"
+            )
+            .into(),
+            advisory_try: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1) AS ok) \
+                 SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
+            )
+            .into(),
+            row_lock: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE) \
+                 SELECT nextval('{seq}') FROM l"
+            )
+            .into(),
+            row_try: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE NOWAIT) \
+                 SELECT nextval('{seq}') FROM l"
+            )
+            .into(),
+            channel: format!("lockkit_{table}"),
+            migrate: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (\
+                        name text COLLATE \"C\" PRIMARY KEY, \
+                        owner text, \
+                        fence bigint NOT NULL, \
+                        expires_at timestamptz NOT NULL)"
+                ),
+                format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
+            ],
+        }
+    }
+}
+
+fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(sql.clone())
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Creates the table and the fencing sequence if they are missing. Concurrent
+/// migrations are serialised by a transaction-scoped advisory lock, as
+/// `CREATE … IF NOT EXISTS` alone can race in Postgres.
+pub(crate) async fn migrate(pool: &PgPool, sql: &PgSql, settings: &Settings) -> Result<()> {
+    settings
+        .bounded("create the lock table", async {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(crate::names::advisory_key("lockkit migrate"))
+                .execute(&mut *tx)
+                .await?;
+            for statement in &sql.migrate {
+                sqlx::query(AssertSqlSafe(statement.as_str()))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })
+        .await
+}
+
+pub(crate) async fn try_lock(
+    pool: &PgPool,
+    sql: &PgSql,
+    settings: &Settings,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<Attempt<Option<FencingToken>>> {
+    let (fence, remaining): (Option<i64>, Option<i64>) = settings
+        .bounded(
+            "acquire",
+            sqlx::query_as(q(&sql.acquire))
+                .bind(name)
+                .bind(owner)
+                .bind(millis(ttl))
+                .fetch_one(pool),
+        )
+        .await?;
+    Ok(match fence {
+        Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
+        None => Attempt::Busy {
+            retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        },
+    })
+}
+
+pub(crate) async fn extend(
+    pool: &PgPool,
+    sql: &PgSql,
+    settings: &Settings,
+    name: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<bool> {
+    let done = settings
+        .bounded(
+            "extend",
+            sqlx::query(q(&sql.extend))
+                .bind(name)
+                .bind(owner)
+                .bind(millis(ttl))
+                .execute(pool),
+        )
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+pub(crate) async fn release(
+    pool: &PgPool,
+    sql: &PgSql,
+    settings: &Settings,
+    name: &str,
+    owner: &str,
+) -> Result<bool> {
+    let rows = settings
+        .bounded(
+            "release",
+            sqlx::query(q(&sql.release))
+                .bind(name)
+                .bind(owner)
+                .bind(&sql.channel)
+                .fetch_all(pool),
+        )
+        .await?;
+    Ok(rows.len() == 1)
+}
+
+/// One `LISTEN` connection per client, started on first use, that wakes the
+/// waiters of a name when its holder's release sends `NOTIFY`.
+#[derive(Debug)]
+pub(crate) struct PgNotifications {
+    hub: NotifyHub,
+    /// `true` once `LISTEN` is in place; the task behind it.
+    state: Mutex<Option<(tokio::sync::watch::Receiver<bool>, AbortHandle)>>,
+}
+
+impl PgNotifications {
+    pub(crate) fn new() -> Self {
+        PgNotifications {
+            hub: NotifyHub::new(),
+            state: Mutex::new(None),
+        }
+    }
+
+    /// A watch on `name`; inactive (the waiter falls back to backoff and the
+    /// holder's expiry) when `LISTEN` cannot be set up in time.
+    pub(crate) async fn watch(
+        &self,
+        pool: &PgPool,
+        channel: &str,
+        settings: &Settings,
+        name: &str,
+    ) -> ReleaseWatch {
+        let mut listening = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let (listening, _) = state.get_or_insert_with(|| {
+                let (tx, rx) = tokio::sync::watch::channel(false);
+                let task = tokio::spawn(listen(
+                    pool.clone(),
+                    channel.to_owned(),
+                    self.hub.clone(),
+                    tx,
+                ));
+                (rx, task.abort_handle())
+            });
+            listening.clone()
+        };
+        let (watch, _) = self.hub.watch(name);
+        let ready = tokio::time::timeout(settings.command_timeout, listening.wait_for(|on| *on));
+        match ready.await {
+            Ok(Ok(_)) => watch,
+            _ => {
+                tracing::warn!(postgres.address = %settings.address, "LISTEN is not set up; waiting by polling");
+                ReleaseWatch::none()
+            }
+        }
+    }
+}
+
+impl Drop for PgNotifications {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.state.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+/// The listener task: `LISTEN channel`, then dispatch each notification's
+/// payload (the lock name). After a lost connection every waiter is woken, as
+/// notifications may have been missed; sqlx reconnects and listens again.
+async fn listen(
+    pool: PgPool,
+    channel: String,
+    hub: NotifyHub,
+    listening: tokio::sync::watch::Sender<bool>,
+) {
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::debug!(%error, "cannot open the LISTEN connection; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(error) = listener.listen(&channel).await {
+            tracing::debug!(%error, "LISTEN failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        listening.send_replace(true);
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => {
+                    hub.notify(notification.payload());
+                }
+                Ok(None) => {
+                    // The connection was lost; the next call reconnects.
+                    hub.notify_all();
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the LISTEN connection failed; reconnecting");
+                    hub.notify_all();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Which session mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PgSessionMode {
+    /// `pg_advisory_lock` on the name's 64-bit key.
+    Advisory,
+    /// `SELECT … FOR UPDATE` on the name's row, in an open transaction.
+    Row,
+}
+
+/// What the Postgres session modes guarantee.
+pub(crate) const PG_SESSION_CAPABILITIES: Capabilities = crate::config::SESSION_CAPABILITIES;
+
+/// Postgres session locks on dedicated connections.
+#[derive(Debug)]
+pub(crate) struct PgSession {
+    pub(crate) options: PgConnectOptions,
+    pub(crate) pool: PgPool,
+    pub(crate) sql: Arc<PgSql>,
+    pub(crate) mode: PgSessionMode,
+    pub(crate) settings: Settings,
+}
+
+/// A dedicated connection and the `lock_timeout` currently set on it.
+pub(crate) struct PgConn {
+    conn: PgConnection,
+    lock_timeout_ms: Option<i64>,
+}
+
+/// The key of a name in a session mode.
+#[derive(Debug, Clone)]
+pub(crate) enum PgKey {
+    Advisory(i64),
+    Row(String),
+}
+
+impl PgSession {
+    /// Sets the session's `lock_timeout` (0: wait forever) if it differs.
+    async fn set_lock_timeout(&self, conn: &mut PgConn, wait: ServerWait) -> sqlx::Result<()> {
+        let ms = match wait {
+            ServerWait::NoWait => return Ok(()),
+            // lock_timeout = 0 disables the timeout, so never round down to it.
+            ServerWait::For(left) => millis(left).max(1),
+            ServerWait::Forever => 0,
+        };
+        if conn.lock_timeout_ms != Some(ms) {
+            conn.lock_timeout_ms = None;
+            // An integer we formatted ourselves: no name is in this SQL.
+            sqlx::raw_sql(AssertSqlSafe(format!("SET lock_timeout = {ms}")))
+                .execute(&mut conn.conn)
+                .await?;
+            conn.lock_timeout_ms = Some(ms);
+        }
+        Ok(())
+    }
+
+    async fn lock_advisory(
+        &self,
+        conn: &mut PgConn,
+        key: i64,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        if wait == ServerWait::NoWait {
+            return sqlx::query_scalar(q(&self.sql.advisory_try))
+                .bind(key)
+                .fetch_one(&mut conn.conn)
+                .await;
+        }
+        self.set_lock_timeout(conn, wait).await?;
+        match sqlx::query_scalar(q(&self.sql.advisory_lock))
+            .bind(key)
+            .fetch_one(&mut conn.conn)
+            .await
+        {
+            Ok(fence) => Ok(Some(fence)),
+            Err(error) if is_lock_busy(&error) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `BEGIN`, then the row lock; the transaction stays open while the lock
+    /// is held and is rolled back on release. `Ok(None)`: busy (rolled back).
+    async fn lock_row(
+        &self,
+        conn: &mut PgConn,
+        name: &str,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        self.set_lock_timeout(conn, wait).await?;
+        let statement = if wait == ServerWait::NoWait {
+            &self.sql.row_try
+        } else {
+            &self.sql.row_lock
+        };
+        for _ in 0..2 {
+            sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
+            let locked: sqlx::Result<Option<i64>> = sqlx::query_scalar(q(statement))
+                .bind(name)
+                .fetch_optional(&mut conn.conn)
+                .await;
+            match locked {
+                Ok(Some(fence)) => return Ok(Some(fence)),
+                Ok(None) => {
+                    // No row for this name yet: create it (committed on the
+                    // pool, so that it stays), then lock it.
+                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
+                    sqlx::query(q(&self.sql.ensure_row))
+                        .bind(name)
+                        .execute(&self.pool)
+                        .await?;
+                }
+                Err(error) => {
+                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
+                    return if is_lock_busy(&error) {
+                        Ok(None)
+                    } else {
+                        Err(error)
+                    };
+                }
+            }
+        }
+        Err(sqlx::Error::Protocol(format!(
+            "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
+        )))
+    }
+}
+
+#[lockkit_core::async_trait]
+impl SessionDb for PgSession {
+    type Conn = PgConn;
+    type Key = PgKey;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        PG_SESSION_CAPABILITIES
+    }
+
+    fn key(&self, name: &str) -> PgKey {
+        match self.mode {
+            PgSessionMode::Advisory => PgKey::Advisory(crate::names::advisory_key(name)),
+            PgSessionMode::Row => PgKey::Row(name.to_owned()),
+        }
+    }
+
+    fn command_timeout(&self) -> Duration {
+        self.settings.command_timeout
+    }
+
+    fn liveness_interval(&self) -> Duration {
+        self.settings.liveness_interval
+    }
+
+    async fn connect(&self) -> Result<PgConn> {
+        let mut conn = self
+            .settings
+            .connecting("open a lock connection", self.options.connect())
+            .await?;
+        // Best effort: servers before Postgres 14 do not have the setting.
+        if let Err(error) = sqlx::raw_sql(CLIENT_CHECK).execute(&mut conn).await {
+            tracing::debug!(%error, "client_connection_check_interval is not available; a cancelled wait ends when its lock is granted");
+        }
+        Ok(PgConn {
+            conn,
+            lock_timeout_ms: None,
+        })
+    }
+
+    async fn lock(&self, conn: &mut PgConn, key: &PgKey, wait: ServerWait) -> Result<Locked> {
+        let locked = match key {
+            PgKey::Advisory(key) => self.lock_advisory(conn, *key, wait).await,
+            PgKey::Row(name) => self.lock_row(conn, name, wait).await,
+        };
+        match locked {
+            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence as u64))),
+            Ok(None) => Ok(Locked::Busy),
+            Err(error) => Err(self.settings.error("lock", error)),
+        }
+    }
+
+    async fn unlock(&self, conn: &mut PgConn, key: &PgKey) -> Result<bool> {
+        let unlocked = match key {
+            PgKey::Advisory(key) => {
+                sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                    .bind(*key)
+                    .fetch_one(&mut conn.conn)
+                    .await
+            }
+            PgKey::Row(_) => sqlx::raw_sql("ROLLBACK")
+                .execute(&mut conn.conn)
+                .await
+                .map(|_| true),
+        };
+        unlocked.map_err(|error| self.settings.error("unlock", error))
+    }
+
+    async fn ping(&self, conn: &mut PgConn, _key: &PgKey) -> Result<bool> {
+        sqlx::raw_sql("SELECT 1")
+            .execute(&mut conn.conn)
+            .await
+            .map(|_| true)
+            .map_err(|error| self.settings.error("liveness check", error))
+    }
+
+    fn abandon(&self, conn: PgConn) {
+        // Closing the socket ends the session and its locks; a wait still in
+        // progress is dropped by the client connection check.
+        drop(conn);
+    }
+}

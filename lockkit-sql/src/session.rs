@@ -1,0 +1,487 @@
+//! Session locks (`row`, `advisory`, `named`): the lock lives as long as one
+//! dedicated connection holds it, and the server queues the waiters.
+//!
+//! [`SessionLock`] is the engine shared by the Postgres and MySQL/MariaDB
+//! modes; each implements [`SessionDb`] with its statements. The engine adds
+//! what every mode needs: the shared wait semantics (server-side waits bounded
+//! by the caller's deadline), a per-name local FIFO, a pool of idle dedicated
+//! connections, cancellation safety (a connection whose statement was
+//! abandoned is closed, and the database stops its wait), a periodic liveness
+//! query that marks the guard lost when the connection dies, and the
+//! client-side TTL of the design contract.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use lockkit_core::{
+    Capabilities, DEADLINE_GRACE, DistributedLock, FencingToken, Lease, LocalQueue, LockError,
+    LockGuard, LockOptions, LossNotifier, LostReason, Result, Wait, Waiter, validate_name,
+};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// How long the server may wait for a lock in one statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServerWait {
+    /// Answer at once.
+    NoWait,
+    /// Wait at most this long.
+    For(Duration),
+    /// Wait until granted.
+    Forever,
+}
+
+/// What the answer of a lock statement says.
+#[derive(Debug)]
+pub(crate) enum Locked {
+    /// Granted, with the fencing token drawn afterwards.
+    Granted(FencingToken),
+    /// Still held by someone else when the server's wait ended.
+    Busy,
+}
+
+/// One database's session-lock statements.
+#[lockkit_core::async_trait]
+pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
+    /// A dedicated connection (with whatever per-connection state it needs).
+    type Conn: Send + 'static;
+    /// A lock name in the database's keyspace.
+    type Key: Send + Sync + fmt::Debug + 'static;
+
+    /// The backend name for logs and errors.
+    fn backend(&self) -> &'static str;
+    /// What the mode guarantees.
+    fn capabilities(&self) -> Capabilities;
+    /// Maps a validated name.
+    fn key(&self, name: &str) -> Self::Key;
+    /// The per-statement timeout of statements that do not wait for a lock.
+    fn command_timeout(&self) -> Duration;
+    /// How often a held lock's connection is checked.
+    fn liveness_interval(&self) -> Duration;
+
+    /// Opens a new dedicated connection (bounded by the connect timeout).
+    async fn connect(&self) -> Result<Self::Conn>;
+    /// One lock statement. On `Busy` the connection must be left clean (no
+    /// open transaction), ready for reuse.
+    async fn lock(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+        wait: ServerWait,
+    ) -> Result<Locked>;
+    /// Releases the lock held on `conn`; `Ok(false)` if it was not held.
+    async fn unlock(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool>;
+    /// Whether `conn` still holds the lock (a cheap liveness query).
+    async fn ping(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool>;
+    /// Gives up a connection whose statement was abandoned mid-flight or whose
+    /// state is unknown: closes it and makes sure no wait is left behind on
+    /// the server that could be granted later. Must not block.
+    fn abandon(&self, conn: Self::Conn);
+}
+
+/// Dedicated connections: the database, and the idle ones kept for reuse.
+struct Connections<D: SessionDb> {
+    db: D,
+    idle: Mutex<Vec<D::Conn>>,
+    max_idle: usize,
+}
+
+impl<D: SessionDb> Connections<D> {
+    fn take_idle(&self) -> Option<D::Conn> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    fn put_back(&self, conn: D::Conn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+    }
+}
+
+/// A connection in use. Dropped without [`Checkout::finish`] — the caller's
+/// future was cancelled or timed out in the middle of a statement — it is
+/// abandoned, so the server drops whatever the statement was doing.
+struct Checkout<D: SessionDb> {
+    conns: Arc<Connections<D>>,
+    conn: Option<D::Conn>,
+}
+
+impl<D: SessionDb> Checkout<D> {
+    fn new(conns: &Arc<Connections<D>>, conn: D::Conn) -> Self {
+        Checkout {
+            conns: conns.clone(),
+            conn: Some(conn),
+        }
+    }
+
+    fn conn(&mut self) -> &mut D::Conn {
+        self.conn
+            .as_mut()
+            .expect("a checkout holds its connection until finished")
+    }
+
+    /// Hands the connection back, clean.
+    fn finish(mut self) -> D::Conn {
+        self.conn.take().expect("a checkout is finished once")
+    }
+
+    /// Closes a connection that is known to be idle on the server side (its
+    /// last statement failed or finished): nothing to stop there.
+    fn close(mut self) {
+        drop(self.conn.take());
+    }
+}
+
+impl<D: SessionDb> Drop for Checkout<D> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.conns.db.abandon(conn);
+        }
+    }
+}
+
+/// A session-lock [`DistributedLock`] over one database.
+pub(crate) struct SessionLock<D: SessionDb> {
+    conns: Arc<Connections<D>>,
+    local: LocalQueue,
+}
+
+impl<D: SessionDb> fmt::Debug for SessionLock<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLock")
+            .field("db", &self.conns.db)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Idle dedicated connections kept per client.
+const MAX_IDLE: usize = 8;
+
+impl<D: SessionDb> SessionLock<D> {
+    pub(crate) fn new(db: D) -> Self {
+        SessionLock {
+            conns: Arc::new(Connections {
+                db,
+                idle: Mutex::new(Vec::new()),
+                max_idle: MAX_IDLE,
+            }),
+            local: LocalQueue::default(),
+        }
+    }
+
+    /// How long the server may wait in the next statement.
+    fn server_wait(waiter: &Waiter<'_>, try_only: bool) -> ServerWait {
+        if try_only {
+            return ServerWait::NoWait;
+        }
+        match waiter.deadline() {
+            None => ServerWait::Forever,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    ServerWait::NoWait
+                } else {
+                    ServerWait::For(left)
+                }
+            }
+        }
+    }
+
+    /// Runs one lock statement, cut off shortly after the deadline (the
+    /// abandoned connection then stops the server's wait).
+    async fn lock_once(
+        &self,
+        checkout: &mut Checkout<D>,
+        key: &D::Key,
+        waiter: &Waiter<'_>,
+        try_only: bool,
+    ) -> Result<Locked> {
+        let wait = Self::server_wait(waiter, try_only);
+        let statement = self.conns.db.lock(checkout.conn(), key, wait);
+        match (wait, waiter.deadline()) {
+            (ServerWait::For(_), Some(deadline)) => {
+                match tokio::time::timeout_at(deadline + DEADLINE_GRACE, statement).await {
+                    Ok(result) => result,
+                    Err(_) => Err(waiter.timeout_error()),
+                }
+            }
+            _ => statement.await,
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        try_only: bool,
+    ) -> Result<Option<LockGuard>> {
+        validate_name(name)?;
+        opts.validate()?;
+        let db = &self.conns.db;
+        let key = db.key(name);
+        let waiter = Waiter::new(name, opts);
+        let no_wait = try_only || opts.get_wait() == Wait::NoWait;
+        let slot = if no_wait {
+            match self.local.try_enter(name) {
+                Some(slot) => slot,
+                None if try_only => return Ok(None),
+                None => return Err(waiter.timeout_error()),
+            }
+        } else {
+            waiter.until_deadline(self.local.enter(name)).await?
+        };
+        // Opening a connection is bounded by the connect timeout, not by the
+        // wait: like every first attempt, it runs to completion.
+        let (mut checkout, mut reused) = match self.conns.take_idle() {
+            Some(conn) => (Checkout::new(&self.conns, conn), true),
+            None => (Checkout::new(&self.conns, db.connect().await?), false),
+        };
+        let fencing = loop {
+            match self.lock_once(&mut checkout, &key, &waiter, no_wait).await {
+                Ok(Locked::Granted(fencing)) => break fencing,
+                Ok(Locked::Busy) if no_wait || waiter.is_over() => {
+                    self.conns.put_back(checkout.finish());
+                    return if try_only {
+                        Ok(None)
+                    } else {
+                        Err(waiter.timeout_error())
+                    };
+                }
+                Ok(Locked::Busy) => continue,
+                // An idle connection may have died since its last use (a
+                // server restart): try once more on a fresh one.
+                Err(LockError::Unavailable { .. }) if reused => {
+                    drop(checkout);
+                    reused = false;
+                    checkout = Checkout::new(&self.conns, db.connect().await?);
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        let granted_at = Instant::now();
+        let lease = Arc::new_cyclic(|this| SessionLease {
+            this: this.clone(),
+            conns: self.conns.clone(),
+            key,
+            conn: tokio::sync::Mutex::new(Some(checkout.finish())),
+            notifier: OnceLock::new(),
+            ttl: opts.get_ttl(),
+        });
+        let guard = LockGuard::new(
+            name,
+            lease.clone(),
+            Some(fencing),
+            opts.get_ttl(),
+            granted_at,
+            opts.get_auto_renew(),
+        );
+        let _ = lease.notifier.set(guard.loss_notifier());
+        guard.attach_slot(slot);
+        spawn_liveness(
+            Arc::downgrade(&lease),
+            db.liveness_interval().min(opts.get_ttl() / 3),
+        );
+        Ok(Some(guard))
+    }
+
+    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "lockkit.acquire",
+            op,
+            lock.name = %name,
+            lock.backend = self.conns.db.backend(),
+            outcome = tracing::field::Empty,
+        )
+    }
+}
+
+#[lockkit_core::async_trait]
+impl<D: SessionDb> DistributedLock for SessionLock<D> {
+    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
+        let span = self.span("try_acquire", name);
+        let result = self
+            .acquire_inner(name, opts, true)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(Some(_)) => "acquired",
+                Ok(None) => "busy",
+                Err(_) => "error",
+            },
+        );
+        result
+    }
+
+    /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
+    /// UPDATE`, `GET_LOCK`); the wait ends as `opts` says, with the same
+    /// `Timeout` semantics as every backend.
+    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
+        let span = self.span("acquire", name);
+        let result = self
+            .acquire_inner(name, opts, false)
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &result {
+                Ok(_) => "acquired",
+                Err(LockError::Timeout { .. }) => "timeout",
+                Err(_) => "error",
+            },
+        );
+        result?.ok_or_else(|| {
+            LockError::backend(
+                self.conns.db.backend(),
+                "acquire ended without a lock and without an error",
+            )
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.conns.db.capabilities()
+    }
+}
+
+/// The dedicated connection behind a guard.
+struct SessionLease<D: SessionDb> {
+    this: Weak<SessionLease<D>>,
+    conns: Arc<Connections<D>>,
+    key: D::Key,
+    /// `None` once released or lost.
+    conn: tokio::sync::Mutex<Option<D::Conn>>,
+    notifier: OnceLock<LossNotifier>,
+    ttl: Duration,
+}
+
+impl<D: SessionDb> fmt::Debug for SessionLease<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLease")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: SessionDb> SessionLease<D> {
+    fn mark_lost(&self, reason: LostReason) {
+        if let Some(notifier) = self.notifier.get() {
+            notifier.mark_lost(reason);
+        }
+    }
+
+    /// The liveness query; `false` (and the guard marked lost) once the lock
+    /// is gone. Bounded by the TTL: a connection that cannot answer within
+    /// the lease's whole length is given up.
+    async fn check(&self) -> bool {
+        let mut slot = self.conn.lock().await;
+        let Some(conn) = slot.take() else {
+            return false;
+        };
+        let mut checkout = Checkout::new(&self.conns, conn);
+        let db = &self.conns.db;
+        let outcome = tokio::time::timeout(self.ttl, db.ping(checkout.conn(), &self.key)).await;
+        match outcome {
+            Ok(Ok(true)) => {
+                *slot = Some(checkout.finish());
+                true
+            }
+            Ok(Ok(false)) => {
+                checkout.close();
+                self.mark_lost(LostReason::Revoked);
+                false
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(backend = db.backend(), %error, "the connection holding a lock failed its liveness check");
+                checkout.close();
+                self.mark_lost(LostReason::ConnectionLost);
+                false
+            }
+            Err(_) => {
+                tracing::warn!(backend = db.backend(), ttl = ?self.ttl, "the connection holding a lock did not answer within the ttl");
+                drop(checkout);
+                self.mark_lost(LostReason::ConnectionLost);
+                false
+            }
+        }
+    }
+}
+
+#[lockkit_core::async_trait]
+impl<D: SessionDb> Lease for SessionLease<D> {
+    fn backend(&self) -> &'static str {
+        self.conns.db.backend()
+    }
+
+    /// The server keeps a session lock as long as the connection lives; the
+    /// TTL is the client's bound. Extending checks that the connection still
+    /// holds the lock.
+    ///
+    /// The check runs in a task of its own: the watchdog gives up waiting
+    /// for it when the validity runs out, and dropping a check in the middle
+    /// of its query would leave the connection in an unknown state.
+    async fn extend(&self, _ttl: Duration) -> Result<bool> {
+        let Some(this) = self.this.upgrade() else {
+            return Ok(false);
+        };
+        Ok(tokio::spawn(async move { this.check().await })
+            .await
+            .unwrap_or(false))
+    }
+
+    async fn release(&self) -> Result<bool> {
+        let mut slot = self.conn.lock().await;
+        let Some(conn) = slot.take() else {
+            return Ok(false);
+        };
+        let mut checkout = Checkout::new(&self.conns, conn);
+        let db = &self.conns.db;
+        let limit = db.command_timeout();
+        match tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key)).await {
+            Ok(Ok(true)) => {
+                self.conns.put_back(checkout.finish());
+                Ok(true)
+            }
+            Ok(Ok(false)) => {
+                checkout.close();
+                Ok(false)
+            }
+            Ok(Err(LockError::Unavailable { .. })) => {
+                // The connection is gone, and the server dropped its locks with it.
+                checkout.close();
+                self.mark_lost(LostReason::ConnectionLost);
+                Ok(false)
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(backend = db.backend(), %error, "unlock failed; closing the connection, which releases the lock");
+                Ok(true)
+            }
+            Err(_) => {
+                tracing::warn!(
+                    backend = db.backend(),
+                    ?limit,
+                    "unlock got no answer; closing the connection, which releases the lock"
+                );
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Checks the held lock's connection every `interval` until it is released
+/// or lost, so that a dropped connection marks the guard lost even when
+/// auto-renew is off.
+fn spawn_liveness<D: SessionDb>(lease: Weak<SessionLease<D>>, interval: Duration) {
+    let interval = interval.max(Duration::from_millis(10));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(lease) = lease.upgrade() else { return };
+            if !lease.check().await {
+                return;
+            }
+        }
+    });
+}

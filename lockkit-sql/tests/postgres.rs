@@ -1,0 +1,374 @@
+//! PostgreSQL in every mode (`lease`, `row`, `advisory`): the conformance
+//! suite and the session-mode behaviour, against real servers started by the
+//! testkit.
+#![cfg(feature = "postgres")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason, Result};
+use lockkit_sql::Mode;
+use lockkit_testkit::PostgresServer;
+use lockkit_testkit::conformance::{Disposable, Harness};
+use tokio::time::Instant;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn url(server: &PostgresServer, mode: Mode) -> String {
+    format!(
+        "{}?mode={mode}&connect_timeout=1s&command_timeout=2s&liveness=200ms",
+        server.url()
+    )
+}
+
+async fn connect(server: &PostgresServer, mode: Mode) -> Result<Arc<dyn DistributedLock>> {
+    Ok(Arc::new(lockkit_sql::connect(&url(server, mode)).await?))
+}
+
+/// A string literal for psql (test names only).
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// Ends the lock `name` behind its holder's back: the lease row's owner is
+/// cleared; a session lock's connection is terminated.
+async fn revoke(server: &PostgresServer, mode: Mode, name: &str) {
+    let sql = match mode {
+        Mode::Lease => format!(
+            "UPDATE lockkit_locks SET owner = NULL, expires_at = now() \
+             WHERE name = {} AND owner IS NOT NULL RETURNING 1",
+            literal(name)
+        ),
+        Mode::Advisory => {
+            let key = lockkit_sql::advisory_key(name) as u64;
+            format!(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_locks \
+                 WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                 AND classid = {} AND objid = {}",
+                key >> 32,
+                key & 0xffff_ffff
+            )
+        }
+        _ => format!(
+            "CREATE EXTENSION IF NOT EXISTS pgrowlocks; \
+             SELECT pg_terminate_backend(pid, 5000) FROM lockkit_locks l \
+             JOIN pgrowlocks('lockkit_locks') r ON r.locked_row = l.ctid, unnest(r.pids) AS pid \
+             WHERE l.name = {}",
+            literal(name)
+        ),
+    };
+    let out = server.psql(&sql).await.expect("revoke");
+    assert!(
+        out.lines().any(|l| l == "1" || l == "t"),
+        "nothing of {name:?} to revoke: {out:?}"
+    );
+}
+
+struct PgHarness {
+    server: PostgresServer,
+    mode: Mode,
+}
+
+impl PgHarness {
+    async fn start(mode: Mode) -> Self {
+        PgHarness {
+            server: PostgresServer::start().await,
+            mode,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for PgHarness {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        connect(&self.server, self.mode).await.expect("connect")
+    }
+
+    async fn revoke(&self, name: &str) {
+        revoke(&self.server, self.mode, name).await;
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        Box::new(DisposablePg {
+            server: PostgresServer::start().await,
+            mode: self.mode,
+        })
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+struct DisposablePg {
+    server: PostgresServer,
+    mode: Mode,
+}
+
+#[async_trait::async_trait]
+impl Disposable for DisposablePg {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        connect(&self.server, self.mode).await
+    }
+
+    async fn kill(&mut self) {
+        self.server.kill();
+    }
+
+    async fn pause(&mut self) {
+        self.server.pause();
+    }
+
+    async fn resume(&mut self) {
+        self.server.resume();
+    }
+}
+
+mod lease {
+    use super::*;
+    lockkit_testkit::conformance_suite!(PgHarness::start(Mode::Lease).await);
+}
+
+mod row {
+    use super::*;
+    lockkit_testkit::conformance_suite!(PgHarness::start(Mode::Row).await);
+}
+
+mod advisory {
+    use super::*;
+    lockkit_testkit::conformance_suite!(PgHarness::start(Mode::Advisory).await);
+}
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+/// `pg_terminate_backend` of the holder's connection: the server frees the
+/// lock at once, so another client takes it without waiting for any TTL, and
+/// the holder's lost signal fires within the liveness period.
+async fn terminated_holder(mode: Mode) {
+    let server = PostgresServer::start().await;
+    let (a, b) = (
+        connect(&server, mode).await.unwrap(),
+        connect(&server, mode).await.unwrap(),
+    );
+    let name = format!("terminate-{mode}");
+    let guard = a.acquire(&name, &opts()).await.unwrap();
+    let lost = guard.lost();
+    revoke(&server, mode, &name).await;
+    let killed = Instant::now();
+    let taken = b
+        .acquire(&name, &opts().wait_for(Duration::from_secs(2)))
+        .await
+        .expect("the server frees a terminated holder's lock");
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        killed.elapsed()
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(2), lost)
+        .await
+        .expect("the liveness check notices the terminated connection");
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    taken.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_terminated_holder() {
+    terminated_holder(Mode::Advisory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_terminated_holder() {
+    terminated_holder(Mode::Row).await;
+}
+
+/// An acquire cancelled while the server waits leaves no waiting statement
+/// behind: once the holder releases, nobody holds the lock.
+async fn cancelled_wait_leaves_nothing_behind(mode: Mode) {
+    let server = PostgresServer::start().await;
+    let (a, b, c) = (
+        connect(&server, mode).await.unwrap(),
+        connect(&server, mode).await.unwrap(),
+        connect(&server, mode).await.unwrap(),
+    );
+    let name = format!("cancel-{mode}");
+    let holder = a.acquire(&name, &opts()).await.unwrap();
+    let waiting = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &opts()).await }
+    });
+    // Until the waiter's statement is queued on the server.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiters = server
+            .psql("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            .await
+            .unwrap();
+        if waiters != "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never queued on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    // The server drops the abandoned wait within its client check interval.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server
+        .psql("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        .await
+        .unwrap()
+        != "0"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled wait is still queued on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.unwrap();
+    let guard = c
+        .try_acquire(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free after the holder released: the cancelled waiter did not get it");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_cancelled_wait_leaves_nothing_behind() {
+    cancelled_wait_leaves_nothing_behind(Mode::Advisory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_cancelled_wait_leaves_nothing_behind() {
+    cancelled_wait_leaves_nothing_behind(Mode::Row).await;
+}
+
+/// The advisory key is the documented one: a plain client holding
+/// `pg_advisory_lock(advisory_key(name))` blocks lockkit, and vice versa.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_key_interoperates() {
+    let server = PostgresServer::start().await;
+    let locks = connect(&server, Mode::Advisory).await.unwrap();
+    let guard = locks.acquire("job", &opts()).await.unwrap();
+    let key = lockkit_sql::advisory_key("job");
+    assert_eq!(
+        server
+            .psql(&format!("SELECT pg_try_advisory_lock({key})"))
+            .await
+            .unwrap(),
+        "f"
+    );
+    guard.release().await.unwrap();
+    assert_eq!(
+        server
+            .psql(&format!("SELECT pg_try_advisory_lock({key})"))
+            .await
+            .unwrap(),
+        "t"
+    );
+}
+
+/// Lease-mode waiters are woken by `NOTIFY` on release, not by polling: a
+/// waiter whose backoff would sleep for seconds still takes the lock within
+/// milliseconds of the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_waiters_are_notified() {
+    let server = PostgresServer::start().await;
+    let (a, b) = (
+        connect(&server, Mode::Lease).await.unwrap(),
+        connect(&server, Mode::Lease).await.unwrap(),
+    );
+    assert!(b.capabilities().notified_wait);
+    let holder = a.acquire("notified", &opts()).await.unwrap();
+    let slow_backoff =
+        opts()
+            .wait_for(Duration::from_secs(20))
+            .backoff(lockkit_core::Backoff::new(
+                Duration::from_secs(5),
+                Duration::from_secs(10),
+            ));
+    let waiter = tokio::spawn(async move {
+        let guard = b.acquire("notified", &slow_backoff).await.unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let acquired = waiter.await.unwrap();
+    let handoff = acquired - released;
+    assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
+}
+
+/// `migrate` can run again, the table name is configurable, and without
+/// migration a missing table is a clear backend error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_table_is_configurable() {
+    let server = PostgresServer::start().await;
+    let url = format!("{}?table=other_locks", server.url());
+    let locks = lockkit_sql::connect(&url).await.unwrap();
+    assert_eq!(locks.table(), "other_locks");
+    locks.migrate().await.unwrap();
+    locks.migrate().await.unwrap();
+    let guard = locks.acquire("x", &opts()).await.unwrap();
+    assert_eq!(
+        server
+            .psql("SELECT name FROM other_locks WHERE owner IS NOT NULL")
+            .await
+            .unwrap(),
+        "x"
+    );
+    guard.release().await.unwrap();
+    let without = lockkit_sql::connect(&format!("{}?table=never_made&migrate=false", server.url()))
+        .await
+        .unwrap();
+    let err = without.try_acquire("x", &opts()).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+}
+
+/// Bad credentials and unreachable servers give typed errors without secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_are_typed() {
+    let server = PostgresServer::start().await;
+    server
+        .psql("CREATE ROLE app LOGIN PASSWORD 'right-pw'; GRANT ALL ON SCHEMA public TO app")
+        .await
+        .unwrap();
+    // The server trusts local connections; make it check app's password.
+    let hba = server.data_dir().join("pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!("host all app 127.0.0.1/32 scram-sha-256\n{rules}"),
+    )
+    .unwrap();
+    assert_eq!(server.psql("SELECT pg_reload_conf()").await.unwrap(), "t");
+    let port = server.port();
+    let right = format!("postgres://app:right-pw@127.0.0.1:{port}/postgres");
+    drop(
+        lockkit_sql::connect(&right)
+            .await
+            .expect("the right password"),
+    );
+    let wrong = format!("postgres://app:wrong-pw@127.0.0.1:{port}/postgres");
+    let err = lockkit_sql::connect(&wrong).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    assert!(!shown.contains("wrong-pw"), "{shown}");
+    server.kill();
+    let start = Instant::now();
+    let err = lockkit_sql::connect(&format!("{}?connect_timeout=1s", server.url()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}

@@ -1,0 +1,257 @@
+//! SQLite `lease` mode: the conformance suite on a temporary database file,
+//! and mutual exclusion with fencing across OS processes sharing that file.
+#![cfg(feature = "sqlite")]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockOptions, Result};
+use lockkit_testkit::conformance::{Disposable, Harness};
+use sqlx::{Connection, SqliteConnection};
+use tempfile::TempDir;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn url(path: &Path) -> String {
+    format!(
+        "sqlite://{}?command_timeout=1s&connect_timeout=1s",
+        path.display()
+    )
+}
+
+async fn connect(path: &Path) -> Result<Arc<dyn DistributedLock>> {
+    Ok(Arc::new(lockkit_sql::connect(&url(path)).await?))
+}
+
+struct SqliteHarness {
+    _dir: TempDir,
+    db: PathBuf,
+}
+
+impl SqliteHarness {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("locks.db");
+        SqliteHarness { _dir: dir, db }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for SqliteHarness {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        connect(&self.db).await.expect("open the database")
+    }
+
+    /// Deletes the lease row's owner, as an operator would.
+    async fn revoke(&self, name: &str) {
+        let mut conn = SqliteConnection::connect(&format!("sqlite://{}", self.db.display()))
+            .await
+            .expect("admin connection");
+        let done = sqlx::query("UPDATE lockkit_locks SET owner = NULL, expires_at = 0 WHERE name = ?1 AND owner IS NOT NULL")
+            .bind(name)
+            .execute(&mut conn)
+            .await
+            .expect("revoke");
+        assert_eq!(done.rows_affected(), 1, "no lease on {name:?} to revoke");
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        Box::new(DisposableFile::new())
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+/// A database file that can be made unavailable: "pause" holds its write
+/// lock from another connection (statements then fail after the busy
+/// timeout), "kill" also removes its directory, so it cannot be opened again.
+struct DisposableFile {
+    dir: Option<TempDir>,
+    db: PathBuf,
+    blocker: Option<SqliteConnection>,
+}
+
+impl DisposableFile {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("locks.db");
+        DisposableFile {
+            dir: Some(dir),
+            db,
+            blocker: None,
+        }
+    }
+
+    async fn block(&mut self) {
+        if self.blocker.is_some() {
+            return;
+        }
+        let mut conn =
+            SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", self.db.display()))
+                .await
+                .expect("blocking connection");
+        sqlx::raw_sql("BEGIN EXCLUSIVE")
+            .execute(&mut conn)
+            .await
+            .expect("take the write lock");
+        self.blocker = Some(conn);
+    }
+}
+
+#[async_trait::async_trait]
+impl Disposable for DisposableFile {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        connect(&self.db).await
+    }
+
+    async fn kill(&mut self) {
+        self.block().await;
+        drop(self.dir.take());
+    }
+
+    async fn pause(&mut self) {
+        self.block().await;
+    }
+
+    async fn resume(&mut self) {
+        if let Some(mut conn) = self.blocker.take() {
+            sqlx::raw_sql("ROLLBACK")
+                .execute(&mut conn)
+                .await
+                .expect("give the write lock back");
+        }
+    }
+}
+
+lockkit_testkit::conformance_suite!(SqliteHarness::new());
+
+/// Environment of a worker process (see `sqlite_worker`).
+const WORKER_DB: &str = "LOCKKIT_SQLITE_WORKER_DB";
+const WORKER_LOG: &str = "LOCKKIT_SQLITE_WORKER_LOG";
+const WORKER_COUNTER: &str = "LOCKKIT_SQLITE_WORKER_COUNTER";
+const ROUNDS: u64 = 40;
+const PROCESSES: usize = 3;
+
+/// The body of one worker process: `ROUNDS` critical sections, each a
+/// read-modify-write of a counter file, logged with its fencing token and its
+/// start and end on the shared system clock. Run by
+/// `lease_mode_across_processes`, not on its own.
+#[tokio::test]
+#[ignore = "a worker process of lease_mode_across_processes"]
+async fn sqlite_worker() {
+    use std::io::Write;
+    let db = std::env::var(WORKER_DB).expect("run by lease_mode_across_processes");
+    let log_path = std::env::var(WORKER_LOG).unwrap();
+    let counter = std::env::var(WORKER_COUNTER).unwrap();
+    let locks = lockkit_sql::connect(&format!("sqlite://{db}"))
+        .await
+        .unwrap();
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait_for(Duration::from_secs(30));
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log_path)
+        .unwrap();
+    for _ in 0..ROUNDS {
+        let guard = locks.acquire("shared", &opts).await.unwrap();
+        let start = now_ns();
+        let value: u64 = std::fs::read_to_string(&counter)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        std::fs::write(&counter, (value + 1).to_string()).unwrap();
+        let end = now_ns();
+        let token = guard.fencing_token().unwrap().get();
+        writeln!(log, "{token} {start} {end}").unwrap();
+        guard.release().await.unwrap();
+    }
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Several OS processes take the same lease lock on one SQLite file: their
+/// critical sections never overlap, no update is lost, and fencing tokens
+/// increase in the order the sections ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    let log = dir.path().join("sections.log");
+    let counter = dir.path().join("counter");
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(&counter, "0").unwrap();
+    // Create the table once, before the workers race to.
+    drop(
+        lockkit_sql::connect(&format!("sqlite://{}", db.display()))
+            .await
+            .unwrap(),
+    );
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            tokio::process::Command::new(&exe)
+                .args(["sqlite_worker", "--exact", "--ignored", "--test-threads=1"])
+                .env(WORKER_DB, &db)
+                .env(WORKER_LOG, &log)
+                .env(WORKER_COUNTER, &counter)
+                .kill_on_drop(true)
+                .output()
+        })
+        .collect();
+    for output in futures_util::future::join_all(children).await {
+        let output = output.expect("run a worker");
+        assert!(
+            output.status.success(),
+            "worker failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("1 passed"),
+            "the worker did not run: {stdout}"
+        );
+    }
+    let total = ROUNDS * PROCESSES as u64;
+    let value: u64 = std::fs::read_to_string(&counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        value, total,
+        "lost updates: the critical sections overlapped"
+    );
+    let mut sections: Vec<(u64, u128, u128)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut parts = line.split(' ').map(|p| p.parse::<u128>().unwrap());
+            let token = parts.next().unwrap() as u64;
+            (token, parts.next().unwrap(), parts.next().unwrap())
+        })
+        .collect();
+    assert_eq!(sections.len() as u64, total);
+    sections.sort_by_key(|&(_, start, _)| start);
+    for pair in sections.windows(2) {
+        let ((t1, _, end1), (t2, start2, _)) = (pair[0], pair[1]);
+        assert!(
+            end1 <= start2,
+            "sections overlap: {:?} and {:?}",
+            pair[0],
+            pair[1]
+        );
+        assert!(t2 > t1, "fencing token {t2} follows {t1}");
+    }
+}
