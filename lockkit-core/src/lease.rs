@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
@@ -22,6 +21,7 @@ use crate::lock::DistributedLock;
 use crate::notify::ReleaseWatch;
 use crate::options::{LockOptions, Wait, clock_drift};
 use crate::token::OwnerToken;
+use crate::trace::traced_acquire;
 use crate::wait::{Attempt, Waiter};
 
 /// The primitive operations of a lease-based backend; see [`LeaseLock`].
@@ -134,50 +134,20 @@ impl<B: LeaseBackend> LeaseLock<B> {
             }
         }
     }
-
-    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
-        tracing::debug_span!(
-            "lockkit.acquire",
-            op,
-            lock.name = %name,
-            lock.backend = self.backend.backend_name(),
-            outcome = tracing::field::Empty,
-        )
-    }
-}
-
-fn record<T>(span: &tracing::Span, result: &Result<T>, acquired: impl FnOnce(&T) -> bool) {
-    span.record(
-        "outcome",
-        match result {
-            Ok(value) if acquired(value) => "acquired",
-            Ok(_) => "busy",
-            Err(LockError::Timeout { .. }) => "timeout",
-            Err(_) => "error",
-        },
-    );
 }
 
 #[async_trait::async_trait]
 impl<B: LeaseBackend> DistributedLock for LeaseLock<B> {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let span = self.span("try_acquire", name);
-        let result = self
-            .try_acquire_inner(name, opts)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, Option::is_some);
-        result
+        let backend = self.backend.backend_name();
+        let attempt = self.try_acquire_inner(name, opts);
+        traced_acquire("try_acquire", name, backend, attempt, Option::is_some).await
     }
 
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let span = self.span("acquire", name);
-        let result = self
-            .acquire_inner(name, opts)
-            .instrument(span.clone())
-            .await;
-        record(&span, &result, |_| true);
-        result
+        let backend = self.backend.backend_name();
+        let acquire = self.acquire_inner(name, opts);
+        traced_acquire("acquire", name, backend, acquire, |_| true).await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -14,6 +14,7 @@ mod notify;
 mod options;
 mod redact;
 mod token;
+mod trace;
 mod url_param;
 mod wait;
 
@@ -31,6 +32,7 @@ pub use notify::{NotifyHub, ReleaseWatch};
 pub use options::{LockOptions, MAX_DURATION, MIN_TTL, Wait, check_ttl, clock_drift};
 pub use redact::redact_url;
 pub use token::OwnerToken;
+pub use trace::traced_acquire;
 pub use url_param::{MAX_TIMEOUT_PARAM, MultiHostUrl, host_list, timeout_param};
 pub use wait::{Attempt, DEADLINE_GRACE, Waiter, acquire_by_attempts};
 

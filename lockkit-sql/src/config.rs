@@ -35,6 +35,15 @@ pub enum Database {
 }
 
 impl Database {
+    /// The backend name in logs and errors: `postgres`, `mysql` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Database::Postgres => "postgres",
+            Database::MySql => "mysql",
+            Database::Sqlite => "sqlite",
+        }
+    }
+
     /// The cargo feature of `lockkit-sql` (and of `lockkit`) that provides it.
     pub fn feature(self) -> &'static str {
         match self {
@@ -75,11 +84,7 @@ impl Database {
 
 impl fmt::Display for Database {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Database::Postgres => "postgres",
-            Database::MySql => "mysql",
-            Database::Sqlite => "sqlite",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -435,11 +440,7 @@ impl SqlLockBuilder {
 
     pub(crate) fn settings(&self) -> Settings {
         Settings {
-            backend: match self.database {
-                Database::Postgres => "postgres",
-                Database::MySql => "mysql",
-                Database::Sqlite => "sqlite",
-            },
+            backend: self.database.name(),
             address: self.address.clone(),
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,

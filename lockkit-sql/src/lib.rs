@@ -20,6 +20,8 @@ mod postgres;
 mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod statement;
 
 pub use config::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS_INTERVAL,

@@ -4,15 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{Attempt, Capabilities, FencingToken, Result};
+use lockkit_core::{Attempt, FencingToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
 use crate::config::Settings;
 use crate::error::is_lock_busy;
 use crate::session::{Locked, ServerWait, SessionDb};
-
-pub(crate) const BACKEND: &str = "mysql";
+use crate::statement::{micros, q};
 
 /// Added to the holder's remaining lease (in µs) to tell a busy answer from
 /// a fencing token in `LAST_INSERT_ID` (tokens stay far below it).
@@ -92,14 +91,6 @@ impl MySql {
             ],
         }
     }
-}
-
-fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
-    AssertSqlSafe(sql.clone())
-}
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Creates the lock table and the fencing counter if they are missing.
@@ -199,9 +190,6 @@ pub(crate) enum MySqlSessionMode {
     /// `SELECT … FOR UPDATE` on the name's row, in an open transaction.
     Row,
 }
-
-/// What the MySQL session modes guarantee.
-pub(crate) const MYSQL_SESSION_CAPABILITIES: Capabilities = crate::config::SESSION_CAPABILITIES;
 
 /// MySQL/MariaDB session locks on dedicated connections.
 #[derive(Debug)]
@@ -349,12 +337,8 @@ impl SessionDb for MySqlSession {
     type Conn = MyConn;
     type Key = MyKey;
 
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        MYSQL_SESSION_CAPABILITIES
+    fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     fn key(&self, name: &str) -> MyKey {
@@ -364,14 +348,6 @@ impl SessionDb for MySqlSession {
             }
             MySqlSessionMode::Row => MyKey::Row(name.to_owned()),
         }
-    }
-
-    fn command_timeout(&self) -> Duration {
-        self.settings.command_timeout
-    }
-
-    fn liveness_interval(&self) -> Duration {
-        self.settings.liveness_interval
     }
 
     async fn connect(&self) -> Result<MyConn> {

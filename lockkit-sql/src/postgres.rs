@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::{Attempt, Capabilities, FencingToken, NotifyHub, ReleaseWatch, Result};
+use lockkit_core::{Attempt, FencingToken, NotifyHub, ReleaseWatch, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use tokio::task::AbortHandle;
@@ -12,8 +12,7 @@ use tokio::task::AbortHandle;
 use crate::config::Settings;
 use crate::error::is_lock_busy;
 use crate::session::{Locked, ServerWait, SessionDb};
-
-pub(crate) const BACKEND: &str = "postgres";
+use crate::statement::{millis, q};
 
 /// How often a waiting session-lock statement checks that its client is still
 /// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
@@ -108,14 +107,6 @@ impl PgSql {
             ],
         }
     }
-}
-
-fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
-    AssertSqlSafe(sql.clone())
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Creates the table and the fencing sequence if they are missing. Concurrent
@@ -319,9 +310,6 @@ pub(crate) enum PgSessionMode {
     Row,
 }
 
-/// What the Postgres session modes guarantee.
-pub(crate) const PG_SESSION_CAPABILITIES: Capabilities = crate::config::SESSION_CAPABILITIES;
-
 /// Postgres session locks on dedicated connections.
 #[derive(Debug)]
 pub(crate) struct PgSession {
@@ -441,12 +429,8 @@ impl SessionDb for PgSession {
     type Conn = PgConn;
     type Key = PgKey;
 
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        PG_SESSION_CAPABILITIES
+    fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     fn key(&self, name: &str) -> PgKey {
@@ -454,14 +438,6 @@ impl SessionDb for PgSession {
             PgSessionMode::Advisory => PgKey::Advisory(crate::names::advisory_key(name)),
             PgSessionMode::Row => PgKey::Row(name.to_owned()),
         }
-    }
-
-    fn command_timeout(&self) -> Duration {
-        self.settings.command_timeout
-    }
-
-    fn liveness_interval(&self) -> Duration {
-        self.settings.liveness_interval
     }
 
     async fn connect(&self) -> Result<PgConn> {

@@ -14,12 +14,14 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use lockkit_core::traced_acquire;
 use lockkit_core::{
     Capabilities, DEADLINE_GRACE, DistributedLock, FencingToken, Lease, LocalQueue, LockError,
     LockGuard, LockOptions, LossNotifier, LostReason, Result, Wait, Waiter, validate_name,
 };
 use tokio::time::Instant;
-use tracing::Instrument;
+
+use crate::config::{SESSION_CAPABILITIES, Settings};
 
 /// How long the server may wait for a lock in one statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,16 +51,15 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
     /// A lock name in the database's keyspace.
     type Key: Send + Sync + fmt::Debug + 'static;
 
-    /// The backend name for logs and errors.
-    fn backend(&self) -> &'static str;
-    /// What the mode guarantees.
-    fn capabilities(&self) -> Capabilities;
+    /// Where the database is, its timeouts and the liveness period.
+    fn settings(&self) -> &Settings;
     /// Maps a validated name.
     fn key(&self, name: &str) -> Self::Key;
-    /// The per-statement timeout of statements that do not wait for a lock.
-    fn command_timeout(&self) -> Duration;
-    /// How often a held lock's connection is checked.
-    fn liveness_interval(&self) -> Duration;
+
+    /// The backend name for logs and errors.
+    fn backend(&self) -> &'static str {
+        self.settings().backend
+    }
 
     /// Opens a new dedicated connection (bounded by the connect timeout).
     async fn connect(&self) -> Result<Self::Conn>;
@@ -281,68 +282,43 @@ impl<D: SessionDb> SessionLock<D> {
         guard.attach_slot(slot);
         spawn_liveness(
             Arc::downgrade(&lease),
-            db.liveness_interval().min(opts.get_ttl() / 3),
+            db.settings().liveness_interval.min(opts.get_ttl() / 3),
         );
         Ok(Some(guard))
-    }
-
-    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
-        tracing::debug_span!(
-            "lockkit.acquire",
-            op,
-            lock.name = %name,
-            lock.backend = self.conns.db.backend(),
-            outcome = tracing::field::Empty,
-        )
     }
 }
 
 #[lockkit_core::async_trait]
 impl<D: SessionDb> DistributedLock for SessionLock<D> {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let span = self.span("try_acquire", name);
-        let result = self
-            .acquire_inner(name, opts, true)
-            .instrument(span.clone())
-            .await;
-        span.record(
-            "outcome",
-            match &result {
-                Ok(Some(_)) => "acquired",
-                Ok(None) => "busy",
-                Err(_) => "error",
-            },
-        );
-        result
+        let attempt = self.acquire_inner(name, opts, true);
+        traced_acquire(
+            "try_acquire",
+            name,
+            self.conns.db.backend(),
+            attempt,
+            Option::is_some,
+        )
+        .await
     }
 
     /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
     /// UPDATE`, `GET_LOCK`); the wait ends as `opts` says, with the same
     /// `Timeout` semantics as every backend.
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let span = self.span("acquire", name);
-        let result = self
-            .acquire_inner(name, opts, false)
-            .instrument(span.clone())
-            .await;
-        span.record(
-            "outcome",
-            match &result {
-                Ok(_) => "acquired",
-                Err(LockError::Timeout { .. }) => "timeout",
-                Err(_) => "error",
-            },
-        );
-        result?.ok_or_else(|| {
-            LockError::backend(
-                self.conns.db.backend(),
-                "acquire ended without a lock and without an error",
-            )
-        })
+        let acquire = async {
+            self.acquire_inner(name, opts, false).await?.ok_or_else(|| {
+                LockError::backend(
+                    self.conns.db.backend(),
+                    "acquire ended without a lock and without an error",
+                )
+            })
+        };
+        traced_acquire("acquire", name, self.conns.db.backend(), acquire, |_| true).await
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.conns.db.capabilities()
+        SESSION_CAPABILITIES
     }
 }
 
@@ -438,7 +414,7 @@ impl<D: SessionDb> Lease for SessionLease<D> {
         };
         let mut checkout = Checkout::new(&self.conns, conn);
         let db = &self.conns.db;
-        let limit = db.command_timeout();
+        let limit = db.settings().command_timeout;
         match tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key)).await {
             Ok(Ok(true)) => {
                 self.conns.put_back(checkout.finish());

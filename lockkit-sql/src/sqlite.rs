@@ -8,6 +8,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::sqlite::SqlitePool;
 
 use crate::config::Settings;
+use crate::statement::{millis, q};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
 /// statement.
@@ -56,14 +57,6 @@ impl SqliteSql {
             ),
         }
     }
-}
-
-fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
-    AssertSqlSafe(sql.clone())
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Creates the lock table if it is missing.

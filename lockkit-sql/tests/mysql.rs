@@ -3,28 +3,16 @@
 //! by the testkit.
 #![cfg(feature = "mysql")]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason, Result};
+use common::{SqlHarness, SqlServer, connect, opts};
+use lockkit_core::{DistributedLock, LockError};
 use lockkit_sql::Mode;
 use lockkit_testkit::MariaDbServer;
-use lockkit_testkit::conformance::{Disposable, Harness};
 use sqlx::Connection;
 use tokio::time::Instant;
-
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-fn url(server: &MariaDbServer, mode: Mode) -> String {
-    format!(
-        "{}?mode={mode}&connect_timeout=1s&command_timeout=2s&liveness=200ms",
-        server.url()
-    )
-}
-
-async fn connect(server: &MariaDbServer, mode: Mode) -> Result<Arc<dyn DistributedLock>> {
-    Ok(Arc::new(lockkit_sql::connect(&url(server, mode)).await?))
-}
 
 /// A string literal for the mariadb client (test names only).
 fn literal(text: &str) -> String {
@@ -44,203 +32,85 @@ async fn holders(server: &MariaDbServer, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Ends the lock `name` behind its holder's back: the lease row's owner is
-/// cleared; a session lock's connection is killed.
-async fn revoke(server: &MariaDbServer, mode: Mode, name: &str) {
-    if mode == Mode::Lease {
-        let out = server
-            .sql(&format!(
-                "UPDATE lockkit_locks SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
-                 WHERE name = {} AND owner IS NOT NULL; SELECT ROW_COUNT()",
-                literal(name)
-            ))
-            .await
-            .expect("revoke");
-        assert_eq!(out, "1", "no lease on {name:?} to revoke");
-        return;
+#[async_trait::async_trait]
+impl SqlServer for MariaDbServer {
+    async fn start() -> Self {
+        MariaDbServer::start().await
     }
-    let ids = holders(server, name).await;
-    assert_eq!(ids.len(), 1, "holders of {name:?}: {ids:?}");
-    server.sql(&format!("KILL {}", ids[0])).await.expect("KILL");
-    // KILL returns before the connection is gone; wait until its lock is free.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !holders(server, name).await.is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the killed holder still holds {name:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+
+    fn base_url(&self) -> String {
+        self.url()
     }
-}
 
-struct MyHarness {
-    server: MariaDbServer,
-    mode: Mode,
-}
-
-impl MyHarness {
-    async fn start(mode: Mode) -> Self {
-        MyHarness {
-            server: MariaDbServer::start().await,
-            mode,
+    /// The lease row's owner is cleared; a named lock's connection is
+    /// killed (waiting until its lock is free).
+    async fn revoke(&self, mode: Mode, name: &str) {
+        if mode == Mode::Lease {
+            let out = self
+                .sql(&format!(
+                    "UPDATE lockkit_locks SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
+                     WHERE name = {} AND owner IS NOT NULL; SELECT ROW_COUNT()",
+                    literal(name)
+                ))
+                .await
+                .expect("revoke");
+            assert_eq!(out, "1", "no lease on {name:?} to revoke");
+            return;
+        }
+        let ids = holders(self, name).await;
+        assert_eq!(ids.len(), 1, "holders of {name:?}: {ids:?}");
+        self.sql(&format!("KILL {}", ids[0])).await.expect("KILL");
+        // KILL returns before the connection is gone; wait until its lock is free.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !holders(self, name).await.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the killed holder still holds {name:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-}
 
-#[async_trait::async_trait]
-impl Harness for MyHarness {
-    async fn client(&self) -> Arc<dyn DistributedLock> {
-        connect(&self.server, self.mode).await.expect("connect")
+    async fn waiting_statements(&self) -> String {
+        self.sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'")
+            .await
+            .unwrap()
     }
 
-    async fn revoke(&self, name: &str) {
-        revoke(&self.server, self.mode, name).await;
+    fn kill(&self) {
+        MariaDbServer::kill(self);
     }
 
-    async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(DisposableMy {
-            server: MariaDbServer::start().await,
-            mode: self.mode,
-        })
+    fn pause(&self) {
+        MariaDbServer::pause(self);
     }
 
-    fn connect_timeout(&self) -> Duration {
-        CONNECT_TIMEOUT
-    }
-}
-
-struct DisposableMy {
-    server: MariaDbServer,
-    mode: Mode,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposableMy {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        connect(&self.server, self.mode).await
-    }
-
-    async fn kill(&mut self) {
-        self.server.kill();
-    }
-
-    async fn pause(&mut self) {
-        self.server.pause();
-    }
-
-    async fn resume(&mut self) {
-        self.server.resume();
+    fn resume(&self) {
+        MariaDbServer::resume(self);
     }
 }
 
 mod lease {
     use super::*;
-    lockkit_testkit::conformance_suite!(MyHarness::start(Mode::Lease).await);
+    lockkit_testkit::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Lease).await);
 }
 
 mod named {
     use super::*;
-    lockkit_testkit::conformance_suite!(MyHarness::start(Mode::Named).await);
+    lockkit_testkit::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Named).await);
 }
 
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(30))
-}
-
-/// `KILL` of the holder's connection: the server frees the lock at once, so
-/// another client takes it without waiting for any TTL, and the holder's lost
-/// signal fires within the liveness period.
-async fn killed_holder(mode: Mode) {
-    let server = MariaDbServer::start().await;
-    let (a, b) = (
-        connect(&server, mode).await.unwrap(),
-        connect(&server, mode).await.unwrap(),
-    );
-    let name = format!("kill-{mode}");
-    let guard = a.acquire(&name, &opts()).await.unwrap();
-    let lost = guard.lost();
-    revoke(&server, mode, &name).await;
-    let killed = Instant::now();
-    let taken = b
-        .acquire(&name, &opts().wait_for(Duration::from_secs(2)))
-        .await
-        .expect("the server frees a killed holder's lock");
-    assert!(
-        killed.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        killed.elapsed()
-    );
-    let reason = tokio::time::timeout(Duration::from_secs(2), lost)
-        .await
-        .expect("the liveness check notices the killed connection");
-    assert_eq!(reason, LostReason::ConnectionLost);
-    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-    taken.release().await.unwrap();
-}
-
+/// `KILL` of the holder's connection frees the lock at once and fires the
+/// holder's lost signal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_killed_holder() {
-    killed_holder(Mode::Named).await;
+    common::killed_holder::<MariaDbServer>(Mode::Named).await;
 }
 
-/// How many statements wait for a lock on the server.
-async fn waiting_statements(server: &MariaDbServer) -> String {
-    server
-        .sql(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-             WHERE STATE IN ('User lock', 'Sending data', 'Statistics', 'Updating') \
-             AND INFO LIKE '%lockkit_locks%FOR UPDATE%' OR STATE = 'User lock'",
-        )
-        .await
-        .unwrap()
-}
-
-/// An acquire cancelled while the server waits leaves no waiting statement
-/// behind: once the holder releases, nobody holds the lock.
-async fn cancelled_wait_leaves_nothing_behind(mode: Mode) {
-    let server = MariaDbServer::start().await;
-    let (a, b, c) = (
-        connect(&server, mode).await.unwrap(),
-        connect(&server, mode).await.unwrap(),
-        connect(&server, mode).await.unwrap(),
-    );
-    let name = format!("cancel-{mode}");
-    let holder = a.acquire(&name, &opts()).await.unwrap();
-    let waiting = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &opts()).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while waiting_statements(&server).await == "0" {
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never queued on the server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    waiting.abort();
-    assert!(waiting.await.unwrap_err().is_cancelled());
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while waiting_statements(&server).await != "0" {
-        assert!(
-            Instant::now() < deadline,
-            "the cancelled wait is still on the server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    holder.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let guard = c
-        .try_acquire(&name, &opts())
-        .await
-        .unwrap()
-        .expect("free after the holder released: the cancelled waiter did not get it");
-    guard.release().await.unwrap();
-}
-
+/// A cancelled `GET_LOCK` wait is killed on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_cancelled_wait_leaves_nothing_behind() {
-    cancelled_wait_leaves_nothing_behind(Mode::Named).await;
+    common::cancelled_wait_leaves_nothing_behind::<MariaDbServer>(Mode::Named).await;
 }
 
 /// While lockkit holds `named` lock `job`, a plain client's

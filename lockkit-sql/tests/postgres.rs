@@ -3,251 +3,120 @@
 //! testkit.
 #![cfg(feature = "postgres")]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason, Result};
+use common::{SqlHarness, SqlServer, connect, opts};
+use lockkit_core::{DistributedLock, LockError};
 use lockkit_sql::Mode;
 use lockkit_testkit::PostgresServer;
-use lockkit_testkit::conformance::{Disposable, Harness};
 use tokio::time::Instant;
-
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-fn url(server: &PostgresServer, mode: Mode) -> String {
-    format!(
-        "{}?mode={mode}&connect_timeout=1s&command_timeout=2s&liveness=200ms",
-        server.url()
-    )
-}
-
-async fn connect(server: &PostgresServer, mode: Mode) -> Result<Arc<dyn DistributedLock>> {
-    Ok(Arc::new(lockkit_sql::connect(&url(server, mode)).await?))
-}
 
 /// A string literal for psql (test names only).
 fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// Ends the lock `name` behind its holder's back: the lease row's owner is
-/// cleared; a session lock's connection is terminated.
-async fn revoke(server: &PostgresServer, mode: Mode, name: &str) {
-    let sql = match mode {
-        Mode::Lease => format!(
-            "UPDATE lockkit_locks SET owner = NULL, expires_at = now() \
-             WHERE name = {} AND owner IS NOT NULL RETURNING 1",
-            literal(name)
-        ),
-        Mode::Advisory => {
-            let key = lockkit_sql::advisory_key(name) as u64;
-            format!(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_locks \
-                 WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-                 AND classid = {} AND objid = {}",
-                key >> 32,
-                key & 0xffff_ffff
-            )
-        }
-        _ => format!(
-            "CREATE EXTENSION IF NOT EXISTS pgrowlocks; \
-             SELECT pg_terminate_backend(pid, 5000) FROM lockkit_locks l \
-             JOIN pgrowlocks('lockkit_locks') r ON r.locked_row = l.ctid, unnest(r.pids) AS pid \
-             WHERE l.name = {}",
-            literal(name)
-        ),
-    };
-    let out = server.psql(&sql).await.expect("revoke");
-    assert!(
-        out.lines().any(|l| l == "1" || l == "t"),
-        "nothing of {name:?} to revoke: {out:?}"
-    );
-}
-
-struct PgHarness {
-    server: PostgresServer,
-    mode: Mode,
-}
-
-impl PgHarness {
-    async fn start(mode: Mode) -> Self {
-        PgHarness {
-            server: PostgresServer::start().await,
-            mode,
-        }
-    }
-}
-
 #[async_trait::async_trait]
-impl Harness for PgHarness {
-    async fn client(&self) -> Arc<dyn DistributedLock> {
-        connect(&self.server, self.mode).await.expect("connect")
+impl SqlServer for PostgresServer {
+    async fn start() -> Self {
+        PostgresServer::start().await
     }
 
-    async fn revoke(&self, name: &str) {
-        revoke(&self.server, self.mode, name).await;
+    fn base_url(&self) -> String {
+        self.url()
     }
 
-    async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(DisposablePg {
-            server: PostgresServer::start().await,
-            mode: self.mode,
-        })
+    /// The lease row's owner is cleared; a session lock's backend is
+    /// terminated (waiting until it is gone).
+    async fn revoke(&self, mode: Mode, name: &str) {
+        let sql = match mode {
+            Mode::Lease => format!(
+                "UPDATE lockkit_locks SET owner = NULL, expires_at = now() \
+                 WHERE name = {} AND owner IS NOT NULL RETURNING 1",
+                literal(name)
+            ),
+            Mode::Advisory => {
+                let key = lockkit_sql::advisory_key(name) as u64;
+                format!(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_locks \
+                     WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                     AND classid = {} AND objid = {}",
+                    key >> 32,
+                    key & 0xffff_ffff
+                )
+            }
+            _ => format!(
+                "CREATE EXTENSION IF NOT EXISTS pgrowlocks; \
+                 SELECT pg_terminate_backend(pid, 5000) FROM lockkit_locks l \
+                 JOIN pgrowlocks('lockkit_locks') r ON r.locked_row = l.ctid, unnest(r.pids) AS pid \
+                 WHERE l.name = {}",
+                literal(name)
+            ),
+        };
+        let out = self.psql(&sql).await.expect("revoke");
+        assert!(
+            out.lines().any(|l| l == "1" || l == "t"),
+            "nothing of {name:?} to revoke: {out:?}"
+        );
     }
 
-    fn connect_timeout(&self) -> Duration {
-        CONNECT_TIMEOUT
-    }
-}
-
-struct DisposablePg {
-    server: PostgresServer,
-    mode: Mode,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposablePg {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        connect(&self.server, self.mode).await
+    async fn waiting_statements(&self) -> String {
+        self.psql("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            .await
+            .unwrap()
     }
 
-    async fn kill(&mut self) {
-        self.server.kill();
+    fn kill(&self) {
+        PostgresServer::kill(self);
     }
 
-    async fn pause(&mut self) {
-        self.server.pause();
+    fn pause(&self) {
+        PostgresServer::pause(self);
     }
 
-    async fn resume(&mut self) {
-        self.server.resume();
+    fn resume(&self) {
+        PostgresServer::resume(self);
     }
 }
 
 mod lease {
     use super::*;
-    lockkit_testkit::conformance_suite!(PgHarness::start(Mode::Lease).await);
+    lockkit_testkit::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Lease).await);
 }
 
 mod row {
     use super::*;
-    lockkit_testkit::conformance_suite!(PgHarness::start(Mode::Row).await);
+    lockkit_testkit::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Row).await);
 }
 
 mod advisory {
     use super::*;
-    lockkit_testkit::conformance_suite!(PgHarness::start(Mode::Advisory).await);
+    lockkit_testkit::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Advisory).await);
 }
 
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(30))
-}
-
-/// `pg_terminate_backend` of the holder's connection: the server frees the
-/// lock at once, so another client takes it without waiting for any TTL, and
-/// the holder's lost signal fires within the liveness period.
-async fn terminated_holder(mode: Mode) {
-    let server = PostgresServer::start().await;
-    let (a, b) = (
-        connect(&server, mode).await.unwrap(),
-        connect(&server, mode).await.unwrap(),
-    );
-    let name = format!("terminate-{mode}");
-    let guard = a.acquire(&name, &opts()).await.unwrap();
-    let lost = guard.lost();
-    revoke(&server, mode, &name).await;
-    let killed = Instant::now();
-    let taken = b
-        .acquire(&name, &opts().wait_for(Duration::from_secs(2)))
-        .await
-        .expect("the server frees a terminated holder's lock");
-    assert!(
-        killed.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        killed.elapsed()
-    );
-    let reason = tokio::time::timeout(Duration::from_secs(2), lost)
-        .await
-        .expect("the liveness check notices the terminated connection");
-    assert_eq!(reason, LostReason::ConnectionLost);
-    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-    taken.release().await.unwrap();
-}
-
+/// `pg_terminate_backend` of the holder's connection frees the lock at once
+/// and fires the holder's lost signal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_terminated_holder() {
-    terminated_holder(Mode::Advisory).await;
+    common::killed_holder::<PostgresServer>(Mode::Advisory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_terminated_holder() {
-    terminated_holder(Mode::Row).await;
+    common::killed_holder::<PostgresServer>(Mode::Row).await;
 }
 
-/// An acquire cancelled while the server waits leaves no waiting statement
-/// behind: once the holder releases, nobody holds the lock.
-async fn cancelled_wait_leaves_nothing_behind(mode: Mode) {
-    let server = PostgresServer::start().await;
-    let (a, b, c) = (
-        connect(&server, mode).await.unwrap(),
-        connect(&server, mode).await.unwrap(),
-        connect(&server, mode).await.unwrap(),
-    );
-    let name = format!("cancel-{mode}");
-    let holder = a.acquire(&name, &opts()).await.unwrap();
-    let waiting = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &opts()).await }
-    });
-    // Until the waiter's statement is queued on the server.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let waiters = server
-            .psql("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            .await
-            .unwrap();
-        if waiters != "0" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never queued on the server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    waiting.abort();
-    assert!(waiting.await.unwrap_err().is_cancelled());
-    // The server drops the abandoned wait within its client check interval.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while server
-        .psql("SELECT count(*) FROM pg_locks WHERE NOT granted")
-        .await
-        .unwrap()
-        != "0"
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the cancelled wait is still queued on the server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    holder.release().await.unwrap();
-    let guard = c
-        .try_acquire(&name, &opts())
-        .await
-        .unwrap()
-        .expect("free after the holder released: the cancelled waiter did not get it");
-    guard.release().await.unwrap();
-}
-
+/// A cancelled wait is dropped by the server within its client check interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_cancelled_wait_leaves_nothing_behind() {
-    cancelled_wait_leaves_nothing_behind(Mode::Advisory).await;
+    common::cancelled_wait_leaves_nothing_behind::<PostgresServer>(Mode::Advisory).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_cancelled_wait_leaves_nothing_behind() {
-    cancelled_wait_leaves_nothing_behind(Mode::Row).await;
+    common::cancelled_wait_leaves_nothing_behind::<PostgresServer>(Mode::Row).await;
 }
 
 /// The advisory key is the documented one: a plain client holding

@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use lockkit_core::traced_acquire;
 use lockkit_core::{
     Capabilities, DistributedLock, FencingToken, Lease, LockError, LockGuard, LockOptions,
     OwnerToken, ReleaseOnCrash, Result, Wait, Waiter,
 };
 use tokio::time::Instant;
-use tracing::Instrument;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::error::BACKEND;
@@ -229,16 +229,6 @@ impl ZkLock {
         session.hold(&node.path, guard.loss_notifier());
         guard
     }
-
-    fn span(&self, op: &'static str, name: &str) -> tracing::Span {
-        tracing::debug_span!(
-            "lockkit.acquire",
-            op,
-            lock.name = %name,
-            lock.backend = BACKEND,
-            outcome = tracing::field::Empty,
-        )
-    }
 }
 
 /// Runs a request of a waiting acquire, and runs it again after a lost
@@ -402,42 +392,20 @@ impl Removal {
 #[lockkit_core::async_trait]
 impl DistributedLock for ZkLock {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let span = self.span("try_acquire", name);
-        let result = self
-            .acquire_inner(name, opts, true)
-            .instrument(span.clone())
-            .await;
-        span.record(
-            "outcome",
-            match &result {
-                Ok(Some(_)) => "acquired",
-                Ok(None) => "busy",
-                Err(_) => "error",
-            },
-        );
-        result
+        let attempt = self.acquire_inner(name, opts, true);
+        traced_acquire("try_acquire", name, BACKEND, attempt, Option::is_some).await
     }
 
     /// The server queues the waiters: each watches only its predecessor, so a
     /// release wakes exactly one, in FIFO order. The wait ends as `opts` says,
     /// with the same `Timeout` semantics as every backend.
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let span = self.span("acquire", name);
-        let result = self
-            .acquire_inner(name, opts, false)
-            .instrument(span.clone())
-            .await;
-        span.record(
-            "outcome",
-            match &result {
-                Ok(_) => "acquired",
-                Err(LockError::Timeout { .. }) => "timeout",
-                Err(_) => "error",
-            },
-        );
-        result?.ok_or_else(|| {
-            LockError::backend(BACKEND, "acquire ended without a lock and without an error")
-        })
+        let acquire = async {
+            self.acquire_inner(name, opts, false).await?.ok_or_else(|| {
+                LockError::backend(BACKEND, "acquire ended without a lock and without an error")
+            })
+        };
+        traced_acquire("acquire", name, BACKEND, acquire, |_| true).await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -1,0 +1,39 @@
+//! The `lockkit.acquire` span that every backend records its acquires under.
+
+use std::future::Future;
+
+use tracing::Instrument;
+
+use crate::error::{LockError, Result};
+
+/// Runs one acquire (`op` is `"acquire"` or `"try_acquire"`) inside a
+/// `lockkit.acquire` span that carries the lock name and the backend, and
+/// records its outcome there: `acquired`, `busy` (where `acquired` says
+/// `false`), `timeout` or `error`. For backend implementors, so that every
+/// backend's traces look alike.
+pub async fn traced_acquire<T>(
+    op: &'static str,
+    name: &str,
+    backend: &'static str,
+    acquire: impl Future<Output = Result<T>>,
+    acquired: impl FnOnce(&T) -> bool,
+) -> Result<T> {
+    let span = tracing::debug_span!(
+        "lockkit.acquire",
+        op,
+        lock.name = %name,
+        lock.backend = backend,
+        outcome = tracing::field::Empty,
+    );
+    let result = acquire.instrument(span.clone()).await;
+    span.record(
+        "outcome",
+        match &result {
+            Ok(value) if acquired(value) => "acquired",
+            Ok(_) => "busy",
+            Err(LockError::Timeout { .. }) => "timeout",
+            Err(_) => "error",
+        },
+    );
+    result
+}

@@ -1,0 +1,186 @@
+//! The test harness shared by the server databases (Postgres, MariaDB): a
+//! [`SqlServer`] says how to start, fault and inspect one; the rest (the
+//! conformance harness and the session-mode cases) is written once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason, Result};
+use lockkit_sql::Mode;
+use lockkit_testkit::conformance::{Disposable, Harness};
+use tokio::time::Instant;
+
+/// The connect timeout of every test client.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A database server of the testkit, as the shared cases need it.
+#[async_trait::async_trait]
+pub(crate) trait SqlServer: Send + Sync + Sized + 'static {
+    /// Starts a server of its own.
+    async fn start() -> Self;
+    /// Its URL, without parameters.
+    fn base_url(&self) -> String;
+    /// Ends the lock `name` behind its holder's back: the lease row's owner is
+    /// cleared; a session lock's connection is killed, and this returns once
+    /// the server has let go of the lock.
+    async fn revoke(&self, mode: Mode, name: &str);
+    /// How many statements wait for a lock on the server, as text.
+    async fn waiting_statements(&self) -> String;
+    /// SIGKILL.
+    fn kill(&self);
+    /// SIGSTOP.
+    fn pause(&self);
+    /// SIGCONT.
+    fn resume(&self);
+}
+
+/// The URL of a test client in `mode`: short timeouts and liveness period.
+fn url<S: SqlServer>(server: &S, mode: Mode) -> String {
+    format!(
+        "{}?mode={mode}&connect_timeout=1s&command_timeout=2s&liveness=200ms",
+        server.base_url()
+    )
+}
+
+/// A new client of `server` in `mode`.
+pub(crate) async fn connect<S: SqlServer>(
+    server: &S,
+    mode: Mode,
+) -> Result<Arc<dyn DistributedLock>> {
+    Ok(Arc::new(lockkit_sql::connect(&url(server, mode)).await?))
+}
+
+/// A 30 s lease.
+pub(crate) fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+/// The conformance harness of one mode on a server of its own.
+pub(crate) struct SqlHarness<S> {
+    server: S,
+    mode: Mode,
+}
+
+impl<S: SqlServer> SqlHarness<S> {
+    /// Starts the server.
+    pub(crate) async fn start(mode: Mode) -> Self {
+        SqlHarness {
+            server: S::start().await,
+            mode,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: SqlServer> Harness for SqlHarness<S> {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        connect(&self.server, self.mode).await.expect("connect")
+    }
+
+    async fn revoke(&self, name: &str) {
+        self.server.revoke(self.mode, name).await;
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        Box::new(SqlHarness::<S>::start(self.mode).await)
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: SqlServer> Disposable for SqlHarness<S> {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        connect(&self.server, self.mode).await
+    }
+
+    async fn kill(&mut self) {
+        self.server.kill();
+    }
+
+    async fn pause(&mut self) {
+        self.server.pause();
+    }
+
+    async fn resume(&mut self) {
+        self.server.resume();
+    }
+}
+
+/// Killing the holder's connection: the server frees the lock at once, so
+/// another client takes it without waiting for any TTL, and the holder's lost
+/// signal fires within the liveness period.
+pub(crate) async fn killed_holder<S: SqlServer>(mode: Mode) {
+    let server = S::start().await;
+    let (a, b) = (
+        connect(&server, mode).await.unwrap(),
+        connect(&server, mode).await.unwrap(),
+    );
+    let name = format!("kill-{mode}");
+    let guard = a.acquire(&name, &opts()).await.unwrap();
+    let lost = guard.lost();
+    server.revoke(mode, &name).await;
+    let killed = Instant::now();
+    let taken = b
+        .acquire(&name, &opts().wait_for(Duration::from_secs(2)))
+        .await
+        .expect("the server frees a killed holder's lock");
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        killed.elapsed()
+    );
+    let reason = tokio::time::timeout(Duration::from_secs(2), lost)
+        .await
+        .expect("the liveness check notices the killed connection");
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    taken.release().await.unwrap();
+}
+
+/// An acquire cancelled while the server waits leaves no waiting statement
+/// behind: once the holder releases, nobody holds the lock.
+pub(crate) async fn cancelled_wait_leaves_nothing_behind<S: SqlServer>(mode: Mode) {
+    let server = S::start().await;
+    let (a, b, c) = (
+        connect(&server, mode).await.unwrap(),
+        connect(&server, mode).await.unwrap(),
+        connect(&server, mode).await.unwrap(),
+    );
+    let name = format!("cancel-{mode}");
+    let holder = a.acquire(&name, &opts()).await.unwrap();
+    let waiting = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &opts()).await }
+    });
+    // Until the waiter's statement is queued on the server.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.waiting_statements().await == "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never queued on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server.waiting_statements().await != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled wait is still queued on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.release().await.unwrap();
+    // Time for a wait left behind to be granted, if one were.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let guard = c
+        .try_acquire(&name, &opts())
+        .await
+        .unwrap()
+        .expect("free after the holder released: the cancelled waiter did not get it");
+    guard.release().await.unwrap();
+}
