@@ -60,6 +60,7 @@ const LOG_FILE: &str = "mariadb.log";
 const OUTPUT_FILE: &str = "mariadb.stdout.log";
 const PID_FILE: &str = "mariadbd.pid";
 const SOCKET_FILE: &str = "mariadbd.sock";
+const TMP_DIR: &str = "tmp";
 
 /// MariaDB's binaries.
 #[derive(Clone, Debug)]
@@ -163,6 +164,18 @@ async fn template(binaries: &Binaries, root: &Path) -> Result<PathBuf, ServerErr
         tokio::fs::write(&extra, format!("CREATE DATABASE {DATABASE};\n"))
             .await
             .map_err(write_error)?;
+        // A temporary directory of its own: concurrent installs sharing /tmp
+        // were seen to lose each other's temporary tables ("Unknown table
+        // 'mysql.tmp_user_sys'").
+        let mut tmp = dir.clone().into_os_string();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        tokio::fs::create_dir_all(&tmp)
+            .await
+            .map_err(|source| ServerError::Io {
+                what: format!("create {}", tmp.display()),
+                source,
+            })?;
         let mut install = tokio::process::Command::new(&binaries.install_db);
         // --no-defaults must come first.
         install
@@ -175,6 +188,7 @@ async fn template(binaries: &Binaries, root: &Path) -> Result<PathBuf, ServerErr
                 INNODB_LOG_FILE_SIZE,
             ])
             .arg(format!("--extra-file={}", extra.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .current_dir(&dir);
         if running_as_root() {
             install.arg("--user=root");
@@ -186,14 +200,16 @@ async fn template(binaries: &Binaries, root: &Path) -> Result<PathBuf, ServerErr
         );
         let result = run_helper(&what, &mut install, SETUP_TIMEOUT).await;
         let _ = tokio::fs::remove_file(&extra).await;
+        let _ = tokio::fs::remove_dir_all(&tmp).await;
         result.map(drop)
     })
     .await
 }
 
 /// A MariaDB server (`mariadbd`) bound to `127.0.0.1` on a free port, with
-/// its own temporary directory (`data/`, the data directory; `mariadb.log`,
-/// its error log; its PID file and Unix socket). User `root` without
+/// its own temporary directory (`data/`, the data directory; `tmp/`, its
+/// temporary tables; `mariadb.log`, its error log; its PID file and Unix
+/// socket). User `root` without
 /// password, also over TCP; database `lockkit`. Binary logging and the
 /// performance schema are off, the buffer pool has 64 MB, at most 300
 /// connections; a commit is written to the operating system at once and
@@ -403,6 +419,13 @@ impl MariaDbServer {
     async fn launch(&self) -> Result<(), ServerError> {
         let dir = self.dir.path();
         let pid_file = dir.join(PID_FILE);
+        // Temporary tables in the server's own directory, not the shared /tmp
+        // (see the template build).
+        let tmp = dir.join(TMP_DIR);
+        std::fs::create_dir_all(&tmp).map_err(|source| ServerError::Io {
+            what: format!("create {}", tmp.display()),
+            source,
+        })?;
         let mut command = Command::new(&self.binaries.mariadbd);
         // --no-defaults must come first.
         command
@@ -412,6 +435,7 @@ impl MariaDbServer {
             .arg(format!("--socket={}", dir.join(SOCKET_FILE).display()))
             .arg(format!("--pid-file={}", pid_file.display()))
             .arg(format!("--log-error={}", dir.join(LOG_FILE).display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(OPTIONS);
         if running_as_root() {
             command.arg("--user=root");
