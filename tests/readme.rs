@@ -30,12 +30,17 @@ fn readme_capabilities_table_is_current() {
             sql(Mode::Advisory, Database::Postgres),
         ),
         ("mysql lease", sql(Mode::Lease, Database::MySql)),
-        ("mysql named", sql(Mode::Named, Database::MySql)),
+        ("mysql row, named", sql(Mode::Named, Database::MySql)),
         ("sqlite lease", sql(Mode::Lease, Database::Sqlite)),
     ];
+    // Rows that name two modes stand for both.
     assert_eq!(
         sql(Mode::Row, Database::Postgres),
         sql(Mode::Advisory, Database::Postgres)
+    );
+    assert_eq!(
+        sql(Mode::Row, Database::MySql),
+        sql(Mode::Named, Database::MySql)
     );
     let table = lockkit::Capabilities::markdown_table(&rows);
 

@@ -564,7 +564,7 @@ fn summary(
         handoff_diag.row(
             "(d) handoff release→waiter acquired, ratio to PING",
             "PING",
-            Limit::AtMost(3.0),
+            Some(Limit::AtMost(3.0)),
         )
     );
     let _ = writeln!(

@@ -402,7 +402,7 @@ fn summary(
         handoff.row(
             "(d) handoff release→waiter acquired, ratio to the raw create timed just before each",
             "create",
-            Limit::AtMost(2.0),
+            Some(Limit::AtMost(2.0)),
         )
     );
     let rounds = paired.rounds();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use criterion::Criterion;
 use tokio::runtime::Runtime;
 
-use crate::mode::{Limit, RunMode, configure_fast};
+use crate::mode::{Limit, RunMode, configure_fast, judge_optional};
 use crate::{criterion_dir, criterion_median_ns, fmt_opt_ns};
 
 /// The kinds of cycle a benchmark compares.
@@ -192,13 +192,7 @@ impl<K: CycleKind> Interleaved<K> {
     /// `limit` (`—` without one).
     pub fn row(&self, label: &str, kind: K, base: K, limit: Option<Limit>) -> String {
         let ratio = self.paired_ratio(kind, base);
-        let (ratio, target) = match limit {
-            Some(limit) => limit.judge(ratio),
-            None => (
-                ratio.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.3}")),
-                "—".to_owned(),
-            ),
-        };
+        let (ratio, target) = judge_optional(limit, ratio);
         format!(
             "| {label} | {} | {ratio} | {target} |",
             fmt_opt_ns(self.median(kind))

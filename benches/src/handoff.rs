@@ -12,7 +12,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::mode::{Limit, RunMode};
+use crate::mode::{Limit, RunMode, judge_optional};
 use crate::{fmt_duration, percentile};
 
 /// What a handoff needs to know of its backend: when the waiter is parked,
@@ -226,15 +226,16 @@ impl HandoffDiag {
 
     /// A summary table row `| label | median | ratio (yardstick median) | target |`:
     /// the handoffs' median and its ratio to the median of their yardsticks
-    /// (named `yardstick`), judged by `limit`.
-    pub fn row(&self, label: &str, yardstick: &str, limit: Limit) -> String {
+    /// (named `yardstick`), judged by `limit` (`—` without one).
+    pub fn row(&self, label: &str, yardstick: &str, limit: Option<Limit>) -> String {
         let medians = self.paired_medians();
+        let judge = |ratio| judge_optional(limit, ratio);
         let (ratio, target) = match medians {
             Some((handoff, base)) => {
-                let (r, t) = limit.judge(Some(handoff.as_secs_f64() / base.as_secs_f64()));
+                let (r, t) = judge(Some(handoff.as_secs_f64() / base.as_secs_f64()));
                 (format!("{r} ({yardstick} {})", fmt_duration(base)), t)
             }
-            None => limit.judge(None),
+            None => judge(None),
         };
         format!(
             "| {label} | {} | {ratio} | {target} |",

@@ -1,11 +1,11 @@
 //! Shared helpers for lockkit's benchmarks (not published).
 //!
 //! The benchmarks live in `benches/`; run them with
-//! `cargo bench -p lockkit-benches --bench redis`, `--bench redlock` and
-//! `--bench zk`. This library holds what they share: the run modes, the
+//! `cargo bench -p lockkit-benches --bench redis`, `--bench redlock`,
+//! `--bench zk` and `--bench sql`. This library holds what they share: the run modes, the
 //! uncontended cycles measured both by criterion and in interleaved rounds
 //! (whose paired ratios the targets are judged on), the handoff from a holder
-//! to a parked waiter paired with a yardstick, the raw Redis floor,
+//! to a parked waiter paired with a yardstick, the raw Redis and SQL floors,
 //! percentiles, formatting of durations, and reading the estimates criterion
 //! wrote, so that a benchmark can print its own summary after the criterion
 //! groups have run.
@@ -14,13 +14,15 @@ mod cycles;
 mod handoff;
 mod mode;
 mod raw;
+mod sql;
 
 pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
-pub use mode::{Limit, RunMode, configure_fast, runtime, save_summary, verdict};
+pub use mode::{Limit, RunMode, configure_fast, judge_optional, runtime, save_summary, verdict};
 pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
+pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};
 
 use std::env;
 use std::fs;

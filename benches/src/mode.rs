@@ -99,6 +99,18 @@ impl Limit {
     }
 }
 
+/// [`Limit::judge`] of an optional target: without one, the ratio's cell and
+/// `—`.
+pub fn judge_optional(limit: Option<Limit>, ratio: Option<f64>) -> (String, String) {
+    match limit {
+        Some(limit) => limit.judge(ratio),
+        None => (
+            ratio.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.3}")),
+            "—".to_owned(),
+        ),
+    }
+}
+
 /// The budgets of a group of short benchmarks (a cycle of a few round trips).
 pub fn configure_fast(group: &mut BenchmarkGroup<'_, WallTime>, mode: RunMode) {
     match mode {

@@ -57,9 +57,7 @@ impl Database {
     pub fn modes(self) -> &'static [Mode] {
         match self {
             Database::Postgres => &[Mode::Lease, Mode::Row, Mode::Advisory],
-            // `row` on MySQL/MariaDB is held back: in tests, killing the
-            // holder's connection did not always free its row lock at once.
-            Database::MySql => &[Mode::Lease, Mode::Named],
+            Database::MySql => &[Mode::Lease, Mode::Row, Mode::Named],
             Database::Sqlite => &[Mode::Lease],
         }
     }
@@ -96,7 +94,7 @@ pub enum Mode {
     #[default]
     Lease,
     /// `SELECT … FOR UPDATE` on the name's row, in a transaction held open on
-    /// a dedicated connection (Postgres; not yet on MySQL/MariaDB).
+    /// a dedicated connection (Postgres, MySQL/MariaDB).
     Row,
     /// `pg_advisory_lock` on a dedicated connection (Postgres).
     Advisory,
@@ -187,7 +185,7 @@ impl FromStr for Mode {
 ///
 /// | parameter | meaning | default |
 /// | --- | --- | --- |
-/// | `mode` | `lease`, `row` (Postgres), `advisory` (Postgres), `named` (MySQL) | `lease` |
+/// | `mode` | `lease`, `row` (Postgres, MySQL), `advisory` (Postgres), `named` (MySQL) | `lease` |
 /// | `table` | the lock table (a plain identifier) | `lockkit_locks` |
 /// | `migrate` | create the table on connect (`true`/`false`) | `true` |
 /// | `connect_timeout` | to open a connection | 5 s |
@@ -519,13 +517,14 @@ impl Settings {
     ) -> Result<T> {
         match tokio::time::timeout(self.command_timeout, statement).await {
             Ok(result) => result.map_err(|e| self.error(what, e)),
-            Err(_) => Err(timed_out(
-                self.backend,
-                &self.address,
-                what,
-                self.command_timeout,
-            )),
+            Err(_) => Err(self.timed_out(what)),
         }
+    }
+
+    /// The error of a statement about `what` that got no answer within the
+    /// command timeout.
+    pub(crate) fn timed_out(&self, what: &str) -> LockError {
+        timed_out(self.backend, &self.address, what, self.command_timeout)
     }
 
     /// Opens a connection bounded by the connect timeout.
@@ -609,7 +608,6 @@ mod tests {
                 "not available on postgres",
             ),
             ("mysql://h/db?mode=advisory", "not available on mysql"),
-            ("mysql://h/db?mode=row", "not available on mysql"),
             ("sqlite://x.db?mode=row", "not available on sqlite"),
             ("postgres://h/db?mode=fast", "unknown SQL lock mode"),
             ("postgres://h/db?table=a;b", "plain SQL identifier"),

@@ -10,6 +10,8 @@ use lockkit_core::{
 };
 
 use crate::config::Settings;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::pool::KeptPool;
 
 #[cfg(feature = "postgres")]
 use crate::config::NOTIFIED_LEASE_CAPABILITIES;
@@ -21,18 +23,18 @@ use crate::config::POLLED_LEASE_CAPABILITIES;
 pub(crate) enum Rows {
     #[cfg(feature = "postgres")]
     Postgres {
-        pool: sqlx::PgPool,
+        pool: KeptPool<sqlx::Postgres>,
         sql: Arc<crate::postgres::PgSql>,
-        notifications: crate::postgres::PgNotifications,
+        notifications: Box<crate::postgres::PgNotifications>,
     },
     #[cfg(feature = "mysql")]
     MySql {
-        pool: sqlx::MySqlPool,
+        pool: KeptPool<sqlx::MySql>,
         sql: Arc<crate::mysql::MySql>,
     },
     #[cfg(feature = "sqlite")]
     Sqlite {
-        pool: sqlx::SqlitePool,
+        pool: KeptPool<sqlx::Sqlite>,
         sql: Arc<crate::sqlite::SqliteSql>,
     },
 }
@@ -193,11 +195,9 @@ impl Shared {
         match &self.rows {
             #[cfg(feature = "postgres")]
             Rows::Postgres {
-                pool,
-                sql,
-                notifications,
+                sql, notifications, ..
             } => Ok(notifications
-                .watch(pool, sql.channel(), &self.settings, name)
+                .watch(sql.channel(), &self.settings, name)
                 .await),
             #[allow(unreachable_patterns)]
             _ => {

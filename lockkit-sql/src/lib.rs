@@ -14,6 +14,8 @@ mod lock;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod names;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

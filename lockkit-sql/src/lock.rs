@@ -11,6 +11,8 @@ use lockkit_core::{
 };
 
 use crate::config::{Database, Mode, Settings, SqlLockBuilder};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use crate::pool::KeptPool;
 
 /// A lock client on one SQL database, in one [`Mode`].
 ///
@@ -26,14 +28,27 @@ pub struct SqlLock {
     inner: Box<dyn DistributedLock>,
 }
 
-/// What `migrate` runs on.
+/// Where `migrate` connects (on a connection of its own, so that it never
+/// waits for one of the pool's).
 enum Admin {
     #[cfg(feature = "postgres")]
-    Postgres(sqlx::PgPool, Arc<crate::postgres::PgSql>),
+    Postgres(
+        Box<sqlx::postgres::PgConnectOptions>,
+        Arc<crate::postgres::PgSql>,
+    ),
     #[cfg(feature = "mysql")]
-    MySql(sqlx::MySqlPool, Arc<crate::mysql::MySql>),
+    MySql(
+        Box<sqlx::mysql::MySqlConnectOptions>,
+        Arc<crate::mysql::MySql>,
+    ),
     #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool, Arc<crate::sqlite::SqliteSql>),
+    Sqlite(
+        Box<sqlx::sqlite::SqliteConnectOptions>,
+        Arc<crate::sqlite::SqliteSql>,
+        /// Holds an in-memory database open.
+        #[allow(dead_code, reason = "held, never read")]
+        Option<sqlx::SqliteConnection>,
+    ),
     /// Never built: keeps the enum inhabited-looking without any feature.
     #[allow(dead_code)]
     None,
@@ -80,11 +95,11 @@ impl SqlLock {
         let s = &self.settings;
         match &self.admin {
             #[cfg(feature = "postgres")]
-            Admin::Postgres(pool, sql) => crate::postgres::migrate(pool, sql, s).await,
+            Admin::Postgres(options, sql) => crate::postgres::migrate(options, sql, s).await,
             #[cfg(feature = "mysql")]
-            Admin::MySql(pool, sql) => crate::mysql::migrate(pool, sql, s).await,
+            Admin::MySql(options, sql) => crate::mysql::migrate(options, sql, s).await,
             #[cfg(feature = "sqlite")]
-            Admin::Sqlite(pool, sql) => crate::sqlite::migrate(pool, sql, s).await,
+            Admin::Sqlite(options, sql, _) => crate::sqlite::migrate(options, sql, s).await,
             Admin::None => {
                 let _ = s;
                 Ok(())
@@ -147,13 +162,13 @@ async fn open_postgres(
         .connect_lazy_with(options.clone());
     drop(settings.connecting("connect", pool.acquire()).await?);
     let sql = Arc::new(PgSql::new(&builder.table));
-    let admin = Admin::Postgres(pool.clone(), sql.clone());
+    let admin = Admin::Postgres(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
         Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
             crate::lease::Rows::Postgres {
-                pool,
+                pool: KeptPool::new(pool),
                 sql,
-                notifications: PgNotifications::new(),
+                notifications: Box::new(PgNotifications::new(options)),
             },
             settings.clone(),
         ))),
@@ -187,10 +202,13 @@ async fn open_mysql(
         .connect_lazy_with(options.clone());
     drop(settings.connecting("connect", pool.acquire()).await?);
     let sql = Arc::new(MySql::new(&builder.table));
-    let admin = Admin::MySql(pool.clone(), sql.clone());
+    let admin = Admin::MySql(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
         Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-            crate::lease::Rows::MySql { pool, sql },
+            crate::lease::Rows::MySql {
+                pool: KeptPool::new(pool),
+                sql,
+            },
             settings.clone(),
         ))),
         mode => Box::new(crate::session::SessionLock::new(MySqlSession {
@@ -213,6 +231,7 @@ async fn open_sqlite(
     builder: &SqlLockBuilder,
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
+    use sqlx::ConnectOptions as _;
     use sqlx::sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
     };
@@ -226,32 +245,38 @@ async fn open_sqlite(
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal);
     }
+    // An in-memory database lives as long as one of its connections: the
+    // keeper holds it open for the client's lifetime. (Not a pool minimum:
+    // that needs a runtime to drop the client.)
+    let keeper = if in_memory {
+        Some(
+            settings
+                .connecting("open the database", options.connect())
+                .await?,
+        )
+    } else {
+        None
+    };
     let pool = SqlitePoolOptions::new()
         .max_connections(builder.max_connections)
         .acquire_timeout(builder.connect_timeout)
         .test_before_acquire(false)
-        // An in-memory database lives as long as one of its connections.
-        .min_connections(u32::from(in_memory))
-        .idle_timeout(if in_memory {
-            None
-        } else {
-            Some(std::time::Duration::from_secs(600))
-        })
-        .max_lifetime(if in_memory {
-            None
-        } else {
-            Some(std::time::Duration::from_secs(1800))
-        })
-        .connect_lazy_with(options);
+        .min_connections(0)
+        .idle_timeout(Some(std::time::Duration::from_secs(600)))
+        .max_lifetime(Some(std::time::Duration::from_secs(1800)))
+        .connect_lazy_with(options.clone());
     drop(
         settings
             .connecting("open the database", pool.acquire())
             .await?,
     );
     let sql = Arc::new(crate::sqlite::SqliteSql::new(&builder.table));
-    let admin = Admin::Sqlite(pool.clone(), sql.clone());
+    let admin = Admin::Sqlite(Box::new(options), sql.clone(), keeper);
     let inner = Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-        crate::lease::Rows::Sqlite { pool, sql },
+        crate::lease::Rows::Sqlite {
+            pool: KeptPool::new(pool),
+            sql,
+        },
         settings.clone(),
     )));
     Ok((admin, inner))

@@ -8,6 +8,8 @@ use lockkit_core::{Attempt, FencingToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
+use crate::pool::{KeptPool, kept};
+
 use crate::config::Settings;
 use crate::error::is_lock_busy;
 use crate::session::{Locked, ServerWait, SessionDb};
@@ -93,13 +95,19 @@ impl MySql {
     }
 }
 
-/// Creates the lock table and the fencing counter if they are missing.
-pub(crate) async fn migrate(pool: &MySqlPool, sql: &MySql, settings: &Settings) -> Result<()> {
+/// Creates the lock table and the fencing counter if they are missing, on a
+/// connection of its own.
+pub(crate) async fn migrate(
+    options: &MySqlConnectOptions,
+    sql: &MySql,
+    settings: &Settings,
+) -> Result<()> {
+    let mut conn = settings.connecting("connect", options.connect()).await?;
     settings
         .bounded("create the lock table", async {
             for statement in &sql.migrate {
                 sqlx::query(AssertSqlSafe(statement.as_str()))
-                    .execute(pool)
+                    .execute(&mut conn)
                     .await?;
             }
             Ok(())
@@ -108,23 +116,20 @@ pub(crate) async fn migrate(pool: &MySqlPool, sql: &MySql, settings: &Settings) 
 }
 
 pub(crate) async fn try_lock(
-    pool: &MySqlPool,
+    pool: &KeptPool<sqlx::MySql>,
     sql: &MySql,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<Attempt<Option<FencingToken>>> {
-    let done = settings
-        .bounded(
-            "acquire",
-            sqlx::query(q(&sql.acquire))
-                .bind(name.as_bytes())
-                .bind(owner)
-                .bind(micros(ttl))
-                .execute(pool),
-        )
-        .await?;
+    let done = kept!(pool, settings, "acquire", |conn| {
+        sqlx::query(q(&sql.acquire))
+            .bind(name.as_bytes())
+            .bind(owner)
+            .bind(micros(ttl))
+            .execute(conn)
+    })?;
     let answer = done.last_insert_id();
     Ok(if answer >= BUSY_FLAG {
         Attempt::Busy {
@@ -143,42 +148,36 @@ pub(crate) async fn try_lock(
 }
 
 pub(crate) async fn extend(
-    pool: &MySqlPool,
+    pool: &KeptPool<sqlx::MySql>,
     sql: &MySql,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<bool> {
-    let done = settings
-        .bounded(
-            "extend",
-            sqlx::query(q(&sql.extend))
-                .bind(micros(ttl))
-                .bind(name.as_bytes())
-                .bind(owner)
-                .execute(pool),
-        )
-        .await?;
+    let done = kept!(pool, settings, "extend", |conn| {
+        sqlx::query(q(&sql.extend))
+            .bind(micros(ttl))
+            .bind(name.as_bytes())
+            .bind(owner)
+            .execute(conn)
+    })?;
     Ok(done.rows_affected() >= 1)
 }
 
 pub(crate) async fn release(
-    pool: &MySqlPool,
+    pool: &KeptPool<sqlx::MySql>,
     sql: &MySql,
     settings: &Settings,
     name: &str,
     owner: &str,
 ) -> Result<bool> {
-    let done = settings
-        .bounded(
-            "release",
-            sqlx::query(q(&sql.release))
-                .bind(name.as_bytes())
-                .bind(owner)
-                .execute(pool),
-        )
-        .await?;
+    let done = kept!(pool, settings, "release", |conn| {
+        sqlx::query(q(&sql.release))
+            .bind(name.as_bytes())
+            .bind(owner)
+            .execute(conn)
+    })?;
     Ok(done.rows_affected() >= 1)
 }
 

@@ -5,12 +5,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::{Attempt, FencingToken, NotifyHub, ReleaseWatch, Result};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
+use sqlx::{Connection, Postgres};
 use tokio::task::AbortHandle;
 
 use crate::config::Settings;
 use crate::error::is_lock_busy;
+use crate::pool::{KeptPool, kept};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::statement::{millis, q};
 
@@ -109,13 +111,19 @@ impl PgSql {
     }
 }
 
-/// Creates the table and the fencing sequence if they are missing. Concurrent
-/// migrations are serialised by a transaction-scoped advisory lock, as
-/// `CREATE … IF NOT EXISTS` alone can race in Postgres.
-pub(crate) async fn migrate(pool: &PgPool, sql: &PgSql, settings: &Settings) -> Result<()> {
+/// Creates the table and the fencing sequence if they are missing, on a
+/// connection of its own. Concurrent migrations are serialised by a
+/// transaction-scoped advisory lock, as `CREATE … IF NOT EXISTS` alone can
+/// race in Postgres.
+pub(crate) async fn migrate(
+    options: &PgConnectOptions,
+    sql: &PgSql,
+    settings: &Settings,
+) -> Result<()> {
+    let mut conn = settings.connecting("connect", options.connect()).await?;
     settings
         .bounded("create the lock table", async {
-            let mut tx = pool.begin().await?;
+            let mut tx = conn.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(crate::names::advisory_key("lockkit migrate"))
                 .execute(&mut *tx)
@@ -131,23 +139,21 @@ pub(crate) async fn migrate(pool: &PgPool, sql: &PgSql, settings: &Settings) -> 
 }
 
 pub(crate) async fn try_lock(
-    pool: &PgPool,
+    pool: &KeptPool<Postgres>,
     sql: &PgSql,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<Attempt<Option<FencingToken>>> {
-    let (fence, remaining): (Option<i64>, Option<i64>) = settings
-        .bounded(
-            "acquire",
+    let (fence, remaining): (Option<i64>, Option<i64>) =
+        kept!(pool, settings, "acquire", |conn| {
             sqlx::query_as(q(&sql.acquire))
                 .bind(name)
                 .bind(owner)
                 .bind(millis(ttl))
-                .fetch_one(pool),
-        )
-        .await?;
+                .fetch_one(conn)
+        })?;
     Ok(match fence {
         Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
         None => Attempt::Busy {
@@ -157,58 +163,56 @@ pub(crate) async fn try_lock(
 }
 
 pub(crate) async fn extend(
-    pool: &PgPool,
+    pool: &KeptPool<Postgres>,
     sql: &PgSql,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<bool> {
-    let done = settings
-        .bounded(
-            "extend",
-            sqlx::query(q(&sql.extend))
-                .bind(name)
-                .bind(owner)
-                .bind(millis(ttl))
-                .execute(pool),
-        )
-        .await?;
+    let done = kept!(pool, settings, "extend", |conn| {
+        sqlx::query(q(&sql.extend))
+            .bind(name)
+            .bind(owner)
+            .bind(millis(ttl))
+            .execute(conn)
+    })?;
     Ok(done.rows_affected() == 1)
 }
 
 pub(crate) async fn release(
-    pool: &PgPool,
+    pool: &KeptPool<Postgres>,
     sql: &PgSql,
     settings: &Settings,
     name: &str,
     owner: &str,
 ) -> Result<bool> {
-    let rows = settings
-        .bounded(
-            "release",
-            sqlx::query(q(&sql.release))
-                .bind(name)
-                .bind(owner)
-                .bind(&sql.channel)
-                .fetch_all(pool),
-        )
-        .await?;
+    let rows = kept!(pool, settings, "release", |conn| {
+        sqlx::query(q(&sql.release))
+            .bind(name)
+            .bind(owner)
+            .bind(&sql.channel)
+            .fetch_all(conn)
+    })?;
     Ok(rows.len() == 1)
 }
 
 /// One `LISTEN` connection per client, started on first use, that wakes the
-/// waiters of a name when its holder's release sends `NOTIFY`.
+/// waiters of a name when its holder's release sends `NOTIFY`. It comes from
+/// a pool of its own, so that it never takes a connection from the
+/// statements.
 #[derive(Debug)]
 pub(crate) struct PgNotifications {
+    options: PgConnectOptions,
     hub: NotifyHub,
     /// `true` once `LISTEN` is in place; the task behind it.
     state: Mutex<Option<(tokio::sync::watch::Receiver<bool>, AbortHandle)>>,
 }
 
 impl PgNotifications {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(options: PgConnectOptions) -> Self {
         PgNotifications {
+            options,
             hub: NotifyHub::new(),
             state: Mutex::new(None),
         }
@@ -218,7 +222,6 @@ impl PgNotifications {
     /// holder's expiry) when `LISTEN` cannot be set up in time.
     pub(crate) async fn watch(
         &self,
-        pool: &PgPool,
         channel: &str,
         settings: &Settings,
         name: &str,
@@ -227,12 +230,11 @@ impl PgNotifications {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
             let (listening, _) = state.get_or_insert_with(|| {
                 let (tx, rx) = tokio::sync::watch::channel(false);
-                let task = tokio::spawn(listen(
-                    pool.clone(),
-                    channel.to_owned(),
-                    self.hub.clone(),
-                    tx,
-                ));
+                let pool = PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(settings.connect_timeout)
+                    .connect_lazy_with(self.options.clone());
+                let task = tokio::spawn(listen(pool, channel.to_owned(), self.hub.clone(), tx));
                 (rx, task.abort_handle())
             });
             listening.clone()

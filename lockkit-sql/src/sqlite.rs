@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::{Attempt, FencingToken, Result};
-use sqlx::AssertSqlSafe;
-use sqlx::sqlite::SqlitePool;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite};
 
 use crate::config::Settings;
+use crate::pool::{KeptPool, kept};
 use crate::statement::{millis, q};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
@@ -59,87 +60,82 @@ impl SqliteSql {
     }
 }
 
-/// Creates the lock table if it is missing.
-pub(crate) async fn migrate(pool: &SqlitePool, sql: &SqliteSql, settings: &Settings) -> Result<()> {
+/// Creates the lock table if it is missing, on a connection of its own.
+pub(crate) async fn migrate(
+    options: &SqliteConnectOptions,
+    sql: &SqliteSql,
+    settings: &Settings,
+) -> Result<()> {
+    let mut conn = settings
+        .connecting("open the database", options.connect())
+        .await?;
     settings
         .bounded(
             "create the lock table",
-            sqlx::query(AssertSqlSafe(sql.migrate.as_str())).execute(pool),
+            sqlx::query(AssertSqlSafe(sql.migrate.as_str())).execute(&mut conn),
         )
         .await
         .map(|_| ())
 }
 
 pub(crate) async fn try_lock(
-    pool: &SqlitePool,
+    pool: &KeptPool<Sqlite>,
     sql: &SqliteSql,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<Attempt<Option<FencingToken>>> {
-    let fence: Option<i64> = settings
-        .bounded(
-            "acquire",
-            sqlx::query_scalar(q(&sql.acquire))
-                .bind(name)
-                .bind(owner)
-                .bind(millis(ttl))
-                .fetch_optional(pool),
-        )
-        .await?;
+    let fence: Option<i64> = kept!(pool, settings, "acquire", |conn| {
+        sqlx::query_scalar(q(&sql.acquire))
+            .bind(name)
+            .bind(owner)
+            .bind(millis(ttl))
+            .fetch_optional(conn)
+    })?;
     if let Some(fence) = fence {
         return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
     }
-    let remaining: Option<i64> = settings
-        .bounded(
-            "read the holder's lease",
-            sqlx::query_scalar(q(&sql.remaining))
-                .bind(name)
-                .fetch_optional(pool),
-        )
-        .await?;
+    let remaining: Option<i64> = kept!(pool, settings, "read the holder's lease", |conn| {
+        sqlx::query_scalar(q(&sql.remaining))
+            .bind(name)
+            .fetch_optional(conn)
+    })?;
     Ok(Attempt::Busy {
         retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
     })
 }
 
 pub(crate) async fn extend(
-    pool: &SqlitePool,
+    pool: &KeptPool<Sqlite>,
     sql: &SqliteSql,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<bool> {
-    let done = settings
-        .bounded(
-            "extend",
-            sqlx::query(q(&sql.extend))
-                .bind(name)
-                .bind(owner)
-                .bind(millis(ttl))
-                .execute(pool),
-        )
-        .await?;
+    let done = kept!(pool, settings, "extend", |conn| {
+        sqlx::query(q(&sql.extend))
+            .bind(name)
+            .bind(owner)
+            .bind(millis(ttl))
+            .execute(conn)
+    })?;
     Ok(done.rows_affected() == 1)
 }
 
 pub(crate) async fn release(
-    pool: &SqlitePool,
+    pool: &KeptPool<Sqlite>,
     sql: &SqliteSql,
     settings: &Settings,
     name: &str,
     owner: &str,
 ) -> Result<bool> {
-    let done = settings
-        .bounded(
-            "release",
-            sqlx::query(q(&sql.release))
-                .bind(name)
-                .bind(owner)
-                .execute(pool),
-        )
-        .await?;
+    let done = kept!(pool, settings, "release", |conn| {
+        sqlx::query(q(&sql.release))
+            .bind(name)
+            .bind(owner)
+            .execute(conn)
+    })?;
     Ok(done.rows_affected() == 1)
 }

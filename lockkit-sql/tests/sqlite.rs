@@ -255,3 +255,33 @@ async fn lease_mode_across_processes() {
         assert!(t2 > t1, "fencing token {t2} follows {t1}");
     }
 }
+
+/// A client used on one runtime and dropped after that runtime is gone
+/// (its kept connections cannot be handed back to a runtime any more) does
+/// not panic; an in-memory database lives as long as its client.
+#[test]
+fn clients_outlive_their_runtime() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("locks.db");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (file, memory) = runtime.block_on(async {
+        let file = connect(&db).await.unwrap();
+        let memory = lockkit_sql::connect("sqlite::memory:").await.unwrap();
+        for locks in [file.as_ref(), &memory as &dyn DistributedLock] {
+            let opts = LockOptions::new().ttl(Duration::from_secs(5));
+            let guard = locks.acquire("outlive", &opts).await.unwrap();
+            let token = guard.fencing_token().expect("a fencing token");
+            guard.release().await.unwrap();
+            let again = locks.acquire("outlive", &opts).await.unwrap();
+            assert!(
+                again.fencing_token().unwrap() > token,
+                "the database persisted"
+            );
+            again.release().await.unwrap();
+        }
+        (file, memory)
+    });
+    drop(runtime);
+    drop(file);
+    drop(memory);
+}

@@ -1,0 +1,380 @@
+//! The raw floors of the SQL lock modes: lockkit-sql's own statements, with
+//! the same bound parameters, issued by hand on dedicated sqlx connections
+//! (no pool, no lock engine, no guard), so that the gap to a lockkit cycle is
+//! what lockkit adds on the client.
+//!
+//! They use lockkit-sql's default lock table, `lockkit_locks`, created by its
+//! `migrate()`, with names of their own.
+//!
+//! The statements are written out here rather than taken from lockkit-sql:
+//! they are what a careful user would write by hand, and a change to
+//! lockkit's statements that costs a round trip shows up as a ratio.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::{Connection, MySqlConnection, PgConnection, SqliteConnection};
+use tokio::sync::Mutex;
+
+/// The lease of every raw acquire, as lockkit's cycles use.
+pub const RAW_TTL: Duration = Duration::from_secs(30);
+
+/// Fresh owner tokens, as long as lockkit's (a UUID's 36 characters).
+#[derive(Debug, Default)]
+struct Owners(AtomicU64);
+
+impl Owners {
+    fn next(&self) -> String {
+        let n = self.0.fetch_add(1, Ordering::Relaxed);
+        format!("00000000-0000-4000-8000-{n:012x}")
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    d.as_millis() as i64
+}
+
+/// `select_one` and `scalar` on the dedicated connection `conn` of a raw
+/// floor: the same code for every database, which sqlx's traits would only
+/// let a generic function say with a page of bounds.
+macro_rules! probe_queries {
+    ($raw:ty) => {
+        impl $raw {
+            /// `SELECT 1`: one statement's round trip (on SQLite, no I/O).
+            pub async fn select_one(&self) {
+                let one: i32 = sqlx::query_scalar("SELECT 1")
+                    .fetch_one(&mut *self.conn.lock().await)
+                    .await
+                    .expect("SELECT 1");
+                assert_eq!(one, 1);
+            }
+
+            /// The 64-bit integer answer of `sql` with `args` bound (for
+            /// probes and checks).
+            pub async fn scalar(&self, sql: &'static str, args: &[i64]) -> i64 {
+                let mut query = sqlx::query_scalar(sql);
+                for arg in args {
+                    query = query.bind(*arg);
+                }
+                query
+                    .fetch_one(&mut *self.conn.lock().await)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+        }
+    };
+}
+
+probe_queries!(RawPg);
+probe_queries!(RawMy);
+probe_queries!(RawSqlite);
+
+/// Postgres: the lease upsert and release, the row lock in a transaction,
+/// and the advisory lock, each followed by its fencing token as lockkit
+/// draws it.
+#[derive(Debug)]
+pub struct RawPg {
+    conn: Mutex<PgConnection>,
+    owners: Owners,
+}
+
+/// lockkit's lease upsert: takes a free or expired row, bumps its fence and
+/// returns it, or the holder's remaining milliseconds.
+const PG_LEASE_ACQUIRE: &str = "WITH taken AS (\
+    INSERT INTO lockkit_locks AS l (name, owner, fence, expires_at) \
+    VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond') \
+    ON CONFLICT (name) DO UPDATE \
+        SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+        WHERE l.expires_at <= now() \
+    RETURNING l.fence) \
+ SELECT (SELECT fence FROM taken), \
+        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
+         FROM lockkit_locks WHERE name = $1)";
+/// lockkit's lease release, with the `NOTIFY` that wakes the waiters.
+const PG_LEASE_RELEASE: &str = "UPDATE lockkit_locks SET owner = NULL, expires_at = now() \
+    WHERE name = $1 AND owner = $2 AND expires_at > now() \
+    RETURNING pg_notify($3, $1)::text";
+const PG_ROW_LOCK: &str = "WITH l AS MATERIALIZED (SELECT 1 FROM lockkit_locks WHERE name = $1 FOR UPDATE) \
+    SELECT nextval('lockkit_locks_fence_seq') FROM l";
+const PG_ADVISORY_LOCK: &str = "WITH l AS MATERIALIZED (SELECT pg_advisory_lock($1)) \
+    SELECT nextval('lockkit_locks_fence_seq') FROM l";
+
+impl RawPg {
+    /// A connection to `url` (whose lock table lockkit has migrated), with
+    /// the row of `row_name` in place for [`row_cycle`](Self::row_cycle).
+    pub async fn connect(url: &str, row_name: &str) -> RawPg {
+        let mut conn = PgConnection::connect(url)
+            .await
+            .expect("a Postgres connection");
+        sqlx::query(
+            "INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(row_name)
+        .execute(&mut conn)
+        .await
+        .expect("the row of the row-lock floor");
+        RawPg {
+            conn: Mutex::new(conn),
+            owners: Owners::default(),
+        }
+    }
+
+    /// The lease upsert, then the conditional release with its `NOTIFY`.
+    pub async fn lease_cycle(&self, name: &str) {
+        let owner = self.owners.next();
+        let mut conn = self.conn.lock().await;
+        let (fence, _): (Option<i64>, Option<i64>) = sqlx::query_as(PG_LEASE_ACQUIRE)
+            .bind(name)
+            .bind(&owner)
+            .bind(millis(RAW_TTL))
+            .fetch_one(&mut *conn)
+            .await
+            .expect("lease upsert");
+        assert!(fence.is_some(), "raw lease: {name:?} was not free");
+        let released = sqlx::query(PG_LEASE_RELEASE)
+            .bind(name)
+            .bind(&owner)
+            .bind("lockkit_lockkit_locks")
+            .fetch_all(&mut *conn)
+            .await
+            .expect("lease release");
+        assert_eq!(released.len(), 1, "raw lease: release missed");
+    }
+
+    /// `BEGIN`, the row lock with its token, `ROLLBACK`.
+    pub async fn row_cycle(&self, name: &str) {
+        let mut conn = self.conn.lock().await;
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("BEGIN");
+        let fence: Option<i64> = sqlx::query_scalar(PG_ROW_LOCK)
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await
+            .expect("row lock");
+        assert!(fence.is_some(), "raw row: no row for {name:?}");
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *conn)
+            .await
+            .expect("ROLLBACK");
+    }
+
+    /// `pg_advisory_lock` with its token, then `pg_advisory_unlock`.
+    pub async fn advisory_cycle(&self, key: i64) {
+        let mut conn = self.conn.lock().await;
+        let _fence: i64 = sqlx::query_scalar(PG_ADVISORY_LOCK)
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("advisory lock");
+        let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("advisory unlock");
+        assert!(unlocked, "raw advisory: the lock was not held");
+    }
+}
+
+/// MySQL/MariaDB: the lease upsert and release, the row lock in a
+/// transaction, and `GET_LOCK`, each with its fencing token as lockkit draws
+/// it (the counter row, committed at once).
+#[derive(Debug)]
+pub struct RawMy {
+    conn: Mutex<MySqlConnection>,
+    /// Where the row floor draws its token, as lockkit does on its pool:
+    /// outside the transaction that holds the row lock.
+    counter: Mutex<MySqlConnection>,
+    owners: Owners,
+}
+
+/// lockkit's lease upsert; the answer comes back in `LAST_INSERT_ID`.
+const MY_LEASE_ACQUIRE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
+    VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+    ON DUPLICATE KEY UPDATE \
+      owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+      fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fence + 1), \
+          IF(LAST_INSERT_ID(4611686018427387904 + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
+      expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)";
+const MY_LEASE_RELEASE: &str = "UPDATE lockkit_locks SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
+    WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)";
+const MY_ROW_LOCK: &str = "SELECT name FROM lockkit_locks WHERE name = ? FOR UPDATE";
+const MY_NEXT_FENCE: &str = "UPDATE lockkit_locks_fence SET n = LAST_INSERT_ID(n + 1) WHERE id = 1";
+/// lockkit's server-side wait of an acquire that waits forever: a year.
+const MY_FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+impl RawMy {
+    /// Connections to `url` (whose lock table lockkit has migrated), with the
+    /// row of `row_name` in place and a lock wait as long as lockkit's.
+    pub async fn connect(url: &str, row_name: &str) -> RawMy {
+        let open = || async {
+            MySqlConnection::connect(url)
+                .await
+                .expect("a MySQL connection")
+        };
+        let mut conn = open().await;
+        sqlx::query(
+            "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
+             VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name",
+        )
+        .bind(row_name.as_bytes())
+        .execute(&mut conn)
+        .await
+        .expect("the row of the row-lock floor");
+        sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 1073741824")
+            .execute(&mut conn)
+            .await
+            .expect("innodb_lock_wait_timeout");
+        RawMy {
+            conn: Mutex::new(conn),
+            counter: Mutex::new(open().await),
+            owners: Owners::default(),
+        }
+    }
+
+    /// The lease upsert, then the conditional release.
+    pub async fn lease_cycle(&self, name: &str) {
+        let owner = self.owners.next();
+        let mut conn = self.conn.lock().await;
+        let done = sqlx::query(MY_LEASE_ACQUIRE)
+            .bind(name.as_bytes())
+            .bind(&owner)
+            .bind(RAW_TTL.as_micros() as i64)
+            .execute(&mut *conn)
+            .await
+            .expect("lease upsert");
+        let fence = done.last_insert_id();
+        assert!(
+            fence > 0 && fence < 1 << 62,
+            "raw lease: {name:?} was not free"
+        );
+        let released = sqlx::query(MY_LEASE_RELEASE)
+            .bind(name.as_bytes())
+            .bind(&owner)
+            .execute(&mut *conn)
+            .await
+            .expect("lease release");
+        assert_eq!(released.rows_affected(), 1, "raw lease: release missed");
+    }
+
+    /// `BEGIN`, the row lock, the token on the counter connection, `ROLLBACK`.
+    pub async fn row_cycle(&self, name: &str) {
+        let mut conn = self.conn.lock().await;
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("BEGIN");
+        let row: Option<Vec<u8>> = sqlx::query_scalar(MY_ROW_LOCK)
+            .bind(name.as_bytes())
+            .fetch_optional(&mut *conn)
+            .await
+            .expect("row lock");
+        assert!(row.is_some(), "raw row: no row for {name:?}");
+        let token = sqlx::query(MY_NEXT_FENCE)
+            .execute(&mut *self.counter.lock().await)
+            .await
+            .expect("next fence");
+        assert!(token.last_insert_id() > 0);
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *conn)
+            .await
+            .expect("ROLLBACK");
+    }
+
+    /// `GET_LOCK`, the token, `RELEASE_LOCK`.
+    pub async fn named_cycle(&self, name: &str) {
+        let mut conn = self.conn.lock().await;
+        let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+            .bind(name)
+            .bind(MY_FOREVER_SECS)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("GET_LOCK");
+        assert_eq!(got, Some(1), "raw named: GET_LOCK({name:?})");
+        let token = sqlx::query(MY_NEXT_FENCE)
+            .execute(&mut *conn)
+            .await
+            .expect("next fence");
+        assert!(token.last_insert_id() > 0);
+        let released: Option<i64> = sqlx::query_scalar("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+            .bind(name)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("RELEASE_LOCK");
+        assert_eq!(released, Some(1), "raw named: RELEASE_LOCK({name:?})");
+    }
+}
+
+/// SQLite: the lease upsert and release on one connection to the database
+/// file, opened as lockkit opens it (WAL, `synchronous = NORMAL`).
+#[derive(Debug)]
+pub struct RawSqlite {
+    conn: Mutex<SqliteConnection>,
+    owners: Owners,
+}
+
+/// Milliseconds since the Unix epoch by SQLite's clock, as lockkit computes it.
+macro_rules! sqlite_now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+const SQLITE_LEASE_ACQUIRE: &str = concat!(
+    "INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES (?1, ?2, 1, ",
+    sqlite_now_ms!(),
+    " + ?3) ON CONFLICT (name) DO UPDATE \
+     SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
+     WHERE expires_at <= ",
+    sqlite_now_ms!(),
+    " RETURNING fence"
+);
+const SQLITE_LEASE_RELEASE: &str = concat!(
+    "UPDATE lockkit_locks SET owner = NULL, expires_at = ",
+    sqlite_now_ms!(),
+    " WHERE name = ?1 AND owner = ?2 AND expires_at > ",
+    sqlite_now_ms!()
+);
+
+impl RawSqlite {
+    /// A connection to the database file at `path` (which lockkit has
+    /// migrated).
+    pub async fn connect(path: &std::path::Path) -> RawSqlite {
+        use sqlx::ConnectOptions;
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+        let conn = SqliteConnectOptions::new()
+            .filename(path)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("an SQLite connection");
+        RawSqlite {
+            conn: Mutex::new(conn),
+            owners: Owners::default(),
+        }
+    }
+
+    /// The lease upsert, then the conditional release.
+    pub async fn lease_cycle(&self, name: &str) {
+        let owner = self.owners.next();
+        let mut conn = self.conn.lock().await;
+        let fence: Option<i64> = sqlx::query_scalar(SQLITE_LEASE_ACQUIRE)
+            .bind(name)
+            .bind(&owner)
+            .bind(millis(RAW_TTL))
+            .fetch_optional(&mut *conn)
+            .await
+            .expect("lease upsert");
+        assert!(fence.is_some(), "raw lease: {name:?} was not free");
+        let released = sqlx::query(SQLITE_LEASE_RELEASE)
+            .bind(name)
+            .bind(&owner)
+            .execute(&mut *conn)
+            .await
+            .expect("lease release");
+        assert_eq!(released.rows_affected(), 1, "raw lease: release missed");
+    }
+}
