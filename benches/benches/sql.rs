@@ -412,7 +412,7 @@ struct SqlProbe<'a> {
 
 impl SqlProbe<'_> {
     /// Whether the waiter is parked, given the mark.
-    async fn parked(&self, mark: i64) -> bool {
+    async fn parked(&self, (mark, started): (i64, Instant)) -> bool {
         let f = self.fixture;
         match self.park {
             Park::PgAttempt => f.pg.scalar(PG_ATTEMPTS_SINCE, &[mark]).await > 0,
@@ -420,16 +420,10 @@ impl SqlProbe<'_> {
             Park::MyAttempt => f.my.scalar(MY_INSERTS, &[]).await > mark,
             Park::MyLockWait => f.my.scalar(MY_WAITING, &[]).await > 0,
             Park::For(wait) => {
-                // `mark` is when the waiter started, in µs of `Instant`s
-                // since the probe's epoch.
                 self.select_one().await;
-                self.since_epoch() >= Duration::from_micros(mark as u64) + wait
+                started.elapsed() >= wait
             }
         }
-    }
-
-    fn since_epoch(&self) -> Duration {
-        EPOCH.get_or_init(Instant::now).elapsed()
     }
 
     async fn select_one(&self) {
@@ -441,26 +435,24 @@ impl SqlProbe<'_> {
     }
 }
 
-/// The origin of [`Park::For`]'s marks.
-static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
 impl HandoffProbe for SqlProbe<'_> {
-    /// Postgres lease: the server's clock (µs); MariaDB lease: `Com_insert`;
-    /// SQLite: when the waiter started.
-    type Mark = i64;
+    /// The server's count before the waiter starts (Postgres lease: its
+    /// clock in µs; MariaDB lease: `Com_insert`; otherwise unused), and when
+    /// it starts.
+    type Mark = (i64, Instant);
 
-    async fn mark(&self) -> i64 {
-        match self.park {
+    async fn mark(&self) -> (i64, Instant) {
+        let count = match self.park {
             Park::PgAttempt => self.fixture.pg.scalar(PG_NOW_US, &[]).await,
             Park::MyAttempt => self.fixture.my.scalar(MY_INSERTS, &[]).await,
-            Park::For(_) => self.since_epoch().as_micros() as i64,
-            Park::PgLockWait | Park::MyLockWait => 0,
-        }
+            Park::For(_) | Park::PgLockWait | Park::MyLockWait => 0,
+        };
+        (count, Instant::now())
     }
 
     /// Polls until the waiter is parked, then a few more times, so that the
     /// waiter's client has the answer to its attempt and is waiting.
-    async fn until_parked(&self, mark: i64) {
+    async fn until_parked(&self, mark: (i64, Instant)) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !self.parked(mark).await {
             assert!(

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{SqlHarness, SqlServer, connect, opts};
-use lockkit_core::{DistributedLock, LockError};
+use lockkit_core::DistributedLock;
 use lockkit_sql::Mode;
 use lockkit_testkit::MariaDbServer;
 use sqlx::Connection;
@@ -229,23 +229,8 @@ async fn connection_failures_are_typed() {
         .await
         .unwrap();
     let port = server.port();
-    let right = format!("mysql://app:right-pw@127.0.0.1:{port}/lockkit");
-    drop(
-        lockkit_sql::connect(&right)
-            .await
-            .expect("the right password"),
-    );
-    let wrong = format!("mysql://app:wrong-pw@127.0.0.1:{port}/lockkit");
-    let err = lockkit_sql::connect(&wrong).await.unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
-    let shown = format!("{err} {err:?}");
-    assert!(shown.contains("authentication failed"), "{shown}");
-    assert!(!shown.contains("wrong-pw"), "{shown}");
-    server.kill();
-    let start = Instant::now();
-    let err = lockkit_sql::connect(&format!("{}?connect_timeout=1s", server.url()))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(2));
+    common::connection_failures_are_typed(&server, |password| {
+        format!("mysql://app:{password}@127.0.0.1:{port}/lockkit")
+    })
+    .await;
 }

@@ -184,3 +184,31 @@ pub(crate) async fn cancelled_wait_leaves_nothing_behind<S: SqlServer>(mode: Mod
         .expect("free after the holder released: the cancelled waiter did not get it");
     guard.release().await.unwrap();
 }
+
+/// The end of every server's `connection_failures_are_typed`: with the user
+/// `app` set up to need the password `right-pw` (`url(password)` is its
+/// URL), the right password connects; a wrong one is a typed `Backend` error
+/// saying so, without the password in it; and a killed server answers
+/// `Unavailable` within the connect timeout.
+pub(crate) async fn connection_failures_are_typed<S: SqlServer>(
+    server: &S,
+    url: impl Fn(&str) -> String,
+) {
+    drop(
+        lockkit_sql::connect(&url("right-pw"))
+            .await
+            .expect("the right password"),
+    );
+    let err = lockkit_sql::connect(&url("wrong-pw")).await.unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    assert!(!shown.contains("wrong-pw"), "{shown}");
+    server.kill();
+    let start = Instant::now();
+    let err = lockkit_sql::connect(&format!("{}?connect_timeout=1s", server.base_url()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
