@@ -559,7 +559,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
             judged,
         ),
         (
-            "mariadb row (a) raw floor: BEGIN + FOR UPDATE + counter UPDATE (2nd connection) + ROLLBACK; ratio to SELECT 1",
+            "mariadb row (a) raw floor: BEGIN + NEXTVAL … FOR UPDATE + ROLLBACK; ratio to SELECT 1",
             MyRawRow,
             MySelect,
             None,
@@ -571,7 +571,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
             judged,
         ),
         (
-            "mariadb named (a) raw floor: GET_LOCK + counter UPDATE + RELEASE_LOCK; ratio to SELECT 1",
+            "mariadb named (a) raw floor: GET_LOCK with NEXTVAL + RELEASE_LOCK; ratio to SELECT 1",
             MyRawNamed,
             MySelect,
             None,

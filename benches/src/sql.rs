@@ -178,15 +178,12 @@ impl RawPg {
     }
 }
 
-/// MySQL/MariaDB: the lease upsert and release, the row lock in a
-/// transaction, and `GET_LOCK`, each with its fencing token as lockkit draws
-/// it (the counter row, committed at once).
+/// MariaDB: the lease upsert and release, the row lock in a transaction, and
+/// `GET_LOCK`, each with its fencing token as lockkit draws it on MariaDB
+/// (`NEXTVAL` of the sequence, inside the lock statement).
 #[derive(Debug)]
 pub struct RawMy {
     conn: Mutex<MySqlConnection>,
-    /// Where the row floor draws its token, as lockkit does on its pool:
-    /// outside the transaction that holds the row lock.
-    counter: Mutex<MySqlConnection>,
     owners: Owners,
 }
 
@@ -200,8 +197,10 @@ const MY_LEASE_ACQUIRE: &str = "INSERT INTO lockkit_locks (name, owner, fence, e
       expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)";
 const MY_LEASE_RELEASE: &str = "UPDATE lockkit_locks SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
     WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)";
-const MY_ROW_LOCK: &str = "SELECT name FROM lockkit_locks WHERE name = ? FOR UPDATE";
-const MY_NEXT_FENCE: &str = "UPDATE lockkit_locks_fence SET n = LAST_INSERT_ID(n + 1) WHERE id = 1";
+const MY_ROW_LOCK: &str = "SELECT CAST(NEXTVAL(lockkit_locks_fence_seq) AS SIGNED) \
+    FROM lockkit_locks WHERE name = ? FOR UPDATE";
+const MY_NAMED_LOCK: &str = "SELECT CAST(CASE GET_LOCK(?, ?) \
+    WHEN 1 THEN NEXTVAL(lockkit_locks_fence_seq) WHEN 0 THEN 0 END AS SIGNED)";
 /// lockkit's server-side wait of an acquire that waits forever: a year.
 const MY_FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
@@ -229,7 +228,6 @@ impl RawMy {
             .expect("innodb_lock_wait_timeout");
         RawMy {
             conn: Mutex::new(conn),
-            counter: Mutex::new(open().await),
             owners: Owners::default(),
         }
     }
@@ -259,45 +257,35 @@ impl RawMy {
         assert_eq!(released.rows_affected(), 1, "raw lease: release missed");
     }
 
-    /// `BEGIN`, the row lock, the token on the counter connection, `ROLLBACK`.
+    /// `BEGIN`, the row lock with its token, `ROLLBACK`.
     pub async fn row_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
         sqlx::raw_sql("BEGIN")
             .execute(&mut *conn)
             .await
             .expect("BEGIN");
-        let row: Option<Vec<u8>> = sqlx::query_scalar(MY_ROW_LOCK)
+        let token: Option<i64> = sqlx::query_scalar(MY_ROW_LOCK)
             .bind(name.as_bytes())
             .fetch_optional(&mut *conn)
             .await
             .expect("row lock");
-        assert!(row.is_some(), "raw row: no row for {name:?}");
-        let token = sqlx::query(MY_NEXT_FENCE)
-            .execute(&mut *self.counter.lock().await)
-            .await
-            .expect("next fence");
-        assert!(token.last_insert_id() > 0);
+        assert!(token > Some(0), "raw row: no row for {name:?}");
         sqlx::raw_sql("ROLLBACK")
             .execute(&mut *conn)
             .await
             .expect("ROLLBACK");
     }
 
-    /// `GET_LOCK`, the token, `RELEASE_LOCK`.
+    /// `GET_LOCK` with its token, `RELEASE_LOCK`.
     pub async fn named_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
-        let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+        let token: Option<i64> = sqlx::query_scalar(MY_NAMED_LOCK)
             .bind(name)
             .bind(MY_FOREVER_SECS)
             .fetch_one(&mut *conn)
             .await
             .expect("GET_LOCK");
-        assert_eq!(got, Some(1), "raw named: GET_LOCK({name:?})");
-        let token = sqlx::query(MY_NEXT_FENCE)
-            .execute(&mut *conn)
-            .await
-            .expect("next fence");
-        assert!(token.last_insert_id() > 0);
+        assert!(token > Some(0), "raw named: GET_LOCK({name:?})");
         let released: Option<i64> = sqlx::query_scalar("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
             .bind(name)
             .fetch_one(&mut *conn)

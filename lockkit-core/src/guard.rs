@@ -10,6 +10,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::deferred::Booking;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::local_queue::LocalSlot;
@@ -62,8 +63,19 @@ struct Timing {
     renewed_at: Instant,
 }
 
+/// Where a guard's watchdog task stands.
+enum Watchdog {
+    /// Not spawned yet: booked to start at its first deadline (see
+    /// [`deferred`](crate::deferred)).
+    Booked(Booking),
+    Running(AbortHandle),
+    /// The holding ended (released or dropped), or there is no runtime.
+    Stopped,
+}
+
 struct Shared {
     name: Box<str>,
+    watchdog: Mutex<Watchdog>,
     fencing: Option<FencingToken>,
     auto_renew: bool,
     lease: Arc<dyn Lease>,
@@ -97,6 +109,42 @@ impl Shared {
         drop(lock(&self.slot).take());
     }
 
+    /// When the watchdog first has something to do: the first renewal, or
+    /// the end of the validity.
+    fn first_wake(&self) -> Instant {
+        let timing = lock(&self.timing);
+        if self.auto_renew {
+            (timing.renewed_at + timing.ttl / 3).min(timing.valid_until)
+        } else {
+            timing.valid_until
+        }
+    }
+
+    /// Spawns the watchdog on `runtime` unless it runs already or the
+    /// holding has ended.
+    fn start_watchdog(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
+        let mut state = lock(&self.watchdog);
+        if let Watchdog::Booked(_) = &*state {
+            let task = runtime.spawn(watchdog(self.clone()));
+            if let Watchdog::Booked(booking) =
+                std::mem::replace(&mut *state, Watchdog::Running(task.abort_handle()))
+            {
+                booking.cancel();
+            }
+        }
+    }
+
+    /// Stops the watchdog for good (the holding ends).
+    fn stop_watchdog(&self) {
+        match std::mem::replace(&mut *lock(&self.watchdog), Watchdog::Stopped) {
+            Watchdog::Booked(booking) => {
+                booking.cancel();
+            }
+            Watchdog::Running(task) => task.abort(),
+            Watchdog::Stopped => {}
+        }
+    }
+
     /// Marks the holding lost; true if this call did it.
     fn mark_lost(&self, reason: LostReason) -> bool {
         let first = self.lost.send_if_modified(|lost| {
@@ -114,7 +162,7 @@ impl Shared {
         first
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<()> {
         let _ops = self.ops.lock().await;
         if let Some(reason) = self.lost_reason() {
             return Err(LockError::lost(&self.name, reason));
@@ -122,6 +170,11 @@ impl Shared {
         let sent = Instant::now();
         if self.lease.extend(ttl).await? {
             self.record_extension(sent, ttl);
+            // A booked start may now be too late (a shorter TTL): start the
+            // watchdog, which plans afresh.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                self.start_watchdog(&runtime);
+            }
             self.timing_changed.notify_one();
             Ok(())
         } else {
@@ -170,13 +223,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// ```
 pub struct LockGuard {
     shared: Arc<Shared>,
-    watchdog: Option<AbortHandle>,
     /// Set once `release` has finished, so that `Drop` does not release again.
     finished: bool,
 }
 
 impl LockGuard {
-    /// Builds the guard of a fresh holding and starts its watchdog. For backend
+    /// Builds the guard of a fresh holding and arranges its watchdog (spawned
+    /// when it first has work: the first renewal or the expiry). For backend
     /// implementors. Outside a tokio runtime the guard has no watchdog: it is not
     /// renewed and its lost signal does not fire (`is_lost` still turns true
     /// once the validity is over).
@@ -193,6 +246,7 @@ impl LockGuard {
     ) -> LockGuard {
         let shared = Arc::new(Shared {
             name: name.into(),
+            watchdog: Mutex::new(Watchdog::Stopped),
             fencing,
             auto_renew,
             lease,
@@ -206,16 +260,30 @@ impl LockGuard {
             ops: tokio::sync::Mutex::new(()),
             slot: Mutex::new(None),
         });
-        let watchdog = match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => Some(runtime.spawn(watchdog(shared.clone())).abort_handle()),
+        // The watchdog task is spawned only if the holding lasts until its
+        // first deadline; most end sooner (see `deferred`).
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let weak = Arc::downgrade(&shared);
+                let first_wake = shared.first_wake();
+                // Held while booking: a start that comes at once (a deadline
+                // already past) waits until the booking is recorded.
+                let mut state = lock(&shared.watchdog);
+                let booking = crate::deferred::book(first_wake, move || {
+                    if let Some(shared) = weak.upgrade() {
+                        shared.start_watchdog(&runtime);
+                    }
+                });
+                if let Some(booking) = booking {
+                    *state = Watchdog::Booked(booking);
+                }
+            }
             Err(_) => {
                 tracing::warn!(lock.name = %name, "guard created outside a tokio runtime: no auto-renewal and no lost signal");
-                None
             }
-        };
+        }
         LockGuard {
             shared,
-            watchdog,
             finished: false,
         }
     }
@@ -338,9 +406,7 @@ impl LockGuard {
     }
 
     fn stop_watchdog(&mut self) {
-        if let Some(watchdog) = self.watchdog.take() {
-            watchdog.abort();
-        }
+        self.shared.stop_watchdog();
     }
 }
 

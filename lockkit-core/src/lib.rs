@@ -2,6 +2,7 @@
 
 mod backoff;
 mod capabilities;
+mod deferred;
 mod error;
 mod fencing;
 mod guard;
@@ -20,6 +21,7 @@ mod wait;
 
 pub use backoff::{Backoff, Delays};
 pub use capabilities::{Capabilities, ReleaseOnCrash};
+pub use deferred::{ScheduledSpawn, spawn_at};
 pub use error::{BoxError, LockError, Result};
 pub use fencing::FencingToken;
 pub use guard::{Lease, LockGuard, LossNotifier, LostReason};

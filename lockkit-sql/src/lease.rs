@@ -77,35 +77,19 @@ impl LeaseBackend for LeaseRows {
         Ok(name.to_owned())
     }
 
-    /// The upsert runs to completion in a task of its own, even when the
-    /// caller stops waiting for it: a statement already sent may still take
-    /// the lease after a rollback sent on another connection has found
-    /// nothing to delete (SQLite's statements even run on a worker thread
-    /// that a cancelled future does not stop). The task releases a lease that
-    /// nobody is left to receive.
+    /// Cancellation-safe without a task per attempt: if the upsert is
+    /// abandoned before it answers, a release runs after it on the same
+    /// connection (see [`Undo`](crate::pool::Undo)), so it cannot overtake
+    /// a statement that may still take the lease. (SQLite's statements run
+    /// on a worker thread that a dropped future does not stop; the release
+    /// queues behind it there too.)
     async fn try_lock(
         &self,
         name: &String,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let shared = self.shared.clone();
-        let (name, owner) = (name.clone(), owner.clone());
-        tokio::spawn(async move {
-            let outcome = shared.try_lock(&name, &owner, ttl).await;
-            if let Err(Ok(Attempt::Acquired(_))) = tx.send(outcome)
-                && let Err(error) = shared.release(&name, &owner).await
-            {
-                tracing::warn!(lock.name = %name, %error, "could not release a lease whose acquire was cancelled; it ends with its TTL");
-            }
-        });
-        rx.await.unwrap_or_else(|_| {
-            Err(lockkit_core::LockError::backend(
-                self.shared.settings.backend,
-                "the acquire task ended without an answer",
-            ))
-        })
+        self.shared.try_lock(name, owner, ttl).await
     }
 
     async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {

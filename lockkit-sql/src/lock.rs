@@ -192,7 +192,7 @@ async fn open_mysql(
     builder: &SqlLockBuilder,
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
-    use crate::mysql::{MySql, MySqlSession, MySqlSessionMode};
+    use crate::mysql::{FenceSource, MySql, MySqlSession, MySqlSessionMode};
     let options = sqlx::mysql::MySqlConnectOptions::from_str(&builder.driver_url)
         .map_err(|e| builder.invalid_url(e))?;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
@@ -200,8 +200,20 @@ async fn open_mysql(
         .acquire_timeout(builder.connect_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
-    drop(settings.connecting("connect", pool.acquire()).await?);
-    let sql = Arc::new(MySql::new(&builder.table));
+    let mut conn = settings.connecting("connect", pool.acquire()).await?;
+    let version: String = settings
+        .bounded(
+            "read the server version",
+            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut *conn),
+        )
+        .await?;
+    drop(conn);
+    let fence_source = match builder.mysql_counter_fencing {
+        true => FenceSource::Counter,
+        false => FenceSource::for_version(&version),
+    };
+    tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
+    let sql = Arc::new(MySql::new(&builder.table, fence_source));
     let admin = Admin::MySql(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
         Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(

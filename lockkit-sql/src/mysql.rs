@@ -8,7 +8,7 @@ use lockkit_core::{Attempt, FencingToken, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
-use crate::pool::{KeptPool, kept};
+use crate::pool::{KeptPool, kept, undo_release};
 
 use crate::config::Settings;
 use crate::error::is_lock_busy;
@@ -22,6 +22,30 @@ const BUSY_FLAG: u64 = 1 << 62;
 /// The server-side wait of an `acquire` that waits forever: a year.
 const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
+/// Where `row` and `named` mode draw their fencing tokens from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FenceSource {
+    /// A MariaDB `SEQUENCE` (10.3+), drawn inside the lock statement itself
+    /// once the lock is granted: no rollback undoes `NEXTVAL`.
+    Sequence,
+    /// A one-row counter table bumped by an autocommitted `UPDATE` after the
+    /// grant (MySQL, which has no sequences).
+    Counter,
+}
+
+impl FenceSource {
+    /// Sequences on MariaDB 10.3 and later, from `SELECT VERSION()`;
+    /// otherwise the counter.
+    pub(crate) fn for_version(version: &str) -> FenceSource {
+        let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
+        let (major, minor) = (numbers.next().flatten(), numbers.next().flatten());
+        match (version.contains("MariaDB"), major, minor) {
+            (true, Some(major), Some(minor)) if (major, minor) >= (10, 3) => FenceSource::Sequence,
+            _ => FenceSource::Counter,
+        }
+    }
+}
+
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
 pub(crate) struct MySql {
@@ -31,14 +55,53 @@ pub(crate) struct MySql {
     ensure_row: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
+    named_lock: Arc<str>,
+    /// `Counter` only: the `UPDATE` that draws a token.
     next_fence: Arc<str>,
+    fence_source: FenceSource,
     migrate: Vec<String>,
 }
 
 impl MySql {
     /// `table` must have passed [`validate_table`](crate::validate_table).
-    pub(crate) fn new(table: &str) -> Self {
+    pub(crate) fn new(table: &str, fence_source: FenceSource) -> Self {
         let counter = format!("{table}_fence");
+        let seq = format!("{table}_fence_seq");
+        // The token is computed only for a granted lock: a row is returned
+        // (and its select list evaluated) once its lock is granted, and CASE
+        // evaluates NEXTVAL only when GET_LOCK answered 1.
+        let (row_token, named_lock) = match fence_source {
+            FenceSource::Sequence => (
+                format!("NEXTVAL({seq})"),
+                format!(
+                    "SELECT CAST(CASE GET_LOCK(?, ?) WHEN 1 THEN NEXTVAL({seq}) WHEN 0 THEN 0 END AS SIGNED)"
+                ),
+            ),
+            FenceSource::Counter => (
+                "0".to_owned(),
+                "SELECT CAST(GET_LOCK(?, ?) AS SIGNED)".to_owned(),
+            ),
+        };
+        let mut migrate = vec![format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\
+                name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                owner VARCHAR(64) NULL, \
+                fence BIGINT UNSIGNED NOT NULL, \
+                expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+        )];
+        match fence_source {
+            FenceSource::Sequence => migrate.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}")),
+            FenceSource::Counter => migrate.extend([
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {counter} (\
+                        id TINYINT UNSIGNED NOT NULL PRIMARY KEY, \
+                        n BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
+                    "INSERT INTO {counter} (id, n) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id"
+                ),
+            ]),
+        }
         // One statement, and the row stays locked while it runs. The answer
         // comes back in LAST_INSERT_ID (in the OK packet, as MySQL has no
         // RETURNING): the new fence when the lease was free or expired,
@@ -70,27 +133,21 @@ impl MySql {
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
             )
             .into(),
-            row_lock: format!("SELECT name FROM {table} WHERE name = ? FOR UPDATE").into(),
-            row_try: format!("SELECT name FROM {table} WHERE name = ? FOR UPDATE NOWAIT").into(),
+            row_lock: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE"
+            )
+            .into(),
+            row_try: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE NOWAIT"
+            )
+            .into(),
+            named_lock: named_lock.into(),
             // The classic sequence of MySQL's manual; committed at once, so
             // no rollback can undo it.
             next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
                 .into(),
-            migrate: vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (\
-                        name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                        owner VARCHAR(64) NULL, \
-                        fence BIGINT UNSIGNED NOT NULL, \
-                        expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-                ),
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {counter} (\
-                        id TINYINT UNSIGNED NOT NULL PRIMARY KEY, \
-                        n BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
-                ),
-                format!("INSERT INTO {counter} (id, n) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id"),
-            ],
+            fence_source,
+            migrate,
         }
     }
 }
@@ -117,13 +174,14 @@ pub(crate) async fn migrate(
 
 pub(crate) async fn try_lock(
     pool: &KeptPool<sqlx::MySql>,
-    sql: &MySql,
+    sql: &Arc<MySql>,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<Attempt<Option<FencingToken>>> {
-    let done = kept!(pool, settings, "acquire", |conn| {
+    let undo = undo_release!(settings, sql, name, owner, release_on);
+    let done = kept!(pool, settings, "acquire", undo = undo, |conn| {
         sqlx::query(q(&sql.acquire))
             .bind(name.as_bytes())
             .bind(owner)
@@ -172,12 +230,24 @@ pub(crate) async fn release(
     name: &str,
     owner: &str,
 ) -> Result<bool> {
-    let done = kept!(pool, settings, "release", |conn| {
-        sqlx::query(q(&sql.release))
-            .bind(name.as_bytes())
-            .bind(owner)
-            .execute(conn)
-    })?;
+    kept!(pool, settings, "release", |conn| release_on(
+        conn, sql, name, owner
+    ))
+}
+
+/// The release statement on one connection: `Ok(false)` when the lease was
+/// not `owner`'s (any more).
+async fn release_on(
+    conn: &mut MySqlConnection,
+    sql: &MySql,
+    name: &str,
+    owner: &str,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(q(&sql.release))
+        .bind(name.as_bytes())
+        .bind(owner)
+        .execute(conn)
+        .await?;
     Ok(done.rows_affected() >= 1)
 }
 
@@ -235,15 +305,17 @@ impl MySqlSession {
             // MariaDB answers NULL to a negative (MySQL: infinite) timeout.
             ServerWait::Forever => FOREVER_SECS,
         };
-        let got: Option<i64> = sqlx::query_scalar("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+        // Sequence: the token, or 0 (timed out). Counter: 1 or 0.
+        let got: Option<i64> = sqlx::query_scalar(q(&self.sql.named_lock))
             .bind(name)
             .bind(seconds)
             .fetch_one(&mut conn.conn)
             .await?;
-        match got {
-            Some(1) => self.next_fence(&mut conn.conn).await.map(Some),
-            Some(_) => Ok(None),
-            None => Err(sqlx::Error::Protocol(
+        match (got, self.sql.fence_source) {
+            (Some(0), _) => Ok(None),
+            (Some(token), FenceSource::Sequence) => Ok(Some(token as u64)),
+            (Some(_), FenceSource::Counter) => self.next_fence(&mut conn.conn).await.map(Some),
+            (None, _) => Err(sqlx::Error::Protocol(
                 "GET_LOCK returned NULL (the wait was killed or failed)".into(),
             )),
         }
@@ -271,11 +343,14 @@ impl MySqlSession {
         };
         for _ in 0..2 {
             sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
-            let locked: sqlx::Result<Option<Vec<u8>>> = sqlx::query_scalar(q(statement))
+            let locked: sqlx::Result<Option<i64>> = sqlx::query_scalar(q(statement))
                 .bind(name.as_bytes())
                 .fetch_optional(&mut conn.conn)
                 .await;
             match locked {
+                Ok(Some(token)) if self.sql.fence_source == FenceSource::Sequence => {
+                    return Ok(Some(token as u64));
+                }
                 Ok(Some(_)) => {
                     // Drawn on the pool, so the counter's row lock is not
                     // held for the whole holding and a rollback cannot undo it.

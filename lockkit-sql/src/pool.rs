@@ -9,8 +9,17 @@
 //! back to sqlx, and gets its ping, only when it is in doubt: its statement
 //! was cancelled or failed on the connection itself, or it sat unused for
 //! [`KEEP_IDLE`].
+//!
+//! A statement that takes something (a lease upsert) can carry an [`Undo`]:
+//! if the statement is abandoned before it answers (the caller's future was
+//! dropped, or the command timeout ran out), the undo runs on the *same*
+//! connection, after the abandoned statement, so it sees whatever that
+//! statement did. A cleanup sent on another connection could overtake it.
 
+use std::fmt;
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -57,6 +66,7 @@ impl<DB: Database> KeptPool<DB> {
         Ok(Loan {
             kept: self,
             conn: Some(conn),
+            undo: None,
         })
     }
 
@@ -83,22 +93,92 @@ impl<DB: Database> Drop for KeptPool<DB> {
     }
 }
 
+/// The future of an [`Undo`].
+type UndoFuture = Pin<Box<dyn Future<Output = sqlx::Result<()>> + Send>>;
+
+/// What undoes a statement that was abandoned before it answered; it runs on
+/// the statement's own connection, after it (see the module docs).
+pub(crate) struct Undo<DB: Database> {
+    run: Box<dyn FnOnce(PoolConnection<DB>) -> UndoFuture + Send>,
+    timeout: Duration,
+    lock: String,
+}
+
+impl<DB: Database> fmt::Debug for Undo<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Undo")
+            .field("lock", &self.lock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Database> Undo<DB> {
+    /// `run` undoes the statement about lock `lock` on the connection it is
+    /// given, bounded by the command timeout.
+    pub(crate) fn new<F, Fut>(settings: &Settings, lock: &str, run: F) -> Self
+    where
+        F: FnOnce(PoolConnection<DB>) -> Fut + Send + 'static,
+        Fut: Future<Output = sqlx::Result<()>> + Send + 'static,
+    {
+        Undo {
+            run: Box::new(move |conn| Box::pin(run(conn))),
+            timeout: settings.command_timeout,
+            lock: lock.to_owned(),
+        }
+    }
+
+    /// Runs in a task of its own on `conn` (which then goes back to sqlx's
+    /// pool). Outside a runtime nothing can run: the connection is closed,
+    /// and whatever the statement took ends with its TTL.
+    fn spawn(self, conn: PoolConnection<DB>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            drop(conn.detach());
+            tracing::warn!(lock.name = %self.lock, "an abandoned acquire cannot be undone outside a runtime; its lease ends with its TTL");
+            return;
+        };
+        runtime.spawn(async move {
+            let lock = self.lock;
+            match tokio::time::timeout(self.timeout, (self.run)(conn)).await {
+                Ok(Ok(())) => tracing::debug!(lock.name = %lock, "undid an abandoned acquire"),
+                Ok(Err(error)) => tracing::warn!(lock.name = %lock, %error, "could not undo an abandoned acquire; its lease ends with its TTL"),
+                Err(_) => tracing::warn!(lock.name = %lock, "undoing an abandoned acquire timed out; its lease ends with its TTL"),
+            }
+        });
+    }
+}
+
 /// A connection lent out by a [`KeptPool`]. Dropped without
-/// [`settle`](Loan::settle) (its statement was cancelled midway), it goes back
-/// to sqlx's pool, which waits for the statement's answer and tests it.
+/// [`finish`](Loan::finish) (its statement was cancelled midway), it runs its
+/// [`Undo`] if it has one, and goes back to sqlx's pool, which waits for the
+/// statement's answer and tests it.
 #[derive(Debug)]
 pub(crate) struct Loan<'a, DB: Database> {
     kept: &'a KeptPool<DB>,
     conn: Option<PoolConnection<DB>>,
+    undo: Option<Undo<DB>>,
+}
+
+impl<DB: Database> Drop for Loan<'_, DB> {
+    fn drop(&mut self) {
+        if let (Some(conn), Some(undo)) = (self.conn.take(), self.undo.take()) {
+            undo.spawn(conn);
+        }
+    }
 }
 
 impl<DB: Database> Loan<'_, DB> {
+    /// Sets what undoes this loan's statement if it is abandoned.
+    pub(crate) fn undo_with(&mut self, undo: Option<Undo<DB>>) {
+        self.undo = undo;
+    }
+
     /// Ends the loan after its statement answered `outcome` (`Err(_)`: no
     /// answer within the command timeout) and maps a failure to a
     /// [`LockError`](lockkit_core::LockError) about `what`. The connection
-    /// is kept for the next statement unless it is in doubt: no answer, or a
-    /// failure of the connection itself (then every kept connection goes back
-    /// to sqlx's pool, as the others may be dead too).
+    /// is kept for the next statement unless it is in doubt: no answer (then
+    /// the [`Undo`] runs), or a failure of the connection itself (then every
+    /// kept connection goes back to sqlx's pool, as the others may be dead
+    /// too).
     pub(crate) fn finish<T>(
         mut self,
         settings: &Settings,
@@ -123,8 +203,11 @@ impl<DB: Database> Loan<'_, DB> {
                 Err(settings.error(what, error))
             }
             Err(_) => {
-                // sqlx's pool waits for the late answer before reusing it.
-                drop(conn);
+                // The undo, and sqlx's pool, wait for the late answer.
+                match (conn, self.undo.take()) {
+                    (Some(conn), Some(undo)) => undo.spawn(conn),
+                    (conn, _) => drop(conn),
+                }
                 Err(settings.timed_out(what))
             }
         }
@@ -135,10 +218,19 @@ impl<DB: Database> Loan<'_, DB> {
 /// command timeout: `kept!(pool, settings, "what", |conn| statement)`, where
 /// `statement` is a sqlx future on `conn` (a `&mut` connection). Evaluates to
 /// a `Result` (the `LockError` names `what`); `?` on the loan itself.
+/// `kept!(pool, settings, "what", undo = expr, |conn| statement)` gives the
+/// statement an [`Undo`] for when it is abandoned.
 macro_rules! kept {
-    ($kept:expr, $settings:expr, $what:expr, |$conn:ident| $statement:expr) => {{
+    ($kept:expr, $settings:expr, $what:expr, undo = $undo:expr, |$conn:ident| $statement:expr) => {
+        $crate::pool::kept!(@run $kept, $settings, $what, Some($undo), |$conn| $statement)
+    };
+    ($kept:expr, $settings:expr, $what:expr, |$conn:ident| $statement:expr) => {
+        $crate::pool::kept!(@run $kept, $settings, $what, None, |$conn| $statement)
+    };
+    (@run $kept:expr, $settings:expr, $what:expr, $undo:expr, |$conn:ident| $statement:expr) => {{
         let settings: &$crate::config::Settings = $settings;
         let mut loan = $kept.lend(settings).await?;
+        loan.undo_with($undo);
         let outcome = {
             let $conn = &mut *loan;
             tokio::time::timeout(settings.command_timeout, $statement).await
@@ -147,6 +239,20 @@ macro_rules! kept {
     }};
 }
 pub(crate) use kept;
+
+/// An [`Undo`] for a lease acquire: `undo_release!(settings, sql, name,
+/// owner, release_on)` runs `release_on(conn, &sql, name, owner)` (an
+/// `async fn` returning `sqlx::Result<bool>`), which releases the lease if
+/// the abandoned acquire took it. `sql` is an `Arc` of the statements.
+macro_rules! undo_release {
+    ($settings:expr, $sql:expr, $name:expr, $owner:expr, $release_on:path) => {{
+        let (sql, name, owner) = ($sql.clone(), $name.to_owned(), $owner.to_owned());
+        $crate::pool::Undo::new($settings, $name, move |mut conn| async move {
+            $release_on(&mut conn, &sql, &name, &owner).await.map(drop)
+        })
+    }};
+}
+pub(crate) use undo_release;
 
 impl<DB: Database> Deref for Loan<'_, DB> {
     type Target = DB::Connection;

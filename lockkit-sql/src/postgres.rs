@@ -12,7 +12,7 @@ use tokio::task::AbortHandle;
 
 use crate::config::Settings;
 use crate::error::is_lock_busy;
-use crate::pool::{KeptPool, kept};
+use crate::pool::{KeptPool, kept, undo_release};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::statement::{millis, q};
 
@@ -140,14 +140,15 @@ pub(crate) async fn migrate(
 
 pub(crate) async fn try_lock(
     pool: &KeptPool<Postgres>,
-    sql: &PgSql,
+    sql: &Arc<PgSql>,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<Attempt<Option<FencingToken>>> {
+    let undo = undo_release!(settings, sql, name, owner, release_on);
     let (fence, remaining): (Option<i64>, Option<i64>) =
-        kept!(pool, settings, "acquire", |conn| {
+        kept!(pool, settings, "acquire", undo = undo, |conn| {
             sqlx::query_as(q(&sql.acquire))
                 .bind(name)
                 .bind(owner)
@@ -187,13 +188,25 @@ pub(crate) async fn release(
     name: &str,
     owner: &str,
 ) -> Result<bool> {
-    let rows = kept!(pool, settings, "release", |conn| {
-        sqlx::query(q(&sql.release))
-            .bind(name)
-            .bind(owner)
-            .bind(&sql.channel)
-            .fetch_all(conn)
-    })?;
+    kept!(pool, settings, "release", |conn| release_on(
+        conn, sql, name, owner
+    ))
+}
+
+/// The release statement on one connection: `Ok(false)` when the lease was
+/// not `owner`'s (any more).
+async fn release_on(
+    conn: &mut PgConnection,
+    sql: &PgSql,
+    name: &str,
+    owner: &str,
+) -> sqlx::Result<bool> {
+    let rows = sqlx::query(q(&sql.release))
+        .bind(name)
+        .bind(owner)
+        .bind(&sql.channel)
+        .fetch_all(conn)
+        .await?;
     Ok(rows.len() == 1)
 }
 

@@ -269,6 +269,7 @@ impl<D: SessionDb> SessionLock<D> {
             conn: tokio::sync::Mutex::new(Some(checkout.finish())),
             notifier: OnceLock::new(),
             ttl: opts.get_ttl(),
+            liveness: Mutex::new(None),
         });
         let guard = LockGuard::new(
             name,
@@ -280,8 +281,8 @@ impl<D: SessionDb> SessionLock<D> {
         );
         let _ = lease.notifier.set(guard.loss_notifier());
         guard.attach_slot(slot);
-        spawn_liveness(
-            Arc::downgrade(&lease),
+        schedule_liveness(
+            &lease,
             db.settings().liveness_interval.min(opts.get_ttl() / 3),
         );
         Ok(Some(guard))
@@ -331,6 +332,8 @@ struct SessionLease<D: SessionDb> {
     conn: tokio::sync::Mutex<Option<D::Conn>>,
     notifier: OnceLock<LossNotifier>,
     ttl: Duration,
+    /// The liveness task, until its first check (see [`schedule_liveness`]).
+    liveness: Mutex<Option<lockkit_core::ScheduledSpawn>>,
 }
 
 impl<D: SessionDb> fmt::Debug for SessionLease<D> {
@@ -408,6 +411,14 @@ impl<D: SessionDb> Lease for SessionLease<D> {
     }
 
     async fn release(&self) -> Result<bool> {
+        if let Some(liveness) = self
+            .liveness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            liveness.cancel();
+        }
         let mut slot = self.conn.lock().await;
         let Some(conn) = slot.take() else {
             return Ok(false);
@@ -448,16 +459,21 @@ impl<D: SessionDb> Lease for SessionLease<D> {
 
 /// Checks the held lock's connection every `interval` until it is released
 /// or lost, so that a dropped connection marks the guard lost even when
-/// auto-renew is off.
-fn spawn_liveness<D: SessionDb>(lease: Weak<SessionLease<D>>, interval: Duration) {
+/// auto-renew is off. The task is spawned only when the first check is due
+/// ([`lockkit_core::spawn_at`]): a holding released sooner costs no task.
+fn schedule_liveness<D: SessionDb>(lease: &Arc<SessionLease<D>>, interval: Duration) {
     let interval = interval.max(Duration::from_millis(10));
-    tokio::spawn(async move {
+    let weak = Arc::downgrade(lease);
+    let checks = async move {
         loop {
-            tokio::time::sleep(interval).await;
-            let Some(lease) = lease.upgrade() else { return };
+            let Some(lease) = weak.upgrade() else { return };
             if !lease.check().await {
                 return;
             }
+            drop(lease);
+            tokio::time::sleep(interval).await;
         }
-    });
+    };
+    let scheduled = lockkit_core::spawn_at(Instant::now() + interval, checks);
+    *lease.liveness.lock().unwrap_or_else(|p| p.into_inner()) = scheduled;
 }

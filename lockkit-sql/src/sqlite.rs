@@ -8,7 +8,7 @@ use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite};
 
 use crate::config::Settings;
-use crate::pool::{KeptPool, kept};
+use crate::pool::{KeptPool, kept, undo_release};
 use crate::statement::{millis, q};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
@@ -80,13 +80,14 @@ pub(crate) async fn migrate(
 
 pub(crate) async fn try_lock(
     pool: &KeptPool<Sqlite>,
-    sql: &SqliteSql,
+    sql: &Arc<SqliteSql>,
     settings: &Settings,
     name: &str,
     owner: &str,
     ttl: Duration,
 ) -> Result<Attempt<Option<FencingToken>>> {
-    let fence: Option<i64> = kept!(pool, settings, "acquire", |conn| {
+    let undo = undo_release!(settings, sql, name, owner, release_on);
+    let fence: Option<i64> = kept!(pool, settings, "acquire", undo = undo, |conn| {
         sqlx::query_scalar(q(&sql.acquire))
             .bind(name)
             .bind(owner)
@@ -131,11 +132,23 @@ pub(crate) async fn release(
     name: &str,
     owner: &str,
 ) -> Result<bool> {
-    let done = kept!(pool, settings, "release", |conn| {
-        sqlx::query(q(&sql.release))
-            .bind(name)
-            .bind(owner)
-            .execute(conn)
-    })?;
+    kept!(pool, settings, "release", |conn| release_on(
+        conn, sql, name, owner
+    ))
+}
+
+/// The release statement on one connection: `Ok(false)` when the lease was
+/// not `owner`'s (any more).
+async fn release_on(
+    conn: &mut sqlx::SqliteConnection,
+    sql: &SqliteSql,
+    name: &str,
+    owner: &str,
+) -> sqlx::Result<bool> {
+    let done = sqlx::query(q(&sql.release))
+        .bind(name)
+        .bind(owner)
+        .execute(conn)
+        .await?;
     Ok(done.rows_affected() == 1)
 }

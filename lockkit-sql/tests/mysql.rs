@@ -234,3 +234,70 @@ async fn connection_failures_are_typed() {
     })
     .await;
 }
+
+/// Tokens of `row` and `named` mode on the table `table` of `server`, from
+/// clients built by `builder`: four acquisitions alternating between two
+/// clients (each shut out while the other holds), returned in order.
+async fn alternating_tokens(
+    server: &MariaDbServer,
+    table: &str,
+    builder: impl Fn(lockkit_sql::SqlLockBuilder) -> lockkit_sql::SqlLockBuilder,
+) -> Vec<u64> {
+    let mut tokens = Vec::new();
+    for mode in [Mode::Row, Mode::Named] {
+        let url = format!("{}?table={table}&connect_timeout=1s", server.url());
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            let b = builder(
+                lockkit_sql::SqlLockBuilder::from_url(&url)
+                    .unwrap()
+                    .mode(mode),
+            );
+            clients.push(b.connect().await.unwrap());
+        }
+        for round in 0..4 {
+            let (holder, other) = (&clients[round % 2], &clients[(round + 1) % 2]);
+            let guard = holder.acquire("tokens", &opts().no_wait()).await.unwrap();
+            assert!(
+                other
+                    .try_acquire("tokens", &opts())
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            tokens.push(guard.fencing_token().expect("a token").get());
+            guard.release().await.unwrap();
+        }
+    }
+    assert!(tokens.is_sorted_by(|a, b| a < b), "{tokens:?}");
+    tokens
+}
+
+/// On MariaDB the session modes draw tokens from the sequence inside the
+/// lock statement: the sequence's next value follows the last token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_tokens_come_from_the_sequence() {
+    let server = MariaDbServer::start().await;
+    let tokens = alternating_tokens(&server, "lockkit_seq_check", |b| b).await;
+    let next = server
+        .sql("SELECT NEXTVAL(lockkit_seq_check_fence_seq)")
+        .await
+        .unwrap();
+    assert_eq!(next, (tokens.last().unwrap() + 1).to_string());
+}
+
+/// MySQL's path (no sequences), run on MariaDB: tokens from the counter
+/// table, which ends at the last token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_tokens_from_the_counter_table() {
+    let server = MariaDbServer::start().await;
+    let tokens = alternating_tokens(&server, "lockkit_counter_check", |b| {
+        b.mysql_counter_fencing(true)
+    })
+    .await;
+    let n = server
+        .sql("SELECT n FROM lockkit_counter_check_fence WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(n, tokens.last().unwrap().to_string());
+}
