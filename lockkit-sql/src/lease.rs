@@ -42,20 +42,13 @@ pub(crate) enum Rows {
 /// The [`LeaseBackend`] of `lease` mode.
 #[derive(Debug)]
 pub(crate) struct LeaseRows {
-    shared: Arc<Shared>,
-}
-
-#[derive(Debug)]
-struct Shared {
     rows: Rows,
     settings: Settings,
 }
 
 impl LeaseRows {
     pub(crate) fn new(rows: Rows, settings: Settings) -> Self {
-        LeaseRows {
-            shared: Arc::new(Shared { rows, settings }),
-        }
+        LeaseRows { rows, settings }
     }
 }
 
@@ -64,11 +57,18 @@ impl LeaseBackend for LeaseRows {
     type Key = String;
 
     fn backend_name(&self) -> &'static str {
-        self.shared.settings.backend
+        self.settings.backend
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.shared.capabilities()
+        match &self.rows {
+            #[cfg(feature = "postgres")]
+            Rows::Postgres { .. } => NOTIFIED_LEASE_CAPABILITIES,
+            #[cfg(feature = "mysql")]
+            Rows::MySql { .. } => POLLED_LEASE_CAPABILITIES,
+            #[cfg(feature = "sqlite")]
+            Rows::Sqlite { .. } => POLLED_LEASE_CAPABILITIES,
+        }
     }
 
     /// Names are stored as they are (bound parameters; byte-wise comparison).
@@ -86,40 +86,6 @@ impl LeaseBackend for LeaseRows {
     async fn try_lock(
         &self,
         name: &String,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        self.shared.try_lock(name, owner, ttl).await
-    }
-
-    async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.shared.extend(name, owner, ttl).await
-    }
-
-    async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
-        self.shared.release(name, owner).await
-    }
-
-    async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
-        self.shared.watch(name).await
-    }
-}
-
-impl Shared {
-    fn capabilities(&self) -> Capabilities {
-        match &self.rows {
-            #[cfg(feature = "postgres")]
-            Rows::Postgres { .. } => NOTIFIED_LEASE_CAPABILITIES,
-            #[cfg(feature = "mysql")]
-            Rows::MySql { .. } => POLLED_LEASE_CAPABILITIES,
-            #[cfg(feature = "sqlite")]
-            Rows::Sqlite { .. } => POLLED_LEASE_CAPABILITIES,
-        }
-    }
-
-    async fn try_lock(
-        &self,
-        name: &str,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
@@ -141,7 +107,7 @@ impl Shared {
         }
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let s = &self.settings;
         let owner = owner.as_str();
         match &self.rows {
@@ -158,7 +124,7 @@ impl Shared {
         }
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
         let s = &self.settings;
         let owner = owner.as_str();
         match &self.rows {
@@ -175,7 +141,7 @@ impl Shared {
 
     /// Postgres: `LISTEN` for the release's `NOTIFY`. Elsewhere none: waiters
     /// back off, never past the holder's expiry.
-    async fn watch(&self, name: &str) -> Result<ReleaseWatch> {
+    async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
         match &self.rows {
             #[cfg(feature = "postgres")]
             Rows::Postgres {

@@ -99,7 +99,8 @@ type UndoFuture = Pin<Box<dyn Future<Output = sqlx::Result<()>> + Send>>;
 /// What undoes a statement that was abandoned before it answered; it runs on
 /// the statement's own connection, after it (see the module docs).
 pub(crate) struct Undo<DB: Database> {
-    run: Box<dyn FnOnce(PoolConnection<DB>) -> UndoFuture + Send>,
+    /// Given the connection and the lock's name.
+    run: Box<dyn FnOnce(PoolConnection<DB>, String) -> UndoFuture + Send>,
     timeout: Duration,
     lock: String,
 }
@@ -113,15 +114,15 @@ impl<DB: Database> fmt::Debug for Undo<DB> {
 }
 
 impl<DB: Database> Undo<DB> {
-    /// `run` undoes the statement about lock `lock` on the connection it is
-    /// given, bounded by the command timeout.
+    /// `run` undoes the statement about lock `lock`, given the connection
+    /// and that name; bounded by the command timeout.
     pub(crate) fn new<F, Fut>(settings: &Settings, lock: &str, run: F) -> Self
     where
-        F: FnOnce(PoolConnection<DB>) -> Fut + Send + 'static,
+        F: FnOnce(PoolConnection<DB>, String) -> Fut + Send + 'static,
         Fut: Future<Output = sqlx::Result<()>> + Send + 'static,
     {
         Undo {
-            run: Box::new(move |conn| Box::pin(run(conn))),
+            run: Box::new(move |conn, lock| Box::pin(run(conn, lock))),
             timeout: settings.command_timeout,
             lock: lock.to_owned(),
         }
@@ -138,7 +139,7 @@ impl<DB: Database> Undo<DB> {
         };
         runtime.spawn(async move {
             let lock = self.lock;
-            match tokio::time::timeout(self.timeout, (self.run)(conn)).await {
+            match tokio::time::timeout(self.timeout, (self.run)(conn, lock.clone())).await {
                 Ok(Ok(())) => tracing::debug!(lock.name = %lock, "undid an abandoned acquire"),
                 Ok(Err(error)) => tracing::warn!(lock.name = %lock, %error, "could not undo an abandoned acquire; its lease ends with its TTL"),
                 Err(_) => tracing::warn!(lock.name = %lock, "undoing an abandoned acquire timed out; its lease ends with its TTL"),
@@ -246,8 +247,8 @@ pub(crate) use kept;
 /// the abandoned acquire took it. `sql` is an `Arc` of the statements.
 macro_rules! undo_release {
     ($settings:expr, $sql:expr, $name:expr, $owner:expr, $release_on:path) => {{
-        let (sql, name, owner) = ($sql.clone(), $name.to_owned(), $owner.to_owned());
-        $crate::pool::Undo::new($settings, $name, move |mut conn| async move {
+        let (sql, owner) = ($sql.clone(), $owner.to_owned());
+        $crate::pool::Undo::new($settings, $name, move |mut conn, name| async move {
             $release_on(&mut conn, &sql, &name, &owner).await.map(drop)
         })
     }};
