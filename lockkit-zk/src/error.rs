@@ -5,10 +5,34 @@ use zookeeper_client::Error as ZkError;
 
 pub(crate) const BACKEND: &str = "zookeeper";
 
+/// Whether `error` is the connection itself failing (reset, broken pipe):
+/// the client hands a request pending on a dropped connection the socket's
+/// I/O error instead of `ConnectionLoss`, but it means the same.
+pub(crate) fn is_connection_failure(error: &ZkError) -> bool {
+    if matches!(error, ZkError::ConnectionLoss) {
+        return true;
+    }
+    let mut cause = std::error::Error::source(error);
+    while let Some(error) = cause {
+        if error.is::<std::io::Error>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 /// Maps an error of `what`; the cluster address never carries credentials.
 pub(crate) fn map_error(what: &str, error: ZkError) -> LockError {
     let message = format!("{what} failed: {error}");
     let source = Some(Box::new(error.clone()) as lockkit_core::BoxError);
+    if is_connection_failure(&error) {
+        return LockError::Unavailable {
+            backend: BACKEND,
+            message,
+            source,
+        };
+    }
     match error {
         ZkError::AuthFailed | ZkError::NoAuth | ZkError::InvalidAcl => LockError::Backend {
             backend: BACKEND,
@@ -19,7 +43,6 @@ pub(crate) fn map_error(what: &str, error: ZkError) -> LockError {
         },
         ZkError::NoHosts
         | ZkError::Timeout
-        | ZkError::ConnectionLoss
         | ZkError::SessionExpired
         | ZkError::SessionMoved
         | ZkError::ClientClosed
@@ -40,4 +63,26 @@ pub(crate) fn map_error(what: &str, error: ZkError) -> LockError {
 /// The error of a request that got no answer in time.
 pub(crate) fn timed_out(what: &str, limit: std::time::Duration) -> LockError {
     LockError::unavailable(BACKEND, format!("{what}: no answer within {limit:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The client builds the I/O-error form only internally; the failover
+    // test in tests/zk.rs meets it on real connection resets.
+    #[test]
+    fn connection_failures_are_unavailable_and_others_are_not() {
+        assert!(is_connection_failure(&ZkError::ConnectionLoss));
+        assert!(!is_connection_failure(&ZkError::NoNode));
+        assert!(!is_connection_failure(&ZkError::AuthFailed));
+        assert!(matches!(
+            map_error("x", ZkError::ConnectionLoss),
+            LockError::Unavailable { .. }
+        ));
+        assert!(matches!(
+            map_error("x", ZkError::NoNode),
+            LockError::Backend { .. }
+        ));
+    }
 }

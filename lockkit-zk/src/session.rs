@@ -224,11 +224,10 @@ pub(crate) enum RequestError {
 impl RequestError {
     /// Whether the request may have reached the server without us seeing the answer.
     pub(crate) fn outcome_unknown(&self) -> bool {
-        matches!(
-            self,
-            RequestError::TimedOut(..)
-                | RequestError::Server(_, zookeeper_client::Error::ConnectionLoss)
-        )
+        match self {
+            RequestError::TimedOut(..) => true,
+            RequestError::Server(_, error) => crate::error::is_connection_failure(error),
+        }
     }
 }
 
