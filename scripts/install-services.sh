@@ -18,6 +18,7 @@
 #   mariadb-server mariadbd and mariadb-install-db, run by lockkit-testkit's
 #                  MariaDbServer and the SQL backend's tests
 #   mariadb-client the mariadb client, its readiness probe and MariaDbServer::sql
+#   fonts-dejavu-core  the font of the benchmark charts (lockkit-scale)
 set -euo pipefail
 
 # The newest /usr/lib/postgresql/<version>/bin that has initdb, if any.
@@ -40,6 +41,7 @@ postgres_bin_dir >/dev/null || need_apt+=(postgresql)
     && command -v mariadb-install-db >/dev/null 2>&1 \
     || need_apt+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || need_apt+=(mariadb-client)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then
     echo "install-services: installing ${need_apt[*]} from Debian's packages" >&2

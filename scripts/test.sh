@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing, then runs every
 # test against real servers (started by lockkit-testkit on loopback ports), the
-# doc tests, clippy on every target and feature, rustfmt and rustdoc.
+# doc tests, clippy on every target and feature (and the facade with each
+# feature on its own), rustfmt and rustdoc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +20,16 @@ cargo test --workspace --all-features --doc
 # The benchmarks run once each (criterion's test mode) on the debug build, so
 # that a broken benchmark fails CI without a second, optimised build.
 cargo test -p lockkit-benches --benches
+# The load generator and the scaling tool, tiny runs on the debug build: the
+# books must balance (exit status), and the charts must render.
+cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite_lease,redis -c 16 -n 400 --stock 200 --duration 30s
+smoke_out=$(mktemp -d)
+cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
+rm -rf "$smoke_out"
 
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+scripts/check-features.sh
 cargo fmt --all -- --check
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
 echo "scripts/test.sh: all green" >&2

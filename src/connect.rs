@@ -28,7 +28,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over N Redis masters (`lockkit::redlock`) | `redlock` |
 /// | `zk://h1:p1,h2:p2/root` | ZooKeeper (`lockkit::zk`) | `zk` |
 /// | `postgres://`, `postgresql://` | PostgreSQL, `?mode=lease` (default), `row`, `advisory` (`lockkit::sql`) | `postgres` |
-/// | `mysql://`, `mariadb://` | MySQL/MariaDB, `?mode=lease` (default), `named` (`lockkit::sql`) | `mysql` |
+/// | `mysql://`, `mariadb://` | MySQL/MariaDB, `?mode=lease` (default), `row`, `named` (`lockkit::sql`) | `mysql` |
 /// | `sqlite://path`, `sqlite::memory:` | SQLite lease rows (`lockkit::sql`) | `sqlite` |
 ///
 /// The connection is eager: an unreachable server gives

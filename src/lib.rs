@@ -5,7 +5,8 @@ mod connect;
 pub use connect::connect;
 pub use lockkit_core::{
     Backoff, BoxError, Capabilities, DistributedLock, DynDistributedLock, FencingToken, LockError,
-    LockGuard, LockOptions, LostReason, MemoryLock, MemoryStore, ReleaseOnCrash, Result, Wait,
+    LockGuard, LockOptions, LockStatus, LostReason, MemoryLock, MemoryStore, ReleaseOnCrash,
+    Result, Wait,
 };
 
 /// The core crate, for backend implementors: [`LeaseBackend`](lockkit_core::LeaseBackend),

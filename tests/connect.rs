@@ -201,3 +201,117 @@ async fn sqlite_urls() {
         assert_invalid_url(bad, &lockkit::connect(bad).await.unwrap_err());
     }
 }
+
+/// The URL table: for every backend compiled in, a missing host, a bad port,
+/// a bad mode and bad durations are `InvalidUrl`, and say what is wrong;
+/// never a panic, a hang or a connection attempt.
+#[tokio::test]
+async fn bad_urls_of_every_backend() {
+    let table: &[(bool, &str, &str)] = &[
+        // (backend compiled in, URL, a word the reason must contain)
+        (cfg!(feature = "redis"), "redis://", "host"),
+        (cfg!(feature = "redis"), "redis://127.0.0.1:0", "port"),
+        (cfg!(feature = "redis"), "redis://127.0.0.1:65536", "port"),
+        (cfg!(feature = "redis"), "redis://127.0.0.1:http", "port"),
+        (
+            cfg!(feature = "redis"),
+            "redis://127.0.0.1?command_timeout=fast",
+            "command_timeout",
+        ),
+        (
+            cfg!(feature = "redis"),
+            "redis://127.0.0.1?connect_timeout=0s",
+            "connect_timeout",
+        ),
+        (cfg!(feature = "redlock"), "redlock://", "host"),
+        (
+            cfg!(feature = "redlock"),
+            "redlock://127.0.0.1:1,127.0.0.2:99999",
+            "port",
+        ),
+        (
+            cfg!(feature = "redlock"),
+            "redlock://127.0.0.1:1?instance_timeout=-1s",
+            "instance_timeout",
+        ),
+        (
+            cfg!(feature = "redlock"),
+            "redlock://127.0.0.1:0,127.0.0.1:1,127.0.0.1:2",
+            "port",
+        ),
+        (cfg!(feature = "zk"), "zk://", "host"),
+        (cfg!(feature = "zk"), "zk://127.0.0.1:0/locks", "port"),
+        (cfg!(feature = "zk"), "zk://127.0.0.1:123456/locks", "port"),
+        (
+            cfg!(feature = "zk"),
+            "zk://127.0.0.1/locks?session_timeout=1",
+            "session_timeout",
+        ),
+        (cfg!(feature = "postgres"), "postgres:///db", "host"),
+        (
+            cfg!(feature = "postgres"),
+            "postgres://127.0.0.1:99999/db",
+            "port",
+        ),
+        (
+            cfg!(feature = "postgres"),
+            "postgres://127.0.0.1:0/db",
+            "port",
+        ),
+        (
+            cfg!(feature = "postgres"),
+            "postgres://127.0.0.1/db?mode=named",
+            "mode",
+        ),
+        (
+            cfg!(feature = "postgres"),
+            "postgresql://127.0.0.1/db?mode=exclusive",
+            "mode",
+        ),
+        (
+            cfg!(feature = "postgres"),
+            "postgres://127.0.0.1/db?command_timeout=soon",
+            "command_timeout",
+        ),
+        (cfg!(feature = "mysql"), "mysql:///db", "host"),
+        (cfg!(feature = "mysql"), "mysql://127.0.0.1:-1/db", "port"),
+        (cfg!(feature = "mysql"), "mysql://127.0.0.1:0/db", "port"),
+        (
+            cfg!(feature = "mysql"),
+            "mysql://127.0.0.1/db?mode=advisory",
+            "mode",
+        ),
+        (
+            cfg!(feature = "mysql"),
+            "mariadb://127.0.0.1/db?connect_timeout=forever",
+            "connect_timeout",
+        ),
+        (cfg!(feature = "sqlite"), "sqlite://x.db?mode=row", "mode"),
+        (
+            cfg!(feature = "sqlite"),
+            "sqlite://x.db?command_timeout=0ms",
+            "command_timeout",
+        ),
+        (true, "memory://host", "memory"),
+        (true, "nosuch://127.0.0.1", "unknown scheme"),
+    ];
+    let mut wrong = Vec::new();
+    for &(compiled, url, why) in table {
+        if !compiled {
+            continue;
+        }
+        let started = std::time::Instant::now();
+        match lockkit::connect(url).await {
+            Err(LockError::InvalidUrl { reason, .. }) if reason.to_lowercase().contains(why) => {}
+            Err(LockError::InvalidUrl { reason, .. }) => wrong.push(format!(
+                "{url}: the reason {reason:?} should mention {why:?}"
+            )),
+            Err(other) => wrong.push(format!("{url}: expected InvalidUrl, got {other}")),
+            Ok(_) => wrong.push(format!("{url}: accepted")),
+        }
+        if started.elapsed() > std::time::Duration::from_secs(1) {
+            wrong.push(format!("{url}: not refused before a connection attempt"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -165,27 +165,7 @@ impl Fixture {
     /// (a): `SET key token NX PX 30000` on every instance at once, then the
     /// compare-and-delete by `EVALSHA` on every instance at once.
     async fn raw_parallel_cycle(&self) {
-        let token = self.raw.token();
-        let set = join_all(
-            self.conns
-                .iter()
-                .map(|conn| RawLock::set_nx_px(conn, RAW_KEY, &token, TTL)),
-        )
-        .await;
-        assert!(
-            set.iter().all(|set| *set),
-            "raw_parallel_floor: the key was not free everywhere: {set:?}"
-        );
-        let deleted = join_all(
-            self.conns
-                .iter()
-                .map(|conn| self.raw.compare_and_delete(conn, RAW_KEY, &token)),
-        )
-        .await;
-        assert!(
-            deleted.iter().all(|d| *d == 1),
-            "raw_parallel_floor: compare-and-delete missed: {deleted:?}"
-        );
+        self.raw.parallel_cycle(&self.conns, RAW_KEY, TTL).await;
     }
 
     /// The Redis key a cycle of `kind` takes on every instance.

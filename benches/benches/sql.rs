@@ -44,7 +44,8 @@ use std::time::{Duration, SystemTime};
 use criterion::Criterion;
 use lockkit_benches::{
     CycleFixture, CycleKind, Estimates, HandoffDiag, HandoffProbe, Handoffs, Interleaved, Limit,
-    RawMy, RawPg, RawSqlite, Row, RunMode, bench_then_pair, lockkit_cycle, save_summary,
+    RawMy, RawPg, RawSessionHandoffs, RawSessionMode, RawSqlite, Row, RunMode, bench_then_pair,
+    lockkit_cycle, save_summary,
 };
 use lockkit_core::LockOptions;
 use lockkit_sql::SqlLock;
@@ -95,7 +96,15 @@ fn main() {
         return;
     };
 
-    save_summary(mode, "sql", &summary(mode, run_started, &paired, &handoffs));
+    let floors: Vec<Floor> = FLOORS
+        .iter()
+        .map(|&floor| handoff_floor(&runtime, &urls, &fixture, mode, floor))
+        .collect();
+    save_summary(
+        mode,
+        "sql",
+        &summary(mode, run_started, &paired, &handoffs, &floors),
+    );
     // The connections end before the servers do.
     drop(fixture);
     drop((pg_server, my_server));
@@ -501,6 +510,88 @@ fn bench_handoff(
     .bench(c, runtime, &group, mode)
 }
 
+/// The session modes whose handoff is also measured against the server's own
+/// (by hand, [`RawSessionHandoffs`]): database, mode, the raw equivalent, and
+/// how a waiter is known to be parked.
+const FLOORS: &[(Db, &str, RawSessionMode, Park)] = &[
+    (Db::Pg, "row", RawSessionMode::PgRow, Park::PgLockWait),
+    (
+        Db::Pg,
+        "advisory",
+        RawSessionMode::PgAdvisory,
+        Park::PgLockWait,
+    ),
+    (Db::My, "row", RawSessionMode::MyRow, Park::MyLockWait),
+    (Db::My, "named", RawSessionMode::MyNamed, Park::MyLockWait),
+];
+
+/// A session mode's handoff floor: the raw handoffs, and the ratio of each
+/// lockkit handoff to the raw one measured right before it.
+struct Floor {
+    raw: HandoffDiag,
+    ratios: Vec<f64>,
+}
+
+/// (c0): the server's own handoff of a session lock, by hand, interleaved
+/// with lockkit's handoffs of the same mode (new clients, outside criterion):
+/// one raw, one lockkit, and so on.
+fn handoff_floor(
+    runtime: &Runtime,
+    urls: &Urls,
+    fixture: &Fixture,
+    mode: RunMode,
+    (db, lock_mode, raw_mode, park): (Db, &'static str, RawSessionMode, Park),
+) -> Floor {
+    let pairs = match mode {
+        RunMode::Bench => 300,
+        RunMode::Quick => 30,
+        _ => 2,
+    };
+    let url = urls.lockkit(db, lock_mode);
+    let probe = SqlProbe { fixture, db, park };
+    let lockkit = Handoffs::connect(
+        runtime,
+        || lockkit_sql::connect(&url),
+        handoff_name(lock_mode),
+        LockOptions::new().ttl(TTL),
+        SqlProbe { fixture, db, park },
+    );
+    let server = match db {
+        Db::Pg => &urls.pg,
+        Db::My => &urls.my,
+        Db::Sqlite => unreachable!("SQLite has no session locks"),
+    };
+    runtime.block_on(async {
+        let mut raw = RawSessionHandoffs::connect(
+            server,
+            raw_mode,
+            &format!("bench-raw-handoff-{lock_mode}"),
+        )
+        .await;
+        // Warm both up: first waits open connections.
+        for _ in 0..2 {
+            raw.once(&probe).await;
+            lockkit.once().await;
+        }
+        let mut floor = Floor {
+            raw: HandoffDiag::default(),
+            ratios: Vec::with_capacity(pairs),
+        };
+        for _ in 0..pairs {
+            let r = raw.once(&probe).await;
+            floor
+                .raw
+                .record(r.release_call, r.waiter_first, r.handoff, r.yardstick);
+            let handoff = lockkit.once().await;
+            floor
+                .ratios
+                .push(handoff.as_secs_f64() / r.handoff.as_secs_f64().max(1e-9));
+        }
+        floor.ratios.sort_by(f64::total_cmp);
+        floor
+    })
+}
+
 /// The summary rows of the cycles: per database, its `SELECT 1`, then each
 /// mode's raw floor (ratio to `SELECT 1`) and lockkit cycle (ratio to the
 /// raw floor, judged).
@@ -603,6 +694,7 @@ fn summary(
     run_started: SystemTime,
     paired: &Interleaved<Cycle>,
     handoffs: &[HandoffDiag],
+    floors: &[Floor],
 ) -> String {
     let mut out = paired.summary(
         mode,
@@ -624,6 +716,24 @@ fn summary(
         );
         let limit = session.then_some(SESSION_HANDOFF_LIMIT);
         let _ = writeln!(out, "{}", diag.row(&label, "SELECT 1", limit));
+    }
+    for (&(db, lock_mode, _, _), floor) in FLOORS.iter().zip(floors) {
+        let label = format!(
+            "{} {lock_mode} (c0) the server's own handoff, by hand (release statement → waiting lock statement answered); ratio to SELECT 1",
+            db.label()
+        );
+        let _ = writeln!(out, "{}", floor.raw.row(&label, "SELECT 1", None));
+        // Sorted; the middle one (the upper of two).
+        let ratio = floor
+            .ratios
+            .get(floor.ratios.len() / 2)
+            .map_or("n/a".to_owned(), |r| format!("{r:.3}"));
+        let _ = writeln!(
+            out,
+            "| {} {lock_mode} (c)/(c0): lockkit's handoff over the server's own, median of {} interleaved pairs | — | {ratio} | — |",
+            db.label(),
+            floor.ratios.len()
+        );
     }
     let _ = writeln!(
         out,

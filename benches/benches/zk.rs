@@ -38,13 +38,14 @@ use std::time::{Duration, SystemTime};
 use criterion::Criterion;
 use lockkit_benches::{
     CycleFixture, CycleKind, Estimates, HandoffDiag, HandoffProbe, Handoffs, Interleaved, Limit,
-    RunMode, bench_then_pair, lockkit_cycle, save_summary,
+    RunMode, bench_then_pair, lockkit_cycle, save_summary, zk_children, zk_create_node,
+    zk_delete_node, zk_raw_cycle, zk_session,
 };
 use lockkit_core::LockOptions;
 use lockkit_testkit::ZkServer;
 use lockkit_zk::ZkLock;
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Acls, Client, CreateMode};
 
 const CYCLE_GROUP: &str = "zk_cycle";
 const HANDOFF_GROUP: &str = "zk_handoff";
@@ -60,10 +61,6 @@ const HANDOFF_NAME: &str = "bench-zk-handoff";
 const RAW_DIR: &str = "/bench-raw/floor";
 /// Where the raw creates put their nodes (a persistent node).
 const CREATE_DIR: &str = "/bench-raw/create";
-/// The raw nodes' name before the sequence: lockkit's form,
-/// `_c_<owner uuid>-lock-`, with a fixed owner, so that the requests are the
-/// same size as lockkit's.
-const RAW_PREFIX: &str = "_c_00000000-0000-4000-8000-000000000000-lock-";
 
 fn main() {
     let mode = RunMode::from_env();
@@ -84,41 +81,6 @@ fn main() {
     // The sessions end before the server does.
     drop(fixture);
     drop(server);
-}
-
-/// A `zookeeper-client` session of its own on `server`, with lockkit's
-/// default session timeout.
-async fn raw_session(server: &ZkServer) -> Client {
-    Client::connector()
-        .with_session_timeout(lockkit_zk::DEFAULT_SESSION_TIMEOUT)
-        .connect(&server.connect_string())
-        .await
-        .expect("a zookeeper-client session")
-}
-
-/// `create` of an `EPHEMERAL_SEQUENTIAL` node under `dir`; its path.
-async fn create_node(client: &Client, dir: &str) -> String {
-    let prefix = format!("{dir}/{RAW_PREFIX}");
-    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-    let (_, sequence) = client
-        .create(&prefix, &[], &options)
-        .await
-        .expect("create an EPHEMERAL_SEQUENTIAL node");
-    format!("{prefix}{sequence}")
-}
-
-async fn delete_node(client: &Client, path: &str) {
-    client.delete(path, None).await.expect("delete the node");
-}
-
-/// The children of `dir`; none when it does not exist (lockkit's lock
-/// directories are container nodes, which the server removes once empty).
-async fn children(client: &Client, dir: &str) -> Vec<String> {
-    match client.list_children(dir).await {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => Vec::new(),
-        Err(error) => panic!("list_children {dir}: {error}"),
-    }
 }
 
 /// lockkit's lock directory of `name`.
@@ -166,7 +128,7 @@ struct Fixture {
 
 impl Fixture {
     async fn new(server: &ZkServer) -> Fixture {
-        let raw = raw_session(server).await;
+        let raw = zk_session(&server.connect_string()).await;
         let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
         for dir in [RAW_DIR, CREATE_DIR] {
             raw.mkdir(dir, &persistent).await.expect("mkdir");
@@ -189,17 +151,7 @@ impl Fixture {
     /// (a): create our node, list the directory (ours must be the only
     /// contender, so the lock is ours), delete the node.
     async fn raw_cycle(&self) {
-        let path = create_node(&self.raw, RAW_DIR).await;
-        let children = self
-            .raw
-            .list_children(RAW_DIR)
-            .await
-            .expect("list_children");
-        assert!(
-            children.len() == 1 && path.ends_with(&children[0]),
-            "raw_floor: the directory holds {children:?}"
-        );
-        delete_node(&self.raw, &path).await;
+        zk_raw_cycle(&self.raw, RAW_DIR).await;
     }
 
     /// The directory whose nodes a cycle of `kind` creates.
@@ -225,13 +177,13 @@ impl CycleFixture for Fixture {
         match kind {
             Cycle::Raw => self.raw_cycle().await,
             Cycle::RawCreate => {
-                let path = create_node(&self.raw, CREATE_DIR).await;
+                let path = zk_create_node(&self.raw, CREATE_DIR).await;
                 let took = started.elapsed();
-                delete_node(&self.raw, &path).await;
+                zk_delete_node(&self.raw, &path).await;
                 return took;
             }
             Cycle::RawList => {
-                children(&self.raw, RAW_DIR).await;
+                zk_children(&self.raw, RAW_DIR).await;
             }
             Cycle::NoRenew => {
                 let opts = LockOptions::new().ttl(TTL).auto_renew(false);
@@ -247,7 +199,7 @@ impl CycleFixture for Fixture {
     /// Checks that the cycles left no node behind.
     async fn after_batch(&self, kind: Cycle) {
         let dir = Self::dir(kind);
-        let left = children(&self.raw, &dir).await;
+        let left = zk_children(&self.raw, &dir).await;
         assert!(
             left.is_empty(),
             "{}: nodes left behind under {dir}: {left:?}",
@@ -292,21 +244,21 @@ impl HandoffProbe for ZkProbe<'_> {
     /// the waiter's client has the reply to its watch request.
     async fn until_parked(&self, watches_before: u64) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while children(&self.admin, &self.dir).await.len() < 2 {
+        while zk_children(&self.admin, &self.dir).await.len() < 2 {
             assert!(Instant::now() < deadline, "the waiter never queued");
         }
         while self.watches().await <= watches_before {
             assert!(Instant::now() < deadline, "the waiter never set its watch");
         }
         for _ in 0..3 {
-            children(&self.admin, &self.dir).await;
+            zk_children(&self.admin, &self.dir).await;
         }
     }
 
     /// A raw create on the admin session, timed just before the release.
     async fn yardstick(&self) -> Duration {
         let started = Instant::now();
-        let path = create_node(&self.admin, CREATE_DIR).await;
+        let path = zk_create_node(&self.admin, CREATE_DIR).await;
         let took = started.elapsed();
         *self.created.lock().unwrap_or_else(|p| p.into_inner()) = Some(path);
         took
@@ -319,7 +271,7 @@ impl HandoffProbe for ZkProbe<'_> {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(path) = created {
-            delete_node(&self.admin, &path).await;
+            zk_delete_node(&self.admin, &path).await;
         }
     }
 }

@@ -125,12 +125,25 @@ where
     /// handoffs outside the measurement (the waiter's first wait may open
     /// connections). Returns what the benchmark's handoffs measured, and
     /// prints a line about them.
-    #[allow(clippy::print_stdout)]
     pub fn bench(
         self,
         c: &mut Criterion,
         runtime: &Runtime,
         group: &str,
+        mode: RunMode,
+    ) -> HandoffDiag {
+        self.bench_as(c, runtime, group, "handoff", mode)
+    }
+
+    /// [`bench`](Self::bench) with the benchmark named `id` instead of
+    /// `handoff` (several backends' handoffs in one group).
+    #[allow(clippy::print_stdout)]
+    pub fn bench_as(
+        self,
+        c: &mut Criterion,
+        runtime: &Runtime,
+        group: &str,
+        id: &str,
         mode: RunMode,
     ) -> HandoffDiag {
         runtime.block_on(async {
@@ -156,7 +169,7 @@ where
                 .warm_up_time(Duration::from_millis(200))
                 .measurement_time(Duration::from_secs(2)),
         };
-        group.bench_function("handoff", |b| {
+        group.bench_function(id, |b| {
             b.to_async(runtime).iter_custom(|iters| {
                 let this = &self;
                 async move {
@@ -172,7 +185,7 @@ where
         let mut diag = self.diag.into_inner().unwrap_or_else(|p| p.into_inner());
         diag.release_calls.sort();
         if let Some(line) = diag.describe() {
-            println!("handoff: {line}");
+            println!("{id}: {line}");
         }
         diag
     }
@@ -191,7 +204,10 @@ pub struct HandoffDiag {
 }
 
 impl HandoffDiag {
-    fn record(
+    /// Records one handoff: how long the holder's release call took, whether
+    /// the waiter had the lock before it returned, the handoff, and the
+    /// yardstick timed just before it.
+    pub fn record(
         &mut self,
         release_call: Duration,
         waiter_first: bool,

@@ -10,19 +10,32 @@
 //! wrote, so that a benchmark can print its own summary after the criterion
 //! groups have run.
 
+mod catalog;
 mod cycles;
 mod handoff;
+mod load;
 mod mode;
+pub mod plot;
 mod raw;
 mod sql;
+mod sql_handoff;
+mod stock;
+mod zk_raw;
 
+pub use catalog::{Backend, RawFloor, Servers};
 pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
+pub use load::{Locker, Outcome, Scenario, Tally, run, run_tasks};
 pub use mode::{Limit, RunMode, configure_fast, judge_optional, runtime, save_summary, verdict};
 pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
 pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};
+pub use sql_handoff::{RawHandoff, RawSessionHandoffs, RawSessionMode};
+pub use stock::Stock;
+pub use zk_raw::{
+    RAW_ZK_PREFIX, zk_children, zk_create_node, zk_delete_node, zk_mkdir, zk_raw_cycle, zk_session,
+};
 
 use std::env;
 use std::fs;

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use lockkit_core::{DistributedLock, LockOptions};
 use redis::aio::ConnectionManager;
 
@@ -86,6 +87,35 @@ impl RawLock {
     }
 }
 
+impl RawLock {
+    /// The Redlock floor: `SET key token NX PX ttl` on every instance at
+    /// once, then the compare-and-delete by `EVALSHA` on every instance at
+    /// once (panics unless the key was free and deleted everywhere).
+    pub async fn parallel_cycle(&self, conns: &[ConnectionManager], key: &str, ttl: Duration) {
+        let token = self.token();
+        let set = join_all(
+            conns
+                .iter()
+                .map(|conn| RawLock::set_nx_px(conn, key, &token, ttl)),
+        )
+        .await;
+        assert!(
+            set.iter().all(|set| *set),
+            "raw parallel cycle: {key:?} was not free everywhere: {set:?}"
+        );
+        let deleted = join_all(
+            conns
+                .iter()
+                .map(|conn| self.compare_and_delete(conn, key, &token)),
+        )
+        .await;
+        assert!(
+            deleted.iter().all(|d| *d == 1),
+            "raw parallel cycle: compare-and-delete of {key:?} missed: {deleted:?}"
+        );
+    }
+}
+
 /// One `PING` round trip.
 pub async fn ping(conn: &ConnectionManager) {
     redis::cmd("PING")
@@ -95,7 +125,11 @@ pub async fn ping(conn: &ConnectionManager) {
 }
 
 /// One lockkit cycle: `acquire` + `release` of `name` (panics if either fails).
-pub async fn lockkit_cycle(locks: &impl DistributedLock, name: &str, opts: &LockOptions) {
+pub async fn lockkit_cycle(
+    locks: &(impl DistributedLock + ?Sized),
+    name: &str,
+    opts: &LockOptions,
+) {
     let guard = locks.acquire(name, opts).await.expect("acquire");
     guard.release().await.expect("release");
 }

@@ -77,6 +77,15 @@ pub enum LockError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The backend cannot do this at all (e.g. a third-party backend that
+    /// does not implement [`DistributedLock::status`](crate::DistributedLock::status)).
+    #[error("{backend} cannot {operation}")]
+    Unsupported {
+        /// Which backend, e.g. `redis`.
+        backend: &'static str,
+        /// What it cannot do, e.g. `report a lock's status`.
+        operation: &'static str,
+    },
     /// Any other failure reported by the backend.
     #[error("{backend} error: {message}")]
     Backend {

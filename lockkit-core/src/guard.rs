@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -61,15 +61,43 @@ struct Timing {
     ttl: Duration,
     valid_until: Instant,
     renewed_at: Instant,
+    /// After a failed renewal: the retry delays, and when the next try is due.
+    retry: Option<(crate::backoff::Delays, Instant)>,
 }
 
-/// Where a guard's watchdog task stands.
+impl Timing {
+    /// When the watchdog next has something to do: the next renewal (or its
+    /// retry) when auto-renew is on, and in any case the end of the validity.
+    fn next_wake(&self, auto_renew: bool) -> Instant {
+        if auto_renew {
+            self.renew_due().min(self.valid_until)
+        } else {
+            self.valid_until
+        }
+    }
+
+    fn renew_due(&self) -> Instant {
+        match &self.retry {
+            Some((_, at)) => *at,
+            None => self.renewed_at + self.ttl / 3,
+        }
+    }
+}
+
+/// Where a guard's watchdog stands. It has no task of its own while it waits:
+/// its next deadline is booked on the per-thread timer (see
+/// [`deferred`](crate::deferred)), and each renewal or expiry runs in a
+/// short task spawned when it is due, which books the next deadline before
+/// it ends. A parked task per held lease would cost every holding about a
+/// kilobyte.
 enum Watchdog {
-    /// Not spawned yet: booked to start at its first deadline (see
-    /// [`deferred`](crate::deferred)).
+    /// Nothing booked yet.
+    Idle,
+    /// The next deadline is booked.
     Booked(Booking),
+    /// A renewal (or the expiry) is running in this task.
     Running(AbortHandle),
-    /// The holding ended (released or dropped), or there is no runtime.
+    /// The holding ended (released, dropped or lost), or there is no runtime.
     Stopped,
 }
 
@@ -81,7 +109,6 @@ struct Shared {
     lease: Arc<dyn Lease>,
     lost: watch::Sender<Option<LostReason>>,
     timing: Mutex<Timing>,
-    timing_changed: Notify,
     /// Serialises extends (watchdog and user) and release, so that the last lease
     /// length applied on the server is the one recorded here.
     ops: tokio::sync::Mutex<()>,
@@ -103,34 +130,72 @@ impl Shared {
         timing.ttl = ttl;
         timing.renewed_at = sent;
         timing.valid_until = sent + ttl - clock_drift(ttl);
+        timing.retry = None;
     }
 
     fn free_slot(&self) {
         drop(lock(&self.slot).take());
     }
 
-    /// When the watchdog first has something to do: the first renewal, or
-    /// the end of the validity.
-    fn first_wake(&self) -> Instant {
-        let timing = lock(&self.timing);
-        if self.auto_renew {
-            (timing.renewed_at + timing.ttl / 3).min(timing.valid_until)
-        } else {
-            timing.valid_until
+    /// Books the watchdog's next deadline on `runtime`, unless the holding
+    /// has ended or a booking is in place already. Called when the guard is
+    /// made, and by each watchdog step before it ends.
+    fn schedule(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
+        let mut state = lock(&self.watchdog);
+        if matches!(*state, Watchdog::Stopped | Watchdog::Booked(_)) {
+            return;
+        }
+        let wake = lock(&self.timing).next_wake(self.auto_renew);
+        let weak = Arc::downgrade(self);
+        let handle = runtime.clone();
+        // Booked while the state is locked: a deadline that is already past
+        // fires on the timer task, whose `fire` waits for this to be recorded.
+        *state = match crate::deferred::book(wake, move || {
+            if let Some(shared) = weak.upgrade() {
+                shared.fire(&handle);
+            }
+        }) {
+            Some(booking) => Watchdog::Booked(booking),
+            None => Watchdog::Stopped,
+        };
+    }
+
+    /// A booked deadline has come: spawns the step that handles it.
+    fn fire(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
+        let mut state = lock(&self.watchdog);
+        if let Watchdog::Booked(_) = &*state {
+            let task = runtime.spawn(watchdog_step(self.clone(), runtime.clone()));
+            *state = Watchdog::Running(task.abort_handle());
         }
     }
 
-    /// Spawns the watchdog on `runtime` unless it runs already or the
-    /// holding has ended.
-    fn start_watchdog(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
-        let mut state = lock(&self.watchdog);
-        if let Watchdog::Booked(_) = &*state {
-            let task = runtime.spawn(watchdog(self.clone()));
-            if let Watchdog::Booked(booking) =
-                std::mem::replace(&mut *state, Watchdog::Running(task.abort_handle()))
-            {
-                booking.cancel();
+    /// The deadline changed (an extension by the user): a booking is
+    /// replaced; a running step books from the new timing when it ends.
+    fn replan(self: &Arc<Self>) {
+        let rebook = {
+            let mut state = lock(&self.watchdog);
+            match std::mem::replace(&mut *state, Watchdog::Idle) {
+                Watchdog::Booked(booking) => {
+                    booking.cancel();
+                    true
+                }
+                other => {
+                    *state = other;
+                    false
+                }
             }
+        };
+        if rebook && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.schedule(&runtime);
+        }
+    }
+
+    /// A step is over: from running back to idle (then the step books the
+    /// next deadline), unless the holding ended meanwhile.
+    fn step_done(&self) {
+        let mut state = lock(&self.watchdog);
+        if let Watchdog::Running(_) = &*state {
+            *state = Watchdog::Idle;
         }
     }
 
@@ -141,7 +206,21 @@ impl Shared {
                 booking.cancel();
             }
             Watchdog::Running(task) => task.abort(),
-            Watchdog::Stopped => {}
+            Watchdog::Idle | Watchdog::Stopped => {}
+        }
+    }
+
+    /// Cancels a booked deadline after a loss, leaving a running step to
+    /// finish (it sees the loss itself).
+    fn cancel_booking(&self) {
+        let mut state = lock(&self.watchdog);
+        match std::mem::replace(&mut *state, Watchdog::Stopped) {
+            Watchdog::Booked(booking) => {
+                booking.cancel();
+            }
+            // A running step sees the loss itself, and stops.
+            running @ Watchdog::Running(_) => *state = running,
+            Watchdog::Idle | Watchdog::Stopped => {}
         }
     }
 
@@ -157,6 +236,7 @@ impl Shared {
         });
         if first {
             tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
+            self.cancel_booking();
             self.free_slot();
         }
         first
@@ -170,12 +250,9 @@ impl Shared {
         let sent = Instant::now();
         if self.lease.extend(ttl).await? {
             self.record_extension(sent, ttl);
-            // A booked start may now be too late (a shorter TTL): start the
-            // watchdog, which plans afresh.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                self.start_watchdog(&runtime);
-            }
-            self.timing_changed.notify_one();
+            // The next renewal and the validity moved (a shorter TTL moves
+            // them earlier): book afresh.
+            self.replan();
             Ok(())
         } else {
             self.mark_lost(LostReason::Revoked);
@@ -246,7 +323,7 @@ impl LockGuard {
     ) -> LockGuard {
         let shared = Arc::new(Shared {
             name: name.into(),
-            watchdog: Mutex::new(Watchdog::Stopped),
+            watchdog: Mutex::new(Watchdog::Idle),
             fencing,
             auto_renew,
             lease,
@@ -255,30 +332,17 @@ impl LockGuard {
                 ttl,
                 valid_until: sent_at + ttl - clock_drift(ttl),
                 renewed_at: sent_at,
+                retry: None,
             }),
-            timing_changed: Notify::new(),
             ops: tokio::sync::Mutex::new(()),
             slot: Mutex::new(None),
         });
-        // The watchdog task is spawned only if the holding lasts until its
-        // first deadline; most end sooner (see `deferred`).
+        // No task yet: the watchdog's first deadline (the first renewal, or
+        // the expiry) is booked, and most holdings end before it.
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let weak = Arc::downgrade(&shared);
-                let first_wake = shared.first_wake();
-                // Held while booking: a start that comes at once (a deadline
-                // already past) waits until the booking is recorded.
-                let mut state = lock(&shared.watchdog);
-                let booking = crate::deferred::book(first_wake, move || {
-                    if let Some(shared) = weak.upgrade() {
-                        shared.start_watchdog(&runtime);
-                    }
-                });
-                if let Some(booking) = booking {
-                    *state = Watchdog::Booked(booking);
-                }
-            }
+            Ok(runtime) => shared.schedule(&runtime),
             Err(_) => {
+                *lock(&shared.watchdog) = Watchdog::Stopped;
                 tracing::warn!(lock.name = %name, "guard created outside a tokio runtime: no auto-renewal and no lost signal");
             }
         }
@@ -496,56 +560,40 @@ fn retry_backoff(ttl: Duration) -> crate::backoff::Backoff {
     crate::backoff::Backoff::new(Duration::from_millis(10), cap)
 }
 
-/// Renews the lease every ttl/3 (when auto-renew is on) and marks the guard lost
-/// once its validity runs out.
-async fn watchdog(shared: Arc<Shared>) {
-    let mut lost = shared.lost.subscribe();
-    // Retries after a failed renewal, until the validity runs out; paced by
-    // the lease (see `retry_backoff`) and started afresh after each success.
-    let mut retry: Option<crate::backoff::Delays> = None;
-    let mut retry_at: Option<Instant> = None;
-    loop {
-        if lost.borrow_and_update().is_some() {
-            return;
-        }
-        let (ttl, valid_until, renew_at) = {
-            let timing = lock(&shared.timing);
-            (
-                timing.ttl,
-                timing.valid_until,
-                timing.renewed_at + timing.ttl / 3,
-            )
-        };
-        let wake = if shared.auto_renew {
-            retry_at.unwrap_or(renew_at).min(valid_until)
+/// One step of the watchdog, at a booked deadline: marks the guard lost
+/// once its validity is over (releasing what a session backend still holds),
+/// otherwise renews the lease (when auto-renew is on) and books the next
+/// deadline. A failed renewal is retried, paced by the lease (see
+/// [`retry_backoff`]), until the validity runs out.
+async fn watchdog_step(shared: Arc<Shared>, runtime: tokio::runtime::Handle) {
+    if shared.lost_reason().is_some() {
+        shared.stop_watchdog_quietly();
+        return;
+    }
+    let (ttl, valid_until, renew_due) = {
+        let timing = lock(&shared.timing);
+        (timing.ttl, timing.valid_until, timing.renew_due())
+    };
+    let now = Instant::now();
+    if now >= valid_until {
+        let reason = if shared.auto_renew {
+            LostReason::RenewalFailed
         } else {
-            valid_until
+            LostReason::Expired
         };
-        tokio::select! {
-            _ = tokio::time::sleep_until(wake) => {}
-            _ = shared.timing_changed.notified() => { retry_at = None; continue }
-            _ = lost.changed() => return,
+        if shared.mark_lost(reason) {
+            // For session-based backends this frees the node or session lock;
+            // for lease backends it is a harmless compare-and-delete.
+            let _ops = shared.ops.lock().await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), shared.lease.release()).await;
         }
-        let now = Instant::now();
-        if now >= valid_until {
-            let reason = if shared.auto_renew {
-                LostReason::RenewalFailed
-            } else {
-                LostReason::Expired
-            };
-            if shared.mark_lost(reason) {
-                // For session-based backends this frees the node or session lock;
-                // for lease backends it is a harmless compare-and-delete.
-                let _ops = shared.ops.lock().await;
-                let _ = tokio::time::timeout(Duration::from_secs(5), shared.lease.release()).await;
-            }
-            return;
-        }
-        if !shared.auto_renew {
-            continue;
-        }
+        shared.stop_watchdog_quietly();
+        return;
+    }
+    if shared.auto_renew && now >= renew_due {
         let ops = shared.ops.lock().await;
-        if lost.borrow().is_some() {
+        if shared.lost_reason().is_some() {
+            shared.stop_watchdog_quietly();
             return;
         }
         let sent = Instant::now();
@@ -553,25 +601,41 @@ async fn watchdog(shared: Arc<Shared>) {
         match tokio::time::timeout(budget, shared.lease.extend(ttl)).await {
             Ok(Ok(true)) => {
                 shared.record_extension(sent, ttl);
-                retry = None;
-                retry_at = None;
                 tracing::trace!(lock.name = %shared.name, "lease renewed");
             }
             Ok(Ok(false)) => {
                 drop(ops);
                 shared.mark_lost(LostReason::Revoked);
+                shared.stop_watchdog_quietly();
                 return;
             }
             Ok(Err(error)) => {
-                let delays = retry.get_or_insert_with(|| retry_backoff(ttl).delays());
+                let mut timing = lock(&shared.timing);
+                let mut delays = timing
+                    .retry
+                    .take()
+                    .map_or_else(|| retry_backoff(ttl).delays(), |(delays, _)| delays);
                 let delay = delays.next().unwrap_or(Duration::from_millis(10));
-                retry_at = Some(Instant::now() + delay);
+                timing.retry = Some((delays, Instant::now() + delay));
+                drop(timing);
                 tracing::warn!(lock.name = %shared.name, %error, "lease renewal failed; retrying until the lease runs out");
             }
             Err(_elapsed) => {
-                // The validity ran out while the renewal was in flight; the next
-                // loop marks the guard lost.
+                // The validity ran out while the renewal was in flight; the
+                // next step marks the guard lost.
             }
+        }
+    }
+    shared.step_done();
+    shared.schedule(&runtime);
+}
+
+impl Shared {
+    /// The watchdog ends from inside its own step (no abort of itself).
+    fn stop_watchdog_quietly(&self) {
+        let mut state = lock(&self.watchdog);
+        if let Watchdog::Booked(booking) = std::mem::replace(&mut *state, Watchdog::Stopped) {
+            booking.cancel();
         }
     }
 }

@@ -16,10 +16,11 @@ use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guard::{Lease, LockGuard};
-use crate::local_queue::{LocalQueue, LocalSlot};
+use crate::local_queue::{LocalHandle, LocalQueue, LocalSlot};
 use crate::lock::DistributedLock;
 use crate::notify::ReleaseWatch;
 use crate::options::{LockOptions, Wait, clock_drift};
+use crate::status::LockStatus;
 use crate::token::OwnerToken;
 use crate::trace::traced_acquire;
 use crate::wait::{Attempt, Waiter};
@@ -61,6 +62,41 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// Deletes `owner`'s lease and wakes waiters. `Ok(false)`: not `owner`'s.
     async fn release(&self, key: &Self::Key, owner: &OwnerToken) -> Result<bool>;
 
+    /// Whether [`hand_over`](Self::hand_over) works. Default: false.
+    fn can_hand_over(&self) -> bool {
+        false
+    }
+
+    /// Makes `from`'s lease `to`'s, ending `ttl` from now, with a new
+    /// fencing token (where the backend fences), in one atomic step: the lock
+    /// passes from one task of this client to the next without a release in
+    /// between. [`Handover::NotOurs`] (and nothing changed) when the lease is
+    /// not `from`'s. Only called when [`can_hand_over`](Self::can_hand_over)
+    /// says so; the default is [`LockError::Unsupported`].
+    async fn hand_over(
+        &self,
+        key: &Self::Key,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Handover> {
+        let _ = (key, from, to, ttl);
+        Err(LockError::Unsupported {
+            backend: self.backend_name(),
+            operation: "hand a lease over",
+        })
+    }
+
+    /// What the server says about the lock, without taking it; see
+    /// [`DistributedLock::status`]. Default: [`LockError::Unsupported`].
+    async fn status(&self, key: &Self::Key) -> Result<LockStatus> {
+        let _ = key;
+        Err(LockError::Unsupported {
+            backend: self.backend_name(),
+            operation: "report a lock's status",
+        })
+    }
+
     /// Subscribes to release notifications of the lock. Default: none.
     async fn watch(&self, key: &Self::Key) -> Result<ReleaseWatch> {
         let _ = key;
@@ -68,12 +104,35 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// The answer of [`LeaseBackend::hand_over`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// The lease is the new owner's now, with this fencing token (where the
+    /// backend fences).
+    Passed(Option<FencingToken>),
+    /// The lease was not the old owner's (any more); nothing changed.
+    NotOurs,
+}
+
+/// How many times in a row a client passes a lock from one of its tasks to
+/// the next (see [`LeaseLock`]) before it releases it to the server, so that
+/// waiters of other clients get their chance.
+pub const MAX_LOCAL_PASSES: u32 = 8;
+
 /// A [`DistributedLock`] built from a [`LeaseBackend`].
 ///
 /// Tasks of one `LeaseLock` that want the same name queue in a local FIFO and
 /// only the head of the queue contends on the backend, so a task that releases
 /// and asks again cannot starve the others, and the fairness between clients is
 /// the backend's.
+///
+/// Where the backend can ([`LeaseBackend::can_hand_over`]), a holder whose
+/// release finds tasks of the same client waiting passes the lease straight
+/// to the next one in a single atomic step on the server (new owner, new
+/// lease, new fencing token) instead of releasing it and letting the next
+/// task take it again: one round trip per local handoff instead of two. It
+/// does so at most [`MAX_LOCAL_PASSES`] times in a row, then releases to the
+/// server, so that other clients' waiters get their turn.
 pub struct LeaseLock<B> {
     backend: Arc<B>,
     local: LocalQueue,
@@ -99,6 +158,10 @@ impl<B: LeaseBackend> LeaseLock<B> {
         let Some(slot) = self.local.try_enter(name) else {
             return Ok(None);
         };
+        if let Some(guard) = self.adopt(&slot, name, opts).await {
+            guard.attach_slot(slot);
+            return Ok(Some(guard));
+        }
         let mut waiter = Waiter::new(name, opts);
         let mut grant = Grant::new(&self.backend, name, key, opts);
         Ok(match grant.attempt(&mut waiter).await? {
@@ -118,6 +181,10 @@ impl<B: LeaseBackend> LeaseLock<B> {
         } else {
             waiter.until_deadline(self.local.enter(name)).await?
         };
+        if let Some(guard) = self.adopt(&slot, name, opts).await {
+            guard.attach_slot(slot);
+            return Ok(guard);
+        }
         let mut grant = Grant::new(&self.backend, name, key, opts);
         let mut watch = None;
         loop {
@@ -134,6 +201,62 @@ impl<B: LeaseBackend> LeaseLock<B> {
             }
         }
     }
+}
+
+impl<B: LeaseBackend> LeaseLock<B> {
+    /// The holding the previous local holder passed on, if it left one that
+    /// is known to be passed and still valid; made a guard for this turn. A
+    /// baton in doubt (its pass failed midway) or gone stale is dropped,
+    /// which releases it, and the turn asks the server as usual.
+    async fn adopt(&self, slot: &LocalSlot, name: &str, opts: &LockOptions) -> Option<LockGuard> {
+        let passed = slot.take_baton()?.downcast::<PassedLease<B>>().ok()?;
+        let stale = Instant::now() + clock_drift(passed.ttl) >= passed.sent + passed.ttl;
+        if !passed.confirmed || stale {
+            return None;
+        }
+        let mut passed = passed;
+        let owner = passed.owner.take()?;
+        let guard = held_guard(
+            &self.backend,
+            name,
+            passed.key.clone(),
+            owner,
+            passed.fencing,
+            passed.ttl,
+            passed.sent,
+            opts.get_auto_renew(),
+            Some(slot.handle()),
+        );
+        if opts.get_ttl() != passed.ttl {
+            // Dropped on failure, which releases whatever is left of it.
+            guard.extend(opts.get_ttl()).await.ok()?;
+        }
+        tracing::trace!(lock.name = %name, "took over the lease the previous local holder passed on");
+        Some(guard)
+    }
+}
+
+/// The guard of a holding of `owner` on `key`.
+#[allow(clippy::too_many_arguments)]
+fn held_guard<B: LeaseBackend>(
+    backend: &Arc<B>,
+    name: &str,
+    key: Arc<B::Key>,
+    owner: OwnerToken,
+    fencing: Option<FencingToken>,
+    ttl: Duration,
+    sent: Instant,
+    auto_renew: bool,
+    queue: Option<LocalHandle>,
+) -> LockGuard {
+    let lease = Arc::new(HeldLease {
+        backend: backend.clone(),
+        key,
+        owner,
+        ttl,
+        queue,
+    });
+    LockGuard::new(name, lease, fencing, ttl, sent, auto_renew)
 }
 
 #[async_trait::async_trait]
@@ -156,6 +279,11 @@ impl<B: LeaseBackend> DistributedLock for LeaseLock<B> {
 
     async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
         self.backend.watch(&self.backend.key(name)?).await
+    }
+
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        let key = self.backend.key(name)?;
+        self.backend.status(&key).await
     }
 }
 
@@ -223,18 +351,16 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
     }
 
     fn into_guard(self, fencing: Option<FencingToken>, slot: LocalSlot) -> LockGuard {
-        let lease = Arc::new(HeldLease {
-            backend: self.backend.clone(),
-            key: self.key.clone(),
-            owner: self.owner.clone(),
-        });
-        let guard = LockGuard::new(
+        let guard = held_guard(
+            self.backend,
             self.name,
-            lease,
+            self.key.clone(),
+            self.owner.clone(),
             fencing,
             self.ttl,
             self.sent,
             self.auto_renew,
+            Some(slot.handle()),
         );
         guard.attach_slot(slot);
         guard
@@ -249,14 +375,10 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let lease = HeldLease {
-            backend: self.backend.clone(),
-            key: self.key.clone(),
-            owner: self.owner.clone(),
-        };
+        let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
         runtime.spawn(async move {
-            if let Err(error) = lease.release().await {
-                tracing::warn!(lock.key = ?lease.key, %error, "could not release an interrupted acquire; its lease ends with its TTL");
+            if let Err(error) = backend.release(&key, &owner).await {
+                tracing::warn!(lock.key = ?key, %error, "could not release an interrupted acquire; its lease ends with its TTL");
             }
         });
     }
@@ -267,6 +389,98 @@ struct HeldLease<B: LeaseBackend> {
     backend: Arc<B>,
     key: Arc<B::Key>,
     owner: OwnerToken,
+    /// The lease length a pass to the next local task gives it.
+    ttl: Duration,
+    /// The client's queue on the name, to pass the lease on through.
+    queue: Option<LocalHandle>,
+}
+
+impl<B: LeaseBackend> HeldLease<B> {
+    /// Passes the lease to the next task of this client waiting for it, if
+    /// one waits and the backend can; `None` when it did not try.
+    async fn pass_on(&self) -> Option<Result<bool>> {
+        let queue = self.queue.as_ref()?;
+        if !self.backend.can_hand_over()
+            || queue.waiting() == 0
+            || queue.passes() >= MAX_LOCAL_PASSES
+        {
+            queue.reset_passes();
+            return None;
+        }
+        let next = OwnerToken::new();
+        let sent = Instant::now();
+        // In place before the request is sent: if this future is dropped
+        // midway, the next turn (or the queue, when it goes) drops the baton,
+        // which releases whatever the pass may have made the next owner's.
+        queue.put_baton(Box::new(PassedLease {
+            backend: self.backend.clone(),
+            key: self.key.clone(),
+            owner: Some(next.clone()),
+            fencing: None,
+            sent,
+            ttl: self.ttl,
+            confirmed: false,
+        }));
+        let answer = self
+            .backend
+            .hand_over(&self.key, &self.owner, &next, self.ttl)
+            .await;
+        let baton = queue
+            .take_baton()
+            .and_then(|b| b.downcast::<PassedLease<B>>().ok());
+        Some(match (answer, baton) {
+            (Ok(Handover::Passed(fencing)), Some(mut baton)) => {
+                baton.fencing = fencing;
+                baton.confirmed = true;
+                queue.put_baton(baton);
+                queue.count_pass();
+                Ok(true)
+            }
+            (Ok(Handover::NotOurs), Some(mut baton)) => {
+                // Nothing was passed: nothing to release.
+                baton.owner = None;
+                Ok(false)
+            }
+            (Err(error), Some(baton)) => {
+                // In doubt: the next turn releases it.
+                queue.put_baton(baton);
+                Err(error)
+            }
+            (answer, None) => answer.map(|a| matches!(a, Handover::Passed(_))),
+        })
+    }
+}
+
+/// A lease passed on to the next local task ([`LocalHandle::put_baton`]).
+/// Dropped untaken, it releases the lease (a compare-and-delete on the new
+/// owner: harmless if the pass never happened).
+struct PassedLease<B: LeaseBackend> {
+    backend: Arc<B>,
+    key: Arc<B::Key>,
+    owner: Option<OwnerToken>,
+    fencing: Option<FencingToken>,
+    /// When the pass was sent: the lease's validity counts from then.
+    sent: Instant,
+    ttl: Duration,
+    /// The server answered that the lease is the new owner's.
+    confirmed: bool,
+}
+
+impl<B: LeaseBackend> Drop for PassedLease<B> {
+    fn drop(&mut self) {
+        let Some(owner) = self.owner.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (backend, key) = (self.backend.clone(), self.key.clone());
+        runtime.spawn(async move {
+            if let Err(error) = backend.release(&key, &owner).await {
+                tracing::warn!(lock.key = ?key, %error, "could not release a lease passed on to no one; it ends with its TTL");
+            }
+        });
+    }
 }
 
 impl<B: LeaseBackend> fmt::Debug for HeldLease<B> {
@@ -289,6 +503,9 @@ impl<B: LeaseBackend> Lease for HeldLease<B> {
     }
 
     async fn release(&self) -> Result<bool> {
+        if let Some(passed) = self.pass_on().await {
+            return passed;
+        }
         self.backend.release(&self.key, &self.owner).await
     }
 }

@@ -7,12 +7,31 @@
 //! already waiting, and the local handoff costs no backend round trip beyond
 //! the next holder's own acquire.
 
+use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::OwnedMutexGuard;
 
-type Slots = Arc<Mutex<HashMap<Box<str>, Arc<tokio::sync::Mutex<()>>>>>;
+type Slots = Arc<Mutex<HashMap<Box<str>, Arc<Queue>>>>;
+
+/// A holding passed from one task of a client to the next, in a
+/// [`LocalHandle`]: whatever the backend needs to adopt it.
+pub type Baton = Box<dyn Any + Send>;
+
+/// One name's queue inside a client.
+#[derive(Default)]
+struct Queue {
+    /// Whose turn it is: a FIFO mutex.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Tasks waiting for their turn.
+    waiting: AtomicUsize,
+    /// A holding left by the previous turn for the next one.
+    baton: Mutex<Option<Baton>>,
+    /// Consecutive turns that passed the holding on without releasing it.
+    passes: AtomicU32,
+}
 
 /// A per-name FIFO of the tasks of one client (see the module docs): only the
 /// task holding a name's [`LocalSlot`] talks to the backend about that name.
@@ -25,39 +44,35 @@ pub struct LocalQueue {
 impl LocalQueue {
     fn entry(&self, name: &str) -> SlotEntry {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let mutex = match slots.get(name) {
-            Some(mutex) => mutex.clone(),
+        let queue = match slots.get(name) {
+            Some(queue) => queue.clone(),
             None => {
-                let mutex = Arc::new(tokio::sync::Mutex::new(()));
-                slots.insert(name.into(), mutex.clone());
-                mutex
+                let queue = Arc::new(Queue::default());
+                slots.insert(name.into(), queue.clone());
+                queue
             }
         };
         SlotEntry {
             slots: self.slots.clone(),
             name: name.into(),
-            mutex,
+            queue,
         }
     }
 
     /// Waits for this client's turn on `name` (cancel-safe).
     pub async fn enter(&self, name: &str) -> LocalSlot {
         let entry = self.entry(name);
-        let turn = entry.mutex.clone().lock_owned().await;
-        LocalSlot {
-            _turn: turn,
-            _entry: entry,
-        }
+        let waiting = Waiting::new(&entry.queue);
+        let turn = entry.queue.turn.clone().lock_owned().await;
+        drop(waiting);
+        LocalSlot { _turn: turn, entry }
     }
 
     /// Takes this client's turn on `name` if nobody else in the client has it.
     pub fn try_enter(&self, name: &str) -> Option<LocalSlot> {
         let entry = self.entry(name);
-        let turn = entry.mutex.clone().try_lock_owned().ok()?;
-        Some(LocalSlot {
-            _turn: turn,
-            _entry: entry,
-        })
+        let turn = entry.queue.turn.clone().try_lock_owned().ok()?;
+        Some(LocalSlot { _turn: turn, entry })
     }
 
     #[cfg(test)]
@@ -66,21 +81,44 @@ impl LocalQueue {
     }
 }
 
-/// A reference to a name's queue; removes the queue once nobody uses it.
+/// Counts a task as waiting while it exists.
+struct Waiting<'a>(&'a Queue);
+
+impl<'a> Waiting<'a> {
+    fn new(queue: &'a Queue) -> Self {
+        queue.waiting.fetch_add(1, Ordering::SeqCst);
+        Waiting(queue)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A reference to a name's queue; removes the queue once nobody uses it
+/// (dropping a baton nobody took, which releases it).
 struct SlotEntry {
     slots: Slots,
     name: Box<str>,
-    mutex: Arc<tokio::sync::Mutex<()>>,
+    queue: Arc<Queue>,
 }
 
 impl Drop for SlotEntry {
     fn drop(&mut self) {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        // Users clone the Arc under this lock, so the count cannot grow meanwhile:
-        // 2 means only the map and this entry are left.
-        if Arc::strong_count(&self.mutex) == 2 {
-            slots.remove(&self.name);
-        }
+        let removed = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            // Users clone the Arc under this lock, so the count cannot grow
+            // meanwhile: 2 means only the map and this entry are left.
+            if Arc::strong_count(&self.queue) == 2 {
+                slots.remove(&self.name)
+            } else {
+                None
+            }
+        };
+        // Outside the lock: a baton's drop may start a release.
+        drop(removed);
     }
 }
 
@@ -88,14 +126,111 @@ impl Drop for SlotEntry {
 /// before the entry checks whether the queue can be removed.
 pub struct LocalSlot {
     _turn: OwnedMutexGuard<()>,
-    _entry: SlotEntry,
+    entry: SlotEntry,
+}
+
+impl LocalSlot {
+    /// A handle on this name's queue that outlives the turn: what the holding
+    /// uses, when it ends, to pass itself on to the next task in line.
+    pub fn handle(&self) -> LocalHandle {
+        LocalHandle(Arc::downgrade(&self.entry.queue))
+    }
+
+    /// Takes the holding the previous turn passed on, if it left one.
+    pub fn take_baton(&self) -> Option<Baton> {
+        self.entry.queue.take_baton()
+    }
 }
 
 impl std::fmt::Debug for LocalSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalSlot")
-            .field("name", &self._entry.name)
+            .field("name", &self.entry.name)
             .finish()
+    }
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("waiting", &self.waiting.load(Ordering::SeqCst))
+            .field("passes", &self.passes.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    fn take_baton(&self) -> Option<Baton> {
+        self.baton.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// A name's queue inside a client, seen by the holding of the current turn;
+/// see [`LocalSlot::handle`]. For backend implementors: a holding that ends
+/// while tasks of the same client wait can be passed straight to the next
+/// one ([`put_baton`](Self::put_baton)), which takes it when its turn comes
+/// ([`LocalSlot::take_baton`]) instead of asking the server. A baton nobody
+/// takes is dropped with the queue. The handle does not keep the queue
+/// alive: once no task uses the name, the queue goes and the handle sees
+/// nobody waiting.
+#[derive(Clone)]
+pub struct LocalHandle(Weak<Queue>);
+
+impl std::fmt::Debug for LocalHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalHandle")
+            .field("waiting", &self.waiting())
+            .field("passes", &self.passes())
+            .finish()
+    }
+}
+
+impl LocalHandle {
+    /// Tasks of this client waiting for their turn on the name.
+    pub fn waiting(&self) -> usize {
+        self.0
+            .upgrade()
+            .map_or(0, |queue| queue.waiting.load(Ordering::SeqCst))
+    }
+
+    /// Leaves `baton` for the next turn (replacing any earlier one, which is
+    /// dropped). With the queue gone, the baton is dropped at once.
+    pub fn put_baton(&self, baton: Baton) {
+        let Some(queue) = self.0.upgrade() else {
+            return;
+        };
+        let old = queue
+            .baton
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(baton);
+        drop(old);
+    }
+
+    /// Takes the baton back (the pass did not happen).
+    pub fn take_baton(&self) -> Option<Baton> {
+        self.0.upgrade()?.take_baton()
+    }
+
+    /// How many turns in a row passed the holding on without releasing it.
+    pub fn passes(&self) -> u32 {
+        self.0
+            .upgrade()
+            .map_or(0, |queue| queue.passes.load(Ordering::SeqCst))
+    }
+
+    /// Counts one more pass.
+    pub fn count_pass(&self) {
+        if let Some(queue) = self.0.upgrade() {
+            queue.passes.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The holding was released to the server: the count starts afresh.
+    pub fn reset_passes(&self) {
+        if let Some(queue) = self.0.upgrade() {
+            queue.passes.store(0, Ordering::SeqCst);
+        }
     }
 }
 
@@ -128,6 +263,18 @@ mod tests {
         }
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
         assert_eq!(queue.len(), 0, "idle queues are removed");
+    }
+
+    #[tokio::test]
+    async fn a_handle_does_not_keep_the_queue() {
+        let queue = LocalQueue::default();
+        let slot = queue.enter("c").await;
+        let handle = slot.handle();
+        drop(slot);
+        assert_eq!(queue.len(), 0, "the holding's handle outlives the turn");
+        assert_eq!(handle.waiting(), 0);
+        handle.put_baton(Box::new(1_u8));
+        assert!(handle.take_baton().is_none());
     }
 
     #[tokio::test]

@@ -4,10 +4,11 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use crate::capabilities::Capabilities;
-use crate::error::Result;
+use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
 use crate::notify::ReleaseWatch;
 use crate::options::LockOptions;
+use crate::status::LockStatus;
 use crate::wait::{Attempt, acquire_by_attempts};
 
 /// A distributed lock service: one client of one backend.
@@ -51,6 +52,21 @@ pub trait DistributedLock: Send + Sync + Debug {
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
+    /// Whether `name` is held, and what else the backend can tell about the
+    /// holding (fencing token, remaining lease, queued waiters), without
+    /// taking the lock. A snapshot, for monitoring and scripts (`lockkit
+    /// status`); see [`LockStatus`].
+    ///
+    /// Every lockkit backend implements it; the default, for backends that
+    /// cannot tell, is [`LockError::Unsupported`].
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        let _ = name;
+        Err(LockError::Unsupported {
+            backend: "this backend",
+            operation: "report a lock's status",
+        })
+    }
+
     /// Hook for the provided `acquire`: one attempt that says how long the holder
     /// keeps the lock. The default calls [`try_acquire`](Self::try_acquire) and
     /// reports no expiry.
@@ -84,6 +100,9 @@ macro_rules! forward_impl {
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
+            }
+            async fn status(&self, name: &str) -> Result<LockStatus> {
+                (**self).status(name).await
             }
             async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
                 (**self).attempt(name, opts).await

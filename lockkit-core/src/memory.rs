@@ -10,9 +10,10 @@ use tokio::time::Instant;
 use crate::capabilities::{Capabilities, ReleaseOnCrash};
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
-use crate::lease::{LeaseBackend, LeaseLock};
+use crate::lease::{Handover, LeaseBackend, LeaseLock};
 use crate::name::validate_name;
 use crate::notify::{NotifyHub, ReleaseWatch};
+use crate::status::LockStatus;
 use crate::token::OwnerToken;
 use crate::wait::Attempt;
 
@@ -246,6 +247,42 @@ impl LeaseBackend for MemoryBackend {
             self.store.hub.notify(name);
         }
         Ok(released)
+    }
+
+    fn can_hand_over(&self) -> bool {
+        true
+    }
+
+    async fn hand_over(
+        &self,
+        name: &String,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Handover> {
+        self.store.check_available()?;
+        let now = Instant::now();
+        let mut state = self.store.state();
+        match state.leases.get_mut(name) {
+            Some(held) if held.owner == *from && held.expires_at > now => {
+                held.owner = to.clone();
+                held.expires_at = now + ttl;
+                let fence = state.fences.entry(name.clone()).or_insert(0);
+                *fence += 1;
+                Ok(Handover::Passed(Some(FencingToken::new(*fence))))
+            }
+            _ => Ok(Handover::NotOurs),
+        }
+    }
+
+    async fn status(&self, name: &String) -> Result<LockStatus> {
+        self.store.check_available()?;
+        Ok(match self.store.holder(name) {
+            Some(holder) => LockStatus::held()
+                .with_fencing_token(Some(holder.fencing_token))
+                .with_remaining(Some(holder.remaining)),
+            None => LockStatus::free(),
+        })
     }
 
     async fn watch(&self, name: &String) -> Result<ReleaseWatch> {

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use lockkit_core::{
-    Attempt, Capabilities, FencingToken, LeaseBackend, LeaseLock, OwnerToken, ReleaseOnCrash,
-    ReleaseWatch, Result,
+    Attempt, Capabilities, FencingToken, Handover, LeaseBackend, LeaseLock, LockStatus, OwnerToken,
+    ReleaseOnCrash, ReleaseWatch, Result,
 };
 
 use crate::error::BACKEND;
@@ -84,6 +84,42 @@ impl LeaseBackend for RedisBackend {
 
     async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
         self.instance.release(keys, owner.as_str(), true).await
+    }
+
+    fn can_hand_over(&self) -> bool {
+        true
+    }
+
+    /// One script: the lease becomes `to`'s with a new fencing token.
+    async fn hand_over(
+        &self,
+        keys: &Keys,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Handover> {
+        Ok(
+            match self
+                .instance
+                .hand_over(keys, from.as_str(), to.as_str(), ttl, true)
+                .await?
+            {
+                Some(token) => Handover::Passed(Some(FencingToken::new(token))),
+                None => Handover::NotOurs,
+            },
+        )
+    }
+
+    /// `PTTL` of the lock key and the fence counter, in one `MULTI`/`EXEC`.
+    /// The token reported is the last one drawn for the name: the holder's,
+    /// unless the key was set by a client that draws none (redis-py, redsync).
+    async fn status(&self, keys: &Keys) -> Result<LockStatus> {
+        Ok(match self.instance.holder(keys).await? {
+            Some(holder) => LockStatus::held()
+                .with_remaining(Some(holder.remaining))
+                .with_fencing_token(holder.fence.map(FencingToken::new)),
+            None => LockStatus::free(),
+        })
     }
 
     async fn watch(&self, keys: &Keys) -> Result<ReleaseWatch> {

@@ -191,6 +191,9 @@ pub(crate) fn parse_url(raw: &str) -> Result<(RedisConfig, String)> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(bad("missing host".into()));
     }
+    if url.port() == Some(0) {
+        return Err(bad("port 0 is not a server's port".into()));
+    }
     let mut prefix = DEFAULT_PREFIX.to_owned();
     let mut connect_timeout = DEFAULT_CONNECT_TIMEOUT;
     let mut command_timeout = DEFAULT_COMMAND_TIMEOUT;
@@ -267,6 +270,7 @@ mod tests {
     fn rejects_bad_urls_without_leaking_the_password() {
         for bad in [
             "redis://:topsecret@h:99999",
+            "redis://:topsecret@h:0",
             "redis://:topsecret@h/notanumber",
             "redis://:topsecret@h?prefx=a",
             "redis://:topsecret@h?connect_timeout=soon",

@@ -236,6 +236,36 @@ impl RedisInstance {
         Ok(released == 1)
     }
 
+    /// Passes `from`'s lease to `to` for `ttl` from now, drawing a new
+    /// fencing token when `fencing`: `Ok(None)` if the lease was not `from`'s,
+    /// else the token (0 without fencing). No release is published: the lock
+    /// never comes free.
+    pub async fn hand_over(
+        &self,
+        keys: &Keys,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<Option<u64>> {
+        let mut conn = self.inner.commands.clone();
+        let token: i64 = self
+            .run(
+                "hand the lease over",
+                SCRIPTS
+                    .hand_over
+                    .key(&keys.lock)
+                    .key(&keys.fence)
+                    .arg(from)
+                    .arg(to)
+                    .arg(ttl_millis(ttl))
+                    .arg(if fencing { "1" } else { "0" })
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(u64::try_from(token).ok())
+    }
+
     /// Subscribes to the release channel of `keys` (shared by all waiters of
     /// this instance). Falls back to no notifications if the subscription fails.
     pub async fn watch(&self, keys: &Keys) -> lockkit_core::ReleaseWatch {
@@ -258,12 +288,52 @@ impl RedisInstance {
         })
     }
 
+    /// Who holds the lock, read in one `MULTI`/`EXEC` (`GET` and `PTTL` of
+    /// the lock key, `GET` of the fence counter); `None` if it is free.
+    pub async fn holder(&self, keys: &Keys) -> Result<Option<Holder>> {
+        let mut conn = self.inner.commands.clone();
+        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = self
+            .run(
+                "read the lock's holder",
+                redis::pipe()
+                    .atomic()
+                    .cmd("GET")
+                    .arg(&keys.lock)
+                    .cmd("PTTL")
+                    .arg(&keys.lock)
+                    .cmd("GET")
+                    .arg(&keys.fence)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(owner.map(|owner| Holder {
+            owner,
+            remaining: match pttl {
+                -1 => Duration::MAX,
+                ms => Duration::from_millis(ms.max(0) as u64),
+            },
+            fence,
+        }))
+    }
+
     /// Round trip of one `PING`, for benchmarks and health checks.
     pub async fn ping(&self) -> Result<()> {
         let mut conn = self.inner.commands.clone();
         self.run("ping", redis::cmd("PING").query_async::<()>(&mut conn))
             .await
     }
+}
+
+/// The holder of a lock as one Redis server sees it; see
+/// [`RedisInstance::holder`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The lock key's value: the holder's owner token.
+    pub owner: String,
+    /// The lock key's remaining TTL (`Duration::MAX` for a key without one).
+    pub remaining: Duration,
+    /// The fence counter: the last fencing token drawn for the name, if any.
+    pub fence: Option<u64>,
 }
 
 fn ttl_millis(ttl: Duration) -> u64 {

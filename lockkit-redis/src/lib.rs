@@ -13,7 +13,7 @@ pub use config::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER, RedisConfig,
     RedisLockBuilder,
 };
-pub use instance::RedisInstance;
+pub use instance::{Holder, RedisInstance};
 pub use keys::{DEFAULT_PREFIX, Keys};
 
 /// Connects to the Redis server of a `redis://` or `rediss://` URL; see

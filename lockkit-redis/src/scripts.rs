@@ -40,17 +40,34 @@ end
 return 0
 ";
 
+/// KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] current owner, ARGV[2]
+/// next owner, ARGV[3] ttl in ms, ARGV[4] "1" to draw a fencing token.
+/// Passes the lease from one owner to the next (a local handoff): returns the
+/// new fencing token (0 without fencing), or -1 if the lease was not ARGV[1]'s.
+const HAND_OVER: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  if ARGV[4] == '1' then
+    return redis.call('INCR', KEYS[2])
+  end
+  return 0
+end
+return -1
+";
+
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) extend: Script,
     pub(crate) release: Script,
+    pub(crate) hand_over: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
     extend: Script::new(EXTEND),
     release: Script::new(RELEASE),
+    hand_over: Script::new(HAND_OVER),
 });
 
 /// The sources, for `SCRIPT LOAD` at connect time.
-pub(crate) const SOURCES: [&str; 3] = [ACQUIRE, EXTEND, RELEASE];
+pub(crate) const SOURCES: [&str; 4] = [ACQUIRE, EXTEND, RELEASE, HAND_OVER];

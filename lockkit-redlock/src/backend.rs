@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lockkit_core::{
-    Attempt, Capabilities, FencingToken, LeaseBackend, LeaseLock, OwnerToken, ReleaseOnCrash,
-    ReleaseWatch, Result,
+    Attempt, Capabilities, FencingToken, LeaseBackend, LeaseLock, LockStatus, OwnerToken,
+    ReleaseOnCrash, ReleaseWatch, Result,
 };
 use lockkit_redis::{Keys, RedisInstance};
 use tokio::sync::watch;
@@ -306,6 +306,44 @@ impl LeaseBackend for RedlockBackend {
         } else {
             Err(self.undecided(&votes))
         }
+    }
+
+    /// Held when a quorum of the instances that answered hold the same owner
+    /// token; the remaining lease is the shortest among them. Never a fencing
+    /// token. `Unavailable` when fewer than a quorum answered.
+    async fn status(&self, keys: &Keys) -> Result<LockStatus> {
+        let keys = keys.clone();
+        let votes = ask(
+            &self.instances,
+            self.all(),
+            self.instance_timeout(None),
+            move |_, instance| {
+                let keys = keys.clone();
+                async move { instance.holder(&keys).await }
+            },
+            |_| false,
+        )
+        .await;
+        if votes.answers.len() < self.quorum {
+            return Err(self.undecided(&votes));
+        }
+        let mut holders: HashMap<&str, Vec<Duration>> = HashMap::new();
+        for holder in votes
+            .answers
+            .iter()
+            .filter_map(|(_, holder)| holder.as_ref())
+        {
+            holders
+                .entry(holder.owner.as_str())
+                .or_default()
+                .push(holder.remaining);
+        }
+        Ok(holders
+            .into_values()
+            .find(|lefts| lefts.len() >= self.quorum)
+            .map_or(LockStatus::free(), |lefts| {
+                LockStatus::held().with_remaining(lefts.into_iter().min())
+            }))
     }
 
     /// Release notifications from every instance that can subscribe in time.

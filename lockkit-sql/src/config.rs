@@ -484,6 +484,9 @@ fn split_server(url: &str) -> std::result::Result<(String, String, String), Stri
         .filter(|h| !h.is_empty())
         .ok_or_else(|| "the URL has no host".to_owned())?
         .to_owned();
+    if parsed.port() == Some(0) {
+        return Err("port 0 is not a server's port".to_owned());
+    }
     let query = parsed.query().unwrap_or("").to_owned();
     parsed.set_query(None);
     parsed.set_fragment(None);
@@ -539,6 +542,17 @@ impl Settings {
     /// command timeout.
     pub(crate) fn timed_out(&self, what: &str) -> LockError {
         timed_out(self.backend, &self.address, what, self.command_timeout)
+    }
+
+    /// No connection of the pool came free within the connect timeout.
+    pub(crate) fn pool_exhausted(&self, size: usize) -> LockError {
+        LockError::unavailable(
+            self.backend,
+            format!(
+                "connect on {}: all {size} connections stayed busy for {:?} (raise max_connections?)",
+                self.address, self.connect_timeout
+            ),
+        )
     }
 
     /// Opens a connection bounded by the connect timeout.
@@ -626,6 +640,7 @@ mod tests {
             ("postgres://h/db?mode=fast", "unknown SQL lock mode"),
             ("postgres://h/db?table=a;b", "plain SQL identifier"),
             ("postgres:///db", "no host"),
+            ("mysql://h:0/db", "port 0"),
             ("postgres://h:99999/db", "not a valid URL"),
             ("mysql://h/db?connect_timeout=0s", "connect_timeout"),
             ("mysql://h/db?migrate=maybe", "migrate"),

@@ -1,59 +1,101 @@
 //! `lease` mode: a row per lock with an owner and an expiry decided by the
 //! server's clock, on every database.
 
-use std::sync::Arc;
+use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use lockkit_core::{
-    Attempt, Capabilities, FencingToken, LeaseBackend, OwnerToken, ReleaseWatch, Result,
-    validate_name,
+    Attempt, Capabilities, FencingToken, Handover, LeaseBackend, LockStatus, OwnerToken,
+    ReleaseWatch, Result, validate_name,
 };
 
 use crate::config::Settings;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use crate::pool::KeptPool;
 
-#[cfg(feature = "postgres")]
-use crate::config::NOTIFIED_LEASE_CAPABILITIES;
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-use crate::config::POLLED_LEASE_CAPABILITIES;
+/// One database's lease statements; [`LeaseRows`] makes a
+/// [`LeaseBackend`] of them.
+///
+/// Statically dispatched, one `LeaseRows` type per database, so that the
+/// future of an operation holds only that database's statement future: a
+/// single enum over all three made every call box (and copy) the largest of
+/// them, about 18 KB per call.
+pub(crate) trait LeaseDb: Send + Sync + fmt::Debug + 'static {
+    /// What `lease` mode guarantees on this database.
+    const CAPABILITIES: Capabilities;
 
-/// The database behind the lease rows.
-#[derive(Debug)]
-pub(crate) enum Rows {
-    #[cfg(feature = "postgres")]
-    Postgres {
-        pool: KeptPool<sqlx::Postgres>,
-        sql: Arc<crate::postgres::PgSql>,
-        notifications: Box<crate::postgres::PgNotifications>,
-    },
-    #[cfg(feature = "mysql")]
-    MySql {
-        pool: KeptPool<sqlx::MySql>,
-        sql: Arc<crate::mysql::MySql>,
-    },
-    #[cfg(feature = "sqlite")]
-    Sqlite {
-        pool: KeptPool<sqlx::Sqlite>,
-        sql: Arc<crate::sqlite::SqliteSql>,
-    },
+    /// The lease upsert: the new fence when taken, the holder's remaining
+    /// lease when not.
+    fn try_lock<'a>(
+        &'a self,
+        settings: &'a Settings,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Attempt<Option<FencingToken>>>> + Send + 'a;
+
+    /// Owner-conditional extension; `Ok(false)`: not `owner`'s.
+    fn extend<'a>(
+        &'a self,
+        settings: &'a Settings,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a;
+
+    /// Owner-conditional release; `Ok(false)`: not `owner`'s.
+    fn release<'a>(
+        &'a self,
+        settings: &'a Settings,
+        name: &'a str,
+        owner: &'a str,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a;
+
+    /// Owner-conditional pass of the live lease from `from` to `to` for
+    /// `ttl`, with the fence bumped: the new fence, or `None` when the lease
+    /// was not `from`'s.
+    fn hand_over<'a>(
+        &'a self,
+        settings: &'a Settings,
+        name: &'a str,
+        from: &'a str,
+        to: &'a str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send + 'a;
+
+    /// The live lease on `name`, if any: its fence and remaining milliseconds.
+    fn status<'a>(
+        &'a self,
+        settings: &'a Settings,
+        name: &'a str,
+    ) -> impl Future<Output = Result<Option<(i64, i64)>>> + Send + 'a;
+
+    /// Release notifications of `name`; none by default (waiters back off,
+    /// never past the holder's expiry).
+    fn watch<'a>(
+        &'a self,
+        settings: &'a Settings,
+        name: &'a str,
+    ) -> impl Future<Output = ReleaseWatch> + Send + 'a {
+        let _ = (settings, name);
+        std::future::ready(ReleaseWatch::none())
+    }
 }
 
-/// The [`LeaseBackend`] of `lease` mode.
+/// The [`LeaseBackend`] of `lease` mode on database `D`.
 #[derive(Debug)]
-pub(crate) struct LeaseRows {
-    rows: Rows,
+pub(crate) struct LeaseRows<D> {
+    db: D,
     settings: Settings,
 }
 
-impl LeaseRows {
-    pub(crate) fn new(rows: Rows, settings: Settings) -> Self {
-        LeaseRows { rows, settings }
+impl<D: LeaseDb> LeaseRows<D> {
+    pub(crate) fn new(db: D, settings: Settings) -> Self {
+        LeaseRows { db, settings }
     }
 }
 
 #[lockkit_core::async_trait]
-impl LeaseBackend for LeaseRows {
+impl<D: LeaseDb> LeaseBackend for LeaseRows<D> {
     type Key = String;
 
     fn backend_name(&self) -> &'static str {
@@ -61,14 +103,7 @@ impl LeaseBackend for LeaseRows {
     }
 
     fn capabilities(&self) -> Capabilities {
-        match &self.rows {
-            #[cfg(feature = "postgres")]
-            Rows::Postgres { .. } => NOTIFIED_LEASE_CAPABILITIES,
-            #[cfg(feature = "mysql")]
-            Rows::MySql { .. } => POLLED_LEASE_CAPABILITIES,
-            #[cfg(feature = "sqlite")]
-            Rows::Sqlite { .. } => POLLED_LEASE_CAPABILITIES,
-        }
+        D::CAPABILITIES
     }
 
     /// Names are stored as they are (bound parameters; byte-wise comparison).
@@ -89,71 +124,59 @@ impl LeaseBackend for LeaseRows {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let s = &self.settings;
-        let owner = owner.as_str();
-        match &self.rows {
-            #[cfg(feature = "postgres")]
-            Rows::Postgres { pool, sql, .. } => {
-                crate::postgres::try_lock(pool, sql, s, name, owner, ttl).await
-            }
-            #[cfg(feature = "mysql")]
-            Rows::MySql { pool, sql } => {
-                crate::mysql::try_lock(pool, sql, s, name, owner, ttl).await
-            }
-            #[cfg(feature = "sqlite")]
-            Rows::Sqlite { pool, sql } => {
-                crate::sqlite::try_lock(pool, sql, s, name, owner, ttl).await
-            }
-        }
+        self.db
+            .try_lock(&self.settings, name, owner.as_str(), ttl)
+            .await
     }
 
     async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let s = &self.settings;
-        let owner = owner.as_str();
-        match &self.rows {
-            #[cfg(feature = "postgres")]
-            Rows::Postgres { pool, sql, .. } => {
-                crate::postgres::extend(pool, sql, s, name, owner, ttl).await
-            }
-            #[cfg(feature = "mysql")]
-            Rows::MySql { pool, sql } => crate::mysql::extend(pool, sql, s, name, owner, ttl).await,
-            #[cfg(feature = "sqlite")]
-            Rows::Sqlite { pool, sql } => {
-                crate::sqlite::extend(pool, sql, s, name, owner, ttl).await
-            }
-        }
+        self.db
+            .extend(&self.settings, name, owner.as_str(), ttl)
+            .await
     }
 
     async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
-        let s = &self.settings;
-        let owner = owner.as_str();
-        match &self.rows {
-            #[cfg(feature = "postgres")]
-            Rows::Postgres { pool, sql, .. } => {
-                crate::postgres::release(pool, sql, s, name, owner).await
-            }
-            #[cfg(feature = "mysql")]
-            Rows::MySql { pool, sql } => crate::mysql::release(pool, sql, s, name, owner).await,
-            #[cfg(feature = "sqlite")]
-            Rows::Sqlite { pool, sql } => crate::sqlite::release(pool, sql, s, name, owner).await,
-        }
+        self.db.release(&self.settings, name, owner.as_str()).await
+    }
+
+    fn can_hand_over(&self) -> bool {
+        true
+    }
+
+    /// One conditional `UPDATE`: new owner, new expiry, fence + 1.
+    async fn hand_over(
+        &self,
+        name: &String,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Handover> {
+        Ok(
+            match self
+                .db
+                .hand_over(&self.settings, name, from.as_str(), to.as_str(), ttl)
+                .await?
+            {
+                Some(fence) => Handover::Passed(Some(FencingToken::new(fence.max(0) as u64))),
+                None => Handover::NotOurs,
+            },
+        )
+    }
+
+    /// The live lease row, if any: held, with its fence and the remaining
+    /// lease by the server's clock.
+    async fn status(&self, name: &String) -> Result<LockStatus> {
+        Ok(match self.db.status(&self.settings, name).await? {
+            Some((fence, left_ms)) => LockStatus::held()
+                .with_fencing_token(Some(FencingToken::new(fence.max(0) as u64)))
+                .with_remaining(Some(Duration::from_millis(left_ms.max(0) as u64))),
+            None => LockStatus::free(),
+        })
     }
 
     /// Postgres: `LISTEN` for the release's `NOTIFY`. Elsewhere none: waiters
     /// back off, never past the holder's expiry.
     async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
-        match &self.rows {
-            #[cfg(feature = "postgres")]
-            Rows::Postgres {
-                sql, notifications, ..
-            } => Ok(notifications
-                .watch(sql.channel(), &self.settings, name)
-                .await),
-            #[allow(unreachable_patterns)]
-            _ => {
-                let _ = name;
-                Ok(ReleaseWatch::none())
-            }
-        }
+        Ok(self.db.watch(&self.settings, name).await)
     }
 }

@@ -7,7 +7,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use lockkit_core::{
-    Attempt, Capabilities, DistributedLock, LockError, LockGuard, LockOptions, ReleaseWatch, Result,
+    Attempt, Capabilities, DistributedLock, LockError, LockGuard, LockOptions, LockStatus,
+    ReleaseWatch, Result,
 };
 
 use crate::config::{Database, Mode, Settings, SqlLockBuilder};
@@ -152,6 +153,7 @@ async fn open_postgres(
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
     use crate::postgres::{PgNotifications, PgSession, PgSessionMode, PgSql};
+    use sqlx::ConnectOptions as _;
     let options = sqlx::postgres::PgConnectOptions::from_str(&builder.driver_url)
         .map_err(|e| builder.invalid_url(e))?
         .application_name("lockkit");
@@ -160,15 +162,17 @@ async fn open_postgres(
         .acquire_timeout(builder.connect_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
-    drop(settings.connecting("connect", pool.acquire()).await?);
+    // Eager, on a connection of its own: sqlx's pool would retry a refused
+    // connection until its timeout and then report only that it timed out.
+    close(settings.connecting("connect", options.connect()).await?).await;
     let sql = Arc::new(PgSql::new(&builder.table));
     let admin = Admin::Postgres(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
         Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-            crate::lease::Rows::Postgres {
+            crate::postgres::PgRows {
                 pool: KeptPool::new(pool),
                 sql,
-                notifications: Box::new(PgNotifications::new(options)),
+                notifications: PgNotifications::new(options),
             },
             settings.clone(),
         ))),
@@ -193,6 +197,7 @@ async fn open_mysql(
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
     use crate::mysql::{FenceSource, MySql, MySqlSession, MySqlSessionMode};
+    use sqlx::ConnectOptions as _;
     let options = sqlx::mysql::MySqlConnectOptions::from_str(&builder.driver_url)
         .map_err(|e| builder.invalid_url(e))?;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
@@ -200,14 +205,15 @@ async fn open_mysql(
         .acquire_timeout(builder.connect_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
-    let mut conn = settings.connecting("connect", pool.acquire()).await?;
+    // Eager, on a connection of its own (see `open_postgres`).
+    let mut conn = settings.connecting("connect", options.connect()).await?;
     let version: String = settings
         .bounded(
             "read the server version",
-            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut *conn),
+            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut conn),
         )
         .await?;
-    drop(conn);
+    close(conn).await;
     let fence_source = match builder.mysql_counter_fencing {
         true => FenceSource::Counter,
         false => FenceSource::for_version(&version),
@@ -217,7 +223,7 @@ async fn open_mysql(
     let admin = Admin::MySql(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
         Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-            crate::lease::Rows::MySql {
+            crate::mysql::MyRows {
                 pool: KeptPool::new(pool),
                 sql,
             },
@@ -236,6 +242,12 @@ async fn open_mysql(
         })),
     };
     Ok((admin, inner))
+}
+
+/// Closes a connection politely, without waiting long for the server.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn close(conn: impl sqlx::Connection) {
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn.close()).await;
 }
 
 #[cfg(feature = "sqlite")]
@@ -285,7 +297,7 @@ async fn open_sqlite(
     let sql = Arc::new(crate::sqlite::SqliteSql::new(&builder.table));
     let admin = Admin::Sqlite(Box::new(options), sql.clone(), keeper);
     let inner = Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-        crate::lease::Rows::Sqlite {
+        crate::sqlite::SqliteRows {
             pool: KeptPool::new(pool),
             sql,
         },
@@ -314,5 +326,9 @@ impl DistributedLock for SqlLock {
 
     async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
         self.inner.watch_releases(name).await
+    }
+
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        self.inner.status(name).await
     }
 }

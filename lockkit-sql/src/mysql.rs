@@ -4,14 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{Attempt, FencingToken, Result};
+use lockkit_core::{Attempt, Capabilities, FencingToken, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
 use crate::pool::{KeptPool, kept, undo_release};
 
-use crate::config::Settings;
+use crate::config::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::error::is_lock_busy;
+use crate::lease::LeaseDb;
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::statement::{micros, q};
 
@@ -52,9 +53,13 @@ pub(crate) struct MySql {
     acquire: Arc<str>,
     extend: Arc<str>,
     release: Arc<str>,
+    lease_status: Arc<str>,
+    hand_over: Arc<str>,
     ensure_row: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
+    row_free: Arc<str>,
+    row_exists: Arc<str>,
     named_lock: Arc<str>,
     /// `Counter` only: the `UPDATE` that draws a token.
     next_fence: Arc<str>,
@@ -128,6 +133,20 @@ impl MySql {
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             )
             .into(),
+            // The new fence comes back in LAST_INSERT_ID; `expires_at` is
+            // assigned last (later assignments see earlier ones).
+            hand_over: format!(
+                "UPDATE {table} SET owner = ?, fence = LAST_INSERT_ID(fence + 1), \
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            lease_status: format!(
+                "SELECT CAST(fence AS SIGNED), \
+                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED) \
+                 FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
@@ -141,6 +160,8 @@ impl MySql {
                 "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE NOWAIT"
             )
             .into(),
+            row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
+            row_exists: format!("SELECT 1 FROM {table} WHERE name = ?").into(),
             named_lock: named_lock.into(),
             // The classic sequence of MySQL's manual; committed at once, so
             // no rollback can undo it.
@@ -172,67 +193,99 @@ pub(crate) async fn migrate(
         .await
 }
 
-pub(crate) async fn try_lock(
-    pool: &KeptPool<sqlx::MySql>,
-    sql: &Arc<MySql>,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<Attempt<Option<FencingToken>>> {
-    let undo = undo_release!(settings, sql, name, owner, release_on);
-    let done = kept!(pool, settings, "acquire", undo = undo, |conn| {
-        sqlx::query(q(&sql.acquire))
-            .bind(name.as_bytes())
-            .bind(owner)
-            .bind(micros(ttl))
-            .execute(conn)
-    })?;
-    let answer = done.last_insert_id();
-    Ok(if answer >= BUSY_FLAG {
-        Attempt::Busy {
-            retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
-        }
-    } else if answer > 0 {
-        Attempt::Acquired(Some(FencingToken::new(answer)))
-    } else {
-        return Err(settings.error(
-            "acquire",
-            sqlx::Error::Protocol(
-                "the server returned no LAST_INSERT_ID for the lease upsert".into(),
-            ),
-        ));
-    })
+/// `lease` mode on MySQL/MariaDB.
+#[derive(Debug)]
+pub(crate) struct MyRows {
+    pub(crate) pool: KeptPool<sqlx::MySql>,
+    pub(crate) sql: Arc<MySql>,
 }
 
-pub(crate) async fn extend(
-    pool: &KeptPool<sqlx::MySql>,
-    sql: &MySql,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<bool> {
-    let done = kept!(pool, settings, "extend", |conn| {
-        sqlx::query(q(&sql.extend))
-            .bind(micros(ttl))
-            .bind(name.as_bytes())
-            .bind(owner)
-            .execute(conn)
-    })?;
-    Ok(done.rows_affected() >= 1)
-}
+impl LeaseDb for MyRows {
+    const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
-pub(crate) async fn release(
-    pool: &KeptPool<sqlx::MySql>,
-    sql: &MySql,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-) -> Result<bool> {
-    kept!(pool, settings, "release", |conn| release_on(
-        conn, sql, name, owner
-    ))
+    async fn try_lock(
+        &self,
+        settings: &Settings,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let (pool, sql) = (&self.pool, &self.sql);
+        let undo = undo_release!(settings, sql, name, owner, release_on);
+        let done = kept!(pool, settings, "acquire", undo = undo, |conn| {
+            sqlx::query(q(&sql.acquire))
+                .bind(name.as_bytes())
+                .bind(owner)
+                .bind(micros(ttl))
+                .execute(conn)
+        })?;
+        let answer = done.last_insert_id();
+        Ok(if answer >= BUSY_FLAG {
+            Attempt::Busy {
+                retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
+            }
+        } else if answer > 0 {
+            Attempt::Acquired(Some(FencingToken::new(answer)))
+        } else {
+            return Err(settings.error(
+                "acquire",
+                sqlx::Error::Protocol(
+                    "the server returned no LAST_INSERT_ID for the lease upsert".into(),
+                ),
+            ));
+        })
+    }
+
+    async fn extend(
+        &self,
+        settings: &Settings,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let done = kept!(self.pool, settings, "extend", |conn| {
+            sqlx::query(q(&self.sql.extend))
+                .bind(micros(ttl))
+                .bind(name.as_bytes())
+                .bind(owner)
+                .execute(conn)
+        })?;
+        Ok(done.rows_affected() >= 1)
+    }
+
+    async fn release(&self, settings: &Settings, name: &str, owner: &str) -> Result<bool> {
+        kept!(self.pool, settings, "release", |conn| release_on(
+            conn, &self.sql, name, owner
+        ))
+    }
+
+    async fn hand_over(
+        &self,
+        settings: &Settings,
+        name: &str,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>> {
+        let done = kept!(self.pool, settings, "hand the lease over", |conn| {
+            sqlx::query(q(&self.sql.hand_over))
+                .bind(to)
+                .bind(micros(ttl))
+                .bind(name.as_bytes())
+                .bind(from)
+                .execute(conn)
+        })?;
+        // Matched rows (sqlx asks for found rows): 1 when it was `from`'s.
+        Ok((done.rows_affected() == 1).then(|| done.last_insert_id() as i64))
+    }
+
+    async fn status(&self, settings: &Settings, name: &str) -> Result<Option<(i64, i64)>> {
+        kept!(self.pool, settings, "read the lock's status", |conn| {
+            sqlx::query_as(q(&self.sql.lease_status))
+                .bind(name.as_bytes())
+                .fetch_optional(conn)
+        })
+    }
 }
 
 /// The release statement on one connection: `Ok(false)` when the lease was
@@ -488,6 +541,53 @@ impl SessionDb for MySqlSession {
                 .map(|_| true),
         };
         alive.map_err(|error| self.settings.error("liveness check", error))
+    }
+
+    /// Named: `IS_USED_LOCK`. Row: whether the row exists and cannot be
+    /// locked (`FOR UPDATE SKIP LOCKED`, MySQL 8 / MariaDB 10.6), in a
+    /// transaction that is rolled back at once.
+    async fn status(&self, key: &MyKey) -> Result<LockStatus> {
+        let what = "read the lock's status";
+        let held = match key {
+            MyKey::Named(name) => {
+                let held: Option<i64> = self
+                    .settings
+                    .bounded(
+                        what,
+                        sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) IS NOT NULL AS SIGNED)")
+                            .bind(name)
+                            .fetch_one(&self.pool),
+                    )
+                    .await?;
+                held == Some(1)
+            }
+            MyKey::Row(name) => {
+                self.settings
+                    .bounded(what, async {
+                        let mut tx = self.pool.begin().await?;
+                        let free: Option<i32> = sqlx::query_scalar(q(&self.sql.row_free))
+                            .bind(name.as_bytes())
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        let held = match free {
+                            Some(_) => false,
+                            None => sqlx::query_scalar::<_, i32>(q(&self.sql.row_exists))
+                                .bind(name.as_bytes())
+                                .fetch_optional(&mut *tx)
+                                .await?
+                                .is_some(),
+                        };
+                        tx.rollback().await?;
+                        Ok(held)
+                    })
+                    .await?
+            }
+        };
+        Ok(if held {
+            LockStatus::held()
+        } else {
+            LockStatus::free()
+        })
     }
 
     /// MySQL keeps a `GET_LOCK` or row-lock wait going after its client has

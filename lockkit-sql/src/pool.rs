@@ -20,12 +20,13 @@ use std::fmt;
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::Result;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::Settings;
@@ -35,23 +36,42 @@ use crate::config::Settings;
 const KEEP_IDLE: Duration = Duration::from_secs(30);
 
 /// A sqlx pool and the connections lockkit keeps checked out of it.
+///
+/// Lenders queue on a semaphore with one permit per connection the pool may
+/// open: a connection that comes back to `kept` goes to the next lender in
+/// line. (Waiting in sqlx's own pool instead would starve: connections come
+/// back here, not there, so a task queued in sqlx's pool would wait out its
+/// timeout while others were served.)
 #[derive(Debug)]
 pub(crate) struct KeptPool<DB: Database> {
     pool: Pool<DB>,
     kept: Mutex<Vec<(PoolConnection<DB>, Instant)>>,
+    permits: Arc<Semaphore>,
 }
 
 impl<DB: Database> KeptPool<DB> {
     pub(crate) fn new(pool: Pool<DB>) -> Self {
+        let size = pool.options().get_max_connections() as usize;
         KeptPool {
             pool,
             kept: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(size.max(1))),
         }
     }
 
-    /// The most recently used kept connection, or one from sqlx's pool
-    /// (bounded by the connect timeout).
+    /// The most recently used kept connection, or one from sqlx's pool; the
+    /// wait for a free one is bounded by the connect timeout.
     pub(crate) async fn lend(&self, settings: &Settings) -> Result<Loan<'_, DB>> {
+        let permit = match tokio::time::timeout(
+            settings.connect_timeout,
+            self.permits.clone().acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => permit,
+            // The semaphore is never closed.
+            Ok(Err(_)) | Err(_) => return Err(settings.pool_exhausted(self.permits_total())),
+        };
         let now = Instant::now();
         let kept = {
             let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
@@ -67,7 +87,12 @@ impl<DB: Database> KeptPool<DB> {
             kept: self,
             conn: Some(conn),
             undo: None,
+            permit: Some(permit),
         })
+    }
+
+    fn permits_total(&self) -> usize {
+        self.pool.options().get_max_connections() as usize
     }
 
     /// Gives every kept connection back to sqlx's pool (which tests them):
@@ -131,13 +156,15 @@ impl<DB: Database> Undo<DB> {
     /// Runs in a task of its own on `conn` (which then goes back to sqlx's
     /// pool). Outside a runtime nothing can run: the connection is closed,
     /// and whatever the statement took ends with its TTL.
-    fn spawn(self, conn: PoolConnection<DB>) {
+    fn spawn(self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             drop(conn.detach());
             tracing::warn!(lock.name = %self.lock, "an abandoned acquire cannot be undone outside a runtime; its lease ends with its TTL");
             return;
         };
         runtime.spawn(async move {
+            // The connection is still this loan's until the undo is done.
+            let _permit = permit;
             let lock = self.lock;
             match tokio::time::timeout(self.timeout, (self.run)(conn, lock.clone())).await {
                 Ok(Ok(())) => tracing::debug!(lock.name = %lock, "undid an abandoned acquire"),
@@ -157,12 +184,14 @@ pub(crate) struct Loan<'a, DB: Database> {
     kept: &'a KeptPool<DB>,
     conn: Option<PoolConnection<DB>>,
     undo: Option<Undo<DB>>,
+    /// This loan's place among the pool's connections.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl<DB: Database> Drop for Loan<'_, DB> {
     fn drop(&mut self) {
         if let (Some(conn), Some(undo)) = (self.conn.take(), self.undo.take()) {
-            undo.spawn(conn);
+            undo.spawn(conn, self.permit.take());
         }
     }
 }
@@ -206,7 +235,7 @@ impl<DB: Database> Loan<'_, DB> {
             Err(_) => {
                 // The undo, and sqlx's pool, wait for the late answer.
                 match (conn, self.undo.take()) {
-                    (Some(conn), Some(undo)) => undo.spawn(conn),
+                    (Some(conn), Some(undo)) => undo.spawn(conn, self.permit.take()),
                     (conn, _) => drop(conn),
                 }
                 Err(settings.timed_out(what))

@@ -4,14 +4,17 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::{Attempt, FencingToken, NotifyHub, ReleaseWatch, Result};
+use lockkit_core::{
+    Attempt, Capabilities, FencingToken, LockStatus, NotifyHub, ReleaseWatch, Result,
+};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use sqlx::{Connection, Postgres};
 use tokio::task::AbortHandle;
 
-use crate::config::Settings;
+use crate::config::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::error::is_lock_busy;
+use crate::lease::LeaseDb;
 use crate::pool::{KeptPool, kept, undo_release};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::statement::{millis, q};
@@ -27,11 +30,14 @@ pub(crate) struct PgSql {
     acquire: Arc<str>,
     extend: Arc<str>,
     release: Arc<str>,
+    lease_status: Arc<str>,
+    hand_over: Arc<str>,
     ensure_row: Arc<str>,
     advisory_lock: Arc<str>,
     advisory_try: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
+    row_status: Arc<str>,
     /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
     channel: String,
     migrate: Vec<String>,
@@ -71,6 +77,18 @@ impl PgSql {
                  RETURNING pg_notify($3, $1)::text"
             )
             .into(),
+            hand_over: format!(
+                "UPDATE {table} SET owner = $3, fence = fence + 1, \
+                     expires_at = now() + $4::bigint * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING fence"
+            )
+            .into(),
+            lease_status: format!(
+                "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
+                 FROM {table} WHERE name = $1 AND expires_at > now()"
+            )
+            .into(),
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
                  ON CONFLICT (name) DO NOTHING"
@@ -94,6 +112,13 @@ impl PgSql {
             row_try: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE NOWAIT) \
                  SELECT nextval('{seq}') FROM l"
+            )
+            .into(),
+            // Held: the row exists but cannot be locked. A free row is
+            // locked for the instant of this statement only.
+            row_status: format!(
+                "WITH free AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE SKIP LOCKED) \
+                 SELECT EXISTS (SELECT 1 FROM {table} WHERE name = $1) AND NOT EXISTS (SELECT 1 FROM free)"
             )
             .into(),
             channel: format!("lockkit_{table}"),
@@ -138,59 +163,96 @@ pub(crate) async fn migrate(
         .await
 }
 
-pub(crate) async fn try_lock(
-    pool: &KeptPool<Postgres>,
-    sql: &Arc<PgSql>,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<Attempt<Option<FencingToken>>> {
-    let undo = undo_release!(settings, sql, name, owner, release_on);
-    let (fence, remaining): (Option<i64>, Option<i64>) =
-        kept!(pool, settings, "acquire", undo = undo, |conn| {
-            sqlx::query_as(q(&sql.acquire))
+/// `lease` mode on Postgres, woken by `LISTEN/NOTIFY`.
+#[derive(Debug)]
+pub(crate) struct PgRows {
+    pub(crate) pool: KeptPool<Postgres>,
+    pub(crate) sql: Arc<PgSql>,
+    pub(crate) notifications: PgNotifications,
+}
+
+impl LeaseDb for PgRows {
+    const CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES;
+
+    async fn try_lock(
+        &self,
+        settings: &Settings,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let (pool, sql) = (&self.pool, &self.sql);
+        let undo = undo_release!(settings, sql, name, owner, release_on);
+        let (fence, remaining): (Option<i64>, Option<i64>) =
+            kept!(pool, settings, "acquire", undo = undo, |conn| {
+                sqlx::query_as(q(&sql.acquire))
+                    .bind(name)
+                    .bind(owner)
+                    .bind(millis(ttl))
+                    .fetch_one(conn)
+            })?;
+        Ok(match fence {
+            Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
+            None => Attempt::Busy {
+                retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            },
+        })
+    }
+
+    async fn extend(
+        &self,
+        settings: &Settings,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let done = kept!(self.pool, settings, "extend", |conn| {
+            sqlx::query(q(&self.sql.extend))
                 .bind(name)
                 .bind(owner)
                 .bind(millis(ttl))
-                .fetch_one(conn)
+                .execute(conn)
         })?;
-    Ok(match fence {
-        Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
-        None => Attempt::Busy {
-            retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
-        },
-    })
-}
+        Ok(done.rows_affected() == 1)
+    }
 
-pub(crate) async fn extend(
-    pool: &KeptPool<Postgres>,
-    sql: &PgSql,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<bool> {
-    let done = kept!(pool, settings, "extend", |conn| {
-        sqlx::query(q(&sql.extend))
-            .bind(name)
-            .bind(owner)
-            .bind(millis(ttl))
-            .execute(conn)
-    })?;
-    Ok(done.rows_affected() == 1)
-}
+    async fn release(&self, settings: &Settings, name: &str, owner: &str) -> Result<bool> {
+        kept!(self.pool, settings, "release", |conn| release_on(
+            conn, &self.sql, name, owner
+        ))
+    }
 
-pub(crate) async fn release(
-    pool: &KeptPool<Postgres>,
-    sql: &PgSql,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-) -> Result<bool> {
-    kept!(pool, settings, "release", |conn| release_on(
-        conn, sql, name, owner
-    ))
+    async fn status(&self, settings: &Settings, name: &str) -> Result<Option<(i64, i64)>> {
+        kept!(self.pool, settings, "read the lock's status", |conn| {
+            sqlx::query_as(q(&self.sql.lease_status))
+                .bind(name)
+                .fetch_optional(conn)
+        })
+    }
+
+    async fn hand_over(
+        &self,
+        settings: &Settings,
+        name: &str,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>> {
+        kept!(self.pool, settings, "hand the lease over", |conn| {
+            sqlx::query_scalar(q(&self.sql.hand_over))
+                .bind(name)
+                .bind(from)
+                .bind(to)
+                .bind(millis(ttl))
+                .fetch_optional(conn)
+        })
+    }
+
+    async fn watch(&self, settings: &Settings, name: &str) -> ReleaseWatch {
+        self.notifications
+            .watch(self.sql.channel(), settings, name)
+            .await
+    }
 }
 
 /// The release statement on one connection: `Ok(false)` when the lease was
@@ -334,6 +396,16 @@ pub(crate) struct PgSession {
     pub(crate) mode: PgSessionMode,
     pub(crate) settings: Settings,
 }
+
+/// Holders and waiters of an advisory lock on a 64-bit key in this database
+/// (`pg_locks` shows the key's high and low halves as `classid`/`objid`, and
+/// `objsubid` 1).
+const ADVISORY_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+     FROM pg_locks \
+     WHERE locktype = 'advisory' AND objsubid = 1 \
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND classid = (($1::bigint >> 32) & 4294967295)::oid \
+       AND objid = ($1::bigint & 4294967295)::oid";
 
 /// A dedicated connection and the `lock_timeout` currently set on it.
 pub(crate) struct PgConn {
@@ -504,6 +576,46 @@ impl SessionDb for PgSession {
             .await
             .map(|_| true)
             .map_err(|error| self.settings.error("liveness check", error))
+    }
+
+    /// Advisory: `pg_locks`, which also counts the waiters. Row: whether the
+    /// row exists and cannot be locked (`FOR UPDATE SKIP LOCKED`).
+    async fn status(&self, key: &PgKey) -> Result<LockStatus> {
+        let what = "read the lock's status";
+        match key {
+            PgKey::Advisory(key) => {
+                let (granted, waiting): (i64, i64) = self
+                    .settings
+                    .bounded(
+                        what,
+                        sqlx::query_as(ADVISORY_STATUS)
+                            .bind(*key)
+                            .fetch_one(&self.pool),
+                    )
+                    .await?;
+                Ok(if granted > 0 {
+                    LockStatus::held().with_waiters(Some(waiting.max(0) as usize))
+                } else {
+                    LockStatus::free()
+                })
+            }
+            PgKey::Row(name) => {
+                let held: bool = self
+                    .settings
+                    .bounded(
+                        what,
+                        sqlx::query_scalar(q(&self.sql.row_status))
+                            .bind(name)
+                            .fetch_one(&self.pool),
+                    )
+                    .await?;
+                Ok(if held {
+                    LockStatus::held()
+                } else {
+                    LockStatus::free()
+                })
+            }
+        }
     }
 
     fn abandon(&self, conn: PgConn) {

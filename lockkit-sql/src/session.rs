@@ -17,7 +17,8 @@ use std::time::Duration;
 use lockkit_core::traced_acquire;
 use lockkit_core::{
     Capabilities, DEADLINE_GRACE, DistributedLock, FencingToken, Lease, LocalQueue, LockError,
-    LockGuard, LockOptions, LossNotifier, LostReason, Result, Wait, Waiter, validate_name,
+    LockGuard, LockOptions, LockStatus, LossNotifier, LostReason, Result, Wait, Waiter,
+    validate_name,
 };
 use tokio::time::Instant;
 
@@ -75,6 +76,10 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
     async fn unlock(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool>;
     /// Whether `conn` still holds the lock (a cheap liveness query).
     async fn ping(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool>;
+    /// Whether the lock is held (and by how many it is awaited, where the
+    /// server can tell), asked on a pooled connection: no dedicated
+    /// connection, and never a wait.
+    async fn status(&self, key: &Self::Key) -> Result<LockStatus>;
     /// Gives up a connection whose statement was abandoned mid-flight or whose
     /// state is unknown: closes it and makes sure no wait is left behind on
     /// the server that could be granted later. Must not block.
@@ -316,6 +321,12 @@ impl<D: SessionDb> DistributedLock for SessionLock<D> {
             })
         };
         traced_acquire("acquire", name, self.conns.db.backend(), acquire, |_| true).await
+    }
+
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        validate_name(name)?;
+        let db = &self.conns.db;
+        db.status(&db.key(name)).await
     }
 
     fn capabilities(&self) -> Capabilities {

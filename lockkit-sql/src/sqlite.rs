@@ -3,11 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{Attempt, FencingToken, Result};
+use lockkit_core::{Attempt, Capabilities, FencingToken, Result};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite};
 
-use crate::config::Settings;
+use crate::config::{POLLED_LEASE_CAPABILITIES, Settings};
+use crate::lease::LeaseDb;
 use crate::pool::{KeptPool, kept, undo_release};
 use crate::statement::{millis, q};
 
@@ -20,6 +21,8 @@ const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGE
 pub(crate) struct SqliteSql {
     acquire: Arc<str>,
     remaining: Arc<str>,
+    status: Arc<str>,
+    hand_over: Arc<str>,
     extend: Arc<str>,
     release: Arc<str>,
     migrate: String,
@@ -39,6 +42,16 @@ impl SqliteSql {
             .into(),
             remaining: format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1")
                 .into(),
+            hand_over: format!(
+                "UPDATE {table} SET owner = ?3, fence = fence + 1, expires_at = {NOW_MS} + ?4 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
+                 RETURNING fence"
+            )
+            .into(),
+            status: format!(
+                "SELECT fence, expires_at - {NOW_MS} FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
+            )
+            .into(),
             extend: format!(
                 "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
                  WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
@@ -78,63 +91,93 @@ pub(crate) async fn migrate(
         .map(|_| ())
 }
 
-pub(crate) async fn try_lock(
-    pool: &KeptPool<Sqlite>,
-    sql: &Arc<SqliteSql>,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<Attempt<Option<FencingToken>>> {
-    let undo = undo_release!(settings, sql, name, owner, release_on);
-    let fence: Option<i64> = kept!(pool, settings, "acquire", undo = undo, |conn| {
-        sqlx::query_scalar(q(&sql.acquire))
-            .bind(name)
-            .bind(owner)
-            .bind(millis(ttl))
-            .fetch_optional(conn)
-    })?;
-    if let Some(fence) = fence {
-        return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
+/// `lease` mode on SQLite.
+#[derive(Debug)]
+pub(crate) struct SqliteRows {
+    pub(crate) pool: KeptPool<Sqlite>,
+    pub(crate) sql: Arc<SqliteSql>,
+}
+
+impl LeaseDb for SqliteRows {
+    const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
+
+    async fn try_lock(
+        &self,
+        settings: &Settings,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let (pool, sql) = (&self.pool, &self.sql);
+        let undo = undo_release!(settings, sql, name, owner, release_on);
+        let fence: Option<i64> = kept!(pool, settings, "acquire", undo = undo, |conn| {
+            sqlx::query_scalar(q(&sql.acquire))
+                .bind(name)
+                .bind(owner)
+                .bind(millis(ttl))
+                .fetch_optional(conn)
+        })?;
+        if let Some(fence) = fence {
+            return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
+        }
+        let remaining: Option<i64> = kept!(pool, settings, "read the holder's lease", |conn| {
+            sqlx::query_scalar(q(&sql.remaining))
+                .bind(name)
+                .fetch_optional(conn)
+        })?;
+        Ok(Attempt::Busy {
+            retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        })
     }
-    let remaining: Option<i64> = kept!(pool, settings, "read the holder's lease", |conn| {
-        sqlx::query_scalar(q(&sql.remaining))
-            .bind(name)
-            .fetch_optional(conn)
-    })?;
-    Ok(Attempt::Busy {
-        retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
-    })
-}
 
-pub(crate) async fn extend(
-    pool: &KeptPool<Sqlite>,
-    sql: &SqliteSql,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<bool> {
-    let done = kept!(pool, settings, "extend", |conn| {
-        sqlx::query(q(&sql.extend))
-            .bind(name)
-            .bind(owner)
-            .bind(millis(ttl))
-            .execute(conn)
-    })?;
-    Ok(done.rows_affected() == 1)
-}
+    async fn extend(
+        &self,
+        settings: &Settings,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let done = kept!(self.pool, settings, "extend", |conn| {
+            sqlx::query(q(&self.sql.extend))
+                .bind(name)
+                .bind(owner)
+                .bind(millis(ttl))
+                .execute(conn)
+        })?;
+        Ok(done.rows_affected() == 1)
+    }
 
-pub(crate) async fn release(
-    pool: &KeptPool<Sqlite>,
-    sql: &SqliteSql,
-    settings: &Settings,
-    name: &str,
-    owner: &str,
-) -> Result<bool> {
-    kept!(pool, settings, "release", |conn| release_on(
-        conn, sql, name, owner
-    ))
+    async fn release(&self, settings: &Settings, name: &str, owner: &str) -> Result<bool> {
+        kept!(self.pool, settings, "release", |conn| release_on(
+            conn, &self.sql, name, owner
+        ))
+    }
+
+    async fn hand_over(
+        &self,
+        settings: &Settings,
+        name: &str,
+        from: &str,
+        to: &str,
+        ttl: Duration,
+    ) -> Result<Option<i64>> {
+        kept!(self.pool, settings, "hand the lease over", |conn| {
+            sqlx::query_scalar(q(&self.sql.hand_over))
+                .bind(name)
+                .bind(from)
+                .bind(to)
+                .bind(millis(ttl))
+                .fetch_optional(conn)
+        })
+    }
+
+    async fn status(&self, settings: &Settings, name: &str) -> Result<Option<(i64, i64)>> {
+        kept!(self.pool, settings, "read the lock's status", |conn| {
+            sqlx::query_as(q(&self.sql.status))
+                .bind(name)
+                .fetch_optional(conn)
+        })
+    }
 }
 
 /// The release statement on one connection: `Ok(false)` when the lease was

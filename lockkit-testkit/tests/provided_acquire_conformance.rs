@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use lockkit_core::{
-    Capabilities, DistributedLock, LockGuard, LockOptions, MemoryLock, ReleaseWatch, Result,
+    Capabilities, DistributedLock, LockGuard, LockOptions, LockStatus, MemoryLock, ReleaseWatch,
+    Result,
 };
 use lockkit_testkit::conformance::MemoryHarness;
 
@@ -26,6 +27,10 @@ impl DistributedLock for TryOnly {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities().with_notified_wait(self.notified)
+    }
+
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        self.inner.status(name).await
     }
 
     async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use lockkit_core::traced_acquire;
 use lockkit_core::{
-    Capabilities, DistributedLock, FencingToken, Lease, LockError, LockGuard, LockOptions,
-    OwnerToken, ReleaseOnCrash, Result, Wait, Waiter,
+    Capabilities, DistributedLock, FencingToken, Lease, LocalQueue, LockError, LockGuard,
+    LockOptions, LockStatus, OwnerToken, ReleaseOnCrash, Result, Wait, Waiter,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError};
@@ -28,6 +28,11 @@ pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Sess
 pub struct ZkLock {
     sessions: Arc<Sessions>,
     children_reads: AtomicU64,
+    /// Tasks of this client wanting the same name queue here, so that only
+    /// one of them has a node on the server: thousands of local contenders
+    /// cost the server one node and one watch, not thousands of nodes whose
+    /// every waiter lists all the others.
+    local: LocalQueue,
 }
 
 impl ZkLock {
@@ -35,6 +40,7 @@ impl ZkLock {
         ZkLock {
             sessions,
             children_reads: AtomicU64::new(0),
+            local: LocalQueue::default(),
         }
     }
 
@@ -154,17 +160,29 @@ impl ZkLock {
         let dir = lock_dir(&self.sessions.settings.root, name)?;
         opts.validate()?;
         let mut waiter = Waiter::new(name, opts);
+        let slot = if try_only || opts.get_wait() == Wait::NoWait {
+            match self.local.try_enter(name) {
+                Some(slot) => slot,
+                None if try_only => return Ok(None),
+                None => return Err(waiter.timeout_error()),
+            }
+        } else {
+            waiter.until_deadline(self.local.enter(name)).await?
+        };
         let session = waiter.until_deadline(self.sessions.session()).await??;
         let owner = OwnerToken::new();
         // Armed before the create is sent: an acquire dropped while it is in
         // flight still removes whatever node it produced.
         let mut queued = Queued::new(session.clone(), &dir, &owner);
-        let sent = Instant::now();
         let node = waiter
             .attempt(self.create_node(&session, &dir, &owner))
             .await?;
         queued.created(&node);
         loop {
+            // The lease counts from the listing that finds our node first:
+            // that is when the lock is known to be ours, however long the
+            // server queue took.
+            let sent = Instant::now();
             let children = steady(&session, &waiter, || self.try_list(&session, &dir)).await?;
             let queue = contenders(children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
@@ -175,7 +193,9 @@ impl ZkLock {
             };
             if position == 0 {
                 let twins = queued.granted();
-                return Ok(Some(self.guard(name, session, node, twins, opts, sent)));
+                let guard = self.guard(name, session, node, twins, opts, sent);
+                guard.attach_slot(slot);
+                return Ok(Some(guard));
             }
             if try_only {
                 queued.leave().await;
@@ -410,6 +430,39 @@ impl DistributedLock for ZkLock {
 
     fn capabilities(&self) -> Capabilities {
         ZK_CAPABILITIES
+    }
+
+    /// The contenders under the lock's node: the first holds the lock (its
+    /// `czxid` is the holder's fencing token), the others wait. No TTL: the
+    /// holding lasts as long as the holder's session.
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        let dir = lock_dir(&self.sessions.settings.root, name)?;
+        let session = self.sessions.session().await?;
+        // The head may leave between the listing and its stat: look again.
+        for _ in 0..3 {
+            let children = match self.try_list(&session, &dir).await {
+                Ok(children) => children,
+                Err(RequestError::Server(_, ZkError::NoNode)) => return Ok(LockStatus::free()),
+                Err(error) => return Err(error.into()),
+            };
+            let queue = contenders(children);
+            let Some((_, head)) = queue.first() else {
+                return Ok(LockStatus::free());
+            };
+            let path = format!("{dir}/{head}");
+            if let Some(stat) = session
+                .run("read the lock node", session.client.check_stat(&path))
+                .await?
+            {
+                return Ok(LockStatus::held()
+                    .with_fencing_token(Some(FencingToken::new(stat.czxid.max(0) as u64)))
+                    .with_waiters(Some(queue.len() - 1)));
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!("the contenders of {dir} kept changing while their status was read"),
+        ))
     }
 }
 

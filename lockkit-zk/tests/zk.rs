@@ -82,14 +82,14 @@ async fn waiters_acquire_in_fifo_order() {
     let server = ZkServer::start().await;
     let admin = admin(&server).await;
     let holder = connect(&server).await;
-    let waiters = Arc::new(connect(&server).await);
     let held = holder.acquire("fifo", &opts()).await.unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..20 {
-        let (waiters, order) = (waiters.clone(), order.clone());
+        // A client each: the server's queue orders them.
+        let (waiter, order) = (connect(&server).await, order.clone());
         tasks.push(tokio::spawn(async move {
-            let guard = waiters
+            let guard = waiter
                 .acquire("fifo", &opts().wait_for(Duration::from_secs(30)))
                 .await
                 .expect("waiter acquires");
@@ -105,22 +105,28 @@ async fn waiters_acquire_in_fifo_order() {
     assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
 }
 
-/// With 50 waiters, one release wakes exactly one of them: each watches only
-/// its predecessor, so the release costs one re-read of the queue, not 50.
+/// With 50 waiting clients, one release wakes exactly one of them: each
+/// watches only its predecessor, so the release costs one re-read of the
+/// queue, not 50.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_release_wakes_one_waiter() {
     let server = ZkServer::start().await;
     let admin = admin(&server).await;
     let holder = connect(&server).await;
-    let waiters = Arc::new(connect(&server).await);
     let held = holder.acquire("herd", &opts()).await.unwrap();
     let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
     let (go_tx, go) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
-    for i in 0..50 {
-        let (waiters, granted_tx, mut go) = (waiters.clone(), granted_tx.clone(), go.clone());
+    // A client each, so that every waiter has a node of its own.
+    let mut clients = Vec::new();
+    for _ in 0..50 {
+        clients.push(Arc::new(connect(&server).await));
+    }
+    let reads = |clients: &[Arc<ZkLock>]| clients.iter().map(|c| c.children_reads()).sum::<u64>();
+    for (i, waiter) in clients.iter().enumerate() {
+        let (waiter, granted_tx, mut go) = (waiter.clone(), granted_tx.clone(), go.clone());
         tasks.push(tokio::spawn(async move {
-            let guard = waiters
+            let guard = waiter
                 .acquire("herd", &opts().wait_for(Duration::from_secs(60)))
                 .await
                 .expect("waiter acquires");
@@ -134,7 +140,7 @@ async fn one_release_wakes_one_waiter() {
     until_queued(&admin, "herd", 51).await;
     // Every waiter has read the queue and set its watch once it is in it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = waiters.children_reads();
+    let before = reads(&clients);
 
     held.release().await.unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), granted.recv())
@@ -143,7 +149,7 @@ async fn one_release_wakes_one_waiter() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        waiters.children_reads() - before,
+        reads(&clients) - before,
         1,
         "one release made more than one waiter re-read the queue"
     );
@@ -166,7 +172,7 @@ async fn one_release_wakes_one_waiter() {
         task.await.unwrap();
     }
     assert_eq!(
-        waiters.children_reads() - before,
+        reads(&clients) - before,
         50,
         "each handoff re-reads the queue once"
     );
@@ -294,7 +300,9 @@ async fn leader_failover_keeps_exclusion_and_drains_the_queue() {
     let admin = zookeeper_client::Client::connect(&ensemble.connect_string())
         .await
         .expect("admin session");
-    until_queued(&admin, "failover", 7).await;
+    // The holder's node and one per client: a client's second task queues
+    // behind its first, locally.
+    until_queued(&admin, "failover", 4).await;
     drop(admin);
 
     let leader = ensemble.leader().await.expect("a leader");
@@ -325,4 +333,31 @@ async fn leader_failover_keeps_exclusion_and_drains_the_queue() {
     assert_eq!(probe.completed(), 6);
     assert_eq!(probe.overlaps(), 0, "two holders at once");
     lost.abort();
+}
+
+/// Tasks of one client queue locally: a thousand of them put one node on
+/// the server (beside the holder's), and all get the lock in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_contenders_share_one_node() {
+    let server = ZkServer::start().await;
+    let admin = admin(&server).await;
+    let holder = connect(&server).await;
+    let held = holder.acquire("crowd", &opts()).await.unwrap();
+    let locks = Arc::new(connect(&server).await);
+    let probe = lockkit_testkit::Probe::default();
+    let clients: Vec<Arc<dyn DistributedLock>> = vec![locks.clone()];
+    let waiting = opts().wait_for(Duration::from_secs(60));
+    let tasks = lockkit_testkit::spawn_contenders(&clients, 1000, 1, "crowd", &waiting, &probe);
+    until_queued(&admin, "crowd", 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(nodes(&admin, "crowd").await.len(), 2, "one node per client");
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the crowd drains")
+            .expect("contender");
+    }
+    assert_eq!(probe.completed(), 1000);
+    assert_eq!(probe.overlaps(), 0);
 }

@@ -680,3 +680,110 @@ pub async fn guard_reports_its_state(h: &dyn Harness) {
     assert!(shown.contains(&name), "{shown}");
     guard.release().await.unwrap();
 }
+
+/// `status` tells a free lock from a held one without taking it, and reports
+/// the holder's fencing token and remaining lease where the backend has them,
+/// and the queue behind the holder where the server keeps one.
+pub async fn status_reports_the_holder(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("status");
+    let free = b.status(&name).await.expect("status of an unused name");
+    assert!(!free.held, "an unused name is free: {free:?}");
+
+    let ttl = Duration::from_secs(10);
+    let guard = must_acquire(a.as_ref(), &name, &opts(ttl)).await;
+    let held = b.status(&name).await.expect("status of a held name");
+    assert!(held.held, "held by the other client: {held:?}");
+    if a.capabilities().fencing {
+        // Session locks (SQL row/advisory/named) keep no token on the server.
+        if let Some(token) = held.fencing_token {
+            assert_eq!(
+                Some(token),
+                guard.fencing_token(),
+                "the token reported is the holder's"
+            );
+        }
+    } else {
+        assert_eq!(held.fencing_token, None, "no token without fencing");
+    }
+    if let Some(left) = held.remaining {
+        assert!(left <= ttl && left > ttl / 2, "remaining lease {left:?}");
+    }
+    // Asking took nothing: the holder still holds, and can release.
+    assert!(!guard.is_lost());
+    assert_held(b.as_ref(), &name, "status must not take the lock").await;
+
+    if held.waiters.is_some() {
+        let (waiter_client, waiter_name) = (b.clone(), name.clone());
+        let waiter = tokio::spawn(async move {
+            let o = opts(ttl).wait_for(Duration::from_secs(10));
+            waiter_client.acquire(&waiter_name, &o).await
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = a.status(&name).await.expect("status with a waiter");
+            if now.waiters == Some(1) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the waiter never showed: {now:?}"
+            );
+            tokio::time::sleep(ms(20)).await;
+        }
+        guard.release().await.unwrap();
+        let next = waiter.await.unwrap().expect("the waiter gets the lock");
+        let after = a.status(&name).await.unwrap();
+        assert!(after.held && after.waiters == Some(0), "{after:?}");
+        next.release().await.unwrap();
+    } else {
+        guard.release().await.unwrap();
+    }
+    let released = b.status(&name).await.expect("status after release");
+    assert!(!released.held, "free after release: {released:?}");
+
+    let err = b.status("bad\nname").await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidName { .. }), "{err}");
+}
+
+/// Tasks of one client taking turns (the lease may pass from one to the
+/// next without a release in between): never two inside at once, fencing
+/// tokens strictly increasing in the order the sections ran, and the lock
+/// free once the last one released.
+pub async fn local_handoffs_keep_exclusion_and_fencing(h: &dyn Harness) {
+    let a = h.client().await;
+    let name = unique("local-handoffs");
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tokens = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (a, name, inside, tokens) = (a.clone(), name.clone(), inside.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            let o = opts(Duration::from_secs(10)).wait_for(Duration::from_secs(30));
+            for _ in 0..25 {
+                let guard = a.acquire(&name, &o).await.expect("acquire");
+                assert!(
+                    !inside.swap(true, std::sync::atomic::Ordering::SeqCst),
+                    "two tasks inside at once"
+                );
+                tokens.lock().unwrap().push(guard.fencing_token());
+                tokio::task::yield_now().await;
+                inside.store(false, std::sync::atomic::Ordering::SeqCst);
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a task");
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 200);
+    if a.capabilities().fencing {
+        for pair in tokens.windows(2) {
+            assert!(pair[1] > pair[0], "tokens must increase: {pair:?}");
+        }
+    }
+    let after = a.status(&name).await.expect("status");
+    assert!(!after.held, "nothing left held: {after:?}");
+    assert!(is_free_for(a.as_ref(), &name).await);
+}

@@ -87,6 +87,8 @@ macro_rules! conformance_suite {
             odd_names_work_and_do_not_collide,
             dead_server_gives_unavailable,
             guard_reports_its_state,
+            status_reports_the_holder,
+            local_handoffs_keep_exclusion_and_fencing,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

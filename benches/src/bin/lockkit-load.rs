@@ -1,0 +1,284 @@
+//! `lockkit-load`: the "seckill" load generator. Many tasks (optionally in
+//! several processes) sell a limited stock kept in the lock's own backend,
+//! each sale under the lock; the run reports throughput, acquire latency,
+//! how long the lock sat idle between holders (short with notified waits,
+//! long with polling), sales, refusals, and — from the stock itself —
+//! oversold units and lost updates, which must be 0 (exit status 1
+//! otherwise).
+//!
+//! ```sh
+//! # against servers started here by the testkit (loopback, killed at exit):
+//! cargo run --release -p lockkit-benches --bin lockkit-load -- --start redis --compare-rslock
+//! # against a server of your own (loopback only in lockkit's own runs):
+//! cargo run --release -p lockkit-benches --bin lockkit-load -- --url redis://127.0.0.1:6379
+//! ```
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use lockkit_benches::{Backend, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks};
+use tokio::time::Instant;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockkit-load",
+    about = "The seckill load generator: a limited stock sold under a lock"
+)]
+struct Args {
+    /// The lock URL (the stock lives in the same backend).
+    #[arg(long, required_unless_present = "start", conflicts_with = "start")]
+    url: Option<String>,
+    /// Start the servers of these backends here instead (comma separated:
+    /// memory, redis, redlock3, redlock5, zk, pg_lease, pg_row, pg_advisory,
+    /// mysql_lease, mysql_row, mysql_named, sqlite_lease), and run each.
+    #[arg(long, value_delimiter = ',')]
+    start: Vec<String>,
+    /// Tasks contending at once (in all processes together).
+    #[arg(long, short = 'c', default_value_t = 1000)]
+    concurrency: usize,
+    /// Lock acquisitions in all.
+    #[arg(long, short = 'n', default_value_t = 20_000)]
+    requests: usize,
+    /// Stock per key at the start.
+    #[arg(long, default_value_t = 10_000)]
+    stock: i64,
+    /// Distinct keys (locks).
+    #[arg(long, default_value_t = 1)]
+    keys: usize,
+    /// Stop after this long even if requests are left.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// The lease of each acquisition.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// Run the tasks in this many OS processes (the stock is shared).
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
+    /// Also run the same scenario with the `rslock` crate on the same Redis
+    /// server(s) (redis and redlock backends), in the same run.
+    #[arg(long)]
+    compare_rslock: bool,
+    /// Print one JSON object per run instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Internal: run tasks only (no reset, no check) and print their tally.
+    #[arg(long, hide = true)]
+    worker: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.worker {
+        return worker(&args).await;
+    }
+    let scenario = Scenario {
+        concurrency: args.concurrency.max(1),
+        requests: args.requests,
+        stock: args.stock,
+        keys: args.keys.max(1),
+        duration: args.duration,
+        ttl: args.ttl,
+    };
+    let mut ok = true;
+    let mut report = |outcome: &Outcome| {
+        ok &= outcome.ok();
+        if args.json {
+            println!("{}", outcome.to_json());
+        } else {
+            println!("{}", outcome.report());
+        }
+    };
+    if args.start.is_empty() {
+        let url = args.url.clone().expect("clap requires --url or --start");
+        match run_url(&args, &url, &url, &scenario).await {
+            Ok(outcomes) => outcomes.iter().for_each(&mut report),
+            Err(e) => {
+                eprintln!("lockkit-load: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        let backends: Vec<Backend> = match args
+            .start
+            .iter()
+            .map(|l| Backend::parse(l).ok_or(l))
+            .collect()
+        {
+            Ok(backends) => backends,
+            Err(unknown) => {
+                eprintln!("lockkit-load: unknown backend {unknown:?} for --start");
+                return ExitCode::from(2);
+            }
+        };
+        let servers = Servers::start(&backends).await;
+        for backend in backends {
+            match run_url(&args, backend.label(), &servers.url(backend), &scenario).await {
+                Ok(outcomes) => outcomes.iter().for_each(&mut report),
+                Err(e) => {
+                    eprintln!("lockkit-load: {backend}: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The scenario on one URL, and on rslock too if asked and possible.
+async fn run_url(
+    args: &Args,
+    label: &str,
+    url: &str,
+    scenario: &Scenario,
+) -> Result<Vec<Outcome>, String> {
+    let stock = Arc::new(Stock::for_lock_url(url).await?);
+    let locks = connect(url).await?;
+    let mut outcomes = vec![if args.processes > 1 {
+        run_processes(args, label, url, &stock, scenario).await?
+    } else {
+        run(label, &Locker::Lockkit(locks), &stock, scenario).await?
+    }];
+    if args.compare_rslock {
+        match redis_masters(url) {
+            Some(masters) => {
+                let manager = rslock::LockManager::new(masters);
+                let label = format!("rslock 0.10 on the same server(s) as {label}");
+                outcomes
+                    .push(run(&label, &Locker::Rslock(Arc::new(manager)), &stock, scenario).await?);
+            }
+            None => eprintln!("lockkit-load: {label}: no rslock comparison (it needs Redis)"),
+        }
+    }
+    Ok(outcomes)
+}
+
+/// A lockkit client of `url`, through the backend crates.
+async fn connect(url: &str) -> Result<Arc<dyn lockkit_core::DistributedLock>, String> {
+    let scheme = url.split(':').next().unwrap_or("");
+    let lock: Arc<dyn lockkit_core::DistributedLock> = match scheme {
+        "memory" => Arc::new(lockkit_core::MemoryLock::from_url(url).map_err(|e| e.to_string())?),
+        "redis" | "rediss" => Arc::new(
+            lockkit_redis::connect(url)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        "redlock" => Arc::new(
+            lockkit_redlock::connect(url)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        "zk" => Arc::new(lockkit_zk::connect(url).await.map_err(|e| e.to_string())?),
+        _ => Arc::new(lockkit_sql::connect(url).await.map_err(|e| e.to_string())?),
+    };
+    Ok(lock)
+}
+
+/// The Redis master URLs behind a redis:// or redlock:// URL.
+fn redis_masters(url: &str) -> Option<Vec<String>> {
+    let no_query = url.split('?').next()?;
+    if no_query.starts_with("redis://") {
+        return Some(vec![no_query.to_owned()]);
+    }
+    let hosts = no_query.strip_prefix("redlock://")?;
+    Some(hosts.split(',').map(|h| format!("redis://{h}")).collect())
+}
+
+/// The scenario's tasks spread over `args.processes` child processes of this
+/// binary; the stock is reset and checked here.
+async fn run_processes(
+    args: &Args,
+    label: &str,
+    url: &str,
+    stock: &Arc<Stock>,
+    scenario: &Scenario,
+) -> Result<Outcome, String> {
+    stock.reset(scenario.keys, scenario.stock).await?;
+    let stock_before = stock.total(scenario.keys).await?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let n = args.processes;
+    let started = Instant::now();
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            let share = |total: usize| total / n + usize::from(i < total % n);
+            tokio::process::Command::new(&exe)
+                .args(["--worker", "--url", url])
+                .args([
+                    "--concurrency",
+                    &share(scenario.concurrency).max(1).to_string(),
+                ])
+                .args(["--requests", &share(scenario.requests).to_string()])
+                .args(["--keys", &scenario.keys.to_string()])
+                .args([
+                    "--duration",
+                    &humantime::format_duration(scenario.duration).to_string(),
+                ])
+                .args([
+                    "--ttl",
+                    &humantime::format_duration(scenario.ttl).to_string(),
+                ])
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("start a worker process: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut tally = Tally::default();
+    for child in children {
+        let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("a worker's output: {e}"))?;
+        tally.merge(Tally::from_json(&json).ok_or("a worker's tally")?);
+    }
+    let elapsed = started.elapsed();
+    let stock_after = stock.total(scenario.keys).await?;
+    Ok(Outcome {
+        label: label.to_owned(),
+        scenario: scenario.clone(),
+        processes: n,
+        elapsed,
+        tally,
+        stock_before,
+        stock_after,
+    })
+}
+
+/// A worker process: its share of the tasks, its tally on stdout as JSON.
+async fn worker(args: &Args) -> ExitCode {
+    let Some(url) = &args.url else {
+        return ExitCode::from(2);
+    };
+    let scenario = Scenario {
+        concurrency: args.concurrency.max(1),
+        requests: args.requests,
+        stock: args.stock,
+        keys: args.keys.max(1),
+        duration: args.duration,
+        ttl: args.ttl,
+    };
+    let setup = async {
+        Ok::<_, String>((
+            Arc::new(Stock::for_lock_url(url).await?),
+            connect(url).await?,
+        ))
+    };
+    match setup.await {
+        Ok((stock, locks)) => {
+            let tally = run_tasks(&Locker::Lockkit(locks), &stock, &scenario).await;
+            println!("{}", tally.to_json());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockkit-load worker: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

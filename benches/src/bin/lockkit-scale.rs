@@ -1,0 +1,456 @@
+//! `lockkit-scale`: how the backends scale, against servers the testkit
+//! starts on loopback ports.
+//!
+//! * `curves`: the load generator's scenario (see `lockkit-load`) per
+//!   backend, sweeping the contenders on one key (1, 16, 256, 4096 tasks)
+//!   and the keys under 256 tasks (1, 100, 10 000 keys); throughput and p99
+//!   acquire latency per point, as a Markdown table, JSON, and charts (SVG
+//!   and PNG) under `target/lockkit-bench/`.
+//! * `density`: 100 000 held, auto-renewed Redis leases in one process:
+//!   resident memory per lease, renewal commands per second, client CPU,
+//!   and that none was lost.
+//!
+//! ```sh
+//! cargo run --release -p lockkit-benches --bin lockkit-scale -- curves
+//! cargo run --release -p lockkit-benches --bin lockkit-scale -- density
+//! ```
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockkit_benches::plot::{Series, log_log_chart};
+use lockkit_benches::{
+    Backend, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
+};
+use lockkit_core::{DistributedLock, LockOptions};
+use tokio::time::Instant;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockkit-scale",
+    about = "Scaling curves and lease density of lockkit's backends"
+)]
+struct Args {
+    /// Where the results go (default: `<target dir>/lockkit-bench`).
+    #[arg(long, global = true)]
+    out: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Throughput and p99 acquire latency versus contenders and keys.
+    Curves {
+        /// Backends (labels as in the compare bench); default: all.
+        #[arg(long, value_delimiter = ',')]
+        backends: Vec<String>,
+        /// Contender counts on one key.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,256,4096")]
+        contenders: Vec<usize>,
+        /// Key counts under `--key-tasks` tasks.
+        #[arg(long, value_delimiter = ',', default_value = "1,100,10000")]
+        keys: Vec<usize>,
+        /// Tasks of the key sweep.
+        #[arg(long, default_value_t = 256)]
+        key_tasks: usize,
+        /// Requests per point (the time cap usually ends it first).
+        #[arg(long, default_value_t = 20_000)]
+        requests: usize,
+        /// Time cap per point.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        point: Duration,
+    },
+    /// Many held, auto-renewed Redis leases in one process.
+    Density {
+        /// Leases held at once.
+        #[arg(long, default_value_t = 100_000)]
+        leases: usize,
+        /// Their TTL (renewed every third of it). They are held for one
+        /// renewal period after the first renewals.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let out = args
+        .out
+        .unwrap_or_else(|| target_dir().join("lockkit-bench"));
+    let result = match args.command {
+        Command::Curves {
+            backends,
+            contenders,
+            keys,
+            key_tasks,
+            requests,
+            point,
+        } => {
+            curves(
+                &out,
+                &backends,
+                &contenders,
+                &keys,
+                key_tasks,
+                requests,
+                point,
+            )
+            .await
+        }
+        Command::Density { leases, ttl } => density(&out, leases, ttl).await,
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("lockkit-scale: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// One measured point of a curve.
+struct Point {
+    backend: Backend,
+    sweep: &'static str,
+    x: usize,
+    outcome: Outcome,
+}
+
+async fn curves(
+    dir: &std::path::Path,
+    labels: &[String],
+    contenders: &[usize],
+    keys: &[usize],
+    key_tasks: usize,
+    requests: usize,
+    point: Duration,
+) -> Result<bool, String> {
+    let backends: Vec<Backend> = if labels.is_empty() {
+        Backend::ALL.to_vec()
+    } else {
+        labels
+            .iter()
+            .map(|l| Backend::parse(l).ok_or_else(|| format!("unknown backend {l:?}")))
+            .collect::<Result<_, _>>()?
+    };
+    let servers = Servers::start(&backends).await;
+    let mut points = Vec::new();
+    for &backend in &backends {
+        let url = servers.url(backend);
+        let stock = Arc::new(Stock::for_lock_url(&url).await?);
+        let lock = servers
+            .connect(backend)
+            .await
+            .map_err(|e| format!("{backend}: {e}"))?;
+        let locker = Locker::Lockkit(lock);
+        let plan = contenders
+            .iter()
+            .map(|&c| ("contenders", c, c, 1))
+            .chain(keys.iter().map(|&k| ("keys", k, key_tasks, k)));
+        for (sweep, x, concurrency, keys) in plan {
+            let scenario = Scenario {
+                concurrency,
+                requests,
+                stock: requests as i64,
+                keys,
+                duration: point,
+                ttl: Duration::from_secs(30),
+            };
+            let outcome = run(backend.label(), &locker, &stock, &scenario).await?;
+            eprintln!(
+                "{backend} {sweep}={x}: {:.0} cs/s, p99 {}, {}",
+                outcome.throughput(),
+                outcome.latency(99.0).map_or("n/a".into(), fmt_duration),
+                if outcome.ok() { "ok" } else { "FAILED" }
+            );
+            points.push(Point {
+                backend,
+                sweep,
+                x,
+                outcome,
+            });
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let json: Vec<serde_json::Value> = points
+        .iter()
+        .map(|p| {
+            let mut v = p.outcome.to_json();
+            v["sweep"] = p.sweep.into();
+            v["x"] = p.x.into();
+            v
+        })
+        .collect();
+    std::fs::write(
+        dir.join("scaling.json"),
+        serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    for (sweep, x_label) in [
+        ("contenders", "tasks contending for one key"),
+        ("keys", "distinct keys (256 tasks)"),
+    ] {
+        let series = |metric: fn(&Outcome) -> Option<f64>| -> Vec<Series> {
+            backends
+                .iter()
+                .map(|&b| {
+                    let pts = points
+                        .iter()
+                        .filter(|p| p.backend == b && p.sweep == sweep)
+                        .filter_map(|p| Some((p.x as f64, metric(&p.outcome)?)))
+                        .collect();
+                    (b.label().to_owned(), pts)
+                })
+                .collect()
+        };
+        log_log_chart(
+            &dir.join(format!("scaling-throughput-vs-{sweep}")),
+            &format!("Critical sections per second vs {sweep}"),
+            x_label,
+            "critical sections / s",
+            &series(|o| Some(o.throughput()).filter(|t| *t > 0.0)),
+        )?;
+        log_log_chart(
+            &dir.join(format!("scaling-p99-vs-{sweep}")),
+            &format!("p99 acquire latency vs {sweep}"),
+            x_label,
+            "p99 acquire latency (ms)",
+            &series(|o| {
+                o.latency(99.0)
+                    .map(|d| d.as_secs_f64() * 1000.0)
+                    .filter(|ms| *ms > 0.0)
+            }),
+        )?;
+    }
+    let summary = curves_table(&points, &backends, contenders, keys);
+    println!("{summary}");
+    std::fs::write(dir.join("scaling-summary.md"), &summary).map_err(|e| e.to_string())?;
+    println!(
+        "written to {}: scaling-summary.md, scaling.json, scaling-*.svg/png",
+        dir.display()
+    );
+    Ok(points
+        .iter()
+        .all(|p| p.outcome.oversold() == 0 && p.outcome.lost_updates() == 0))
+}
+
+/// The curves as a table: per backend and sweep, throughput / p99 per point.
+fn curves_table(
+    points: &[Point],
+    backends: &[Backend],
+    contenders: &[usize],
+    keys: &[usize],
+) -> String {
+    let mut out =
+        String::from("## Scaling: critical sections per second / p99 acquire latency\n\n");
+    for (sweep, xs, what) in [
+        ("contenders", contenders, "tasks on one key"),
+        ("keys", keys, "keys, 256 tasks"),
+    ] {
+        let _ = write!(out, "| backend |");
+        for x in xs {
+            let _ = write!(out, " {x} {what} |");
+        }
+        let _ = write!(out, "\n| --- |{}\n", " --- |".repeat(xs.len()));
+        for &b in backends {
+            let _ = write!(out, "| {b} |");
+            for &x in xs {
+                let cell = points
+                    .iter()
+                    .find(|p| p.backend == b && p.sweep == sweep && p.x == x)
+                    .map_or("n/a".to_owned(), |p| {
+                        format!(
+                            "{:.0} / {}{}",
+                            p.outcome.throughput(),
+                            p.outcome.latency(99.0).map_or("n/a".into(), fmt_duration),
+                            if p.outcome.ok() { "" } else { " FAILED" }
+                        )
+                    });
+                let _ = write!(out, " {cell} |");
+            }
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Resident memory of this process, in bytes (`/proc/self/statm`).
+fn resident_bytes() -> Result<u64, String> {
+    let statm = std::fs::read_to_string("/proc/self/statm").map_err(|e| e.to_string())?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .ok_or("bad /proc/self/statm")?;
+    Ok(pages * 4096)
+}
+
+/// CPU time of this process so far (`/proc/self/stat`, clock ticks of 10 ms).
+fn cpu_time() -> Result<Duration, String> {
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(|e| e.to_string())?;
+    let after_name = stat.rsplit_once(')').ok_or("bad /proc/self/stat")?.1;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or("bad /proc/self/stat")
+    };
+    // utime and stime: fields 14 and 15 of the whole line, 12 and 13 here.
+    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
+/// `calls` of `cmdstat_evalsha` in the server's INFO.
+async fn evalsha_calls(conn: &mut redis::aio::ConnectionManager) -> Result<u64, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<bool, String> {
+    let servers = Servers::start(&[Backend::Redis]).await;
+    let url = servers.url(Backend::Redis);
+    let locks: Arc<dyn DistributedLock> = Arc::new(
+        lockkit_redis::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let mut admin = redis::aio::ConnectionManager::new(
+        redis::Client::open(url.as_str()).map_err(|e| e.to_string())?,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    // Warm the allocator and the connection, then take the baseline.
+    let warm = locks
+        .acquire("density-warm", &LockOptions::new().ttl(ttl))
+        .await
+        .map_err(|e| e.to_string())?;
+    warm.release().await.map_err(|e| e.to_string())?;
+    let baseline = resident_bytes()?;
+
+    let started = Instant::now();
+    let opts = LockOptions::new().ttl(ttl).auto_renew(true);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let takers: Vec<_> = (0..64)
+        .map(|_| {
+            let (locks, opts, next) = (locks.clone(), opts.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut guards = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= leases {
+                        return Ok::<_, String>(guards);
+                    }
+                    let guard = locks
+                        .acquire(&format!("density/{i}"), &opts)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    guards.push(guard);
+                }
+            })
+        })
+        .collect();
+    let mut guards = Vec::with_capacity(leases);
+    for taker in takers {
+        guards.extend(taker.await.map_err(|e| e.to_string())??);
+    }
+    let took = started.elapsed();
+    let held_at = Instant::now();
+    // Measured after every lease's first renewal, over one renewal period
+    // (ttl / 3): each lease renews exactly once in it.
+    let period = ttl / 3;
+    let first_renewals = held_at + period + Duration::from_secs(2);
+    tokio::time::sleep_until(first_renewals).await;
+    let resident = resident_bytes()?;
+    let (calls_from, cpu_from, window_from) = (
+        evalsha_calls(&mut admin).await?,
+        cpu_time()?,
+        Instant::now(),
+    );
+    tokio::time::sleep_until(window_from + period).await;
+    let (calls_to, cpu_to, window) = (
+        evalsha_calls(&mut admin).await?,
+        cpu_time()?,
+        window_from.elapsed(),
+    );
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    let keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut admin)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    // Released as they were taken: by 64 tasks.
+    let released = Instant::now();
+    let mut chunks: Vec<Vec<_>> = (0..64).map(|_| Vec::new()).collect();
+    for (i, guard) in guards.into_iter().enumerate() {
+        chunks[i % 64].push(guard);
+    }
+    let releasers: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| {
+            tokio::spawn(async move {
+                let mut failures = Vec::new();
+                for guard in chunk {
+                    if let Err(e) = guard.release().await {
+                        failures.push(e.to_string());
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for releaser in releasers {
+        failures.extend(releaser.await.map_err(|e| e.to_string())?);
+    }
+    let release_failures = failures.len();
+    if let Some(first) = failures.first() {
+        eprintln!("lockkit-scale: {release_failures} releases failed, e.g.: {first}");
+    }
+    let release_time = released.elapsed();
+
+    let per_lease = resident.saturating_sub(baseline) as f64 / leases as f64;
+    let renewals_per_s = (calls_to - calls_from) as f64 / window.as_secs_f64();
+    let expected = leases as f64 / (ttl.as_secs_f64() / 3.0);
+    let cpu_share = (cpu_to - cpu_from).as_secs_f64() / window.as_secs_f64();
+    let pass = per_lease <= 2048.0 && lost == 0 && release_failures == 0;
+    let summary = format!(
+        "## Lease density: {leases} held, auto-renewed Redis leases in one process (ttl {ttl:?})\n\n\
+         | measurement | value | target |\n| --- | --- | --- |\n\
+         | leases taken (64 tasks) | {leases} in {:.1} s | — |\n\
+         | resident memory per held lease (RSS growth / leases, after the first renewals) | {:.0} bytes | ≤ 2048: {} |\n\
+         | renewal commands per second (server's EVALSHA count over one renewal period, {:.1} s) | {renewals_per_s:.0} (expected {expected:.0}: one per lease per ttl/3) | — |\n\
+         | client CPU during the hold | {:.0} % of one core | — |\n\
+         | leases lost | {lost} | 0: {} |\n\
+         | lock keys in Redis while held | {keys} | — |\n\
+         | release of all | {:.1} s, {release_failures} failures | 0 failures |\n",
+        took.as_secs_f64(),
+        per_lease,
+        if per_lease <= 2048.0 { "PASS" } else { "MISS" },
+        window.as_secs_f64(),
+        cpu_share * 100.0,
+        if lost == 0 { "PASS" } else { "MISS" },
+        release_time.as_secs_f64(),
+    );
+    println!("{summary}");
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("density-summary.md"), &summary).map_err(|e| e.to_string())?;
+    Ok(pass)
+}

@@ -1,0 +1,508 @@
+//! The load generator's scenario ("seckill"): many tasks sell a limited stock
+//! under a lock, and the outcome says whether the lock kept every sale
+//! exclusive.
+//!
+//! Each task repeatedly takes the lock of one key, reads that key's stock
+//! from the backend itself ([`Stock`]), writes it back one lower if it is
+//! positive (with the holder's fencing token, where the backend has one),
+//! and releases. With a working lock the books balance: nothing is sold
+//! twice (oversold) and no decrement is lost (two holders reading the same
+//! value). Both are counted from the stock itself, not from what the tasks
+//! believe.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, FencingToken, LockError, LockOptions};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::stock::Stock;
+use crate::{fmt_duration, percentile};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Tasks contending at once.
+    pub concurrency: usize,
+    /// Lock acquisitions in all (each one request).
+    pub requests: usize,
+    /// Stock per key at the start.
+    pub stock: i64,
+    /// Distinct keys (and locks); request `i` uses key `i % keys`.
+    pub keys: usize,
+    /// The run stops after this long even if requests are left.
+    pub duration: Duration,
+    /// The lease of each acquisition.
+    pub ttl: Duration,
+}
+
+/// The lock under test: a lockkit client, or the `rslock` crate for
+/// comparison (no fencing tokens, its own retry loop).
+#[derive(Clone)]
+pub enum Locker {
+    /// Any lockkit backend.
+    Lockkit(Arc<dyn DistributedLock>),
+    /// `rslock` 0.10 with its default retries (3 tries, 0–200 ms apart),
+    /// looped until the lock is taken or the run is over.
+    Rslock(Arc<rslock::LockManager>),
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Locker::Lockkit(lock) => write!(f, "Locker::Lockkit({lock:?})"),
+            Locker::Rslock(_) => f.write_str("Locker::Rslock"),
+        }
+    }
+}
+
+/// A holding of a [`Locker`].
+enum Held {
+    Lockkit(lockkit_core::LockGuard),
+    Rslock(rslock::Lock),
+}
+
+impl Locker {
+    /// Waits for key `k`'s lock until `deadline`; `Ok(None)` when the wait
+    /// ran out.
+    async fn acquire(
+        &self,
+        k: usize,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Option<(Held, Option<FencingToken>)>, String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self {
+            Locker::Lockkit(lock) => {
+                let opts = LockOptions::new().ttl(ttl).wait_for(left);
+                match lock.acquire(&format!("lockkit-load/{k}"), &opts).await {
+                    Ok(guard) => {
+                        let token = guard.fencing_token();
+                        Ok(Some((Held::Lockkit(guard), token)))
+                    }
+                    Err(LockError::Timeout { .. }) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            Locker::Rslock(manager) => {
+                let resource = format!("lockkit-load-rslock:{k}");
+                loop {
+                    if Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    match manager.lock(resource.as_bytes(), ttl).await {
+                        Ok(lock) => return Ok(Some((Held::Rslock(lock), None))),
+                        Err(rslock::LockError::TtlTooLarge) => return Err("ttl too large".into()),
+                        Err(_) => continue,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release(&self, held: Held) -> Result<(), String> {
+        match (self, held) {
+            (_, Held::Lockkit(guard)) => guard.release().await.map_err(|e| e.to_string()),
+            (Locker::Rslock(manager), Held::Rslock(lock)) => {
+                manager.unlock(&lock).await;
+                Ok(())
+            }
+            (Locker::Lockkit(_), Held::Rslock(_)) => {
+                unreachable!("an rslock holding of a lockkit locker")
+            }
+        }
+    }
+}
+
+/// What one process's tasks did (mergeable across processes).
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    /// Requests that got the lock.
+    pub acquired: usize,
+    /// Units sold (a write of stock − 1 that was applied).
+    pub sold: u64,
+    /// Requests that found the stock at 0.
+    pub refused: u64,
+    /// Fenced writes the stock refused (a stale token).
+    pub stale_rejected: u64,
+    /// Waits that ran out at the end of the run.
+    pub timeouts: u64,
+    /// Errors (from the lock or the stock), counted; the first few kept.
+    pub errors: u64,
+    /// The first errors' messages.
+    pub error_samples: Vec<String>,
+    /// Releases that found the lease gone.
+    pub lost: u64,
+    /// Time from asking for the lock to holding it, per acquisition.
+    pub acquire_latency: Vec<Duration>,
+    /// Per acquisition: key, and the critical section's start and end
+    /// relative to the run's start (one process's clock only).
+    pub sections: Vec<(usize, Duration, Duration)>,
+}
+
+impl Tally {
+    fn error(&mut self, message: String) {
+        self.errors += 1;
+        if self.error_samples.len() < 5 {
+            self.error_samples.push(message);
+        }
+    }
+
+    /// Adds `other` to this tally.
+    pub fn merge(&mut self, other: Tally) {
+        self.acquired += other.acquired;
+        self.sold += other.sold;
+        self.refused += other.refused;
+        self.stale_rejected += other.stale_rejected;
+        self.timeouts += other.timeouts;
+        self.errors += other.errors;
+        for e in other.error_samples {
+            if self.error_samples.len() < 5 {
+                self.error_samples.push(e);
+            }
+        }
+        self.lost += other.lost;
+        self.acquire_latency.extend(other.acquire_latency);
+        self.sections.extend(other.sections);
+    }
+
+    /// As JSON, for a parent process (sections are left out: another
+    /// process's clock is not this one's).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "acquired": self.acquired,
+            "sold": self.sold,
+            "refused": self.refused,
+            "stale_rejected": self.stale_rejected,
+            "timeouts": self.timeouts,
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "lost": self.lost,
+            "acquire_latency_us": self.acquire_latency.iter().map(|d| d.as_micros() as u64).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Reads what [`to_json`](Self::to_json) wrote.
+    pub fn from_json(value: &Value) -> Option<Tally> {
+        let n = |key: &str| value.get(key)?.as_u64();
+        Some(Tally {
+            acquired: n("acquired")? as usize,
+            sold: n("sold")?,
+            refused: n("refused")?,
+            stale_rejected: n("stale_rejected")?,
+            timeouts: n("timeouts")?,
+            errors: n("errors")?,
+            error_samples: value
+                .get("error_samples")?
+                .as_array()?
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+            lost: n("lost")?,
+            acquire_latency: value
+                .get("acquire_latency_us")?
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(Duration::from_micros)
+                .collect(),
+            sections: Vec::new(),
+        })
+    }
+}
+
+/// Runs `scenario`'s tasks in this process against `locker` and `stock`
+/// (which the caller has reset), sharing out `requests` among them.
+pub async fn run_tasks(locker: &Locker, stock: &Arc<Stock>, scenario: &Scenario) -> Tally {
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let deadline = started + scenario.duration;
+    let tasks: Vec<_> = (0..scenario.concurrency)
+        .map(|_| {
+            let (locker, stock, next, scenario) = (
+                locker.clone(),
+                stock.clone(),
+                next.clone(),
+                scenario.clone(),
+            );
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= scenario.requests || Instant::now() >= deadline {
+                        break;
+                    }
+                    one_request(
+                        &locker,
+                        &stock,
+                        &scenario,
+                        i % scenario.keys,
+                        started,
+                        deadline,
+                        &mut tally,
+                    )
+                    .await;
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut total = Tally::default();
+    for task in tasks {
+        match task.await {
+            Ok(tally) => total.merge(tally),
+            Err(e) => total.error(format!("a task panicked: {e}")),
+        }
+    }
+    total
+}
+
+async fn one_request(
+    locker: &Locker,
+    stock: &Stock,
+    scenario: &Scenario,
+    k: usize,
+    started: Instant,
+    deadline: Instant,
+    tally: &mut Tally,
+) {
+    let asked = Instant::now();
+    let (held, token) = match locker.acquire(k, scenario.ttl, deadline).await {
+        Ok(Some(held)) => held,
+        Ok(None) => {
+            tally.timeouts += 1;
+            return;
+        }
+        Err(e) => {
+            tally.error(format!("acquire: {e}"));
+            return;
+        }
+    };
+    let entered = Instant::now();
+    tally.acquired += 1;
+    tally.acquire_latency.push(entered - asked);
+    match stock.read(k).await {
+        Ok(qty) if qty > 0 => match stock.write(k, qty - 1, token).await {
+            Ok(true) => tally.sold += 1,
+            Ok(false) => tally.stale_rejected += 1,
+            Err(e) => tally.error(format!("write: {e}")),
+        },
+        Ok(_) => tally.refused += 1,
+        Err(e) => tally.error(format!("read: {e}")),
+    }
+    let left = Instant::now();
+    tally.sections.push((k, entered - started, left - started));
+    if let Err(e) = locker.release(held).await {
+        if e.contains("lost") {
+            tally.lost += 1;
+        } else {
+            tally.error(format!("release: {e}"));
+        }
+    }
+}
+
+/// The outcome of a run: the tally, and what the stock says.
+#[derive(Debug)]
+pub struct Outcome {
+    /// What ran.
+    pub label: String,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Processes the tasks ran in.
+    pub processes: usize,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// What the tasks counted.
+    pub tally: Tally,
+    /// The stock before and after.
+    pub stock_before: i64,
+    /// The stock after.
+    pub stock_after: i64,
+}
+
+impl Outcome {
+    /// Units that left the stock beyond what it held: must be 0.
+    pub fn oversold(&self) -> u64 {
+        self.tally
+            .sold
+            .saturating_sub(self.stock_before.max(0) as u64)
+            + self.stock_after.min(0).unsigned_abs()
+    }
+
+    /// Sales the stock does not show (two holders wrote the same value):
+    /// must be 0.
+    pub fn lost_updates(&self) -> u64 {
+        let gone = (self.stock_before - self.stock_after).max(0) as u64;
+        self.tally.sold.saturating_sub(gone)
+    }
+
+    /// Stock that vanished without a sale being counted (a write applied
+    /// whose task then failed): reported, not an exclusion failure.
+    pub fn unaccounted(&self) -> u64 {
+        let gone = (self.stock_before - self.stock_after).max(0) as u64;
+        gone.saturating_sub(self.tally.sold)
+    }
+
+    /// Critical sections per second.
+    pub fn throughput(&self) -> f64 {
+        self.tally.acquired as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Whether the books balance and nothing failed.
+    pub fn ok(&self) -> bool {
+        self.oversold() == 0 && self.lost_updates() == 0 && self.tally.errors == 0
+    }
+
+    /// The acquire latency at percentile `p`.
+    pub fn latency(&self, p: f64) -> Option<Duration> {
+        let mut sorted = self.tally.acquire_latency.clone();
+        sorted.sort();
+        percentile(&sorted, p)
+    }
+
+    /// Per key, consecutive critical sections (one process's clock): how
+    /// many overlapped, and the sorted idle gaps between them.
+    pub fn gaps(&self) -> (usize, Vec<Duration>) {
+        let mut by_key: HashMap<usize, Vec<(Duration, Duration)>> = HashMap::new();
+        for &(k, start, end) in &self.tally.sections {
+            by_key.entry(k).or_default().push((start, end));
+        }
+        let (mut overlaps, mut gaps) = (0, Vec::new());
+        for sections in by_key.values_mut() {
+            sections.sort();
+            for pair in sections.windows(2) {
+                match pair[1].0.checked_sub(pair[0].1) {
+                    Some(gap) => gaps.push(gap),
+                    None => overlaps += 1,
+                }
+            }
+        }
+        gaps.sort();
+        (overlaps, gaps)
+    }
+
+    /// A few lines for people.
+    pub fn report(&self) -> String {
+        let s = &self.scenario;
+        let t = &self.tally;
+        let ms = |d: Option<Duration>| d.map_or("n/a".to_owned(), fmt_duration);
+        let (overlaps, gaps) = self.gaps();
+        let mut out = format!(
+            "{}: {} tasks{} on {} key(s), {} of {} requests in {:.2} s (cap {:?}); ttl {:?}\n\
+             throughput: {:.0} critical sections/s\n\
+             acquire latency: p50 {} / p90 {} / p99 {} / max {}\n",
+            self.label,
+            s.concurrency,
+            if self.processes > 1 {
+                format!(" in {} processes", self.processes)
+            } else {
+                String::new()
+            },
+            s.keys,
+            t.acquired,
+            s.requests,
+            self.elapsed.as_secs_f64(),
+            s.duration,
+            s.ttl,
+            self.throughput(),
+            ms(self.latency(50.0)),
+            ms(self.latency(90.0)),
+            ms(self.latency(99.0)),
+            ms(self.latency(100.0)),
+        );
+        if self.processes == 1 {
+            out.push_str(&format!(
+                "lock idle between holders of a key: p50 {} / p99 {} / max {}; overlapping sections seen: {overlaps}\n",
+                ms(percentile(&gaps, 50.0)),
+                ms(percentile(&gaps, 99.0)),
+                ms(percentile(&gaps, 100.0)),
+            ));
+        }
+        out.push_str(&format!(
+            "sold {} of {} in stock, refused {} (sold out), stale writes rejected {}, waits timed out {}, leases lost {}, errors {}\n\
+             stock {} → {}: oversold {}, lost updates {}{} — {}\n",
+            t.sold,
+            self.stock_before,
+            t.refused,
+            t.stale_rejected,
+            t.timeouts,
+            t.lost,
+            t.errors,
+            self.stock_before,
+            self.stock_after,
+            self.oversold(),
+            self.lost_updates(),
+            match self.unaccounted() {
+                0 => String::new(),
+                n => format!(", {n} unaccounted"),
+            },
+            if self.ok() { "OK" } else { "FAILED" },
+        ));
+        for e in &t.error_samples {
+            out.push_str(&format!("  error: {e}\n"));
+        }
+        out
+    }
+
+    /// The figures as JSON.
+    pub fn to_json(&self) -> Value {
+        let us = |d: Option<Duration>| d.map(|d| d.as_micros() as u64);
+        let (overlaps, gaps) = self.gaps();
+        json!({
+            "label": self.label,
+            "concurrency": self.scenario.concurrency,
+            "keys": self.scenario.keys,
+            "requests": self.scenario.requests,
+            "processes": self.processes,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "acquired": self.tally.acquired,
+            "throughput": self.throughput(),
+            "acquire_p50_us": us(self.latency(50.0)),
+            "acquire_p90_us": us(self.latency(90.0)),
+            "acquire_p99_us": us(self.latency(99.0)),
+            "acquire_max_us": us(self.latency(100.0)),
+            "idle_gap_p50_us": us(percentile(&gaps, 50.0)),
+            "idle_gap_p99_us": us(percentile(&gaps, 99.0)),
+            "overlaps_seen": overlaps,
+            "sold": self.tally.sold,
+            "refused": self.tally.refused,
+            "stale_rejected": self.tally.stale_rejected,
+            "timeouts": self.tally.timeouts,
+            "lost": self.tally.lost,
+            "errors": self.tally.errors,
+            "stock_before": self.stock_before,
+            "stock_after": self.stock_after,
+            "oversold": self.oversold(),
+            "lost_updates": self.lost_updates(),
+            "ok": self.ok(),
+        })
+    }
+}
+
+/// Resets the stock, runs the scenario in this process, and reads the stock
+/// back.
+pub async fn run(
+    label: &str,
+    locker: &Locker,
+    stock: &Arc<Stock>,
+    scenario: &Scenario,
+) -> Result<Outcome, String> {
+    stock.reset(scenario.keys, scenario.stock).await?;
+    let stock_before = stock.total(scenario.keys).await?;
+    let started = Instant::now();
+    let tally = run_tasks(locker, stock, scenario).await;
+    let elapsed = started.elapsed();
+    let stock_after = stock.total(scenario.keys).await?;
+    Ok(Outcome {
+        label: label.to_owned(),
+        scenario: scenario.clone(),
+        processes: 1,
+        elapsed,
+        tally,
+        stock_before,
+        stock_after,
+    })
+}

@@ -1,0 +1,131 @@
+//! Line charts of benchmark curves, as SVG and PNG (plotters), with the
+//! DejaVu Sans font from Debian's `fonts-dejavu-core` (installed by
+//! `scripts/install-services.sh`).
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
+
+/// Where the font is read from.
+pub const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// One curve: its label and its points.
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// Registers the font once; an error says how to install it.
+fn font() -> Result<(), String> {
+    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
+    FONT.get_or_init(|| {
+        let bytes = std::fs::read(FONT_PATH).map_err(|e| {
+            format!("cannot read the chart font {FONT_PATH} ({e}); run scripts/install-services.sh (Debian package fonts-dejavu-core)")
+        })?;
+        plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into_boxed_slice()))
+            .map_err(|_| format!("{FONT_PATH} is not a usable font"))
+    })
+    .clone()
+}
+
+/// A line chart of `series` over log-scaled axes, written to `<stem>.svg`
+/// and `<stem>.png`.
+pub fn log_log_chart(
+    stem: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<(), String> {
+    font()?;
+    let points = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x_min, mut x_max, mut y_min, mut y_max) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in points {
+        x_min = x_min.min(x);
+        x_max = x_max.max(x);
+        y_min = y_min.min(y);
+        y_max = y_max.max(y);
+    }
+    if x_min > x_max {
+        return Err(format!("{title}: nothing to plot"));
+    }
+    let x = ((x_min * 0.8).max(1e-9)..x_max * 1.25).log_scale();
+    let y = ((y_min * 0.5).max(1e-9)..y_max * 2.0).log_scale();
+    let svg = stem.with_extension("svg");
+    let png = stem.with_extension("png");
+    draw(
+        SVGBackend::new(&svg, (960, 600)).into_drawing_area(),
+        title,
+        x_label,
+        y_label,
+        x.clone(),
+        y.clone(),
+        series,
+    )?;
+    draw(
+        BitMapBackend::new(&png, (960, 600)).into_drawing_area(),
+        title,
+        x_label,
+        y_label,
+        x,
+        y,
+        series,
+    )
+}
+
+fn draw<DB: DrawingBackend, X, Y>(
+    area: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    x: X,
+    y: Y,
+    series: &[Series],
+) -> Result<(), String>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let failed = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{title}: {e:?}");
+    area.fill(&WHITE).map_err(failed)?;
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x, y)
+        .map_err(failed)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(failed)?;
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(failed)?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(failed)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(failed)?;
+    area.present().map_err(failed)
+}

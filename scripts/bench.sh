@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole cross-backend comparison in one command, against servers the
+# testkit starts on loopback ports (scripts/install-services.sh installs
+# them):
+#
+#   1. the criterion suite `compare` (cycle, try_fail, handoff, raw_floor per
+#      backend) and its Markdown table;
+#   2. the seckill load generator on every backend, and rslock beside Redis;
+#   3. the scaling curves (contenders, keys) with their charts;
+#   4. the lease density of 100 000 auto-renewed Redis leases.
+#
+# Everything lands in target/lockkit-bench/ (summaries, JSON, SVG and PNG).
+# LOCKKIT_BENCH_BACKENDS=redis,zk limits steps 1-3 to some backends;
+# LOCKKIT_BENCH_QUICK=1 shrinks everything to a quick look. Takes about
+# 25 minutes on a 2-core machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-services.sh
+out=target/lockkit-bench
+mkdir -p "$out"
+backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,pg_lease,pg_row,pg_advisory,mysql_lease,mysql_row,mysql_named,sqlite_lease}
+
+cargo bench -p lockkit-benches --bench compare
+cargo build --release -p lockkit-benches --bin lockkit-load --bin lockkit-scale
+
+if [ "${LOCKKIT_BENCH_QUICK:-}" = 1 ]; then
+    load=(-c 100 -n 2000 --stock 1000)
+    curves=(--contenders 1,16,256 --keys 1,100 --point 1s)
+    density=(--leases 10000)
+else
+    load=(-c 1000 -n 20000 --stock 10000)
+    curves=()
+    density=()
+fi
+
+# The headline scenario: one key, 1 000 tasks, 20 000 requests, stock 10 000.
+target/release/lockkit-load --start "$backends" "${load[@]}" --compare-rslock | tee "$out/load-summary.txt"
+target/release/lockkit-scale curves --backends "$backends" "${curves[@]}"
+target/release/lockkit-scale density "${density[@]}"
+echo "bench.sh: results in $out" >&2

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The facade `lockkit` builds cleanly (clippy, warnings denied) with no
+# feature, with each feature on its own, and with `full`; and with no backend
+# compiled in, every backend URL names the feature it needs
+# (`LockError::BackendNotCompiled`). Called by scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for features in "" redis redlock zk postgres mysql sqlite cli full; do
+    echo "check-features: lockkit with features [${features:-none}]" >&2
+    cargo clippy --quiet -p lockkit --no-default-features ${features:+--features "$features"} \
+        --all-targets -- -D warnings
+done
+
+echo "check-features: URLs of backends that are not compiled in" >&2
+cargo test --quiet -p lockkit --no-default-features --test connect

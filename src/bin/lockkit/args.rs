@@ -1,0 +1,181 @@
+//! The command line.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The lock URL when neither `--url` nor `LOCKKIT_URL` gives one: a SQLite
+/// file in the working directory, so that `lockkit exec` works on a machine
+/// without any server.
+pub(crate) const DEFAULT_URL: &str = "sqlite://lockkit.db";
+
+/// Run a command under a distributed lock, or ask who holds one.
+#[derive(Debug, Parser)]
+#[command(name = "lockkit", version, about = "Run a command under a distributed lock, or ask who holds one.", long_about = None)]
+pub(crate) struct Cli {
+    /// Where the locks live: redis://, redlock://, zk://, postgres://,
+    /// mysql://, sqlite://, memory:// (see the lockkit docs).
+    #[arg(long, global = true, env = "LOCKKIT_URL", default_value = DEFAULT_URL, hide_env_values = true)]
+    pub(crate) url: String,
+
+    /// More diagnostics on stderr (-v, -vv); `LOCKKIT_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub(crate) verbose: u8,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Hold NAME while CMD runs (renewing the lease), then release it.
+    ///
+    /// CMD gets LOCKKIT_LOCK_NAME and, where the backend has one,
+    /// LOCKKIT_FENCING_TOKEN (decimal). SIGINT, SIGTERM, SIGHUP and SIGQUIT
+    /// sent to lockkit are passed on to CMD.
+    ///
+    /// Exit status: CMD's own (128 + N if a signal N killed it); 75 when the
+    /// lock was not acquired within the wait; 69 when the backend is
+    /// unavailable; 70 when the lock was lost while CMD ran; 64 for a usage
+    /// error; 126/127 when CMD cannot be run or is not found.
+    Exec(ExecArgs),
+    /// Print whether NAME is held, with its fencing token, remaining lease and
+    /// queued waiters where the backend can tell.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExecArgs {
+    /// The lock name.
+    pub(crate) name: String,
+
+    /// The lease: renewed every third of it while CMD runs; a crashed lockkit
+    /// frees the lock after it (e.g. 500ms, 30s, 2m).
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = duration)]
+    pub(crate) ttl: Duration,
+
+    /// How long to wait for the lock: a duration, or `forever`.
+    #[arg(long, value_name = "DUR|forever", default_value = "forever", value_parser = wait, conflicts_with = "no_wait")]
+    pub(crate) wait: WaitFor,
+
+    /// Give up at once if the lock is held (exit 75).
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+
+    /// What to do when the lock is lost while CMD runs: `kill` sends CMD
+    /// SIGTERM, then SIGKILL after the grace period; `ignore` lets it finish.
+    /// Either way lockkit then exits with 70.
+    #[arg(long, value_enum, value_name = "ACTION", default_value = "kill")]
+    pub(crate) on_lost: OnLost,
+
+    /// Time between SIGTERM and SIGKILL when the lock is lost.
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = duration)]
+    pub(crate) grace: Duration,
+
+    /// The command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// The lock name.
+    pub(crate) name: String,
+
+    /// Print one JSON object instead of a line of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// How long `exec` waits for the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitFor {
+    Forever,
+    For(Duration),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnLost {
+    /// SIGTERM, then SIGKILL after the grace period.
+    Kill,
+    /// Let the command finish.
+    Ignore,
+}
+
+/// `500ms`, `30s`, `2m`, `1h 30m`: humantime's syntax.
+fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("{e} (expected a duration such as 500ms, 30s or 2m)"))
+}
+
+fn wait(text: &str) -> Result<WaitFor, String> {
+    match text.trim() {
+        "forever" => Ok(WaitFor::Forever),
+        other => duration(other).map(WaitFor::For),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(duration("soon").is_err());
+        assert!(duration("").is_err());
+        assert_eq!(wait("forever"), Ok(WaitFor::Forever));
+        assert_eq!(wait("1s"), Ok(WaitFor::For(Duration::from_secs(1))));
+    }
+
+    #[test]
+    fn exec_takes_everything_after_the_name_as_the_command() {
+        let cli = Cli::try_parse_from([
+            "lockkit",
+            "exec",
+            "job",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "echo --ttl",
+        ])
+        .unwrap();
+        let Command::Exec(exec) = cli.command else {
+            panic!("exec")
+        };
+        assert_eq!(exec.ttl, Duration::from_secs(2));
+        assert_eq!(exec.command, ["sh", "-c", "echo --ttl"]);
+        assert_eq!(exec.wait, WaitFor::Forever);
+        assert_eq!(exec.on_lost, OnLost::Kill);
+        assert!(Cli::try_parse_from(["lockkit", "exec", "job"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "lockkit",
+                "exec",
+                "job",
+                "--wait",
+                "1s",
+                "--no-wait",
+                "--",
+                "true"
+            ])
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! `lockkit exec`: hold a lock while a command runs.
+
+use std::io::ErrorKind;
+use std::process::ExitStatus;
+
+use lockkit::{LockGuard, LockOptions};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep_until};
+
+use crate::args::{ExecArgs, OnLost, WaitFor};
+use crate::exit::{Exit, report};
+
+/// The signals passed on to the command.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
+    let mut signals = match Signals::new() {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("lockkit: cannot install signal handlers: {error}");
+            return Exit::Software;
+        }
+    };
+    let locks = match lockkit::connect(url).await {
+        Ok(locks) => locks,
+        Err(error) => return report("connect", &error),
+    };
+    let mut opts = LockOptions::new().ttl(args.ttl).auto_renew(true);
+    opts = match (args.no_wait, args.wait) {
+        (true, _) => opts.no_wait(),
+        (false, WaitFor::Forever) => opts.wait_forever(),
+        (false, WaitFor::For(wait)) => opts.wait_for(wait),
+    };
+
+    // A signal while waiting ends the wait; dropping the acquire frees
+    // whatever it may have been granted.
+    let guard = tokio::select! {
+        acquired = locks.acquire(&args.name, &opts) => match acquired {
+            Ok(guard) => guard,
+            Err(error) => return report("could not acquire the lock", &error),
+        },
+        signal = signals.next() => {
+            eprintln!("lockkit: {signal} while waiting for lock {:?}; not running the command", args.name);
+            return Exit::Child(128 + signal as u8);
+        }
+    };
+    tracing::info!(lock.name = %args.name, fencing_token = ?guard.fencing_token(), "lock acquired; running the command");
+
+    let child = match spawn(&args, &guard) {
+        Ok(child) => child,
+        Err((exit, message)) => {
+            eprintln!("lockkit: {message}");
+            release(guard, &args.name).await;
+            return exit;
+        }
+    };
+    let outcome = supervise(child, &guard, &args, &mut signals).await;
+    match outcome {
+        Supervised::Exited(status) => match release(guard, &args.name).await {
+            Released::Ok => Exit::Child(status_code(status)),
+            Released::Lost => Exit::Software,
+        },
+        Supervised::LostWhileRunning => {
+            drop(guard);
+            Exit::Software
+        }
+        Supervised::WaitFailed(error) => {
+            eprintln!("lockkit: waiting for the command failed: {error}");
+            release(guard, &args.name).await;
+            Exit::Software
+        }
+    }
+}
+
+/// Starts the command with the lock's name and fencing token in its
+/// environment.
+fn spawn(args: &ExecArgs, guard: &LockGuard) -> Result<Child, (Exit, String)> {
+    let (program, rest) = args.command.split_first().expect("clap requires a command");
+    let mut command = Command::new(program);
+    command.args(rest).env("LOCKKIT_LOCK_NAME", &args.name);
+    // A token inherited from an outer `lockkit exec` must not pass for ours.
+    match guard.fencing_token() {
+        Some(token) => command.env("LOCKKIT_FENCING_TOKEN", token.to_string()),
+        None => command.env_remove("LOCKKIT_FENCING_TOKEN"),
+    };
+    command.spawn().map_err(|error| {
+        let shown = program.to_string_lossy();
+        match error.kind() {
+            ErrorKind::NotFound => (Exit::NotFound, format!("{shown}: command not found")),
+            ErrorKind::PermissionDenied => (Exit::CannotRun, format!("{shown}: permission denied")),
+            _ => (Exit::CannotRun, format!("{shown}: cannot run: {error}")),
+        }
+    })
+}
+
+enum Supervised {
+    Exited(ExitStatus),
+    LostWhileRunning,
+    WaitFailed(std::io::Error),
+}
+
+/// Waits for the command, passing signals on and acting on a lost lock.
+async fn supervise(
+    mut child: Child,
+    guard: &LockGuard,
+    args: &ExecArgs,
+    signals: &mut Signals,
+) -> Supervised {
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    let mut lost_at: Option<Instant> = None;
+    let mut sigkill_sent = false;
+    let status = loop {
+        let kill_at = lost_at
+            .filter(|_| args.on_lost == OnLost::Kill && !sigkill_sent)
+            .map(|at| at + args.grace);
+        tokio::select! {
+            status = child.wait() => break status,
+            signal = signals.next() => {
+                tracing::info!(%signal, "passing the signal on to the command");
+                send(pid, signal);
+            }
+            reason = &mut lost, if lost_at.is_none() => {
+                lost_at = Some(Instant::now());
+                match args.on_lost {
+                    OnLost::Kill => {
+                        eprintln!(
+                            "lockkit: lock {:?} lost while the command ran ({reason}); sending it SIGTERM",
+                            args.name
+                        );
+                        send(pid, Signal::SIGTERM);
+                    }
+                    OnLost::Ignore => eprintln!(
+                        "lockkit: lock {:?} lost while the command ran ({reason}); letting it finish",
+                        args.name
+                    ),
+                }
+            }
+            () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
+                eprintln!("lockkit: the command outlived the grace period of {:?}; sending it SIGKILL", args.grace);
+                send(pid, Signal::SIGKILL);
+                sigkill_sent = true;
+            }
+        }
+    };
+    match status {
+        Ok(_) if lost_at.is_some() => Supervised::LostWhileRunning,
+        Ok(status) => Supervised::Exited(status),
+        Err(error) => Supervised::WaitFailed(error),
+    }
+}
+
+fn send(pid: Option<Pid>, signal: Signal) {
+    if let Some(pid) = pid
+        && let Err(error) = kill(pid, signal)
+    {
+        // ESRCH: it has just exited; the wait will say so.
+        tracing::debug!(%error, %signal, "could not signal the command");
+    }
+}
+
+enum Released {
+    Ok,
+    Lost,
+}
+
+/// Releases the lock. A lease found gone means it was lost at the end of the
+/// run (exit 70); any other failure is only reported, as the lease ends with
+/// its TTL anyway and the command's status matters more.
+async fn release(guard: LockGuard, name: &str) -> Released {
+    match guard.release().await {
+        Ok(()) => Released::Ok,
+        Err(error @ lockkit::LockError::Lost { .. }) => {
+            eprintln!("lockkit: {error}");
+            Released::Lost
+        }
+        Err(error) => {
+            eprintln!("lockkit: could not release lock {name:?} ({error}); it ends with its TTL");
+            Released::Ok
+        }
+    }
+}
+
+/// The command's exit status as ours: its code, or 128 + N when signal N
+/// killed it.
+fn status_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(255),
+        (None, None) => 1,
+    }
+}
+
+/// The forwarded signals, as one stream.
+struct Signals {
+    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        let streams = FORWARDED
+            .iter()
+            .map(|&sig| Ok((sig, signal(SignalKind::from_raw(sig as i32))?)))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Signals { streams })
+    }
+
+    /// The next signal received.
+    async fn next(&mut self) -> Signal {
+        std::future::poll_fn(|cx| {
+            for (sig, stream) in &mut self.streams {
+                if stream.poll_recv(cx).is_ready() {
+                    return std::task::Poll::Ready(*sig);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn exit_statuses() {
+        assert_eq!(status_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(status_code(ExitStatus::from_raw(7 << 8)), 7);
+        // Killed by SIGKILL (9).
+        assert_eq!(status_code(ExitStatus::from_raw(9)), 137);
+    }
+}

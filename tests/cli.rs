@@ -1,0 +1,506 @@
+//! The `lockkit` binary, driven as a user drives it, against real servers
+//! (SQLite files, and Redis, ZooKeeper, PostgreSQL and MariaDB started by
+//! the testkit): the environment it gives the command, exit statuses, two
+//! `exec`s on one name, a lock lost behind its back, forwarded signals and
+//! `status`.
+#![cfg(all(
+    feature = "cli",
+    feature = "redis",
+    feature = "zk",
+    feature = "postgres",
+    feature = "mysql"
+))]
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lockkit::LockOptions;
+use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, ZkServer};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// Longest any single `lockkit` run in these tests may take.
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+/// The binary, with no lockkit variables inherited from the test's
+/// environment.
+fn lockkit(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockkit"));
+    command
+        .current_dir(dir)
+        .env_remove("LOCKKIT_URL")
+        .env_remove("LOCKKIT_LOG")
+        .env_remove("LOCKKIT_LOCK_NAME")
+        .env_remove("LOCKKIT_FENCING_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .expect("lockkit ran too long")
+        .expect("lockkit's output")
+}
+
+async fn run(dir: &Path, args: &[&str]) -> Output {
+    finish(lockkit(dir).args(args).spawn().expect("start lockkit")).await
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("killed: {output:?}"))
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
+/// Waits until `path` exists (the command has started).
+async fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn pid(child: &Child) -> Pid {
+    Pid::from_raw(child.id().expect("running") as i32)
+}
+
+#[tokio::test]
+async fn exec_gives_the_command_its_lock_and_passes_its_status_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let script = r#"echo "$LOCKKIT_LOCK_NAME $LOCKKIT_FENCING_TOKEN"; exit 3"#;
+    let first = run(
+        dir.path(),
+        &["--url", &url, "exec", "job", "--", "sh", "-c", script],
+    )
+    .await;
+    assert_eq!(code(&first), 3, "{first:?}");
+    assert_eq!(stdout(&first), "job 1\n");
+    assert_eq!(stderr(&first), "", "stderr stays quiet on success");
+    let second = run(
+        dir.path(),
+        &["--url", &url, "exec", "job", "--", "sh", "-c", script],
+    )
+    .await;
+    assert_eq!(
+        stdout(&second),
+        "job 2\n",
+        "the next holder gets a larger token"
+    );
+
+    // An outer token does not leak into a backend without tokens.
+    let memory = lockkit(dir.path())
+        .env("LOCKKIT_FENCING_TOKEN", "999")
+        .args(["--url", "memory://", "exec", "m", "--", "sh", "-c"])
+        .arg(r#"echo "[${LOCKKIT_FENCING_TOKEN-unset}]""#)
+        .spawn()
+        .unwrap();
+    let memory = finish(memory).await;
+    assert_eq!(code(&memory), 0, "{memory:?}");
+    assert_eq!(stdout(&memory), "[1]\n", "memory:// fences too");
+
+    let killed = run(
+        dir.path(),
+        &["--url", &url, "exec", "job", "--", "sh", "-c", "kill -9 $$"],
+    )
+    .await;
+    assert_eq!(code(&killed), 128 + 9, "a command killed by SIGKILL");
+    let missing = run(
+        dir.path(),
+        &["--url", &url, "exec", "job", "--", "/no/such/command"],
+    )
+    .await;
+    assert_eq!(code(&missing), 127, "{missing:?}");
+    assert!(stderr(&missing).contains("/no/such/command"), "{missing:?}");
+    let status = run(dir.path(), &["--url", &url, "status", "job"]).await;
+    assert_eq!(
+        stdout(&status),
+        "job: free\n",
+        "every run released the lock"
+    );
+}
+
+#[tokio::test]
+async fn the_url_defaults_to_lockkit_url_then_to_sqlite_in_the_working_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &["exec", "job", "--", "true"]).await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert!(
+        dir.path().join("lockkit.db").exists(),
+        "the embedded default"
+    );
+
+    let from_env = lockkit(dir.path())
+        .env("LOCKKIT_URL", "sqlite://from-env.db")
+        .args(["exec", "job", "--", "true"])
+        .spawn()
+        .unwrap();
+    assert_eq!(code(&finish(from_env).await), 0);
+    assert!(dir.path().join("from-env.db").exists(), "LOCKKIT_URL");
+}
+
+/// Three `exec`s at once on one name, each appending `start <token>` and
+/// `end` around a pause: the lines must pair up, with increasing tokens.
+async fn execs_never_overlap(url: &str, fenced: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        r#"echo "start ${{LOCKKIT_FENCING_TOKEN-none}}" >> {log}; sleep 0.3; echo end >> {log}"#,
+        log = log.display()
+    );
+    let children: Vec<Child> = (0..3)
+        .map(|_| {
+            lockkit(dir.path())
+                .args([
+                    "--url",
+                    url,
+                    "exec",
+                    "shared-job",
+                    "--ttl",
+                    "5s",
+                    "--",
+                    "sh",
+                    "-c",
+                ])
+                .arg(&script)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = finish(child).await;
+        assert_eq!(code(&out), 0, "{url}: {out:?}");
+    }
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 6, "{url}: {lines:?}");
+    let mut last_token = 0;
+    for pair in lines.chunks(2) {
+        assert!(
+            pair[0].starts_with("start ") && pair[1] == "end",
+            "{url}: overlap in {lines:?}"
+        );
+        let token = &pair[0]["start ".len()..];
+        if fenced {
+            let token: u64 = token.parse().unwrap_or_else(|_| panic!("{url}: {lines:?}"));
+            assert!(token > last_token, "{url}: tokens must increase: {lines:?}");
+            last_token = token;
+        } else {
+            assert_eq!(token, "none", "{url}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_execs_never_overlap_on_sqlite_and_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    execs_never_overlap(&sqlite_url(dir.path()), true).await;
+    let redis = RedisServer::start().await;
+    execs_never_overlap(&redis.url(), true).await;
+}
+
+#[tokio::test]
+async fn two_execs_never_overlap_on_zookeeper() {
+    let zk = ZkServer::start().await;
+    execs_never_overlap(&zk.url("/cli"), true).await;
+}
+
+#[tokio::test]
+async fn two_execs_never_overlap_on_postgres_and_mariadb() {
+    let (pg, my) = tokio::join!(PostgresServer::start(), MariaDbServer::start());
+    execs_never_overlap(&format!("{}?mode=advisory", pg.url()), true).await;
+    execs_never_overlap(&pg.url(), true).await;
+    execs_never_overlap(&format!("{}?mode=named", my.url()), true).await;
+}
+
+#[tokio::test]
+async fn a_held_lock_gives_75_after_the_wait_without_running_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let locks = lockkit::connect(&url).await.unwrap();
+    let guard = locks.acquire("busy", &LockOptions::new()).await.unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+
+    let start = Instant::now();
+    let waited = run(
+        dir.path(),
+        &[
+            "--url", &url, "exec", "busy", "--wait", "300ms", "--", "sh", "-c", &touch,
+        ],
+    )
+    .await;
+    assert_eq!(code(&waited), 75, "{waited:?}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(
+        stderr(&waited).contains("\"busy\""),
+        "names the lock: {waited:?}"
+    );
+    let at_once = run(
+        dir.path(),
+        &[
+            "--url",
+            &url,
+            "exec",
+            "busy",
+            "--no-wait",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    )
+    .await;
+    assert_eq!(code(&at_once), 75, "{at_once:?}");
+    assert!(
+        !marker.exists(),
+        "the command must not run without the lock"
+    );
+
+    let status = run(dir.path(), &["--url", &url, "status", "busy", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    assert_eq!(json["held"], true);
+    assert_eq!(json["fencing_token"], guard.fencing_token().unwrap().get());
+    let left = json["remaining_ms"]
+        .as_u64()
+        .expect("lease rows know the remaining lease");
+    assert!(left > 0 && left <= 30_000, "{json}");
+    guard.release().await.unwrap();
+
+    let free = run(dir.path(), &["--url", &url, "status", "busy", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&stdout(&free)).unwrap();
+    assert_eq!(json["held"], false, "{json}");
+    assert!(
+        json["fencing_token"].is_null() && json["remaining_ms"].is_null(),
+        "{json}"
+    );
+}
+
+#[tokio::test]
+async fn an_unavailable_backend_gives_69_without_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = lockkit_testkit::free_port();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}?connect_timeout=300ms");
+    let start = Instant::now();
+    let out = run(dir.path(), &["--url", &url, "exec", "job", "--", "true"]).await;
+    assert_eq!(code(&out), 69, "{out:?}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(!stderr(&out).contains("hunter2"), "{out:?}");
+    let status = run(dir.path(), &["--url", &url, "status", "job"]).await;
+    assert_eq!(code(&status), 69, "{status:?}");
+}
+
+#[tokio::test]
+async fn usage_errors_give_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    for args in [
+        vec!["exec", "job", "--ttl", "soon", "--", "true"],
+        vec!["exec", "job", "--ttl", "0s", "--", "true"],
+        vec!["exec", "job"],
+        vec!["exec", "job", "--wait", "1s", "--no-wait", "--", "true"],
+        vec!["exec", "job", "--on-lost", "shrug", "--", "true"],
+        vec!["exec", "bad\nname", "--", "true"],
+        vec!["status"],
+        vec!["frobnicate"],
+    ] {
+        let mut full = vec!["--url", url.as_str()];
+        full.extend(args.iter().copied());
+        let out = run(dir.path(), &full).await;
+        assert_eq!(code(&out), 64, "{args:?}: {out:?}");
+        assert!(!stderr(&out).is_empty(), "{args:?} says why");
+    }
+    let out = run(
+        dir.path(),
+        &["--url", "carrier-pigeon://coop", "status", "job"],
+    )
+    .await;
+    assert_eq!(code(&out), 64, "{out:?}");
+    let help = run(dir.path(), &["exec", "--help"]).await;
+    assert_eq!(code(&help), 0);
+    assert!(
+        stdout(&help).contains("75"),
+        "the help lists the exit statuses"
+    );
+}
+
+/// Starts `exec` on Redis with a 1.5 s lease and the given options and
+/// command, waits until the command runs, then deletes the lock key behind
+/// its back. Returns the run's output and the time from the deletion to its
+/// end.
+async fn lose_the_lock(options: &[&str], script: &str, started: &Path) -> (Output, Duration) {
+    let redis = RedisServer::start().await;
+    let dir = started.parent().unwrap();
+    let child = lockkit(dir)
+        .args(["--url", &redis.url(), "exec", "lose-me", "--ttl", "1500ms"])
+        .args(options)
+        .args(["--", "sh", "-c", script])
+        .spawn()
+        .unwrap();
+    wait_for_file(started).await;
+    assert_eq!(
+        redis.command(&["DEL", "lockkit:lose-me"]).await.unwrap(),
+        "1"
+    );
+    let deleted = Instant::now();
+    let out = finish(child).await;
+    (out, deleted.elapsed())
+}
+
+#[tokio::test]
+async fn a_lost_lock_stops_the_command_and_gives_70() {
+    let dir = tempfile::tempdir().unwrap();
+    let (started, got) = (dir.path().join("started"), dir.path().join("got"));
+    let script = format!(
+        r#"trap 'echo TERM > {got}; exit 0' TERM; touch {started}; while :; do sleep 0.05; done"#,
+        got = got.display(),
+        started = started.display()
+    );
+    let (out, took) = lose_the_lock(&[], &script, &started).await;
+    assert_eq!(code(&out), 70, "{out:?}");
+    assert!(stderr(&out).contains("lost"), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "TERM\n");
+    assert!(
+        took < Duration::from_secs(5),
+        "noticed within a renewal: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_command_that_ignores_sigterm_gets_sigkill_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let script = format!(
+        r#"trap '' TERM; touch {started}; while :; do sleep 0.05; done"#,
+        started = started.display()
+    );
+    let (out, took) = lose_the_lock(&["--grace", "700ms"], &script, &started).await;
+    assert_eq!(code(&out), 70, "{out:?}");
+    assert!(stderr(&out).contains("SIGKILL"), "{out:?}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "the grace period is honoured: {took:?}"
+    );
+    assert!(took < Duration::from_secs(6), "{took:?}");
+}
+
+#[tokio::test]
+async fn on_lost_ignore_lets_the_command_finish_and_still_gives_70() {
+    let dir = tempfile::tempdir().unwrap();
+    let (started, done) = (dir.path().join("started"), dir.path().join("done"));
+    let script = format!(
+        r#"touch {started}; sleep 3; echo finished > {done}"#,
+        started = started.display(),
+        done = done.display()
+    );
+    let (out, _) = lose_the_lock(&["--on-lost", "ignore"], &script, &started).await;
+    assert_eq!(code(&out), 70, "{out:?}");
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "finished\n");
+}
+
+/// SIGTERM or SIGINT to `lockkit` reaches the command, whose exit status
+/// then becomes lockkit's; the lock is released.
+async fn signal_is_forwarded(signal: Signal, trap: &str, expect: i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let (started, got) = (dir.path().join("started"), dir.path().join("got"));
+    let script = format!(
+        r#"trap 'echo {trap} > {got}; exit {expect}' {trap}; touch {started}; while :; do sleep 0.05; done"#,
+        got = got.display(),
+        started = started.display()
+    );
+    let child = lockkit(dir.path())
+        .args(["--url", &url, "exec", "sig", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_for_file(&started).await;
+    kill(pid(&child), signal).unwrap();
+    let out = finish(child).await;
+    assert_eq!(code(&out), expect, "{out:?}");
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), format!("{trap}\n"));
+    let status = run(dir.path(), &["--url", &url, "status", "sig"]).await;
+    assert_eq!(stdout(&status), "sig: free\n");
+}
+
+#[tokio::test]
+async fn sigterm_and_sigint_reach_the_command() {
+    signal_is_forwarded(Signal::SIGTERM, "TERM", 3).await;
+    signal_is_forwarded(Signal::SIGINT, "INT", 4).await;
+}
+
+#[tokio::test]
+async fn a_signal_while_waiting_ends_the_wait_without_running_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let locks = lockkit::connect(&url).await.unwrap();
+    let guard = locks.acquire("waiting", &LockOptions::new()).await.unwrap();
+    let marker = dir.path().join("ran");
+    let child = lockkit(dir.path())
+        .args(["--url", &url, "exec", "waiting", "--", "touch"])
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kill(pid(&child), Signal::SIGTERM).unwrap();
+    let out = finish(child).await;
+    assert_eq!(code(&out), 128 + 15, "{out:?}");
+    assert!(!marker.exists());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn status_reports_holder_token_and_lease_on_redis() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let free = run(dir.path(), &["--url", &url, "status", "report"]).await;
+    assert_eq!(
+        (code(&free), stdout(&free)),
+        (0, "report: free\n".to_owned())
+    );
+
+    let locks = lockkit::connect(&url).await.unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(20));
+    let guard = locks.acquire("report", &opts).await.unwrap();
+    let token = guard.fencing_token().unwrap();
+    let held = run(dir.path(), &["--url", &url, "status", "report"]).await;
+    let text = stdout(&held);
+    assert!(
+        text.starts_with(&format!("report: held, fencing token {token}, "))
+            && text.ends_with("s left\n"),
+        "{text:?}"
+    );
+    let json = run(dir.path(), &["--url", &url, "status", "report", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(json["name"], "report");
+    assert_eq!(json["fencing_token"], token.get());
+    assert!(json["remaining_ms"].as_u64().unwrap() <= 20_000, "{json}");
+    guard.release().await.unwrap();
+}
