@@ -64,6 +64,8 @@ pub(crate) struct MySql {
     /// `Counter` only: the `UPDATE` that draws a token.
     next_fence: Arc<str>,
     fence_source: FenceSource,
+    /// Queries that each answer a row only when the schema is in place.
+    migrated: Vec<String>,
     migrate: Vec<String>,
 }
 
@@ -87,6 +89,14 @@ impl MySql {
                 "SELECT CAST(GET_LOCK(?, ?) AS SIGNED)".to_owned(),
             ),
         };
+        // Plain reads: they wait for no lock a holder may keep. (A `CREATE …
+        // IF NOT EXISTS` of an existing table waits for the metadata lock of
+        // every open transaction that used it, such as a row-mode holder's.)
+        let mut migrated = vec![format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0")];
+        migrated.push(match fence_source {
+            FenceSource::Sequence => format!("SELECT COUNT(*) FROM {seq} WHERE 1 = 0"),
+            FenceSource::Counter => format!("SELECT n FROM {counter} WHERE id = 1"),
+        });
         let mut migrate = vec![format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
                 name VARBINARY(255) NOT NULL PRIMARY KEY, \
@@ -168,13 +178,15 @@ impl MySql {
             next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
                 .into(),
             fence_source,
+            migrated,
             migrate,
         }
     }
 }
 
 /// Creates the lock table and the fencing counter if they are missing, on a
-/// connection of its own.
+/// connection of its own. When they are all there it only reads: creating
+/// them again, even `IF NOT EXISTS`, would wait for the holders of row locks.
 pub(crate) async fn migrate(
     options: &MySqlConnectOptions,
     sql: &MySql,
@@ -183,6 +195,19 @@ pub(crate) async fn migrate(
     let mut conn = settings.connecting("connect", options.connect()).await?;
     settings
         .bounded("create the lock table", async {
+            let mut in_place = true;
+            for probe in &sql.migrated {
+                let answer = sqlx::query(AssertSqlSafe(probe.as_str()))
+                    .fetch_optional(&mut conn)
+                    .await;
+                if !matches!(answer, Ok(Some(_))) {
+                    in_place = false;
+                    break;
+                }
+            }
+            if in_place {
+                return Ok(());
+            }
             for statement in &sql.migrate {
                 sqlx::query(AssertSqlSafe(statement.as_str()))
                     .execute(&mut conn)

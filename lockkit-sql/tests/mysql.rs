@@ -151,6 +151,21 @@ async fn row_killed_holder() {
     common::killed_holder::<MariaDbServer>(Mode::Row).await;
 }
 
+/// A new client connects while a row lock is held: its schema check does
+/// not wait for the holder's transaction (a `CREATE TABLE IF NOT EXISTS`
+/// would, for the table's metadata lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_connects_while_held() {
+    common::connects_while_held::<MariaDbServer>(Mode::Row).await;
+}
+
+/// The same in `named` and `lease` mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_and_lease_connect_while_held() {
+    common::connects_while_held::<MariaDbServer>(Mode::Named).await;
+    common::connects_while_held::<MariaDbServer>(Mode::Lease).await;
+}
+
 /// A cancelled `SELECT … FOR UPDATE` wait is killed on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_cancelled_wait_leaves_nothing_behind() {

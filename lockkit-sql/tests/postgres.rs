@@ -108,6 +108,15 @@ async fn row_terminated_holder() {
     common::killed_holder::<PostgresServer>(Mode::Row).await;
 }
 
+/// A new client connects (and checks the schema) while a lock is held,
+/// in every mode, without waiting for the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mode_connects_while_held() {
+    for mode in [Mode::Row, Mode::Advisory, Mode::Lease] {
+        common::connects_while_held::<PostgresServer>(mode).await;
+    }
+}
+
 /// A cancelled wait is dropped by the server within its client check interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_cancelled_wait_leaves_nothing_behind() {

@@ -212,3 +212,36 @@ pub(crate) async fn connection_failures_are_typed<S: SqlServer>(
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
     assert!(start.elapsed() < Duration::from_secs(2));
 }
+
+/// A client that connects (and so checks the schema) while another holds a
+/// lock in `mode` connects at once, sees that lock held and can take another
+/// one: the schema check must not wait for the holder's transaction or
+/// session.
+pub(crate) async fn connects_while_held<S: SqlServer>(mode: Mode) {
+    let server = S::start().await;
+    let holder = connect(&server, mode).await.expect("the holder connects");
+    let guard = holder.acquire("busy", &opts()).await.expect("acquire");
+    let started = Instant::now();
+    let late = connect(&server, mode)
+        .await
+        .expect("a client connects while a lock is held");
+    assert!(
+        started.elapsed() < CONNECT_TIMEOUT,
+        "connecting took {:?}: it waited for the holder",
+        started.elapsed()
+    );
+    assert!(late.try_acquire("busy", &opts()).await.unwrap().is_none());
+    let other = late.try_acquire("free", &opts()).await.unwrap();
+    other
+        .expect("another name is free")
+        .release()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let taken = late.try_acquire("busy", &opts()).await.unwrap();
+    taken
+        .expect("free after the release")
+        .release()
+        .await
+        .unwrap();
+}
