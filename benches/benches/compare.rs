@@ -43,11 +43,35 @@ const TTL: Duration = Duration::from_secs(30);
 /// The least time a waiter is given to queue before a handoff.
 const PARK: Duration = Duration::from_millis(20);
 
-const CYCLE_NAME: &str = "bench-compare-cycle";
-const RENEW_NAME: &str = "bench-compare-cycle-renew";
-const HELD_NAME: &str = "bench-compare-held";
-const HANDOFF_NAME: &str = "bench-compare-handoff";
-const RAW_NAME: &str = "bench-compare-raw";
+/// The lock names of one backend's benchmarks. Each backend has its own:
+/// some share a server (single Redis and the Redlocks share instances, the
+/// SQL modes of one database share a table), and a lock one backend holds
+/// must not be in another's way.
+#[derive(Clone, Copy)]
+struct Names {
+    cycle: &'static str,
+    renew: &'static str,
+    /// Held by a second client during `try_fail`.
+    held: &'static str,
+    handoff: &'static str,
+    raw: &'static str,
+}
+
+impl Names {
+    fn of(backend: Backend) -> Names {
+        // A dozen short strings for the life of the bench.
+        let name = |what: &str| -> &'static str {
+            format!("bench-compare-{}-{what}", backend.label()).leak()
+        };
+        Names {
+            cycle: name("cycle"),
+            renew: name("cycle-renew"),
+            held: name("held"),
+            handoff: name("handoff"),
+            raw: name("raw"),
+        }
+    }
+}
 
 fn main() {
     let mode = RunMode::from_env();
@@ -62,7 +86,7 @@ fn main() {
 
     let mut c = Criterion::default().configure_from_args();
     bench_group(&mut c, "cycle", mode, &fixtures, |g, f| {
-        for (renew, name) in [(false, CYCLE_NAME), (true, RENEW_NAME)] {
+        for (renew, name) in [(false, f.names.cycle), (true, f.names.renew)] {
             let opts = LockOptions::new().ttl(TTL).auto_renew(renew);
             let id = format!("{}/renew_{}", f.backend, if renew { "on" } else { "off" });
             g.bench_function(id, |b| {
@@ -77,7 +101,7 @@ fn main() {
             b.to_async(&runtime).iter(|| async {
                 let got = f
                     .lock
-                    .try_acquire(HELD_NAME, &opts)
+                    .try_acquire(f.names.held, &opts)
                     .await
                     .expect("try_acquire");
                 assert!(got.is_none(), "{}: took a held lock", f.backend);
@@ -86,7 +110,7 @@ fn main() {
     });
     bench_group(&mut c, "raw_floor", mode, &fixtures, |g, f| {
         g.bench_function(f.backend.label(), |b| {
-            b.to_async(&runtime).iter(|| f.raw.cycle(RAW_NAME))
+            b.to_async(&runtime).iter(|| f.raw.cycle(f.names.raw))
         });
     });
     let handoffs: Vec<HandoffDiag> = fixtures
@@ -108,9 +132,10 @@ fn main() {
 }
 
 /// One backend's clients: the one measured, a second one holding
-/// [`HELD_NAME`] for `try_fail`, and the raw floor.
+/// its `held` lock for `try_fail`, and the raw floor.
 struct Fixture {
     backend: Backend,
+    names: Names,
     lock: Arc<dyn DistributedLock>,
     held: LockGuard,
     raw: RawFloor,
@@ -126,10 +151,11 @@ impl Fixture {
         };
         // lockkit's clients first: their `connect` creates the SQL tables
         // the raw floors use.
+        let names = Names::of(backend);
         let lock = client().await;
         let holder = client().await;
         let held = holder
-            .acquire(HELD_NAME, &LockOptions::new().ttl(TTL))
+            .acquire(names.held, &LockOptions::new().ttl(TTL))
             .await
             .expect("hold the try_fail lock");
         let raw = RawFloor::connect(servers, backend).await;
@@ -137,12 +163,13 @@ impl Fixture {
         // Outside every measurement: first acquires create rows, nodes and
         // connections.
         for _ in 0..3 {
-            lockkit_cycle(lock.as_ref(), CYCLE_NAME, &opts).await;
-            lockkit_cycle(lock.as_ref(), RENEW_NAME, &opts).await;
-            raw.cycle(RAW_NAME).await;
+            lockkit_cycle(lock.as_ref(), names.cycle, &opts).await;
+            lockkit_cycle(lock.as_ref(), names.renew, &opts).await;
+            raw.cycle(names.raw).await;
         }
         Fixture {
             backend,
+            names,
             lock,
             held,
             raw,
@@ -179,6 +206,7 @@ fn bench_group(
 /// yardstick is one `status` call.
 struct StatusProbe {
     lock: Arc<dyn DistributedLock>,
+    name: &'static str,
 }
 
 impl HandoffProbe for StatusProbe {
@@ -191,7 +219,7 @@ impl HandoffProbe for StatusProbe {
     async fn until_parked(&self, started: Instant) {
         let deadline = started + Duration::from_secs(10);
         loop {
-            let status = self.lock.status(HANDOFF_NAME).await.expect("status");
+            let status = self.lock.status(self.name).await.expect("status");
             let queued = status.waiters.is_none_or(|n| n >= 1);
             if queued && started.elapsed() >= PARK {
                 return;
@@ -205,7 +233,7 @@ impl HandoffProbe for StatusProbe {
 
     async fn yardstick(&self) -> Duration {
         let started = Instant::now();
-        self.lock.status(HANDOFF_NAME).await.expect("status");
+        self.lock.status(self.name).await.expect("status");
         started.elapsed()
     }
 }
@@ -221,10 +249,11 @@ fn bench_handoff(
     Handoffs::connect(
         runtime,
         || servers.connect(backend),
-        HANDOFF_NAME,
+        fixture.names.handoff,
         LockOptions::new().ttl(TTL),
         StatusProbe {
             lock: fixture.lock.clone(),
+            name: fixture.names.handoff,
         },
     )
     .bench_as(c, runtime, "handoff", backend.label(), mode)
