@@ -84,7 +84,7 @@ fn main() {
         .map(|&backend| runtime.block_on(Fixture::new(&servers, backend)))
         .collect();
 
-    let mut c = Criterion::default().configure_from_args();
+    let mut c = lockkit_benches::criterion();
     bench_group(&mut c, "cycle", mode, &fixtures, |g, f| {
         for (renew, name) in [(false, f.names.cycle), (true, f.names.renew)] {
             let opts = LockOptions::new().ttl(TTL).auto_renew(renew);

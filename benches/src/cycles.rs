@@ -89,7 +89,7 @@ pub fn bench_then_pair<F: CycleFixture, T>(
     mode: RunMode,
     more: impl FnOnce(&mut Criterion) -> T,
 ) -> Option<(T, Interleaved<F::Kind>)> {
-    let mut criterion = Criterion::default().configure_from_args();
+    let mut criterion = crate::criterion();
     bench_cycles(&mut criterion, runtime, group, fixture, mode);
     let more = more(&mut criterion);
     criterion.final_summary();

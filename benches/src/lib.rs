@@ -28,7 +28,9 @@ pub use cycles::{
 };
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
 pub use load::{Locker, Outcome, Scenario, Tally, run, run_tasks};
-pub use mode::{Limit, RunMode, configure_fast, judge_optional, runtime, save_summary, verdict};
+pub use mode::{
+    Limit, RunMode, configure_fast, criterion, judge_optional, runtime, save_summary, verdict,
+};
 pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
 pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};
 pub use sql_handoff::{RawHandoff, RawSessionHandoffs, RawSessionMode};

@@ -154,3 +154,18 @@ pub fn save_summary(mode: RunMode, name: &str, summary: &str) {
         Err(e) => println!("could not write {}: {e}", path.display()),
     }
 }
+
+/// criterion, configured from the command line, with its HTML charts when
+/// the chart font can be registered and without them (and a note why)
+/// otherwise: plotters cannot draw text without it.
+#[allow(clippy::print_stderr)]
+pub fn criterion() -> criterion::Criterion {
+    let c = criterion::Criterion::default().configure_from_args();
+    match crate::plot::font() {
+        Ok(()) => c,
+        Err(why) => {
+            eprintln!("criterion's charts are off: {why}");
+            c.without_plots()
+        }
+    }
+}

@@ -14,8 +14,10 @@ pub const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 /// One curve: its label and its points.
 pub type Series = (String, Vec<(f64, f64)>);
 
-/// Registers the font once; an error says how to install it.
-fn font() -> Result<(), String> {
+/// Registers the font once, as plotters' `sans-serif` (criterion's charts use
+/// it too: plotters draws text only with a registered font once this crate
+/// turns on its `ab_glyph` feature); an error says how to install it.
+pub fn font() -> Result<(), String> {
     static FONT: OnceLock<Result<(), String>> = OnceLock::new();
     FONT.get_or_init(|| {
         let bytes = std::fs::read(FONT_PATH).map_err(|e| {
