@@ -158,8 +158,8 @@ pub fn criterion_median_ns(
     not_before: SystemTime,
 ) -> Option<f64> {
     let path = criterion_dir
-        .join(group)
-        .join(bench)
+        .join(criterion_file_name(group))
+        .join(criterion_file_name(bench))
         .join("new")
         .join("estimates.json");
     let modified = fs::metadata(&path).ok()?.modified().ok()?;
@@ -174,9 +174,30 @@ pub fn criterion_median_ns(
         .filter(|ns| ns.is_finite() && *ns > 0.0)
 }
 
+/// The directory criterion writes a group's or a benchmark's results to:
+/// its id with the characters a file name cannot hold (`/` among them)
+/// replaced by `_`, cut to 64 bytes.
+fn criterion_file_name(id: &str) -> String {
+    const UNSAFE: [char; 10] = ['?', '"', '/', '\\', '*', '<', '>', ':', '|', '^'];
+    let mut name = id.replace(UNSAFE, "_");
+    let mut end = name.len().min(64);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn criterion_file_names_replace_slashes() {
+        assert_eq!(criterion_file_name("redis/renew_off"), "redis_renew_off");
+        assert_eq!(criterion_file_name("plain"), "plain");
+        assert_eq!(criterion_file_name(&"é".repeat(40)).len(), 64);
+    }
 
     #[test]
     fn percentile_nearest_rank() {
