@@ -66,6 +66,15 @@ struct State {
     fences: HashMap<String, u64>,
 }
 
+impl State {
+    /// Draws the next fencing token of `name`.
+    fn next_fence(&mut self, name: &str) -> FencingToken {
+        let fence = self.fences.entry(name.to_owned()).or_insert(0);
+        *fence += 1;
+        FencingToken::new(*fence)
+    }
+}
+
 #[derive(Debug)]
 struct Held {
     owner: OwnerToken,
@@ -211,9 +220,7 @@ impl LeaseBackend for MemoryBackend {
                 expires_at: now + ttl,
             },
         );
-        let fence = state.fences.entry(name.clone()).or_insert(0);
-        *fence += 1;
-        Ok(Attempt::Acquired(Some(FencingToken::new(*fence))))
+        Ok(Attempt::Acquired(Some(state.next_fence(name))))
     }
 
     async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
@@ -267,9 +274,7 @@ impl LeaseBackend for MemoryBackend {
             Some(held) if held.owner == *from && held.expires_at > now => {
                 held.owner = to.clone();
                 held.expires_at = now + ttl;
-                let fence = state.fences.entry(name.clone()).or_insert(0);
-                *fence += 1;
-                Ok(Handover::Passed(Some(FencingToken::new(*fence))))
+                Ok(Handover::Passed(Some(state.next_fence(name))))
             }
             _ => Ok(Handover::NotOurs),
         }
