@@ -26,6 +26,11 @@ cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite_leas
 smoke_out=$(mktemp -d)
 cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
 rm -rf "$smoke_out"
+# The fault-injection suite, short version: every scenario on every backend it
+# applies to, seconds each, against real servers. It fails when a run does not
+# go end to end or a backend that claims fencing lets a stale write through.
+# The full run is scripts/faults.sh.
+cargo run -q -p lockkit-faults -- run --short --out target/faults-short
 
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo clippy --workspace --all-targets --no-default-features -- -D warnings

@@ -6,7 +6,9 @@
 //! * SQL servers the same way: [`PostgresServer`] and [`MariaDbServer`],
 //!   each started from a copy of a template data directory built once per
 //!   machine (so a start takes a fraction of a second).
-//! * Fault injection on them: pause (SIGSTOP), resume, kill, restart.
+//! * Fault injection on them: pause (SIGSTOP), resume, kill, restart; and
+//!   on the network between client and server, a [`TcpProxy`] that delays,
+//!   blackholes (partitions) and resets connections.
 //! * [`conformance`]: the behavioural suite every backend runs against its real
 //!   server, one named test per case.
 //! * [`contention`]: many tasks on one lock, watched by a [`Probe`] that
@@ -20,6 +22,7 @@ pub mod contention;
 mod mariadb_server;
 mod postgres_server;
 mod process;
+mod proxy;
 mod python_peer;
 mod redis_server;
 mod zk_server;
@@ -28,6 +31,7 @@ pub use contention::{Probe, spawn_contenders};
 pub use mariadb_server::{MariaDbServer, MariaDbServerBuilder};
 pub use postgres_server::{PostgresServer, PostgresServerBuilder};
 pub use process::{ServerError, ServerProcess, free_port};
+pub use proxy::TcpProxy;
 pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use zk_server::{ZkEnsemble, ZkServer, ZkServerBuilder};

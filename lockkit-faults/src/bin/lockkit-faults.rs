@@ -1,0 +1,235 @@
+//! `lockkit-faults`: runs the fault-injection scenarios and writes the report.
+//!
+//! ```text
+//! lockkit-faults run [--short] [--backends a,b] [--scenarios x,y] [--out DIR]
+//! ```
+//!
+//! Exit status 0 when every run went end to end and no backend that claims
+//! fencing accepted a stale write; 1 otherwise; 2 on bad arguments.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use lockkit_faults::deploy::Backend;
+use lockkit_faults::report;
+use lockkit_faults::run::{RunResult, Settings, run};
+use lockkit_faults::scenario::Scenario;
+use lockkit_faults::worker::{self, WorkerPlan};
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "lockkit's fault-injection suite: scenarios per backend, a fenced resource, a report"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs the scenarios and writes DIR/report.md and DIR/timelines/*.svg.
+    Run(RunArgs),
+    /// One worker process (started by `run`).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The short version (CI): a 1 s lease, 3 workers, a short tail.
+    #[arg(long)]
+    short: bool,
+    /// Only these backends (comma-separated labels).
+    #[arg(long, value_delimiter = ',')]
+    backends: Vec<String>,
+    /// Only these scenarios (comma-separated labels).
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// Where the report goes.
+    #[arg(long, default_value = "target/faults")]
+    out: PathBuf,
+    /// The lease (TTL, ZooKeeper session timeout); default 1 s short, 2 s full.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lease: Option<Duration>,
+    /// Worker processes per run; default 3 short, 4 full.
+    #[arg(long)]
+    clients: Option<u32>,
+    /// Workers stop writing when the guard reports the lease lost. By
+    /// default they report it and write on, as if their pause fell between
+    /// the check and the write: the worst case, where only fencing helps.
+    #[arg(long)]
+    careful: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct WorkerArgs {
+    #[arg(long)]
+    url: String,
+    #[arg(long)]
+    name: String,
+    #[arg(long)]
+    client: u32,
+    #[arg(long)]
+    resource: SocketAddr,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    hold: Duration,
+    #[arg(long, default_value_t = 3)]
+    writes: u32,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait: Duration,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    deadline: Duration,
+    #[arg(long)]
+    careful: bool,
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn parse_list<T: Copy>(
+    labels: &[String],
+    all: &[T],
+    find: impl Fn(&str) -> Option<T>,
+    what: &str,
+) -> Result<Vec<T>, String> {
+    if labels.is_empty() {
+        return Ok(all.to_vec());
+    }
+    labels
+        .iter()
+        .map(|label| find(label).ok_or_else(|| format!("unknown {what} {label:?}")))
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Worker(args) => {
+            init_tracing("warn");
+            let plan = WorkerPlan {
+                url: args.url,
+                name: args.name,
+                client: args.client,
+                resource: args.resource,
+                ttl: args.ttl,
+                hold: args.hold,
+                writes: args.writes,
+                wait: args.wait,
+                deadline: args.deadline,
+                careful: args.careful,
+            };
+            match worker::run(plan).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::warn!("worker ends: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Run(args) => {
+            init_tracing("info");
+            run_suite(args).await
+        }
+    }
+}
+
+async fn run_suite(args: RunArgs) -> ExitCode {
+    let backends = parse_list(
+        &args.backends,
+        &Backend::ALL,
+        Backend::from_label,
+        "backend",
+    );
+    let scenarios = parse_list(
+        &args.scenarios,
+        &Scenario::ALL,
+        Scenario::from_label,
+        "scenario",
+    );
+    let (backends, scenarios) = match (backends, scenarios) {
+        (Ok(b), Ok(s)) => (b, s),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(
+                "{e}; backends: {}; scenarios: {}",
+                Backend::ALL.map(Backend::label).join(","),
+                Scenario::ALL.map(Scenario::label).join(",")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let lease = args
+        .lease
+        .unwrap_or(Duration::from_secs(if args.short { 1 } else { 2 }));
+    let log_dir = args.out.join("logs");
+    if let Err(e) = std::fs::create_dir_all(&log_dir) {
+        tracing::error!("cannot create {}: {e}", log_dir.display());
+        return ExitCode::FAILURE;
+    }
+    let worker_exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            tracing::error!("cannot find this program's path: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = Settings {
+        lease,
+        clients: args
+            .clients
+            .unwrap_or(if args.short { 3 } else { 4 })
+            .max(2),
+        tail: lease * if args.short { 3 } else { 5 },
+        run_timeout: lease * 40 + Duration::from_secs(30),
+        worker_exe,
+        log_dir,
+        careful: args.careful,
+    };
+    let mut results: Vec<RunResult> = Vec::new();
+    for backend in backends {
+        for &scenario in backend.scenarios() {
+            if scenarios.contains(&scenario) {
+                let result = run(backend, scenario, &settings).await;
+                tracing::info!(
+                    "{}: {:?}{}",
+                    result.slug(),
+                    result.outcome,
+                    result
+                        .error
+                        .as_deref()
+                        .map(|e| format!(" ERROR {e}"))
+                        .unwrap_or_default()
+                );
+                results.push(result);
+            }
+        }
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    if let Err(e) = report::write(&args.out, &results, &settings, &command) {
+        tracing::error!("cannot write the report into {}: {e}", args.out.display());
+        return ExitCode::FAILURE;
+    }
+    let table = report::table(&results, None);
+    let _ = std::io::stdout().write_all(table.as_bytes());
+    let problems = report::problems(&results);
+    for problem in &problems {
+        tracing::error!("{problem}");
+    }
+    tracing::info!("report: {}", args.out.join("report.md").display());
+    if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

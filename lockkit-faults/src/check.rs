@@ -1,0 +1,330 @@
+//! The checker: from a run's records, what the resource saw.
+//!
+//! * **Overlaps**: pairs of critical sections of different workers whose
+//!   write intervals (first write to last write, accepted or not) intersect:
+//!   two workers believed they held the lock at once.
+//! * **Stale writes**: a write of section S made after a section S' granted
+//!   later (in real time, whatever the tokens say) to another worker had its
+//!   first write accepted. Accepted stale writes are the damage fencing
+//!   exists to prevent; rejected ones are fencing at work.
+//! * **Valid writes rejected**: rejected writes that were not stale (the
+//!   token went backwards, e.g. a fence counter lost with the server).
+//! * **Done / tried**: sections released after all their writes were
+//!   accepted, over acquire attempts.
+//! * **Recovery**: per fault, from its start to the first write of the first
+//!   section granted after it that completed.
+
+use std::collections::BTreeMap;
+
+use crate::record::{Kind, Micros, Trace};
+
+/// One critical section (or attempt) of one worker.
+#[derive(Clone, Debug, Default)]
+pub struct Section {
+    /// The worker.
+    pub client: u32,
+    /// The worker's attempt number.
+    pub section: u32,
+    /// The fencing token, if the backend gave one.
+    pub token: Option<u64>,
+    /// When the grant was reported.
+    pub acquired_at: Option<Micros>,
+    /// Every write: (time, accepted).
+    pub writes: Vec<(Micros, bool)>,
+    /// When the worker released it, or saw it lost.
+    pub ended_at: Option<Micros>,
+    /// Released without error.
+    pub released: bool,
+    /// Abandoned on the lease-lost signal.
+    pub lost: bool,
+}
+
+impl Section {
+    /// First and last write, if it wrote at all.
+    pub fn interval(&self) -> Option<(Micros, Micros)> {
+        Some((self.writes.first()?.0, self.writes.last()?.0))
+    }
+
+    /// The time of its first accepted write.
+    pub fn first_accepted(&self) -> Option<Micros> {
+        self.writes
+            .iter()
+            .find(|(_, accepted)| *accepted)
+            .map(|(at, _)| *at)
+    }
+
+    /// Released after all its writes were accepted.
+    pub fn completed(&self) -> bool {
+        self.released && !self.writes.is_empty() && self.writes.iter().all(|(_, ok)| *ok)
+    }
+
+    /// Whether `self` was granted after `other`, in real time (the grant as
+    /// the resource saw it reported). Not by token: the point of the check is
+    /// to catch tokens that disagree with the real order.
+    fn newer_than(&self, other: &Section) -> bool {
+        self.acquired_at > other.acquired_at
+    }
+}
+
+/// What the checker found in one run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Pairs of overlapping critical sections.
+    pub overlaps: u64,
+    /// Stale writes the resource accepted.
+    pub stale_accepted: u64,
+    /// Stale writes the resource rejected.
+    pub stale_rejected: u64,
+    /// Rejected writes that were not stale.
+    pub valid_rejected: u64,
+    /// Acquire attempts.
+    pub attempted: u64,
+    /// Completed critical sections.
+    pub completed: u64,
+    /// Sections abandoned on the lease-lost signal.
+    pub lost: u64,
+    /// Failed acquire attempts (timeouts and errors).
+    pub failed: u64,
+    /// Per fault, the time to the next completed section (`None`: none came).
+    pub recovery: Vec<Option<Micros>>,
+}
+
+impl Outcome {
+    /// The longest recovery, `None` if some fault never recovered.
+    pub fn worst_recovery(&self) -> Option<Micros> {
+        self.recovery
+            .iter()
+            .try_fold(0, |worst: Micros, recovery| recovery.map(|r| worst.max(r)))
+    }
+}
+
+/// The sections of a trace, ordered by worker and attempt.
+pub fn sections(trace: &Trace) -> Vec<Section> {
+    let mut sections: BTreeMap<(u32, u32), Section> = BTreeMap::new();
+    for record in &trace.records {
+        let section = sections
+            .entry((record.client, record.section))
+            .or_insert_with(|| Section {
+                client: record.client,
+                section: record.section,
+                ..Section::default()
+            });
+        match &record.kind {
+            Kind::Attempt | Kind::Failed(_) => {}
+            Kind::Acquired(token) => {
+                section.token = *token;
+                section.acquired_at = Some(record.at);
+            }
+            Kind::Write { accepted, .. } => section.writes.push((record.at, *accepted)),
+            Kind::Lost => {
+                section.lost = true;
+                section.ended_at = section.ended_at.max(Some(record.at));
+            }
+            Kind::Released(ok) => {
+                section.released = *ok;
+                section.ended_at = section.ended_at.max(Some(record.at));
+            }
+        }
+    }
+    sections
+        .into_values()
+        .filter(|section| section.acquired_at.is_some())
+        .collect()
+}
+
+/// The pairs (as indexes into `sections`) of overlapping sections.
+pub fn overlapping_pairs(sections: &[Section]) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    for (i, a) in sections.iter().enumerate() {
+        let Some((a_start, a_end)) = a.interval() else {
+            continue;
+        };
+        for (j, b) in sections.iter().enumerate().skip(i + 1) {
+            if a.client == b.client {
+                continue;
+            }
+            if let Some((b_start, b_end)) = b.interval()
+                && a_start <= b_end
+                && b_start <= a_end
+            {
+                pairs.push((i, j));
+            }
+        }
+    }
+    pairs
+}
+
+/// Whether a write of `section` at `at` came after a newer section of
+/// another worker had started writing.
+fn is_stale(sections: &[Section], section: &Section, at: Micros) -> bool {
+    sections.iter().any(|other| {
+        other.client != section.client
+            && other.newer_than(section)
+            && other.first_accepted().is_some_and(|start| start < at)
+    })
+}
+
+/// Checks one run.
+pub fn check(trace: &Trace) -> Outcome {
+    let sections = sections(trace);
+    let mut outcome = Outcome {
+        overlaps: overlapping_pairs(&sections).len() as u64,
+        ..Outcome::default()
+    };
+    for record in &trace.records {
+        match record.kind {
+            Kind::Attempt => outcome.attempted += 1,
+            Kind::Failed(_) => outcome.failed += 1,
+            _ => {}
+        }
+    }
+    for section in &sections {
+        outcome.completed += u64::from(section.completed());
+        outcome.lost += u64::from(section.lost);
+        for &(at, accepted) in &section.writes {
+            match (is_stale(&sections, section, at), accepted) {
+                (true, true) => outcome.stale_accepted += 1,
+                (true, false) => outcome.stale_rejected += 1,
+                (false, false) => outcome.valid_rejected += 1,
+                (false, true) => {}
+            }
+        }
+    }
+    outcome.recovery = trace
+        .faults
+        .iter()
+        .map(|fault| {
+            sections
+                .iter()
+                .filter(|s| s.completed() && s.acquired_at.is_some_and(|at| at >= fault.start))
+                .filter_map(Section::first_accepted)
+                .min()
+                .map(|first| first - fault.start)
+        })
+        .collect();
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Fault, Record};
+
+    fn record(at: Micros, client: u32, section: u32, kind: Kind) -> Record {
+        Record {
+            at,
+            client,
+            section,
+            kind,
+        }
+    }
+
+    fn write(token: Option<u64>, accepted: bool) -> Kind {
+        Kind::Write {
+            token,
+            index: 0,
+            accepted,
+        }
+    }
+
+    /// A holder paused past its lease: its late write is stale. With a token
+    /// the resource rejected it; without one it was accepted.
+    fn paused_holder(token: impl Fn(u64) -> Option<u64>, late_accepted: bool) -> Trace {
+        Trace {
+            records: vec![
+                record(0, 0, 0, Kind::Attempt),
+                record(10, 0, 0, Kind::Acquired(token(1))),
+                record(20, 0, 0, write(token(1), true)),
+                record(30, 1, 0, Kind::Attempt),
+                record(1_000, 1, 0, Kind::Acquired(token(2))),
+                record(1_010, 1, 0, write(token(2), true)),
+                record(1_500, 0, 0, write(token(1), late_accepted)),
+                record(1_600, 1, 0, write(token(2), true)),
+                record(1_700, 1, 0, Kind::Released(true)),
+                record(1_800, 0, 0, Kind::Released(true)),
+            ],
+            faults: vec![Fault {
+                label: "pause holder 0".into(),
+                start: 25,
+                end: 1_500,
+            }],
+            clients: 2,
+            duration: 2_000,
+        }
+    }
+
+    #[test]
+    fn fencing_turns_a_stale_write_into_a_rejection() {
+        let outcome = check(&paused_holder(Some, false));
+        assert_eq!(outcome.overlaps, 1);
+        assert_eq!(outcome.stale_accepted, 0);
+        assert_eq!(outcome.stale_rejected, 1);
+        assert_eq!(outcome.valid_rejected, 0);
+        assert_eq!(outcome.attempted, 2);
+        // The paused holder's section had a rejected write: not completed.
+        assert_eq!(outcome.completed, 1);
+        assert_eq!(outcome.recovery, vec![Some(1_010 - 25)]);
+    }
+
+    #[test]
+    fn without_tokens_the_stale_write_is_accepted() {
+        let outcome = check(&paused_holder(|_| None, true));
+        assert_eq!(outcome.overlaps, 1);
+        assert_eq!(outcome.stale_accepted, 1);
+        assert_eq!(outcome.stale_rejected, 0);
+        assert_eq!(outcome.completed, 2);
+    }
+
+    #[test]
+    fn tokens_going_backwards_reject_valid_writes() {
+        // The newer grant got a lower token (a fence counter lost with the
+        // server): its writes are rejected although they are not stale.
+        let trace = Trace {
+            records: vec![
+                record(10, 0, 0, Kind::Acquired(Some(7))),
+                record(20, 0, 0, write(Some(7), true)),
+                record(30, 0, 0, Kind::Released(true)),
+                record(40, 1, 0, Kind::Acquired(Some(1))),
+                record(50, 1, 0, write(Some(1), false)),
+                record(60, 1, 0, Kind::Released(true)),
+            ],
+            faults: vec![],
+            clients: 2,
+            duration: 100,
+        };
+        let outcome = check(&trace);
+        assert_eq!(outcome.overlaps, 0);
+        assert_eq!(outcome.stale_accepted + outcome.stale_rejected, 0);
+        assert_eq!(outcome.valid_rejected, 1);
+        assert_eq!(outcome.completed, 1);
+    }
+
+    #[test]
+    fn sequential_sections_are_clean_and_a_fault_without_recovery_shows() {
+        let trace = Trace {
+            records: vec![
+                record(10, 0, 0, Kind::Acquired(Some(1))),
+                record(20, 0, 0, write(Some(1), true)),
+                record(30, 0, 0, write(Some(1), true)),
+                record(40, 0, 0, Kind::Released(true)),
+                record(50, 1, 0, Kind::Acquired(Some(2))),
+                record(60, 1, 0, write(Some(2), true)),
+                record(70, 1, 0, Kind::Lost),
+            ],
+            faults: vec![Fault {
+                label: "kill server".into(),
+                start: 45,
+                end: 45,
+            }],
+            clients: 2,
+            duration: 100,
+        };
+        let outcome = check(&trace);
+        assert_eq!(outcome.overlaps, 0);
+        assert_eq!(outcome.stale_accepted, 0);
+        assert_eq!(outcome.lost, 1);
+        assert_eq!(outcome.completed, 1);
+        assert_eq!(outcome.recovery, vec![None]);
+        assert_eq!(outcome.worst_recovery(), None);
+    }
+}

@@ -1,0 +1,27 @@
+//! lockkit's fault-injection suite (not published).
+//!
+//! Each run starts fresh servers (`lockkit-testkit`), a fenced
+//! [`Resource`](resource::Resource), and worker processes (this crate's
+//! binary, `lockkit-faults worker`) that take the lock again and again and
+//! write to the resource with their fencing tokens, each through its own
+//! loopback [`TcpProxy`](lockkit_testkit::TcpProxy). A
+//! [`Scenario`](scenario::Scenario) injects faults (a worker paused, killed
+//! or partitioned; servers killed, paused; SQL connections killed; Redlock
+//! instances lost; a ZooKeeper leader killed), the [`check`](check::check)
+//! counts overlaps and stale writes from what the resource recorded, and the
+//! [`report`] writes a Markdown table and a timeline per run.
+//!
+//! ```text
+//! cargo run -p lockkit-faults --release -- run --out target/faults
+//! cargo run -p lockkit-faults -- run --short --out target/faults-short
+//! ```
+
+pub mod check;
+pub mod deploy;
+pub mod record;
+pub mod report;
+pub mod resource;
+pub mod run;
+pub mod scenario;
+pub mod timeline;
+pub mod worker;

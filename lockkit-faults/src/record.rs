@@ -1,0 +1,82 @@
+//! What a run records: every step of every worker as the fenced resource saw
+//! it, and the faults the orchestrator injected, on one clock.
+
+use std::fmt;
+
+/// Microseconds since the start of a run, on the orchestrator's clock (the
+/// resource stamps every record when it arrives, so all workers share it).
+pub type Micros = u64;
+
+/// One step of one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// When the resource received it.
+    pub at: Micros,
+    /// The worker (0-based).
+    pub client: u32,
+    /// The worker's attempt number; a critical section is `(client, section)`.
+    pub section: u32,
+    /// What happened.
+    pub kind: Kind,
+}
+
+/// The kinds of [`Record`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The worker starts to acquire the lock.
+    Attempt,
+    /// The lock was granted, with this fencing token (`None`: the backend has
+    /// no fencing).
+    Acquired(Option<u64>),
+    /// A write to the resource inside the critical section, and whether the
+    /// resource accepted it (a write whose token is lower than the last
+    /// accepted one is rejected).
+    Write {
+        /// The token the write carried.
+        token: Option<u64>,
+        /// The write's index inside its critical section (0 = first).
+        index: u32,
+        /// Accepted by the resource.
+        accepted: bool,
+    },
+    /// The attempt failed: `timeout`, `unavailable`, or another error kind.
+    Failed(String),
+    /// The worker saw the lease-lost signal and abandoned its critical section.
+    Lost,
+    /// The worker released the lock (`true`) or the release failed (`false`).
+    Released(bool),
+}
+
+/// A fault injected by the orchestrator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// What was done, e.g. `pause holder 2` or `kill redis`.
+    pub label: String,
+    /// When it began.
+    pub start: Micros,
+    /// When it was healed (equal to `start` for a one-off such as a kill).
+    pub end: Micros,
+}
+
+/// Everything one run recorded.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// The workers' records, in arrival order.
+    pub records: Vec<Record>,
+    /// The injected faults, in order.
+    pub faults: Vec<Fault>,
+    /// How many workers ran.
+    pub clients: u32,
+    /// The length of the run.
+    pub duration: Micros,
+}
+
+/// Formats microseconds as seconds with millisecond precision.
+#[derive(Clone, Copy, Debug)]
+pub struct Seconds(pub Micros);
+
+impl fmt::Display for Seconds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.2} s", self.0 as f64 / 1e6)
+    }
+}

@@ -1,0 +1,147 @@
+//! The report: a Markdown table of every run, a timeline per run, and the
+//! verdict (fencing backends accept no stale write; every run went end to end).
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use crate::record::Seconds;
+use crate::run::{RunResult, Settings};
+use crate::timeline;
+
+/// Why a suite failed, one line per problem.
+pub fn problems(results: &[RunResult]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for result in results {
+        if let Some(error) = &result.error {
+            problems.push(format!(
+                "{}: did not run end to end: {error}",
+                result.slug()
+            ));
+        }
+        if result.fencing && result.outcome.stale_accepted > 0 {
+            problems.push(format!(
+                "{}: the backend claims fencing, yet the resource accepted {} stale writes",
+                result.slug(),
+                result.outcome.stale_accepted
+            ));
+        }
+    }
+    problems
+}
+
+fn recovery_text(result: &RunResult) -> String {
+    if result.outcome.recovery.is_empty() {
+        return "–".into();
+    }
+    result
+        .outcome
+        .recovery
+        .iter()
+        .map(|recovery| recovery.map_or_else(|| "none".to_owned(), |r| Seconds(r).to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The Markdown table, one row per run; timelines linked from `timelines`
+/// (a path relative to the report).
+pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| backend | scenario | fencing | overlaps | stale writes accepted | stale writes rejected | valid writes rejected | done / tried | lost signals | recovery |\n",
+    );
+    out.push_str("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    for result in results {
+        let o = &result.outcome;
+        let scenario = match timelines {
+            Some(dir) => format!("[{}]({dir}/{}.svg)", result.scenario, result.slug()),
+            None => result.scenario.to_string(),
+        };
+        let recovery = match &result.error {
+            Some(_) => "**run failed**".to_owned(),
+            None => recovery_text(result),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {scenario} | {} | {} | {}{} | {} | {} | {} / {} | {} | {recovery} |",
+            result.backend,
+            if result.fencing { "yes" } else { "no" },
+            o.overlaps,
+            o.stale_accepted,
+            if result.fencing && o.stale_accepted > 0 {
+                " ❌"
+            } else {
+                ""
+            },
+            o.stale_rejected,
+            o.valid_rejected,
+            o.completed,
+            o.attempted,
+            o.lost,
+        );
+    }
+    out
+}
+
+const LEGEND: &str = "\
+* **overlaps**: pairs of critical sections of different workers whose writes \
+(first to last) intersect in time: two workers believed they held the lock at once.
+* **stale writes accepted**: writes made after a newer holder had started \
+writing, which the resource still accepted: real damage. Must be 0 wherever \
+the backend claims fencing.
+* **stale writes rejected**: the same, turned away by the resource's token check: \
+fencing at work.
+* **valid writes rejected**: writes of the newest holder rejected because its \
+token was lower than one accepted before (the fence counter went backwards).
+* **done / tried**: critical sections released after all their writes were \
+accepted, over acquire attempts.
+* **lost signals**: sections abandoned because the guard reported the lease lost.
+* **recovery**: per fault, from the fault's start to the first write of the \
+next section that completed (`none`: no section completed after it).
+";
+
+/// Writes `report.md` and one SVG timeline per run into `dir`.
+pub fn write(
+    dir: &Path,
+    results: &[RunResult],
+    settings: &Settings,
+    command: &str,
+) -> io::Result<()> {
+    let timelines = dir.join("timelines");
+    std::fs::create_dir_all(&timelines)?;
+    for result in results {
+        let title = format!("{} — {}", result.backend, result.scenario);
+        std::fs::write(
+            timelines.join(format!("{}.svg", result.slug())),
+            timeline::svg(&title, &result.trace),
+        )?;
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "# lockkit fault-injection report\n");
+    let _ = writeln!(
+        out,
+        "Command: `{command}`. Lease (TTL, ZooKeeper session timeout) {}; {} worker processes per run; each run on fresh servers on loopback. Workers {}.\n",
+        humantime::format_duration(settings.lease),
+        settings.clients,
+        if settings.careful {
+            "abandon a critical section when the guard reports the lease lost"
+        } else {
+            "report a lost lease but write on (a pause between check and write): only fencing stops a stale write"
+        }
+    );
+    out.push_str(&table(results, Some("timelines")));
+    out.push('\n');
+    out.push_str(LEGEND);
+    let problems = problems(results);
+    out.push_str("\n## Verdict\n\n");
+    if problems.is_empty() {
+        out.push_str(
+            "Every run went end to end; no backend that claims fencing accepted a stale write.\n",
+        );
+    } else {
+        for problem in problems {
+            let _ = writeln!(out, "* {problem}");
+        }
+    }
+    std::fs::write(dir.join("report.md"), out)
+}

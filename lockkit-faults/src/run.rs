@@ -1,0 +1,220 @@
+//! One run: fresh servers, worker processes, the scenario's faults, the check.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use lockkit_testkit::ServerProcess;
+
+use crate::check::{Outcome, check};
+use crate::deploy::{Backend, Deployment};
+use crate::record::Trace;
+use crate::resource::Resource;
+use crate::scenario::{Scenario, Stage};
+
+/// Critical sections that must complete before the fault is injected.
+const WARMUP_SECTIONS: u64 = 2;
+
+/// How a suite runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The lease length (TTL; ZooKeeper session timeout).
+    pub lease: Duration,
+    /// Worker processes per run.
+    pub clients: u32,
+    /// How long the workers go on after the faults are healed.
+    pub tail: Duration,
+    /// The bound of one whole run.
+    pub run_timeout: Duration,
+    /// The worker program (this binary).
+    pub worker_exe: PathBuf,
+    /// Where the workers' logs go.
+    pub log_dir: PathBuf,
+    /// Workers abandon a section on the lease-lost signal instead of
+    /// writing on (see [`WorkerPlan::careful`](crate::worker::WorkerPlan::careful)).
+    pub careful: bool,
+}
+
+/// The result of one run.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// The backend.
+    pub backend: Backend,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Whether the backend claims fencing (its capabilities).
+    pub fencing: bool,
+    /// What was recorded.
+    pub trace: Trace,
+    /// What the checker found.
+    pub outcome: Outcome,
+    /// Why the run did not go end to end, if it did not.
+    pub error: Option<String>,
+}
+
+impl RunResult {
+    /// `backend--scenario`, for file names.
+    pub fn slug(&self) -> String {
+        format!("{}--{}", self.backend, self.scenario)
+    }
+}
+
+fn worker_command(
+    settings: &Settings,
+    scenario: Scenario,
+    url: &str,
+    name: &str,
+    client: u32,
+    resource: &Resource,
+) -> Command {
+    let mut command = Command::new(&settings.worker_exe);
+    command
+        .arg("worker")
+        .args(["--url", url, "--name", name])
+        .args(["--client", &client.to_string()])
+        .args(["--resource", &resource.addr().to_string()])
+        .args([
+            "--ttl",
+            &humantime::format_duration(settings.lease).to_string(),
+        ])
+        .args([
+            "--hold",
+            &humantime::format_duration(scenario.hold(settings.lease)).to_string(),
+        ])
+        .args([
+            "--wait",
+            &humantime::format_duration(settings.lease * 3).to_string(),
+        ])
+        .args([
+            "--deadline",
+            &humantime::format_duration(settings.run_timeout).to_string(),
+        ])
+        .args(settings.careful.then_some("--careful"))
+        .env(
+            "RUST_LOG",
+            std::env::var("LOCKKIT_FAULTS_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
+        );
+    command
+}
+
+async fn spawn_workers(
+    settings: &Settings,
+    scenario: Scenario,
+    deployment: &Deployment,
+    resource: &Resource,
+    slug: &str,
+) -> Result<Vec<ServerProcess>, String> {
+    let name = format!("faults-{slug}");
+    let mut workers = Vec::new();
+    for client in 0..settings.clients {
+        let url = deployment.url(Some(client));
+        let log = settings.log_dir.join(format!("{slug}--worker{client}.log"));
+        let command = worker_command(settings, scenario, &url, &name, client, resource);
+        let worker = ServerProcess::spawn(&format!("worker {client}"), &command, &log, &log)
+            .await
+            .map_err(|e| e.to_string())?;
+        workers.push(worker);
+    }
+    Ok(workers)
+}
+
+/// Runs `scenario` on `backend`, bounded by the settings' run timeout.
+pub async fn run(backend: Backend, scenario: Scenario, settings: &Settings) -> RunResult {
+    let slug = format!("{backend}--{scenario}");
+    tracing::info!("run {slug}");
+    let resource = match Resource::start().await {
+        Ok(resource) => resource,
+        Err(e) => return failed(backend, scenario, format!("resource: {e}")),
+    };
+    let mut fencing = false;
+    let mut workers = Vec::new();
+    let staged = tokio::time::timeout(
+        settings.run_timeout,
+        stage(
+            backend,
+            scenario,
+            settings,
+            &resource,
+            &slug,
+            &mut fencing,
+            &mut workers,
+        ),
+    )
+    .await;
+    let error = match staged {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(_) => Some(format!("not done within {:?}", settings.run_timeout)),
+    };
+    for worker in &mut workers {
+        worker.kill();
+    }
+    let trace = resource.trace(settings.clients);
+    let outcome = check(&trace);
+    if let Some(error) = &error {
+        tracing::warn!("{slug}: {error}");
+    }
+    RunResult {
+        backend,
+        scenario,
+        fencing,
+        trace,
+        outcome,
+        error,
+    }
+}
+
+fn failed(backend: Backend, scenario: Scenario, error: String) -> RunResult {
+    RunResult {
+        backend,
+        scenario,
+        fencing: false,
+        trace: Trace::default(),
+        outcome: Outcome::default(),
+        error: Some(error),
+    }
+}
+
+async fn stage(
+    backend: Backend,
+    scenario: Scenario,
+    settings: &Settings,
+    resource: &Resource,
+    slug: &str,
+    fencing: &mut bool,
+    workers: &mut Vec<ServerProcess>,
+) -> Result<(), String> {
+    let deployment = Deployment::start(backend, settings.clients, settings.lease).await?;
+    let probe = lockkit::connect(&deployment.url(None))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    *fencing = probe.capabilities().fencing;
+    drop(probe);
+    *workers = spawn_workers(settings, scenario, &deployment, resource, slug).await?;
+    let warmup = settings.lease * 10;
+    if !resource.wait_completed(WARMUP_SECTIONS, warmup).await {
+        return Err(format!(
+            "only {} critical sections completed within {warmup:?} before the fault; see {}",
+            resource.completed(),
+            log_hint(&settings.log_dir, slug)
+        ));
+    }
+    let mut stage = Stage {
+        deployment: &deployment,
+        resource,
+        workers,
+        lease: settings.lease,
+    };
+    scenario.inject(&mut stage).await?;
+    tokio::time::sleep(settings.tail).await;
+    for worker in workers.iter_mut() {
+        worker.kill();
+    }
+    Ok(())
+}
+
+fn log_hint(dir: &Path, slug: &str) -> String {
+    dir.join(format!("{slug}--worker*.log"))
+        .display()
+        .to_string()
+}

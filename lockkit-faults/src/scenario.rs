@@ -1,0 +1,228 @@
+//! The fault scenarios: what is done to whom, and when.
+
+use std::fmt;
+use std::time::Duration;
+
+use lockkit_testkit::ServerProcess;
+
+use crate::deploy::Deployment;
+use crate::resource::Resource;
+
+/// A fault scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scenario {
+    /// The holder is frozen (SIGSTOP) for 2.5 leases, then continued: the
+    /// classic GC pause past the TTL.
+    HolderPaused,
+    /// The holder is SIGKILLed in its critical section.
+    HolderKilled,
+    /// Every server is SIGKILLed, and restarted one lease later.
+    ServerKilled,
+    /// Every server is frozen for 2.5 leases, then continued.
+    ServerPaused,
+    /// The holder is cut off from every server (its proxies blackhole) for
+    /// 2.5 leases, then healed. On ZooKeeper: session expiry.
+    Partition,
+    /// The SQL server kills every client connection.
+    ConnectionKilled,
+    /// Redlock: one of three masters is killed for two leases and restarted
+    /// empty, then two of three.
+    MinorityThenMajority,
+    /// ZooKeeper ensemble: the leader is killed, and restarted two leases later.
+    LeaderKilled,
+}
+
+impl Scenario {
+    /// Every scenario, in report order.
+    pub const ALL: [Scenario; 8] = [
+        Scenario::HolderPaused,
+        Scenario::HolderKilled,
+        Scenario::ServerKilled,
+        Scenario::ServerPaused,
+        Scenario::Partition,
+        Scenario::ConnectionKilled,
+        Scenario::MinorityThenMajority,
+        Scenario::LeaderKilled,
+    ];
+
+    /// The name used on the command line and in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Scenario::HolderPaused => "holder-paused",
+            Scenario::HolderKilled => "holder-killed",
+            Scenario::ServerKilled => "server-killed",
+            Scenario::ServerPaused => "server-paused",
+            Scenario::Partition => "partition",
+            Scenario::ConnectionKilled => "connection-killed",
+            Scenario::MinorityThenMajority => "minority-then-majority",
+            Scenario::LeaderKilled => "leader-killed",
+        }
+    }
+
+    /// How long the workers' critical sections last. Longer than the lease
+    /// where the fault hits the lock's renewal (a partition, a server
+    /// fault): a long job, kept alive by the watchdog, is what such a fault
+    /// puts at risk. Shorter where the holder itself is frozen or killed.
+    pub fn hold(self, lease: Duration) -> Duration {
+        match self {
+            Scenario::HolderPaused | Scenario::HolderKilled => lease.mul_f64(0.4),
+            _ => lease.mul_f64(1.2),
+        }
+    }
+
+    /// The scenario with this label.
+    pub fn from_label(label: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.label() == label)
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// What a scenario acts on.
+pub struct Stage<'a> {
+    /// The servers and proxies.
+    pub deployment: &'a Deployment,
+    /// The resource, which also records the faults.
+    pub resource: &'a Resource,
+    /// The worker processes, by client number.
+    pub workers: &'a mut [ServerProcess],
+    /// The lease length.
+    pub lease: Duration,
+}
+
+impl fmt::Debug for Stage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stage")
+            .field("deployment", self.deployment)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stage<'_> {
+    /// Waits for the next critical section to start: its worker, the holder.
+    async fn holder(&self) -> Result<u32, String> {
+        let timeout = self.lease * 5;
+        self.resource
+            .next_section_start(timeout)
+            .await
+            .ok_or_else(|| format!("no critical section started within {timeout:?}"))
+    }
+
+    fn worker(&mut self, client: u32) -> &mut ServerProcess {
+        &mut self.workers[client as usize]
+    }
+
+    fn each_server(&self, mut action: impl FnMut(usize)) {
+        (0..self.deployment.server_count()).for_each(&mut action);
+    }
+
+    async fn restart(&self, indexes: impl IntoIterator<Item = usize>) -> Result<(), String> {
+        for index in indexes {
+            self.deployment.restart(index).await?;
+        }
+        Ok(())
+    }
+}
+
+fn scaled(lease: Duration, factor: f64) -> Duration {
+    lease.mul_f64(factor)
+}
+
+impl Scenario {
+    /// Injects the scenario's faults (recording each), healing them before
+    /// it returns.
+    pub async fn inject(self, stage: &mut Stage<'_>) -> Result<(), String> {
+        let lease = stage.lease;
+        match self {
+            Scenario::HolderPaused => {
+                let holder = stage.holder().await?;
+                let start = stage.resource.now();
+                stage.worker(holder).pause().map_err(|e| e.to_string())?;
+                tokio::time::sleep(scaled(lease, 2.5)).await;
+                stage.worker(holder).resume().map_err(|e| e.to_string())?;
+                stage
+                    .resource
+                    .fault(format!("worker {holder} paused"), start);
+            }
+            Scenario::HolderKilled => {
+                let holder = stage.holder().await?;
+                let start = stage.resource.now();
+                stage.worker(holder).kill();
+                stage
+                    .resource
+                    .fault(format!("worker {holder} killed"), start);
+            }
+            Scenario::ServerKilled => {
+                stage.holder().await?;
+                let start = stage.resource.now();
+                stage.each_server(|i| stage.deployment.kill(i));
+                tokio::time::sleep(lease).await;
+                stage.restart(0..stage.deployment.server_count()).await?;
+                stage.resource.fault("server killed, restarted", start);
+            }
+            Scenario::ServerPaused => {
+                stage.holder().await?;
+                let start = stage.resource.now();
+                stage.each_server(|i| stage.deployment.pause(i));
+                tokio::time::sleep(scaled(lease, 2.5)).await;
+                stage.each_server(|i| stage.deployment.resume(i));
+                stage.resource.fault("server paused", start);
+            }
+            Scenario::Partition => {
+                let holder = stage.holder().await?;
+                let start = stage.resource.now();
+                stage.deployment.partition(holder, true);
+                tokio::time::sleep(scaled(lease, 2.5)).await;
+                stage.deployment.partition(holder, false);
+                stage
+                    .resource
+                    .fault(format!("worker {holder} partitioned"), start);
+            }
+            Scenario::ConnectionKilled => {
+                stage.holder().await?;
+                let start = stage.resource.now();
+                let killed = stage.deployment.kill_connections().await?;
+                stage
+                    .resource
+                    .fault(format!("{killed} connections killed"), start);
+            }
+            Scenario::MinorityThenMajority => {
+                stage.holder().await?;
+                let start = stage.resource.now();
+                stage.deployment.kill(0);
+                tokio::time::sleep(scaled(lease, 2.0)).await;
+                stage.restart([0]).await?;
+                stage.resource.fault("1 of 3 killed", start);
+                tokio::time::sleep(lease).await;
+                stage.holder().await?;
+                let start = stage.resource.now();
+                stage.deployment.kill(0);
+                stage.deployment.kill(1);
+                tokio::time::sleep(scaled(lease, 2.0)).await;
+                stage.restart([0, 1]).await?;
+                stage.resource.fault("2 of 3 killed", start);
+            }
+            Scenario::LeaderKilled => {
+                stage.holder().await?;
+                let leader = stage
+                    .deployment
+                    .leader()
+                    .await
+                    .ok_or("the ensemble has no leader")?;
+                let start = stage.resource.now();
+                stage.deployment.kill(leader);
+                tokio::time::sleep(scaled(lease, 2.0)).await;
+                stage.restart([leader]).await?;
+                stage
+                    .resource
+                    .fault(format!("leader (server {leader}) killed"), start);
+            }
+        }
+        Ok(())
+    }
+}

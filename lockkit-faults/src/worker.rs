@@ -1,0 +1,171 @@
+//! The worker: one client process of a scenario. It takes the lock again and
+//! again, and inside each critical section writes to the fenced resource
+//! with its fencing token, the way the crate docs teach: check the lease-lost
+//! signal before each write, let the resource reject stale tokens. Every step
+//! is reported to the resource, which stamps it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use lockkit::{LockError, LockOptions};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::time::Instant;
+
+/// Bound of one connect attempt to the backend.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound of a release.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Slack over the lock wait before an acquire counts as hung.
+const ACQUIRE_SLACK: Duration = Duration::from_secs(10);
+
+/// What one worker does.
+#[derive(Clone, Debug)]
+pub struct WorkerPlan {
+    /// The backend's URL (possibly through this worker's proxies).
+    pub url: String,
+    /// The lock name.
+    pub name: String,
+    /// This worker's number.
+    pub client: u32,
+    /// The fenced resource.
+    pub resource: SocketAddr,
+    /// The lease length asked for.
+    pub ttl: Duration,
+    /// How long a critical section lasts, first write to last.
+    pub hold: Duration,
+    /// Writes per critical section (at least 2).
+    pub writes: u32,
+    /// How long one acquire waits.
+    pub wait: Duration,
+    /// When the worker stops on its own.
+    pub deadline: Duration,
+    /// Abandon a section on the lease-lost signal (checked before each
+    /// write). Without it, the worker reports the signal but writes on, as a
+    /// process does whose pause fell between its check and its write: what
+    /// is left to stop it is the resource's fencing check.
+    pub careful: bool,
+}
+
+/// The worker's link to the resource.
+struct Link {
+    write: OwnedWriteHalf,
+    replies: Lines<BufReader<OwnedReadHalf>>,
+}
+
+impl Link {
+    async fn send(&mut self, line: String) -> io::Result<()> {
+        self.write.write_all(format!("{line}\n").as_bytes()).await
+    }
+
+    /// A write to the resource; `true` if it was accepted.
+    async fn write(&mut self, section: u32, token: Option<u64>, index: u32) -> io::Result<bool> {
+        self.send(format!("write {section} {} {index}", token_text(token)))
+            .await?;
+        match self.replies.next_line().await? {
+            Some(reply) => Ok(reply == "ok"),
+            None => Err(io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+}
+
+fn token_text(token: Option<u64>) -> String {
+    token.map_or_else(|| "-".to_owned(), |token| token.to_string())
+}
+
+fn error_kind(error: &LockError) -> &'static str {
+    match error {
+        LockError::Timeout { .. } => "timeout",
+        LockError::Unavailable { .. } => "unavailable",
+        LockError::Lost { .. } => "lost",
+        _ => "error",
+    }
+}
+
+/// Runs the worker until its deadline; an error means the resource is gone
+/// (the orchestrator ended), which also ends the worker.
+pub async fn run(plan: WorkerPlan) -> io::Result<()> {
+    let stream = TcpStream::connect(plan.resource).await?;
+    stream.set_nodelay(true)?;
+    let (read, write) = stream.into_split();
+    let mut link = Link {
+        write,
+        replies: BufReader::new(read).lines(),
+    };
+    link.send(format!("hello {}", plan.client)).await?;
+    let deadline = Instant::now() + plan.deadline;
+    let lock = loop {
+        match tokio::time::timeout(CONNECT_TIMEOUT, lockkit::connect(&plan.url)).await {
+            Ok(Ok(lock)) => break lock,
+            Ok(Err(e)) => tracing::warn!("connect: {e}"),
+            Err(_) => tracing::warn!("connect: no answer within {CONNECT_TIMEOUT:?}"),
+        }
+        if Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let options = LockOptions::new().ttl(plan.ttl).wait_for(plan.wait);
+    let writes = plan.writes.max(2);
+    let step = plan.hold / (writes - 1);
+    let mut section = 0_u32;
+    while Instant::now() < deadline {
+        link.send(format!("attempt {section}")).await?;
+        let acquired = tokio::time::timeout(
+            plan.wait + ACQUIRE_SLACK,
+            lock.acquire(&plan.name, &options),
+        )
+        .await;
+        match acquired {
+            Ok(Ok(guard)) => {
+                let token = guard.fencing_token().map(|token| token.get());
+                link.send(format!("acquired {section} {}", token_text(token)))
+                    .await?;
+                let mut lost = false;
+                for index in 0..writes {
+                    if index > 0 {
+                        tokio::time::sleep(step).await;
+                    }
+                    if !lost && guard.is_lost() {
+                        lost = true;
+                        link.send(format!("lost {section}")).await?;
+                    }
+                    if lost && plan.careful {
+                        break;
+                    }
+                    link.write(section, token, index).await?;
+                }
+                if lost {
+                    drop(guard);
+                } else {
+                    let released = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await;
+                    let ok = matches!(released, Ok(Ok(())));
+                    if let Ok(Err(e)) = &released {
+                        tracing::warn!("release: {e}");
+                    }
+                    link.send(format!(
+                        "released {section} {}",
+                        if ok { "ok" } else { "err" }
+                    ))
+                    .await?;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("acquire: {e}");
+                link.send(format!("failed {section} {}", error_kind(&e)))
+                    .await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(_) => {
+                link.send(format!("failed {section} hung")).await?;
+            }
+        }
+        section += 1;
+        // Room for the others between two sections of this worker.
+        let gap = plan.hold / 4 + Duration::from_millis(fastrand::u64(0..20));
+        tokio::time::sleep(gap).await;
+    }
+    Ok(())
+}

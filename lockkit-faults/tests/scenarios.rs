@@ -1,0 +1,60 @@
+//! The suite detects what it is built to detect: a holder paused past its
+//! lease writes after the next holder took over. With a fencing backend the
+//! resource rejects that write; without fencing (Redlock) it accepts it, and
+//! the checker says so. Real servers, real worker processes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockkit_faults::deploy::Backend;
+use lockkit_faults::run::{RunResult, Settings, run};
+use lockkit_faults::scenario::Scenario;
+
+fn settings(log_dir: PathBuf) -> Settings {
+    let lease = Duration::from_secs(1);
+    Settings {
+        lease,
+        clients: 3,
+        tail: lease * 2,
+        run_timeout: Duration::from_secs(60),
+        worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-faults")),
+        log_dir,
+        careful: false,
+    }
+}
+
+async fn paused_holder(backend: Backend) -> RunResult {
+    let logs = tempfile::tempdir().unwrap();
+    let result = run(
+        backend,
+        Scenario::HolderPaused,
+        &settings(logs.path().into()),
+    )
+    .await;
+    assert_eq!(result.error, None, "{result:?}");
+    assert_eq!(result.trace.faults.len(), 1);
+    assert!(result.outcome.completed >= 2, "{:?}", result.outcome);
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_rejects_the_paused_holders_late_write() {
+    let result = paused_holder(Backend::Redis).await;
+    assert!(result.fencing);
+    let outcome = &result.outcome;
+    assert!(outcome.overlaps >= 1, "{outcome:?}");
+    assert!(outcome.stale_rejected >= 1, "{outcome:?}");
+    assert_eq!(outcome.stale_accepted, 0, "{outcome:?}");
+    // The late holder saw its lease lost.
+    assert!(outcome.lost >= 1, "{outcome:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_the_late_write_lands() {
+    let result = paused_holder(Backend::Redlock).await;
+    assert!(!result.fencing);
+    let outcome = &result.outcome;
+    assert!(outcome.overlaps >= 1, "{outcome:?}");
+    assert!(outcome.stale_accepted >= 1, "{outcome:?}");
+    assert_eq!(outcome.stale_rejected, 0, "{outcome:?}");
+}
