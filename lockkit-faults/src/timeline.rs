@@ -14,7 +14,7 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 56.0;
 const ROW: f64 = 28.0;
 const BAR: f64 = 14.0;
-const BOTTOM: f64 = 64.0;
+const BOTTOM: f64 = 72.0;
 
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -150,42 +150,47 @@ pub fn svg(title: &str, trace: &Trace) -> String {
             bottom + 16.0
         );
     }
-    // Legend.
-    let ly = bottom + 40.0;
-    let _ = writeln!(
-        out,
-        r##"<rect x="{LEFT}" y="{:.1}" width="14" height="10" fill="#43a047"/><text x="{:.1}" y="{ly:.1}">completed section</text>"##,
-        ly - 9.0,
-        LEFT + 18.0
-    );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="#ffa000" stroke="#d50000"/><text x="{:.1}" y="{ly:.1}">overlapped another worker's section</text>"##,
-        LEFT + 140.0,
-        ly - 9.0,
-        LEFT + 158.0
-    );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="#9e9e9e"/><text x="{:.1}" y="{ly:.1}">lost / rejected / unreleased</text>"##,
-        LEFT + 390.0,
-        ly - 9.0,
-        LEFT + 408.0
-    );
-    let _ = writeln!(
-        out,
-        r##"<path d="M{:.1} {:.1} l8 8 m0 -8 l-8 8" stroke="#d50000" stroke-width="2"/><text x="{:.1}" y="{ly:.1}">write rejected (stale token)</text>"##,
-        LEFT + 590.0,
-        ly - 9.0,
-        LEFT + 604.0
-    );
-    let _ = writeln!(
-        out,
-        r##"<rect x="{:.1}" y="{:.1}" width="14" height="10" fill="#607d8b" fill-opacity="0.3"/><text x="{:.1}" y="{ly:.1}">fault</text>"##,
-        LEFT + 780.0,
-        ly - 9.0,
-        LEFT + 798.0
-    );
+    // Legend, two lines.
+    let swatch =
+        |fill: &str| format!(r#"<rect x="0" y="-9" width="14" height="10" fill="{fill}"/>"#);
+    let entries = [
+        (0.0, 0.0, swatch("#43a047"), "completed section"),
+        (
+            170.0,
+            0.0,
+            r##"<rect x="0" y="-9" width="14" height="10" fill="#ffa000" stroke="#d50000"/>"##
+                .to_owned(),
+            "overlapped another worker's section",
+        ),
+        (
+            440.0,
+            0.0,
+            swatch("#9e9e9e"),
+            "lost / rejected write / not released",
+        ),
+        (
+            0.0,
+            16.0,
+            r##"<path d="M3 -8 l8 8 m0 -8 l-8 8" stroke="#d50000" stroke-width="2"/>"##.to_owned(),
+            "write rejected: its token was below the last accepted one",
+        ),
+        (
+            440.0,
+            16.0,
+            r##"<rect x="0" y="-9" width="14" height="10" fill="#607d8b" fill-opacity="0.3"/>"##
+                .to_owned(),
+            "fault (from injection to heal)",
+        ),
+    ];
+    for (dx, dy, mark, text) in entries {
+        let _ = writeln!(
+            out,
+            r#"<g transform="translate({:.1} {:.1})">{mark}<text x="18" y="0">{}</text></g>"#,
+            LEFT + dx,
+            bottom + 36.0 + dy,
+            escape(text)
+        );
+    }
     out.push_str("</svg>\n");
     out
 }
@@ -229,7 +234,7 @@ mod tests {
         assert!(svg.contains("a &lt;fault&gt;"));
         assert!(svg.contains("token 3"));
         // The rejected write is drawn as a cross.
-        assert!(svg.contains("l8 8 m0 -8 l-8 8\" stroke=\"#d50000\""));
+        assert!(svg.contains("l8 8 m0 -8 l-8 8\" stroke=\"#d50000\" stroke-width=\"2\"/>\n"));
         assert!(svg.contains("worker 1"));
         assert!(svg.trim_end().ends_with("</svg>"));
     }

@@ -5,18 +5,45 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// Draws the next fencing token from the counter `key`. A counter that did
+/// not exist (new, or lost with a server that restarted without persistence)
+/// starts at the server's clock in microseconds instead of 1, so tokens keep
+/// increasing across such a loss: every earlier token was drawn from a counter
+/// that started at an earlier clock reading and grew by one per grant, far
+/// slower than a microsecond clock. Holds while the server's clock does not go
+/// back. Exact in Lua's doubles (2^53 µs is 285 years).
+macro_rules! next_fence {
+    () => {
+        r"
+local function next_fence(key)
+  local n = redis.call('INCR', key)
+  if n == 1 then
+    local now = redis.call('TIME')
+    local start = now[1] .. string.format('%06d', now[2])
+    redis.call('SET', key, start)
+    return tonumber(start)
+  end
+  return n
+end
+"
+    };
+}
+
 /// KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] ttl in
 /// ms, ARGV[3] "1" to draw a fencing token.
 /// Returns {1, fencing token (0 without fencing)} when granted, {0, holder's PTTL} when not.
-const ACQUIRE: &str = r"
+const ACQUIRE: &str = concat!(
+    next_fence!(),
+    r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '1' then
-    return {1, redis.call('INCR', KEYS[2])}
+    return {1, next_fence(KEYS[2])}
   end
   return {1, 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}
-";
+"
+);
 
 /// KEYS[1] lock key; ARGV[1] owner token, ARGV[2] ttl in ms. Returns 1 if extended.
 const EXTEND: &str = r"
@@ -44,16 +71,19 @@ return 0
 /// next owner, ARGV[3] ttl in ms, ARGV[4] "1" to draw a fencing token.
 /// Passes the lease from one owner to the next (a local handoff): returns the
 /// new fencing token (0 without fencing), or -1 if the lease was not ARGV[1]'s.
-const HAND_OVER: &str = r"
+const HAND_OVER: &str = concat!(
+    next_fence!(),
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   if ARGV[4] == '1' then
-    return redis.call('INCR', KEYS[2])
+    return next_fence(KEYS[2])
   end
   return 0
 end
 return -1
-";
+"
+);
 
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
