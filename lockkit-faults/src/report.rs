@@ -100,12 +100,14 @@ accepted, over acquire attempts.
 next section that completed (`none`: no section completed after it).
 ";
 
-/// Writes `report.md` and one SVG timeline per run into `dir`.
+/// Writes `report.md` (with `problems`, see [`problems`]) and one SVG
+/// timeline per run into `dir`.
 pub fn write(
     dir: &Path,
     results: &[RunResult],
     settings: &Settings,
     command: &str,
+    problems: &[String],
 ) -> io::Result<()> {
     let timelines = dir.join("timelines");
     std::fs::create_dir_all(&timelines)?;
@@ -132,7 +134,6 @@ pub fn write(
     out.push_str(&table(results, Some("timelines")));
     out.push('\n');
     out.push_str(LEGEND);
-    let problems = problems(results);
     out.push_str("\n## Verdict\n\n");
     if problems.is_empty() {
         out.push_str(

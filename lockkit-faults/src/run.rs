@@ -218,3 +218,25 @@ fn log_hint(dir: &Path, slug: &str) -> String {
         .display()
         .to_string()
 }
+
+/// This process's children still alive (zombies excluded): after a suite,
+/// every server and worker must be gone.
+pub fn leftover_children() -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (name, rest) = stat.rsplit_once(") ")?;
+            let mut fields = rest.split_ascii_whitespace();
+            let state = fields.next()?;
+            let parent: u32 = fields.next()?.parse().ok()?;
+            let name = name.split_once(" (").map_or(name, |(_, name)| name);
+            (parent == me && state != "Z").then(|| (pid, name.to_owned()))
+        })
+        .collect()
+}

@@ -9,6 +9,10 @@
 //! * Fault injection on them: pause (SIGSTOP), resume, kill, restart; and
 //!   on the network between client and server, a [`TcpProxy`] that delays,
 //!   blackholes (partitions) and resets connections.
+//! * Client processes the same way: [`ServerProcess::spawn`] runs any
+//!   command (the fault suite's workers) dying with the test process, and
+//!   its [`pause`](ServerProcess::pause) freezes a *client* (SIGSTOP), the
+//!   GC pause of the fencing literature.
 //! * [`conformance`]: the behavioural suite every backend runs against its real
 //!   server, one named test per case.
 //! * [`contention`]: many tasks on one lock, watched by a [`Probe`] that

@@ -215,14 +215,19 @@ async fn run_suite(args: RunArgs) -> ExitCode {
             }
         }
     }
+    let table = report::table(&results, None);
+    let _ = std::io::stdout().write_all(table.as_bytes());
+    let mut problems = report::problems(&results);
+    let leftovers = lockkit_faults::run::leftover_children();
+    if !leftovers.is_empty() {
+        problems.push(format!("processes left behind: {leftovers:?}"));
+    }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    if let Err(e) = report::write(&args.out, &results, &settings, &command) {
+    if let Err(e) = report::write(&args.out, &results, &settings, &command, &problems) {
         tracing::error!("cannot write the report into {}: {e}", args.out.display());
         return ExitCode::FAILURE;
     }
-    let table = report::table(&results, None);
-    let _ = std::io::stdout().write_all(table.as_bytes());
-    let problems = report::problems(&results);
+
     for problem in &problems {
         tracing::error!("{problem}");
     }
