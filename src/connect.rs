@@ -10,6 +10,7 @@ const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+cluster", "redis"),
+    ("redis+sentinel", "redis"),
     ("redlock", "redlock"),
     ("zk", "zk"),
     ("postgres", "postgres"),
@@ -25,6 +26,8 @@ const SCHEMES: &[(&str, &str)] = &[
 /// | --- | --- | --- |
 /// | `memory://` | in-process store shared by the whole process | always on |
 /// | `redis://`, `rediss://` | one Redis server (`lockkit::redis`) | `redis` |
+/// | `redis+cluster://h1:p1,h2:p2` | Redis Cluster, from these seed nodes (`lockkit::redis`) | `redis` |
+/// | `redis+sentinel://s1:p1,s2:p2/master-name` | the master Redis Sentinel names, followed across failovers (`lockkit::redis`) | `redis` |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over N Redis masters (`lockkit::redlock`) | `redlock` |
 /// | `zk://h1:p1,h2:p2/root` | ZooKeeper (`lockkit::zk`) | `zk` |
 /// | `postgres://`, `postgresql://` | PostgreSQL, `?mode=lease` (default), `row`, `advisory` (`lockkit::sql`) | `postgres` |
@@ -55,12 +58,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     match scheme.as_str() {
         "memory" => Ok(Arc::new(MemoryLock::from_url(url)?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(lockkit_redis::connect(url).await?)),
-        #[cfg(feature = "redis")]
-        "redis+cluster" => Err(LockError::invalid_url(
-            url,
-            "Redis Cluster is not supported by this version of lockkit yet",
-        )),
+        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
+            Ok(Arc::new(lockkit_redis::connect(url).await?))
+        }
         #[cfg(feature = "redlock")]
         "redlock" => Ok(Arc::new(lockkit_redlock::connect(url).await?)),
         #[cfg(feature = "zk")]

@@ -13,7 +13,8 @@ pub use lockkit_core::{
 /// [`Waiter`](lockkit_core::Waiter), [`Lease`](lockkit_core::Lease) and friends.
 pub use lockkit_core as core;
 
-/// The single-instance Redis backend, for options a URL cannot express.
+/// The Redis backend (one server, Redis Cluster, or a Sentinel-monitored
+/// master), for options a URL cannot express.
 #[cfg(feature = "redis")]
 pub use lockkit_redis as redis;
 

@@ -64,6 +64,8 @@ async fn backends_not_compiled_name_their_feature() {
     if cfg!(not(feature = "redis")) {
         expected.push(("redis://127.0.0.1:6379", "redis"));
         expected.push(("rediss://127.0.0.1:6379", "redis"));
+        expected.push(("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "redis"));
+        expected.push(("redis+sentinel://127.0.0.1:26379/mymaster", "redis"));
     }
     for (url, feature) in expected {
         match lockkit::connect(url).await.unwrap_err() {
@@ -111,6 +113,59 @@ async fn redis_through_the_facade() {
     let guard = locks.acquire("job", &LockOptions::new()).await.unwrap();
     assert_eq!(
         server.command(&["EXISTS", "facade:job"]).await.unwrap(),
+        "1"
+    );
+    guard.release().await.unwrap();
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_cluster_and_sentinel_urls() {
+    for bad in [
+        "redis+cluster://",
+        "redis+cluster://:hunter2@h:0",
+        "redis+cluster://h:1,h:1",
+        "redis+cluster://h:1/2",
+        "redis+cluster://h:1?prefx=typo",
+        "redis+sentinel://:hunter2@h:1",
+        "redis+sentinel://h:1/",
+        "redis+sentinel:///master",
+        "redis+sentinel://h:0/master",
+        "redis+sentinel://h:1/master?sentinel_password=hunter2&bogus=1",
+    ] {
+        let err = lockkit::connect(bad).await.unwrap_err();
+        assert_invalid_url(bad, &err);
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
+    }
+    // Nobody listens: unavailable within the connect timeout, secret-free.
+    let (a, b) = (lockkit_testkit::free_port(), lockkit_testkit::free_port());
+    for url in [
+        format!("redis+cluster://:hunter2@127.0.0.1:{a},127.0.0.1:{b}?connect_timeout=500ms"),
+        format!(
+            "redis+sentinel://:hunter2@127.0.0.1:{a},127.0.0.1:{b}/m?connect_timeout=500ms&sentinel_password=hunter2"
+        ),
+    ] {
+        let start = std::time::Instant::now();
+        let err = lockkit::connect(&url).await.unwrap_err();
+        assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_through_the_facade() {
+    let cluster = lockkit_testkit::RedisCluster::start(1).await;
+    let locks = lockkit::connect(&format!("{}?prefix=facade:", cluster.url()))
+        .await
+        .unwrap();
+    // A cluster's replicas may be promoted: no fencing without WAIT.
+    assert!(!locks.capabilities().fencing);
+    let guard = locks.acquire("job", &LockOptions::new()).await.unwrap();
+    assert_eq!(guard.fencing_token(), None);
+    assert_eq!(
+        cluster.command(&["EXISTS", "facade:job"]).await.unwrap(),
         "1"
     );
     guard.release().await.unwrap();

@@ -22,6 +22,10 @@ fn readme_capabilities_table_is_current() {
     let rows = [
         ("memory", lockkit::core::MEMORY_CAPABILITIES),
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
+        (
+            "redis cluster, sentinel (without `wait_replicas`)",
+            lockkit::redis::REDIS_REPLICATED_CAPABILITIES,
+        ),
         ("redlock", lockkit::redlock::REDLOCK_CAPABILITIES),
         ("zookeeper", lockkit::zk::ZK_CAPABILITIES),
         ("postgres lease", sql(Mode::Lease, Database::Postgres)),

@@ -7,9 +7,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use lockkit_testkit::{
-    MariaDbServer, PostgresServer, RedisServer, ServerError, TcpProxy, ZkEnsemble, ZkServer,
+    MariaDbServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer, ServerError,
+    TcpProxy, ZkEnsemble, ZkServer,
 };
 
+use crate::record::millis;
 use crate::scenario::Scenario;
 
 /// A backend (and deployment) of the suite.
@@ -37,11 +39,18 @@ pub enum Backend {
     MariaDbRow,
     /// MariaDB `GET_LOCK` named locks.
     MariaDbNamed,
+    /// A Redis Cluster of three masters (no replicas).
+    RedisCluster,
+    /// Redis Sentinel: a master, an asynchronous replica, three sentinels.
+    RedisSentinel,
+    /// The same, and every grant waits for the replica's acknowledgement
+    /// (`WAIT 1`) before it counts.
+    RedisSentinelWait,
 }
 
 impl Backend {
     /// Every backend, in report order.
-    pub const ALL: [Backend; 11] = [
+    pub const ALL: [Backend; 14] = [
         Backend::Redis,
         Backend::RedisAof,
         Backend::Redlock,
@@ -53,6 +62,9 @@ impl Backend {
         Backend::MariaDbLease,
         Backend::MariaDbRow,
         Backend::MariaDbNamed,
+        Backend::RedisCluster,
+        Backend::RedisSentinel,
+        Backend::RedisSentinelWait,
     ];
 
     /// The name used on the command line and in the report.
@@ -69,6 +81,9 @@ impl Backend {
             Backend::MariaDbLease => "mariadb-lease",
             Backend::MariaDbRow => "mariadb-row",
             Backend::MariaDbNamed => "mariadb-named",
+            Backend::RedisCluster => "redis-cluster",
+            Backend::RedisSentinel => "redis-sentinel",
+            Backend::RedisSentinelWait => "redis-sentinel-wait",
         }
     }
 
@@ -104,6 +119,11 @@ impl Backend {
                 Partition,
                 ConnectionKilled,
             ],
+            // The cluster and sentinel clients learn the servers' addresses
+            // from the servers, so a per-worker proxy cannot sit in between:
+            // no partition scenario for them.
+            Backend::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
+            Backend::RedisSentinel | Backend::RedisSentinelWait => &[HolderPaused, Failover],
         }
     }
 
@@ -131,6 +151,8 @@ enum Servers {
     ZkEnsemble(ZkEnsemble),
     Postgres(PostgresServer),
     MariaDb(MariaDbServer),
+    Cluster(RedisCluster),
+    Sentinel(Box<RedisSentinels>),
 }
 
 /// Fresh servers for one run of one backend, and a proxy per worker and server.
@@ -188,6 +210,12 @@ impl Deployment {
             Backend::MariaDbLease | Backend::MariaDbRow | Backend::MariaDbNamed => {
                 Servers::MariaDb(MariaDbServer::try_start().await.map_err(server_error)?)
             }
+            Backend::RedisCluster => {
+                Servers::Cluster(RedisCluster::try_start(3).await.map_err(server_error)?)
+            }
+            Backend::RedisSentinel | Backend::RedisSentinelWait => Servers::Sentinel(Box::new(
+                RedisSentinels::try_start().await.map_err(server_error)?,
+            )),
         };
         let mut deployment = Deployment {
             backend,
@@ -195,7 +223,11 @@ impl Deployment {
             proxies: Vec::new(),
             lease,
         };
-        for _ in 0..clients {
+        let proxied = !matches!(
+            deployment.servers,
+            Servers::Cluster(_) | Servers::Sentinel(_)
+        );
+        for _ in 0..if proxied { clients } else { 0 } {
             let mut proxies = Vec::new();
             for addr in deployment.addrs() {
                 proxies.push(
@@ -223,6 +255,8 @@ impl Deployment {
             }
             Servers::Postgres(server) => vec![server.addr()],
             Servers::MariaDb(server) => vec![server.addr()],
+            Servers::Cluster(cluster) => cluster.nodes().iter().map(RedisServer::addr).collect(),
+            Servers::Sentinel(sentinels) => vec![sentinels.master().addr()],
         }
     }
 
@@ -230,16 +264,16 @@ impl Deployment {
     /// to the servers.
     pub fn url(&self, client: Option<u32>) -> String {
         let hosts: Vec<String> = match client {
-            Some(client) => self.proxies[client as usize]
+            Some(client) if !self.proxies.is_empty() => self.proxies[client as usize]
                 .iter()
                 .map(|proxy| proxy.addr().to_string())
                 .collect(),
-            None => self.addrs().iter().map(ToString::to_string).collect(),
+            _ => self.addrs().iter().map(ToString::to_string).collect(),
         };
         let hosts = hosts.join(",");
         // Every bound well inside the lease, so that faults surface as
         // errors before the lease runs out.
-        let bound = humantime::format_duration(self.lease / 3);
+        let bound = millis(self.lease / 3);
         match self.backend {
             Backend::Redis | Backend::RedisAof => {
                 format!("redis://{hosts}?command_timeout={bound}")
@@ -247,7 +281,7 @@ impl Deployment {
             Backend::Redlock => format!("redlock://{hosts}"),
             Backend::Zk | Backend::ZkEnsemble => format!(
                 "zk://{hosts}/faults?session_timeout={}&command_timeout={bound}",
-                humantime::format_duration(self.lease)
+                millis(self.lease)
             ),
             Backend::PgLease | Backend::PgRow | Backend::PgAdvisory => format!(
                 "postgres://postgres@{hosts}/postgres?mode={}&command_timeout={bound}&liveness={bound}",
@@ -257,6 +291,22 @@ impl Deployment {
                 "mysql://root@{hosts}/lockkit?mode={}&command_timeout={bound}&liveness={bound}",
                 self.backend.sql_mode().unwrap_or("lease")
             ),
+            Backend::RedisCluster => match &self.servers {
+                Servers::Cluster(cluster) => format!("{}?command_timeout={bound}", cluster.url()),
+                _ => unreachable!("a cluster backend runs on a cluster"),
+            },
+            Backend::RedisSentinel | Backend::RedisSentinelWait => match &self.servers {
+                Servers::Sentinel(sentinels) => format!(
+                    "{}?command_timeout={bound}{}",
+                    sentinels.url(),
+                    if self.backend == Backend::RedisSentinelWait {
+                        format!("&wait_replicas=1&wait_timeout={bound}")
+                    } else {
+                        String::new()
+                    }
+                ),
+                _ => unreachable!("a sentinel backend runs on sentinels"),
+            },
         }
     }
 
@@ -273,6 +323,8 @@ impl Deployment {
             Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].pause(),
             Servers::Postgres(server) => server.pause(),
             Servers::MariaDb(server) => server.pause(),
+            Servers::Cluster(cluster) => cluster.nodes()[index].pause(),
+            Servers::Sentinel(sentinels) => sentinels.master().pause(),
         }
     }
 
@@ -284,6 +336,8 @@ impl Deployment {
             Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].resume(),
             Servers::Postgres(server) => server.resume(),
             Servers::MariaDb(server) => server.resume(),
+            Servers::Cluster(cluster) => cluster.nodes()[index].resume(),
+            Servers::Sentinel(sentinels) => sentinels.master().resume(),
         }
     }
 
@@ -295,6 +349,8 @@ impl Deployment {
             Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].kill(),
             Servers::Postgres(server) => server.kill(),
             Servers::MariaDb(server) => server.kill(),
+            Servers::Cluster(cluster) => cluster.nodes()[index].kill(),
+            Servers::Sentinel(sentinels) => sentinels.master().kill(),
         }
     }
 
@@ -306,15 +362,122 @@ impl Deployment {
             Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].try_restart().await,
             Servers::Postgres(server) => server.try_restart().await,
             Servers::MariaDb(server) => server.try_restart().await,
+            Servers::Cluster(cluster) => cluster.nodes()[index].try_restart().await,
+            Servers::Sentinel(sentinels) => sentinels.master().try_restart().await,
         }
         .map_err(server_error)
     }
 
+    /// Waits, after restarts, until the deployment serves again where it
+    /// needs more than the servers' own readiness: a Redis Cluster whose
+    /// restarted nodes must find each other again.
+    pub async fn settle(&self, timeout: Duration) -> Result<(), String> {
+        match &self.servers {
+            Servers::Cluster(cluster) if !cluster.wait_until_ok(timeout).await => Err(format!(
+                "the cluster is not ok {timeout:?} after the restart"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Partitions `client` from every server (`true`) or heals it.
-    pub fn partition(&self, client: u32, on: bool) {
-        for proxy in &self.proxies[client as usize] {
+    pub fn partition(&self, client: u32, on: bool) -> Result<(), String> {
+        let proxies = self
+            .proxies
+            .get(client as usize)
+            .ok_or_else(|| format!("{} runs without proxies", self.backend))?;
+        for proxy in proxies {
             proxy.blackhole(on);
         }
+        Ok(())
+    }
+
+    fn sentinels(&self) -> Result<&RedisSentinels, String> {
+        match &self.servers {
+            Servers::Sentinel(sentinels) => Ok(sentinels),
+            _ => Err(format!("{} has no sentinels", self.backend)),
+        }
+    }
+
+    /// Checks that the replica still replicates through the proxy (the
+    /// sentinels may re-point it at the master's own address).
+    pub async fn check_replication_path(&self) -> Result<(), String> {
+        let sentinels = self.sentinels()?;
+        let info = sentinels
+            .replica()
+            .command(&["INFO", "replication"])
+            .await
+            .map_err(|e| format!("INFO of the replica: {e}"))?;
+        let port = sentinels.replication_proxy().port().to_string();
+        let through_proxy = info
+            .lines()
+            .any(|line| line.trim().strip_prefix("master_port:") == Some(port.as_str()));
+        if through_proxy {
+            Ok(())
+        } else {
+            Err(format!(
+                "the replica does not replicate through the proxy (port {port}): {info}"
+            ))
+        }
+    }
+
+    /// Restarts the killed old master and makes it the new master's replica
+    /// at once (what the sentinels would do after some 10 to 20 s, or an
+    /// operator), so that grants can be acknowledged again.
+    pub async fn rejoin_old_master(&self) -> Result<(), String> {
+        let sentinels = self.sentinels()?;
+        let master = sentinels
+            .current_master_addr()
+            .await
+            .ok_or("no sentinel names a master")?;
+        sentinels
+            .master()
+            .try_restart()
+            .await
+            .map_err(server_error)?;
+        let reply = sentinels
+            .master()
+            .command(&[
+                "REPLICAOF",
+                &master.ip().to_string(),
+                &master.port().to_string(),
+            ])
+            .await
+            .map_err(|e| format!("REPLICAOF on the old master: {e}"))?;
+        if reply.starts_with("OK") {
+            Ok(())
+        } else {
+            Err(format!("REPLICAOF on the old master: {reply}"))
+        }
+    }
+
+    /// Blackholes (`true`) or heals the replica's replication link.
+    pub fn cut_replication(&self, on: bool) -> Result<(), String> {
+        self.sentinels()?.replication_proxy().blackhole(on);
+        Ok(())
+    }
+
+    /// Drops the replication link's connections (and what a blackhole held).
+    pub fn reset_replication(&self) -> Result<(), String> {
+        self.sentinels()?.replication_proxy().reset_connections();
+        Ok(())
+    }
+
+    /// Kills the Sentinel deployment's master; returns its address.
+    pub fn kill_master(&self) -> Result<SocketAddr, String> {
+        let sentinels = self.sentinels()?;
+        let master = sentinels.master();
+        master.kill();
+        Ok(master.addr())
+    }
+
+    /// Waits until the sentinels name a master other than `old`.
+    pub async fn wait_for_failover(
+        &self,
+        old: SocketAddr,
+        timeout: Duration,
+    ) -> Result<bool, String> {
+        Ok(self.sentinels()?.wait_for_failover(old, timeout).await)
     }
 
     /// The index of the ZooKeeper ensemble's leader.

@@ -80,3 +80,8 @@ impl fmt::Display for Seconds {
         write!(f, "{:.2} s", self.0 as f64 / 1e6)
     }
 }
+
+/// `1234ms`: a duration as a URL parameter or command-line argument.
+pub fn millis(duration: std::time::Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}

@@ -32,8 +32,8 @@ pub struct Resource {
 struct Shared {
     started: Instant,
     state: Mutex<State>,
-    /// The client and time of the latest accepted first write of a section.
-    section_starts: watch::Sender<Option<(u32, Micros)>>,
+    /// The client and section of the latest accepted first write.
+    section_starts: watch::Sender<Option<(u32, u32)>>,
     /// Sections released after all their writes were accepted.
     completed: watch::Sender<u64>,
 }
@@ -84,7 +84,7 @@ impl Shared {
         });
         drop(state);
         if accepted && index == 0 {
-            self.section_starts.send_replace(Some((client, at)));
+            self.section_starts.send_replace(Some((client, section)));
         }
         stale_against
     }
@@ -139,12 +139,36 @@ impl Resource {
     /// accepted) and returns its worker: the current holder. `None` when no
     /// section started within `timeout`.
     pub async fn next_section_start(&self, timeout: Duration) -> Option<u32> {
+        self.next_section_granted_after(0, timeout).await
+    }
+
+    /// Like [`next_section_start`](Self::next_section_start), but only a
+    /// section whose lock was granted (reported acquired) after `after`.
+    pub async fn next_section_granted_after(
+        &self,
+        after: Micros,
+        timeout: Duration,
+    ) -> Option<u32> {
         let mut starts = self.shared.section_starts.subscribe();
         starts.mark_unchanged();
-        match tokio::time::timeout(timeout, starts.changed()).await {
-            Ok(Ok(())) => starts.borrow().map(|(client, _)| client),
-            _ => None,
-        }
+        let wait = async {
+            loop {
+                starts.changed().await.ok()?;
+                let Some((client, section)) = *starts.borrow_and_update() else {
+                    continue;
+                };
+                let granted = self.shared.state().records.iter().any(|r| {
+                    r.client == client
+                        && r.section == section
+                        && matches!(r.kind, Kind::Acquired(_))
+                        && r.at > after
+                });
+                if granted {
+                    return Some(client);
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.ok().flatten()
     }
 
     /// Sections released after all their writes were accepted, so far.

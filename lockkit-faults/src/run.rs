@@ -8,7 +8,7 @@ use lockkit_testkit::ServerProcess;
 
 use crate::check::{Outcome, check};
 use crate::deploy::{Backend, Deployment};
-use crate::record::Trace;
+use crate::record::{Trace, millis};
 use crate::resource::Resource;
 use crate::scenario::{Scenario, Stage};
 
@@ -22,8 +22,8 @@ pub struct Settings {
     pub lease: Duration,
     /// Worker processes per run.
     pub clients: u32,
-    /// How long the workers go on after the faults are healed.
-    pub tail: Duration,
+    /// How long the workers go on after the faults are healed, in leases.
+    pub tail_leases: u32,
     /// The bound of one whole run.
     pub run_timeout: Duration,
     /// The worker program (this binary).
@@ -73,22 +73,13 @@ fn worker_command(
         .args(["--url", url, "--name", name])
         .args(["--client", &client.to_string()])
         .args(["--resource", &resource.addr().to_string()])
-        .args([
-            "--ttl",
-            &humantime::format_duration(settings.lease).to_string(),
-        ])
+        .args(["--ttl", &millis(scenario.lease(settings.lease))])
         .args([
             "--hold",
-            &humantime::format_duration(scenario.hold(settings.lease)).to_string(),
+            &millis(scenario.hold(scenario.lease(settings.lease))),
         ])
-        .args([
-            "--wait",
-            &humantime::format_duration(settings.lease * 3).to_string(),
-        ])
-        .args([
-            "--deadline",
-            &humantime::format_duration(settings.run_timeout).to_string(),
-        ])
+        .args(["--wait", &millis(scenario.lease(settings.lease) * 3)])
+        .args(["--deadline", &millis(settings.run_timeout)])
         .args(settings.careful.then_some("--careful"))
         .env(
             "RUST_LOG",
@@ -184,14 +175,15 @@ async fn stage(
     fencing: &mut bool,
     workers: &mut Vec<ServerProcess>,
 ) -> Result<(), String> {
-    let deployment = Deployment::start(backend, settings.clients, settings.lease).await?;
+    let lease = scenario.lease(settings.lease);
+    let deployment = Deployment::start(backend, settings.clients, lease).await?;
     let probe = lockkit::connect(&deployment.url(None))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     *fencing = probe.capabilities().fencing;
     drop(probe);
     *workers = spawn_workers(settings, scenario, &deployment, resource, slug).await?;
-    let warmup = settings.lease * 10;
+    let warmup = lease * 10;
     if !resource.wait_completed(WARMUP_SECTIONS, warmup).await {
         return Err(format!(
             "only {} critical sections completed within {warmup:?} before the fault; see {}",
@@ -203,10 +195,10 @@ async fn stage(
         deployment: &deployment,
         resource,
         workers,
-        lease: settings.lease,
+        lease,
     };
     scenario.inject(&mut stage).await?;
-    tokio::time::sleep(settings.tail).await;
+    tokio::time::sleep(lease * settings.tail_leases).await;
     for worker in workers.iter_mut() {
         worker.kill();
     }

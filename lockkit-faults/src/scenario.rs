@@ -30,11 +30,16 @@ pub enum Scenario {
     MinorityThenMajority,
     /// ZooKeeper ensemble: the leader is killed, and restarted two leases later.
     LeaderKilled,
+    /// Redis Sentinel: replication to the replica is cut, a lock is granted
+    /// on the master meanwhile (if the backend grants one), the master is
+    /// killed before that grant reaches the replica, and the sentinels
+    /// promote the replica.
+    Failover,
 }
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::HolderPaused,
         Scenario::HolderKilled,
         Scenario::ServerKilled,
@@ -43,6 +48,7 @@ impl Scenario {
         Scenario::ConnectionKilled,
         Scenario::MinorityThenMajority,
         Scenario::LeaderKilled,
+        Scenario::Failover,
     ];
 
     /// The name used on the command line and in the report.
@@ -56,6 +62,18 @@ impl Scenario {
             Scenario::ConnectionKilled => "connection-killed",
             Scenario::MinorityThenMajority => "minority-then-majority",
             Scenario::LeaderKilled => "leader-killed",
+            Scenario::Failover => "failover",
+        }
+    }
+
+    /// The lease for this scenario, from the suite's `base` lease. A failover
+    /// takes seconds (the sentinels' down-after time, an election, the
+    /// promotion): a lock lost in it only matters to a lease longer than
+    /// that, as leases in production are.
+    pub fn lease(self, base: Duration) -> Duration {
+        match self {
+            Scenario::Failover => (base * 4).max(Duration::from_secs(4)),
+            _ => base,
         }
     }
 
@@ -125,9 +143,15 @@ impl Stage<'_> {
         for index in indexes {
             self.deployment.restart(index).await?;
         }
-        Ok(())
+        self.deployment.settle(SETTLE_TIMEOUT).await
     }
 }
+
+/// How long a restarted deployment gets to serve again.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long the sentinels get to promote the replica.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn scaled(lease: Duration, factor: f64) -> Duration {
     lease.mul_f64(factor)
@@ -176,9 +200,9 @@ impl Scenario {
             Scenario::Partition => {
                 let holder = stage.holder().await?;
                 let start = stage.resource.now();
-                stage.deployment.partition(holder, true);
+                stage.deployment.partition(holder, true)?;
                 tokio::time::sleep(scaled(lease, 2.5)).await;
-                stage.deployment.partition(holder, false);
+                stage.deployment.partition(holder, false)?;
                 stage
                     .resource
                     .fault(format!("worker {holder} partitioned"), start);
@@ -221,6 +245,42 @@ impl Scenario {
                 stage
                     .resource
                     .fault(format!("leader (server {leader}) killed"), start);
+            }
+            Scenario::Failover => {
+                // Cut replication while a section runs, so that the next
+                // grant is made (or refused) while the replica is cut off.
+                stage.holder().await?;
+                stage.deployment.check_replication_path().await?;
+                let start = stage.resource.now();
+                stage.deployment.cut_replication(true)?;
+                let granted = stage
+                    .resource
+                    .next_section_granted_after(start, lease * 2)
+                    .await;
+                let old = stage.deployment.kill_master()?;
+                stage.deployment.reset_replication()?;
+                stage.deployment.cut_replication(false)?;
+                let promoted = stage
+                    .deployment
+                    .wait_for_failover(old, FAILOVER_TIMEOUT)
+                    .await?;
+                if !promoted {
+                    return Err(format!("no failover within {FAILOVER_TIMEOUT:?}"));
+                }
+                // The old master comes back as the new master's replica (so
+                // that WAIT can be satisfied again).
+                stage.deployment.rejoin_old_master().await?;
+                stage.resource.fault(
+                    format!(
+                        "replication cut, {}, master killed, replica promoted",
+                        if granted.is_some() {
+                            "lock granted meanwhile"
+                        } else {
+                            "no grant meanwhile"
+                        }
+                    ),
+                    start,
+                );
             }
         }
         Ok(())

@@ -15,7 +15,7 @@ fn settings(log_dir: PathBuf) -> Settings {
     Settings {
         lease,
         clients: 3,
-        tail: lease * 2,
+        tail_leases: 2,
         run_timeout: Duration::from_secs(60),
         worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-faults")),
         log_dir,

@@ -14,10 +14,17 @@ use crate::keys::Keys;
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;
 
-/// What the single-instance Redis backend guarantees.
+/// What the Redis backend guarantees on one server (`redis://`). In Redis
+/// Cluster and Sentinel mode fencing is claimed only with
+/// [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas): see
+/// [`RedisBackend::fences`].
 pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_fencing(true)
     .with_notified_wait(true);
+
+/// What the Redis backend guarantees in Redis Cluster and Sentinel mode
+/// without `wait_replicas`: no fencing (see [`RedisBackend::fences`]).
+pub const REDIS_REPLICATED_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_fencing(false);
 
 /// The [`LeaseBackend`] of one Redis server.
 #[derive(Debug)]
@@ -45,9 +52,25 @@ impl RedisBackend {
         &self.prefix
     }
 
-    /// The Redis keys of `name`.
+    /// Whether grants carry fencing tokens. On one server, yes. Where
+    /// replicas are promoted on failure (Cluster, Sentinel), only when every
+    /// grant waits for a replica's acknowledgement: otherwise a replica
+    /// promoted before the last grant reached it hands out that grant's
+    /// token a second time, and a resource that accepts a token equal to
+    /// the last one (as the usual `fence <= token` check does) lets the old
+    /// holder's writes through. The fault suite shows it (`lockkit-faults`,
+    /// scenario `failover`).
+    pub fn fences(&self) -> bool {
+        self.instance.mode() == "single" || self.instance.wait_for_replicas().is_some()
+    }
+
+    /// The Redis keys of `name` ([`Keys::for_cluster`] in Redis Cluster).
     pub fn keys(&self, name: &str) -> Result<Keys> {
-        Keys::new(&self.prefix, name)
+        if self.instance.is_cluster() {
+            Keys::for_cluster(&self.prefix, name)
+        } else {
+            Keys::new(&self.prefix, name)
+        }
     }
 }
 
@@ -64,7 +87,11 @@ impl LeaseBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        REDIS_CAPABILITIES
+        if self.fences() {
+            REDIS_CAPABILITIES
+        } else {
+            REDIS_REPLICATED_CAPABILITIES
+        }
     }
 
     async fn try_lock(
@@ -74,7 +101,7 @@ impl LeaseBackend for RedisBackend {
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         self.instance
-            .try_lock(keys, owner.as_str(), ttl, true)
+            .try_lock(keys, owner.as_str(), ttl, self.fences())
             .await
     }
 
@@ -86,8 +113,11 @@ impl LeaseBackend for RedisBackend {
         self.instance.release(keys, owner.as_str(), true).await
     }
 
+    /// Not while every grant must be acknowledged by replicas (`WAIT`): a
+    /// hand-over is a grant too, and it is simpler to send every grant
+    /// through the acquire script.
     fn can_hand_over(&self) -> bool {
-        true
+        self.instance.wait_for_replicas().is_none()
     }
 
     /// One script: the lease becomes `to`'s with a new fencing token.
@@ -101,10 +131,10 @@ impl LeaseBackend for RedisBackend {
         Ok(
             match self
                 .instance
-                .hand_over(keys, from.as_str(), to.as_str(), ttl, true)
+                .hand_over(keys, from.as_str(), to.as_str(), ttl, self.fences())
                 .await?
             {
-                Some(token) => Handover::Passed(Some(FencingToken::new(token))),
+                Some(token) => Handover::Passed(self.fences().then(|| FencingToken::new(token))),
                 None => Handover::NotOurs,
             },
         )
@@ -117,7 +147,12 @@ impl LeaseBackend for RedisBackend {
         Ok(match self.instance.holder(keys).await? {
             Some(holder) => LockStatus::held()
                 .with_remaining(Some(holder.remaining))
-                .with_fencing_token(holder.fence.map(FencingToken::new)),
+                .with_fencing_token(
+                    holder
+                        .fence
+                        .filter(|_| self.fences())
+                        .map(FencingToken::new),
+                ),
             None => LockStatus::free(),
         })
     }

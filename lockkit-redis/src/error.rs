@@ -30,7 +30,10 @@ pub(crate) fn map_error(addr: &str, what: &str, error: RedisError) -> LockError 
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
-            )
+                    // A replica answered: a failover is under way.
+                    | ServerErrorKind::ReadOnly
+            ) | ErrorKind::MasterNameNotFoundBySentinel
+                | ErrorKind::ClusterConnectionNotFound
         );
     let message = format!("{what} on {addr} failed: {error}");
     if unavailable {

@@ -1,4 +1,5 @@
-//! One Redis server: the command connection, the scripts, and release notifications.
+//! One Redis deployment (a server, a Redis Cluster or a Sentinel-monitored
+//! master): the command connection, the scripts, and release notifications.
 
 use std::fmt;
 use std::future::Future;
@@ -7,17 +8,22 @@ use std::time::Duration;
 
 use lockkit_core::{Attempt, FencingToken, LockError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisError, TlsCertificates};
+use redis::cluster::ClusterClientBuilder;
+use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates};
 
-use crate::config::RedisConfig;
-use crate::error::{map_error, timed_out};
+use crate::config::{RedisConfig, ReplicaWait, Topology};
+use crate::connection::Connection;
+use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::Keys;
-use crate::notifications::Notifications;
+use crate::notifications::{Notifications, Target};
 use crate::scripts::{SCRIPTS, SOURCES};
+use crate::sentinel::{Resolver, SentinelConnection};
 
-/// A connection to one Redis server with the lock operations as single atomic
-/// scripts. Every call is bounded by the command timeout; the connection
-/// reconnects on its own after the server comes back.
+/// A connection to one Redis deployment — a single server, a Redis Cluster,
+/// or the master that Redis Sentinel names — with the lock operations as
+/// single atomic scripts. Every call is bounded by the command timeout; the
+/// connection reconnects on its own after the server comes back (and, with
+/// Sentinel, follows the master to the promoted replica after a failover).
 ///
 /// [`RedisLock`](crate::RedisLock) uses one; the Redlock backend uses N.
 #[derive(Clone)]
@@ -27,16 +33,23 @@ pub struct RedisInstance {
 
 struct Inner {
     address: String,
-    commands: ConnectionManager,
+    mode: &'static str,
+    commands: Connection,
+    /// With `WAIT`: the connection that acquires (and waits) on, so that a
+    /// `WAIT` never holds up renewals and releases on `commands`.
+    acquire: Option<Connection>,
     notifications: Arc<Notifications>,
     command_timeout: Duration,
+    wait: Option<ReplicaWait>,
 }
 
 impl fmt::Debug for RedisInstance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisInstance")
             .field("address", &self.inner.address)
+            .field("mode", &self.inner.mode)
             .field("command_timeout", &self.inner.command_timeout)
+            .field("wait_for_replicas", &self.inner.wait)
             .finish_non_exhaustive()
     }
 }
@@ -57,39 +70,118 @@ fn client_for(config: &RedisConfig, info: redis::ConnectionInfo) -> Result<Clien
 
 /// Reconnection settings: few, quick retries, so that a command on a dead
 /// server fails within its own timeout instead of waiting out a long backoff.
-fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
+fn manager_config(config: &RedisConfig, response_timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(Some(config.command_timeout))
+        .set_response_timeout(Some(response_timeout))
         .set_number_of_retries(2)
         .set_min_delay(Duration::from_millis(10))
         .set_max_delay(Duration::from_millis(200))
+}
+
+/// The same `info` speaking RESP3 (for the subscriber).
+fn resp3(info: &redis::ConnectionInfo) -> redis::ConnectionInfo {
+    info.clone().set_redis_settings(
+        info.redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3),
+    )
+}
+
+/// Opens a command connection whose replies may take `response_timeout`.
+/// Single server and Cluster connect here; Sentinel on first use.
+async fn open(
+    config: &RedisConfig,
+    resolver: Option<&Arc<Resolver>>,
+    response_timeout: Duration,
+) -> Result<Connection> {
+    let address = config.address();
+    match (&config.topology, resolver) {
+        (Topology::Cluster { nodes }, _) => {
+            let client = ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(response_timeout)
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(200)
+                .build()
+                .map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))?;
+            let conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| map_error(&address, "connect", e))?;
+            Ok(Connection::Cluster(conn))
+        }
+        (Topology::Sentinel { .. }, Some(resolver)) => Ok(Connection::Sentinel(
+            SentinelConnection::new(resolver.clone(), config.connect_timeout, response_timeout),
+        )),
+        _ => {
+            let client = client_for(config, config.info.clone())?;
+            let manager = ConnectionManager::new_with_config(
+                client,
+                manager_config(config, response_timeout),
+            )
+            .await
+            .map_err(|e| map_error(&address, "connect", e))?;
+            Ok(Connection::Single(manager))
+        }
+    }
 }
 
 impl RedisInstance {
     /// Connects, checks that the server answers, and loads the scripts.
     pub async fn connect(config: RedisConfig) -> Result<RedisInstance> {
         let address = config.address();
-        let client = client_for(&config, config.info.clone())?;
-        let connect = async {
-            let mut manager =
-                ConnectionManager::new_with_config(client, manager_config(&config)).await?;
-            // A lone PING first: it surfaces a missing or wrong password as one
-            // clear error instead of one per pipelined command.
-            redis::cmd("PING").query_async::<()>(&mut manager).await?;
-            let mut load = redis::pipe();
-            for source in SOURCES {
-                load.cmd("SCRIPT").arg("LOAD").arg(source);
-            }
-            load.query_async::<()>(&mut manager).await?;
-            Ok::<_, RedisError>(manager)
+        let resolver = match &config.topology {
+            Topology::Sentinel {
+                sentinels,
+                master_name,
+            } => Some(Resolver::new(
+                sentinels.clone(),
+                master_name.clone(),
+                config.info.clone(),
+                config.connect_timeout,
+                config.command_timeout,
+            )),
+            _ => None,
         };
-        let commands = match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(Ok(manager)) => manager,
-            Ok(Err(error)) => return Err(map_error(&address, "connect", error)),
+        let connect = async {
+            let mut commands = open(&config, resolver.as_ref(), config.command_timeout).await?;
+            // A lone PING first: it surfaces a missing or wrong password as one
+            // clear error instead of one per script.
+            let prepare = async {
+                redis::cmd("PING").query_async::<()>(&mut commands).await?;
+                for source in SOURCES {
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(source)
+                        .query_async::<()>(&mut commands)
+                        .await?;
+                }
+                Ok::<_, RedisError>(())
+            };
+            prepare
+                .await
+                .map_err(|e| map_error(&address, "connect", e))?;
+            let acquire = match config.wait {
+                Some(wait) => Some(
+                    open(
+                        &config,
+                        resolver.as_ref(),
+                        config.command_timeout + wait.timeout,
+                    )
+                    .await?,
+                ),
+                None => None,
+            };
+            Ok::<_, LockError>((commands, acquire))
+        };
+        let (commands, acquire) = match tokio::time::timeout(config.connect_timeout, connect).await
+        {
+            Ok(result) => result?,
             Err(_) => {
                 return Err(LockError::unavailable(
-                    crate::error::BACKEND,
+                    BACKEND,
                     format!(
                         "connect to {address}: no connection within {:?}",
                         config.connect_timeout
@@ -97,53 +189,100 @@ impl RedisInstance {
                 ));
             }
         };
-        tracing::debug!(redis.address = %address, "connected");
-        Self::with_commands(&config, commands)
+        tracing::debug!(redis.address = %address, redis.mode = config.mode(), "connected");
+        Self::build(&config, commands, acquire, resolver)
     }
 
     /// An instance that connects on first use: no network traffic here, and a
     /// server that is down now is picked up once it is back. The scripts are
     /// loaded on their first `NOSCRIPT`. For Redlock, which must start with a
-    /// quorum and let the other instances come later.
+    /// quorum and let the other instances come later. Single servers only
+    /// (`redis://`, `rediss://`).
     pub fn connect_lazy(config: RedisConfig) -> Result<RedisInstance> {
+        if !matches!(config.topology, Topology::Single) {
+            return Err(LockError::invalid_options(format!(
+                "a lazy connection needs a single server, not {} mode",
+                config.mode()
+            )));
+        }
         let client = client_for(&config, config.info.clone())?;
-        let commands = ConnectionManager::new_lazy_with_config(client, manager_config(&config))
-            .map_err(|e| map_error(&config.address(), "set up the connection", e))?;
-        Self::with_commands(&config, commands)
+        let commands = ConnectionManager::new_lazy_with_config(
+            client.clone(),
+            manager_config(&config, config.command_timeout),
+        )
+        .map_err(|e| map_error(&config.address(), "set up the connection", e))?;
+        let acquire = match config.wait {
+            Some(wait) => Some(Connection::Single(
+                ConnectionManager::new_lazy_with_config(
+                    client,
+                    manager_config(&config, config.command_timeout + wait.timeout),
+                )
+                .map_err(|e| map_error(&config.address(), "set up the connection", e))?,
+            )),
+            None => None,
+        };
+        Self::build(&config, Connection::Single(commands), acquire, None)
     }
 
-    fn with_commands(config: &RedisConfig, commands: ConnectionManager) -> Result<RedisInstance> {
+    fn build(
+        config: &RedisConfig,
+        commands: Connection,
+        acquire: Option<Connection>,
+        resolver: Option<Arc<Resolver>>,
+    ) -> Result<RedisInstance> {
         let address = config.address();
         // Release notifications arrive on a second, RESP3 connection that is only
         // opened when the first waiter needs it.
-        let resp3 = config.info.clone().set_redis_settings(
-            config
-                .info
-                .redis_settings()
-                .clone()
-                .set_protocol(redis::ProtocolVersion::RESP3),
-        );
+        let target = match (&config.topology, resolver) {
+            (Topology::Sentinel { .. }, Some(resolver)) => Target::Sentinel(resolver),
+            (Topology::Cluster { nodes }, _) => Target::Seeds(
+                nodes
+                    .iter()
+                    .map(|node| client_for(config, resp3(node)))
+                    .collect::<Result<_>>()?,
+            ),
+            _ => Target::Fixed(Box::new(client_for(config, resp3(&config.info))?)),
+        };
         let notifications = Notifications::new(
-            client_for(config, resp3)?,
-            manager_config(config),
+            target,
+            manager_config(config, config.command_timeout),
             address.clone(),
             config.command_timeout,
             config.subscription_linger,
-        )
-        .map_err(|e| map_error(&address, "set up the subscriber", e))?;
+        );
         Ok(RedisInstance {
             inner: Arc::new(Inner {
                 address,
+                mode: config.mode(),
                 commands,
+                acquire,
                 notifications,
                 command_timeout: config.command_timeout,
+                wait: config.wait,
             }),
         })
     }
 
-    /// The server address, `host:port`.
+    /// The server address, `host:port` (see [`RedisConfig::address`] for
+    /// Cluster and Sentinel).
     pub fn address(&self) -> &str {
         &self.inner.address
+    }
+
+    /// `"single"`, `"cluster"` or `"sentinel"`; see [`RedisConfig::mode`].
+    pub fn mode(&self) -> &'static str {
+        self.inner.mode
+    }
+
+    /// Whether this is a Redis Cluster (whose keys must be
+    /// [`Keys::for_cluster`]).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.mode == "cluster"
+    }
+
+    /// The `WAIT` after every grant, if set: replicas and timeout.
+    pub fn wait_for_replicas(&self) -> Option<(usize, Duration)> {
+        self.inner.wait.map(|w| (w.replicas, w.timeout))
     }
 
     async fn run<T>(
@@ -151,18 +290,29 @@ impl RedisInstance {
         what: &str,
         call: impl Future<Output = std::result::Result<T, RedisError>>,
     ) -> Result<T> {
-        match tokio::time::timeout(self.inner.command_timeout, call).await {
+        self.run_within(what, self.inner.command_timeout, call)
+            .await
+    }
+
+    async fn run_within<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        call: impl Future<Output = std::result::Result<T, RedisError>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, call).await {
             Ok(result) => result.map_err(|e| map_error(&self.inner.address, what, e)),
-            Err(_) => Err(timed_out(
-                &self.inner.address,
-                what,
-                self.inner.command_timeout,
-            )),
+            Err(_) => Err(timed_out(&self.inner.address, what, limit)),
         }
     }
 
     /// `SET lock owner NX PX ttl`, and on success `INCR fence` when `fencing`;
     /// on failure the holder's remaining TTL.
+    ///
+    /// With [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas),
+    /// `WAIT` follows on the same connection; when too few replicas
+    /// acknowledge, the lock is released again and the attempt fails with
+    /// `LockError::Unavailable`.
     pub async fn try_lock(
         &self,
         keys: &Keys,
@@ -170,20 +320,34 @@ impl RedisInstance {
         ttl: Duration,
         fencing: bool,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut conn = self.inner.commands.clone();
-        let (granted, value): (i64, i64) = self
-            .run(
-                "acquire",
-                SCRIPTS
-                    .acquire
-                    .key(&keys.lock)
-                    .key(&keys.fence)
-                    .arg(owner)
-                    .arg(ttl_millis(ttl))
-                    .arg(if fencing { "1" } else { "0" })
-                    .invoke_async(&mut conn),
-            )
-            .await?;
+        let mut invocation = SCRIPTS.acquire.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(owner)
+            .arg(ttl_millis(ttl))
+            .arg(if fencing { "1" } else { "0" });
+        let (granted, value): (i64, i64) = match (self.inner.wait, &self.inner.acquire) {
+            (Some(wait), Some(acquire)) => {
+                let mut conn = acquire.clone();
+                let ((granted, value), acknowledged) = self
+                    .run_within(
+                        "acquire and wait for the replicas",
+                        self.inner.command_timeout + wait.timeout,
+                        acquire_and_wait(&mut conn, &invocation, wait),
+                    )
+                    .await?;
+                if granted == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
+                    return Err(self.not_replicated(keys, owner, acknowledged, wait).await);
+                }
+                (granted, value)
+            }
+            _ => {
+                let mut conn = self.inner.commands.clone();
+                self.run("acquire", invocation.invoke_async(&mut conn))
+                    .await?
+            }
+        };
         Ok(if granted == 1 {
             Attempt::Acquired(fencing.then(|| FencingToken::new(value.max(0) as u64)))
         } else {
@@ -197,6 +361,29 @@ impl RedisInstance {
                 },
             }
         })
+    }
+
+    /// After a grant that too few replicas acknowledged: releases it again
+    /// and describes what happened.
+    async fn not_replicated(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        acknowledged: i64,
+        wait: ReplicaWait,
+    ) -> LockError {
+        let mut message = format!(
+            "lock key {:?} on {}: lock written but only {acknowledged} of {} replicas acknowledged within {:?}",
+            keys.lock, self.inner.address, wait.replicas, wait.timeout
+        );
+        match self.release(keys, owner, true).await {
+            Ok(_) => message.push_str("; released it again"),
+            Err(error) => message.push_str(&format!(
+                "; releasing it failed too ({error}), so it ends with its TTL"
+            )),
+        }
+        tracing::warn!(redis.address = %self.inner.address, "{message}");
+        LockError::unavailable(BACKEND, message)
     }
 
     /// Extends `owner`'s lease to `ttl` from now; false if the key is not `owner`'s.
@@ -321,6 +508,28 @@ impl RedisInstance {
         let mut conn = self.inner.commands.clone();
         self.run("ping", redis::cmd("PING").query_async::<()>(&mut conn))
             .await
+    }
+}
+
+/// `EVALSHA` of the acquire script and `WAIT` in one pipeline, so that both
+/// go over the same connection (`WAIT` counts the replicas that have the
+/// connection's writes); the script is loaded on `NOSCRIPT`.
+async fn acquire_and_wait(
+    conn: &mut Connection,
+    invocation: &ScriptInvocation<'_>,
+    wait: ReplicaWait,
+) -> std::result::Result<((i64, i64), i64), RedisError> {
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(invocation)
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(ttl_millis(wait.timeout));
+    match pipe.query_async(conn).await {
+        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            invocation.load_async(conn).await?;
+            pipe.query_async(conn).await
+        }
+        other => other,
     }
 }
 

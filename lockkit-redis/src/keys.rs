@@ -10,8 +10,16 @@ pub const DEFAULT_PREFIX: &str = "lockkit:";
 /// * lock key: `<prefix><name>`, holding the owner token (so with an empty
 ///   prefix it is the plain key that redis-py's `Lock`, redsync and node-redlock use);
 /// * fence counter: `{<prefix><name>}:fence` (same cluster slot as the lock key
-///   when the name has no braces);
+///   when the lock key has no `}`);
 /// * release channel: `{<prefix><name>}:released`.
+///
+/// In Redis Cluster mode ([`Keys::for_cluster`]) the lock key and the channel
+/// are the same, and so is the fence counter whenever the lock key contains
+/// no `}`. A lock key with a `}` may hash to a different slot than
+/// `{<prefix><name>}:fence` (the acquire script, which touches both, would
+/// fail with `CROSSSLOT`), so its counter is `{<tag>}:fence:<prefix><name>`
+/// instead, where `<tag>` is the lock key's own hash tag or, when it has
+/// none, a short tag chosen to hash to the lock key's slot.
 ///
 /// Names are UTF-8 and Redis keys are binary-safe, so prefixing is injective.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +55,116 @@ impl Keys {
             lock,
         })
     }
+
+    /// The keys of `name` under `prefix` for Redis Cluster: the lock key and
+    /// the fence counter always share a hash slot (see [`Keys`]). Besides the
+    /// checks of [`Keys::new`], refuses names whose lock key would have the
+    /// shape of another lock's cluster fence counter (possible only with an
+    /// empty prefix, or one that starts with `{`).
+    pub fn for_cluster(prefix: &str, name: &str) -> Result<Keys> {
+        let mut keys = Keys::new(prefix, name)?;
+        if looks_like_cluster_fence(&keys.lock, prefix) {
+            return Err(LockError::InvalidName {
+                name: format!("{name:?}"),
+                reason: format!(
+                    "with the key prefix {prefix:?} its key would be the fencing counter of another lock in Redis Cluster"
+                ),
+            });
+        }
+        if keys.lock.contains('}') {
+            let tag = match hash_tag(keys.lock.as_bytes()) {
+                // The tag has no `}`: `{tag}` is a hash tag again.
+                Some(tag) => String::from_utf8_lossy(tag).into_owned(),
+                None => slot_tag(key_slot(keys.lock.as_bytes())).to_owned(),
+            };
+            keys.fence = format!("{{{tag}}}:fence:{}", keys.lock);
+        }
+        Ok(keys)
+    }
+}
+
+/// Whether `lock` has the shape `{<tag>}:fence:<prefix>…}…` of a cluster
+/// fence counter of [`Keys::for_cluster`].
+fn looks_like_cluster_fence(lock: &str, prefix: &str) -> bool {
+    lock.strip_prefix('{')
+        .and_then(|rest| rest.split_once('}'))
+        .and_then(|(_, after)| after.strip_prefix(":fence:"))
+        .is_some_and(|inner| inner.starts_with(prefix) && inner.contains('}'))
+}
+
+/// The number of hash slots of Redis Cluster.
+const SLOTS: u16 = 16384;
+
+/// The part of `key` Redis Cluster hashes: the content of the first `{…}`
+/// when it is not empty, else `None` (the whole key is hashed).
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let close = key[open + 1..].iter().position(|&b| b == b'}')?;
+    let tag = &key[open + 1..open + 1 + close];
+    (!tag.is_empty()).then_some(tag)
+}
+
+/// The hash slot of `key`, as `CLUSTER KEYSLOT` computes it.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    crc16_xmodem(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// CRC-16/XMODEM (polynomial 0x1021, initial value 0), Redis Cluster's key hash.
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// A short alphanumeric string (no braces) that hashes to `slot`; the table
+/// is built on first use (a few hundred thousand CRCs, once).
+fn slot_tag(slot: u16) -> &'static str {
+    static TABLE: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+        let mut table = vec![String::new(); usize::from(SLOTS)];
+        let mut missing = usize::from(SLOTS);
+        let mut candidate = Vec::new();
+        // Strings in order of length, then of the alphabet: short tags first.
+        'lengths: for len in 1..=4 {
+            let mut digits = vec![0_usize; len];
+            loop {
+                candidate.clear();
+                candidate.extend(digits.iter().map(|&d| ALPHABET[d]));
+                let entry = &mut table[usize::from(crc16_xmodem(&candidate) % SLOTS)];
+                if entry.is_empty() {
+                    *entry = String::from_utf8_lossy(&candidate).into_owned();
+                    missing -= 1;
+                    if missing == 0 {
+                        break 'lengths;
+                    }
+                }
+                // The next combination, like an odometer.
+                let mut i = len;
+                loop {
+                    if i == 0 {
+                        continue 'lengths;
+                    }
+                    i -= 1;
+                    digits[i] += 1;
+                    if digits[i] < ALPHABET.len() {
+                        break;
+                    }
+                    digits[i] = 0;
+                }
+            }
+        }
+        table
+    });
+    &TABLE[usize::from(slot % SLOTS)]
 }
 
 #[cfg(test)]
@@ -60,6 +178,72 @@ mod tests {
         assert_eq!(keys.fence, "{lockkit:orders/42}:fence");
         assert_eq!(keys.channel, "{lockkit:orders/42}:released");
         assert_eq!(Keys::new("", "job").unwrap().lock, "job");
+    }
+
+    #[test]
+    fn key_slots_match_redis() {
+        // Values of `CLUSTER KEYSLOT` on a real server.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"somekey"), 11058);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), crc16_xmodem(b"foo{}{bar}") % SLOTS);
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+    }
+
+    #[test]
+    fn every_slot_has_a_tag() {
+        for slot in 0..SLOTS {
+            let tag = slot_tag(slot);
+            assert!(!tag.is_empty() && tag.len() <= 4, "slot {slot}: {tag:?}");
+            assert_eq!(key_slot(tag.as_bytes()), slot);
+        }
+    }
+
+    #[test]
+    fn cluster_keys_share_a_slot() {
+        for name in [
+            "job",
+            "{a}",
+            "a{b}c",
+            "}",
+            "{",
+            "{}",
+            "a}b",
+            "x{}y}",
+            "{a}:fence",
+            "ü}",
+            "}{a}",
+        ] {
+            for prefix in ["lockkit:", "", "{p}"] {
+                let Ok(keys) = Keys::for_cluster(prefix, name) else {
+                    continue;
+                };
+                assert_eq!(keys.lock, format!("{prefix}{name}"));
+                assert_eq!(
+                    key_slot(keys.lock.as_bytes()),
+                    key_slot(keys.fence.as_bytes()),
+                    "{prefix:?} {name:?}: {keys:?}"
+                );
+                if !keys.lock.contains('}') {
+                    assert_eq!(keys, Keys::new(prefix, name).unwrap());
+                }
+            }
+        }
+        let keys = Keys::for_cluster("lockkit:", "a}b").unwrap();
+        assert!(keys.fence.ends_with(":fence:lockkit:a}b"), "{keys:?}");
+        assert_eq!(
+            Keys::for_cluster("lockkit:", "x{tag}y").unwrap().fence,
+            "{tag}:fence:lockkit:x{tag}y"
+        );
+    }
+
+    #[test]
+    fn cluster_fence_lookalikes_are_refused() {
+        let fence = Keys::for_cluster("", "a}b").unwrap().fence;
+        assert!(Keys::for_cluster("", &fence).is_err());
+        assert!(Keys::new("", &fence).is_ok());
+        assert!(Keys::for_cluster("lockkit:", &fence).is_ok());
     }
 
     #[test]

@@ -2,22 +2,26 @@
 
 mod backend;
 mod config;
+mod connection;
 mod error;
 mod instance;
 mod keys;
 mod notifications;
 mod scripts;
+mod sentinel;
 
-pub use backend::{REDIS_CAPABILITIES, RedisBackend, RedisLock};
+pub use backend::{REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock};
 pub use config::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER, RedisConfig,
-    RedisLockBuilder,
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
+    DEFAULT_WAIT_TIMEOUT, RedisConfig, RedisLockBuilder,
 };
 pub use instance::{Holder, RedisInstance};
 pub use keys::{DEFAULT_PREFIX, Keys};
 
-/// Connects to the Redis server of a `redis://` or `rediss://` URL; see
-/// [`RedisLockBuilder`] for the URL parameters.
+/// Connects to the Redis server of a `redis://` or `rediss://` URL, the Redis
+/// Cluster of a `redis+cluster://` URL, or the Sentinel-monitored master of a
+/// `redis+sentinel://` URL; see [`RedisLockBuilder`] for the URL forms and
+/// parameters.
 pub async fn connect(url: &str) -> lockkit_core::Result<RedisLock> {
     RedisLockBuilder::from_url(url)?.connect().await
 }

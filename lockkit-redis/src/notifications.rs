@@ -1,6 +1,13 @@
 //! One shared subscriber connection per client that wakes the waiters of a
 //! name when its holder publishes the release.
+//!
+//! The subscriber talks to one server: the single server; in Redis Cluster
+//! one of the seed nodes (a `PUBLISH` reaches every node of a cluster), the
+//! next one after a failed subscription; with Sentinel the current master,
+//! followed across failovers. Wherever it cannot subscribe, waiters fall back
+//! to polling (backoff and the holder's TTL).
 
+use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -8,26 +15,52 @@ use lockkit_core::{NotifyHub, ReleaseWatch};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, PushInfo, PushKind, RedisError, Value};
 
+use crate::sentinel::{MasterAddr, Resolver};
+
+/// Where the subscriber connects.
+pub(crate) enum Target {
+    /// One server.
+    Fixed(Box<Client>),
+    /// Any of these cluster nodes, tried in turn.
+    Seeds(Vec<Client>),
+    /// The master the sentinels name (connection settings from the
+    /// resolver, with RESP3).
+    Sentinel(Arc<Resolver>),
+}
+
+/// The subscriber connection and what is subscribed on it; guarded by one
+/// mutex, which also serialises SUBSCRIBE and UNSUBSCRIBE so that they reach
+/// the server in the order the hub's topics were created and removed.
+#[derive(Default)]
+struct Subscriber {
+    /// The connection and the target it goes to.
+    conn: Option<(String, ConnectionManager)>,
+    /// Channels subscribed on the server (to subscribe again on a new target).
+    channels: HashSet<String>,
+    /// The next cluster seed to try.
+    next_seed: usize,
+}
+
 pub(crate) struct Notifications {
     hub: NotifyHub,
-    conn: ConnectionManager,
-    /// Serialises SUBSCRIBE and UNSUBSCRIBE so that they reach the server in the
-    /// order the hub's topics were created and removed.
-    serial: tokio::sync::Mutex<()>,
+    subscriber: tokio::sync::Mutex<Subscriber>,
+    target: Target,
+    config: ConnectionManagerConfig,
     address: String,
     command_timeout: Duration,
     linger: Duration,
 }
 
 impl Notifications {
-    /// Sets up the subscriber; its connection opens on first use.
+    /// Sets up the subscriber; its connection opens on first use. With a
+    /// Sentinel target (and a runtime), a task follows the master.
     pub(crate) fn new(
-        resp3_client: Client,
+        target: Target,
         config: ConnectionManagerConfig,
         address: String,
         command_timeout: Duration,
         linger: Duration,
-    ) -> Result<Arc<Self>, RedisError> {
+    ) -> Arc<Self> {
         let this: Arc<OnceLock<Weak<Notifications>>> = Arc::default();
         let hook_target = this.clone();
         let hub = NotifyHub::with_idle_hook(move |channel| {
@@ -42,17 +75,25 @@ impl Notifications {
                 Ok::<(), std::convert::Infallible>(())
             })
             .set_automatic_resubscription();
-        let conn = ConnectionManager::new_lazy_with_config(resp3_client, config)?;
         let notifications = Arc::new(Notifications {
             hub,
-            conn,
-            serial: tokio::sync::Mutex::new(()),
+            subscriber: tokio::sync::Mutex::default(),
+            target,
+            config,
             address,
             command_timeout,
             linger,
         });
         let _ = this.set(Arc::downgrade(&notifications));
-        Ok(notifications)
+        if let Target::Sentinel(resolver) = &notifications.target
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(follow_master(
+                resolver.changes(),
+                Arc::downgrade(&notifications),
+            ));
+        }
+        notifications
     }
 
     /// A watch on `channel`, subscribing on the server if this is its first
@@ -68,20 +109,93 @@ impl Notifications {
             channel,
             watch: Some(watch),
         };
-        let _serial = self.serial.lock().await;
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.command_timeout, conn.subscribe(channel)).await {
-            Ok(Ok(())) => pending.watch.take().unwrap_or_else(ReleaseWatch::none),
+        let mut subscriber = self.subscriber.lock().await;
+        let subscribed = tokio::time::timeout(self.command_timeout, async {
+            let mut conn = self.connection(&mut subscriber).await?;
+            conn.subscribe(channel).await
+        })
+        .await;
+        match subscribed {
+            Ok(Ok(())) => {
+                subscriber.channels.insert(channel.to_owned());
+                pending.watch.take().unwrap_or_else(ReleaseWatch::none)
+            }
             failed => {
                 let why = match failed {
                     Ok(Err(e)) => e.to_string(),
                     _ => format!("no reply within {:?}", self.command_timeout),
                 };
+                if matches!(self.target, Target::Seeds(_)) {
+                    // Try the next seed next time.
+                    subscriber.conn = None;
+                    subscriber.next_seed += 1;
+                }
                 tracing::warn!(redis.address = %self.address, error = %why,
                     "cannot subscribe to release notifications; waiting by polling");
                 ReleaseWatch::none()
             }
         }
+    }
+
+    /// The subscriber connection to the current target: the existing one,
+    /// or a new one on which every known channel is subscribed again.
+    async fn connection(
+        &self,
+        subscriber: &mut Subscriber,
+    ) -> Result<ConnectionManager, RedisError> {
+        let (key, client) = match &self.target {
+            // One connection for the client's whole life: it reconnects by itself.
+            Target::Fixed(client) => match &subscriber.conn {
+                Some((_, conn)) => return Ok(conn.clone()),
+                None => (String::new(), Client::clone(client)),
+            },
+            Target::Seeds(clients) => match &subscriber.conn {
+                Some((_, conn)) => return Ok(conn.clone()),
+                None => {
+                    let index = subscriber.next_seed % clients.len();
+                    (format!("seed {index}"), clients[index].clone())
+                }
+            },
+            Target::Sentinel(resolver) => {
+                let master = match resolver.known_master() {
+                    Some(master) => master,
+                    None => resolver.resolve().await?,
+                };
+                let key = master_key(&master);
+                match &subscriber.conn {
+                    Some((current, conn)) if *current == key => return Ok(conn.clone()),
+                    _ => {}
+                }
+                let info = resolver.node_info(&master);
+                let resp3 = info
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(redis::ProtocolVersion::RESP3);
+                (key, Client::open(info.set_redis_settings(resp3))?)
+            }
+        };
+        let conn = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        subscriber.conn = Some((key, conn.clone()));
+        if !subscriber.channels.is_empty() {
+            let channels: Vec<&str> = subscriber.channels.iter().map(String::as_str).collect();
+            let mut resubscribe = conn.clone();
+            if let Err(error) = resubscribe.subscribe(channels).await {
+                tracing::warn!(redis.address = %self.address, %error,
+                    "cannot subscribe again after a change of server; waiting by polling");
+            }
+            // Releases may have been missed meanwhile: let every waiter retry.
+            self.hub.notify_all();
+        }
+        Ok(conn)
+    }
+
+    /// Moves the subscriptions to the master the sentinels name now.
+    async fn retarget(&self) {
+        let mut subscriber = self.subscriber.lock().await;
+        if subscriber.conn.is_none() && subscriber.channels.is_empty() {
+            return;
+        }
+        let _ = tokio::time::timeout(self.command_timeout, self.connection(&mut subscriber)).await;
     }
 
     fn unsubscribe_later(self: Arc<Self>, channel: &str) {
@@ -98,13 +212,33 @@ impl Notifications {
             };
             tokio::time::sleep(linger).await;
             let Some(this) = weak.upgrade() else { return };
-            let _serial = this.serial.lock().await;
+            let mut subscriber = this.subscriber.lock().await;
             if this.hub.remove_if_idle(&channel) {
-                let mut conn = this.conn.clone();
-                let _ =
-                    tokio::time::timeout(this.command_timeout, conn.unsubscribe(&channel)).await;
+                subscriber.channels.remove(&channel);
+                if let Some((_, conn)) = &subscriber.conn {
+                    let mut conn = conn.clone();
+                    let _ = tokio::time::timeout(this.command_timeout, conn.unsubscribe(&channel))
+                        .await;
+                }
             }
         });
+    }
+}
+
+fn master_key(master: &MasterAddr) -> String {
+    format!("{}:{}", master.0, master.1)
+}
+
+/// Follows the sentinels' master: on every change, the subscriptions move.
+async fn follow_master(
+    mut changes: tokio::sync::watch::Receiver<Option<MasterAddr>>,
+    notifications: Weak<Notifications>,
+) {
+    while changes.changed().await.is_ok() {
+        let Some(notifications) = notifications.upgrade() else {
+            return;
+        };
+        notifications.retarget().await;
     }
 }
 

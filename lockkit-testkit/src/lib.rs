@@ -3,6 +3,9 @@
 //! * Real servers as child processes on free loopback ports, in temporary
 //!   directories, killed when dropped and when the test process dies:
 //!   [`RedisServer`], [`ZkServer`] and a quorum of them, [`ZkEnsemble`].
+//! * Redis deployments built from them: a [`RedisCluster`] of N masters, and
+//!   [`RedisSentinels`] (a master, a replica that replicates through a
+//!   [`TcpProxy`], and three sentinels) for failover tests.
 //! * SQL servers the same way: [`PostgresServer`] and [`MariaDbServer`],
 //!   each started from a copy of a template data directory built once per
 //!   machine (so a start takes a fraction of a second).
@@ -28,6 +31,9 @@ mod postgres_server;
 mod process;
 mod proxy;
 mod python_peer;
+mod redis_cluster;
+mod redis_resp;
+mod redis_sentinel;
 mod redis_server;
 mod zk_server;
 
@@ -37,5 +43,7 @@ pub use postgres_server::{PostgresServer, PostgresServerBuilder};
 pub use process::{ServerError, ServerProcess, free_port};
 pub use proxy::TcpProxy;
 pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::{RedisSentinel, RedisSentinels};
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use zk_server::{ZkEnsemble, ZkServer, ZkServerBuilder};

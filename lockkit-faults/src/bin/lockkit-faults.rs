@@ -190,7 +190,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
             .clients
             .unwrap_or(if args.short { 3 } else { 4 })
             .max(2),
-        tail: lease * if args.short { 3 } else { 5 },
+        tail_leases: if args.short { 3 } else { 5 },
         run_timeout: lease * 40 + Duration::from_secs(30),
         worker_exe,
         log_dir,

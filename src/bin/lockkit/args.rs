@@ -14,8 +14,9 @@ pub(crate) const DEFAULT_URL: &str = "sqlite://lockkit.db";
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version, about = "Run a command under a distributed lock, or ask who holds one.", long_about = None)]
 pub(crate) struct Cli {
-    /// Where the locks live: redis://, redlock://, zk://, postgres://,
-    /// mysql://, sqlite://, memory:// (see the lockkit docs).
+    /// Where the locks live: redis://, redis+cluster://, redis+sentinel://,
+    /// redlock://, zk://, postgres://, mysql://, sqlite://, memory:// (see
+    /// the lockkit docs).
     #[arg(long, global = true, env = "LOCKKIT_URL", default_value = DEFAULT_URL, hide_env_values = true)]
     pub(crate) url: String,
 

@@ -1,0 +1,51 @@
+//! The command connection of an instance: one server, a Redis Cluster or a
+//! Sentinel-monitored master, behind redis-rs' `ConnectionLike` so that
+//! scripts and pipelines run the same way on each.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::sentinel::SentinelConnection;
+
+/// A connection in one of the three modes. Clones share the connection.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    /// One server; reconnects by itself.
+    Single(ConnectionManager),
+    /// A Redis Cluster; commands go to the master of their key's slot.
+    Cluster(ClusterConnection),
+    /// The current master of a Sentinel deployment.
+    Sentinel(SentinelConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_command(cmd),
+            Connection::Cluster(conn) => conn.req_packed_command(cmd),
+            Connection::Sentinel(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(conn) => conn.get_db(),
+            Connection::Cluster(conn) => conn.get_db(),
+            Connection::Sentinel(conn) => conn.get_db(),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The conformance suite against a real 3-master Redis Cluster started by the
+//! testkit (`redis+cluster://`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, Result};
+use lockkit_testkit::RedisCluster;
+use lockkit_testkit::conformance::{Disposable, Harness};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn client_url(cluster: &RedisCluster) -> String {
+    format!(
+        "{}?connect_timeout=500ms&command_timeout=500ms",
+        cluster.url()
+    )
+}
+
+struct ClusterHarness {
+    cluster: RedisCluster,
+}
+
+impl ClusterHarness {
+    async fn start() -> Self {
+        ClusterHarness {
+            cluster: RedisCluster::start(3).await,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for ClusterHarness {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        Arc::new(
+            lockkit_redis::connect(&client_url(&self.cluster))
+                .await
+                .expect("connect"),
+        )
+    }
+
+    async fn revoke(&self, name: &str) {
+        let key = format!("{}{name}", lockkit_redis::DEFAULT_PREFIX);
+        let deleted = self.cluster.command(&["DEL", &key]).await.expect("DEL");
+        assert_eq!(deleted, "1", "no lease on {name:?} to revoke");
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        // One master is enough to kill.
+        Box::new(DisposableCluster {
+            cluster: RedisCluster::start(1).await,
+        })
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+struct DisposableCluster {
+    cluster: RedisCluster,
+}
+
+#[async_trait::async_trait]
+impl Disposable for DisposableCluster {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(
+            lockkit_redis::connect(&client_url(&self.cluster)).await?,
+        ))
+    }
+
+    async fn kill(&mut self) {
+        self.cluster.kill_all();
+    }
+
+    async fn pause(&mut self) {
+        self.cluster.pause_all();
+    }
+
+    async fn resume(&mut self) {
+        self.cluster.resume_all();
+    }
+}
+
+lockkit_testkit::conformance_suite!(ClusterHarness::start().await);

@@ -1,0 +1,454 @@
+//! Redis Cluster, Redis Sentinel and the replica `WAIT` against real
+//! redis-server processes: keys across every slot, notifications across
+//! nodes, a failover under a live client, replication cut by a proxy, and
+//! bad or unreachable URLs.
+
+use std::time::Duration;
+
+use lockkit_core::{Backoff, DistributedLock, LockError, LockOptions};
+use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
+use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, free_port};
+use tokio::time::Instant;
+
+const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
+
+fn opts() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+/// Options whose backoff is so long that only a notification wakes the waiter in time.
+fn slow_backoff() -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_secs(20))
+        .backoff(Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ))
+}
+
+async fn connect(url: &str) -> RedisLock {
+    lockkit_redis::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+fn key(name: &str) -> String {
+    format!("{DEFAULT_PREFIX}{name}")
+}
+
+/// Holds `name` on `holder`, lets `waiter` wait with a 10 s backoff, releases
+/// and returns how long the waiter took to get the lock.
+async fn handoff(holder: &RedisLock, waiter: RedisLock, name: &str) -> Duration {
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let owned = name.to_owned();
+    let task = tokio::spawn(async move {
+        let guard = waiter.acquire(&owned, &slow_backoff()).await;
+        (guard, Instant::now())
+    });
+    // Time for the waiter to try, subscribe and try again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, acquired) = task.await.unwrap();
+    guard.expect("the waiter acquires").release().await.unwrap();
+    acquired - released
+}
+
+/// Polls until `check` holds; false after `timeout`.
+async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Redis Cluster
+// ---------------------------------------------------------------------------
+
+/// Locks on many names (braces included) land on every master, and are all
+/// released again. The acquire script gets the fence counter's key too, so a
+/// key in another slot would fail with CROSSSLOT; without `wait_replicas`
+/// no token is drawn in cluster mode (a promoted replica could repeat one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_locks_names_across_all_slots() {
+    let cluster = RedisCluster::start(3).await;
+    let url = format!("{}?{CLIENT_PARAMS}", cluster.url());
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    let odd = ["{", "}", "{}", "{x}", "a}b", "}{y}", "{tag}:fence", "ü{名}"];
+    let names: Vec<String> = (0..600)
+        .map(|i| format!("spread-{i}{}", odd[i % odd.len()]))
+        .collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        let guard = a
+            .try_acquire(name, &opts().auto_renew(false))
+            .await
+            .unwrap_or_else(|e| panic!("{name:?}: {e}"))
+            .unwrap_or_else(|| panic!("{name:?} collides"));
+        assert_eq!(guard.fencing_token(), None, "no fencing without WAIT");
+        guards.push(guard);
+    }
+    // Every master holds some of them: a lock key each.
+    let mut total = 0;
+    for node in cluster.nodes() {
+        let size: usize = node.command(&["DBSIZE"]).await.unwrap().parse().unwrap();
+        assert!(size > 0, "node {} holds no lock", node.port());
+        total += size;
+    }
+    assert_eq!(total, names.len());
+    for name in names.iter().step_by(37) {
+        assert!(b.try_acquire(name, &opts()).await.unwrap().is_none());
+        let status = b.status(name).await.unwrap();
+        assert!(status.held, "{name:?}");
+    }
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    // Nothing stays.
+    let mut total = 0;
+    for node in cluster.nodes() {
+        let size: usize = node.command(&["DBSIZE"]).await.unwrap().parse().unwrap();
+        total += size;
+    }
+    assert_eq!(total, 0);
+    assert_eq!(
+        cluster.command(&["EXISTS", &key(&names[1])]).await.unwrap(),
+        "0"
+    );
+}
+
+/// A release published on one master wakes a waiter whose subscriber is
+/// connected to another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_release_on_another_node_wakes_the_waiter() {
+    let cluster = RedisCluster::start(3).await;
+    let url = format!("{}?{CLIENT_PARAMS}", cluster.url());
+    // A name whose slot the first node (the subscriber's seed) does not serve.
+    let name = (0..)
+        .map(|i| format!("elsewhere-{i}"))
+        .find(|name| {
+            let slot = cluster_keyslot(&key(name));
+            slot >= 16384 / 3
+        })
+        .unwrap();
+    let (holder, waiter) = (connect(&url).await, connect(&url).await);
+    let took = handoff(&holder, waiter, &name).await;
+    assert!(took < Duration::from_millis(500), "handoff took {took:?}");
+}
+
+/// CRC16/XMODEM mod 16384 of a key without hash tags (the test's names have none).
+fn cluster_keyslot(key: &str) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in key.as_bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// A dead master makes its locks unavailable (typed, within the timeouts);
+/// the same client works again once the node is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_node_failure_is_unavailable_then_recovers() {
+    let cluster = RedisCluster::start(3).await;
+    let locks = connect(&format!("{}?{CLIENT_PARAMS}", cluster.url())).await;
+    // A name on the last node (slots 10923..=16383).
+    let name = (0..)
+        .map(|i| format!("on-last-{i}"))
+        .find(|name| cluster_keyslot(&key(name)) > 2 * 16384 / 3 + 1)
+        .unwrap();
+    locks
+        .try_acquire(&name, &opts())
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    cluster.nodes()[2].kill();
+    let started = Instant::now();
+    let err = locks.try_acquire(&name, &opts()).await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    cluster.nodes()[2].restart().await;
+    assert!(cluster.wait_until_ok(Duration::from_secs(20)).await);
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            match locks.try_acquire(&name, &opts()).await {
+                Ok(Some(guard)) => guard.release().await.is_ok(),
+                _ => false,
+            }
+        })
+        .await,
+        "the client did not recover after the node came back"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Redis Sentinel
+// ---------------------------------------------------------------------------
+
+/// The master dies, the sentinels promote the replica, and the same client
+/// acquires on the new master (its failures meanwhile are typed), and its
+/// waiters are woken by releases on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_keeps_the_client_working() {
+    let deployment = RedisSentinels::start().await;
+    let url = format!("{}?{CLIENT_PARAMS}", deployment.url());
+    let (locks, waiter) = (connect(&url).await, connect(&url).await);
+    locks
+        .acquire("before", &opts())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    let old = deployment.master().addr();
+    deployment.master().kill();
+    assert!(
+        deployment
+            .wait_for_failover(old, Duration::from_secs(30))
+            .await,
+        "no failover within 30 s"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let guard = loop {
+        match locks.try_acquire("after", &opts()).await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("nobody holds \"after\""),
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no acquire after the failover: {e}"),
+        }
+    };
+    let replica = deployment.replica();
+    assert_eq!(
+        replica.command(&["EXISTS", &key("after")]).await.unwrap(),
+        "1",
+        "the lock is on the promoted replica"
+    );
+    // No token without WAIT: a promoted replica may repeat the last one.
+    assert_eq!(guard.fencing_token(), None);
+    guard.release().await.unwrap();
+
+    // Release notifications follow the master too.
+    let took = handoff(&locks, waiter, "notified-after-failover").await;
+    assert!(took < Duration::from_millis(1000), "handoff took {took:?}");
+}
+
+/// `wait_replicas=1`: with replication working the acquire succeeds; cut by
+/// the proxy, it fails with `Unavailable` and leaves the lock free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_replicas_fails_cleanly_without_replication() {
+    let deployment = RedisSentinels::start().await;
+    let url = format!(
+        "{}?{CLIENT_PARAMS}&wait_replicas=1&wait_timeout=300ms",
+        deployment.url()
+    );
+    let waiting = connect(&url).await;
+    let plain = connect(&format!("{}?{CLIENT_PARAMS}", deployment.url())).await;
+    assert_eq!(
+        waiting.backend().instance().wait_for_replicas(),
+        Some((1, Duration::from_millis(300)))
+    );
+
+    let guard = waiting.acquire("replicated", &opts()).await.unwrap();
+    // Acknowledged grants fence again; without WAIT, Sentinel mode does not.
+    assert!(waiting.capabilities().fencing && !plain.capabilities().fencing);
+    assert!(guard.fencing_token().is_some());
+    assert_eq!(
+        deployment
+            .replica()
+            .command(&["EXISTS", &key("replicated")])
+            .await
+            .unwrap(),
+        "1",
+        "acknowledged means the replica has it"
+    );
+    guard.release().await.unwrap();
+
+    deployment.replication_proxy().blackhole(true);
+    let started = Instant::now();
+    let err = waiting
+        .try_acquire("cut-off", &opts())
+        .await
+        .expect_err("no replica can acknowledge");
+    let took = started.elapsed();
+    match &err {
+        LockError::Unavailable { message, .. } => {
+            assert!(
+                message.contains("only 0 of 1 replicas acknowledged"),
+                "{message}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    // No leaked lease: the lock is free at once.
+    assert_eq!(
+        deployment
+            .master()
+            .command(&["EXISTS", &key("cut-off")])
+            .await
+            .unwrap(),
+        "0"
+    );
+    plain
+        .try_acquire("cut-off", &opts())
+        .await
+        .unwrap()
+        .expect("the lock is free")
+        .release()
+        .await
+        .unwrap();
+    // A waiting acquire gives the same error, not a timeout.
+    let err = waiting
+        .acquire("cut-off", &opts().wait_for(Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+
+    deployment.replication_proxy().blackhole(false);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            match waiting.try_acquire("cut-off", &opts()).await {
+                Ok(Some(guard)) => guard.release().await.is_ok(),
+                _ => false,
+            }
+        })
+        .await,
+        "acquires with WAIT did not work again once replication was back"
+    );
+}
+
+/// A lone server has no replica: with `wait_for_replicas` every grant is
+/// rolled back; with 0 replicas the option is off.
+#[tokio::test]
+async fn wait_for_replicas_on_a_lone_server() {
+    let server = RedisServer::start().await;
+    let waiting = RedisLockBuilder::from_url(&server.url())
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let err = waiting.try_acquire("alone", &opts()).await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    assert_eq!(
+        server.command(&["EXISTS", &key("alone")]).await.unwrap(),
+        "0"
+    );
+    let off = RedisLockBuilder::from_url(&server.url())
+        .unwrap()
+        .wait_for_replicas(0, Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    off.try_acquire("alone", &opts())
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // The script cache is flushed: WAIT's pipeline loads the script again.
+    server.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+    let err = waiting.try_acquire("alone", &opts()).await.unwrap_err();
+    assert!(
+        matches!(&err, LockError::Unavailable { message, .. } if message.contains("only 0 of 1")),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Bad and unreachable URLs
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_cluster_and_sentinel_urls_are_invalid_and_secret_free() {
+    for url in [
+        "redis+sentinel://:topsecret@127.0.0.1:1",
+        "redis+sentinel://:topsecret@127.0.0.1:1/",
+        "redis+sentinel://:topsecret@/master",
+        "redis+sentinel://:topsecret@127.0.0.1:0/master",
+        "redis+sentinel://127.0.0.1:1/master?sentinel_password=topsecret&bogus=1",
+        "redis+sentinel://127.0.0.1:1/master?sentinel_password=topsecret&ca_file=/x",
+        "redis+cluster://:topsecret@",
+        "redis+cluster://:topsecret@127.0.0.1:0",
+        "redis+cluster://:topsecret@127.0.0.1:1,,127.0.0.1:2",
+        "redis+cluster://:topsecret@127.0.0.1:1/3",
+        "redis+cluster://:topsecret@127.0.0.1:1?sentinel_password=topsecret",
+    ] {
+        let err = lockkit_redis::connect(url).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidUrl { .. }), "{url}: {err}");
+        let text = format!("{err} {err:?}");
+        assert!(!text.contains("topsecret"), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn unreachable_cluster_and_sentinels_are_unavailable() {
+    let (p1, p2) = (free_port(), free_port());
+    for url in [
+        format!("redis+cluster://:topsecret@127.0.0.1:{p1},127.0.0.1:{p2}?connect_timeout=500ms"),
+        format!(
+            "redis+sentinel://:topsecret@127.0.0.1:{p1},127.0.0.1:{p2}/m?connect_timeout=500ms&sentinel_password=topsecret"
+        ),
+    ] {
+        let started = Instant::now();
+        let err = lockkit_redis::connect(&url).await.unwrap_err();
+        assert!(matches!(err, LockError::Unavailable { .. }), "{url}: {err}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+        let text = format!("{err} {err:?}");
+        assert!(!text.contains("topsecret"), "{text}");
+    }
+}
+
+/// Sentinels that do not know the master name: `Unavailable`, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_master_name_is_unavailable() {
+    let deployment = RedisSentinels::start().await;
+    let url = deployment
+        .url()
+        .replace(&format!("/{}", deployment.master_name()), "/no-such-master");
+    let err = lockkit_redis::connect(&format!("{url}?{CLIENT_PARAMS}"))
+        .await
+        .unwrap_err();
+    match &err {
+        LockError::Unavailable { message, .. } => {
+            assert!(message.contains("does not know it"), "{message}")
+        }
+        other => panic!("{other}"),
+    }
+}

@@ -1,0 +1,90 @@
+//! The conformance suite against a real Redis Sentinel deployment (a master,
+//! a replica, three sentinels) started by the testkit (`redis+sentinel://`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, Result};
+use lockkit_testkit::RedisSentinels;
+use lockkit_testkit::conformance::{Disposable, Harness};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+fn client_url(deployment: &RedisSentinels) -> String {
+    format!(
+        "{}?connect_timeout=500ms&command_timeout=500ms",
+        deployment.url()
+    )
+}
+
+struct SentinelHarness {
+    deployment: RedisSentinels,
+}
+
+impl SentinelHarness {
+    async fn start() -> Self {
+        SentinelHarness {
+            deployment: RedisSentinels::start().await,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Harness for SentinelHarness {
+    async fn client(&self) -> Arc<dyn DistributedLock> {
+        Arc::new(
+            lockkit_redis::connect(&client_url(&self.deployment))
+                .await
+                .expect("connect"),
+        )
+    }
+
+    async fn revoke(&self, name: &str) {
+        let key = format!("{}{name}", lockkit_redis::DEFAULT_PREFIX);
+        let deleted = self
+            .deployment
+            .master_command(&["DEL", &key])
+            .await
+            .expect("DEL");
+        assert_eq!(deleted, "1", "no lease on {name:?} to revoke");
+    }
+
+    async fn disposable(&self) -> Box<dyn Disposable> {
+        Box::new(DisposableDeployment {
+            deployment: RedisSentinels::start().await,
+        })
+    }
+
+    fn connect_timeout(&self) -> Duration {
+        CONNECT_TIMEOUT
+    }
+}
+
+/// The whole deployment dies or freezes at once (the sentinels too, so that
+/// no failover interferes).
+struct DisposableDeployment {
+    deployment: RedisSentinels,
+}
+
+#[async_trait::async_trait]
+impl Disposable for DisposableDeployment {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(
+            lockkit_redis::connect(&client_url(&self.deployment)).await?,
+        ))
+    }
+
+    async fn kill(&mut self) {
+        self.deployment.kill_all();
+    }
+
+    async fn pause(&mut self) {
+        self.deployment.pause_all();
+    }
+
+    async fn resume(&mut self) {
+        self.deployment.resume_all();
+    }
+}
+
+lockkit_testkit::conformance_suite!(SentinelHarness::start().await);
