@@ -100,6 +100,8 @@ async fn spawn_workers(
     for client in 0..settings.clients {
         let url = deployment.url(Some(client));
         let log = settings.log_dir.join(format!("{slug}--worker{client}.log"));
+        // A fresh log per run (the spawn appends).
+        let _ = std::fs::remove_file(&log);
         let command = worker_command(settings, scenario, &url, &name, client, resource);
         let worker = ServerProcess::spawn(&format!("worker {client}"), &command, &log, &log)
             .await

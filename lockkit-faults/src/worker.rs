@@ -20,6 +20,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Slack over the lock wait before an acquire counts as hung.
 const ACQUIRE_SLACK: Duration = Duration::from_secs(10);
+/// Bound of every exchange with the resource (on loopback, in the
+/// orchestrating process: a missing answer means it is gone).
+const RESOURCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What one worker does.
 #[derive(Clone, Debug)]
@@ -57,18 +60,24 @@ struct Link {
 
 impl Link {
     async fn send(&mut self, line: String) -> io::Result<()> {
-        self.write.write_all(format!("{line}\n").as_bytes()).await
+        bounded(self.write.write_all(format!("{line}\n").as_bytes())).await
     }
 
     /// A write to the resource; `true` if it was accepted.
     async fn write(&mut self, section: u32, token: Option<u64>, index: u32) -> io::Result<bool> {
         self.send(format!("write {section} {} {index}", token_text(token)))
             .await?;
-        match self.replies.next_line().await? {
+        match bounded(self.replies.next_line()).await? {
             Some(reply) => Ok(reply == "ok"),
             None => Err(io::ErrorKind::UnexpectedEof.into()),
         }
     }
+}
+
+async fn bounded<T>(call: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout(RESOURCE_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
 }
 
 fn token_text(token: Option<u64>) -> String {
@@ -87,7 +96,7 @@ fn error_kind(error: &LockError) -> &'static str {
 /// Runs the worker until its deadline; an error means the resource is gone
 /// (the orchestrator ended), which also ends the worker.
 pub async fn run(plan: WorkerPlan) -> io::Result<()> {
-    let stream = TcpStream::connect(plan.resource).await?;
+    let stream = bounded(TcpStream::connect(plan.resource)).await?;
     stream.set_nodelay(true)?;
     let (read, write) = stream.into_split();
     let mut link = Link {

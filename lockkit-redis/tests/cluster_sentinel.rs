@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lockkit_core::{Backoff, DistributedLock, LockError, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
-use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, free_port};
+use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, eventually, free_port};
 use tokio::time::Instant;
 
 const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
@@ -53,24 +53,6 @@ async fn handoff(holder: &RedisLock, waiter: RedisLock, name: &str) -> Duration 
     let (guard, acquired) = task.await.unwrap();
     guard.expect("the waiter acquires").release().await.unwrap();
     acquired - released
-}
-
-/// Polls until `check` holds; false after `timeout`.
-async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------

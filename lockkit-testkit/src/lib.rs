@@ -27,6 +27,7 @@
 pub mod conformance;
 pub mod contention;
 mod mariadb_server;
+mod poll;
 mod postgres_server;
 mod process;
 mod proxy;
@@ -39,6 +40,7 @@ mod zk_server;
 
 pub use contention::{Probe, spawn_contenders};
 pub use mariadb_server::{MariaDbServer, MariaDbServerBuilder};
+pub use poll::eventually;
 pub use postgres_server::{PostgresServer, PostgresServerBuilder};
 pub use process::{ServerError, ServerProcess, free_port};
 pub use proxy::TcpProxy;

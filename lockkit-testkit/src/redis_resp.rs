@@ -1,5 +1,6 @@
-//! A minimal RESP client for the Redis Cluster and Sentinel harnesses: one
-//! command over a new loopback connection, the reply as text.
+//! A minimal RESP client for the Redis harnesses: one command over a new
+//! loopback connection (after `AUTH` when a password is given), the reply as
+//! text.
 
 use std::io;
 use std::net::SocketAddr;
@@ -13,54 +14,111 @@ use crate::process::within;
 /// How long one command may take, connect included.
 pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Sends `args` to `addr` and returns the reply as text: simple strings,
-/// errors and integers as their text, bulk strings as their content, nil as
-/// `(nil)`, arrays as their items joined by spaces. Fails with
-/// [`io::ErrorKind::TimedOut`] after [`COMMAND_TIMEOUT`].
+/// [`command_with`] without a password.
 pub(crate) async fn command(addr: SocketAddr, args: &[&str]) -> io::Result<String> {
+    command_with(addr, None, args).await
+}
+
+/// Sends `args` to `addr` (after `AUTH password`) and returns the reply as
+/// text: simple strings, errors and integers as their text (an error as e.g.
+/// `ERR unknown command…`), bulk strings as their content, nil as `(nil)`,
+/// arrays as their items joined by spaces.
+///
+/// Fails with [`io::ErrorKind::TimedOut`] after [`COMMAND_TIMEOUT`] (e.g.
+/// while the server is paused), with the connection's error when the server
+/// is down, and with [`io::ErrorKind::PermissionDenied`] when `AUTH` fails.
+pub(crate) async fn command_with(
+    addr: SocketAddr,
+    password: Option<&str>,
+    args: &[&str],
+) -> io::Result<String> {
     if args.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "empty redis command",
         ));
     }
-    let exchange = async {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let mut connection = BufReader::new(stream);
-        let mut encoded = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            encoded.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            encoded.extend_from_slice(arg.as_bytes());
-            encoded.extend_from_slice(b"\r\n");
-        }
-        connection.get_mut().write_all(&encoded).await?;
-        read_reply(&mut connection).await
-    };
-    within(COMMAND_TIMEOUT, exchange, || {
+    within(COMMAND_TIMEOUT, exchange(addr, password, args), || {
         format!("redis on {addr} did not answer {}", args[0])
     })
     .await
+    .map(Reply::into_text)
 }
 
-/// One readiness probe: `PING` answers `PONG` and `INFO server` names `pid`.
-pub(crate) async fn probe(addr: SocketAddr, pid: u32) -> bool {
-    if !command(addr, &["PING"]).await.is_ok_and(|r| r == "PONG") {
+/// One readiness probe: `PING` answers `PONG` and `INFO server` reports `pid`
+/// (so that a stranger that took the port is never mistaken for our server).
+pub(crate) async fn probe(addr: SocketAddr, password: Option<&str>, pid: u32) -> bool {
+    let Ok(mut connection) = connect(addr, password).await else {
         return false;
+    };
+    match request(&mut connection, &["PING"]).await {
+        Ok(Reply::Simple(pong)) if pong == "PONG" => {}
+        _ => return false,
     }
-    command(addr, &["INFO", "server"]).await.is_ok_and(|info| {
-        info.lines()
-            .any(|line| line.trim() == format!("process_id:{pid}"))
-    })
+    match request(&mut connection, &["INFO", "server"]).await {
+        Ok(Reply::Bulk(Some(info))) => String::from_utf8_lossy(&info)
+            .lines()
+            .any(|line| line.trim() == format!("process_id:{pid}")),
+        _ => false,
+    }
 }
 
-/// The value of `field` in an `INFO`-style `field:value` text.
-pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
-    info.lines().find_map(|line| {
-        line.trim()
-            .strip_prefix(field)
-            .and_then(|rest| rest.strip_prefix(':'))
-    })
+async fn exchange(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> io::Result<Reply> {
+    let mut connection = connect(addr, password).await?;
+    request(&mut connection, args).await
+}
+
+/// Connects, and authenticates when a password is given.
+async fn connect(addr: SocketAddr, password: Option<&str>) -> io::Result<BufReader<TcpStream>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut connection = BufReader::new(stream);
+    if let Some(password) = password
+        && let Reply::Error(e) = request(&mut connection, &["AUTH", password]).await?
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("AUTH failed: {e}"),
+        ));
+    }
+    Ok(connection)
+}
+
+async fn request(connection: &mut BufReader<TcpStream>, args: &[&str]) -> io::Result<Reply> {
+    let mut encoded = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        encoded.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        encoded.extend_from_slice(arg.as_bytes());
+        encoded.extend_from_slice(b"\r\n");
+    }
+    connection.get_mut().write_all(&encoded).await?;
+    read_reply(connection).await
+}
+
+/// A RESP2 reply (plus the line-based RESP3 types, as text).
+#[derive(Debug)]
+enum Reply {
+    Simple(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+impl Reply {
+    fn into_text(self) -> String {
+        match self {
+            Reply::Simple(text) | Reply::Error(text) => text,
+            Reply::Integer(n) => n.to_string(),
+            Reply::Bulk(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            Reply::Bulk(None) | Reply::Array(None) => "(nil)".to_owned(),
+            Reply::Array(Some(items)) => items
+                .into_iter()
+                .map(Reply::into_text)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
 }
 
 fn protocol_error(message: String) -> io::Error {
@@ -84,39 +142,60 @@ fn parse_length(text: &str) -> io::Result<Option<usize>> {
     let n: i64 = text
         .parse()
         .map_err(|_| protocol_error(format!("bad length {text:?}")))?;
-    Ok(usize::try_from(n).ok())
+    if n < 0 {
+        Ok(None)
+    } else {
+        usize::try_from(n)
+            .map(Some)
+            .map_err(|_| protocol_error(format!("bad length {text:?}")))
+    }
 }
 
-async fn read_reply(connection: &mut BufReader<TcpStream>) -> io::Result<String> {
+async fn read_reply(connection: &mut BufReader<TcpStream>) -> io::Result<Reply> {
     let line = read_line(connection).await?;
     let Some(kind) = line.chars().next() else {
         return Err(protocol_error("empty reply line".to_owned()));
     };
     let rest = &line[kind.len_utf8()..];
     match kind {
-        '+' | '-' | ':' | ',' | '#' | '(' => Ok(rest.to_owned()),
-        '_' => Ok("(nil)".to_owned()),
+        '+' => Ok(Reply::Simple(rest.to_owned())),
+        '-' => Ok(Reply::Error(rest.to_owned())),
+        ':' => rest
+            .parse()
+            .map(Reply::Integer)
+            .map_err(|_| protocol_error(format!("bad integer {rest:?}"))),
         '$' => match parse_length(rest)? {
-            None => Ok("(nil)".to_owned()),
+            None => Ok(Reply::Bulk(None)),
             Some(len) => {
                 let mut bytes = vec![0; len + 2];
                 connection.read_exact(&mut bytes).await?;
                 bytes.truncate(len);
-                Ok(String::from_utf8_lossy(&bytes).into_owned())
+                Ok(Reply::Bulk(Some(bytes)))
             }
         },
         '*' => match parse_length(rest)? {
-            None => Ok("(nil)".to_owned()),
+            None => Ok(Reply::Array(None)),
             Some(len) => {
                 let mut items = Vec::with_capacity(len.min(1024));
                 for _ in 0..len {
                     items.push(Box::pin(read_reply(connection)).await?);
                 }
-                Ok(items.join(" "))
+                Ok(Reply::Array(Some(items)))
             }
         },
+        '_' => Ok(Reply::Bulk(None)),
+        ',' | '#' | '(' => Ok(Reply::Simple(rest.to_owned())),
         other => Err(protocol_error(format!(
             "unsupported reply type {other:?} in {line:?}"
         ))),
     }
+}
+
+/// The value of `field` in an `INFO`-style `field:value` text.
+pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        line.trim()
+            .strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+    })
 }

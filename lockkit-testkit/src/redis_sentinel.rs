@@ -460,7 +460,7 @@ impl RedisSentinel {
                 &self.dir.path().join(LOG_FILE),
                 &self.dir.path().join(OUTPUT_FILE),
                 READINESS,
-                |pid| redis_resp::probe(addr, pid),
+                |pid| redis_resp::probe(addr, None, pid),
             )
             .await
     }

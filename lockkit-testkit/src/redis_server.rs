@@ -8,13 +8,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
-    within,
 };
+use crate::redis_resp;
 
 /// Environment variable that overrides the `redis-server` binary.
 const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
@@ -24,7 +22,6 @@ const READINESS: Readiness = Readiness {
     probe_timeout: Duration::from_millis(200),
     interval: Duration::from_millis(10),
 };
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 const LOG_FILE: &str = "redis.log";
 const OUTPUT_FILE: &str = "redis.stdout.log";
 
@@ -228,12 +225,7 @@ impl RedisServer {
                 "empty redis command",
             ));
         }
-        let exchange = exchange(self.addr(), self.options.password.as_deref(), args);
-        within(COMMAND_TIMEOUT, exchange, || {
-            format!("redis-server on {} did not answer {}", self.addr(), args[0])
-        })
-        .await
-        .map(Reply::into_text)
+        redis_resp::command_with(self.addr(), self.options.password.as_deref(), args).await
     }
 
     fn what(&self) -> String {
@@ -293,7 +285,7 @@ impl RedisServer {
                 READINESS,
                 // `INFO` must name our PID, so a stranger that took the port
                 // is never mistaken for our server.
-                |pid| probe(addr, password, pid),
+                |pid| redis_resp::probe(addr, password, pid),
             )
             .await
     }
@@ -303,151 +295,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         // Before the temporary directory is removed.
         self.kill();
-    }
-}
-
-/// One readiness probe: `PING` answers `PONG` and `INFO server` reports `pid`.
-async fn probe(addr: SocketAddr, password: Option<&str>, pid: u32) -> bool {
-    let Ok(mut connection) = connect(addr, password).await else {
-        return false;
-    };
-    match request(&mut connection, &["PING"]).await {
-        Ok(Reply::Simple(pong)) if pong == "PONG" => {}
-        _ => return false,
-    }
-    match request(&mut connection, &["INFO", "server"]).await {
-        Ok(Reply::Bulk(Some(info))) => String::from_utf8_lossy(&info)
-            .lines()
-            .any(|line| line.trim() == format!("process_id:{pid}")),
-        _ => false,
-    }
-}
-
-async fn exchange(addr: SocketAddr, password: Option<&str>, args: &[&str]) -> io::Result<Reply> {
-    let mut connection = connect(addr, password).await?;
-    request(&mut connection, args).await
-}
-
-/// Connects, and authenticates when a password is given.
-async fn connect(addr: SocketAddr, password: Option<&str>) -> io::Result<BufReader<TcpStream>> {
-    let stream = TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
-    let mut connection = BufReader::new(stream);
-    if let Some(password) = password
-        && let Reply::Error(e) = request(&mut connection, &["AUTH", password]).await?
-    {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("AUTH failed: {e}"),
-        ));
-    }
-    Ok(connection)
-}
-
-async fn request(connection: &mut BufReader<TcpStream>, args: &[&str]) -> io::Result<Reply> {
-    let mut encoded = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        encoded.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        encoded.extend_from_slice(arg.as_bytes());
-        encoded.extend_from_slice(b"\r\n");
-    }
-    connection.get_mut().write_all(&encoded).await?;
-    read_reply(connection).await
-}
-
-/// A RESP2 reply (plus the line-based RESP3 types, as text).
-#[derive(Debug)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Integer(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Reply>>),
-}
-
-impl Reply {
-    fn into_text(self) -> String {
-        match self {
-            Reply::Simple(text) | Reply::Error(text) => text,
-            Reply::Integer(n) => n.to_string(),
-            Reply::Bulk(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
-            Reply::Bulk(None) | Reply::Array(None) => "(nil)".to_owned(),
-            Reply::Array(Some(items)) => items
-                .into_iter()
-                .map(Reply::into_text)
-                .collect::<Vec<_>>()
-                .join(" "),
-        }
-    }
-}
-
-fn protocol_error(message: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, message)
-}
-
-async fn read_line(connection: &mut BufReader<TcpStream>) -> io::Result<String> {
-    let mut line = Vec::new();
-    connection.read_until(b'\n', &mut line).await?;
-    if !line.ends_with(b"\r\n") {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "connection closed in the middle of a reply",
-        ));
-    }
-    line.truncate(line.len() - 2);
-    Ok(String::from_utf8_lossy(&line).into_owned())
-}
-
-fn parse_length(text: &str) -> io::Result<Option<usize>> {
-    let n: i64 = text
-        .parse()
-        .map_err(|_| protocol_error(format!("bad length {text:?}")))?;
-    if n < 0 {
-        Ok(None)
-    } else {
-        usize::try_from(n)
-            .map(Some)
-            .map_err(|_| protocol_error(format!("bad length {text:?}")))
-    }
-}
-
-async fn read_reply(connection: &mut BufReader<TcpStream>) -> io::Result<Reply> {
-    let line = read_line(connection).await?;
-    let Some(kind) = line.chars().next() else {
-        return Err(protocol_error("empty reply line".to_owned()));
-    };
-    let rest = &line[kind.len_utf8()..];
-    match kind {
-        '+' => Ok(Reply::Simple(rest.to_owned())),
-        '-' => Ok(Reply::Error(rest.to_owned())),
-        ':' => rest
-            .parse()
-            .map(Reply::Integer)
-            .map_err(|_| protocol_error(format!("bad integer {rest:?}"))),
-        '$' => match parse_length(rest)? {
-            None => Ok(Reply::Bulk(None)),
-            Some(len) => {
-                let mut bytes = vec![0; len + 2];
-                connection.read_exact(&mut bytes).await?;
-                bytes.truncate(len);
-                Ok(Reply::Bulk(Some(bytes)))
-            }
-        },
-        '*' => match parse_length(rest)? {
-            None => Ok(Reply::Array(None)),
-            Some(len) => {
-                let mut items = Vec::with_capacity(len.min(1024));
-                for _ in 0..len {
-                    items.push(Box::pin(read_reply(connection)).await?);
-                }
-                Ok(Reply::Array(Some(items)))
-            }
-        },
-        '_' => Ok(Reply::Bulk(None)),
-        ',' | '#' | '(' => Ok(Reply::Simple(rest.to_owned())),
-        other => Err(protocol_error(format!(
-            "unsupported reply type {other:?} in {line:?}"
-        ))),
     }
 }
 

@@ -3,30 +3,12 @@
 
 use std::time::Duration;
 
-use lockkit_testkit::{RedisCluster, RedisSentinels};
+use lockkit_testkit::{RedisCluster, RedisSentinels, eventually};
 use tokio::time::Instant;
 
 fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-}
-
-/// Polls `check` every 50 ms until it holds; false after `timeout`.
-async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
