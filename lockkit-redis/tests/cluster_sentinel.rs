@@ -242,6 +242,101 @@ async fn sentinel_failover_keeps_the_client_working() {
     assert!(took < Duration::from_millis(1000), "handoff took {took:?}");
 }
 
+/// The failover story, reproduced step by step: replication is cut, a lock
+/// is granted on the master, the master dies before the key reaches the
+/// replica, the sentinels promote the replica, and a second client is
+/// granted the same lock while the first still holds a guard that looks
+/// valid. Only when the first talks to the server again does it learn that
+/// its lease is gone. With `wait_replicas=1` the first grant is refused
+/// while the replica cannot acknowledge it, so no such lock can exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
+    let deployment = RedisSentinels::start().await;
+    let url = format!("{}?{CLIENT_PARAMS}", deployment.url());
+    let (first, second) = (connect(&url).await, connect(&url).await);
+    let waiting = connect(&format!("{url}&wait_replicas=1&wait_timeout=300ms")).await;
+    let name = "granted-twice";
+    // No watchdog: the first holder's guard must not find out by itself
+    // before the second grant.
+    let unrenewed = opts().auto_renew(false);
+
+    deployment.replication_proxy().blackhole(true);
+    let refused = waiting.try_acquire(name, &unrenewed).await;
+    assert!(
+        matches!(refused, Err(LockError::Unavailable { .. })),
+        "with WAIT a grant the replica cannot see is refused: {refused:?}"
+    );
+    let held = first
+        .try_acquire(name, &unrenewed)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    assert_eq!(
+        deployment
+            .replica()
+            .command(&["EXISTS", &key(name)])
+            .await
+            .unwrap(),
+        "0",
+        "the grant has not reached the replica"
+    );
+
+    let old = deployment.master().addr();
+    deployment.master().kill();
+    // Drop what the blackhole held, so the replica never gets the grant.
+    deployment.replication_proxy().reset_connections();
+    deployment.replication_proxy().blackhole(false);
+    assert!(
+        deployment
+            .wait_for_failover(old, Duration::from_secs(30))
+            .await,
+        "no failover within 30 s"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let taken = loop {
+        match second.try_acquire(name, &unrenewed).await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("the promoted replica has a lock it never received"),
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no acquire after the failover: {e}"),
+        }
+    };
+    // Two holders at once: the first guard still looks valid.
+    assert!(!held.is_lost());
+    assert!(held.valid_until().expect("a lease") > Instant::now());
+
+    // The first holder learns it when it reaches the new master (its first
+    // call may still meet the old master's dead connection: Unavailable),
+    // and cannot free the second holder's lock.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let extended = loop {
+        match held.extend(Duration::from_secs(30)).await {
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(extended, Err(LockError::Lost { .. })),
+        "{extended:?}"
+    );
+    assert!(held.is_lost());
+    assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+    assert_eq!(
+        second
+            .try_acquire(name, &unrenewed)
+            .await
+            .unwrap()
+            .map(|_| ()),
+        None,
+        "the second holder still holds"
+    );
+    taken.release().await.unwrap();
+}
+
 /// `wait_replicas=1`: with replication working the acquire succeeds; cut by
 /// the proxy, it fails with `Unavailable` and leaves the lock free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -193,13 +193,16 @@ async fn relay(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>) {
         let _ = open.wait_for(|open| *open).await;
         tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(upstream)).await
     };
+    // Biased: a reset that came before the heal wins over the heal, even
+    // when both are seen in the same poll (a random pick would connect).
     let server = tokio::select! {
+        biased;
+        _ = resets.changed() => return reset(&client),
         result = connect => match result {
             Ok(Ok(server)) => server,
             // Upstream down or not answering: the client sees a closed connection.
             _ => return,
         },
-        _ = resets.changed() => return reset(&client),
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -268,9 +271,12 @@ async fn pump(
                 }
                 Step::Written
             };
+            // Biased, as in `relay`: held data that a reset dropped must not
+            // be written because the heal came in the same poll.
             let step = tokio::select! {
-                step = step => step,
+                biased;
                 _ = resets.changed() => Step::Reset,
+                step = step => step,
             };
             match step {
                 Step::Written => {}
