@@ -3,9 +3,10 @@
 //! nodes, a failover under a live client, replication cut by a proxy, and
 //! bad or unreachable URLs.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use lockkit_core::{Backoff, DistributedLock, LockError, LockOptions};
+use lockkit_core::{Backoff, DistributedLock, LockError, LockGuard, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
 use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, eventually, free_port};
 use tokio::time::Instant;
@@ -53,6 +54,33 @@ async fn handoff(holder: &RedisLock, waiter: RedisLock, name: &str) -> Duration 
     let (guard, acquired) = task.await.unwrap();
     guard.expect("the waiter acquires").release().await.unwrap();
     acquired - released
+}
+
+/// Waits for the sentinels to promote the replica of the (killed) master at
+/// `old`.
+async fn wait_for_promotion(deployment: &RedisSentinels, old: SocketAddr) {
+    assert!(
+        deployment
+            .wait_for_failover(old, Duration::from_secs(30))
+            .await,
+        "no failover within 30 s"
+    );
+}
+
+/// `try_acquire` of a lock nobody holds, retried while the client cannot
+/// reach the (new) master yet, for up to 15 s.
+async fn acquire_once_reachable(lock: &RedisLock, name: &str, opts: &LockOptions) -> LockGuard {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match lock.try_acquire(name, opts).await {
+            Ok(Some(guard)) => return guard,
+            Ok(None) => panic!("{name:?} is held, but nobody should hold it"),
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no acquire of {name:?}: {e}"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -210,23 +238,8 @@ async fn sentinel_failover_keeps_the_client_working() {
 
     let old = deployment.master().addr();
     deployment.master().kill();
-    assert!(
-        deployment
-            .wait_for_failover(old, Duration::from_secs(30))
-            .await,
-        "no failover within 30 s"
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let guard = loop {
-        match locks.try_acquire("after", &opts()).await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) => panic!("nobody holds \"after\""),
-            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("no acquire after the failover: {e}"),
-        }
-    };
+    wait_for_promotion(&deployment, old).await;
+    let guard = acquire_once_reachable(&locks, "after", &opts()).await;
     let replica = deployment.replica();
     assert_eq!(
         replica.command(&["EXISTS", &key("after")]).await.unwrap(),
@@ -286,23 +299,9 @@ async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
     // Drop what the blackhole held, so the replica never gets the grant.
     deployment.replication_proxy().reset_connections();
     deployment.replication_proxy().blackhole(false);
-    assert!(
-        deployment
-            .wait_for_failover(old, Duration::from_secs(30))
-            .await,
-        "no failover within 30 s"
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let taken = loop {
-        match second.try_acquire(name, &unrenewed).await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) => panic!("the promoted replica has a lock it never received"),
-            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("no acquire after the failover: {e}"),
-        }
-    };
+    wait_for_promotion(&deployment, old).await;
+    // The promoted replica never had the first grant.
+    let taken = acquire_once_reachable(&second, name, &unrenewed).await;
     // Two holders at once: the first guard still looks valid.
     assert!(!held.is_lost());
     assert!(held.valid_until().expect("a lease") > Instant::now());
