@@ -190,7 +190,8 @@ async fn reset_then_heal_delivers_nothing_that_was_held() {
         proxy.blackhole(true);
         stream.write_all(b"held").await.unwrap();
         let held_connection = connect(&proxy).await;
-        // Time for the proxy to read the held bytes and take the connection.
+        // Time for the proxy to take the held connection (the held bytes wait
+        // in the socket: the proxy reads nothing while it blackholes).
         tokio::time::sleep(Duration::from_millis(50)).await;
         proxy.reset_connections();
         proxy.blackhole(false);
