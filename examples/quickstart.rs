@@ -18,7 +18,7 @@ async fn main() -> Result<(), LockError> {
         .nth(1)
         .unwrap_or_else(|| "memory://".to_owned());
     let locks = lockkit::connect(&url).await?;
-    println!("connected to {}", lockkit::core::redact_url(&url));
+    println!("connected to {}", lockkit::redact_url(&url));
     println!("capabilities: {:?}", locks.capabilities());
 
     let opts = LockOptions::new()

@@ -1,24 +1,186 @@
-//! `lockkit::connect(url)`: a backend chosen by URL scheme.
+//! `lockkit::connect(url)` and the [`Registry`] of backends it walks.
 
 use std::sync::Arc;
 
-use lockkit_core::{DistributedLock, LockError, MemoryLock, Result};
+use lockkit_core::backend::Driver;
+use lockkit_core::{DistributedLock, LockError, Result};
 
-/// Every scheme lockkit knows, with the cargo feature that provides it.
-const SCHEMES: &[(&str, &str)] = &[
-    ("memory", "(always on)"),
-    ("redis", "redis"),
-    ("rediss", "redis"),
-    ("redis+cluster", "redis"),
-    ("redis+sentinel", "redis"),
-    ("redlock", "redlock"),
-    ("zk", "zk"),
-    ("postgres", "postgres"),
-    ("postgresql", "postgres"),
-    ("mysql", "mysql"),
-    ("mariadb", "mysql"),
-    ("sqlite", "sqlite"),
+/// One built-in backend: the facade's cargo feature that compiles it in, its
+/// URL schemes (known even when the feature is off, for
+/// [`LockError::BackendNotCompiled`]), and its driver when compiled in. A
+/// test checks that the schemes here are the driver's own.
+struct Builtin {
+    feature: &'static str,
+    schemes: &'static [&'static str],
+    driver: Option<Driver>,
+}
+
+/// Every built-in backend, in the order of the docs' tables. Adding a
+/// backend means one line here (and its driver in its own crate).
+const BUILTINS: &[Builtin] = &[
+    Builtin {
+        feature: "(always on)",
+        schemes: &["memory"],
+        driver: Some(lockkit_core::MEMORY_DRIVER),
+    },
+    Builtin {
+        feature: "redis",
+        schemes: &["redis", "rediss", "redis+cluster", "redis+sentinel"],
+        #[cfg(feature = "redis")]
+        driver: Some(lockkit_redis::DRIVER),
+        #[cfg(not(feature = "redis"))]
+        driver: None,
+    },
+    Builtin {
+        feature: "redlock",
+        schemes: &["redlock"],
+        #[cfg(feature = "redlock")]
+        driver: Some(lockkit_redlock::DRIVER),
+        #[cfg(not(feature = "redlock"))]
+        driver: None,
+    },
+    Builtin {
+        feature: "zk",
+        schemes: &["zk"],
+        #[cfg(feature = "zk")]
+        driver: Some(lockkit_zk::DRIVER),
+        #[cfg(not(feature = "zk"))]
+        driver: None,
+    },
+    Builtin {
+        feature: "postgres",
+        schemes: &["postgres", "postgresql"],
+        #[cfg(feature = "postgres")]
+        driver: Some(lockkit_sql::POSTGRES_DRIVER),
+        #[cfg(not(feature = "postgres"))]
+        driver: None,
+    },
+    Builtin {
+        feature: "mysql",
+        schemes: &["mysql", "mariadb"],
+        #[cfg(feature = "mysql")]
+        driver: Some(lockkit_sql::MYSQL_DRIVER),
+        #[cfg(not(feature = "mysql"))]
+        driver: None,
+    },
+    Builtin {
+        feature: "sqlite",
+        schemes: &["sqlite"],
+        #[cfg(feature = "sqlite")]
+        driver: Some(lockkit_sql::SQLITE_DRIVER),
+        #[cfg(not(feature = "sqlite"))]
+        driver: None,
+    },
 ];
+
+/// Every URL scheme lockkit itself knows, compiled in or not, in the order
+/// of the docs' tables (`memory`, `redis`, `rediss`, …).
+pub fn known_schemes() -> impl Iterator<Item = &'static str> {
+    BUILTINS.iter().flat_map(|b| b.schemes.iter().copied())
+}
+
+/// The backends a URL can name: the built-in ones that are compiled in, and
+/// any registered on purpose.
+///
+/// [`connect`] uses [`Registry::builtin`]. A program with a backend of its
+/// own (a crate that exports a [`Driver`]) registers it and connects through
+/// the registry; a registered driver takes precedence over a built-in one
+/// with the same scheme.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> lockkit::Result<()> {
+/// use lockkit::Registry;
+/// use lockkit::core::MemoryLock;
+/// use lockkit::core::backend::{ConnectFuture, Driver, boxed_connect};
+///
+/// // A third-party backend: here, an in-process store under its own scheme.
+/// fn connect_scratch(_url: &str) -> ConnectFuture<'_> {
+///     boxed_connect(async { Ok(MemoryLock::with_store(lockkit::MemoryStore::new())) })
+/// }
+/// const SCRATCH: Driver = Driver::new("scratch", &["scratch"], connect_scratch);
+///
+/// let mut registry = Registry::builtin();
+/// registry.register(SCRATCH);
+/// let locks = registry.connect("scratch://").await?;
+/// assert!(locks.try_acquire("job", &lockkit::LockOptions::new()).await?.is_some());
+/// assert!(registry.drivers().any(|d| d.name() == "memory"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Registry {
+    /// Registered drivers, newest first, then the built-in ones.
+    drivers: Vec<Driver>,
+    builtins: bool,
+}
+
+impl Registry {
+    /// An empty registry: no backend at all, not even `memory://`.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// The built-in backends whose cargo features are on.
+    pub fn builtin() -> Self {
+        Registry {
+            drivers: BUILTINS.iter().filter_map(|b| b.driver).collect(),
+            builtins: true,
+        }
+    }
+
+    /// Adds `driver`; it serves its schemes from now on, before any driver
+    /// registered earlier or built in.
+    pub fn register(&mut self, driver: Driver) -> &mut Self {
+        self.drivers.insert(0, driver);
+        self
+    }
+
+    /// The drivers, in the order they are tried.
+    pub fn drivers(&self) -> impl Iterator<Item = &Driver> {
+        self.drivers.iter()
+    }
+
+    /// The driver that serves `scheme`, if any.
+    pub fn driver(&self, scheme: &str) -> Option<&Driver> {
+        self.drivers.iter().find(|d| d.serves(scheme))
+    }
+
+    /// Connects to the backend named by `url`'s scheme; see [`connect`].
+    pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let scheme = scheme_of(url)?;
+        if let Some(driver) = self.driver(&scheme) {
+            return driver.connect(url).await;
+        }
+        if self.builtins
+            && let Some(builtin) = BUILTINS.iter().find(|b| b.schemes.contains(&&*scheme))
+        {
+            return Err(LockError::BackendNotCompiled {
+                scheme,
+                feature: builtin.feature,
+            });
+        }
+        let mut known: Vec<&str> = self
+            .drivers
+            .iter()
+            .flat_map(|d| d.schemes())
+            .copied()
+            .collect();
+        if self.builtins {
+            known.extend(
+                known_schemes()
+                    .filter(|s| !known.contains(s))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        Err(LockError::invalid_url(
+            url,
+            format!(
+                "unknown scheme {scheme:?}; known schemes: {}",
+                known.join(", ")
+            ),
+        ))
+    }
+}
 
 /// Connects to the backend named by `url`'s scheme.
 ///
@@ -39,6 +201,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// reconnects on its own afterwards. A known scheme whose feature is off gives
 /// [`LockError::BackendNotCompiled`] naming the feature; an unknown scheme gives
 /// [`LockError::InvalidUrl`]. Passwords in the URL never appear in errors.
+/// A backend of your own goes through a [`Registry`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -54,41 +217,7 @@ const SCHEMES: &[(&str, &str)] = &[
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
-    let scheme = scheme_of(url)?;
-    match scheme.as_str() {
-        "memory" => Ok(Arc::new(MemoryLock::from_url(url)?)),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "redis+sentinel" => {
-            Ok(Arc::new(lockkit_redis::connect(url).await?))
-        }
-        #[cfg(feature = "redlock")]
-        "redlock" => Ok(Arc::new(lockkit_redlock::connect(url).await?)),
-        #[cfg(feature = "zk")]
-        "zk" => Ok(Arc::new(lockkit_zk::connect(url).await?)),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(lockkit_sql::connect(url).await?)),
-        #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Arc::new(lockkit_sql::connect(url).await?)),
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(lockkit_sql::connect(url).await?)),
-        known => match SCHEMES.iter().find(|(name, _)| *name == known) {
-            Some((_, feature)) => Err(LockError::BackendNotCompiled {
-                scheme: known.to_owned(),
-                feature,
-            }),
-            None => Err(LockError::invalid_url(
-                url,
-                format!(
-                    "unknown scheme {known:?}; known schemes: {}",
-                    SCHEMES
-                        .iter()
-                        .map(|(s, _)| *s)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )),
-        },
-    }
+    Registry::builtin().connect(url).await
 }
 
 /// The scheme of `url`, lower-cased: everything before the first `:`.
@@ -133,5 +262,37 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// The facade's table names each compiled-in driver's own schemes, so
+    /// that a scheme is declared once, in its backend crate.
+    #[test]
+    fn builtin_schemes_are_the_drivers_own() {
+        for builtin in BUILTINS {
+            if let Some(driver) = builtin.driver {
+                assert_eq!(builtin.schemes, driver.schemes(), "{}", driver.name());
+                if let Some(feature) = driver.feature() {
+                    assert_eq!(builtin.feature, feature, "{}", driver.name());
+                }
+            }
+        }
+        let mut all: Vec<&str> = known_schemes().collect();
+        let count = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), count, "a scheme is served by two built-ins");
+    }
+
+    #[test]
+    fn registered_drivers_come_first() {
+        fn connect(url: &str) -> lockkit_core::backend::ConnectFuture<'_> {
+            lockkit_core::backend::boxed_connect(async move {
+                Err::<lockkit_core::MemoryLock, _>(LockError::unavailable("mine", url.to_owned()))
+            })
+        }
+        let mut registry = Registry::builtin();
+        registry.register(Driver::new("mine", &["memory"], connect));
+        assert_eq!(registry.driver("MEMORY").map(Driver::name), Some("mine"));
+        assert!(Registry::new().driver("memory").is_none());
     }
 }

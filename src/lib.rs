@@ -2,15 +2,16 @@
 
 mod connect;
 
-pub use connect::connect;
+pub use connect::{Registry, connect, known_schemes};
+pub use lockkit_core::backend::redact_url;
 pub use lockkit_core::{
     Backoff, BoxError, Capabilities, DistributedLock, DynDistributedLock, FencingToken, LockError,
     LockGuard, LockOptions, LockStatus, LostReason, MemoryLock, MemoryStore, ReleaseOnCrash,
     Result, Wait,
 };
 
-/// The core crate, for backend implementors: [`LeaseBackend`](lockkit_core::LeaseBackend),
-/// [`Waiter`](lockkit_core::Waiter), [`Lease`](lockkit_core::Lease) and friends.
+/// The core crate, for backend implementors: [`LeaseBackend`](lockkit_core::backend::LeaseBackend),
+/// [`Waiter`](lockkit_core::backend::Waiter), [`Lease`](lockkit_core::backend::Lease) and friends.
 pub use lockkit_core as core;
 
 /// The Redis backend (one server, Redis Cluster, or a Sentinel-monitored

@@ -20,7 +20,7 @@ fn sql(mode: Mode, database: Database) -> lockkit::Capabilities {
 #[test]
 fn readme_capabilities_table_is_current() {
     let rows = [
-        ("memory", lockkit::core::MEMORY_CAPABILITIES),
+        ("memory", lockkit::core::backend::MEMORY_CAPABILITIES),
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
         (
             "redis cluster, sentinel (without `wait_replicas`)",
@@ -61,4 +61,62 @@ fn readme_capabilities_table_is_current() {
         table,
         "README.md's capability table is out of date; replace it with:\n{table}"
     );
+}
+
+/// The schemes of the README's URL table and of `connect`'s doc table, with
+/// their cargo features, are the backends' own (`lockkit::known_schemes`,
+/// checked against each driver by a unit test).
+#[test]
+fn readme_and_connect_docs_list_every_scheme() {
+    let registry = lockkit::Registry::builtin();
+    let expected: Vec<(String, String)> = lockkit::known_schemes()
+        .map(|scheme| {
+            let feature = registry
+                .driver(scheme)
+                .and_then(|d| d.feature())
+                .unwrap_or("always on");
+            (scheme.to_owned(), feature.to_owned())
+        })
+        .collect();
+    for (doc, header) in [
+        (
+            include_str!("../README.md"),
+            "| URL | backend | cargo feature |",
+        ),
+        (
+            include_str!("../src/connect.rs"),
+            "/// | scheme | backend | cargo feature |",
+        ),
+    ] {
+        let table = &doc[doc.find(header).expect("the URL table")..];
+        let mut listed = Vec::new();
+        for row in table.lines().skip(2) {
+            let row = row.trim_start_matches("/// ");
+            if !row.starts_with('|') {
+                break;
+            }
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let feature = cells
+                .last()
+                .unwrap()
+                .trim_end_matches(" |")
+                .trim_matches('`');
+            for code in cells[0].split('`').skip(1).step_by(2) {
+                if let Some((scheme, _)) = code.split_once(':')
+                    && !scheme.is_empty()
+                    && !code.starts_with(':')
+                {
+                    let entry = (scheme.to_owned(), feature.to_owned());
+                    if !listed.contains(&entry) {
+                        listed.push(entry);
+                    }
+                }
+            }
+        }
+        let mut listed_sorted = listed.clone();
+        listed_sorted.sort();
+        let mut expected_sorted = expected.clone();
+        expected_sorted.sort();
+        assert_eq!(listed_sorted, expected_sorted, "{header}");
+    }
 }

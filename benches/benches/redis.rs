@@ -35,7 +35,8 @@ use lockkit_benches::{
     RawLock, RunMode, bench_then_pair, fmt_duration, lockkit_cycle, percentile, ping, save_summary,
     verdict,
 };
-use lockkit_core::{Attempt, DistributedLock, LeaseBackend, LockOptions, OwnerToken};
+use lockkit_core::backend::{Attempt, LeaseBackend, OwnerToken};
+use lockkit_core::{DistributedLock, LockOptions};
 use lockkit_redis::RedisLock;
 use lockkit_testkit::RedisServer;
 use redis::aio::ConnectionManager;

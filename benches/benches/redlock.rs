@@ -37,7 +37,8 @@ use lockkit_benches::{
     CycleFixture, CycleKind, Estimates, Interleaved, Limit, RawLock, RunMode, bench_then_pair,
     lockkit_cycle, ping, save_summary,
 };
-use lockkit_core::{LeaseBackend, LockOptions};
+use lockkit_core::LockOptions;
+use lockkit_core::backend::LeaseBackend;
 use lockkit_redlock::RedlockLock;
 use lockkit_testkit::RedisServer;
 use redis::aio::ConnectionManager;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::guard::LostReason;
+use crate::lost::LostReason;
 
 /// A boxed error from a backend's client library, kept as the `source` of a [`LockError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -128,7 +128,7 @@ impl LockError {
     /// `InvalidUrl` for `url` (redacted here) with a reason.
     pub fn invalid_url(url: &str, reason: impl Into<String>) -> Self {
         LockError::InvalidUrl {
-            url: crate::redact::redact_url(url),
+            url: crate::backend::redact_url(url),
             reason: reason.into(),
         }
     }

@@ -10,40 +10,12 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::deferred::Booking;
+use crate::backend::deferred::Booking;
+use crate::backend::local_queue::LocalSlot;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
-use crate::local_queue::LocalSlot;
+use crate::lost::LostReason;
 use crate::options::{check_ttl, clock_drift};
-
-/// Why a lease was lost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The lease ran out: auto-renew was off and nobody extended it in time.
-    Expired,
-    /// Auto-renewal kept failing (e.g. the server was unreachable) until the lease ran out.
-    RenewalFailed,
-    /// The backend says the lease is no longer ours: it was deleted behind our
-    /// back, expired on the server, or is now held by another owner.
-    Revoked,
-    /// The session that held the lock expired (ZooKeeper).
-    SessionExpired,
-    /// The connection that held the lock is gone (SQL session locks).
-    ConnectionLost,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LostReason::Expired => "the lease expired without being extended",
-            LostReason::RenewalFailed => "renewal failed until the lease ran out",
-            LostReason::Revoked => "the backend no longer holds the lease for this owner",
-            LostReason::SessionExpired => "the session expired",
-            LostReason::ConnectionLost => "the connection holding the lock was lost",
-        })
-    }
-}
 
 /// The backend side of one holding: what a [`LockGuard`] calls to extend and
 /// release. Backends implement it; users never see it.
@@ -86,7 +58,7 @@ impl Timing {
 
 /// Where a guard's watchdog stands. It has no task of its own while it waits:
 /// its next deadline is booked on the per-thread timer (see
-/// [`deferred`](crate::deferred)), and each renewal or expiry runs in a
+/// [`deferred`](crate::backend::deferred)), and each renewal or expiry runs in a
 /// short task spawned when it is due, which books the next deadline before
 /// it ends. A parked task per held lease would cost every holding about a
 /// kilobyte.
@@ -150,7 +122,7 @@ impl Shared {
         let handle = runtime.clone();
         // Booked while the state is locked: a deadline that is already past
         // fires on the timer task, whose `fire` waits for this to be recorded.
-        *state = match crate::deferred::book(wake, move || {
+        *state = match crate::backend::deferred::book(wake, move || {
             if let Some(shared) = weak.upgrade() {
                 shared.fire(&handle);
             }

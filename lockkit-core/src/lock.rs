@@ -3,13 +3,13 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use crate::backend::notify::ReleaseWatch;
+use crate::backend::wait::{Attempt, acquire_by_attempts};
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
-use crate::notify::ReleaseWatch;
 use crate::options::LockOptions;
 use crate::status::LockStatus;
-use crate::wait::{Attempt, acquire_by_attempts};
 
 /// A distributed lock service: one client of one backend.
 ///
@@ -46,7 +46,13 @@ pub trait DistributedLock: Send + Sync + Debug {
     ///
     /// Cancellation-safe: dropping the future at any await point leaks no lease.
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        acquire_by_attempts(self, name, opts).await
+        acquire_by_attempts(
+            name,
+            opts,
+            || self.attempt(name, opts),
+            || self.watch_releases(name),
+        )
+        .await
     }
 
     /// What this backend guarantees.

@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::lease::{Handover, LeaseBackend, LeaseLock};
+use crate::backend::notify::{NotifyHub, ReleaseWatch};
+use crate::backend::token::OwnerToken;
+use crate::backend::wait::Attempt;
+use crate::backend::{ConnectFuture, Driver, boxed_connect};
 use crate::capabilities::{Capabilities, ReleaseOnCrash};
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
-use crate::lease::{Handover, LeaseBackend, LeaseLock};
 use crate::name::validate_name;
-use crate::notify::{NotifyHub, ReleaseWatch};
 use crate::status::LockStatus;
-use crate::token::OwnerToken;
-use crate::wait::Attempt;
 
 const BACKEND: &str = "memory";
 
@@ -49,6 +50,13 @@ impl LeaseLock<MemoryBackend> {
             ))
         }
     }
+}
+
+/// The `memory://` driver: every client shares the process-wide store.
+pub const MEMORY_DRIVER: Driver = Driver::new("memory", &["memory"], connect);
+
+fn connect(url: &str) -> ConnectFuture<'_> {
+    boxed_connect(async move { MemoryLock::from_url(url) })
 }
 
 /// Lease data of an in-process store. Cheap to share; several clients on one

@@ -13,7 +13,7 @@ pub const MAX_NAME_LEN: usize = 255;
 /// own keyspace.
 ///
 /// ```
-/// use lockkit_core::validate_name;
+/// use lockkit_core::backend::validate_name;
 /// assert!(validate_name("orders/2024 ünïcode {x}").is_ok());
 /// assert!(validate_name("").is_err());
 /// assert!(validate_name("tab\there").is_err());

@@ -2,10 +2,8 @@
 
 use std::time::Duration;
 
-use lockkit_core::{
-    Attempt, Capabilities, FencingToken, Handover, LeaseBackend, LeaseLock, LockStatus, OwnerToken,
-    ReleaseOnCrash, ReleaseWatch, Result,
-};
+use lockkit_core::backend::{Attempt, Handover, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
+use lockkit_core::{Capabilities, FencingToken, LockStatus, ReleaseOnCrash, Result};
 
 use crate::error::BACKEND;
 use crate::instance::RedisInstance;

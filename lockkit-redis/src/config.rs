@@ -5,9 +5,8 @@ use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
-use lockkit_core::{
-    LeaseLock, LockError, MultiHostUrl, Result, host_list, redact_url, timeout_param,
-};
+use lockkit_core::backend::{LeaseLock, MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::{LockError, Result};
 use redis::{
     ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo,
 };
@@ -304,7 +303,7 @@ impl RedisLockBuilder {
 }
 
 fn check_timeout(what: &str, value: Duration) -> Result<()> {
-    if value.is_zero() || value > lockkit_core::MAX_TIMEOUT_PARAM {
+    if value.is_zero() || value > lockkit_core::backend::MAX_TIMEOUT_PARAM {
         Err(LockError::invalid_options(format!(
             "{what} {value:?} must be positive and at most one hour"
         )))

@@ -6,7 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{Attempt, FencingToken, LockError, Result};
+use lockkit_core::backend::Attempt;
+use lockkit_core::{FencingToken, LockError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates};
@@ -455,7 +456,7 @@ impl RedisInstance {
 
     /// Subscribes to the release channel of `keys` (shared by all waiters of
     /// this instance). Falls back to no notifications if the subscription fails.
-    pub async fn watch(&self, keys: &Keys) -> lockkit_core::ReleaseWatch {
+    pub async fn watch(&self, keys: &Keys) -> lockkit_core::backend::ReleaseWatch {
         self.inner.notifications.watch(&keys.channel).await
     }
 

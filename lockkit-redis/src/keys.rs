@@ -1,6 +1,7 @@
 //! How lock names map into the Redis keyspace.
 
-use lockkit_core::{LockError, Result, validate_name};
+use lockkit_core::backend::validate_name;
+use lockkit_core::{LockError, Result};
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "lockkit:";

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+use lockkit_core::backend::{Driver, boxed_connect};
+
 mod backend;
 mod config;
 mod connection;
@@ -25,3 +27,11 @@ pub use keys::{DEFAULT_PREFIX, Keys};
 pub async fn connect(url: &str) -> lockkit_core::Result<RedisLock> {
     RedisLockBuilder::from_url(url)?.connect().await
 }
+
+/// The Redis driver, for `lockkit::connect` and `lockkit::Registry`.
+pub const DRIVER: Driver = Driver::new(
+    "redis",
+    &["redis", "rediss", "redis+cluster", "redis+sentinel"],
+    |url| boxed_connect(connect(url)),
+)
+.with_feature("redis");

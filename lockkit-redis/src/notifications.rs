@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use lockkit_core::{NotifyHub, ReleaseWatch};
+use lockkit_core::backend::{NotifyHub, ReleaseWatch};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, PushInfo, PushKind, RedisError, Value};
 

@@ -6,10 +6,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::{
-    Attempt, Capabilities, FencingToken, LeaseBackend, LeaseLock, LockStatus, OwnerToken,
-    ReleaseOnCrash, ReleaseWatch, Result,
-};
+use lockkit_core::backend::{Attempt, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
+use lockkit_core::{Capabilities, FencingToken, LockStatus, ReleaseOnCrash, Result};
 use lockkit_redis::{Keys, RedisInstance};
 use tokio::sync::watch;
 

@@ -4,9 +4,8 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::{
-    LeaseLock, LockError, MultiHostUrl, Result, host_list, redact_url, timeout_param,
-};
+use lockkit_core::backend::{LeaseLock, MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::{LockError, Result};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
 
 use crate::backend::{RedlockBackend, RedlockLock};
@@ -107,7 +106,7 @@ impl RedlockBuilder {
             ));
         }
         if let Some(timeout) = self.instance_timeout
-            && (timeout.is_zero() || timeout > lockkit_core::MAX_TIMEOUT_PARAM)
+            && (timeout.is_zero() || timeout > lockkit_core::backend::MAX_TIMEOUT_PARAM)
         {
             return Err(LockError::invalid_options(format!(
                 "instance_timeout {timeout:?} must be positive and at most one hour"

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+use lockkit_core::backend::{Driver, boxed_connect};
+
 mod backend;
 mod config;
 mod error;
@@ -12,3 +14,7 @@ pub use config::RedlockBuilder;
 pub async fn connect(url: &str) -> lockkit_core::Result<RedlockLock> {
     RedlockBuilder::from_url(url)?.connect().await
 }
+
+/// The Redlock driver, for `lockkit::connect` and `lockkit::Registry`.
+pub const DRIVER: Driver =
+    Driver::new("redlock", &["redlock"], |url| boxed_connect(connect(url))).with_feature("redlock");

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use lockkit_core::{Capabilities, LockError, ReleaseOnCrash, Result, redact_url, timeout_param};
+use lockkit_core::backend::{redact_url, timeout_param};
+use lockkit_core::{Capabilities, LockError, ReleaseOnCrash, Result};
 
 use crate::error::{map_error, timed_out};
 use crate::lock::SqlLock;
@@ -435,7 +436,7 @@ impl SqlLockBuilder {
             ("command_timeout", self.command_timeout),
             ("liveness", self.liveness_interval),
         ] {
-            if d.is_zero() || d > lockkit_core::MAX_TIMEOUT_PARAM {
+            if d.is_zero() || d > lockkit_core::backend::MAX_TIMEOUT_PARAM {
                 return Err(LockError::invalid_options(format!(
                     "{what} of {d:?} must be positive and at most one hour"
                 )));

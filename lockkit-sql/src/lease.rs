@@ -5,10 +5,10 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use lockkit_core::{
-    Attempt, Capabilities, FencingToken, Handover, LeaseBackend, LockStatus, OwnerToken,
-    ReleaseWatch, Result, validate_name,
+use lockkit_core::backend::{
+    Attempt, Handover, LeaseBackend, OwnerToken, ReleaseWatch, validate_name,
 };
+use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 
 use crate::config::Settings;
 

@@ -6,6 +6,9 @@
     allow(dead_code)
 )]
 
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use lockkit_core::backend::{Driver, boxed_connect};
+
 mod config;
 mod error;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -38,3 +41,22 @@ pub use names::{DEFAULT_TABLE, MAX_TABLE_LEN, advisory_key, named_lock_name, val
 pub async fn connect(url: &str) -> lockkit_core::Result<SqlLock> {
     SqlLock::connect(url).await
 }
+
+/// The PostgreSQL driver, for `lockkit::connect` and `lockkit::Registry`.
+#[cfg(feature = "postgres")]
+pub const POSTGRES_DRIVER: Driver = Driver::new("postgres", &["postgres", "postgresql"], |url| {
+    boxed_connect(connect(url))
+})
+.with_feature("postgres");
+
+/// The MySQL/MariaDB driver, for `lockkit::connect` and `lockkit::Registry`.
+#[cfg(feature = "mysql")]
+pub const MYSQL_DRIVER: Driver = Driver::new("mysql", &["mysql", "mariadb"], |url| {
+    boxed_connect(connect(url))
+})
+.with_feature("mysql");
+
+/// The SQLite driver, for `lockkit::connect` and `lockkit::Registry`.
+#[cfg(feature = "sqlite")]
+pub const SQLITE_DRIVER: Driver =
+    Driver::new("sqlite", &["sqlite"], |url| boxed_connect(connect(url))).with_feature("sqlite");

@@ -6,9 +6,9 @@ use std::str::FromStr;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use std::sync::Arc;
 
+use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{
-    Attempt, Capabilities, DistributedLock, LockError, LockGuard, LockOptions, LockStatus,
-    ReleaseWatch, Result,
+    Capabilities, DistributedLock, LockError, LockGuard, LockOptions, LockStatus, Result,
 };
 
 use crate::config::{Database, Mode, Settings, SqlLockBuilder};
@@ -168,14 +168,16 @@ async fn open_postgres(
     let sql = Arc::new(PgSql::new(&builder.table));
     let admin = Admin::Postgres(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
-        Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-            crate::postgres::PgRows {
-                pool: KeptPool::new(pool),
-                sql,
-                notifications: PgNotifications::new(options),
-            },
-            settings.clone(),
-        ))),
+        Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
+            crate::lease::LeaseRows::new(
+                crate::postgres::PgRows {
+                    pool: KeptPool::new(pool),
+                    sql,
+                    notifications: PgNotifications::new(options),
+                },
+                settings.clone(),
+            ),
+        )),
         mode => Box::new(crate::session::SessionLock::new(PgSession {
             options,
             pool,
@@ -222,13 +224,15 @@ async fn open_mysql(
     let sql = Arc::new(MySql::new(&builder.table, fence_source));
     let admin = Admin::MySql(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match builder.mode {
-        Mode::Lease => Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-            crate::mysql::MyRows {
-                pool: KeptPool::new(pool),
-                sql,
-            },
-            settings.clone(),
-        ))),
+        Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
+            crate::lease::LeaseRows::new(
+                crate::mysql::MyRows {
+                    pool: KeptPool::new(pool),
+                    sql,
+                },
+                settings.clone(),
+            ),
+        )),
         mode => Box::new(crate::session::SessionLock::new(MySqlSession {
             options,
             pool,
@@ -296,13 +300,15 @@ async fn open_sqlite(
     );
     let sql = Arc::new(crate::sqlite::SqliteSql::new(&builder.table));
     let admin = Admin::Sqlite(Box::new(options), sql.clone(), keeper);
-    let inner = Box::new(lockkit_core::LeaseLock::new(crate::lease::LeaseRows::new(
-        crate::sqlite::SqliteRows {
-            pool: KeptPool::new(pool),
-            sql,
-        },
-        settings.clone(),
-    )));
+    let inner = Box::new(lockkit_core::backend::LeaseLock::new(
+        crate::lease::LeaseRows::new(
+            crate::sqlite::SqliteRows {
+                pool: KeptPool::new(pool),
+                sql,
+            },
+            settings.clone(),
+        ),
+    ));
     Ok((admin, inner))
 }
 

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{Attempt, Capabilities, FencingToken, LockStatus, Result};
+use lockkit_core::backend::Attempt;
+use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 

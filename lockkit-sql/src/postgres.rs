@@ -4,9 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::{
-    Attempt, Capabilities, FencingToken, LockStatus, NotifyHub, ReleaseWatch, Result,
-};
+use lockkit_core::backend::{Attempt, NotifyHub, ReleaseWatch};
+use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use sqlx::{Connection, Postgres};

@@ -14,11 +14,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use lockkit_core::traced_acquire;
+use lockkit_core::backend::traced_acquire;
+use lockkit_core::backend::{
+    DEADLINE_GRACE, Lease, LocalQueue, LossNotifier, Waiter, validate_name,
+};
 use lockkit_core::{
-    Capabilities, DEADLINE_GRACE, DistributedLock, FencingToken, Lease, LocalQueue, LockError,
-    LockGuard, LockOptions, LockStatus, LossNotifier, LostReason, Result, Wait, Waiter,
-    validate_name,
+    Capabilities, DistributedLock, FencingToken, LockError, LockGuard, LockOptions, LockStatus,
+    LostReason, Result, Wait,
 };
 use tokio::time::Instant;
 
@@ -344,7 +346,7 @@ struct SessionLease<D: SessionDb> {
     notifier: OnceLock<LossNotifier>,
     ttl: Duration,
     /// The liveness task, until its first check (see [`schedule_liveness`]).
-    liveness: Mutex<Option<lockkit_core::ScheduledSpawn>>,
+    liveness: Mutex<Option<lockkit_core::backend::ScheduledSpawn>>,
 }
 
 impl<D: SessionDb> fmt::Debug for SessionLease<D> {
@@ -471,7 +473,7 @@ impl<D: SessionDb> Lease for SessionLease<D> {
 /// Checks the held lock's connection every `interval` until it is released
 /// or lost, so that a dropped connection marks the guard lost even when
 /// auto-renew is off. The task is spawned only when the first check is due
-/// ([`lockkit_core::spawn_at`]): a holding released sooner costs no task.
+/// ([`lockkit_core::backend::spawn_at`]): a holding released sooner costs no task.
 fn schedule_liveness<D: SessionDb>(lease: &Arc<SessionLease<D>>, interval: Duration) {
     let interval = interval.max(Duration::from_millis(10));
     let weak = Arc::downgrade(lease);
@@ -485,6 +487,6 @@ fn schedule_liveness<D: SessionDb>(lease: &Arc<SessionLease<D>>, interval: Durat
             tokio::time::sleep(interval).await;
         }
     };
-    let scheduled = lockkit_core::spawn_at(Instant::now() + interval, checks);
+    let scheduled = lockkit_core::backend::spawn_at(Instant::now() + interval, checks);
     *lease.liveness.lock().unwrap_or_else(|p| p.into_inner()) = scheduled;
 }

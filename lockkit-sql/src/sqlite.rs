@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{Attempt, Capabilities, FencingToken, Result};
+use lockkit_core::backend::Attempt;
+use lockkit_core::{Capabilities, FencingToken, Result};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite};
 

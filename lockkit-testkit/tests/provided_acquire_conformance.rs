@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
+use lockkit_core::backend::ReleaseWatch;
 use lockkit_core::{
-    Capabilities, DistributedLock, LockGuard, LockOptions, LockStatus, MemoryLock, ReleaseWatch,
-    Result,
+    Capabilities, DistributedLock, LockGuard, LockOptions, LockStatus, MemoryLock, Result,
 };
 use lockkit_testkit::conformance::MemoryHarness;
 

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lockkit_core::{LockError, MultiHostUrl, Result, host_list, redact_url, timeout_param};
+use lockkit_core::backend::{MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::{LockError, Result};
 
 use crate::lock::ZkLock;
 use crate::session::Sessions;
@@ -104,7 +105,7 @@ impl ZkLockBuilder {
             ("connect_timeout", self.connect_timeout),
             ("command_timeout", self.command_timeout),
         ] {
-            if value.is_zero() || value > lockkit_core::MAX_TIMEOUT_PARAM {
+            if value.is_zero() || value > lockkit_core::backend::MAX_TIMEOUT_PARAM {
                 return Err(LockError::invalid_options(format!(
                     "{what} {value:?} must be positive and at most one hour"
                 )));

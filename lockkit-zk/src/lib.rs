@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+use lockkit_core::backend::{Driver, boxed_connect};
+
 mod config;
 mod error;
 mod lock;
@@ -17,3 +19,7 @@ pub use path::encode_name;
 pub async fn connect(url: &str) -> lockkit_core::Result<ZkLock> {
     ZkLockBuilder::from_url(url)?.connect().await
 }
+
+/// The ZooKeeper driver, for `lockkit::connect` and `lockkit::Registry`.
+pub const DRIVER: Driver =
+    Driver::new("zookeeper", &["zk"], |url| boxed_connect(connect(url))).with_feature("zk");

@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockkit_core::traced_acquire;
+use lockkit_core::backend::traced_acquire;
+use lockkit_core::backend::{Lease, LocalQueue, OwnerToken, Waiter};
 use lockkit_core::{
-    Capabilities, DistributedLock, FencingToken, Lease, LocalQueue, LockError, LockGuard,
-    LockOptions, LockStatus, OwnerToken, ReleaseOnCrash, Result, Wait, Waiter,
+    Capabilities, DistributedLock, FencingToken, LockError, LockGuard, LockOptions, LockStatus,
+    ReleaseOnCrash, Result, Wait,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError};

@@ -1,6 +1,7 @@
 //! Lock names as ZooKeeper paths, and the lock nodes under them.
 
-use lockkit_core::{Result, validate_name};
+use lockkit_core::Result;
+use lockkit_core::backend::validate_name;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 /// Everything but `[A-Za-z0-9_.-]` is percent-encoded.

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::{LockError, LossNotifier, LostReason, Result};
+use lockkit_core::backend::LossNotifier;
+use lockkit_core::{LockError, LostReason, Result};
 use zookeeper_client::{Acl, Acls, Client, Permission, SessionState};
 
 use crate::config::ZkLockBuilder;

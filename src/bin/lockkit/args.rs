@@ -10,14 +10,23 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// without any server.
 pub(crate) const DEFAULT_URL: &str = "sqlite://lockkit.db";
 
+/// The `--url` help: every scheme lockkit knows, from the backends' own list.
+fn url_help() -> String {
+    let schemes: Vec<String> = lockkit::known_schemes()
+        .map(|scheme| format!("{scheme}://"))
+        .collect();
+    format!(
+        "Where the locks live: {} (see the lockkit docs)",
+        schemes.join(", ")
+    )
+}
+
 /// Run a command under a distributed lock, or ask who holds one.
 #[derive(Debug, Parser)]
 #[command(name = "lockkit", version, about = "Run a command under a distributed lock, or ask who holds one.", long_about = None)]
 pub(crate) struct Cli {
-    /// Where the locks live: redis://, redis+cluster://, redis+sentinel://,
-    /// redlock://, zk://, postgres://, mysql://, sqlite://, memory:// (see
-    /// the lockkit docs).
-    #[arg(long, global = true, env = "LOCKKIT_URL", default_value = DEFAULT_URL, hide_env_values = true)]
+    /// Where the locks live (the schemes come from lockkit's backend list).
+    #[arg(long, global = true, env = "LOCKKIT_URL", default_value = DEFAULT_URL, hide_env_values = true, help = url_help())]
     pub(crate) url: String,
 
     /// More diagnostics on stderr (-v, -vv); `LOCKKIT_LOG` overrides.

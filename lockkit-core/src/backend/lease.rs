@@ -12,18 +12,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::local_queue::{LocalHandle, LocalQueue, LocalSlot};
+use crate::backend::notify::ReleaseWatch;
+use crate::backend::token::OwnerToken;
+use crate::backend::trace::traced_acquire;
+use crate::backend::wait::{Attempt, Waiter};
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guard::{Lease, LockGuard};
-use crate::local_queue::{LocalHandle, LocalQueue, LocalSlot};
 use crate::lock::DistributedLock;
-use crate::notify::ReleaseWatch;
 use crate::options::{LockOptions, Wait, clock_drift};
 use crate::status::LockStatus;
-use crate::token::OwnerToken;
-use crate::trace::traced_acquire;
-use crate::wait::{Attempt, Waiter};
 
 /// The primitive operations of a lease-based backend; see [`LeaseLock`].
 ///
@@ -42,7 +42,7 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// What the backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
-    /// Checks `name` — at least with [`validate_name`](crate::validate_name) —
+    /// Checks `name` — at least with [`validate_name`](crate::backend::validate_name) —
     /// and maps it into the backend's keyspace, injectively.
     fn key(&self, name: &str) -> Result<Self::Key>;
 

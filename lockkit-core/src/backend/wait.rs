@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::notify::ReleaseWatch;
 use crate::backoff::Delays;
 use crate::error::{LockError, Result};
-use crate::guard::LockGuard;
-use crate::lock::DistributedLock;
-use crate::notify::ReleaseWatch;
 use crate::options::{LockOptions, Wait};
 
 /// How long an attempt that started before the deadline may run past it.
@@ -39,7 +37,8 @@ pub enum Attempt<T> {
 /// backend has the same deadline and timeout semantics:
 ///
 /// ```
-/// # use lockkit_core::{Attempt, LockOptions, Waiter, ReleaseWatch, Result};
+/// # use lockkit_core::{LockOptions, Result};
+/// # use lockkit_core::backend::{Attempt, Waiter, ReleaseWatch};
 /// # async fn try_once() -> Result<Attempt<()>> { Ok(Attempt::Acquired(())) }
 /// # async fn example() -> Result<()> {
 /// let opts = LockOptions::new();
@@ -187,26 +186,34 @@ impl Waiter<'_> {
     }
 }
 
-/// The provided [`DistributedLock::acquire`]: repeated
-/// [`attempt`](DistributedLock::attempt)s under the shared wait policy, woken by
-/// [`watch_releases`](DistributedLock::watch_releases).
+/// The provided [`DistributedLock::acquire`](crate::DistributedLock::acquire):
+/// repeated attempts under the shared wait policy, woken by release
+/// notifications. `attempt` makes one try; `subscribe` opens a subscription to
+/// the releases of `name` (the trait's
+/// [`watch_releases`](crate::DistributedLock::watch_releases)).
 ///
 /// The subscription is made after the first busy attempt and followed at once by
 /// another attempt, so a release can never fall between the two unnoticed.
-pub async fn acquire_by_attempts<L>(lock: &L, name: &str, opts: &LockOptions) -> Result<LockGuard>
+pub async fn acquire_by_attempts<T, A, AF, S, SF>(
+    name: &str,
+    opts: &LockOptions,
+    mut attempt: A,
+    mut subscribe: S,
+) -> Result<T>
 where
-    L: DistributedLock + ?Sized,
+    A: FnMut() -> AF,
+    AF: Future<Output = Result<Attempt<T>>>,
+    S: FnMut() -> SF,
+    SF: Future<Output = Result<ReleaseWatch>>,
 {
     opts.validate()?;
     let mut waiter = Waiter::new(name, opts);
     let mut watch = None;
     loop {
-        match waiter.attempt(lock.attempt(name, opts)).await? {
-            Attempt::Acquired(guard) => return Ok(guard),
+        match waiter.attempt(attempt()).await? {
+            Attempt::Acquired(held) => return Ok(held),
             Attempt::Busy { retry_after } => {
-                waiter
-                    .busy(retry_after, &mut watch, || lock.watch_releases(name))
-                    .await?
+                waiter.busy(retry_after, &mut watch, &mut subscribe).await?
             }
         }
     }
@@ -215,7 +222,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::NotifyHub;
+    use crate::backend::notify::NotifyHub;
 
     #[tokio::test(start_paused = true)]
     async fn no_wait_times_out_after_one_attempt() {

@@ -1,0 +1,54 @@
+//! For backend authors: the pieces a [`DistributedLock`](crate::DistributedLock)
+//! implementation is built from. Applications never need this module.
+//!
+//! * Declaring a backend: a [`Driver`] (name, URL schemes, connect function)
+//!   that `lockkit::connect` and `lockkit::Registry` find it by.
+//! * Two engines that turn a few primitive operations into a full lock with
+//!   the shared wait policy, a per-name local FIFO, tracing and cancellation
+//!   safety:
+//!   - [`LeaseLock`] over a [`LeaseBackend`], for servers that keep leases
+//!     with an expiry (Redis, Redlock, SQL lease rows, memory): one attempt,
+//!     its holder's remaining lease, release notifications, local hand-over;
+//!   - [`QueuedLock`] over a [`QueueBackend`], for servers that queue the
+//!     waiters themselves (ZooKeeper, SQL session locks).
+//! * The holding side: [`Lease`] (extend and release on the server), which
+//!   [`LockGuard::new`](crate::LockGuard::new) wraps with the watchdog, and a
+//!   [`LossNotifier`] for losses the backend notices itself.
+//! * The wait policy on its own ([`Waiter`], [`Attempt`],
+//!   [`acquire_by_attempts`]) for backends that write `acquire` by hand.
+//! * Plumbing: release notifications ([`NotifyHub`], [`ReleaseWatch`]), the
+//!   local queue ([`LocalQueue`]), per-thread deferred spawns
+//!   ([`spawn_at`]), owner tokens ([`OwnerToken`]), the acquire span
+//!   ([`traced_acquire`]), and URL helpers ([`MultiHostUrl`], [`host_list`],
+//!   [`timeout_param`], [`check_timeout`], [`redact_url`]).
+//!
+//! The conformance suite (the `lockkit-conformance` crate) checks a new
+//! backend against the contract every built-in backend keeps.
+
+pub(crate) mod deferred;
+mod driver;
+pub(crate) mod lease;
+pub(crate) mod local_queue;
+pub(crate) mod notify;
+mod queued;
+pub(crate) mod token;
+pub(crate) mod trace;
+pub(crate) mod url;
+pub(crate) mod wait;
+
+pub use crate::guard::{Lease, LossNotifier};
+pub use crate::memory::{HolderInfo, MEMORY_CAPABILITIES, MemoryBackend};
+pub use crate::name::validate_name;
+pub use crate::options::{check_ttl, clock_drift};
+pub use deferred::{ScheduledSpawn, spawn_at};
+pub use driver::{ConnectFn, ConnectFuture, Driver, boxed_connect};
+pub use lease::{Handover, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
+pub use local_queue::{Baton, LocalHandle, LocalQueue, LocalSlot};
+pub use notify::{NotifyHub, ReleaseWatch};
+pub use queued::{QueueBackend, QueuedLock};
+pub use token::OwnerToken;
+pub use trace::traced_acquire;
+pub use url::{
+    MAX_TIMEOUT_PARAM, MultiHostUrl, check_timeout, host_list, redact_url, timeout_param,
+};
+pub use wait::{Attempt, DEADLINE_GRACE, Waiter, acquire_by_attempts};

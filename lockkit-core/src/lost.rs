@@ -1,0 +1,32 @@
+//! Why a holding ended without its holder releasing it.
+
+use std::fmt;
+
+/// Why a lease was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lease ran out: auto-renew was off and nobody extended it in time.
+    Expired,
+    /// Auto-renewal kept failing (e.g. the server was unreachable) until the lease ran out.
+    RenewalFailed,
+    /// The backend says the lease is no longer ours: it was deleted behind our
+    /// back, expired on the server, or is now held by another owner.
+    Revoked,
+    /// The session that held the lock expired (ZooKeeper).
+    SessionExpired,
+    /// The connection that held the lock is gone (SQL session locks).
+    ConnectionLost,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "the lease expired without being extended",
+            LostReason::RenewalFailed => "renewal failed until the lease ran out",
+            LostReason::Revoked => "the backend no longer holds the lease for this owner",
+            LostReason::SessionExpired => "the session expired",
+            LostReason::ConnectionLost => "the connection holding the lock was lost",
+        })
+    }
+}
