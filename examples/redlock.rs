@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use lockkit::redlock::RedlockBuilder;
+use lockkit::redlock::RedlockLockBuilder;
 use lockkit::{DistributedLock, LockError, LockOptions};
 
 #[tokio::main]
@@ -18,7 +18,7 @@ async fn main() -> Result<(), LockError> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003".to_owned());
-    let locks = RedlockBuilder::from_url(&url)?
+    let locks = RedlockLockBuilder::from_url(&url)?
         // Each instance gets this long to answer; far below the TTL.
         .instance_timeout(Duration::from_millis(50))
         .connect()

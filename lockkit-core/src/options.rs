@@ -33,9 +33,9 @@ pub enum Wait {
 ///     .ttl(Duration::from_secs(10))
 ///     .wait_for(Duration::from_secs(2))
 ///     .auto_renew(false);
-/// assert_eq!(opts.get_ttl(), Duration::from_secs(10));
-/// assert_eq!(opts.get_wait(), Wait::For(Duration::from_secs(2)));
-/// assert!(!opts.get_auto_renew());
+/// assert_eq!(opts.lease_ttl(), Duration::from_secs(10));
+/// assert_eq!(opts.wait(), Wait::For(Duration::from_secs(2)));
+/// assert!(!opts.auto_renews());
 /// assert_eq!(LockOptions::new(), LockOptions::default());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,22 +106,22 @@ impl LockOptions {
     }
 
     /// The lease length.
-    pub fn get_ttl(&self) -> Duration {
+    pub fn lease_ttl(&self) -> Duration {
         self.ttl
     }
 
     /// The wait.
-    pub fn get_wait(&self) -> Wait {
+    pub fn wait(&self) -> Wait {
         self.wait
     }
 
     /// Whether the lease is auto-renewed.
-    pub fn get_auto_renew(&self) -> bool {
+    pub fn auto_renews(&self) -> bool {
         self.auto_renew
     }
 
     /// The retry delays.
-    pub fn get_backoff(&self) -> Backoff {
+    pub fn backoff_policy(&self) -> Backoff {
         self.backoff
     }
 
@@ -175,7 +175,7 @@ mod tests {
     #[test]
     fn wait_zero_is_no_wait() {
         assert_eq!(
-            LockOptions::new().wait_for(Duration::ZERO).get_wait(),
+            LockOptions::new().wait_for(Duration::ZERO).wait(),
             Wait::NoWait
         );
     }

@@ -12,13 +12,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates};
 
-use crate::config::{RedisConfig, ReplicaWait, Topology};
 use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::Keys;
 use crate::notifications::{Notifications, Target};
 use crate::scripts::{SCRIPTS, SOURCES};
 use crate::sentinel::{Resolver, SentinelConnection};
+use crate::settings::{RedisConfig, ReplicaWait, Topology};
 
 /// A connection to one Redis deployment — a single server, a Redis Cluster,
 /// or the master that Redis Sentinel names — with the lock operations as

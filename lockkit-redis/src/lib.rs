@@ -3,7 +3,7 @@
 use lockkit_core::backend::{Driver, boxed_connect};
 
 mod backend;
-mod config;
+mod builder;
 mod connection;
 mod error;
 mod instance;
@@ -11,14 +11,17 @@ mod keys;
 mod notifications;
 mod scripts;
 mod sentinel;
+mod settings;
+mod url;
 
 pub use backend::{REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock};
-pub use config::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
-    DEFAULT_WAIT_TIMEOUT, RedisConfig, RedisLockBuilder,
-};
+pub use builder::RedisLockBuilder;
 pub use instance::{Holder, RedisInstance};
 pub use keys::{DEFAULT_PREFIX, Keys};
+pub use settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
+    DEFAULT_WAIT_TIMEOUT, RedisConfig,
+};
 
 /// Connects to the Redis server of a `redis://` or `rediss://` URL, the Redis
 /// Cluster of a `redis+cluster://` URL, or the Sentinel-monitored master of a

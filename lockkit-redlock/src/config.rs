@@ -4,7 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::backend::{LeaseLock, MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::backend::{
+    LeaseLock, MultiHostUrl, check_timeout, host_list, redact_url, timeout_param,
+};
 use lockkit_core::{LockError, Result};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
 
@@ -26,25 +28,25 @@ use crate::error::{BACKEND, unreachable_quorum};
 ///
 /// ```
 /// use std::time::Duration;
-/// use lockkit_redlock::RedlockBuilder;
+/// use lockkit_redlock::RedlockLockBuilder;
 ///
-/// let builder = RedlockBuilder::from_url("redlock://:pw@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379?prefix=app:")?
+/// let builder = RedlockLockBuilder::from_url("redlock://:pw@10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379?prefix=app:")?
 ///     .instance_timeout(Duration::from_millis(20));
 /// assert_eq!(builder.instances().len(), 3);
 /// assert!(!format!("{builder:?}").contains("pw"));
 /// # Ok::<(), lockkit_core::LockError>(())
 /// ```
 #[derive(Clone)]
-pub struct RedlockBuilder {
+pub struct RedlockLockBuilder {
     instances: Vec<RedisConfig>,
     prefix: String,
     instance_timeout: Option<Duration>,
     redacted_url: String,
 }
 
-impl fmt::Debug for RedlockBuilder {
+impl fmt::Debug for RedlockLockBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockBuilder")
+        f.debug_struct("RedlockLockBuilder")
             .field("url", &self.redacted_url)
             .field("instances", &self.instances.len())
             .field("prefix", &self.prefix)
@@ -53,7 +55,7 @@ impl fmt::Debug for RedlockBuilder {
     }
 }
 
-impl RedlockBuilder {
+impl RedlockLockBuilder {
     /// Builds from per-instance connection settings.
     pub fn new(instances: Vec<RedisConfig>) -> Self {
         let redacted_url = format!(
@@ -64,7 +66,7 @@ impl RedlockBuilder {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        RedlockBuilder {
+        RedlockLockBuilder {
             instances,
             prefix: DEFAULT_PREFIX.to_owned(),
             instance_timeout: None,
@@ -105,12 +107,8 @@ impl RedlockBuilder {
                 "Redlock needs at least one instance",
             ));
         }
-        if let Some(timeout) = self.instance_timeout
-            && (timeout.is_zero() || timeout > lockkit_core::backend::MAX_TIMEOUT_PARAM)
-        {
-            return Err(LockError::invalid_options(format!(
-                "instance_timeout {timeout:?} must be positive and at most one hour"
-            )));
+        if let Some(timeout) = self.instance_timeout {
+            check_timeout("instance_timeout", timeout)?;
         }
         let total = self.instances.len();
         let quorum = total / 2 + 1;
@@ -155,7 +153,7 @@ impl RedlockBuilder {
     }
 }
 
-pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
+pub(crate) fn parse_url(raw: &str) -> Result<RedlockLockBuilder> {
     let bad = |reason: String| LockError::invalid_url(raw, reason);
     let MultiHostUrl {
         userinfo,
@@ -214,7 +212,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockBuilder> {
         })?;
         instances.push(config);
     }
-    Ok(RedlockBuilder {
+    Ok(RedlockLockBuilder {
         instances,
         prefix,
         instance_timeout,

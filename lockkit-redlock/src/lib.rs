@@ -8,11 +8,11 @@ mod error;
 mod quorum;
 
 pub use backend::{DEFAULT_INSTANCE_TIMEOUT, REDLOCK_CAPABILITIES, RedlockBackend, RedlockLock};
-pub use config::RedlockBuilder;
+pub use config::RedlockLockBuilder;
 
-/// Connects to the instances of a `redlock://` URL; see [`RedlockBuilder`].
+/// Connects to the instances of a `redlock://` URL; see [`RedlockLockBuilder`].
 pub async fn connect(url: &str) -> lockkit_core::Result<RedlockLock> {
-    RedlockBuilder::from_url(url)?.connect().await
+    RedlockLockBuilder::from_url(url)?.connect().await
 }
 
 /// The Redlock driver, for `lockkit::connect` and `lockkit::Registry`.

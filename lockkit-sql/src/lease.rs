@@ -10,7 +10,7 @@ use lockkit_core::backend::{
 };
 use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 
-use crate::config::Settings;
+use crate::settings::Settings;
 
 /// One database's lease statements; [`LeaseRows`] makes a
 /// [`LeaseBackend`] of them.

@@ -23,18 +23,20 @@ mod pool;
 mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session;
+mod settings;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod statement;
 
-pub use config::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS_INTERVAL,
-    DEFAULT_MAX_CONNECTIONS, Database, Mode, NOTIFIED_LEASE_CAPABILITIES,
-    POLLED_LEASE_CAPABILITIES, SESSION_CAPABILITIES, SqlLockBuilder,
-};
+pub use config::SqlLockBuilder;
 pub use lock::SqlLock;
 pub use names::{DEFAULT_TABLE, MAX_TABLE_LEN, advisory_key, named_lock_name, validate_table};
+pub use settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS_INTERVAL,
+    DEFAULT_MAX_CONNECTIONS, Database, Mode, NOTIFIED_LEASE_CAPABILITIES,
+    POLLED_LEASE_CAPABILITIES, SESSION_CAPABILITIES,
+};
 
 /// Connects to the database of a SQL URL; see [`SqlLockBuilder`] for the
 /// forms and parameters.

@@ -11,13 +11,13 @@ use lockkit_core::{
     Capabilities, DistributedLock, LockError, LockGuard, LockOptions, LockStatus, Result,
 };
 
-use crate::config::{Database, Mode, Settings, SqlLockBuilder};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use crate::pool::KeptPool;
+use crate::settings::{Database, Mode, Settings, SqlConfig};
 
 /// A lock client on one SQL database, in one [`Mode`].
 ///
-/// Build it with [`SqlLock::connect`] (a URL) or [`SqlLockBuilder`]; use it
+/// Build it with [`SqlLock::connect`] (a URL) or [`SqlLockBuilder`](crate::SqlLockBuilder); use it
 /// through [`DistributedLock`]. `Debug` never shows credentials.
 pub struct SqlLock {
     database: Database,
@@ -71,7 +71,7 @@ impl SqlLock {
     /// `mysql://`, `mariadb://` or `sqlite:` URL; see [`SqlLockBuilder`] for
     /// the parameters.
     pub async fn connect(url: &str) -> Result<SqlLock> {
-        SqlLockBuilder::from_url(url)?.connect().await
+        crate::SqlLockBuilder::from_url(url)?.connect().await
     }
 
     /// The database.
@@ -113,15 +113,15 @@ impl SqlLock {
         not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
         allow(unreachable_code, unused_variables)
     )]
-    pub(crate) async fn open(builder: SqlLockBuilder) -> Result<SqlLock> {
-        let settings = builder.settings();
-        let (admin, inner) = match builder.database {
+    pub(crate) async fn open(config: SqlConfig) -> Result<SqlLock> {
+        let settings = config.settings();
+        let (admin, inner) = match config.database {
             #[cfg(feature = "postgres")]
-            Database::Postgres => open_postgres(&builder, &settings).await?,
+            Database::Postgres => open_postgres(&config, &settings).await?,
             #[cfg(feature = "mysql")]
-            Database::MySql => open_mysql(&builder, &settings).await?,
+            Database::MySql => open_mysql(&config, &settings).await?,
             #[cfg(feature = "sqlite")]
-            Database::Sqlite => open_sqlite(&builder, &settings).await?,
+            Database::Sqlite => open_sqlite(&config, &settings).await?,
             #[allow(unreachable_patterns)]
             other => {
                 return Err(LockError::BackendNotCompiled {
@@ -131,15 +131,15 @@ impl SqlLock {
             }
         };
         let lock = SqlLock {
-            database: builder.database,
-            mode: builder.mode,
-            table: builder.table.clone(),
-            redacted_url: builder.redacted_url.clone(),
+            database: config.database,
+            mode: config.mode,
+            table: config.table.clone(),
+            redacted_url: config.redacted_url.clone(),
             settings,
             admin,
             inner,
         };
-        if builder.migrate {
+        if config.migrate {
             lock.migrate().await?;
         }
         tracing::debug!(url = %lock.redacted_url, mode = %lock.mode, "connected");
@@ -149,25 +149,25 @@ impl SqlLock {
 
 #[cfg(feature = "postgres")]
 async fn open_postgres(
-    builder: &SqlLockBuilder,
+    config: &SqlConfig,
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
     use crate::postgres::{PgNotifications, PgSession, PgSessionMode, PgSql};
     use sqlx::ConnectOptions as _;
-    let options = sqlx::postgres::PgConnectOptions::from_str(&builder.driver_url)
-        .map_err(|e| builder.invalid_url(e))?
+    let options = sqlx::postgres::PgConnectOptions::from_str(&config.driver_url)
+        .map_err(|e| config.invalid_url(e))?
         .application_name("lockkit");
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(builder.max_connections)
-        .acquire_timeout(builder.connect_timeout)
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
     // Eager, on a connection of its own: sqlx's pool would retry a refused
     // connection until its timeout and then report only that it timed out.
     close(settings.connecting("connect", options.connect()).await?).await;
-    let sql = Arc::new(PgSql::new(&builder.table));
+    let sql = Arc::new(PgSql::new(&config.table));
     let admin = Admin::Postgres(Box::new(options.clone()), sql.clone());
-    let inner: Box<dyn DistributedLock> = match builder.mode {
+    let inner: Box<dyn DistributedLock> = match config.mode {
         Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
             crate::lease::LeaseRows::new(
                 crate::postgres::PgRows {
@@ -178,33 +178,35 @@ async fn open_postgres(
                 settings.clone(),
             ),
         )),
-        mode => Box::new(crate::session::SessionLock::new(PgSession {
-            options,
-            pool,
-            sql,
-            mode: if mode == Mode::Row {
-                PgSessionMode::Row
-            } else {
-                PgSessionMode::Advisory
-            },
-            settings: settings.clone(),
-        })),
+        mode => Box::new(lockkit_core::backend::QueuedLock::new(
+            crate::session::SessionLock::new(PgSession {
+                options,
+                pool,
+                sql,
+                mode: if mode == Mode::Row {
+                    PgSessionMode::Row
+                } else {
+                    PgSessionMode::Advisory
+                },
+                settings: settings.clone(),
+            }),
+        )),
     };
     Ok((admin, inner))
 }
 
 #[cfg(feature = "mysql")]
 async fn open_mysql(
-    builder: &SqlLockBuilder,
+    config: &SqlConfig,
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
     use crate::mysql::{FenceSource, MySql, MySqlSession, MySqlSessionMode};
     use sqlx::ConnectOptions as _;
-    let options = sqlx::mysql::MySqlConnectOptions::from_str(&builder.driver_url)
-        .map_err(|e| builder.invalid_url(e))?;
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(&config.driver_url)
+        .map_err(|e| config.invalid_url(e))?;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(builder.max_connections)
-        .acquire_timeout(builder.connect_timeout)
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
     // Eager, on a connection of its own (see `open_postgres`).
@@ -216,14 +218,14 @@ async fn open_mysql(
         )
         .await?;
     close(conn).await;
-    let fence_source = match builder.mysql_counter_fencing {
+    let fence_source = match config.mysql_counter_fencing {
         true => FenceSource::Counter,
         false => FenceSource::for_version(&version),
     };
     tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
-    let sql = Arc::new(MySql::new(&builder.table, fence_source));
+    let sql = Arc::new(MySql::new(&config.table, fence_source));
     let admin = Admin::MySql(Box::new(options.clone()), sql.clone());
-    let inner: Box<dyn DistributedLock> = match builder.mode {
+    let inner: Box<dyn DistributedLock> = match config.mode {
         Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
             crate::lease::LeaseRows::new(
                 crate::mysql::MyRows {
@@ -233,17 +235,19 @@ async fn open_mysql(
                 settings.clone(),
             ),
         )),
-        mode => Box::new(crate::session::SessionLock::new(MySqlSession {
-            options,
-            pool,
-            sql,
-            mode: if mode == Mode::Row {
-                MySqlSessionMode::Row
-            } else {
-                MySqlSessionMode::Named
-            },
-            settings: settings.clone(),
-        })),
+        mode => Box::new(lockkit_core::backend::QueuedLock::new(
+            crate::session::SessionLock::new(MySqlSession {
+                options,
+                pool,
+                sql,
+                mode: if mode == Mode::Row {
+                    MySqlSessionMode::Row
+                } else {
+                    MySqlSessionMode::Named
+                },
+                settings: settings.clone(),
+            }),
+        )),
     };
     Ok((admin, inner))
 }
@@ -256,18 +260,18 @@ async fn close(conn: impl sqlx::Connection) {
 
 #[cfg(feature = "sqlite")]
 async fn open_sqlite(
-    builder: &SqlLockBuilder,
+    config: &SqlConfig,
     settings: &Settings,
 ) -> Result<(Admin, Box<dyn DistributedLock>)> {
     use sqlx::ConnectOptions as _;
     use sqlx::sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
     };
-    let in_memory = builder.driver_url == "sqlite://:memory:";
-    let mut options = SqliteConnectOptions::from_str(&builder.driver_url)
-        .map_err(|e| builder.invalid_url(e))?
+    let in_memory = config.driver_url == "sqlite://:memory:";
+    let mut options = SqliteConnectOptions::from_str(&config.driver_url)
+        .map_err(|e| config.invalid_url(e))?
         .create_if_missing(true)
-        .busy_timeout(builder.command_timeout);
+        .busy_timeout(config.command_timeout);
     if !in_memory {
         options = options
             .journal_mode(SqliteJournalMode::Wal)
@@ -286,8 +290,8 @@ async fn open_sqlite(
         None
     };
     let pool = SqlitePoolOptions::new()
-        .max_connections(builder.max_connections)
-        .acquire_timeout(builder.connect_timeout)
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
         .test_before_acquire(false)
         .min_connections(0)
         .idle_timeout(Some(std::time::Duration::from_secs(600)))
@@ -298,7 +302,7 @@ async fn open_sqlite(
             .connecting("open the database", pool.acquire())
             .await?,
     );
-    let sql = Arc::new(crate::sqlite::SqliteSql::new(&builder.table));
+    let sql = Arc::new(crate::sqlite::SqliteSql::new(&config.table));
     let admin = Admin::Sqlite(Box::new(options), sql.clone(), keeper);
     let inner = Box::new(lockkit_core::backend::LeaseLock::new(
         crate::lease::LeaseRows::new(

@@ -11,10 +11,10 @@ use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
 use crate::pool::{KeptPool, kept, undo_release};
 
-use crate::config::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::error::is_lock_busy;
 use crate::lease::LeaseDb;
 use crate::session::{Locked, ServerWait, SessionDb};
+use crate::settings::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{micros, q};
 
 /// Added to the holder's remaining lease (in µs) to tell a busy answer from

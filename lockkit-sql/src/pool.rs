@@ -29,7 +29,7 @@ use sqlx::{Database, Pool};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::config::Settings;
+use crate::settings::Settings;
 
 /// How long a kept connection may sit unused before it goes back to sqlx's
 /// pool (which tests it, and closes it after its idle timeout or lifetime).
@@ -258,7 +258,7 @@ macro_rules! kept {
         $crate::pool::kept!(@run $kept, $settings, $what, None, |$conn| $statement)
     };
     (@run $kept:expr, $settings:expr, $what:expr, $undo:expr, |$conn:ident| $statement:expr) => {{
-        let settings: &$crate::config::Settings = $settings;
+        let settings: &$crate::settings::Settings = $settings;
         let mut loan = $kept.lend(settings).await?;
         loan.undo_with($undo);
         let outcome = {

@@ -11,11 +11,11 @@ use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use sqlx::{Connection, Postgres};
 use tokio::task::AbortHandle;
 
-use crate::config::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::error::is_lock_busy;
 use crate::lease::LeaseDb;
 use crate::pool::{KeptPool, kept, undo_release};
 use crate::session::{Locked, ServerWait, SessionDb};
+use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{millis, q};
 
 /// How often a waiting session-lock statement checks that its client is still

@@ -14,17 +14,15 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use lockkit_core::backend::traced_acquire;
 use lockkit_core::backend::{
-    DEADLINE_GRACE, Lease, LocalQueue, LossNotifier, Waiter, validate_name,
+    DEADLINE_GRACE, Lease, LossNotifier, QueueBackend, Waiter, validate_name,
 };
 use lockkit_core::{
-    Capabilities, DistributedLock, FencingToken, LockError, LockGuard, LockOptions, LockStatus,
-    LostReason, Result, Wait,
+    Capabilities, FencingToken, LockError, LockGuard, LockOptions, LockStatus, LostReason, Result,
 };
 use tokio::time::Instant;
 
-use crate::config::{SESSION_CAPABILITIES, Settings};
+use crate::settings::{SESSION_CAPABILITIES, Settings};
 
 /// How long the server may wait for a lock in one statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,10 +148,10 @@ impl<D: SessionDb> Drop for Checkout<D> {
     }
 }
 
-/// A session-lock [`DistributedLock`] over one database.
+/// The session locks of one database, as the [`QueueBackend`] of a
+/// [`QueuedLock`](lockkit_core::backend::QueuedLock).
 pub(crate) struct SessionLock<D: SessionDb> {
     conns: Arc<Connections<D>>,
-    local: LocalQueue,
 }
 
 impl<D: SessionDb> fmt::Debug for SessionLock<D> {
@@ -175,7 +173,6 @@ impl<D: SessionDb> SessionLock<D> {
                 idle: Mutex::new(Vec::new()),
                 max_idle: MAX_IDLE,
             }),
-            local: LocalQueue::default(),
         }
     }
 
@@ -219,27 +216,15 @@ impl<D: SessionDb> SessionLock<D> {
         }
     }
 
-    async fn acquire_inner(
+    async fn take(
         &self,
         name: &str,
         opts: &LockOptions,
-        try_only: bool,
+        waiter: &Waiter<'_>,
+        no_wait: bool,
     ) -> Result<Option<LockGuard>> {
-        validate_name(name)?;
-        opts.validate()?;
         let db = &self.conns.db;
         let key = db.key(name);
-        let waiter = Waiter::new(name, opts);
-        let no_wait = try_only || opts.get_wait() == Wait::NoWait;
-        let slot = if no_wait {
-            match self.local.try_enter(name) {
-                Some(slot) => slot,
-                None if try_only => return Ok(None),
-                None => return Err(waiter.timeout_error()),
-            }
-        } else {
-            waiter.until_deadline(self.local.enter(name)).await?
-        };
         // Opening a connection is bounded by the connect timeout, not by the
         // wait: like every first attempt, it runs to completion.
         let (mut checkout, mut reused) = match self.conns.take_idle() {
@@ -247,15 +232,11 @@ impl<D: SessionDb> SessionLock<D> {
             None => (Checkout::new(&self.conns, db.connect().await?), false),
         };
         let fencing = loop {
-            match self.lock_once(&mut checkout, &key, &waiter, no_wait).await {
+            match self.lock_once(&mut checkout, &key, waiter, no_wait).await {
                 Ok(Locked::Granted(fencing)) => break fencing,
                 Ok(Locked::Busy) if no_wait || waiter.is_over() => {
                     self.conns.put_back(checkout.finish());
-                    return if try_only {
-                        Ok(None)
-                    } else {
-                        Err(waiter.timeout_error())
-                    };
+                    return Ok(None);
                 }
                 Ok(Locked::Busy) => continue,
                 // An idle connection may have died since its last use (a
@@ -275,64 +256,56 @@ impl<D: SessionDb> SessionLock<D> {
             key,
             conn: tokio::sync::Mutex::new(Some(checkout.finish())),
             notifier: OnceLock::new(),
-            ttl: opts.get_ttl(),
+            ttl: opts.lease_ttl(),
             liveness: Mutex::new(None),
         });
         let guard = LockGuard::new(
             name,
             lease.clone(),
             Some(fencing),
-            opts.get_ttl(),
+            opts.lease_ttl(),
             granted_at,
-            opts.get_auto_renew(),
+            opts.auto_renews(),
         );
         let _ = lease.notifier.set(guard.loss_notifier());
-        guard.attach_slot(slot);
         schedule_liveness(
             &lease,
-            db.settings().liveness_interval.min(opts.get_ttl() / 3),
+            db.settings().liveness_interval.min(opts.lease_ttl() / 3),
         );
         Ok(Some(guard))
     }
 }
 
 #[lockkit_core::async_trait]
-impl<D: SessionDb> DistributedLock for SessionLock<D> {
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let attempt = self.acquire_inner(name, opts, true);
-        traced_acquire(
-            "try_acquire",
-            name,
-            self.conns.db.backend(),
-            attempt,
-            Option::is_some,
-        )
-        .await
-    }
-
-    /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
-    /// UPDATE`, `GET_LOCK`); the wait ends as `opts` says, with the same
-    /// `Timeout` semantics as every backend.
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let acquire = async {
-            self.acquire_inner(name, opts, false).await?.ok_or_else(|| {
-                LockError::backend(
-                    self.conns.db.backend(),
-                    "acquire ended without a lock and without an error",
-                )
-            })
-        };
-        traced_acquire("acquire", name, self.conns.db.backend(), acquire, |_| true).await
-    }
-
-    async fn status(&self, name: &str) -> Result<LockStatus> {
-        validate_name(name)?;
-        let db = &self.conns.db;
-        db.status(&db.key(name)).await
+impl<D: SessionDb> QueueBackend for SessionLock<D> {
+    fn backend(&self) -> &'static str {
+        self.conns.db.backend()
     }
 
     fn capabilities(&self) -> Capabilities {
         SESSION_CAPABILITIES
+    }
+
+    fn check_name(&self, name: &str) -> Result<()> {
+        validate_name(name)
+    }
+
+    /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
+    /// UPDATE`, `GET_LOCK`); each statement's server-side wait is bounded by
+    /// the caller's deadline.
+    async fn lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
+    ) -> Result<Option<LockGuard>> {
+        self.take(name, opts, waiter, no_wait).await
+    }
+
+    async fn status(&self, name: &str) -> Result<LockStatus> {
+        let db = &self.conns.db;
+        db.status(&db.key(name)).await
     }
 }
 

@@ -8,9 +8,9 @@ use lockkit_core::{Capabilities, FencingToken, Result};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite};
 
-use crate::config::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::lease::LeaseDb;
 use crate::pool::{KeptPool, kept, undo_release};
+use crate::settings::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{millis, q};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one

@@ -1,22 +1,16 @@
 //! `zk://` URLs and the builder.
 
-use std::fmt;
 use std::time::Duration;
 
-use lockkit_core::backend::{MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::backend::{MultiHostUrl, check_timeout, host_list, redact_url, timeout_param};
 use lockkit_core::{LockError, Result};
 
-use crate::lock::ZkLock;
+use crate::lock::{ZkBackend, ZkLock};
 use crate::session::Sessions;
-
-/// Default ZooKeeper session timeout.
-pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default time to establish a session.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default time to wait for the answer to one request.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default root node of the locks.
-pub const DEFAULT_ROOT: &str = "/lockkit";
+use crate::settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT,
+    ZkSettings,
+};
 
 /// Builds a [`ZkLock`].
 ///
@@ -42,28 +36,9 @@ pub const DEFAULT_ROOT: &str = "/lockkit";
 /// assert!(!format!("{builder:?}").contains("pw"));
 /// # Ok::<(), lockkit_core::LockError>(())
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ZkLockBuilder {
-    pub(crate) cluster: String,
-    pub(crate) root: String,
-    pub(crate) digest: Option<String>,
-    pub(crate) session_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) command_timeout: Duration,
-    pub(crate) redacted_url: String,
-}
-
-impl fmt::Debug for ZkLockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkLockBuilder")
-            .field("url", &self.redacted_url)
-            .field("root", &self.root)
-            .field("digest_auth", &self.digest.is_some())
-            .field("session_timeout", &self.session_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .finish()
-    }
+    settings: ZkSettings,
 }
 
 impl ZkLockBuilder {
@@ -75,44 +50,37 @@ impl ZkLockBuilder {
     /// The session timeout to negotiate (default 10 s; the server clamps it to
     /// its `minSessionTimeout..=maxSessionTimeout`).
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
-        self.session_timeout = timeout;
+        self.settings.session_timeout = timeout;
         self
     }
 
     /// Time to establish a session (default 2 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.settings.connect_timeout = timeout;
         self
     }
 
     /// Time to wait for one request (default 2 s).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
+        self.settings.command_timeout = timeout;
         self
     }
 
     /// The root node of the locks.
     pub fn root(&self) -> &str {
-        &self.root
+        &self.settings.root
     }
 
     /// Connects (eagerly: an unreachable ensemble gives
     /// `LockError::Unavailable` within the connect timeout). A new session is
     /// opened on first use after the current one expires.
     pub async fn connect(self) -> Result<ZkLock> {
-        for (what, value) in [
-            ("session_timeout", self.session_timeout),
-            ("connect_timeout", self.connect_timeout),
-            ("command_timeout", self.command_timeout),
-        ] {
-            if value.is_zero() || value > lockkit_core::backend::MAX_TIMEOUT_PARAM {
-                return Err(LockError::invalid_options(format!(
-                    "{what} {value:?} must be positive and at most one hour"
-                )));
-            }
-        }
-        let sessions = Sessions::connect(self).await?;
-        Ok(ZkLock::new(sessions))
+        let settings = self.settings;
+        check_timeout("session_timeout", settings.session_timeout)?;
+        check_timeout("connect_timeout", settings.connect_timeout)?;
+        check_timeout("command_timeout", settings.command_timeout)?;
+        let sessions = Sessions::connect(settings).await?;
+        Ok(ZkLock::new(ZkBackend::new(sessions)))
     }
 }
 
@@ -176,7 +144,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
             root.to_owned()
         }
     };
-    let mut builder = ZkLockBuilder {
+    let mut settings = ZkSettings {
         cluster,
         root,
         digest,
@@ -188,9 +156,9 @@ pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         let timeout = timeout_param(&key, &value);
         match &*key {
-            "session_timeout" => builder.session_timeout = timeout.map_err(bad)?,
-            "connect_timeout" => builder.connect_timeout = timeout.map_err(bad)?,
-            "command_timeout" => builder.command_timeout = timeout.map_err(bad)?,
+            "session_timeout" => settings.session_timeout = timeout.map_err(bad)?,
+            "connect_timeout" => settings.connect_timeout = timeout.map_err(bad)?,
+            "command_timeout" => settings.command_timeout = timeout.map_err(bad)?,
             other => {
                 return Err(bad(format!(
                     "unknown parameter {other:?} (known: session_timeout, connect_timeout, command_timeout)"
@@ -198,7 +166,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
             }
         }
     }
-    Ok(builder)
+    Ok(ZkLockBuilder { settings })
 }
 
 #[cfg(test)]
@@ -208,13 +176,13 @@ mod tests {
     #[test]
     fn parses_hosts_root_and_parameters() {
         let b = parse_url("zk://u:p%40ss@a:1,b,[::1]:3/locks/app?session_timeout=3s").unwrap();
-        assert_eq!(b.cluster, "a:1,b:2181,[::1]:3");
-        assert_eq!(b.root, "/locks/app");
-        assert_eq!(b.digest.as_deref(), Some("u:p@ss"));
-        assert_eq!(b.session_timeout, Duration::from_secs(3));
+        assert_eq!(b.settings.cluster, "a:1,b:2181,[::1]:3");
+        assert_eq!(b.settings.root, "/locks/app");
+        assert_eq!(b.settings.digest.as_deref(), Some("u:p@ss"));
+        assert_eq!(b.settings.session_timeout, Duration::from_secs(3));
         assert!(!format!("{b:?}").contains("p@ss"));
-        assert_eq!(parse_url("zk://h").unwrap().root, DEFAULT_ROOT);
-        assert_eq!(parse_url("zk://h/").unwrap().root, "");
+        assert_eq!(parse_url("zk://h").unwrap().settings.root, DEFAULT_ROOT);
+        assert_eq!(parse_url("zk://h/").unwrap().settings.root, "");
     }
 
     #[test]

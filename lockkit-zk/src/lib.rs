@@ -7,13 +7,14 @@ mod error;
 mod lock;
 mod path;
 mod session;
+mod settings;
 
-pub use config::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT,
-    ZkLockBuilder,
-};
-pub use lock::{ZK_CAPABILITIES, ZkLock};
+pub use config::ZkLockBuilder;
+pub use lock::{ZK_CAPABILITIES, ZkBackend, ZkLock};
 pub use path::encode_name;
+pub use settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT,
+};
 
 /// Connects to the ensemble of a `zk://` URL; see [`ZkLockBuilder`].
 pub async fn connect(url: &str) -> lockkit_core::Result<ZkLock> {

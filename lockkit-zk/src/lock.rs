@@ -4,11 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockkit_core::backend::traced_acquire;
-use lockkit_core::backend::{Lease, LocalQueue, OwnerToken, Waiter};
+use lockkit_core::backend::{Lease, OwnerToken, QueueBackend, QueuedLock, Waiter};
 use lockkit_core::{
-    Capabilities, DistributedLock, FencingToken, LockError, LockGuard, LockOptions, LockStatus,
-    ReleaseOnCrash, Result, Wait,
+    Capabilities, FencingToken, LockError, LockGuard, LockOptions, LockStatus, ReleaseOnCrash,
+    Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError};
@@ -25,23 +24,25 @@ pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Sess
     .with_survives_minority_failure(true);
 
 /// A lock client on a ZooKeeper ensemble; see the crate docs for the recipe.
+///
+/// The engine ([`QueuedLock`]) keeps a local queue per name, so that only one
+/// task of this client at a time has a node on the server: thousands of
+/// local contenders cost the server one node and one watch, not thousands of
+/// nodes whose every waiter lists all the others.
+pub type ZkLock = QueuedLock<ZkBackend>;
+
+/// The ZooKeeper side of a [`ZkLock`]: the session and the recipe's requests.
 #[derive(Debug)]
-pub struct ZkLock {
+pub struct ZkBackend {
     sessions: Arc<Sessions>,
     children_reads: AtomicU64,
-    /// Tasks of this client wanting the same name queue here, so that only
-    /// one of them has a node on the server: thousands of local contenders
-    /// cost the server one node and one watch, not thousands of nodes whose
-    /// every waiter lists all the others.
-    local: LocalQueue,
 }
 
-impl ZkLock {
+impl ZkBackend {
     pub(crate) fn new(sessions: Arc<Sessions>) -> Self {
-        ZkLock {
+        ZkBackend {
             sessions,
             children_reads: AtomicU64::new(0),
-            local: LocalQueue::default(),
         }
     }
 
@@ -152,24 +153,14 @@ impl ZkLock {
         }
     }
 
-    async fn acquire_inner(
+    async fn enqueue(
         &self,
         name: &str,
         opts: &LockOptions,
-        try_only: bool,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
     ) -> Result<Option<LockGuard>> {
         let dir = lock_dir(&self.sessions.settings.root, name)?;
-        opts.validate()?;
-        let mut waiter = Waiter::new(name, opts);
-        let slot = if try_only || opts.get_wait() == Wait::NoWait {
-            match self.local.try_enter(name) {
-                Some(slot) => slot,
-                None if try_only => return Ok(None),
-                None => return Err(waiter.timeout_error()),
-            }
-        } else {
-            waiter.until_deadline(self.local.enter(name)).await?
-        };
         let session = waiter.until_deadline(self.sessions.session()).await??;
         let owner = OwnerToken::new();
         // Armed before the create is sent: an acquire dropped while it is in
@@ -184,7 +175,7 @@ impl ZkLock {
             // that is when the lock is known to be ours, however long the
             // server queue took.
             let sent = Instant::now();
-            let children = steady(&session, &waiter, || self.try_list(&session, &dir)).await?;
+            let children = steady(&session, waiter, || self.try_list(&session, &dir)).await?;
             let queue = contenders(children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
                 return Err(LockError::unavailable(
@@ -194,21 +185,15 @@ impl ZkLock {
             };
             if position == 0 {
                 let twins = queued.granted();
-                let guard = self.guard(name, session, node, twins, opts, sent);
-                guard.attach_slot(slot);
-                return Ok(Some(guard));
+                return Ok(Some(self.guard(name, session, node, twins, opts, sent)));
             }
-            if try_only {
+            if no_wait || waiter.is_over() {
                 queued.leave().await;
                 return Ok(None);
             }
-            if waiter.is_over() || opts.get_wait() == Wait::NoWait {
-                queued.leave().await;
-                return Err(waiter.timeout_error());
-            }
             // Watch only the node right before ours: one release wakes one waiter.
             let predecessor = format!("{dir}/{}", queue[position - 1].1);
-            let (stat, watcher) = steady(&session, &waiter, || {
+            let (stat, watcher) = steady(&session, waiter, || {
                 session.run(
                     "watch the predecessor",
                     session.client.check_and_watch_stat(&predecessor),
@@ -243,9 +228,9 @@ impl ZkLock {
             name,
             lease,
             Some(FencingToken::new(node.czxid as u64)),
-            opts.get_ttl(),
+            opts.lease_ttl(),
             sent,
-            opts.get_auto_renew(),
+            opts.auto_renews(),
         );
         session.hold(&node.path, guard.loss_notifier());
         guard
@@ -411,26 +396,29 @@ impl Removal {
 }
 
 #[lockkit_core::async_trait]
-impl DistributedLock for ZkLock {
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let attempt = self.acquire_inner(name, opts, true);
-        traced_acquire("try_acquire", name, BACKEND, attempt, Option::is_some).await
-    }
-
-    /// The server queues the waiters: each watches only its predecessor, so a
-    /// release wakes exactly one, in FIFO order. The wait ends as `opts` says,
-    /// with the same `Timeout` semantics as every backend.
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let acquire = async {
-            self.acquire_inner(name, opts, false).await?.ok_or_else(|| {
-                LockError::backend(BACKEND, "acquire ended without a lock and without an error")
-            })
-        };
-        traced_acquire("acquire", name, BACKEND, acquire, |_| true).await
+impl QueueBackend for ZkBackend {
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 
     fn capabilities(&self) -> Capabilities {
         ZK_CAPABILITIES
+    }
+
+    fn check_name(&self, name: &str) -> Result<()> {
+        lock_dir(&self.sessions.settings.root, name).map(drop)
+    }
+
+    /// Each waiter watches only its predecessor, so a release wakes exactly
+    /// one, in FIFO order.
+    async fn lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
+    ) -> Result<Option<LockGuard>> {
+        self.enqueue(name, opts, waiter, no_wait).await
     }
 
     /// The contenders under the lock's node: the first holds the lock (its

@@ -10,8 +10,8 @@ use lockkit_core::backend::LossNotifier;
 use lockkit_core::{LockError, LostReason, Result};
 use zookeeper_client::{Acl, Acls, Client, Permission, SessionState};
 
-use crate::config::ZkLockBuilder;
 use crate::error::{BACKEND, map_error};
+use crate::settings::ZkSettings;
 
 /// With credentials: the session's own identity may do everything, the world
 /// may only read.
@@ -22,7 +22,7 @@ static DIGEST_ACLS: [Acl; 2] = [
 
 /// The client's sessions: the current one, and how to open the next.
 pub(crate) struct Sessions {
-    pub(crate) settings: ZkLockBuilder,
+    pub(crate) settings: ZkSettings,
     current: Mutex<Option<Arc<Session>>>,
     opening: tokio::sync::Mutex<()>,
 }
@@ -38,7 +38,7 @@ impl std::fmt::Debug for Sessions {
 impl Sessions {
     /// Opens the first session (eagerly, so that an unreachable ensemble is
     /// reported by `connect`).
-    pub(crate) async fn connect(settings: ZkLockBuilder) -> Result<Arc<Sessions>> {
+    pub(crate) async fn connect(settings: ZkSettings) -> Result<Arc<Sessions>> {
         let sessions = Arc::new(Sessions {
             settings,
             current: Mutex::new(None),
@@ -91,7 +91,7 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    async fn open(settings: &ZkLockBuilder) -> Result<Arc<Session>> {
+    async fn open(settings: &ZkSettings) -> Result<Arc<Session>> {
         let mut connector = Client::connector()
             .with_session_timeout(settings.session_timeout)
             .with_connection_timeout(settings.connect_timeout)

@@ -71,7 +71,10 @@ async fn node_format_and_fencing_token() {
         .await
         .unwrap();
     assert_eq!(guard.fencing_token().unwrap().get(), stat.czxid as u64);
-    assert_eq!(stat.ephemeral_owner, locks.session_id().await.unwrap());
+    assert_eq!(
+        stat.ephemeral_owner,
+        locks.backend().session_id().await.unwrap()
+    );
     guard.release().await.unwrap();
     assert!(nodes(&admin, "format").await.is_empty());
 }
@@ -122,7 +125,12 @@ async fn one_release_wakes_one_waiter() {
     for _ in 0..50 {
         clients.push(Arc::new(connect(&server).await));
     }
-    let reads = |clients: &[Arc<ZkLock>]| clients.iter().map(|c| c.children_reads()).sum::<u64>();
+    let reads = |clients: &[Arc<ZkLock>]| {
+        clients
+            .iter()
+            .map(|c| c.backend().children_reads())
+            .sum::<u64>()
+    };
     for (i, waiter) in clients.iter().enumerate() {
         let (waiter, granted_tx, mut go) = (waiter.clone(), granted_tx.clone(), go.clone());
         tasks.push(tokio::spawn(async move {

@@ -174,7 +174,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
         let key = self.backend.key(name)?;
         opts.validate()?;
         let mut waiter = Waiter::new(name, opts);
-        let slot = if opts.get_wait() == Wait::NoWait {
+        let slot = if opts.wait() == Wait::NoWait {
             self.local
                 .try_enter(name)
                 .ok_or_else(|| waiter.timeout_error())?
@@ -224,12 +224,12 @@ impl<B: LeaseBackend> LeaseLock<B> {
             passed.fencing,
             passed.ttl,
             passed.sent,
-            opts.get_auto_renew(),
+            opts.auto_renews(),
             Some(slot.handle()),
         );
-        if opts.get_ttl() != passed.ttl {
+        if opts.lease_ttl() != passed.ttl {
             // Dropped on failure, which releases whatever is left of it.
-            guard.extend(opts.get_ttl()).await.ok()?;
+            guard.extend(opts.lease_ttl()).await.ok()?;
         }
         tracing::trace!(lock.name = %name, "took over the lease the previous local holder passed on");
         Some(guard)
@@ -317,8 +317,8 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             name,
             key: Arc::new(key),
             owner: OwnerToken::new(),
-            ttl: opts.get_ttl(),
-            auto_renew: opts.get_auto_renew(),
+            ttl: opts.lease_ttl(),
+            auto_renew: opts.auto_renews(),
             sent: Instant::now(),
             in_doubt: false,
         }

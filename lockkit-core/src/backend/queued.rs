@@ -84,7 +84,7 @@ impl<B: QueueBackend> QueuedLock<B> {
         self.backend.check_name(name)?;
         opts.validate()?;
         let mut waiter = Waiter::new(name, opts);
-        let no_wait = try_only || opts.get_wait() == Wait::NoWait;
+        let no_wait = try_only || opts.wait() == Wait::NoWait;
         let slot = if no_wait {
             match self.local.try_enter(name) {
                 Some(slot) => slot,

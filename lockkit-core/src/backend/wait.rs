@@ -65,7 +65,7 @@ impl<'a> Waiter<'a> {
     /// Starts the clock for a wait on `name` as `opts` says.
     pub fn new(name: &'a str, opts: &LockOptions) -> Self {
         let started = Instant::now();
-        let deadline = match opts.get_wait() {
+        let deadline = match opts.wait() {
             Wait::NoWait => Some(started),
             // Past the end of time is the same as forever.
             Wait::For(wait) => started.checked_add(wait),
@@ -75,7 +75,7 @@ impl<'a> Waiter<'a> {
             name,
             started,
             deadline,
-            delays: opts.get_backoff().delays(),
+            delays: opts.backoff_policy().delays(),
             attempts: 0,
         }
     }

@@ -1,96 +1,23 @@
-//! Connection settings and URL parsing: `redis://`, `rediss://`,
-//! `redis+cluster://` and `redis+sentinel://`.
+//! URL parsing: `redis://`, `rediss://`, `redis+cluster://` and
+//! `redis+sentinel://` into [`RedisConfig`] and the key prefix.
 
 use std::borrow::Cow;
-use std::fmt;
 use std::time::Duration;
 
-use lockkit_core::backend::{LeaseLock, MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::backend::{MultiHostUrl, host_list, redact_url, timeout_param};
 use lockkit_core::{LockError, Result};
-use redis::{
-    ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo,
-};
+use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
-use crate::backend::{RedisBackend, RedisLock};
-use crate::instance::RedisInstance;
 use crate::keys::DEFAULT_PREFIX;
-
-/// Default time to establish a connection.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Default time to wait for the reply to one command.
-pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
-/// Default time a pub/sub subscription is kept after its last waiter is gone.
-pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
-/// Default time `WAIT` may take for the replicas to acknowledge a new lock
-/// (`wait_replicas` without `wait_timeout`).
-pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+use crate::settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
+    DEFAULT_WAIT_TIMEOUT, RedisConfig, ReplicaWait, Topology,
+};
 
 /// The default port of a Redis server (and of a cluster node).
 const DEFAULT_PORT: u16 = 6379;
 /// The default port of a Redis Sentinel.
 const DEFAULT_SENTINEL_PORT: u16 = 26379;
-
-/// How the server that holds the locks is reached.
-#[derive(Clone)]
-pub(crate) enum Topology {
-    /// One server: `RedisConfig::info`.
-    Single,
-    /// A Redis Cluster, discovered from these seed nodes (with the
-    /// credentials of `RedisConfig::info`).
-    Cluster {
-        /// The seed nodes.
-        nodes: Vec<ConnectionInfo>,
-    },
-    /// The master that these sentinels name; `RedisConfig::info` holds the
-    /// credentials, database and protocol for the data nodes.
-    Sentinel {
-        /// The sentinels, with the sentinels' own credentials.
-        sentinels: Vec<ConnectionInfo>,
-        /// The name the sentinels monitor the master under.
-        master_name: String,
-    },
-}
-
-/// `WAIT replicas timeout` after every grant; see
-/// [`RedisLockBuilder::wait_for_replicas`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ReplicaWait {
-    /// How many replicas must acknowledge.
-    pub(crate) replicas: usize,
-    /// How long `WAIT` may block.
-    pub(crate) timeout: Duration,
-}
-
-/// Settings of the connection to one Redis deployment: a single server, a
-/// Redis Cluster or a Sentinel-monitored master. `Debug` hides the passwords.
-#[derive(Clone)]
-pub struct RedisConfig {
-    /// The single server; for Cluster and Sentinel the template of every data
-    /// node's connection (credentials, database, protocol) with the first
-    /// host's address.
-    pub(crate) info: ConnectionInfo,
-    pub(crate) topology: Topology,
-    pub(crate) redacted_url: String,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) command_timeout: Duration,
-    pub(crate) subscription_linger: Duration,
-    pub(crate) tls_root_cert: Option<Vec<u8>>,
-    pub(crate) wait: Option<ReplicaWait>,
-}
-
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("url", &self.redacted_url)
-            .field("mode", &self.mode())
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("subscription_linger", &self.subscription_linger)
-            .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "set"))
-            .field("wait_for_replicas", &self.wait)
-            .finish()
-    }
-}
 
 impl RedisConfig {
     /// Parses the connection part of a `redis://`, `rediss://`,
@@ -107,212 +34,8 @@ impl RedisConfig {
         }
         Ok(config)
     }
-
-    /// Sets the connect timeout.
-    pub fn set_connect_timeout(&mut self, timeout: Duration) {
-        self.connect_timeout = timeout;
-    }
-
-    /// Sets the per-command timeout.
-    pub fn set_command_timeout(&mut self, timeout: Duration) {
-        self.command_timeout = timeout;
-    }
-
-    /// The connect timeout.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The per-command timeout.
-    pub fn command_timeout(&self) -> Duration {
-        self.command_timeout
-    }
-
-    /// The server address as `host:port`; for Redis Cluster the seed nodes
-    /// (`h1:p1,h2:p2`), for Sentinel `master-name@s1:p1,s2:p2` (never with
-    /// credentials).
-    pub fn address(&self) -> String {
-        match &self.topology {
-            Topology::Single => self.info.addr().to_string(),
-            Topology::Cluster { nodes } => join_addresses(nodes),
-            Topology::Sentinel {
-                sentinels,
-                master_name,
-            } => format!("{master_name}@{}", join_addresses(sentinels)),
-        }
-    }
-
-    /// `"single"`, `"cluster"` or `"sentinel"`: how the servers are reached.
-    pub fn mode(&self) -> &'static str {
-        match self.topology {
-            Topology::Single => "single",
-            Topology::Cluster { .. } => "cluster",
-            Topology::Sentinel { .. } => "sentinel",
-        }
-    }
-
-    /// The URL with its passwords replaced by `***`.
-    pub fn redacted_url(&self) -> &str {
-        &self.redacted_url
-    }
-
-    /// The `WAIT` after every grant, if set: how many replicas must
-    /// acknowledge, and how long to wait for them.
-    pub fn wait_for_replicas(&self) -> Option<(usize, Duration)> {
-        self.wait.map(|w| (w.replicas, w.timeout))
-    }
 }
 
-fn join_addresses(infos: &[ConnectionInfo]) -> String {
-    infos
-        .iter()
-        .map(|info| info.addr().to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Builds a [`RedisLock`]: from a URL, then adjusted in code.
-///
-/// URL forms:
-///
-/// * `redis://[user:password@]host[:port][/db][?param=value…]`: one server;
-///   `rediss://` for TLS (`#insecure` skips certificate verification).
-/// * `redis+cluster://[user:password@]h1:p1,h2:p2,…[?param=value…]`: a Redis
-///   Cluster, discovered from these seed nodes (any reachable one will do).
-/// * `redis+sentinel://[user:password@]s1:p1,s2:p2,…/master-name[/db][?param=value…]`:
-///   the master that the sentinels monitor as `master-name`, followed across
-///   failovers. The credentials are those of the data nodes; the sentinels'
-///   own password is the `sentinel_password` parameter.
-///
-/// Ports default to 6379 (26379 for sentinels); IPv6 hosts go in brackets.
-/// Parameters (percent-decoded):
-///
-/// | parameter | meaning | default |
-/// | --- | --- | --- |
-/// | `prefix` | key prefix; empty for plain keys that other libraries share | `lockkit:` |
-/// | `connect_timeout` | e.g. `500ms`, `2s` | 2 s |
-/// | `command_timeout` | per command | 1 s |
-/// | `ca_file` | PEM file of the CA that signed the server's certificate (`rediss://` only) | system roots |
-/// | `protocol` | `resp2` or `resp3` for the command connection (Sentinel mode always speaks RESP3 to the master, to learn at once when the connection drops) | `resp2` |
-/// | `wait_replicas` | `WAIT` for this many replicas after every grant (see [`wait_for_replicas`](Self::wait_for_replicas)) | off |
-/// | `wait_timeout` | how long that `WAIT` may take | 1 s |
-/// | `sentinel_password` | password of the sentinels (`redis+sentinel://` only) | none |
-///
-/// ```
-/// use std::time::Duration;
-/// use lockkit_redis::RedisLockBuilder;
-///
-/// let builder = RedisLockBuilder::from_url("redis://:s3cret@127.0.0.1:6379/0?prefix=app:")?
-///     .command_timeout(Duration::from_millis(500));
-/// assert!(!format!("{builder:?}").contains("s3cret"));
-///
-/// let sentinel = RedisLockBuilder::from_url(
-///     "redis+sentinel://:s3cret@10.0.0.1,10.0.0.2,10.0.0.3/orders?wait_replicas=1&wait_timeout=200ms",
-/// )?;
-/// assert_eq!(sentinel.config().mode(), "sentinel");
-/// assert_eq!(
-///     sentinel.config().wait_for_replicas(),
-///     Some((1, Duration::from_millis(200)))
-/// );
-/// # Ok::<(), lockkit_core::LockError>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct RedisLockBuilder {
-    config: RedisConfig,
-    prefix: String,
-}
-
-impl RedisLockBuilder {
-    /// Parses a `redis://`, `rediss://`, `redis+cluster://` or
-    /// `redis+sentinel://` URL.
-    pub fn from_url(url: &str) -> Result<Self> {
-        let (config, prefix) = parse_url(url)?;
-        Ok(RedisLockBuilder { config, prefix })
-    }
-
-    /// The key prefix (default `lockkit:`). Empty: the lock key is the name itself.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How long to wait for a connection (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.config.connect_timeout = timeout;
-        self
-    }
-
-    /// How long to wait for one command's reply (default 1 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.config.command_timeout = timeout;
-        self
-    }
-
-    /// How long a release subscription stays open after its last waiter left
-    /// (default 10 s), so that hot names do not resubscribe on every wait.
-    pub fn subscription_linger(mut self, linger: Duration) -> Self {
-        self.config.subscription_linger = linger;
-        self
-    }
-
-    /// Trusts this PEM-encoded CA certificate for `rediss://` instead of the system roots.
-    pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.config.tls_root_cert = Some(pem.into());
-        self
-    }
-
-    /// After every grant, `WAIT replicas timeout` on the connection that
-    /// wrote the lock: if fewer than `replicas` replicas acknowledged the
-    /// write within `timeout`, the lock is released again and the attempt
-    /// fails with [`LockError::Unavailable`] ("lock written but only k of n
-    /// replicas acknowledged…"). `replicas == 0` turns it off (the default).
-    ///
-    /// This **narrows, but does not close,** the window in which a failover
-    /// loses a lock: Redis replicates asynchronously, `WAIT` does not make the
-    /// write durable on the replicas (they may not have persisted it), a
-    /// replica that acknowledged is not necessarily the one that gets
-    /// promoted, and a lease renewed later is not waited for. It also costs a
-    /// round trip to the replicas on every acquire.
-    ///
-    /// Acquires then run on a connection of their own (a blocked `WAIT` must
-    /// not hold up renewals and releases), and a lock is never passed from one
-    /// task of the client to the next without going through the server, so
-    /// every grant is waited for. In Redis Cluster the `WAIT` goes to the
-    /// master of the lock's slot.
-    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.config.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
-        self
-    }
-
-    /// The connection settings so far.
-    pub fn config(&self) -> &RedisConfig {
-        &self.config
-    }
-
-    /// Connects (eagerly: an unreachable server gives `LockError::Unavailable`
-    /// within the connect timeout) and loads the scripts.
-    pub async fn connect(self) -> Result<RedisLock> {
-        check_timeout("connect_timeout", self.config.connect_timeout)?;
-        check_timeout("command_timeout", self.config.command_timeout)?;
-        if let Some(wait) = self.config.wait {
-            check_timeout("the replica wait timeout", wait.timeout)?;
-        }
-        let instance = RedisInstance::connect(self.config).await?;
-        Ok(LeaseLock::new(RedisBackend::new(instance, self.prefix)))
-    }
-}
-
-fn check_timeout(what: &str, value: Duration) -> Result<()> {
-    if value.is_zero() || value > lockkit_core::backend::MAX_TIMEOUT_PARAM {
-        Err(LockError::invalid_options(format!(
-            "{what} {value:?} must be positive and at most one hour"
-        )))
-    } else {
-        Ok(())
-    }
-}
-
-/// Which URL form is being parsed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Form {
     Single,
@@ -418,41 +141,9 @@ impl Params {
     }
 }
 
-/// `raw` without secrets: the password of the userinfo and the value of
-/// `sentinel_password` replaced by `***`.
-pub(crate) fn redact_secrets(raw: &str) -> String {
-    let redacted = redact_url(raw);
-    let Some((before, query)) = redacted.split_once('?') else {
-        return redacted;
-    };
-    let (query, fragment) = match query.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (query, None),
-    };
-    let query = query
-        .split('&')
-        .map(|pair| {
-            let key = pair.split_once('=').map_or(pair, |(key, _)| key);
-            let decoded: String = url::form_urlencoded::parse(key.as_bytes())
-                .map(|(k, _)| k.into_owned())
-                .collect();
-            if decoded == "sentinel_password" {
-                format!("{key}=***")
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("&");
-    match fragment {
-        Some(fragment) => format!("{before}?{query}#{fragment}"),
-        None => format!("{before}?{query}"),
-    }
-}
-
 /// Parses a redis URL into connection settings and the key prefix.
 pub(crate) fn parse_url(raw: &str) -> Result<(RedisConfig, String)> {
-    let shown = redact_secrets(raw);
+    let shown = redact_url(raw);
     let bad = |reason: String| LockError::invalid_url(&shown, reason);
     let scheme = raw
         .split_once("://")
@@ -733,11 +424,11 @@ mod tests {
     #[test]
     fn redacts_the_sentinel_password() {
         assert_eq!(
-            redact_secrets("redis+sentinel://:pw@a,b/m?x=1&sentinel_password=spw&y=2#f"),
+            redact_url("redis+sentinel://:pw@a,b/m?x=1&sentinel_password=spw&y=2#f"),
             "redis+sentinel://:***@a,b/m?x=1&sentinel_password=***&y=2#f"
         );
         assert_eq!(
-            redact_secrets("redis+sentinel://a/m?sentinel%5Fpassword=spw"),
+            redact_url("redis+sentinel://a/m?sentinel%5Fpassword=spw"),
             "redis+sentinel://a/m?sentinel%5Fpassword=***"
         );
     }

@@ -1,0 +1,142 @@
+//! [`RedisLockBuilder`]: a URL, then settings in code, then a connected lock.
+
+use std::time::Duration;
+
+use lockkit_core::Result;
+use lockkit_core::backend::{LeaseLock, check_timeout};
+
+use crate::backend::{RedisBackend, RedisLock};
+use crate::instance::RedisInstance;
+use crate::settings::{RedisConfig, ReplicaWait};
+use crate::url::parse_url;
+
+/// Builds a [`RedisLock`]: from a URL, then adjusted in code.
+///
+/// URL forms:
+///
+/// * `redis://[user:password@]host[:port][/db][?param=value…]`: one server;
+///   `rediss://` for TLS (`#insecure` skips certificate verification).
+/// * `redis+cluster://[user:password@]h1:p1,h2:p2,…[?param=value…]`: a Redis
+///   Cluster, discovered from these seed nodes (any reachable one will do).
+/// * `redis+sentinel://[user:password@]s1:p1,s2:p2,…/master-name[/db][?param=value…]`:
+///   the master that the sentinels monitor as `master-name`, followed across
+///   failovers. The credentials are those of the data nodes; the sentinels'
+///   own password is the `sentinel_password` parameter.
+///
+/// Ports default to 6379 (26379 for sentinels); IPv6 hosts go in brackets.
+/// Parameters (percent-decoded):
+///
+/// | parameter | meaning | default |
+/// | --- | --- | --- |
+/// | `prefix` | key prefix; empty for plain keys that other libraries share | `lockkit:` |
+/// | `connect_timeout` | e.g. `500ms`, `2s` | 2 s |
+/// | `command_timeout` | per command | 1 s |
+/// | `ca_file` | PEM file of the CA that signed the server's certificate (`rediss://` only) | system roots |
+/// | `protocol` | `resp2` or `resp3` for the command connection (Sentinel mode always speaks RESP3 to the master, to learn at once when the connection drops) | `resp2` |
+/// | `wait_replicas` | `WAIT` for this many replicas after every grant (see [`wait_for_replicas`](Self::wait_for_replicas)) | off |
+/// | `wait_timeout` | how long that `WAIT` may take | 1 s |
+/// | `sentinel_password` | password of the sentinels (`redis+sentinel://` only) | none |
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit_redis::RedisLockBuilder;
+///
+/// let builder = RedisLockBuilder::from_url("redis://:s3cret@127.0.0.1:6379/0?prefix=app:")?
+///     .command_timeout(Duration::from_millis(500));
+/// assert!(!format!("{builder:?}").contains("s3cret"));
+///
+/// let sentinel = RedisLockBuilder::from_url(
+///     "redis+sentinel://:s3cret@10.0.0.1,10.0.0.2,10.0.0.3/orders?wait_replicas=1&wait_timeout=200ms",
+/// )?;
+/// assert_eq!(sentinel.config().mode(), "sentinel");
+/// assert_eq!(
+///     sentinel.config().wait_for_replicas(),
+///     Some((1, Duration::from_millis(200)))
+/// );
+/// # Ok::<(), lockkit_core::LockError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisLockBuilder {
+    config: RedisConfig,
+    prefix: String,
+}
+
+impl RedisLockBuilder {
+    /// Parses a `redis://`, `rediss://`, `redis+cluster://` or
+    /// `redis+sentinel://` URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (config, prefix) = parse_url(url)?;
+        Ok(RedisLockBuilder { config, prefix })
+    }
+
+    /// The key prefix (default `lockkit:`). Empty: the lock key is the name itself.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for a connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for one command's reply (default 1 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.config.command_timeout = timeout;
+        self
+    }
+
+    /// How long a release subscription stays open after its last waiter left
+    /// (default 10 s), so that hot names do not resubscribe on every wait.
+    pub fn subscription_linger(mut self, linger: Duration) -> Self {
+        self.config.subscription_linger = linger;
+        self
+    }
+
+    /// Trusts this PEM-encoded CA certificate for `rediss://` instead of the system roots.
+    pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.config.tls_root_cert = Some(pem.into());
+        self
+    }
+
+    /// After every grant, `WAIT replicas timeout` on the connection that
+    /// wrote the lock: if fewer than `replicas` replicas acknowledged the
+    /// write within `timeout`, the lock is released again and the attempt
+    /// fails with [`LockError::Unavailable`](lockkit_core::LockError::Unavailable) ("lock written but only k of n
+    /// replicas acknowledged…"). `replicas == 0` turns it off (the default).
+    ///
+    /// This **narrows, but does not close,** the window in which a failover
+    /// loses a lock: Redis replicates asynchronously, `WAIT` does not make the
+    /// write durable on the replicas (they may not have persisted it), a
+    /// replica that acknowledged is not necessarily the one that gets
+    /// promoted, and a lease renewed later is not waited for. It also costs a
+    /// round trip to the replicas on every acquire.
+    ///
+    /// Acquires then run on a connection of their own (a blocked `WAIT` must
+    /// not hold up renewals and releases), and a lock is never passed from one
+    /// task of the client to the next without going through the server, so
+    /// every grant is waited for. In Redis Cluster the `WAIT` goes to the
+    /// master of the lock's slot.
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.config.wait = (replicas > 0).then_some(ReplicaWait { replicas, timeout });
+        self
+    }
+
+    /// The connection settings so far.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// Connects (eagerly: an unreachable server gives `LockError::Unavailable`
+    /// within the connect timeout) and loads the scripts.
+    pub async fn connect(self) -> Result<RedisLock> {
+        check_timeout("connect_timeout", self.config.connect_timeout)?;
+        check_timeout("command_timeout", self.config.command_timeout)?;
+        if let Some(wait) = self.config.wait {
+            check_timeout("the replica wait timeout", wait.timeout)?;
+        }
+        let instance = RedisInstance::connect(self.config).await?;
+        Ok(LeaseLock::new(RedisBackend::new(instance, self.prefix)))
+    }
+}

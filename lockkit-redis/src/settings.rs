@@ -1,0 +1,133 @@
+//! The resolved settings of a connection to one Redis deployment, as the
+//! URL parser or the builder left them; the client (`instance`) reads them.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::ConnectionInfo;
+
+/// Default time to establish a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time to wait for the reply to one command.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default time a pub/sub subscription is kept after its last waiter is gone.
+pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
+/// Default time `WAIT` may take for the replicas to acknowledge a new lock
+/// (`wait_replicas` without `wait_timeout`).
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How the server that holds the locks is reached.
+#[derive(Clone)]
+pub(crate) enum Topology {
+    /// One server: `RedisConfig::info`.
+    Single,
+    /// A Redis Cluster, discovered from these seed nodes (with the
+    /// credentials of `RedisConfig::info`).
+    Cluster {
+        /// The seed nodes.
+        nodes: Vec<ConnectionInfo>,
+    },
+    /// The master that these sentinels name; `RedisConfig::info` holds the
+    /// credentials, database and protocol for the data nodes.
+    Sentinel {
+        /// The sentinels, with the sentinels' own credentials.
+        sentinels: Vec<ConnectionInfo>,
+        /// The name the sentinels monitor the master under.
+        master_name: String,
+    },
+}
+
+/// `WAIT replicas timeout` after every grant; see
+/// [`RedisLockBuilder::wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    /// How many replicas must acknowledge.
+    pub(crate) replicas: usize,
+    /// How long `WAIT` may block.
+    pub(crate) timeout: Duration,
+}
+
+/// Settings of the connection to one Redis deployment: a single server, a
+/// Redis Cluster or a Sentinel-monitored master. `Debug` hides the passwords.
+#[derive(Clone)]
+pub struct RedisConfig {
+    /// The single server; for Cluster and Sentinel the template of every data
+    /// node's connection (credentials, database, protocol) with the first
+    /// host's address.
+    pub(crate) info: ConnectionInfo,
+    pub(crate) topology: Topology,
+    pub(crate) redacted_url: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) subscription_linger: Duration,
+    pub(crate) tls_root_cert: Option<Vec<u8>>,
+    pub(crate) wait: Option<ReplicaWait>,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted_url)
+            .field("mode", &self.mode())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("subscription_linger", &self.subscription_linger)
+            .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "set"))
+            .field("wait_for_replicas", &self.wait)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The per-command timeout.
+    pub fn command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// The server address as `host:port`; for Redis Cluster the seed nodes
+    /// (`h1:p1,h2:p2`), for Sentinel `master-name@s1:p1,s2:p2` (never with
+    /// credentials).
+    pub fn address(&self) -> String {
+        match &self.topology {
+            Topology::Single => self.info.addr().to_string(),
+            Topology::Cluster { nodes } => join_addresses(nodes),
+            Topology::Sentinel {
+                sentinels,
+                master_name,
+            } => format!("{master_name}@{}", join_addresses(sentinels)),
+        }
+    }
+
+    /// `"single"`, `"cluster"` or `"sentinel"`: how the servers are reached.
+    pub fn mode(&self) -> &'static str {
+        match self.topology {
+            Topology::Single => "single",
+            Topology::Cluster { .. } => "cluster",
+            Topology::Sentinel { .. } => "sentinel",
+        }
+    }
+
+    /// The URL with its passwords replaced by `***`.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted_url
+    }
+
+    /// The `WAIT` after every grant, if set: how many replicas must
+    /// acknowledge, and how long to wait for them.
+    pub fn wait_for_replicas(&self) -> Option<(usize, Duration)> {
+        self.wait.map(|w| (w.replicas, w.timeout))
+    }
+}
+
+fn join_addresses(infos: &[ConnectionInfo]) -> String {
+    infos
+        .iter()
+        .map(|info| info.addr().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,325 @@
+//! What the builder resolved, and what every statement needs: the
+//! database, the mode, where, and how long. The lock and the database layers
+//! read these; none of them reads the URL or the builder.
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lockkit_core::{Capabilities, LockError, ReleaseOnCrash, Result};
+
+use crate::error::{map_error, timed_out};
+
+/// Default time to open a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default time to wait for the answer to a statement that does not wait for
+/// a lock.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default period of the liveness query on a session lock's connection.
+pub const DEFAULT_LIVENESS_INTERVAL: Duration = Duration::from_secs(1);
+/// Default size of the connection pool used by `lease` mode and by helper
+/// statements of the session modes.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
+/// Which database a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Database {
+    /// PostgreSQL (`postgres://`, `postgresql://`).
+    Postgres,
+    /// MySQL or MariaDB (`mysql://`, `mariadb://`).
+    MySql,
+    /// SQLite (`sqlite://path`, `sqlite::memory:`).
+    Sqlite,
+}
+
+impl Database {
+    /// The backend name in logs and errors: `postgres`, `mysql` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Database::Postgres => "postgres",
+            Database::MySql => "mysql",
+            Database::Sqlite => "sqlite",
+        }
+    }
+
+    /// The cargo feature of `lockkit-sql` (and of `lockkit`) that provides it.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Database::Postgres => "postgres",
+            Database::MySql => "mysql",
+            Database::Sqlite => "sqlite",
+        }
+    }
+
+    /// The modes this database supports; the first is the default.
+    pub fn modes(self) -> &'static [Mode] {
+        match self {
+            Database::Postgres => &[Mode::Lease, Mode::Row, Mode::Advisory],
+            Database::MySql => &[Mode::Lease, Mode::Row, Mode::Named],
+            Database::Sqlite => &[Mode::Lease],
+        }
+    }
+
+    pub(crate) fn compiled(self) -> bool {
+        match self {
+            Database::Postgres => cfg!(feature = "postgres"),
+            Database::MySql => cfg!(feature = "mysql"),
+            Database::Sqlite => cfg!(feature = "sqlite"),
+        }
+    }
+
+    pub(crate) fn from_scheme(scheme: &str) -> Option<Database> {
+        match scheme {
+            "postgres" | "postgresql" => Some(Database::Postgres),
+            "mysql" | "mariadb" => Some(Database::MySql),
+            "sqlite" => Some(Database::Sqlite),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a lock is held; see the crate docs for the trade-offs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// A row with an owner and an expiry decided by the server's clock.
+    #[default]
+    Lease,
+    /// `SELECT … FOR UPDATE` on the name's row, in a transaction held open on
+    /// a dedicated connection (Postgres, MySQL/MariaDB).
+    Row,
+    /// `pg_advisory_lock` on a dedicated connection (Postgres).
+    Advisory,
+    /// `GET_LOCK` on a dedicated connection (MySQL/MariaDB).
+    Named,
+}
+
+impl Mode {
+    /// The mode's name in URLs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Lease => "lease",
+            Mode::Row => "row",
+            Mode::Advisory => "advisory",
+            Mode::Named => "named",
+        }
+    }
+
+    /// Whether the lock lives with a connection (rather than a lease row).
+    pub fn is_session(self) -> bool {
+        self != Mode::Lease
+    }
+}
+
+/// What a session mode (`row`, `advisory`, `named`) guarantees: the server
+/// queues the waiters and frees the lock with the holder's connection.
+pub const SESSION_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Connection)
+    .with_fencing(true)
+    .with_notified_wait(true)
+    .with_fifo(true);
+
+/// What `lease` mode guarantees on Postgres: waiters are woken by
+/// `LISTEN/NOTIFY`.
+pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_fencing(true)
+    .with_notified_wait(true);
+
+/// What `lease` mode guarantees on MySQL and SQLite: waiters back off with
+/// jitter, never sleeping past the holder's expiry.
+pub const POLLED_LEASE_CAPABILITIES: Capabilities =
+    Capabilities::new(ReleaseOnCrash::Ttl).with_fencing(true);
+
+impl Mode {
+    /// What this mode guarantees on `database`; `None` where it is not
+    /// available.
+    pub fn capabilities(self, database: Database) -> Option<Capabilities> {
+        if !database.modes().contains(&self) {
+            return None;
+        }
+        Some(match (self, database) {
+            (Mode::Lease, Database::Postgres) => NOTIFIED_LEASE_CAPABILITIES,
+            (Mode::Lease, _) => POLLED_LEASE_CAPABILITIES,
+            _ => SESSION_CAPABILITIES,
+        })
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = LockError;
+
+    fn from_str(s: &str) -> Result<Mode> {
+        match s {
+            "lease" => Ok(Mode::Lease),
+            "row" => Ok(Mode::Row),
+            "advisory" => Ok(Mode::Advisory),
+            "named" => Ok(Mode::Named),
+            other => Err(LockError::invalid_options(format!(
+                "unknown SQL lock mode {other:?}; expected lease, row, advisory or named"
+            ))),
+        }
+    }
+}
+
+/// Everything a [`SqlLockBuilder`](crate::SqlLockBuilder) resolved: what
+/// [`SqlLock`](crate::SqlLock) opens. Holds secrets (`driver_url`).
+#[derive(Clone)]
+pub(crate) struct SqlConfig {
+    pub(crate) database: Database,
+    /// The driver's URL: ours without lockkit's parameters. Holds secrets.
+    pub(crate) driver_url: String,
+    pub(crate) redacted_url: String,
+    pub(crate) address: String,
+    pub(crate) mode: Mode,
+    pub(crate) table: String,
+    pub(crate) migrate: bool,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    pub(crate) liveness_interval: Duration,
+    pub(crate) max_connections: u32,
+    /// MySQL/MariaDB: draw session-mode tokens from the counter table even
+    /// where sequences exist (tests of MySQL's path on MariaDB).
+    pub(crate) mysql_counter_fencing: bool,
+}
+
+impl fmt::Debug for SqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("url", &self.redacted_url)
+            .field("database", &self.database)
+            .field("mode", &self.mode)
+            .field("table", &self.table)
+            .field("migrate", &self.migrate)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("liveness_interval", &self.liveness_interval)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+impl SqlConfig {
+    pub(crate) fn check(&self) -> Result<()> {
+        crate::names::validate_table(&self.table)?;
+        if !self.database.modes().contains(&self.mode) {
+            return Err(LockError::invalid_options(format!(
+                "mode {} is not available on {}; it has {}",
+                self.mode,
+                self.database,
+                self.database
+                    .modes()
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn settings(&self) -> Settings {
+        Settings {
+            backend: self.database.name(),
+            address: self.address.clone(),
+            connect_timeout: self.connect_timeout,
+            command_timeout: self.command_timeout,
+            liveness_interval: self.liveness_interval,
+        }
+    }
+
+    pub(crate) fn invalid_url(&self, reason: impl fmt::Display) -> LockError {
+        LockError::InvalidUrl {
+            url: self.redacted_url.clone(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// What every statement needs: where, how long, and how to name failures.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) backend: &'static str,
+    pub(crate) address: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) command_timeout: Duration,
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) liveness_interval: Duration,
+}
+
+impl Settings {
+    /// Runs a statement bounded by the command timeout.
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        statement: impl Future<Output = sqlx::Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.command_timeout, statement).await {
+            Ok(result) => result.map_err(|e| self.error(what, e)),
+            Err(_) => Err(self.timed_out(what)),
+        }
+    }
+
+    /// The error of a statement about `what` that got no answer within the
+    /// command timeout.
+    pub(crate) fn timed_out(&self, what: &str) -> LockError {
+        timed_out(self.backend, &self.address, what, self.command_timeout)
+    }
+
+    /// No connection of the pool came free within the connect timeout.
+    pub(crate) fn pool_exhausted(&self, size: usize) -> LockError {
+        LockError::unavailable(
+            self.backend,
+            format!(
+                "connect on {}: all {size} connections stayed busy for {:?} (raise max_connections?)",
+                self.address, self.connect_timeout
+            ),
+        )
+    }
+
+    /// Opens a connection bounded by the connect timeout.
+    pub(crate) async fn connecting<T>(
+        &self,
+        what: &str,
+        connect: impl Future<Output = sqlx::Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(error)) => Err(match self.error(what, error) {
+                // Any failure to connect means the database cannot serve.
+                LockError::Backend {
+                    backend,
+                    message,
+                    source,
+                } if !message.contains("authentication failed") => LockError::Unavailable {
+                    backend,
+                    message,
+                    source,
+                },
+                other => other,
+            }),
+            Err(_) => Err(timed_out(
+                self.backend,
+                &self.address,
+                what,
+                self.connect_timeout,
+            )),
+        }
+    }
+
+    pub(crate) fn error(&self, what: &str, error: sqlx::Error) -> LockError {
+        map_error(self.backend, &self.address, what, error)
+    }
+}
