@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 scripts/install-services.sh
 out=target/lockkit-bench
 mkdir -p "$out"
-backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,pg_lease,pg_row,pg_advisory,mysql_lease,mysql_row,mysql_named,sqlite_lease}
+backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,pg-lease,pg-row,pg-advisory,mariadb-lease,mariadb-row,mariadb-named,sqlite-lease}
 
 cargo bench -p lockkit-benches --bench compare
 cargo build --release -p lockkit-benches --bin lockkit-load --bin lockkit-scale

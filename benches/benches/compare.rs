@@ -32,8 +32,8 @@ use std::time::{Duration, SystemTime};
 
 use criterion::{BenchmarkGroup, Criterion, measurement::WallTime};
 use lockkit_benches::{
-    Backend, Estimates, HandoffDiag, HandoffProbe, Handoffs, RawFloor, RunMode, Servers,
-    configure_fast, fmt_opt_ns, lockkit_cycle, runtime, save_summary,
+    Deployment, Estimates, HandoffDiag, HandoffProbe, Handoffs, RawFloor, RunMode, Servers,
+    configure_fast, connect, fmt_opt_ns, lockkit_cycle, runtime, save_summary, selected,
 };
 use lockkit_core::{DistributedLock, LockGuard, LockOptions};
 use tokio::runtime::Runtime;
@@ -58,7 +58,7 @@ struct Names {
 }
 
 impl Names {
-    fn of(backend: Backend) -> Names {
+    fn of(backend: Deployment) -> Names {
         // A dozen short strings for the life of the bench.
         let name = |what: &str| -> &'static str {
             format!("bench-compare-{}-{what}", backend.label()).leak()
@@ -77,7 +77,7 @@ fn main() {
     let mode = RunMode::from_env();
     let runtime = runtime();
     let run_started = SystemTime::now();
-    let backends = Backend::selected();
+    let backends = selected();
     let servers = runtime.block_on(Servers::start(&backends));
     let fixtures: Vec<Fixture> = backends
         .iter()
@@ -134,7 +134,7 @@ fn main() {
 /// One backend's clients: the one measured, a second one holding
 /// its `held` lock for `try_fail`, and the raw floor.
 struct Fixture {
-    backend: Backend,
+    backend: Deployment,
     names: Names,
     lock: Arc<dyn DistributedLock>,
     held: LockGuard,
@@ -142,10 +142,9 @@ struct Fixture {
 }
 
 impl Fixture {
-    async fn new(servers: &Servers, backend: Backend) -> Fixture {
+    async fn new(servers: &Servers, backend: Deployment) -> Fixture {
         let client = || async {
-            servers
-                .connect(backend)
+            connect(servers, backend)
                 .await
                 .unwrap_or_else(|e| panic!("{backend} connects: {e}"))
         };
@@ -248,7 +247,7 @@ fn bench_handoff(
     let backend = fixture.backend;
     Handoffs::connect(
         runtime,
-        || servers.connect(backend),
+        || connect(servers, backend),
         fixture.names.handoff,
         LockOptions::new().ttl(TTL),
         StatusProbe {

@@ -22,7 +22,7 @@ use crate::status::LockStatus;
 /// [`attempt`](Self::attempt) (one try that reports the holder's remaining lease)
 /// and [`watch_releases`](Self::watch_releases) (release notifications). Backends
 /// whose server queues waiters override `acquire` itself and keep its semantics
-/// with a [`Waiter`](crate::Waiter).
+/// with a [`Waiter`](crate::backend::Waiter).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -1,174 +1,50 @@
-//! The backends under test and their servers: each run gets fresh servers,
-//! and every worker reaches them through its own [`TcpProxy`] (one per
-//! server), so that one worker can be partitioned from the rest.
+//! The deployments under test: the catalog's (lockkit-testkit), each run on
+//! fresh servers, and every worker reaching them through its own
+//! [`TcpProxy`] (one per server), so that one worker can be partitioned
+//! from the rest.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lockkit_testkit::{
-    MariaDbServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer, ServerError,
-    TcpProxy, ZkEnsemble, ZkServer,
-};
+pub use lockkit_testkit::catalog::Deployment;
+use lockkit_testkit::catalog::Servers;
+use lockkit_testkit::{RedisSentinels, ServerError, TcpProxy};
 
 use crate::record::millis;
-use crate::scenario::Scenario;
 
-/// A backend (and deployment) of the suite.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Backend {
-    /// One Redis server without persistence.
-    Redis,
-    /// One Redis server with AOF persistence, fsync on every write.
-    RedisAof,
-    /// Redlock over three Redis masters without persistence.
-    Redlock,
-    /// One ZooKeeper server.
-    Zk,
-    /// A three-server ZooKeeper ensemble.
-    ZkEnsemble,
-    /// PostgreSQL lease rows.
-    PgLease,
-    /// PostgreSQL `SELECT … FOR UPDATE` row locks.
-    PgRow,
-    /// PostgreSQL advisory locks.
-    PgAdvisory,
-    /// MariaDB lease rows.
-    MariaDbLease,
-    /// MariaDB `SELECT … FOR UPDATE` row locks.
-    MariaDbRow,
-    /// MariaDB `GET_LOCK` named locks.
-    MariaDbNamed,
-    /// A Redis Cluster of three masters (no replicas).
-    RedisCluster,
-    /// Redis Sentinel: a master, an asynchronous replica, three sentinels.
-    RedisSentinel,
-    /// The same, and every grant waits for the replica's acknowledgement
-    /// (`WAIT 1`) before it counts.
-    RedisSentinelWait,
-}
+/// The deployments of the suite, in report order.
+pub const SUITE: [Deployment; 14] = [
+    Deployment::Redis,
+    Deployment::RedisAof,
+    Deployment::Redlock3,
+    Deployment::Zk,
+    Deployment::ZkEnsemble,
+    Deployment::PgLease,
+    Deployment::PgRow,
+    Deployment::PgAdvisory,
+    Deployment::MariaDbLease,
+    Deployment::MariaDbRow,
+    Deployment::MariaDbNamed,
+    Deployment::RedisCluster,
+    Deployment::RedisSentinel,
+    Deployment::RedisSentinelWait,
+];
 
-impl Backend {
-    /// Every backend, in report order.
-    pub const ALL: [Backend; 14] = [
-        Backend::Redis,
-        Backend::RedisAof,
-        Backend::Redlock,
-        Backend::Zk,
-        Backend::ZkEnsemble,
-        Backend::PgLease,
-        Backend::PgRow,
-        Backend::PgAdvisory,
-        Backend::MariaDbLease,
-        Backend::MariaDbRow,
-        Backend::MariaDbNamed,
-        Backend::RedisCluster,
-        Backend::RedisSentinel,
-        Backend::RedisSentinelWait,
-    ];
-
-    /// The name used on the command line and in the report.
-    pub fn label(self) -> &'static str {
-        match self {
-            Backend::Redis => "redis",
-            Backend::RedisAof => "redis-aof",
-            Backend::Redlock => "redlock",
-            Backend::Zk => "zk",
-            Backend::ZkEnsemble => "zk-ensemble",
-            Backend::PgLease => "pg-lease",
-            Backend::PgRow => "pg-row",
-            Backend::PgAdvisory => "pg-advisory",
-            Backend::MariaDbLease => "mariadb-lease",
-            Backend::MariaDbRow => "mariadb-row",
-            Backend::MariaDbNamed => "mariadb-named",
-            Backend::RedisCluster => "redis-cluster",
-            Backend::RedisSentinel => "redis-sentinel",
-            Backend::RedisSentinelWait => "redis-sentinel-wait",
-        }
-    }
-
-    /// The backend with this label.
-    pub fn from_label(label: &str) -> Option<Backend> {
-        Backend::ALL.into_iter().find(|b| b.label() == label)
-    }
-
-    /// The scenarios that apply to this backend.
-    pub fn scenarios(self) -> &'static [Scenario] {
-        use Scenario::*;
-        match self {
-            Backend::Redis | Backend::Zk => &[
-                HolderPaused,
-                HolderKilled,
-                ServerKilled,
-                ServerPaused,
-                Partition,
-            ],
-            Backend::RedisAof => &[ServerKilled],
-            Backend::Redlock => &[HolderPaused, HolderKilled, Partition, MinorityThenMajority],
-            Backend::ZkEnsemble => &[HolderPaused, Partition, LeaderKilled],
-            Backend::PgLease
-            | Backend::PgRow
-            | Backend::PgAdvisory
-            | Backend::MariaDbLease
-            | Backend::MariaDbRow
-            | Backend::MariaDbNamed => &[
-                HolderPaused,
-                HolderKilled,
-                ServerKilled,
-                ServerPaused,
-                Partition,
-                ConnectionKilled,
-            ],
-            // The cluster and sentinel clients learn the servers' addresses
-            // from the servers, so a per-worker proxy cannot sit in between:
-            // no partition scenario for them.
-            Backend::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
-            Backend::RedisSentinel | Backend::RedisSentinelWait => &[HolderPaused, Failover],
-        }
-    }
-
-    fn sql_mode(self) -> Option<&'static str> {
-        match self {
-            Backend::PgLease | Backend::MariaDbLease => Some("lease"),
-            Backend::PgRow | Backend::MariaDbRow => Some("row"),
-            Backend::PgAdvisory => Some("advisory"),
-            Backend::MariaDbNamed => Some("named"),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-/// The servers of one deployment.
-enum Servers {
-    Redis(Vec<RedisServer>),
-    Zk(ZkServer),
-    ZkEnsemble(ZkEnsemble),
-    Postgres(PostgresServer),
-    MariaDb(MariaDbServer),
-    Cluster(RedisCluster),
-    Sentinel(Box<RedisSentinels>),
-}
-
-/// Fresh servers for one run of one backend, and a proxy per worker and server.
-pub struct Deployment {
-    backend: Backend,
+/// Fresh servers for one run of one deployment, and a proxy per worker and server.
+pub struct Testbed {
+    deployment: Deployment,
     servers: Servers,
     /// `proxies[client][server]`.
     proxies: Vec<Vec<TcpProxy>>,
     lease: Duration,
 }
 
-impl fmt::Debug for Deployment {
+impl fmt::Debug for Testbed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Deployment")
-            .field("backend", &self.backend)
-            .field("servers", &self.addrs())
+        f.debug_struct("Testbed")
+            .field("deployment", &self.deployment)
+            .field("servers", &self.servers.addrs(self.deployment))
             .finish_non_exhaustive()
     }
 }
@@ -177,87 +53,43 @@ fn server_error(e: ServerError) -> String {
     e.to_string()
 }
 
-impl Deployment {
-    /// Starts the backend's servers and `clients` proxies in front of each.
+impl Testbed {
+    /// Starts the deployment's servers and `clients` proxies in front of each.
     /// `lease` is the lease length the workers use (also the ZooKeeper
     /// session timeout).
-    pub async fn start(backend: Backend, clients: u32, lease: Duration) -> Result<Self, String> {
-        let servers = match backend {
-            Backend::Redis => {
-                Servers::Redis(vec![RedisServer::try_start().await.map_err(server_error)?])
-            }
-            Backend::RedisAof => Servers::Redis(vec![
-                RedisServer::builder()
-                    .appendonly(true)
-                    .try_start()
-                    .await
-                    .map_err(server_error)?,
-            ]),
-            Backend::Redlock => {
-                let mut servers = Vec::new();
-                for _ in 0..3 {
-                    servers.push(RedisServer::try_start().await.map_err(server_error)?);
+    pub async fn start(
+        deployment: Deployment,
+        clients: u32,
+        lease: Duration,
+    ) -> Result<Self, String> {
+        let servers = Servers::try_start(&[deployment])
+            .await
+            .map_err(server_error)?;
+        let mut proxies = Vec::new();
+        if deployment.proxiable() {
+            for _ in 0..clients {
+                let mut mine = Vec::new();
+                for addr in servers.addrs(deployment) {
+                    mine.push(
+                        TcpProxy::start(addr)
+                            .await
+                            .map_err(|e| format!("cannot start a proxy: {e}"))?,
+                    );
                 }
-                Servers::Redis(servers)
+                proxies.push(mine);
             }
-            Backend::Zk => Servers::Zk(ZkServer::try_start().await.map_err(server_error)?),
-            Backend::ZkEnsemble => {
-                Servers::ZkEnsemble(ZkEnsemble::try_start(3).await.map_err(server_error)?)
-            }
-            Backend::PgLease | Backend::PgRow | Backend::PgAdvisory => {
-                Servers::Postgres(PostgresServer::try_start().await.map_err(server_error)?)
-            }
-            Backend::MariaDbLease | Backend::MariaDbRow | Backend::MariaDbNamed => {
-                Servers::MariaDb(MariaDbServer::try_start().await.map_err(server_error)?)
-            }
-            Backend::RedisCluster => {
-                Servers::Cluster(RedisCluster::try_start(3).await.map_err(server_error)?)
-            }
-            Backend::RedisSentinel | Backend::RedisSentinelWait => Servers::Sentinel(Box::new(
-                RedisSentinels::try_start().await.map_err(server_error)?,
-            )),
-        };
-        let mut deployment = Deployment {
-            backend,
+        }
+        Ok(Testbed {
+            deployment,
             servers,
-            proxies: Vec::new(),
+            proxies,
             lease,
-        };
-        let proxied = !matches!(
-            deployment.servers,
-            Servers::Cluster(_) | Servers::Sentinel(_)
-        );
-        for _ in 0..if proxied { clients } else { 0 } {
-            let mut proxies = Vec::new();
-            for addr in deployment.addrs() {
-                proxies.push(
-                    TcpProxy::start(addr)
-                        .await
-                        .map_err(|e| format!("cannot start a proxy: {e}"))?,
-                );
-            }
-            deployment.proxies.push(proxies);
-        }
-        Ok(deployment)
+        })
     }
 
-    /// The backend.
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
-    fn addrs(&self) -> Vec<SocketAddr> {
-        match &self.servers {
-            Servers::Redis(servers) => servers.iter().map(RedisServer::addr).collect(),
-            Servers::Zk(server) => vec![server.addr()],
-            Servers::ZkEnsemble(ensemble) => {
-                ensemble.servers().iter().map(ZkServer::addr).collect()
-            }
-            Servers::Postgres(server) => vec![server.addr()],
-            Servers::MariaDb(server) => vec![server.addr()],
-            Servers::Cluster(cluster) => cluster.nodes().iter().map(RedisServer::addr).collect(),
-            Servers::Sentinel(sentinels) => vec![sentinels.master().addr()],
-        }
+    /// The deployment.
+    pub fn deployment(&self) -> Deployment {
+        self.deployment
     }
 
     /// The URL for `client` (through its proxies), or, for `None`, straight
@@ -268,114 +100,71 @@ impl Deployment {
                 .iter()
                 .map(|proxy| proxy.addr().to_string())
                 .collect(),
-            _ => self.addrs().iter().map(ToString::to_string).collect(),
+            _ => self
+                .servers
+                .addrs(self.deployment)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         };
-        let hosts = hosts.join(",");
         // Every bound well inside the lease, so that faults surface as
         // errors before the lease runs out.
-        let bound = millis(self.lease / 3);
-        match self.backend {
-            Backend::Redis | Backend::RedisAof => {
-                format!("redis://{hosts}?command_timeout={bound}")
+        let bound = millis(self.lease / 3).to_string();
+        let params: Vec<(&str, String)> = match self.deployment {
+            Deployment::Redlock3 => Vec::new(),
+            Deployment::Zk | Deployment::ZkEnsemble => vec![
+                ("session_timeout", millis(self.lease).to_string()),
+                ("command_timeout", bound),
+            ],
+            d if d.sql_mode().is_some() => {
+                vec![("command_timeout", bound.clone()), ("liveness", bound)]
             }
-            Backend::Redlock => format!("redlock://{hosts}"),
-            Backend::Zk | Backend::ZkEnsemble => format!(
-                "zk://{hosts}/faults?session_timeout={}&command_timeout={bound}",
-                millis(self.lease)
-            ),
-            Backend::PgLease | Backend::PgRow | Backend::PgAdvisory => format!(
-                "postgres://postgres@{hosts}/postgres?mode={}&command_timeout={bound}&liveness={bound}",
-                self.backend.sql_mode().unwrap_or("lease")
-            ),
-            Backend::MariaDbLease | Backend::MariaDbRow | Backend::MariaDbNamed => format!(
-                "mysql://root@{hosts}/lockkit?mode={}&command_timeout={bound}&liveness={bound}",
-                self.backend.sql_mode().unwrap_or("lease")
-            ),
-            Backend::RedisCluster => match &self.servers {
-                Servers::Cluster(cluster) => format!("{}?command_timeout={bound}", cluster.url()),
-                _ => unreachable!("a cluster backend runs on a cluster"),
-            },
-            Backend::RedisSentinel | Backend::RedisSentinelWait => match &self.servers {
-                Servers::Sentinel(sentinels) => format!(
-                    "{}?command_timeout={bound}{}",
-                    sentinels.url(),
-                    if self.backend == Backend::RedisSentinelWait {
-                        format!("&wait_replicas=1&wait_timeout={bound}")
-                    } else {
-                        String::new()
-                    }
-                ),
-                _ => unreachable!("a sentinel backend runs on sentinels"),
-            },
-        }
+            Deployment::RedisSentinelWait => {
+                vec![("command_timeout", bound.clone()), ("wait_timeout", bound)]
+            }
+            _ => vec![("command_timeout", bound)],
+        };
+        self.servers.url_with(self.deployment, &hosts, &params)
     }
 
     /// How many servers there are.
     pub fn server_count(&self) -> usize {
-        self.addrs().len()
+        self.servers.addrs(self.deployment).len()
     }
 
     /// SIGSTOP of server `index`.
     pub fn pause(&self, index: usize) {
-        match &self.servers {
-            Servers::Redis(servers) => servers[index].pause(),
-            Servers::Zk(server) => server.pause(),
-            Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].pause(),
-            Servers::Postgres(server) => server.pause(),
-            Servers::MariaDb(server) => server.pause(),
-            Servers::Cluster(cluster) => cluster.nodes()[index].pause(),
-            Servers::Sentinel(sentinels) => sentinels.master().pause(),
-        }
+        self.servers.pause(self.deployment, index);
     }
 
     /// SIGCONT of server `index`.
     pub fn resume(&self, index: usize) {
-        match &self.servers {
-            Servers::Redis(servers) => servers[index].resume(),
-            Servers::Zk(server) => server.resume(),
-            Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].resume(),
-            Servers::Postgres(server) => server.resume(),
-            Servers::MariaDb(server) => server.resume(),
-            Servers::Cluster(cluster) => cluster.nodes()[index].resume(),
-            Servers::Sentinel(sentinels) => sentinels.master().resume(),
-        }
+        self.servers.resume(self.deployment, index);
     }
 
     /// SIGKILL of server `index`.
     pub fn kill(&self, index: usize) {
-        match &self.servers {
-            Servers::Redis(servers) => servers[index].kill(),
-            Servers::Zk(server) => server.kill(),
-            Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].kill(),
-            Servers::Postgres(server) => server.kill(),
-            Servers::MariaDb(server) => server.kill(),
-            Servers::Cluster(cluster) => cluster.nodes()[index].kill(),
-            Servers::Sentinel(sentinels) => sentinels.master().kill(),
-        }
+        self.servers.kill(self.deployment, index);
     }
 
     /// Starts server `index` again (same port, same directory).
     pub async fn restart(&self, index: usize) -> Result<(), String> {
-        match &self.servers {
-            Servers::Redis(servers) => servers[index].try_restart().await,
-            Servers::Zk(server) => server.try_restart().await,
-            Servers::ZkEnsemble(ensemble) => ensemble.servers()[index].try_restart().await,
-            Servers::Postgres(server) => server.try_restart().await,
-            Servers::MariaDb(server) => server.try_restart().await,
-            Servers::Cluster(cluster) => cluster.nodes()[index].try_restart().await,
-            Servers::Sentinel(sentinels) => sentinels.master().try_restart().await,
-        }
-        .map_err(server_error)
+        self.servers
+            .restart(self.deployment, index)
+            .await
+            .map_err(server_error)
     }
 
     /// Waits, after restarts, until the deployment serves again where it
     /// needs more than the servers' own readiness: a Redis Cluster whose
     /// restarted nodes must find each other again.
     pub async fn settle(&self, timeout: Duration) -> Result<(), String> {
-        match &self.servers {
-            Servers::Cluster(cluster) if !cluster.wait_until_ok(timeout).await => Err(format!(
-                "the cluster is not ok {timeout:?} after the restart"
-            )),
+        match self.deployment {
+            Deployment::RedisCluster if !self.servers.cluster().wait_until_ok(timeout).await => {
+                Err(format!(
+                    "the cluster is not ok {timeout:?} after the restart"
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -385,7 +174,7 @@ impl Deployment {
         let proxies = self
             .proxies
             .get(client as usize)
-            .ok_or_else(|| format!("{} runs without proxies", self.backend))?;
+            .ok_or_else(|| format!("{} runs without proxies", self.deployment))?;
         for proxy in proxies {
             proxy.blackhole(on);
         }
@@ -393,9 +182,11 @@ impl Deployment {
     }
 
     fn sentinels(&self) -> Result<&RedisSentinels, String> {
-        match &self.servers {
-            Servers::Sentinel(sentinels) => Ok(sentinels),
-            _ => Err(format!("{} has no sentinels", self.backend)),
+        match self.deployment {
+            Deployment::RedisSentinel | Deployment::RedisSentinelWait => {
+                Ok(self.servers.sentinels())
+            }
+            _ => Err(format!("{} has no sentinels", self.deployment)),
         }
     }
 
@@ -482,8 +273,8 @@ impl Deployment {
 
     /// The index of the ZooKeeper ensemble's leader.
     pub async fn leader(&self) -> Option<usize> {
-        match &self.servers {
-            Servers::ZkEnsemble(ensemble) => ensemble.leader().await,
+        match self.deployment {
+            Deployment::ZkEnsemble => self.servers.zk_ensemble().leader().await,
             _ => None,
         }
     }
@@ -492,8 +283,9 @@ impl Deployment {
     /// or a failover proxy would: `pg_terminate_backend`, MariaDB `KILL`.
     /// Returns how many were killed.
     pub async fn kill_connections(&self) -> Result<usize, String> {
-        match &self.servers {
-            Servers::Postgres(server) => {
+        match self.deployment {
+            Deployment::PgLease | Deployment::PgRow | Deployment::PgAdvisory => {
+                let server = self.servers.pg();
                 let killed = server
                     .psql(
                         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -506,7 +298,8 @@ impl Deployment {
                     .parse()
                     .map_err(|e| format!("{killed:?}: {e}"))
             }
-            Servers::MariaDb(server) => {
+            Deployment::MariaDbLease | Deployment::MariaDbRow | Deployment::MariaDbNamed => {
+                let server = self.servers.my();
                 let ids = server
                     .sql(
                         "SELECT id FROM information_schema.processlist \
@@ -532,7 +325,10 @@ impl Deployment {
                 }
                 Ok(killed)
             }
-            _ => Err(format!("{} has no SQL connections to kill", self.backend)),
+            _ => Err(format!(
+                "{} has no SQL connections to kill",
+                self.deployment
+            )),
         }
     }
 }

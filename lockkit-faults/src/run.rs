@@ -7,7 +7,7 @@ use std::time::Duration;
 use lockkit_testkit::ServerProcess;
 
 use crate::check::{Outcome, check};
-use crate::deploy::{Backend, Deployment};
+use crate::deploy::{Deployment, Testbed};
 use crate::record::{Trace, millis};
 use crate::resource::Resource;
 use crate::scenario::{Scenario, Stage};
@@ -39,7 +39,7 @@ pub struct Settings {
 #[derive(Clone, Debug)]
 pub struct RunResult {
     /// The backend.
-    pub backend: Backend,
+    pub backend: Deployment,
     /// The scenario.
     pub scenario: Scenario,
     /// Whether the backend claims fencing (its capabilities).
@@ -91,7 +91,7 @@ fn worker_command(
 async fn spawn_workers(
     settings: &Settings,
     scenario: Scenario,
-    deployment: &Deployment,
+    deployment: &Testbed,
     resource: &Resource,
     slug: &str,
 ) -> Result<Vec<ServerProcess>, String> {
@@ -112,7 +112,7 @@ async fn spawn_workers(
 }
 
 /// Runs `scenario` on `backend`, bounded by the settings' run timeout.
-pub async fn run(backend: Backend, scenario: Scenario, settings: &Settings) -> RunResult {
+pub async fn run(backend: Deployment, scenario: Scenario, settings: &Settings) -> RunResult {
     let slug = format!("{backend}--{scenario}");
     tracing::info!("run {slug}");
     let resource = match Resource::start().await {
@@ -157,7 +157,7 @@ pub async fn run(backend: Backend, scenario: Scenario, settings: &Settings) -> R
     }
 }
 
-fn failed(backend: Backend, scenario: Scenario, error: String) -> RunResult {
+fn failed(backend: Deployment, scenario: Scenario, error: String) -> RunResult {
     RunResult {
         backend,
         scenario,
@@ -169,7 +169,7 @@ fn failed(backend: Backend, scenario: Scenario, error: String) -> RunResult {
 }
 
 async fn stage(
-    backend: Backend,
+    backend: Deployment,
     scenario: Scenario,
     settings: &Settings,
     resource: &Resource,
@@ -178,7 +178,7 @@ async fn stage(
     workers: &mut Vec<ServerProcess>,
 ) -> Result<(), String> {
     let lease = scenario.lease(settings.lease);
-    let deployment = Deployment::start(backend, settings.clients, lease).await?;
+    let deployment = Testbed::start(backend, settings.clients, lease).await?;
     let probe = lockkit::connect(&deployment.url(None))
         .await
         .map_err(|e| format!("connect: {e}"))?;

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use lockkit_testkit::ServerProcess;
 
-use crate::deploy::Deployment;
+use lockkit_testkit::catalog::Deployment;
+
+use crate::deploy::Testbed;
 use crate::resource::Resource;
 
 /// A fault scenario.
@@ -103,7 +105,7 @@ impl fmt::Display for Scenario {
 /// What a scenario acts on.
 pub struct Stage<'a> {
     /// The servers and proxies.
-    pub deployment: &'a Deployment,
+    pub deployment: &'a Testbed,
     /// The resource, which also records the faults.
     pub resource: &'a Resource,
     /// The worker processes, by client number.
@@ -284,5 +286,44 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+}
+
+/// The scenarios that apply to `deployment`.
+pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
+    use Scenario::*;
+    match deployment {
+        Deployment::Redis | Deployment::Zk => &[
+            HolderPaused,
+            HolderKilled,
+            ServerKilled,
+            ServerPaused,
+            Partition,
+        ],
+        Deployment::RedisAof => &[ServerKilled],
+        Deployment::Redlock3 | Deployment::Redlock5 => {
+            &[HolderPaused, HolderKilled, Partition, MinorityThenMajority]
+        }
+        Deployment::ZkEnsemble => &[HolderPaused, Partition, LeaderKilled],
+        Deployment::PgLease
+        | Deployment::PgRow
+        | Deployment::PgAdvisory
+        | Deployment::MariaDbLease
+        | Deployment::MariaDbRow
+        | Deployment::MariaDbNamed => &[
+            HolderPaused,
+            HolderKilled,
+            ServerKilled,
+            ServerPaused,
+            Partition,
+            ConnectionKilled,
+        ],
+        // The cluster and sentinel clients learn the servers' addresses
+        // from the servers, so a per-worker proxy cannot sit in between:
+        // no partition scenario for them.
+        Deployment::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
+        Deployment::RedisSentinel | Deployment::RedisSentinelWait => &[HolderPaused, Failover],
+        // In-process and single-file deployments have no server to fault.
+        Deployment::Memory | Deployment::SqliteLease => &[],
     }
 }

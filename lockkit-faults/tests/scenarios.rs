@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lockkit_faults::deploy::Backend;
+use lockkit_faults::deploy::Deployment;
 use lockkit_faults::run::{RunResult, Settings, run};
 use lockkit_faults::scenario::Scenario;
 
@@ -23,7 +23,7 @@ fn settings(log_dir: PathBuf) -> Settings {
     }
 }
 
-async fn paused_holder(backend: Backend) -> RunResult {
+async fn paused_holder(backend: Deployment) -> RunResult {
     let logs = tempfile::tempdir().unwrap();
     let result = run(
         backend,
@@ -39,7 +39,7 @@ async fn paused_holder(backend: Backend) -> RunResult {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_rejects_the_paused_holders_late_write() {
-    let result = paused_holder(Backend::Redis).await;
+    let result = paused_holder(Deployment::Redis).await;
     assert!(result.fencing);
     let outcome = &result.outcome;
     assert!(outcome.overlaps >= 1, "{outcome:?}");
@@ -51,7 +51,7 @@ async fn fencing_rejects_the_paused_holders_late_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fencing_the_late_write_lands() {
-    let result = paused_holder(Backend::Redlock).await;
+    let result = paused_holder(Deployment::Redlock3).await;
     assert!(!result.fencing);
     let outcome = &result.outcome;
     assert!(outcome.overlaps >= 1, "{outcome:?}");

@@ -21,7 +21,7 @@ const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 impl RedisConfig {
     /// Parses the connection part of a `redis://`, `rediss://`,
-    /// `redis+cluster://` or `redis+sentinel://` URL (see [`RedisLockBuilder`]
+    /// `redis+cluster://` or `redis+sentinel://` URL (see [`RedisLockBuilder`](crate::RedisLockBuilder)
     /// for the parameters). `prefix` belongs to a lock, not to a connection,
     /// and is refused here.
     pub fn from_url(url: &str) -> Result<RedisConfig> {

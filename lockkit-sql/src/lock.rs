@@ -68,7 +68,7 @@ impl fmt::Debug for SqlLock {
 
 impl SqlLock {
     /// Connects to the database of a `postgres://`, `postgresql://`,
-    /// `mysql://`, `mariadb://` or `sqlite:` URL; see [`SqlLockBuilder`] for
+    /// `mysql://`, `mariadb://` or `sqlite:` URL; see [`SqlLockBuilder`](crate::SqlLockBuilder) for
     /// the parameters.
     pub async fn connect(url: &str) -> Result<SqlLock> {
         crate::SqlLockBuilder::from_url(url)?.connect().await

@@ -24,6 +24,7 @@
 //! A missing server binary is a loud failure that says how to install it
 //! (`scripts/install-services.sh`), never a silent skip.
 
+pub mod catalog;
 pub mod conformance;
 pub mod contention;
 mod mariadb_server;

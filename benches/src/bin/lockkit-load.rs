@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use lockkit_benches::{Backend, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks};
+use lockkit_benches::{
+    Deployment, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks,
+};
 use tokio::time::Instant;
 
 #[derive(Debug, Parser)]
@@ -33,8 +35,8 @@ struct Args {
     #[arg(long, required_unless_present = "start", conflicts_with = "start")]
     url: Option<String>,
     /// Start the servers of these backends here instead (comma separated:
-    /// memory, redis, redlock3, redlock5, zk, pg_lease, pg_row, pg_advisory,
-    /// mysql_lease, mysql_row, mysql_named, sqlite_lease), and run each.
+    /// memory, redis, redlock3, redlock5, zk, pg-lease, pg-row, pg-advisory,
+    /// mariadb-lease, mariadb-row, mariadb-named, sqlite-lease), and run each.
     #[arg(long, value_delimiter = ',')]
     start: Vec<String>,
     /// Tasks contending at once (in all processes together).
@@ -103,10 +105,10 @@ async fn main() -> ExitCode {
             }
         }
     } else {
-        let backends: Vec<Backend> = match args
+        let backends: Vec<Deployment> = match args
             .start
             .iter()
-            .map(|l| Backend::parse(l).ok_or(l))
+            .map(|l| Deployment::from_label(l).ok_or(l))
             .collect()
         {
             Ok(backends) => backends,

@@ -25,7 +25,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use lockkit_benches::plot::{Series, log_log_chart};
 use lockkit_benches::{
-    Backend, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
+    BENCHED, Deployment, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 use tokio::time::Instant;
@@ -118,7 +118,7 @@ async fn main() -> ExitCode {
 
 /// One measured point of a curve.
 struct Point {
-    backend: Backend,
+    backend: Deployment,
     sweep: &'static str,
     x: usize,
     outcome: Outcome,
@@ -133,12 +133,12 @@ async fn curves(
     requests: usize,
     point: Duration,
 ) -> Result<bool, String> {
-    let backends: Vec<Backend> = if labels.is_empty() {
-        Backend::ALL.to_vec()
+    let backends: Vec<Deployment> = if labels.is_empty() {
+        BENCHED.to_vec()
     } else {
         labels
             .iter()
-            .map(|l| Backend::parse(l).ok_or_else(|| format!("unknown backend {l:?}")))
+            .map(|l| Deployment::from_label(l).ok_or_else(|| format!("unknown backend {l:?}")))
             .collect::<Result<_, _>>()?
     };
     let servers = Servers::start(&backends).await;
@@ -146,8 +146,7 @@ async fn curves(
     for &backend in &backends {
         let url = servers.url(backend);
         let stock = Arc::new(Stock::for_lock_url(&url).await?);
-        let lock = servers
-            .connect(backend)
+        let lock = lockkit_benches::connect(&servers, backend)
             .await
             .map_err(|e| format!("{backend}: {e}"))?;
         let locker = Locker::Lockkit(lock);
@@ -245,7 +244,7 @@ async fn curves(
 /// The curves as a table: per backend and sweep, throughput / p99 per point.
 fn curves_table(
     points: &[Point],
-    backends: &[Backend],
+    backends: &[Deployment],
     contenders: &[usize],
     keys: &[usize],
 ) -> String {
@@ -325,8 +324,8 @@ async fn evalsha_calls(conn: &mut redis::aio::ConnectionManager) -> Result<u64, 
 }
 
 async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<bool, String> {
-    let servers = Servers::start(&[Backend::Redis]).await;
-    let url = servers.url(Backend::Redis);
+    let servers = Servers::start(&[Deployment::Redis]).await;
+    let url = servers.url(Deployment::Redis);
     let locks: Arc<dyn DistributedLock> = Arc::new(
         lockkit_redis::connect(&url)
             .await

@@ -35,7 +35,7 @@ struct Queue {
 
 /// A per-name FIFO of the tasks of one client (see the module docs): only the
 /// task holding a name's [`LocalSlot`] talks to the backend about that name.
-/// For backend implementors; [`LeaseLock`](crate::LeaseLock) uses one.
+/// For backend implementors; [`LeaseLock`](crate::backend::LeaseLock) uses one.
 #[derive(Debug, Default)]
 pub struct LocalQueue {
     slots: Slots,

@@ -33,7 +33,7 @@ pub enum Attempt<T> {
 
 /// The state of one `acquire` call under the shared wait policy.
 ///
-/// Backends that override [`DistributedLock::acquire`] use it too, so every
+/// Backends that override [`DistributedLock::acquire`](crate::DistributedLock::acquire) use it too, so every
 /// backend has the same deadline and timeout semantics:
 ///
 /// ```

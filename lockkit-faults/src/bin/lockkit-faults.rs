@@ -14,10 +14,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockkit_faults::deploy::Backend;
+use lockkit_faults::deploy::{Deployment, SUITE};
 use lockkit_faults::report;
 use lockkit_faults::run::{RunResult, Settings, run};
-use lockkit_faults::scenario::Scenario;
+use lockkit_faults::scenario::{Scenario, scenarios_for};
 use lockkit_faults::worker::{self, WorkerPlan};
 
 #[derive(Parser, Debug)]
@@ -146,12 +146,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run_suite(args: RunArgs) -> ExitCode {
-    let backends = parse_list(
-        &args.backends,
-        &Backend::ALL,
-        Backend::from_label,
-        "backend",
-    );
+    let backends = parse_list(&args.backends, &SUITE, Deployment::from_label, "backend");
     let scenarios = parse_list(
         &args.scenarios,
         &Scenario::ALL,
@@ -163,7 +158,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(
                 "{e}; backends: {}; scenarios: {}",
-                Backend::ALL.map(Backend::label).join(","),
+                SUITE.map(Deployment::label).join(","),
                 Scenario::ALL.map(Scenario::label).join(",")
             );
             return ExitCode::from(2);
@@ -198,7 +193,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
     };
     let mut results: Vec<RunResult> = Vec::new();
     for backend in backends {
-        for &scenario in backend.scenarios() {
+        for &scenario in scenarios_for(backend) {
             if scenarios.contains(&scenario) {
                 let result = run(backend, scenario, &settings).await;
                 tracing::info!(
