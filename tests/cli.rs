@@ -16,6 +16,7 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use lockkit::LockOptions;
+use lockkit_testkit::TestServer;
 use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, ZkServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -229,7 +230,7 @@ async fn two_execs_never_overlap_on_sqlite_and_redis() {
 #[tokio::test]
 async fn two_execs_never_overlap_on_zookeeper() {
     let zk = ZkServer::start().await;
-    execs_never_overlap(&zk.url("/cli"), true).await;
+    execs_never_overlap(&zk.url_at("/cli"), true).await;
 }
 
 #[tokio::test]

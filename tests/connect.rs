@@ -1,6 +1,8 @@
 //! `lockkit::connect`: a table of good and bad URLs.
 
 use lockkit::{LockError, LockOptions};
+#[cfg(any(feature = "redis", feature = "redlock", feature = "zk"))]
+use lockkit_testkit::TestServer;
 
 fn assert_invalid_url(url: &str, err: &LockError) {
     assert!(matches!(err, LockError::InvalidUrl { .. }), "{url}: {err}");
@@ -219,7 +221,7 @@ async fn zk_urls() {
         assert_invalid_url(bad, &lockkit::connect(bad).await.unwrap_err());
     }
     let server = lockkit_testkit::ZkServer::start().await;
-    let locks = lockkit::connect(&server.url("facade")).await.unwrap();
+    let locks = lockkit::connect(&server.url_at("facade")).await.unwrap();
     let caps = locks.capabilities();
     assert!(caps.fencing && caps.fifo && caps.survives_minority_failure);
     let guard = locks.acquire("job", &LockOptions::new()).await.unwrap();

@@ -13,6 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lockkit_testkit::TestServer;
 use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, ZkServer};
 use tokio::process::Command;
 
@@ -110,7 +111,7 @@ async fn redis_and_redlock_examples() {
 #[tokio::test]
 async fn zookeeper_example_serves_waiters_in_order() {
     let zk = ZkServer::start().await;
-    let out = run("zookeeper", &[&zk.url("/example")]).await;
+    let out = run("zookeeper", &[&zk.url_at("/example")]).await;
     let order: Vec<&str> = out.lines().filter(|l| l.contains(" got deploy")).collect();
     assert_eq!(
         order,

@@ -39,6 +39,7 @@ use lockkit_core::backend::{Attempt, LeaseBackend, OwnerToken};
 use lockkit_core::{DistributedLock, LockOptions};
 use lockkit_redis::RedisLock;
 use lockkit_testkit::RedisServer;
+use lockkit_testkit::TestServer;
 use redis::aio::ConnectionManager;
 use tokio::runtime::Runtime;
 use tokio::sync::{oneshot, watch};

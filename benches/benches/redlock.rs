@@ -41,6 +41,7 @@ use lockkit_core::LockOptions;
 use lockkit_core::backend::LeaseBackend;
 use lockkit_redlock::RedlockLock;
 use lockkit_testkit::RedisServer;
+use lockkit_testkit::TestServer;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 

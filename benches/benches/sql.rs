@@ -49,6 +49,7 @@ use lockkit_benches::{
 };
 use lockkit_core::LockOptions;
 use lockkit_sql::SqlLock;
+use lockkit_testkit::TestServer;
 use lockkit_testkit::{MariaDbServer, PostgresServer};
 use tokio::runtime::Runtime;
 use tokio::time::Instant;

@@ -42,6 +42,7 @@ use lockkit_benches::{
     zk_delete_node, zk_raw_cycle, zk_session,
 };
 use lockkit_core::LockOptions;
+use lockkit_testkit::TestServer;
 use lockkit_testkit::ZkServer;
 use lockkit_zk::ZkLock;
 use tokio::time::Instant;
@@ -133,7 +134,7 @@ impl Fixture {
         for dir in [RAW_DIR, CREATE_DIR] {
             raw.mkdir(dir, &persistent).await.expect("mkdir");
         }
-        let locks = lockkit_zk::connect(&server.url(LOCK_ROOT))
+        let locks = lockkit_zk::connect(&server.url_at(LOCK_ROOT))
             .await
             .expect("lockkit-zk connects");
         let fixture = Fixture { raw, locks };
@@ -291,7 +292,7 @@ fn bench_handoff(
         dir: lock_dir(HANDOFF_NAME),
         created: Mutex::new(None),
     };
-    let url = server.url(LOCK_ROOT);
+    let url = server.url_at(LOCK_ROOT);
     let opts = LockOptions::new().ttl(TTL);
     Handoffs::connect(
         runtime,

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use lockkit::DistributedLock;
 use lockkit_testkit::RedisServer;
+use lockkit_testkit::TestServer;
 pub use lockkit_testkit::catalog::{Deployment, Servers};
 use redis::aio::ConnectionManager;
 
@@ -18,31 +19,31 @@ use crate::sql::{RawMy, RawPg, RawSqlite};
 use crate::zk_raw::{zk_mkdir, zk_raw_cycle, zk_session};
 
 /// The deployments the cross-backend benchmarks compare, in the order of
-/// the tables.
-pub const BENCHED: &[Deployment] = &[
-    Deployment::Memory,
-    Deployment::Redis,
-    Deployment::Redlock3,
-    Deployment::Redlock5,
-    Deployment::Zk,
-    Deployment::PgLease,
-    Deployment::PgRow,
-    Deployment::PgAdvisory,
-    Deployment::MariaDbLease,
-    Deployment::MariaDbRow,
-    Deployment::MariaDbNamed,
-    Deployment::SqliteLease,
-];
+/// the tables: every deployment of the catalog but the fault suite's
+/// replicated and persistent variants.
+pub fn benched() -> Vec<Deployment> {
+    use Deployment::*;
+    Deployment::ALL
+        .iter()
+        .copied()
+        .filter(|d| {
+            !matches!(
+                d,
+                RedisAof | ZkEnsemble | RedisCluster | RedisSentinel | RedisSentinelWait
+            )
+        })
+        .collect()
+}
 
 /// The deployments named in `$LOCKKIT_BENCH_BACKENDS` (comma-separated
-/// labels), else [`BENCHED`]. Panics on an unknown label, naming the known
+/// labels), else [`benched`]. Panics on an unknown label, naming the known
 /// ones.
 pub fn selected() -> Vec<Deployment> {
     match std::env::var("LOCKKIT_BENCH_BACKENDS") {
         Ok(list) if !list.trim().is_empty() => {
             Deployment::parse_list(&list).unwrap_or_else(|e| panic!("LOCKKIT_BENCH_BACKENDS: {e}"))
         }
-        _ => BENCHED.to_vec(),
+        _ => benched(),
     }
 }
 
@@ -93,7 +94,7 @@ const ZK_RAW_DIR: &str = "/lockkit-bench-raw/floor";
 const SQL_RAW_ROW: &str = "bench-compare-raw-row";
 
 impl RawFloor {
-    /// The raw floor of `backend` (one of [`BENCHED`]) on `servers`. The SQL
+    /// The raw floor of `backend` (one of [`benched`]) on `servers`. The SQL
     /// floors use lockkit's table, which a lockkit client must have created
     /// first.
     pub async fn connect(servers: &Servers, backend: Deployment) -> RawFloor {

@@ -22,7 +22,7 @@ mod sql_handoff;
 mod stock;
 mod zk_raw;
 
-pub use catalog::{BENCHED, Deployment, RawFloor, Servers, connect, selected};
+pub use catalog::{Deployment, RawFloor, Servers, benched, connect, selected};
 pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };

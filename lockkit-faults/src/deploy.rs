@@ -9,27 +9,10 @@ use std::time::Duration;
 
 pub use lockkit_testkit::catalog::Deployment;
 use lockkit_testkit::catalog::Servers;
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{RedisSentinels, ServerError, TcpProxy};
 
 use crate::record::millis;
-
-/// The deployments of the suite, in report order.
-pub const SUITE: [Deployment; 14] = [
-    Deployment::Redis,
-    Deployment::RedisAof,
-    Deployment::Redlock3,
-    Deployment::Zk,
-    Deployment::ZkEnsemble,
-    Deployment::PgLease,
-    Deployment::PgRow,
-    Deployment::PgAdvisory,
-    Deployment::MariaDbLease,
-    Deployment::MariaDbRow,
-    Deployment::MariaDbNamed,
-    Deployment::RedisCluster,
-    Deployment::RedisSentinel,
-    Deployment::RedisSentinelWait,
-];
 
 /// Fresh servers for one run of one deployment, and a proxy per worker and server.
 pub struct Testbed {
@@ -134,23 +117,24 @@ impl Testbed {
 
     /// SIGSTOP of server `index`.
     pub fn pause(&self, index: usize) {
-        self.servers.pause(self.deployment, index);
+        self.servers.server(self.deployment, index).pause();
     }
 
     /// SIGCONT of server `index`.
     pub fn resume(&self, index: usize) {
-        self.servers.resume(self.deployment, index);
+        self.servers.server(self.deployment, index).resume();
     }
 
     /// SIGKILL of server `index`.
     pub fn kill(&self, index: usize) {
-        self.servers.kill(self.deployment, index);
+        self.servers.server(self.deployment, index).kill();
     }
 
     /// Starts server `index` again (same port, same directory).
     pub async fn restart(&self, index: usize) -> Result<(), String> {
         self.servers
-            .restart(self.deployment, index)
+            .server(self.deployment, index)
+            .try_restart()
             .await
             .map_err(server_error)
     }

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, Result};
-use lockkit_testkit::RedisCluster;
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_conformance::{Disposable, Harness};
+use lockkit_core::DistributedLock;
+use lockkit_testkit::{DisposableServer, RedisCluster};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -47,9 +47,9 @@ impl Harness for ClusterHarness {
 
     async fn disposable(&self) -> Box<dyn Disposable> {
         // One master is enough to kill.
-        Box::new(DisposableCluster {
-            cluster: RedisCluster::start(1).await,
-        })
+        let cluster = RedisCluster::start(1).await;
+        let url = client_url(&cluster);
+        Box::new(DisposableServer::new(cluster, url, lockkit_redis::DRIVER))
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -57,29 +57,4 @@ impl Harness for ClusterHarness {
     }
 }
 
-struct DisposableCluster {
-    cluster: RedisCluster,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposableCluster {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(
-            lockkit_redis::connect(&client_url(&self.cluster)).await?,
-        ))
-    }
-
-    async fn kill(&mut self) {
-        self.cluster.kill_all();
-    }
-
-    async fn pause(&mut self) {
-        self.cluster.pause_all();
-    }
-
-    async fn resume(&mut self) {
-        self.cluster.resume_all();
-    }
-}
-
-lockkit_testkit::conformance_suite!(ClusterHarness::start().await);
+lockkit_conformance::conformance_suite!(ClusterHarness::start().await);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lockkit_core::{Backoff, DistributedLock, LockError, LockGuard, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, eventually, free_port};
 use tokio::time::Instant;
 

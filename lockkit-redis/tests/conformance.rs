@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, Result};
-use lockkit_testkit::RedisServer;
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_conformance::{Disposable, Harness};
+use lockkit_core::DistributedLock;
+use lockkit_testkit::TestServer;
+use lockkit_testkit::{DisposableServer, RedisServer};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -45,9 +46,9 @@ impl Harness for RedisHarness {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(DisposableRedis {
-            server: RedisServer::start().await,
-        })
+        let server = RedisServer::start().await;
+        let url = client_url(&server);
+        Box::new(DisposableServer::new(server, url, lockkit_redis::DRIVER))
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -55,29 +56,4 @@ impl Harness for RedisHarness {
     }
 }
 
-struct DisposableRedis {
-    server: RedisServer,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposableRedis {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(
-            lockkit_redis::connect(&client_url(&self.server)).await?,
-        ))
-    }
-
-    async fn kill(&mut self) {
-        self.server.kill();
-    }
-
-    async fn pause(&mut self) {
-        self.server.pause();
-    }
-
-    async fn resume(&mut self) {
-        self.server.resume();
-    }
-}
-
-lockkit_testkit::conformance_suite!(RedisHarness::start().await);
+lockkit_conformance::conformance_suite!(RedisHarness::start().await);

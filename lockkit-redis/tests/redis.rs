@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{PythonPeer, RedisServer, assert_mutual_exclusion_with, free_port};
 use tokio::time::Instant;
 

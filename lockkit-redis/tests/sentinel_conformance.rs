@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, Result};
-use lockkit_testkit::RedisSentinels;
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_conformance::{Disposable, Harness};
+use lockkit_core::DistributedLock;
+use lockkit_testkit::{DisposableServer, RedisSentinels};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -50,9 +50,15 @@ impl Harness for SentinelHarness {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(DisposableDeployment {
-            deployment: RedisSentinels::start().await,
-        })
+        // The whole deployment dies or freezes at once (the sentinels too,
+        // so that no failover interferes).
+        let deployment = RedisSentinels::start().await;
+        let url = client_url(&deployment);
+        Box::new(DisposableServer::new(
+            deployment,
+            url,
+            lockkit_redis::DRIVER,
+        ))
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -60,31 +66,4 @@ impl Harness for SentinelHarness {
     }
 }
 
-/// The whole deployment dies or freezes at once (the sentinels too, so that
-/// no failover interferes).
-struct DisposableDeployment {
-    deployment: RedisSentinels,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposableDeployment {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(
-            lockkit_redis::connect(&client_url(&self.deployment)).await?,
-        ))
-    }
-
-    async fn kill(&mut self) {
-        self.deployment.kill_all();
-    }
-
-    async fn pause(&mut self) {
-        self.deployment.pause_all();
-    }
-
-    async fn resume(&mut self) {
-        self.deployment.resume_all();
-    }
-}
-
-lockkit_testkit::conformance_suite!(SentinelHarness::start().await);
+lockkit_conformance::conformance_suite!(SentinelHarness::start().await);

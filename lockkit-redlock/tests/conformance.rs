@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_conformance::{Disposable, Harness};
 use lockkit_core::{DistributedLock, Result};
-use lockkit_testkit::RedisServer;
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_testkit::TestServer;
+use lockkit_testkit::{DisposableServer, RedisServer};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -72,7 +73,13 @@ impl Harness for RedlockHarness {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(Servers::start(self.servers.0.len()).await)
+        let servers = Servers::start(self.servers.0.len()).await;
+        let url = servers.url();
+        Box::new(DisposableServer::new(
+            servers.0,
+            url,
+            lockkit_redlock::DRIVER,
+        ))
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -80,31 +87,12 @@ impl Harness for RedlockHarness {
     }
 }
 
-#[async_trait::async_trait]
-impl Disposable for Servers {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        Servers::connect(self).await
-    }
-
-    async fn kill(&mut self) {
-        self.0.iter().for_each(RedisServer::kill);
-    }
-
-    async fn pause(&mut self) {
-        self.0.iter().for_each(RedisServer::pause);
-    }
-
-    async fn resume(&mut self) {
-        self.0.iter().for_each(RedisServer::resume);
-    }
-}
-
 mod three {
     use super::*;
-    lockkit_testkit::conformance_suite!(RedlockHarness::start(3).await);
+    lockkit_conformance::conformance_suite!(RedlockHarness::start(3).await);
 }
 
 mod five {
     use super::*;
-    lockkit_testkit::conformance_suite!(RedlockHarness::start(5).await);
+    lockkit_conformance::conformance_suite!(RedlockHarness::start(5).await);
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
 use lockkit_redlock::RedlockLock;
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{Probe, RedisServer, spawn_contenders};
 use tokio::time::Instant;
 

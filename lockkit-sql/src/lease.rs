@@ -2,100 +2,118 @@
 //! server's clock, on every database.
 
 use std::fmt;
-use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::future::BoxFuture;
 
 use lockkit_core::backend::{
     Attempt, Handover, LeaseBackend, OwnerToken, ReleaseWatch, validate_name,
 };
 use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 
+use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
 
-/// One database's lease statements; [`LeaseRows`] makes a
-/// [`LeaseBackend`] of them.
-///
-/// Statically dispatched, one `LeaseRows` type per database, so that the
-/// future of an operation holds only that database's statement future: a
-/// single enum over all three made every call box (and copy) the largest of
-/// them, about 18 KB per call.
-pub(crate) trait LeaseDb: Send + Sync + fmt::Debug + 'static {
+/// A database connection of dialect `D`.
+pub(crate) type Conn<D> = <<D as LeaseDialect>::Db as sqlx::Database>::Connection;
+
+/// The answer of one statement on one connection.
+pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
+
+/// One database's lease statements: their SQL text, binds and how their
+/// answers read, each run on the connection it is given. [`LeaseRows`] does
+/// the rest, the same on every database: kept connections, the command
+/// timeout, errors, and undoing an acquire that was abandoned.
+pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
+    /// The sqlx database.
+    type Db: sqlx::Database;
     /// What `lease` mode guarantees on this database.
     const CAPABILITIES: Capabilities;
 
     /// The lease upsert: the new fence when taken, the holder's remaining
     /// lease when not.
-    fn try_lock<'a>(
-        &'a self,
-        settings: &'a Settings,
-        name: &'a str,
-        owner: &'a str,
+    fn acquire<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Attempt<Option<FencingToken>>>> + Send + 'a;
+    ) -> Answer<'c, Attempt<Option<FencingToken>>>;
 
-    /// Owner-conditional extension; `Ok(false)`: not `owner`'s.
-    fn extend<'a>(
-        &'a self,
-        settings: &'a Settings,
-        name: &'a str,
-        owner: &'a str,
+    /// Owner-conditional extension; `false`: not `owner`'s.
+    fn extend<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<bool>> + Send + 'a;
+    ) -> Answer<'c, bool>;
 
-    /// Owner-conditional release; `Ok(false)`: not `owner`'s.
-    fn release<'a>(
-        &'a self,
-        settings: &'a Settings,
-        name: &'a str,
-        owner: &'a str,
-    ) -> impl Future<Output = Result<bool>> + Send + 'a;
+    /// Owner-conditional release; `false`: not `owner`'s.
+    fn release<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+        owner: &'c str,
+    ) -> Answer<'c, bool>;
 
     /// Owner-conditional pass of the live lease from `from` to `to` for
     /// `ttl`, with the fence bumped: the new fence, or `None` when the lease
     /// was not `from`'s.
-    fn hand_over<'a>(
-        &'a self,
-        settings: &'a Settings,
-        name: &'a str,
-        from: &'a str,
-        to: &'a str,
+    fn hand_over<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+        from: &'c str,
+        to: &'c str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Option<i64>>> + Send + 'a;
+    ) -> Answer<'c, Option<i64>>;
 
     /// The live lease on `name`, if any: its fence and remaining milliseconds.
-    fn status<'a>(
-        &'a self,
-        settings: &'a Settings,
-        name: &'a str,
-    ) -> impl Future<Output = Result<Option<(i64, i64)>>> + Send + 'a;
+    fn status<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+    ) -> Answer<'c, Option<(i64, i64)>>;
 
     /// Release notifications of `name`; none by default (waiters back off,
     /// never past the holder's expiry).
-    fn watch<'a>(
-        &'a self,
-        settings: &'a Settings,
-        name: &'a str,
-    ) -> impl Future<Output = ReleaseWatch> + Send + 'a {
+    fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
         let _ = (settings, name);
-        std::future::ready(ReleaseWatch::none())
+        Box::pin(std::future::ready(ReleaseWatch::none()))
     }
 }
 
-/// The [`LeaseBackend`] of `lease` mode on database `D`.
+/// The [`LeaseBackend`] of `lease` mode on dialect `D`.
 #[derive(Debug)]
-pub(crate) struct LeaseRows<D> {
-    db: D,
+pub(crate) struct LeaseRows<D: LeaseDialect> {
+    dialect: Arc<D>,
+    pool: KeptPool<D::Db>,
     settings: Settings,
 }
 
-impl<D: LeaseDb> LeaseRows<D> {
-    pub(crate) fn new(db: D, settings: Settings) -> Self {
-        LeaseRows { db, settings }
+impl<D: LeaseDialect> LeaseRows<D> {
+    pub(crate) fn new(dialect: D, pool: KeptPool<D::Db>, settings: Settings) -> Self {
+        LeaseRows {
+            dialect: Arc::new(dialect),
+            pool,
+            settings,
+        }
+    }
+
+    /// What releases the lease if an acquire by `owner` is abandoned before
+    /// its answer: the dialect's release, on the acquire's own connection.
+    fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
+        let (dialect, owner) = (self.dialect.clone(), owner.to_owned());
+        Undo::new(&self.settings, name, move |mut conn, name| async move {
+            dialect.release(&mut conn, &name, &owner).await.map(drop)
+        })
     }
 }
 
 #[lockkit_core::async_trait]
-impl<D: LeaseDb> LeaseBackend for LeaseRows<D> {
+impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     type Key = String;
 
     fn backend_name(&self) -> &'static str {
@@ -114,7 +132,7 @@ impl<D: LeaseDb> LeaseBackend for LeaseRows<D> {
 
     /// Cancellation-safe without a task per attempt: if the upsert is
     /// abandoned before it answers, a release runs after it on the same
-    /// connection (see [`Undo`](crate::pool::Undo)), so it cannot overtake
+    /// connection (see [`Undo`]), so it cannot overtake
     /// a statement that may still take the lease. (SQLite's statements run
     /// on a worker thread that a dropped future does not stop; the release
     /// queues behind it there too.)
@@ -124,19 +142,28 @@ impl<D: LeaseDb> LeaseBackend for LeaseRows<D> {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        self.db
-            .try_lock(&self.settings, name, owner.as_str(), ttl)
-            .await
+        let mut loan = self.pool.lend(&self.settings).await?;
+        loan.undo_with(Some(self.undo_acquire(name, owner.as_str())));
+        let answer = (self.settings)
+            .timed(self.dialect.acquire(&mut loan, name, owner.as_str(), ttl))
+            .await;
+        loan.finish(&self.settings, "acquire", answer)
     }
 
     async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.db
-            .extend(&self.settings, name, owner.as_str(), ttl)
-            .await
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = (self.settings)
+            .timed(self.dialect.extend(&mut loan, name, owner.as_str(), ttl))
+            .await;
+        loan.finish(&self.settings, "extend", answer)
     }
 
     async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
-        self.db.release(&self.settings, name, owner.as_str()).await
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = (self.settings)
+            .timed(self.dialect.release(&mut loan, name, owner.as_str()))
+            .await;
+        loan.finish(&self.settings, "release", answer)
     }
 
     fn can_hand_over(&self) -> bool {
@@ -151,12 +178,17 @@ impl<D: LeaseDb> LeaseBackend for LeaseRows<D> {
         to: &OwnerToken,
         ttl: Duration,
     ) -> Result<Handover> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self.settings.timed(self.dialect.hand_over(
+            &mut loan,
+            name,
+            from.as_str(),
+            to.as_str(),
+            ttl,
+        ));
+        let answer = answer.await;
         Ok(
-            match self
-                .db
-                .hand_over(&self.settings, name, from.as_str(), to.as_str(), ttl)
-                .await?
-            {
+            match loan.finish(&self.settings, "hand the lease over", answer)? {
                 Some(fence) => Handover::Passed(Some(FencingToken::new(fence.max(0) as u64))),
                 None => Handover::NotOurs,
             },
@@ -166,17 +198,23 @@ impl<D: LeaseDb> LeaseBackend for LeaseRows<D> {
     /// The live lease row, if any: held, with its fence and the remaining
     /// lease by the server's clock.
     async fn status(&self, name: &String) -> Result<LockStatus> {
-        Ok(match self.db.status(&self.settings, name).await? {
-            Some((fence, left_ms)) => LockStatus::held()
-                .with_fencing_token(Some(FencingToken::new(fence.max(0) as u64)))
-                .with_remaining(Some(Duration::from_millis(left_ms.max(0) as u64))),
-            None => LockStatus::free(),
-        })
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = (self.settings)
+            .timed(self.dialect.status(&mut loan, name))
+            .await;
+        Ok(
+            match loan.finish(&self.settings, "read the lock's status", answer)? {
+                Some((fence, left_ms)) => LockStatus::held()
+                    .with_fencing_token(Some(FencingToken::new(fence.max(0) as u64)))
+                    .with_remaining(Some(Duration::from_millis(left_ms.max(0) as u64))),
+                None => LockStatus::free(),
+            },
+        )
     }
 
     /// Postgres: `LISTEN` for the release's `NOTIFY`. Elsewhere none: waiters
     /// back off, never past the holder's expiry.
     async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
-        Ok(self.db.watch(&self.settings, name).await)
+        Ok(self.dialect.watch(&self.settings, name).await)
     }
 }

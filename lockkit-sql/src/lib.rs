@@ -22,6 +22,8 @@ mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
+mod row_lock;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session;
 mod settings;
 #[cfg(feature = "sqlite")]

@@ -170,11 +170,11 @@ async fn open_postgres(
     let inner: Box<dyn DistributedLock> = match config.mode {
         Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
             crate::lease::LeaseRows::new(
-                crate::postgres::PgRows {
-                    pool: KeptPool::new(pool),
+                crate::postgres::PgLease {
                     sql,
                     notifications: PgNotifications::new(options),
                 },
+                KeptPool::new(pool),
                 settings.clone(),
             ),
         )),
@@ -228,10 +228,8 @@ async fn open_mysql(
     let inner: Box<dyn DistributedLock> = match config.mode {
         Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
             crate::lease::LeaseRows::new(
-                crate::mysql::MyRows {
-                    pool: KeptPool::new(pool),
-                    sql,
-                },
+                crate::mysql::MyLease { sql },
+                KeptPool::new(pool),
                 settings.clone(),
             ),
         )),
@@ -306,10 +304,8 @@ async fn open_sqlite(
     let admin = Admin::Sqlite(Box::new(options), sql.clone(), keeper);
     let inner = Box::new(lockkit_core::backend::LeaseLock::new(
         crate::lease::LeaseRows::new(
-            crate::sqlite::SqliteRows {
-                pool: KeptPool::new(pool),
-                sql,
-            },
+            crate::sqlite::SqliteLease { sql },
+            KeptPool::new(pool),
             settings.clone(),
         ),
     ));

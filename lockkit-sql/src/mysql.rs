@@ -9,10 +9,8 @@ use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
-use crate::pool::{KeptPool, kept, undo_release};
-
-use crate::error::is_lock_busy;
-use crate::lease::LeaseDb;
+use crate::lease::{Answer, LeaseDialect};
+use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{micros, q};
@@ -221,113 +219,109 @@ pub(crate) async fn migrate(
 
 /// `lease` mode on MySQL/MariaDB.
 #[derive(Debug)]
-pub(crate) struct MyRows {
-    pub(crate) pool: KeptPool<sqlx::MySql>,
+pub(crate) struct MyLease {
     pub(crate) sql: Arc<MySql>,
 }
 
-impl LeaseDb for MyRows {
+impl LeaseDialect for MyLease {
+    type Db = sqlx::MySql;
     const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
-    async fn try_lock(
-        &self,
-        settings: &Settings,
-        name: &str,
-        owner: &str,
+    fn acquire<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let (pool, sql) = (&self.pool, &self.sql);
-        let undo = undo_release!(settings, sql, name, owner, release_on);
-        let done = kept!(pool, settings, "acquire", undo = undo, |conn| {
-            sqlx::query(q(&sql.acquire))
+    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.acquire))
                 .bind(name.as_bytes())
                 .bind(owner)
                 .bind(micros(ttl))
                 .execute(conn)
-        })?;
-        let answer = done.last_insert_id();
-        Ok(if answer >= BUSY_FLAG {
-            Attempt::Busy {
-                retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
-            }
-        } else if answer > 0 {
-            Attempt::Acquired(Some(FencingToken::new(answer)))
-        } else {
-            return Err(settings.error(
-                "acquire",
-                sqlx::Error::Protocol(
+                .await?;
+            let answer = done.last_insert_id();
+            if answer >= BUSY_FLAG {
+                Ok(Attempt::Busy {
+                    retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
+                })
+            } else if answer > 0 {
+                Ok(Attempt::Acquired(Some(FencingToken::new(answer))))
+            } else {
+                Err(sqlx::Error::Protocol(
                     "the server returned no LAST_INSERT_ID for the lease upsert".into(),
-                ),
-            ));
+                ))
+            }
         })
     }
 
-    async fn extend(
-        &self,
-        settings: &Settings,
-        name: &str,
-        owner: &str,
+    fn extend<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> Result<bool> {
-        let done = kept!(self.pool, settings, "extend", |conn| {
-            sqlx::query(q(&self.sql.extend))
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.extend))
                 .bind(micros(ttl))
                 .bind(name.as_bytes())
                 .bind(owner)
                 .execute(conn)
-        })?;
-        Ok(done.rows_affected() >= 1)
+                .await?;
+            Ok(done.rows_affected() >= 1)
+        })
     }
 
-    async fn release(&self, settings: &Settings, name: &str, owner: &str) -> Result<bool> {
-        kept!(self.pool, settings, "release", |conn| release_on(
-            conn, &self.sql, name, owner
-        ))
+    fn release<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        owner: &'c str,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.release))
+                .bind(name.as_bytes())
+                .bind(owner)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() >= 1)
+        })
     }
 
-    async fn hand_over(
-        &self,
-        settings: &Settings,
-        name: &str,
-        from: &str,
-        to: &str,
+    fn hand_over<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        from: &'c str,
+        to: &'c str,
         ttl: Duration,
-    ) -> Result<Option<i64>> {
-        let done = kept!(self.pool, settings, "hand the lease over", |conn| {
-            sqlx::query(q(&self.sql.hand_over))
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.hand_over))
                 .bind(to)
                 .bind(micros(ttl))
                 .bind(name.as_bytes())
                 .bind(from)
                 .execute(conn)
-        })?;
-        // Matched rows (sqlx asks for found rows): 1 when it was `from`'s.
-        Ok((done.rows_affected() == 1).then(|| done.last_insert_id() as i64))
-    }
-
-    async fn status(&self, settings: &Settings, name: &str) -> Result<Option<(i64, i64)>> {
-        kept!(self.pool, settings, "read the lock's status", |conn| {
-            sqlx::query_as(q(&self.sql.lease_status))
-                .bind(name.as_bytes())
-                .fetch_optional(conn)
+                .await?;
+            // Matched rows (sqlx asks for found rows): 1 when it was `from`'s.
+            Ok((done.rows_affected() == 1).then(|| done.last_insert_id() as i64))
         })
     }
-}
 
-/// The release statement on one connection: `Ok(false)` when the lease was
-/// not `owner`'s (any more).
-async fn release_on(
-    conn: &mut MySqlConnection,
-    sql: &MySql,
-    name: &str,
-    owner: &str,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query(q(&sql.release))
-        .bind(name.as_bytes())
-        .bind(owner)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() >= 1)
+    fn status<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+    ) -> Answer<'c, Option<(i64, i64)>> {
+        Box::pin(
+            sqlx::query_as(q(&self.sql.lease_status))
+                .bind(name.as_bytes())
+                .fetch_optional(conn),
+        )
+    }
 }
 
 /// Which session mode.
@@ -400,68 +394,18 @@ impl MySqlSession {
         }
     }
 
-    async fn lock_row(
-        &self,
-        conn: &mut MyConn,
-        name: &str,
-        wait: ServerWait,
-    ) -> sqlx::Result<Option<u64>> {
-        let statement = match wait {
-            ServerWait::NoWait => &self.sql.row_try,
+    /// Sets the server's wait for the row lock: whole seconds, at least 1
+    /// (the client cuts the wait at the deadline when the server would wait
+    /// longer).
+    async fn set_row_wait(&self, conn: &mut MyConn, wait: ServerWait) -> sqlx::Result<()> {
+        match wait {
+            ServerWait::NoWait => Ok(()),
             ServerWait::For(left) => {
-                // Whole seconds, at least 1: the client cuts the wait at the
-                // deadline when the server would wait longer.
                 self.set_lock_wait(conn, left.as_secs() + u64::from(left.subsec_nanos() > 0))
-                    .await?;
-                &self.sql.row_lock
+                    .await
             }
-            ServerWait::Forever => {
-                self.set_lock_wait(conn, 1_073_741_824).await?;
-                &self.sql.row_lock
-            }
-        };
-        for _ in 0..2 {
-            sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
-            let locked: sqlx::Result<Option<i64>> = sqlx::query_scalar(q(statement))
-                .bind(name.as_bytes())
-                .fetch_optional(&mut conn.conn)
-                .await;
-            match locked {
-                Ok(Some(token)) if self.sql.fence_source == FenceSource::Sequence => {
-                    return Ok(Some(token as u64));
-                }
-                Ok(Some(_)) => {
-                    // Drawn on the pool, so the counter's row lock is not
-                    // held for the whole holding and a rollback cannot undo it.
-                    let fence = self.next_fence_on_pool().await;
-                    return match fence {
-                        Ok(fence) => Ok(Some(fence)),
-                        Err(error) => {
-                            sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
-                            Err(error)
-                        }
-                    };
-                }
-                Ok(None) => {
-                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
-                    sqlx::query(q(&self.sql.ensure_row))
-                        .bind(name.as_bytes())
-                        .execute(&self.pool)
-                        .await?;
-                }
-                Err(error) => {
-                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
-                    return if is_lock_busy(&error) {
-                        Ok(None)
-                    } else {
-                        Err(error)
-                    };
-                }
-            }
+            ServerWait::Forever => self.set_lock_wait(conn, 1_073_741_824).await,
         }
-        Err(sqlx::Error::Protocol(format!(
-            "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
-        )))
     }
 
     async fn next_fence_on_pool(&self) -> sqlx::Result<u64> {
@@ -482,6 +426,55 @@ impl MySqlSession {
             conn.lock_wait_secs = Some(seconds);
         }
         Ok(())
+    }
+}
+
+impl RowLocking for MySqlSession {
+    type Db = sqlx::MySql;
+    type Conn = MyConn;
+
+    fn connection(conn: &mut MyConn) -> &mut <sqlx::MySql as sqlx::Database>::Connection {
+        &mut conn.conn
+    }
+
+    fn select<'c>(
+        &'c self,
+        conn: &'c mut MyConn,
+        name: &'c str,
+        no_wait: bool,
+    ) -> RowAnswer<'c, Option<i64>> {
+        let statement = if no_wait {
+            &self.sql.row_try
+        } else {
+            &self.sql.row_lock
+        };
+        Box::pin(
+            sqlx::query_scalar(q(statement))
+                .bind(name.as_bytes())
+                .fetch_optional(&mut conn.conn),
+        )
+    }
+
+    fn ensure_row<'c>(&'c self, name: &'c str) -> RowAnswer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.ensure_row))
+                .bind(name.as_bytes())
+                .execute(&self.pool)
+                .await
+                .map(drop)
+        })
+    }
+
+    /// With a sequence the `SELECT` drew the token. With the counter it is
+    /// drawn now, on the pool, so the counter's row lock is not held for
+    /// the whole holding and a rollback cannot undo it.
+    fn granted<'c>(&'c self, _conn: &'c mut MyConn, token: i64) -> RowAnswer<'c, i64> {
+        Box::pin(async move {
+            match self.sql.fence_source {
+                FenceSource::Sequence => Ok(token),
+                FenceSource::Counter => self.next_fence_on_pool().await.map(|n| n as i64),
+            }
+        })
     }
 }
 
@@ -525,7 +518,12 @@ impl SessionDb for MySqlSession {
     async fn lock(&self, conn: &mut MyConn, key: &MyKey, wait: ServerWait) -> Result<Locked> {
         let locked = match key {
             MyKey::Named(name) => self.lock_named(conn, name, wait).await,
-            MyKey::Row(name) => self.lock_row(conn, name, wait).await,
+            MyKey::Row(name) => match self.set_row_wait(conn, wait).await {
+                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait)
+                    .await
+                    .map(|token| token.map(|t| t as u64)),
+                Err(error) => Err(error),
+            },
         };
         match locked {
             Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence))),

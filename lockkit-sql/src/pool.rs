@@ -10,7 +10,10 @@
 //! was cancelled or failed on the connection itself, or it sat unused for
 //! [`KEEP_IDLE`].
 //!
-//! A statement that takes something (a lease upsert) can carry an [`Undo`]:
+//! A statement runs on a [`Loan`]: `pool.lend(settings)`, the statement on
+//! the loan's connection bounded by [`Settings::timed`], then
+//! [`Loan::finish`] with its answer. A statement that takes something (a
+//! lease upsert) can carry an [`Undo`]:
 //! if the statement is abandoned before it answers (the caller's future was
 //! dropped, or the command timeout ran out), the undo runs on the *same*
 //! connection, after the abandoned statement, so it sees whatever that
@@ -243,46 +246,6 @@ impl<DB: Database> Loan<'_, DB> {
         }
     }
 }
-
-/// Runs one statement on a connection of a [`KeptPool`], bounded by the
-/// command timeout: `kept!(pool, settings, "what", |conn| statement)`, where
-/// `statement` is a sqlx future on `conn` (a `&mut` connection). Evaluates to
-/// a `Result` (the `LockError` names `what`); `?` on the loan itself.
-/// `kept!(pool, settings, "what", undo = expr, |conn| statement)` gives the
-/// statement an [`Undo`] for when it is abandoned.
-macro_rules! kept {
-    ($kept:expr, $settings:expr, $what:expr, undo = $undo:expr, |$conn:ident| $statement:expr) => {
-        $crate::pool::kept!(@run $kept, $settings, $what, Some($undo), |$conn| $statement)
-    };
-    ($kept:expr, $settings:expr, $what:expr, |$conn:ident| $statement:expr) => {
-        $crate::pool::kept!(@run $kept, $settings, $what, None, |$conn| $statement)
-    };
-    (@run $kept:expr, $settings:expr, $what:expr, $undo:expr, |$conn:ident| $statement:expr) => {{
-        let settings: &$crate::settings::Settings = $settings;
-        let mut loan = $kept.lend(settings).await?;
-        loan.undo_with($undo);
-        let outcome = {
-            let $conn = &mut *loan;
-            tokio::time::timeout(settings.command_timeout, $statement).await
-        };
-        loan.finish(settings, $what, outcome)
-    }};
-}
-pub(crate) use kept;
-
-/// An [`Undo`] for a lease acquire: `undo_release!(settings, sql, name,
-/// owner, release_on)` runs `release_on(conn, &sql, name, owner)` (an
-/// `async fn` returning `sqlx::Result<bool>`), which releases the lease if
-/// the abandoned acquire took it. `sql` is an `Arc` of the statements.
-macro_rules! undo_release {
-    ($settings:expr, $sql:expr, $name:expr, $owner:expr, $release_on:path) => {{
-        let (sql, owner) = ($sql.clone(), $owner.to_owned());
-        $crate::pool::Undo::new($settings, $name, move |mut conn, name| async move {
-            $release_on(&mut conn, &sql, &name, &owner).await.map(drop)
-        })
-    }};
-}
-pub(crate) use undo_release;
 
 impl<DB: Database> Deref for Loan<'_, DB> {
     type Target = DB::Connection;

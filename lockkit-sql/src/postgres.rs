@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, NotifyHub, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
@@ -12,8 +13,8 @@ use sqlx::{Connection, Postgres};
 use tokio::task::AbortHandle;
 
 use crate::error::is_lock_busy;
-use crate::lease::LeaseDb;
-use crate::pool::{KeptPool, kept, undo_release};
+use crate::lease::{Answer, LeaseDialect};
+use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{millis, q};
@@ -164,111 +165,107 @@ pub(crate) async fn migrate(
 
 /// `lease` mode on Postgres, woken by `LISTEN/NOTIFY`.
 #[derive(Debug)]
-pub(crate) struct PgRows {
-    pub(crate) pool: KeptPool<Postgres>,
+pub(crate) struct PgLease {
     pub(crate) sql: Arc<PgSql>,
     pub(crate) notifications: PgNotifications,
 }
 
-impl LeaseDb for PgRows {
+impl LeaseDialect for PgLease {
+    type Db = Postgres;
     const CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES;
 
-    async fn try_lock(
-        &self,
-        settings: &Settings,
-        name: &str,
-        owner: &str,
+    fn acquire<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let (pool, sql) = (&self.pool, &self.sql);
-        let undo = undo_release!(settings, sql, name, owner, release_on);
-        let (fence, remaining): (Option<i64>, Option<i64>) =
-            kept!(pool, settings, "acquire", undo = undo, |conn| {
-                sqlx::query_as(q(&sql.acquire))
+    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
+        Box::pin(async move {
+            let (fence, remaining): (Option<i64>, Option<i64>) =
+                sqlx::query_as(q(&self.sql.acquire))
                     .bind(name)
                     .bind(owner)
                     .bind(millis(ttl))
                     .fetch_one(conn)
-            })?;
-        Ok(match fence {
-            Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
-            None => Attempt::Busy {
-                retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
-            },
+                    .await?;
+            Ok(match fence {
+                Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
+                None => Attempt::Busy {
+                    retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                },
+            })
         })
     }
 
-    async fn extend(
-        &self,
-        settings: &Settings,
-        name: &str,
-        owner: &str,
+    fn extend<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> Result<bool> {
-        let done = kept!(self.pool, settings, "extend", |conn| {
-            sqlx::query(q(&self.sql.extend))
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.extend))
                 .bind(name)
                 .bind(owner)
                 .bind(millis(ttl))
                 .execute(conn)
-        })?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, settings: &Settings, name: &str, owner: &str) -> Result<bool> {
-        kept!(self.pool, settings, "release", |conn| release_on(
-            conn, &self.sql, name, owner
-        ))
-    }
-
-    async fn status(&self, settings: &Settings, name: &str) -> Result<Option<(i64, i64)>> {
-        kept!(self.pool, settings, "read the lock's status", |conn| {
-            sqlx::query_as(q(&self.sql.lease_status))
-                .bind(name)
-                .fetch_optional(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
         })
     }
 
-    async fn hand_over(
-        &self,
-        settings: &Settings,
-        name: &str,
-        from: &str,
-        to: &str,
+    fn release<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        owner: &'c str,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let rows = sqlx::query(q(&self.sql.release))
+                .bind(name)
+                .bind(owner)
+                .bind(&self.sql.channel)
+                .fetch_all(conn)
+                .await?;
+            Ok(rows.len() == 1)
+        })
+    }
+
+    fn hand_over<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        from: &'c str,
+        to: &'c str,
         ttl: Duration,
-    ) -> Result<Option<i64>> {
-        kept!(self.pool, settings, "hand the lease over", |conn| {
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(
             sqlx::query_scalar(q(&self.sql.hand_over))
                 .bind(name)
                 .bind(from)
                 .bind(to)
                 .bind(millis(ttl))
-                .fetch_optional(conn)
-        })
+                .fetch_optional(conn),
+        )
     }
 
-    async fn watch(&self, settings: &Settings, name: &str) -> ReleaseWatch {
-        self.notifications
-            .watch(self.sql.channel(), settings, name)
-            .await
+    fn status<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+    ) -> Answer<'c, Option<(i64, i64)>> {
+        Box::pin(
+            sqlx::query_as(q(&self.sql.lease_status))
+                .bind(name)
+                .fetch_optional(conn),
+        )
     }
-}
 
-/// The release statement on one connection: `Ok(false)` when the lease was
-/// not `owner`'s (any more).
-async fn release_on(
-    conn: &mut PgConnection,
-    sql: &PgSql,
-    name: &str,
-    owner: &str,
-) -> sqlx::Result<bool> {
-    let rows = sqlx::query(q(&sql.release))
-        .bind(name)
-        .bind(owner)
-        .bind(&sql.channel)
-        .fetch_all(conn)
-        .await?;
-    Ok(rows.len() == 1)
+    fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
+        Box::pin(self.notifications.watch(self.sql.channel(), settings, name))
+    }
 }
 
 /// One `LISTEN` connection per client, started on first use, that wakes the
@@ -462,51 +459,42 @@ impl PgSession {
             Err(error) => Err(error),
         }
     }
+}
 
-    /// `BEGIN`, then the row lock; the transaction stays open while the lock
-    /// is held and is rolled back on release. `Ok(None)`: busy (rolled back).
-    async fn lock_row(
-        &self,
-        conn: &mut PgConn,
-        name: &str,
-        wait: ServerWait,
-    ) -> sqlx::Result<Option<i64>> {
-        self.set_lock_timeout(conn, wait).await?;
-        let statement = if wait == ServerWait::NoWait {
+impl RowLocking for PgSession {
+    type Db = Postgres;
+    type Conn = PgConn;
+
+    fn connection(conn: &mut PgConn) -> &mut <Postgres as sqlx::Database>::Connection {
+        &mut conn.conn
+    }
+
+    fn select<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        name: &'c str,
+        no_wait: bool,
+    ) -> RowAnswer<'c, Option<i64>> {
+        let statement = if no_wait {
             &self.sql.row_try
         } else {
             &self.sql.row_lock
         };
-        for _ in 0..2 {
-            sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
-            let locked: sqlx::Result<Option<i64>> = sqlx::query_scalar(q(statement))
+        Box::pin(
+            sqlx::query_scalar(q(statement))
                 .bind(name)
-                .fetch_optional(&mut conn.conn)
-                .await;
-            match locked {
-                Ok(Some(fence)) => return Ok(Some(fence)),
-                Ok(None) => {
-                    // No row for this name yet: create it (committed on the
-                    // pool, so that it stays), then lock it.
-                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
-                    sqlx::query(q(&self.sql.ensure_row))
-                        .bind(name)
-                        .execute(&self.pool)
-                        .await?;
-                }
-                Err(error) => {
-                    sqlx::raw_sql("ROLLBACK").execute(&mut conn.conn).await?;
-                    return if is_lock_busy(&error) {
-                        Ok(None)
-                    } else {
-                        Err(error)
-                    };
-                }
-            }
-        }
-        Err(sqlx::Error::Protocol(format!(
-            "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
-        )))
+                .fetch_optional(&mut conn.conn),
+        )
+    }
+
+    fn ensure_row<'c>(&'c self, name: &'c str) -> RowAnswer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.ensure_row))
+                .bind(name)
+                .execute(&self.pool)
+                .await
+                .map(drop)
+        })
     }
 }
 
@@ -544,7 +532,10 @@ impl SessionDb for PgSession {
     async fn lock(&self, conn: &mut PgConn, key: &PgKey, wait: ServerWait) -> Result<Locked> {
         let locked = match key {
             PgKey::Advisory(key) => self.lock_advisory(conn, *key, wait).await,
-            PgKey::Row(name) => self.lock_row(conn, name, wait).await,
+            PgKey::Row(name) => match self.set_lock_timeout(conn, wait).await {
+                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait).await,
+                Err(error) => Err(error),
+            },
         };
         match locked {
             Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence as u64))),

@@ -260,6 +260,16 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// A statement's answer, or `Err(Elapsed)` when none came within the
+    /// command timeout (for [`Loan::finish`](crate::pool::Loan::finish)).
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    pub(crate) async fn timed<T>(
+        &self,
+        statement: impl Future<Output = sqlx::Result<T>>,
+    ) -> std::result::Result<sqlx::Result<T>, tokio::time::error::Elapsed> {
+        tokio::time::timeout(self.command_timeout, statement).await
+    }
+
     /// Runs a statement bounded by the command timeout.
     pub(crate) async fn bounded<T>(
         &self,

@@ -6,10 +6,9 @@ use std::time::Duration;
 use lockkit_core::backend::Attempt;
 use lockkit_core::{Capabilities, FencingToken, Result};
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite};
+use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite, SqliteConnection};
 
-use crate::lease::LeaseDb;
-use crate::pool::{KeptPool, kept, undo_release};
+use crate::lease::{Answer, LeaseDialect};
 use crate::settings::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{millis, q};
 
@@ -94,105 +93,104 @@ pub(crate) async fn migrate(
 
 /// `lease` mode on SQLite.
 #[derive(Debug)]
-pub(crate) struct SqliteRows {
-    pub(crate) pool: KeptPool<Sqlite>,
+pub(crate) struct SqliteLease {
     pub(crate) sql: Arc<SqliteSql>,
 }
 
-impl LeaseDb for SqliteRows {
+impl LeaseDialect for SqliteLease {
+    type Db = Sqlite;
     const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
-    async fn try_lock(
-        &self,
-        settings: &Settings,
-        name: &str,
-        owner: &str,
+    /// The upsert, and when it did not take the lease, the holder's
+    /// remaining lease in a second statement on the same connection.
+    fn acquire<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let (pool, sql) = (&self.pool, &self.sql);
-        let undo = undo_release!(settings, sql, name, owner, release_on);
-        let fence: Option<i64> = kept!(pool, settings, "acquire", undo = undo, |conn| {
-            sqlx::query_scalar(q(&sql.acquire))
+    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
+        Box::pin(async move {
+            let fence: Option<i64> = sqlx::query_scalar(q(&self.sql.acquire))
                 .bind(name)
                 .bind(owner)
                 .bind(millis(ttl))
-                .fetch_optional(conn)
-        })?;
-        if let Some(fence) = fence {
-            return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
-        }
-        let remaining: Option<i64> = kept!(pool, settings, "read the holder's lease", |conn| {
-            sqlx::query_scalar(q(&sql.remaining))
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(fence) = fence {
+                return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
+            }
+            let remaining: Option<i64> = sqlx::query_scalar(q(&self.sql.remaining))
                 .bind(name)
                 .fetch_optional(conn)
-        })?;
-        Ok(Attempt::Busy {
-            retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                .await?;
+            Ok(Attempt::Busy {
+                retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            })
         })
     }
 
-    async fn extend(
-        &self,
-        settings: &Settings,
-        name: &str,
-        owner: &str,
+    fn extend<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        owner: &'c str,
         ttl: Duration,
-    ) -> Result<bool> {
-        let done = kept!(self.pool, settings, "extend", |conn| {
-            sqlx::query(q(&self.sql.extend))
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.extend))
                 .bind(name)
                 .bind(owner)
                 .bind(millis(ttl))
                 .execute(conn)
-        })?;
-        Ok(done.rows_affected() == 1)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
     }
 
-    async fn release(&self, settings: &Settings, name: &str, owner: &str) -> Result<bool> {
-        kept!(self.pool, settings, "release", |conn| release_on(
-            conn, &self.sql, name, owner
-        ))
+    fn release<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        owner: &'c str,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.release))
+                .bind(name)
+                .bind(owner)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
     }
 
-    async fn hand_over(
-        &self,
-        settings: &Settings,
-        name: &str,
-        from: &str,
-        to: &str,
+    fn hand_over<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        from: &'c str,
+        to: &'c str,
         ttl: Duration,
-    ) -> Result<Option<i64>> {
-        kept!(self.pool, settings, "hand the lease over", |conn| {
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(
             sqlx::query_scalar(q(&self.sql.hand_over))
                 .bind(name)
                 .bind(from)
                 .bind(to)
                 .bind(millis(ttl))
-                .fetch_optional(conn)
-        })
+                .fetch_optional(conn),
+        )
     }
 
-    async fn status(&self, settings: &Settings, name: &str) -> Result<Option<(i64, i64)>> {
-        kept!(self.pool, settings, "read the lock's status", |conn| {
+    fn status<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+    ) -> Answer<'c, Option<(i64, i64)>> {
+        Box::pin(
             sqlx::query_as(q(&self.sql.status))
                 .bind(name)
-                .fetch_optional(conn)
-        })
+                .fetch_optional(conn),
+        )
     }
-}
-
-/// The release statement on one connection: `Ok(false)` when the lease was
-/// not `owner`'s (any more).
-async fn release_on(
-    conn: &mut sqlx::SqliteConnection,
-    sql: &SqliteSql,
-    name: &str,
-    owner: &str,
-) -> sqlx::Result<bool> {
-    let done = sqlx::query(q(&sql.release))
-        .bind(name)
-        .bind(owner)
-        .execute(conn)
-        .await?;
-    Ok(done.rows_affected() == 1)
 }

@@ -11,6 +11,7 @@ use common::{SqlHarness, SqlServer, connect, opts};
 use lockkit_core::DistributedLock;
 use lockkit_sql::Mode;
 use lockkit_testkit::MariaDbServer;
+use lockkit_testkit::TestServer;
 use sqlx::Connection;
 use tokio::time::Instant;
 
@@ -57,14 +58,6 @@ async fn row_holders(server: &MariaDbServer) -> Vec<String> {
 
 #[async_trait::async_trait]
 impl SqlServer for MariaDbServer {
-    async fn start() -> Self {
-        MariaDbServer::start().await
-    }
-
-    fn base_url(&self) -> String {
-        self.url()
-    }
-
     /// The lease row's owner is cleared; a named lock's connection is
     /// killed (waiting until its lock is free).
     async fn revoke(&self, mode: Mode, name: &str) {
@@ -115,33 +108,21 @@ impl SqlServer for MariaDbServer {
         .await
         .unwrap()
     }
-
-    fn kill(&self) {
-        MariaDbServer::kill(self);
-    }
-
-    fn pause(&self) {
-        MariaDbServer::pause(self);
-    }
-
-    fn resume(&self) {
-        MariaDbServer::resume(self);
-    }
 }
 
 mod lease {
     use super::*;
-    lockkit_testkit::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Lease).await);
+    lockkit_conformance::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Lease).await);
 }
 
 mod named {
     use super::*;
-    lockkit_testkit::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Named).await);
+    lockkit_conformance::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Named).await);
 }
 
 mod row {
     use super::*;
-    lockkit_testkit::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Row).await);
+    lockkit_conformance::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Row).await);
 }
 
 /// `KILL` of the holder's connection in `row` mode: the transaction is rolled

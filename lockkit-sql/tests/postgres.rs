@@ -11,6 +11,7 @@ use common::{SqlHarness, SqlServer, connect, opts};
 use lockkit_core::{DistributedLock, LockError};
 use lockkit_sql::Mode;
 use lockkit_testkit::PostgresServer;
+use lockkit_testkit::TestServer;
 use tokio::time::Instant;
 
 /// A string literal for psql (test names only).
@@ -20,14 +21,6 @@ fn literal(text: &str) -> String {
 
 #[async_trait::async_trait]
 impl SqlServer for PostgresServer {
-    async fn start() -> Self {
-        PostgresServer::start().await
-    }
-
-    fn base_url(&self) -> String {
-        self.url()
-    }
-
     /// The lease row's owner is cleared; a session lock's backend is
     /// terminated (waiting until it is gone).
     async fn revoke(&self, mode: Mode, name: &str) {
@@ -67,33 +60,23 @@ impl SqlServer for PostgresServer {
             .await
             .unwrap()
     }
-
-    fn kill(&self) {
-        PostgresServer::kill(self);
-    }
-
-    fn pause(&self) {
-        PostgresServer::pause(self);
-    }
-
-    fn resume(&self) {
-        PostgresServer::resume(self);
-    }
 }
 
 mod lease {
     use super::*;
-    lockkit_testkit::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Lease).await);
+    lockkit_conformance::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Lease).await);
 }
 
 mod row {
     use super::*;
-    lockkit_testkit::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Row).await);
+    lockkit_conformance::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Row).await);
 }
 
 mod advisory {
     use super::*;
-    lockkit_testkit::conformance_suite!(SqlHarness::<PostgresServer>::start(Mode::Advisory).await);
+    lockkit_conformance::conformance_suite!(
+        SqlHarness::<PostgresServer>::start(Mode::Advisory).await
+    );
 }
 
 /// `pg_terminate_backend` of the holder's connection frees the lock at once

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_conformance::{Disposable, Harness};
 use lockkit_core::{DistributedLock, LockOptions, Result};
-use lockkit_testkit::conformance::{Disposable, Harness};
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 
@@ -126,7 +126,7 @@ impl Disposable for DisposableFile {
     }
 }
 
-lockkit_testkit::conformance_suite!(SqliteHarness::new());
+lockkit_conformance::conformance_suite!(SqliteHarness::new());
 
 /// Environment of a worker process (see `sqlite_worker`).
 const WORKER_DB: &str = "LOCKKIT_SQLITE_WORKER_DB";

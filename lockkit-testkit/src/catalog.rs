@@ -25,8 +25,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::{
-    MariaDbServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer, ServerError,
-    ZkEnsemble, ZkServer,
+    FaultControl, MariaDbServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer,
+    ServerError, TestServer, ZkEnsemble, ZkServer,
 };
 
 /// A backend and mode on a shape of servers.
@@ -388,56 +388,25 @@ impl Servers {
         }
     }
 
-    /// SIGSTOP of server `index` of `deployment` (see [`addrs`](Self::addrs)).
-    pub fn pause(&self, deployment: Deployment, index: usize) {
-        self.with_server(deployment, index, |s| s.pause(), |s| s.pause());
-    }
-
-    /// SIGCONT of server `index` of `deployment`.
-    pub fn resume(&self, deployment: Deployment, index: usize) {
-        self.with_server(deployment, index, |s| s.resume(), |s| s.resume());
-    }
-
-    /// SIGKILL of server `index` of `deployment`.
-    pub fn kill(&self, deployment: Deployment, index: usize) {
-        self.with_server(deployment, index, |s| s.kill(), |s| s.kill());
-    }
-
-    /// Starts server `index` of `deployment` again (same port, same directory).
-    pub async fn restart(&self, deployment: Deployment, index: usize) -> Result<(), ServerError> {
+    /// Server `index` of `deployment` (see [`addrs`](Self::addrs)), for
+    /// fault injection.
+    ///
+    /// # Panics
+    ///
+    /// If its servers were not started, or there is no such index.
+    pub fn server(&self, deployment: Deployment, index: usize) -> &dyn FaultControl {
         match deployment.needs() {
-            Needs::Zk => self.zk().try_restart().await,
-            Needs::ZkEnsemble => self.zk_ensemble().servers()[index].try_restart().await,
-            Needs::Postgres => self.pg().try_restart().await,
-            Needs::MariaDb => self.my().try_restart().await,
-            _ => self.redis_node(deployment, index).try_restart().await,
-        }
-    }
-
-    /// Runs `redis` on a Redis node, or `other` on any other server.
-    fn with_server(
-        &self,
-        deployment: Deployment,
-        index: usize,
-        redis: impl FnOnce(&RedisServer),
-        other: impl FnOnce(&dyn ServerSignals),
-    ) {
-        match deployment.needs() {
-            Needs::Zk => other(self.zk()),
-            Needs::ZkEnsemble => other(&self.zk_ensemble().servers()[index]),
-            Needs::Postgres => other(self.pg()),
-            Needs::MariaDb => other(self.my()),
-            _ => redis(self.redis_node(deployment, index)),
-        }
-    }
-
-    fn redis_node(&self, deployment: Deployment, index: usize) -> &RedisServer {
-        match deployment.needs() {
+            Needs::Zk => self.zk(),
+            Needs::ZkEnsemble => &self.zk_ensemble().servers()[index],
+            Needs::Postgres => self.pg(),
+            Needs::MariaDb => self.my(),
             Needs::Redis(_) => &self.redis[index],
             Needs::RedisAof => self.redis_aof(),
             Needs::Cluster => &self.cluster().nodes()[index],
             Needs::Sentinel => self.sentinels().master(),
-            other => panic!("{deployment} runs on {other:?}, not on Redis servers"),
+            Needs::Nothing | Needs::SqliteFile => {
+                panic!("{deployment} runs on no server process")
+            }
         }
     }
 
@@ -495,32 +464,6 @@ impl Servers {
         self.sqlite_dir.path().join("locks.db")
     }
 }
-
-/// Signals to a server that is not a Redis node (the same methods, so that
-/// [`Servers`]' fault methods dispatch once).
-trait ServerSignals {
-    fn pause(&self);
-    fn resume(&self);
-    fn kill(&self);
-}
-
-macro_rules! server_signals {
-    ($($server:ty),*) => {$(
-        impl ServerSignals for $server {
-            fn pause(&self) {
-                <$server>::pause(self)
-            }
-            fn resume(&self) {
-                <$server>::resume(self)
-            }
-            fn kill(&self) {
-                <$server>::kill(self)
-            }
-        }
-    )*};
-}
-
-server_signals!(ZkServer, PostgresServer, MariaDbServer);
 
 /// Runs `start` when `needed`.
 async fn optional<T, F, Fut>(needed: bool, start: F) -> Result<Option<T>, ServerError>

@@ -16,17 +16,18 @@
 //!   command (the fault suite's workers) dying with the test process, and
 //!   its [`pause`](ServerProcess::pause) freezes a *client* (SIGSTOP), the
 //!   GC pause of the fencing literature.
-//! * [`conformance`]: the behavioural suite every backend runs against its real
-//!   server, one named test per case.
-//! * [`contention`]: many tasks on one lock, watched by a [`Probe`] that
-//!   notices overlapping critical sections and lost updates.
+//! * [`catalog`]: the deployments the benchmarks and the fault suite run on
+//!   (name, servers to start, lockkit URL), in one place.
+//! * [`TestServer`] and [`FaultControl`], the two traits every server above
+//!   implements, and [`DisposableServer`], the generic disposable server of
+//!   the conformance suite (re-exported here as [`conformance`]; its own
+//!   crate is `lockkit-conformance`, which a third-party backend can run).
 //!
 //! A missing server binary is a loud failure that says how to install it
 //! (`scripts/install-services.sh`), never a silent skip.
 
 pub mod catalog;
-pub mod conformance;
-pub mod contention;
+mod disposable;
 mod mariadb_server;
 mod poll;
 mod postgres_server;
@@ -37,16 +38,21 @@ mod redis_cluster;
 mod redis_resp;
 mod redis_sentinel;
 mod redis_server;
+mod server;
 mod zk_server;
 
-pub use contention::{Probe, spawn_contenders};
+pub use disposable::{DisposableServer, ServerGroup};
+/// The conformance suite (the `lockkit-conformance` crate), re-exported.
+pub use lockkit_conformance as conformance;
+pub use lockkit_conformance::{Probe, spawn_contenders};
 pub use mariadb_server::{MariaDbServer, MariaDbServerBuilder};
 pub use poll::eventually;
 pub use postgres_server::{PostgresServer, PostgresServerBuilder};
-pub use process::{ServerError, ServerProcess, free_port};
+pub use process::{ProcessSlot, ServerError, ServerProcess, free_port};
 pub use proxy::TcpProxy;
 pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::{RedisSentinel, RedisSentinels};
 pub use redis_server::{RedisServer, RedisServerBuilder};
+pub use server::{FaultControl, TestServer};
 pub use zk_server::{ZkEnsemble, ZkServer, ZkServerBuilder};

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -18,6 +18,7 @@ use crate::process::{
     ensure_template, file_name_part, find_binary, free_port, retry_on_taken_port, run_helper,
     running_as_root, temp_dir, within,
 };
+use crate::server::{FaultControl, TestServer};
 
 /// Environment variable naming the directory of MariaDB's binaries.
 const BIN_DIR_ENV: &str = "LOCKKIT_MARIADB_BIN_DIR";
@@ -325,45 +326,9 @@ impl MariaDbServerBuilder {
 }
 
 impl MariaDbServer {
-    /// Starts a default server.
-    ///
-    /// # Panics
-    ///
-    /// With the [`ServerError`]'s message when it cannot be started, e.g.
-    /// when MariaDB is not installed ("run scripts/install-services.sh").
-    pub async fn start() -> MariaDbServer {
-        Self::builder().start().await
-    }
-
-    /// Starts a default server.
-    pub async fn try_start() -> Result<MariaDbServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
     /// A builder for a server with options.
     pub fn builder() -> MariaDbServerBuilder {
         MariaDbServerBuilder::default()
-    }
-
-    /// The TCP port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:PORT`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
-    }
-
-    /// `mysql://root@127.0.0.1:PORT/lockkit`.
-    pub fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/{DATABASE}", self.port)
-    }
-
-    /// The server's directory (`data/`, `mariadb.log`, PID file, Unix
-    /// socket); removed when the server is dropped.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// The data directory, `dir()/data`.
@@ -380,8 +345,6 @@ impl MariaDbServer {
             lines,
         )
     }
-
-    crate::process::fault_injection!("MariaDB");
 
     /// Runs `sql` with the `mariadb` client (as `root`, in database
     /// `lockkit`, over TCP, in batch mode without column names: `-N -B`) and
@@ -454,6 +417,36 @@ impl MariaDbServer {
                 |pid| probe(binaries, port, pid_file, pid),
             )
             .await
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultControl for MariaDbServer {
+    fn process(&self) -> &ProcessSlot {
+        &self.process
+    }
+
+    async fn try_restart(&self) -> Result<(), ServerError> {
+        self.launch().await
+    }
+}
+
+#[async_trait::async_trait]
+impl TestServer for MariaDbServer {
+    async fn try_start() -> Result<MariaDbServer, ServerError> {
+        Self::builder().try_start().await
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/{DATABASE}", self.port)
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +18,7 @@ use crate::process::{
     default_templates_root, ensure_template, file_name_part, find_binary, free_port,
     retry_on_taken_port, run_helper, running_as_root, temp_dir, user_ids, within,
 };
+use crate::server::{FaultControl, TestServer};
 
 /// Environment variable naming the directory of PostgreSQL's binaries.
 const BIN_DIR_ENV: &str = "LOCKKIT_POSTGRES_BIN_DIR";
@@ -407,45 +407,9 @@ fn spawn_watcher(data_dir: &Path) -> Result<Child, ServerError> {
 }
 
 impl PostgresServer {
-    /// Starts a default server.
-    ///
-    /// # Panics
-    ///
-    /// With the [`ServerError`]'s message when it cannot be started, e.g.
-    /// when PostgreSQL is not installed ("run scripts/install-services.sh").
-    pub async fn start() -> PostgresServer {
-        Self::builder().start().await
-    }
-
-    /// Starts a default server.
-    pub async fn try_start() -> Result<PostgresServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
     /// A builder for a server with options.
     pub fn builder() -> PostgresServerBuilder {
         PostgresServerBuilder::default()
-    }
-
-    /// The TCP port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:PORT`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
-    }
-
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
-    pub fn url(&self) -> String {
-        format!("postgres://{SERVER_USER}@127.0.0.1:{}/postgres", self.port)
-    }
-
-    /// The server's directory (`data/`, `postgres.log`); removed when the
-    /// server is dropped.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// The data directory, `dir()/data` (also the Unix socket's directory).
@@ -463,8 +427,6 @@ impl PostgresServer {
         let log = self.dir.path().join(LOG_FILE);
         crate::process::log_tail(&log, &log, lines)
     }
-
-    crate::process::fault_injection!("PostgreSQL");
 
     /// Runs `sql` with `psql` (as `postgres`, in database `postgres`, over
     /// TCP, unaligned and without headers: `-At`, stopping at the first
@@ -529,6 +491,36 @@ impl PostgresServer {
                 probe(pg_isready, &data_dir, port, pid)
             })
             .await
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultControl for PostgresServer {
+    fn process(&self) -> &ProcessSlot {
+        &self.process
+    }
+
+    async fn try_restart(&self) -> Result<(), ServerError> {
+        self.launch().await
+    }
+}
+
+#[async_trait::async_trait]
+impl TestServer for PostgresServer {
+    async fn try_start() -> Result<PostgresServer, ServerError> {
+        Self::builder().try_start().await
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://{SERVER_USER}@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::process::{ServerError, free_port};
 use crate::redis_resp::info_field;
 use crate::redis_server::RedisServer;
+use crate::server::{FaultControl, TestServer};
 
 /// The number of hash slots of Redis Cluster.
 const SLOTS: usize = 16384;

@@ -17,6 +17,7 @@ use crate::process::{
 use crate::proxy::TcpProxy;
 use crate::redis_resp::{self, info_field};
 use crate::redis_server::RedisServer;
+use crate::server::{FaultControl, TestServer};
 
 /// Environment variable that overrides the `redis-server` binary (the
 /// sentinels run `redis-server --sentinel`).
@@ -442,8 +443,6 @@ impl RedisSentinel {
         redis_resp::command(self.addr(), args).await
     }
 
-    crate::process::fault_injection!("redis sentinel");
-
     /// Spawns the sentinel (killing a running one first) and waits until it
     /// answers `PING`.
     async fn launch(&self) -> Result<(), ServerError> {
@@ -463,6 +462,17 @@ impl RedisSentinel {
                 |pid| redis_resp::probe(addr, None, pid),
             )
             .await
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultControl for RedisSentinel {
+    fn process(&self) -> &ProcessSlot {
+        &self.process
+    }
+
+    async fn try_restart(&self) -> Result<(), ServerError> {
+        self.launch().await
     }
 }
 

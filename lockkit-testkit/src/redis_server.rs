@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
 };
 use crate::redis_resp;
+use crate::server::{FaultControl, TestServer};
 
 /// Environment variable that overrides the `redis-server` binary.
 const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
@@ -149,53 +149,9 @@ impl RedisServerBuilder {
 }
 
 impl RedisServer {
-    /// Starts a default server (no persistence, no password).
-    ///
-    /// # Panics
-    ///
-    /// With the [`ServerError`]'s message when it cannot be started, e.g.
-    /// when `redis-server` is not installed.
-    pub async fn start() -> RedisServer {
-        Self::builder().start().await
-    }
-
-    /// Starts a default server (no persistence, no password).
-    pub async fn try_start() -> Result<RedisServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
     /// A builder for a server with options.
     pub fn builder() -> RedisServerBuilder {
         RedisServerBuilder::default()
-    }
-
-    /// The TCP port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` (the
-    /// password percent-encoded) when a password is set.
-    pub fn url(&self) -> String {
-        match &self.options.password {
-            Some(password) => format!(
-                "redis://:{}@127.0.0.1:{}",
-                percent_encode(password),
-                self.port
-            ),
-            None => format!("redis://127.0.0.1:{}", self.port),
-        }
-    }
-
-    /// `127.0.0.1:PORT`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
-    }
-
-    /// The server's directory (working directory, log, AOF files); removed
-    /// when the server is dropped.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// The last `lines` lines of the server's log (and of its stdout/stderr).
@@ -206,8 +162,6 @@ impl RedisServer {
             lines,
         )
     }
-
-    crate::process::fault_injection!("redis-server");
 
     /// Sends one command over a new TCP connection (after `AUTH` when a
     /// password is set) and returns the reply as text: simple strings, errors
@@ -288,6 +242,43 @@ impl RedisServer {
                 |pid| redis_resp::probe(addr, password, pid),
             )
             .await
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultControl for RedisServer {
+    fn process(&self) -> &ProcessSlot {
+        &self.process
+    }
+
+    async fn try_restart(&self) -> Result<(), ServerError> {
+        self.launch().await
+    }
+}
+
+#[async_trait::async_trait]
+impl TestServer for RedisServer {
+    async fn try_start() -> Result<RedisServer, ServerError> {
+        Self::builder().try_start().await
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url(&self) -> String {
+        match &self.options.password {
+            Some(password) => format!(
+                "redis://:{}@127.0.0.1:{}",
+                percent_encode(password),
+                self.port
+            ),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 

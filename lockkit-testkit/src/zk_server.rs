@@ -9,7 +9,7 @@
 use std::fmt;
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
     within,
 };
+use crate::server::{FaultControl, TestServer};
 
 /// Environment variable that overrides the `java` binary.
 const JAVA_ENV: &str = "LOCKKIT_JAVA";
@@ -231,22 +232,6 @@ impl ZkServerBuilder {
 }
 
 impl ZkServer {
-    /// Starts a standalone server.
-    ///
-    /// # Panics
-    ///
-    /// With the [`ServerError`]'s message when it cannot be started, e.g.
-    /// when ZooKeeper or Java is not installed ("run
-    /// scripts/install-services.sh").
-    pub async fn start() -> ZkServer {
-        Self::builder().start().await
-    }
-
-    /// Starts a standalone server.
-    pub async fn try_start() -> Result<ZkServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
     /// A builder for a server (or an ensemble) with options.
     pub fn builder() -> ZkServerBuilder {
         ZkServerBuilder::default()
@@ -303,30 +288,14 @@ impl ZkServer {
         })
     }
 
-    /// The client port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:PORT`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
-    }
-
     /// `127.0.0.1:PORT`, a ZooKeeper connect string.
     pub fn connect_string(&self) -> String {
         self.addr().to_string()
     }
 
     /// `zk://127.0.0.1:PORT/ROOT` (`root` without its leading slashes).
-    pub fn url(&self, root: &str) -> String {
+    pub fn url_at(&self, root: &str) -> String {
         zk_url(&self.connect_string(), root)
-    }
-
-    /// The server's directory (`zoo.cfg`, `data/`, `zookeeper.log`); removed
-    /// when the server is dropped.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -339,8 +308,6 @@ impl ZkServer {
         let log = self.dir.path().join(LOG_FILE);
         crate::process::log_tail(&log, &log, lines)
     }
-
-    crate::process::fault_injection!("ZooKeeper");
 
     /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `mntr`, `wchs`,
     /// `cons`, `dump` or `conf`) over a new connection and returns everything
@@ -391,6 +358,38 @@ impl ZkServer {
                 probe(addr, modes, &data_dir)
             })
             .await
+    }
+}
+
+#[async_trait::async_trait]
+impl FaultControl for ZkServer {
+    fn process(&self) -> &ProcessSlot {
+        &self.process
+    }
+
+    async fn try_restart(&self) -> Result<(), ServerError> {
+        self.launch().await
+    }
+}
+
+#[async_trait::async_trait]
+impl TestServer for ZkServer {
+    async fn try_start() -> Result<ZkServer, ServerError> {
+        Self::builder().try_start().await
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `zk://127.0.0.1:PORT/lockkit`; see [`url_at`](ZkServer::url_at) for
+    /// another root.
+    fn url(&self) -> String {
+        self.url_at("lockkit")
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 
@@ -507,7 +506,7 @@ impl ZkEnsemble {
 
     /// `zk://127.0.0.1:P1,127.0.0.1:P2,…/ROOT` (`root` without its leading
     /// slashes).
-    pub fn url(&self, root: &str) -> String {
+    pub fn url_at(&self, root: &str) -> String {
         zk_url(&self.connect_string(), root)
     }
 

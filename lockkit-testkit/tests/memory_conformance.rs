@@ -1,5 +1,5 @@
 //! The conformance suite against the in-memory backend.
 
-use lockkit_testkit::conformance::MemoryHarness;
+use lockkit_conformance::MemoryHarness;
 
-lockkit_testkit::conformance_suite!(MemoryHarness::new());
+lockkit_conformance::conformance_suite!(MemoryHarness::new());

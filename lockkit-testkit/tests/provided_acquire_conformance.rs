@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
+use lockkit_conformance::MemoryHarness;
 use lockkit_core::backend::ReleaseWatch;
 use lockkit_core::{
     Capabilities, DistributedLock, LockGuard, LockOptions, LockStatus, MemoryLock, Result,
 };
-use lockkit_testkit::conformance::MemoryHarness;
 
 /// Forwards `try_acquire` (and, when `notified`, `watch_releases`) to a memory
 /// lock and leaves `acquire` to the trait's provided implementation.
@@ -44,7 +44,7 @@ impl DistributedLock for TryOnly {
 
 mod polling {
     use super::*;
-    lockkit_testkit::conformance_suite!(MemoryHarness::wrapping(|inner| Arc::new(TryOnly {
+    lockkit_conformance::conformance_suite!(MemoryHarness::wrapping(|inner| Arc::new(TryOnly {
         inner,
         notified: false
     })));
@@ -52,7 +52,7 @@ mod polling {
 
 mod notified {
     use super::*;
-    lockkit_testkit::conformance_suite!(MemoryHarness::wrapping(|inner| Arc::new(TryOnly {
+    lockkit_conformance::conformance_suite!(MemoryHarness::wrapping(|inner| Arc::new(TryOnly {
         inner,
         notified: true
     })));

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{RedisCluster, RedisSentinels, eventually};
 use tokio::time::Instant;
 

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{assert_dropped, assert_not_installed, assert_times_out, process_exists};
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{RedisServer, ServerError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

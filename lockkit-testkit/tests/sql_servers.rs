@@ -16,6 +16,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{assert_dropped, assert_not_installed, process_exists};
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{MariaDbServer, PostgresServer, ServerError};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::{assert_dropped, assert_not_installed, assert_times_out, process_exists};
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{ServerError, ZkEnsemble, ZkServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -200,9 +201,12 @@ async fn connect_string_and_url_name_the_port() {
     let port = server.port();
     assert_ne!(port, 0);
     assert_eq!(server.connect_string(), format!("127.0.0.1:{port}"));
-    assert_eq!(server.url("/locks"), format!("zk://127.0.0.1:{port}/locks"));
     assert_eq!(
-        server.url("locks/a"),
+        server.url_at("/locks"),
+        format!("zk://127.0.0.1:{port}/locks")
+    );
+    assert_eq!(
+        server.url_at("locks/a"),
         format!("zk://127.0.0.1:{port}/locks/a")
     );
     let conf = server.four_letter("conf").await.unwrap();
@@ -370,7 +374,7 @@ async fn ensemble_elects_one_leader_and_survives_losing_it() {
         .collect();
     assert_eq!(ensemble.connect_string(), ports.join(","));
     assert_eq!(
-        ensemble.url("/locks"),
+        ensemble.url_at("/locks"),
         format!("zk://{}/locks", ports.join(","))
     );
 

@@ -3,16 +3,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_conformance::{Disposable, Harness};
 use lockkit_core::{DistributedLock, Result};
-use lockkit_testkit::ZkServer;
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_testkit::TestServer;
+use lockkit_testkit::{DisposableServer, ZkServer};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn url(server: &ZkServer) -> String {
     format!(
         "{}?session_timeout=2s&connect_timeout=1s&command_timeout=1s",
-        server.url("locks")
+        server.url_at("locks")
     )
 }
 
@@ -50,9 +51,9 @@ impl Harness for ZkHarness {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(DisposableZk {
-            server: ZkServer::start().await,
-        })
+        let server = ZkServer::start().await;
+        let url = url(&server);
+        Box::new(DisposableServer::new(server, url, lockkit_zk::DRIVER))
     }
 
     fn connect_timeout(&self) -> Duration {
@@ -60,29 +61,6 @@ impl Harness for ZkHarness {
     }
 }
 
-struct DisposableZk {
-    server: ZkServer,
-}
-
-#[async_trait::async_trait]
-impl Disposable for DisposableZk {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        connect(&self.server).await
-    }
-
-    async fn kill(&mut self) {
-        self.server.kill();
-    }
-
-    async fn pause(&mut self) {
-        self.server.pause();
-    }
-
-    async fn resume(&mut self) {
-        self.server.resume();
-    }
-}
-
-lockkit_testkit::conformance_suite!(ZkHarness {
+lockkit_conformance::conformance_suite!(ZkHarness {
     server: ZkServer::start().await
 });

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{PythonPeer, ZkServer, assert_mutual_exclusion_with};
 use lockkit_zk::ZkLock;
 use tokio::time::Instant;
@@ -12,7 +13,7 @@ use tokio::time::Instant;
 fn url(server: &ZkServer, params: &str) -> String {
     format!(
         "{}?connect_timeout=2s&command_timeout=2s{params}",
-        server.url("locks")
+        server.url_at("locks")
     )
 }
 
@@ -292,7 +293,7 @@ async fn leader_failover_keeps_exclusion_and_drains_the_queue() {
     let ensemble = lockkit_testkit::ZkEnsemble::start(3).await;
     let url = format!(
         "{}?session_timeout=10s&connect_timeout=5s&command_timeout=5s",
-        ensemble.url("locks")
+        ensemble.url_at("locks")
     );
     let holder = lockkit_zk::connect(&url).await.expect("connect");
     let guard = holder.acquire("failover", &opts()).await.unwrap();

@@ -25,7 +25,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use lockkit_benches::plot::{Series, log_log_chart};
 use lockkit_benches::{
-    BENCHED, Deployment, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
+    Deployment, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 use tokio::time::Instant;
@@ -134,7 +134,7 @@ async fn curves(
     point: Duration,
 ) -> Result<bool, String> {
     let backends: Vec<Deployment> = if labels.is_empty() {
-        BENCHED.to_vec()
+        lockkit_benches::benched()
     } else {
         labels
             .iter()

@@ -14,10 +14,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lockkit_faults::deploy::{Deployment, SUITE};
+use lockkit_faults::deploy::Deployment;
 use lockkit_faults::report;
 use lockkit_faults::run::{RunResult, Settings, run};
-use lockkit_faults::scenario::{Scenario, scenarios_for};
+use lockkit_faults::scenario::{Scenario, scenarios_for, suite};
 use lockkit_faults::worker::{self, WorkerPlan};
 
 #[derive(Parser, Debug)]
@@ -146,7 +146,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run_suite(args: RunArgs) -> ExitCode {
-    let backends = parse_list(&args.backends, &SUITE, Deployment::from_label, "backend");
+    let backends = parse_list(&args.backends, &suite(), Deployment::from_label, "backend");
     let scenarios = parse_list(
         &args.scenarios,
         &Scenario::ALL,
@@ -158,7 +158,11 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         (Err(e), _) | (_, Err(e)) => {
             tracing::error!(
                 "{e}; backends: {}; scenarios: {}",
-                SUITE.map(Deployment::label).join(","),
+                suite()
+                    .iter()
+                    .map(|d| d.label())
+                    .collect::<Vec<_>>()
+                    .join(","),
                 Scenario::ALL.map(Scenario::label).join(",")
             );
             return ExitCode::from(2);

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockkit_conformance::{Disposable, Harness};
+use lockkit_core::backend::{Driver, boxed_connect};
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason, Result};
 use lockkit_sql::Mode;
-use lockkit_testkit::conformance::{Disposable, Harness};
+use lockkit_testkit::{DisposableServer, TestServer};
 use tokio::time::Instant;
 
 /// The connect timeout of every test client.
@@ -15,30 +17,27 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A database server of the testkit, as the shared cases need it.
 #[async_trait::async_trait]
-pub(crate) trait SqlServer: Send + Sync + Sized + 'static {
-    /// Starts a server of its own.
-    async fn start() -> Self;
-    /// Its URL, without parameters.
-    fn base_url(&self) -> String;
+pub(crate) trait SqlServer: TestServer {
     /// Ends the lock `name` behind its holder's back: the lease row's owner is
     /// cleared; a session lock's connection is killed, and this returns once
     /// the server has let go of the lock.
     async fn revoke(&self, mode: Mode, name: &str);
     /// How many statements wait for a lock on the server, as text.
     async fn waiting_statements(&self) -> String;
-    /// SIGKILL.
-    fn kill(&self);
-    /// SIGSTOP.
-    fn pause(&self);
-    /// SIGCONT.
-    fn resume(&self);
 }
+
+/// Every SQL database through `lockkit_sql::connect`, for disposable servers.
+const SQL_DRIVER: Driver = Driver::new(
+    "sql",
+    &["postgres", "postgresql", "mysql", "mariadb", "sqlite"],
+    |url| boxed_connect(lockkit_sql::connect(url)),
+);
 
 /// The URL of a test client in `mode`: short timeouts and liveness period.
 fn url<S: SqlServer>(server: &S, mode: Mode) -> String {
     format!(
         "{}?mode={mode}&connect_timeout=1s&command_timeout=2s&liveness=200ms",
-        server.base_url()
+        server.url()
     )
 }
 
@@ -82,30 +81,13 @@ impl<S: SqlServer> Harness for SqlHarness<S> {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        Box::new(SqlHarness::<S>::start(self.mode).await)
+        let server = S::start().await;
+        let url = url(&server, self.mode);
+        Box::new(DisposableServer::new(server, url, SQL_DRIVER))
     }
 
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
-    }
-}
-
-#[async_trait::async_trait]
-impl<S: SqlServer> Disposable for SqlHarness<S> {
-    async fn connect(&self) -> Result<Arc<dyn DistributedLock>> {
-        connect(&self.server, self.mode).await
-    }
-
-    async fn kill(&mut self) {
-        self.server.kill();
-    }
-
-    async fn pause(&mut self) {
-        self.server.pause();
-    }
-
-    async fn resume(&mut self) {
-        self.server.resume();
     }
 }
 
@@ -206,7 +188,7 @@ pub(crate) async fn connection_failures_are_typed<S: SqlServer>(
     assert!(!shown.contains("wrong-pw"), "{shown}");
     server.kill();
     let start = Instant::now();
-    let err = lockkit_sql::connect(&format!("{}?connect_timeout=1s", server.base_url()))
+    let err = lockkit_sql::connect(&format!("{}?connect_timeout=1s", server.url()))
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");

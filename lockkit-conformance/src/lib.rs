@@ -1,13 +1,12 @@
-//! The shared behavioural suite: every backend runs all of it against its real
-//! server.
+#![doc = include_str!("../README.md")]
+//!
+//! ## How it runs
 //!
 //! A backend's test file implements [`Harness`] and expands
-//! [`conformance_suite!`](crate::conformance_suite), which turns every case
-//! below into its own named `#[tokio::test]`, so a failure says which case broke:
-//!
-//! ```text
-//! lockkit_testkit::conformance_suite!(MyHarness::start().await);
-//! ```
+//! [`conformance_suite!`], which turns every case below into its own named
+//! `#[tokio::test]` (the calling crate needs tokio with its `macros` and
+//! `rt-multi-thread` features), so a failure says which case broke. Each case
+//! is also a plain `async fn` over `&dyn Harness`, for running one by hand.
 //!
 //! Cases use unique lock names, so they can share one server with other tests.
 
@@ -17,9 +16,11 @@ use std::time::Duration;
 use lockkit_core::{DistributedLock, Result};
 
 mod cases;
+mod contention;
 mod memory;
 
 pub use cases::*;
+pub use contention::{Probe, spawn_contenders};
 pub use memory::{MemoryHarness, Wrap};
 
 /// How long one case may run before it counts as hung.
@@ -97,8 +98,8 @@ macro_rules! conformance_suite {
             async fn $case() {
                 let harness = $harness;
                 tokio::time::timeout(
-                    $crate::conformance::CASE_LIMIT,
-                    $crate::conformance::$case(&harness),
+                    $crate::CASE_LIMIT,
+                    $crate::$case(&harness),
                 )
                 .await
                 .expect(concat!("conformance case `", stringify!($case), "` hung"));

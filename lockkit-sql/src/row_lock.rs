@@ -1,0 +1,97 @@
+//! The row-lock loop of `row` mode, written once for every database that
+//! has it: each database says how to begin and roll back, its locking
+//! `SELECT`, how to create a missing row, and what a grant still needs.
+
+use futures_util::future::BoxFuture;
+use sqlx::{Database, Executor};
+
+use crate::error::is_lock_busy;
+
+/// One statement's answer on a connection.
+pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
+
+/// One database's statements of `row` mode.
+pub(crate) trait RowLocking: Sync {
+    /// The sqlx database.
+    type Db: Database;
+    /// A dedicated connection.
+    type Conn: Send;
+
+    /// The sqlx connection of a dedicated connection.
+    fn connection(conn: &mut Self::Conn) -> &mut <Self::Db as Database>::Connection;
+
+    /// The locking `SELECT` of `name`'s row (`FOR UPDATE`, or `FOR UPDATE
+    /// NOWAIT` with `no_wait`): `Some(token)` once granted, `None` when the
+    /// row does not exist, a "lock busy" error when the wait ended.
+    fn select<'c>(
+        &'c self,
+        conn: &'c mut Self::Conn,
+        name: &'c str,
+        no_wait: bool,
+    ) -> Answer<'c, Option<i64>>;
+
+    /// Creates `name`'s row, committed on another connection so that it
+    /// stays.
+    fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
+
+    /// What a grant still needs (a token drawn elsewhere): the fencing
+    /// token. By default the one the `SELECT` drew.
+    fn granted<'c>(&'c self, conn: &'c mut Self::Conn, token: i64) -> Answer<'c, i64> {
+        let _ = conn;
+        Box::pin(std::future::ready(Ok(token)))
+    }
+}
+
+/// Locks `name`'s row in a transaction that stays open while the lock is
+/// held: the fencing token when granted, `None` when busy (rolled back). A
+/// name without a row gets one, and a second try.
+pub(crate) async fn lock_row<R: RowLocking>(
+    locking: &R,
+    conn: &mut R::Conn,
+    name: &str,
+    no_wait: bool,
+) -> sqlx::Result<Option<i64>>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    for _ in 0..2 {
+        run::<R>(conn, "BEGIN").await?;
+        match locking.select(conn, name, no_wait).await {
+            Ok(Some(token)) => {
+                return match locking.granted(conn, token).await {
+                    Ok(token) => Ok(Some(token)),
+                    Err(error) => {
+                        run::<R>(conn, "ROLLBACK").await?;
+                        Err(error)
+                    }
+                };
+            }
+            Ok(None) => {
+                run::<R>(conn, "ROLLBACK").await?;
+                locking.ensure_row(name).await?;
+            }
+            Err(error) => {
+                run::<R>(conn, "ROLLBACK").await?;
+                return if is_lock_busy(&error) {
+                    Ok(None)
+                } else {
+                    Err(error)
+                };
+            }
+        }
+    }
+    Err(sqlx::Error::Protocol(format!(
+        "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
+    )))
+}
+
+/// `BEGIN` or `ROLLBACK` on a dedicated connection.
+async fn run<R: RowLocking>(conn: &mut R::Conn, statement: &'static str) -> sqlx::Result<()>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    sqlx::raw_sql(statement)
+        .execute(R::connection(conn))
+        .await
+        .map(drop)
+}

@@ -1,0 +1,241 @@
+//! What starting a server needs: ports, binaries, directories, users,
+//! helper commands and log tails.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs::{self};
+use std::future::Future;
+use std::io;
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use nix::unistd::{Uid, User};
+
+use super::*;
+
+/// How many lines of a server's log an error message includes.
+pub(crate) const LOG_TAIL_LINES: usize = 20;
+
+/// Extra attempts, each on new ports, when a start finds a port taken.
+pub(crate) const PORT_RETRIES: usize = 3;
+
+/// Returns a TCP port on 127.0.0.1 that was free a moment ago.
+///
+/// Binds `127.0.0.1:0`, reads the port the kernel chose and drops the
+/// listener. Another process may take the port before the server binds it, so
+/// callers retry on "address already in use". Within this process the same
+/// port is never returned twice, so servers started concurrently (and ports
+/// kept for a restart) do not collide with each other.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(|| Mutex::new(HashSet::new()));
+    loop {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"));
+        let mut handed_out = handed_out.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// Finds an executable: `name` itself when it contains a `/`, otherwise the
+/// first executable file called `name` in a directory of `PATH`.
+pub(crate) fn find_binary(name: impl AsRef<OsStr>, hint: &str) -> Result<PathBuf, ServerError> {
+    let name = name.as_ref();
+    let not_installed = || ServerError::NotInstalled {
+        binary: name.to_string_lossy().into_owned(),
+        hint: hint.to_owned(),
+    };
+    let as_path = Path::new(name);
+    if name.as_encoded_bytes().contains(&b'/') {
+        return if is_executable(as_path) {
+            Ok(as_path.to_path_buf())
+        } else {
+            Err(not_installed())
+        };
+    }
+    let path = std::env::var_os("PATH").ok_or_else(not_installed)?;
+    std::env::split_paths(&path)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(not_installed)
+}
+
+/// Resolves a server's binary: `explicit` (a builder option) when given,
+/// else the non-empty environment variable `env_var`, else `default`; each a
+/// path or a name searched on `PATH` (see [`find_binary`]).
+pub(crate) fn resolve_binary(
+    explicit: Option<&Path>,
+    env_var: &str,
+    default: &str,
+    hint: &str,
+) -> Result<PathBuf, ServerError> {
+    if let Some(binary) = explicit {
+        return find_binary(binary, hint);
+    }
+    match std::env::var_os(env_var) {
+        Some(binary) if !binary.is_empty() => find_binary(binary, hint),
+        _ => find_binary(default, hint),
+    }
+}
+
+/// A new temporary directory `<tmp>/<prefix>XXXXXX` for `what`.
+pub(crate) fn temp_dir(prefix: &str, what: &str) -> Result<tempfile::TempDir, ServerError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| ServerError::Io {
+            what: format!("create a temporary directory for {what}"),
+            source,
+        })
+}
+
+/// Runs `attempt` (which picks fresh ports each time) again, up to three
+/// more times, while it fails because another process took one of its ports
+/// before the server bound it.
+pub(crate) async fn retry_on_taken_port<T, F, Fut>(
+    what: &str,
+    mut attempt: F,
+) -> Result<T, ServerError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ServerError>>,
+{
+    let mut retries = 0;
+    loop {
+        match attempt().await {
+            Err(e) if retries < PORT_RETRIES && e.is_address_in_use() => {
+                retries += 1;
+                tracing::warn!("a port of {what} was taken meanwhile; retrying on other ports");
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Awaits `future` for at most `timeout`; on expiry fails with
+/// [`io::ErrorKind::TimedOut`] and the message `describe()` + " within …".
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    future: impl Future<Output = io::Result<T>>,
+    describe: impl FnOnce() -> String,
+) -> io::Result<T> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{} within {timeout:?}", describe()),
+        )),
+    }
+}
+
+pub(crate) fn is_executable(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+}
+
+/// Whether this process runs as root (effective user ID 0).
+pub(crate) fn running_as_root() -> bool {
+    Uid::effective().is_root()
+}
+
+/// The name of this process's effective user (`uid<N>` when it has none).
+pub(crate) fn current_user_name() -> String {
+    let uid = Uid::effective();
+    User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid{uid}"), |user| user.name)
+}
+
+/// The user ID and primary group ID of the user `name`; `None` when there
+/// is no such user.
+pub(crate) fn user_ids(name: &str) -> io::Result<Option<(u32, u32)>> {
+    let user = User::from_name(name).map_err(io::Error::from)?;
+    Ok(user.map(|user| (user.uid.as_raw(), user.gid.as_raw())))
+}
+
+/// `text` reduced to characters that are safe in a file name (others become
+/// `_`).
+pub(crate) fn file_name_part(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Runs a helper command (`initdb`, `cp`…) to completion within `timeout`
+/// and returns its stdout. The helper is killed when it times out or when the
+/// returned future is dropped. A failure is a [`ServerError::Io`] whose
+/// message has the exit status and the last lines of the helper's output.
+pub(crate) async fn run_helper(
+    what: &str,
+    command: &mut tokio::process::Command,
+    timeout: Duration,
+) -> Result<String, ServerError> {
+    let io_error = |source| ServerError::Io {
+        what: format!("run {what}"),
+        source,
+    };
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| spawn_error(what, source))?;
+    let output = within(timeout, child.wait_with_output(), || {
+        format!("{what} did not finish")
+    })
+    .await
+    .map_err(io_error)?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        return Ok(stdout);
+    }
+    let all = format!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    Err(io_error(io::Error::other(format!(
+        "{}; last lines of its output:\n{}",
+        output.status,
+        tail(&all, LOG_TAIL_LINES)
+    ))))
+}
+
+/// The tail of a server's log file, plus the tail of its stdout/stderr file
+/// when that is a different, non-empty file.
+pub(crate) fn log_tail(log_path: &Path, output_path: &Path, lines: usize) -> String {
+    let mut out = match fs::read(log_path) {
+        Ok(bytes) => tail(&String::from_utf8_lossy(&bytes), lines),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            format!("({} does not exist)", log_path.display())
+        }
+        Err(e) => format!("(cannot read {}: {e})", log_path.display()),
+    };
+    if output_path != log_path
+        && let Ok(bytes) = fs::read(output_path)
+    {
+        let output = tail(&String::from_utf8_lossy(&bytes), lines);
+        if !output.trim().is_empty() {
+            out.push_str("\n--- stdout/stderr ---\n");
+            out.push_str(&output);
+        }
+    }
+    out
+}
+
+pub(crate) fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

@@ -1,0 +1,96 @@
+//! The two traits every test server implements: [`TestServer`] (start it,
+//! find it) and [`FaultControl`] (pause, resume, kill and restart it).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use crate::process::{ProcessSlot, ServerError};
+
+/// Fault injection on a server process the testkit started: what fault
+/// tests and the fault suite do to servers. Object-safe, so a deployment can
+/// hand out `&dyn FaultControl` for whichever of its servers a test picks.
+///
+/// Implementors give the process and how to start it again; the rest is
+/// provided.
+#[async_trait::async_trait]
+pub trait FaultControl: Send + Sync {
+    /// The server's process.
+    fn process(&self) -> &ProcessSlot;
+
+    /// Kills the server if it runs, then starts it again on the same port,
+    /// in the same directory and with the same options, and waits until it
+    /// is ready. On failure the server stays killed.
+    async fn try_restart(&self) -> Result<(), ServerError>;
+
+    /// The server's PID, `None` while it is killed (or has died).
+    fn pid(&self) -> Option<u32> {
+        self.process().pid()
+    }
+
+    /// Freezes the server with SIGSTOP (returning once all its threads
+    /// stopped; for PostgreSQL, its backends and other children too):
+    /// connections are still accepted by the kernel but nothing is answered
+    /// until [`resume`](Self::resume). Does nothing while the server is
+    /// killed.
+    fn pause(&self) {
+        self.process().pause();
+    }
+
+    /// Continues a paused server with SIGCONT.
+    fn resume(&self) {
+        self.process().resume();
+    }
+
+    /// Kills the server with SIGKILL (for PostgreSQL, its backends and other
+    /// children too) and reaps it. The port and directory are kept for
+    /// [`restart`](Self::restart). Idempotent.
+    fn kill(&self) {
+        self.process().kill();
+    }
+
+    /// Like [`try_restart`](Self::try_restart).
+    ///
+    /// # Panics
+    ///
+    /// With the [`ServerError`]'s message when it cannot be started.
+    async fn restart(&self) {
+        if let Err(e) = self.try_restart().await {
+            panic!("cannot restart the server: {e}");
+        }
+    }
+}
+
+/// A real server run by the testkit as a child process: on a free loopback
+/// port, in a temporary directory of its own, killed when dropped and when
+/// the test process dies. A missing binary is a loud error that says how to
+/// install it (`scripts/install-services.sh`).
+#[async_trait::async_trait]
+pub trait TestServer: FaultControl + Sized + 'static {
+    /// Starts a server with the default options and waits until it is ready.
+    async fn try_start() -> Result<Self, ServerError>;
+
+    /// Like [`try_start`](Self::try_start).
+    ///
+    /// # Panics
+    ///
+    /// With the [`ServerError`]'s message when it cannot be started, e.g.
+    /// when the server is not installed.
+    async fn start() -> Self {
+        Self::try_start().await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The TCP port on 127.0.0.1 (the same across restarts).
+    fn port(&self) -> u16;
+
+    /// `127.0.0.1:PORT`.
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port()))
+    }
+
+    /// A lockkit URL of this server with the default settings.
+    fn url(&self) -> String;
+
+    /// The server's directory (data, configuration, logs); removed when the
+    /// server is dropped.
+    fn dir(&self) -> &Path;
+}
