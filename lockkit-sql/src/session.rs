@@ -215,12 +215,30 @@ impl<D: SessionDb> SessionLock<D> {
             _ => statement.await,
         }
     }
+}
 
-    async fn take(
+#[lockkit_core::async_trait]
+impl<D: SessionDb> QueueBackend for SessionLock<D> {
+    fn backend(&self) -> &'static str {
+        self.conns.db.backend()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        SESSION_CAPABILITIES
+    }
+
+    fn check_name(&self, name: &str) -> Result<()> {
+        validate_name(name)
+    }
+
+    /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
+    /// UPDATE`, `GET_LOCK`); each statement's server-side wait is bounded by
+    /// the caller's deadline.
+    async fn lock(
         &self,
         name: &str,
         opts: &LockOptions,
-        waiter: &Waiter<'_>,
+        waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
         let db = &self.conns.db;
@@ -273,34 +291,6 @@ impl<D: SessionDb> SessionLock<D> {
             db.settings().liveness_interval.min(opts.lease_ttl() / 3),
         );
         Ok(Some(guard))
-    }
-}
-
-#[lockkit_core::async_trait]
-impl<D: SessionDb> QueueBackend for SessionLock<D> {
-    fn backend(&self) -> &'static str {
-        self.conns.db.backend()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        SESSION_CAPABILITIES
-    }
-
-    fn check_name(&self, name: &str) -> Result<()> {
-        validate_name(name)
-    }
-
-    /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
-    /// UPDATE`, `GET_LOCK`); each statement's server-side wait is bounded by
-    /// the caller's deadline.
-    async fn lock(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        waiter: &mut Waiter<'_>,
-        no_wait: bool,
-    ) -> Result<Option<LockGuard>> {
-        self.take(name, opts, waiter, no_wait).await
     }
 
     async fn status(&self, name: &str) -> Result<LockStatus> {

@@ -32,7 +32,7 @@ const NODE_TIMEOUT_MS: &str = "1000";
 ///
 /// ```no_run
 /// # async fn demo() {
-/// use lockkit_testkit::RedisCluster;
+/// use lockkit_testkit::{FaultControl, RedisCluster};
 ///
 /// let cluster = RedisCluster::start(3).await;
 /// let url = cluster.url(); // redis+cluster://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3

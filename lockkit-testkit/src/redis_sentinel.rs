@@ -66,7 +66,7 @@ const READY_DEADLINE: Duration = Duration::from_secs(30);
 /// ```no_run
 /// # async fn demo() {
 /// use std::time::Duration;
-/// use lockkit_testkit::RedisSentinels;
+/// use lockkit_testkit::{FaultControl, RedisSentinels, TestServer};
 ///
 /// let deployment = RedisSentinels::start().await;
 /// let url = deployment.url(); // redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/lockkit

@@ -153,63 +153,6 @@ impl ZkBackend {
         }
     }
 
-    async fn enqueue(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        waiter: &mut Waiter<'_>,
-        no_wait: bool,
-    ) -> Result<Option<LockGuard>> {
-        let dir = lock_dir(&self.sessions.settings.root, name)?;
-        let session = waiter.until_deadline(self.sessions.session()).await??;
-        let owner = OwnerToken::new();
-        // Armed before the create is sent: an acquire dropped while it is in
-        // flight still removes whatever node it produced.
-        let mut queued = Queued::new(session.clone(), &dir, &owner);
-        let node = waiter
-            .attempt(self.create_node(&session, &dir, &owner))
-            .await?;
-        queued.created(&node);
-        loop {
-            // The lease counts from the listing that finds our node first:
-            // that is when the lock is known to be ours, however long the
-            // server queue took.
-            let sent = Instant::now();
-            let children = steady(&session, waiter, || self.try_list(&session, &dir)).await?;
-            let queue = contenders(children);
-            let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!("our lock node under {dir} vanished (did the session expire?)"),
-                ));
-            };
-            if position == 0 {
-                let twins = queued.granted();
-                return Ok(Some(self.guard(name, session, node, twins, opts, sent)));
-            }
-            if no_wait || waiter.is_over() {
-                queued.leave().await;
-                return Ok(None);
-            }
-            // Watch only the node right before ours: one release wakes one waiter.
-            let predecessor = format!("{dir}/{}", queue[position - 1].1);
-            let (stat, watcher) = steady(&session, waiter, || {
-                session.run(
-                    "watch the predecessor",
-                    session.client.check_and_watch_stat(&predecessor),
-                )
-            })
-            .await?;
-            if stat.is_none() {
-                continue;
-            }
-            if let Err(timeout) = waiter.until_deadline(watcher.changed()).await {
-                queued.leave().await;
-                return Err(timeout);
-            }
-        }
-    }
-
     fn guard(
         &self,
         name: &str,
@@ -418,7 +361,54 @@ impl QueueBackend for ZkBackend {
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
-        self.enqueue(name, opts, waiter, no_wait).await
+        let dir = lock_dir(&self.sessions.settings.root, name)?;
+        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let owner = OwnerToken::new();
+        // Armed before the create is sent: an acquire dropped while it is in
+        // flight still removes whatever node it produced.
+        let mut queued = Queued::new(session.clone(), &dir, &owner);
+        let node = waiter
+            .attempt(self.create_node(&session, &dir, &owner))
+            .await?;
+        queued.created(&node);
+        loop {
+            // The lease counts from the listing that finds our node first:
+            // that is when the lock is known to be ours, however long the
+            // server queue took.
+            let sent = Instant::now();
+            let children = steady(&session, waiter, || self.try_list(&session, &dir)).await?;
+            let queue = contenders(children);
+            let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!("our lock node under {dir} vanished (did the session expire?)"),
+                ));
+            };
+            if position == 0 {
+                let twins = queued.granted();
+                return Ok(Some(self.guard(name, session, node, twins, opts, sent)));
+            }
+            if no_wait || waiter.is_over() {
+                queued.leave().await;
+                return Ok(None);
+            }
+            // Watch only the node right before ours: one release wakes one waiter.
+            let predecessor = format!("{dir}/{}", queue[position - 1].1);
+            let (stat, watcher) = steady(&session, waiter, || {
+                session.run(
+                    "watch the predecessor",
+                    session.client.check_and_watch_stat(&predecessor),
+                )
+            })
+            .await?;
+            if stat.is_none() {
+                continue;
+            }
+            if let Err(timeout) = waiter.until_deadline(watcher.changed()).await {
+                queued.leave().await;
+                return Err(timeout);
+            }
+        }
     }
 
     /// The contenders under the lock's node: the first holds the lock (its
