@@ -6,8 +6,8 @@ pub use connect::{Registry, connect, known_schemes};
 pub use lockkit_core::backend::redact_url;
 pub use lockkit_core::{
     Backoff, BoxError, Capabilities, DistributedLock, DynDistributedLock, FencingToken, LockError,
-    LockGuard, LockOptions, LockStatus, LostReason, MemoryLock, MemoryStore, ReleaseOnCrash,
-    Result, Wait,
+    LockGuard, LockKind, LockOptions, LockStatus, LostReason, MemoryLock, MemoryStore,
+    ReleaseOnCrash, Result, Wait,
 };
 
 /// The core crate, for backend implementors: [`LeaseBackend`](lockkit_core::backend::LeaseBackend),

@@ -550,6 +550,10 @@ pub async fn invalid_options_rejected(h: &dyn Harness) {
         opts(Duration::ZERO),
         opts(Duration::MAX),
         opts(Duration::from_secs(5)).wait_for(Duration::MAX),
+        opts(Duration::from_secs(5)).semaphore(0),
+        opts(Duration::from_secs(5)).holder(""),
+        opts(Duration::from_secs(5)).holder("h".repeat(256)),
+        opts(Duration::from_secs(5)).holder("new\nline"),
     ] {
         let err = a.try_acquire(&name, &bad).await.unwrap_err();
         assert!(
@@ -786,4 +790,37 @@ pub async fn local_handoffs_keep_exclusion_and_fencing(h: &dyn Harness) {
     let after = a.status(&name).await.expect("status");
     assert!(!after.held, "nothing left held: {after:?}");
     assert!(is_free_for(a.as_ref(), &name).await);
+}
+
+/// A kind of holding the backend cannot give (its capabilities say no
+/// shared locks, or no semaphores) is refused with `Unsupported` by
+/// `try_acquire` and `acquire` alike, and nothing is taken: never granted as
+/// an exclusive lock instead.
+pub async fn unsupported_kinds_are_refused(h: &dyn Harness) {
+    let a = h.client().await;
+    let caps = a.capabilities();
+    let name = unique("kinds");
+    let base = opts(Duration::from_secs(5)).wait_for(ms(200));
+    for (supported, asked) in [
+        (caps.shared, base.clone().shared()),
+        (caps.semaphore, base.clone().semaphore(2)),
+    ] {
+        if supported {
+            continue;
+        }
+        let err = a.try_acquire(&name, &asked).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::Unsupported { .. }),
+            "{asked:?}: {err}"
+        );
+        let err = a.acquire(&name, &asked).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::Unsupported { .. }),
+            "{asked:?}: {err}"
+        );
+    }
+    assert!(
+        is_free_for(a.as_ref(), &name).await,
+        "a refused request left {name:?} held"
+    );
 }

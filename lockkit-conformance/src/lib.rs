@@ -90,6 +90,7 @@ macro_rules! conformance_suite {
             guard_reports_its_state,
             status_reports_the_holder,
             local_handoffs_keep_exclusion_and_fencing,
+            unsupported_kinds_are_refused,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

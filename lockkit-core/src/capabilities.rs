@@ -46,6 +46,10 @@ pub struct Capabilities {
     pub fifo: bool,
     /// The lock stays safe and available while a minority of servers is down.
     pub survives_minority_failure: bool,
+    /// Shared (reader) holdings: [`LockOptions::shared`](crate::LockOptions::shared).
+    pub shared: bool,
+    /// Counting semaphores: [`LockOptions::semaphore`](crate::LockOptions::semaphore).
+    pub semaphore: bool,
 }
 
 impl Capabilities {
@@ -57,6 +61,8 @@ impl Capabilities {
             notified_wait: false,
             fifo: false,
             survives_minority_failure: false,
+            shared: false,
+            semaphore: false,
         }
     }
 
@@ -84,6 +90,18 @@ impl Capabilities {
         self
     }
 
+    /// Sets [`shared`](Self::shared).
+    pub const fn with_shared(mut self, yes: bool) -> Self {
+        self.shared = yes;
+        self
+    }
+
+    /// Sets [`semaphore`](Self::semaphore).
+    pub const fn with_semaphore(mut self, yes: bool) -> Self {
+        self.semaphore = yes;
+        self
+    }
+
     /// A Markdown table with one row per `(backend, capabilities)` pair, as the README shows it.
     ///
     /// ```
@@ -94,17 +112,19 @@ impl Capabilities {
     pub fn markdown_table(rows: &[(&str, Capabilities)]) -> String {
         let yes_no = |b: bool| if b { "yes" } else { "no" };
         let mut out = String::from(
-            "| backend | fencing token | freed after a crash by | notified wait | FIFO | survives minority failure |\n\
-             | --- | --- | --- | --- | --- | --- |\n",
+            "| backend | fencing token | freed after a crash by | notified wait | FIFO | survives minority failure | shared (read) locks | semaphores |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         );
         for (name, caps) in rows {
             out.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} |\n",
                 yes_no(caps.fencing),
                 caps.release_on_crash,
                 yes_no(caps.notified_wait),
                 yes_no(caps.fifo),
                 yes_no(caps.survives_minority_failure),
+                yes_no(caps.shared),
+                yes_no(caps.semaphore),
             ));
         }
         out

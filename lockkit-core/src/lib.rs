@@ -23,7 +23,7 @@ pub use lock::{DistributedLock, DynDistributedLock};
 pub use lost::LostReason;
 pub use memory::{MEMORY_DRIVER, MemoryLock, MemoryStore};
 pub use name::MAX_NAME_LEN;
-pub use options::{LockOptions, MAX_DURATION, MIN_TTL, Wait};
+pub use options::{LockKind, LockOptions, MAX_DURATION, MAX_HOLDER_LEN, MIN_TTL, Wait};
 pub use status::LockStatus;
 
 /// Re-exported so that the attribute on a `DistributedLock` implementation

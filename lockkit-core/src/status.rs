@@ -31,7 +31,7 @@ use crate::fencing::FencingToken;
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockStatus {
     /// Someone holds the lock.
@@ -45,6 +45,13 @@ pub struct LockStatus {
     /// How many contenders queue behind the holder, where the server queues
     /// them (ZooKeeper, Postgres advisory locks).
     pub waiters: Option<usize>,
+    /// The holder's identity ([`LockOptions::holder`](crate::LockOptions::holder));
+    /// for shared or semaphore holdings, any one of them. `None` where none
+    /// was recorded or the backend cannot tell.
+    pub holder: Option<String>,
+    /// How many holdings there are (more than one only for shared locks and
+    /// semaphores), where the backend can count them.
+    pub holders: Option<usize>,
 }
 
 impl LockStatus {
@@ -55,6 +62,8 @@ impl LockStatus {
             fencing_token: None,
             remaining: None,
             waiters: None,
+            holder: None,
+            holders: None,
         }
     }
 
@@ -65,6 +74,8 @@ impl LockStatus {
             fencing_token: None,
             remaining: None,
             waiters: None,
+            holder: None,
+            holders: None,
         }
     }
 
@@ -85,6 +96,18 @@ impl LockStatus {
         self.waiters = waiters;
         self
     }
+
+    /// With the holder's identity.
+    pub fn with_holder(mut self, holder: Option<String>) -> Self {
+        self.holder = holder;
+        self
+    }
+
+    /// With the number of holdings.
+    pub const fn with_holders(mut self, holders: Option<usize>) -> Self {
+        self.holders = holders;
+        self
+    }
 }
 
 impl fmt::Display for LockStatus {
@@ -102,6 +125,12 @@ impl fmt::Display for LockStatus {
             Some(Duration::MAX) => f.write_str(", no expiry")?,
             Some(left) => write!(f, ", {:.1}s left", left.as_secs_f64())?,
             None => {}
+        }
+        if let Some(holder) = &self.holder {
+            write!(f, ", by {holder:?}")?;
+        }
+        if let Some(holders) = self.holders.filter(|&n| n != 1) {
+            write!(f, ", {holders} holders")?;
         }
         if let Some(waiters) = self.waiters {
             write!(f, ", {waiters} waiting")?;
@@ -126,6 +155,10 @@ mod tests {
             full.to_string(),
             "held, fencing token 42, 29.5s left, 3 waiting"
         );
+        let shared = LockStatus::held()
+            .with_holder(Some("web-1:42".into()))
+            .with_holders(Some(3));
+        assert_eq!(shared.to_string(), "held, by \"web-1:42\", 3 holders");
         let forever = LockStatus::held().with_remaining(Some(Duration::MAX));
         assert_eq!(forever.to_string(), "held, no expiry");
     }

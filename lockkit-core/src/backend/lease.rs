@@ -152,9 +152,19 @@ impl<B: LeaseBackend> LeaseLock<B> {
         &self.backend
     }
 
+    /// Valid options of a kind this backend can hold (exclusive only, so far).
+    fn check(&self, opts: &LockOptions) -> Result<()> {
+        opts.validate()?;
+        opts.check_supported(
+            self.backend.backend_name(),
+            &self.backend.capabilities(),
+            false,
+        )
+    }
+
     async fn try_acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
         let key = self.backend.key(name)?;
-        opts.validate()?;
+        self.check(opts)?;
         let Some(slot) = self.local.try_enter(name) else {
             return Ok(None);
         };
@@ -172,7 +182,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
 
     async fn acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
         let key = self.backend.key(name)?;
-        opts.validate()?;
+        self.check(opts)?;
         let mut waiter = Waiter::new(name, opts);
         let slot = if opts.wait() == Wait::NoWait {
             self.local

@@ -83,6 +83,7 @@ impl<B: QueueBackend> QueuedLock<B> {
     ) -> Result<Option<LockGuard>> {
         self.backend.check_name(name)?;
         opts.validate()?;
+        opts.check_supported(self.backend.backend(), &self.backend.capabilities(), false)?;
         let mut waiter = Waiter::new(name, opts);
         let no_wait = try_only || opts.wait() == Wait::NoWait;
         let slot = if no_wait {
