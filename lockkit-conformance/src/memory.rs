@@ -66,14 +66,14 @@ impl Disposable for MemoryHarness {
     }
 
     async fn kill(&mut self) {
-        self.store.set_available(false);
+        self.store.outage(true);
     }
 
     async fn pause(&mut self) {
-        self.store.set_available(false);
+        self.store.outage(true);
     }
 
     async fn resume(&mut self) {
-        self.store.set_available(true);
+        self.store.outage(false);
     }
 }

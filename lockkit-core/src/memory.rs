@@ -118,10 +118,10 @@ impl MemoryStore {
         GLOBAL.clone()
     }
 
-    /// Fault injection: while switched off, every operation fails with
+    /// Fault injection: while an outage is on, every operation fails with
     /// `LockError::Unavailable`, as a dead server would make it.
-    pub fn set_available(&self, available: bool) {
-        self.available.store(available, Ordering::SeqCst);
+    pub fn outage(&self, on: bool) {
+        self.available.store(!on, Ordering::SeqCst);
         // Waiters should notice at once rather than at their next backoff step.
         self.hub.notify_all();
     }

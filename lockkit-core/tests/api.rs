@@ -57,9 +57,9 @@ async fn renewal_retries_through_a_short_outage() {
         .acquire("outage", &LockOptions::new().ttl(ttl))
         .await
         .unwrap();
-    store.set_available(false);
+    store.outage(true);
     tokio::time::sleep(ttl / 3 + Duration::from_millis(300)).await; // a renewal falls into it
-    store.set_available(true);
+    store.outage(false);
     tokio::time::sleep(ttl).await; // past the validity the lost renewal would have given
     assert!(!guard.is_lost());
     assert!(
@@ -88,10 +88,10 @@ async fn renewal_retries_are_paced_by_the_lease() {
                 .unwrap(),
         );
     }
-    store.set_available(false);
+    store.outage(true);
     // The renewals due at 200 ms fail and are retried until the outage ends.
     tokio::time::sleep(Duration::from_millis(450)).await;
-    store.set_available(true);
+    store.outage(false);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     assert_eq!(lost, 0, "{lost} of 10 guards missed the end of the outage");
