@@ -309,7 +309,7 @@ impl Servers {
     }
 
     /// The addresses of the servers behind `deployment`, in the order of
-    /// the fault methods' `index` (for Sentinel, the master).
+    /// [`server`](Self::server)'s `index` (for Sentinel, the master).
     ///
     /// # Panics
     ///
