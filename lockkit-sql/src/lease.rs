@@ -132,8 +132,8 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
 
     /// Cancellation-safe without a task per attempt: if the upsert is
     /// abandoned before it answers, a release runs after it on the same
-    /// connection (see [`Undo`]), so it cannot overtake
-    /// a statement that may still take the lease. (SQLite's statements run
+    /// connection (see [`Undo`]), so it cannot overtake a statement that may
+    /// still take the lease. (SQLite's statements run
     /// on a worker thread that a dropped future does not stop; the release
     /// queues behind it there too.)
     async fn try_lock(
@@ -143,8 +143,9 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        loan.undo_with(Some(self.undo_acquire(name, owner.as_str())));
-        let answer = (self.settings)
+        loan.undo_with(self.undo_acquire(name, owner.as_str()));
+        let answer = self
+            .settings
             .timed(self.dialect.acquire(&mut loan, name, owner.as_str(), ttl))
             .await;
         loan.finish(&self.settings, "acquire", answer)
@@ -152,7 +153,8 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
 
     async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = (self.settings)
+        let answer = self
+            .settings
             .timed(self.dialect.extend(&mut loan, name, owner.as_str(), ttl))
             .await;
         loan.finish(&self.settings, "extend", answer)
@@ -160,7 +162,8 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
 
     async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = (self.settings)
+        let answer = self
+            .settings
             .timed(self.dialect.release(&mut loan, name, owner.as_str()))
             .await;
         loan.finish(&self.settings, "release", answer)
@@ -179,14 +182,13 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         ttl: Duration,
     ) -> Result<Handover> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self.settings.timed(self.dialect.hand_over(
-            &mut loan,
-            name,
-            from.as_str(),
-            to.as_str(),
-            ttl,
-        ));
-        let answer = answer.await;
+        let answer = self
+            .settings
+            .timed(
+                self.dialect
+                    .hand_over(&mut loan, name, from.as_str(), to.as_str(), ttl),
+            )
+            .await;
         Ok(
             match loan.finish(&self.settings, "hand the lease over", answer)? {
                 Some(fence) => Handover::Passed(Some(FencingToken::new(fence.max(0) as u64))),
@@ -199,7 +201,8 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     /// lease by the server's clock.
     async fn status(&self, name: &String) -> Result<LockStatus> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = (self.settings)
+        let answer = self
+            .settings
             .timed(self.dialect.status(&mut loan, name))
             .await;
         Ok(

@@ -201,8 +201,8 @@ impl<DB: Database> Drop for Loan<'_, DB> {
 
 impl<DB: Database> Loan<'_, DB> {
     /// Sets what undoes this loan's statement if it is abandoned.
-    pub(crate) fn undo_with(&mut self, undo: Option<Undo<DB>>) {
-        self.undo = undo;
+    pub(crate) fn undo_with(&mut self, undo: Undo<DB>) {
+        self.undo = Some(undo);
     }
 
     /// Ends the loan after its statement answered `outcome` (`Err(_)`: no
