@@ -4,7 +4,8 @@
 # them):
 #
 #   1. the criterion suite `compare` (cycle, try_fail, handoff, raw_floor per
-#      backend) and its Markdown table;
+#      backend) and its Markdown table, then `family` (shared and permit
+#      cycles paired with the exclusive one, on both runtime flavours);
 #   2. the seckill load generator on every backend, and rslock beside Redis;
 #   3. the scaling curves (contenders, keys) with their charts;
 #   4. the lease density of 100 000 auto-renewed Redis leases.
@@ -22,6 +23,7 @@ mkdir -p "$out"
 backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,pg-lease,pg-row,pg-advisory,mariadb-lease,mariadb-row,mariadb-named,sqlite-lease}
 
 cargo bench -p lockkit-benches --bench compare
+cargo bench -p lockkit-benches --bench family
 cargo build --release -p lockkit-benches --bin lockkit-load --bin lockkit-scale
 
 if [ "${LOCKKIT_BENCH_QUICK:-}" = 1 ]; then

@@ -505,3 +505,109 @@ async fn status_reports_holder_token_and_lease_on_redis() {
     assert!(json["remaining_ms"].as_u64().unwrap() <= 20_000, "{json}");
     guard.release().await.unwrap();
 }
+
+/// Runs `count` copies of `exec NAME <extra> -- <log start, sleep 1s, log end>`
+/// at once, and returns the most that were inside at the same time.
+async fn most_at_once(url: &str, name: &str, extra: &[&str], count: usize) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start >> {log}; sleep 1; echo end >> {log}",
+        log = log.display()
+    );
+    let children: Vec<Child> = (0..count)
+        .map(|_| {
+            lockkit(dir.path())
+                .args(["--url", url, "exec", name, "--ttl", "5s"])
+                .args(extra)
+                .args(["--", "sh", "-c"])
+                .arg(&script)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = finish(child).await;
+        assert_eq!(code(&out), 0, "{url} {extra:?}: {out:?}");
+    }
+    let (mut inside, mut most, mut lines) = (0_usize, 0, 0);
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        lines += 1;
+        if line == "start" {
+            inside += 1;
+            most = most.max(inside);
+        } else {
+            inside -= 1;
+        }
+    }
+    assert_eq!(lines, 2 * count, "{url} {extra:?}: every command ran");
+    most
+}
+
+#[tokio::test]
+async fn shared_execs_run_together_and_permits_bound_them_on_redis() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    assert_eq!(most_at_once(&url, "readers", &["--shared"], 3).await, 3);
+    assert_eq!(most_at_once(&url, "writers", &[], 2).await, 1);
+    assert_eq!(
+        most_at_once(&url, "transcoders", &["--permits", "2"], 4).await,
+        2
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let locks = lockkit::connect(&url).await.unwrap();
+    let reader = LockOptions::new().ttl(Duration::from_secs(20)).shared();
+    let guards = [
+        locks.acquire("report", &reader).await.unwrap(),
+        locks.acquire("report", &reader).await.unwrap(),
+    ];
+    let held = run(dir.path(), &["--url", &url, "status", "report", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&stdout(&held)).unwrap();
+    assert_eq!(
+        (json["held"].as_bool(), json["holders"].as_u64()),
+        (Some(true), Some(2)),
+        "{json}"
+    );
+    let held = run(dir.path(), &["--url", &url, "status", "report"]).await;
+    assert!(stdout(&held).contains(", 2 holders"), "{}", stdout(&held));
+    let semaphore = run(
+        dir.path(),
+        &["--url", &url, "status", "report", "--semaphore"],
+    )
+    .await;
+    assert_eq!(
+        stdout(&semaphore),
+        "report: free\n",
+        "the semaphore is another thing"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_kind_the_backend_cannot_hold_gives_69_and_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &[
+            "--url",
+            &sqlite_url(dir.path()),
+            "exec",
+            "job",
+            "--shared",
+            "--",
+            "sh",
+            "-c",
+            "echo ran",
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 69, "{out:?}");
+    assert!(stdout(&out).is_empty(), "{out:?}");
+    assert!(
+        stderr(&out).contains("cannot take the shared side"),
+        "{out:?}"
+    );
+}

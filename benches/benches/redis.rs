@@ -35,8 +35,8 @@ use lockkit_benches::{
     RawLock, RunMode, bench_then_pair, fmt_duration, lockkit_cycle, percentile, ping, save_summary,
     verdict,
 };
-use lockkit_core::backend::{Attempt, LeaseBackend, OwnerToken};
-use lockkit_core::{DistributedLock, LockOptions};
+use lockkit_core::backend::{Attempt, Intent, LeaseBackend, OwnerToken};
+use lockkit_core::{DistributedLock, LockKind, LockOptions};
 use lockkit_redis::RedisLock;
 use lockkit_testkit::RedisServer;
 use lockkit_testkit::TestServer;
@@ -164,9 +164,11 @@ impl CycleFixture for Fixture {
                 let name = "bench-diag-backend";
                 let backend = self.locks.backend();
                 let owner = OwnerToken::new();
-                let keys = backend.key(name).expect("a valid name");
+                let keys = backend
+                    .key(name, LockKind::Exclusive)
+                    .expect("a valid name");
                 let granted = backend
-                    .try_lock(&keys, &owner, TTL)
+                    .try_lock(&keys, &owner, TTL, Intent::Try)
                     .await
                     .expect("try_lock");
                 assert!(

@@ -17,10 +17,12 @@ use lockkit_core::{DistributedLock, Result};
 
 mod cases;
 mod contention;
+mod family;
 mod memory;
 
 pub use cases::*;
 pub use contention::{Probe, spawn_contenders};
+pub use family::*;
 pub use memory::{MemoryHarness, Wrap};
 
 /// How long one case may run before it counts as hung.
@@ -91,6 +93,15 @@ macro_rules! conformance_suite {
             status_reports_the_holder,
             local_handoffs_keep_exclusion_and_fencing,
             unsupported_kinds_are_refused,
+            two_readers_hold_together,
+            writer_and_readers_exclude_each_other,
+            no_writer_starvation,
+            semaphore_admits_exactly_its_permits,
+            semaphore_bounds_holders_under_contention,
+            crashed_permit_comes_back,
+            fencing_tokens_across_kinds,
+            cancelled_family_acquires_leak_nothing,
+            dropped_family_guards_release,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

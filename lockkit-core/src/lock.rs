@@ -8,7 +8,7 @@ use crate::backend::wait::{Attempt, acquire_by_attempts};
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
-use crate::options::LockOptions;
+use crate::options::{LockKind, LockOptions};
 use crate::status::LockStatus;
 
 /// A distributed lock service: one client of one backend.
@@ -73,6 +73,22 @@ pub trait DistributedLock: Send + Sync + Debug {
         })
     }
 
+    /// Like [`status`](Self::status), for a kind of holding: `Exclusive` and
+    /// `Shared` both ask about the reader-writer lock `name` (`holders`
+    /// counts its readers while they hold it), `Semaphore { .. }` about the
+    /// semaphore `name` (`holders` counts the permits held; the `permits`
+    /// given do not matter). The default answers about the lock and says
+    /// [`LockError::Unsupported`] for a semaphore.
+    async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
+        match kind {
+            LockKind::Semaphore { .. } => Err(LockError::Unsupported {
+                backend: "this backend",
+                operation: "report a semaphore's status",
+            }),
+            LockKind::Exclusive | LockKind::Shared => self.status(name).await,
+        }
+    }
+
     /// Hook for the provided `acquire`: one attempt that says how long the holder
     /// keeps the lock. The default calls [`try_acquire`](Self::try_acquire) and
     /// reports no expiry.
@@ -109,6 +125,9 @@ macro_rules! forward_impl {
             }
             async fn status(&self, name: &str) -> Result<LockStatus> {
                 (**self).status(name).await
+            }
+            async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
+                (**self).status_of(name, kind).await
             }
             async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
                 (**self).attempt(name, opts).await

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::lease::{Handover, LeaseBackend, LeaseLock};
+use crate::backend::lease::{Handover, Intent, LeaseBackend, LeaseLock};
 use crate::backend::notify::{NotifyHub, ReleaseWatch};
 use crate::backend::token::OwnerToken;
 use crate::backend::wait::Attempt;
@@ -16,6 +16,7 @@ use crate::capabilities::{Capabilities, ReleaseOnCrash};
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::name::validate_name;
+use crate::options::LockKind;
 use crate::status::LockStatus;
 
 const BACKEND: &str = "memory";
@@ -64,22 +65,85 @@ fn connect(url: &str) -> ConnectFuture<'_> {
 #[derive(Debug)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// Releases of reader-writer locks, by name.
     hub: NotifyHub,
+    /// Releases of semaphore permits, by name (semaphores are a namespace
+    /// of their own).
+    permit_hub: NotifyHub,
     available: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    leases: HashMap<String, Held>,
-    fences: HashMap<String, u64>,
+    locks: HashMap<String, Holdings>,
+    semaphores: HashMap<String, Holdings>,
 }
 
-impl State {
-    /// Draws the next fencing token of `name`.
-    fn next_fence(&mut self, name: &str) -> FencingToken {
-        let fence = self.fences.entry(name.to_owned()).or_insert(0);
-        *fence += 1;
-        FencingToken::new(*fence)
+/// The holdings of one reader-writer lock, or one semaphore (whose permits
+/// are its `shared` holdings).
+#[derive(Debug, Default)]
+struct Holdings {
+    exclusive: Option<Held>,
+    shared: Vec<Held>,
+    /// An exclusive acquirer waiting for the readers to leave: new readers
+    /// wait behind it.
+    waiting_writer: Option<Held>,
+    /// The last fencing token drawn for the name.
+    fence: u64,
+}
+
+impl Holdings {
+    /// Forgets whatever has expired by `now`.
+    fn purge(&mut self, now: Instant) {
+        if self.exclusive.as_ref().is_some_and(|h| h.expires_at <= now) {
+            self.exclusive = None;
+        }
+        if self
+            .waiting_writer
+            .as_ref()
+            .is_some_and(|h| h.expires_at <= now)
+        {
+            self.waiting_writer = None;
+        }
+        self.shared.retain(|h| h.expires_at > now);
+    }
+
+    /// Draws the next fencing token.
+    fn next_fence(&mut self) -> FencingToken {
+        self.fence += 1;
+        FencingToken::new(self.fence)
+    }
+
+    /// The holding of `owner` of `kind`, if live.
+    fn held_mut(&mut self, kind: LockKind, owner: &OwnerToken) -> Option<&mut Held> {
+        match kind {
+            LockKind::Exclusive => self.exclusive.as_mut().filter(|h| h.owner == *owner),
+            _ => self.shared.iter_mut().find(|h| h.owner == *owner),
+        }
+    }
+
+    /// How long until the first shared holding ends, if any.
+    fn first_shared_expiry(&self, now: Instant) -> Option<Duration> {
+        self.shared.iter().map(|h| h.expires_at - now).min()
+    }
+
+    fn status(&self, now: Instant) -> LockStatus {
+        let remaining = |h: &Held| Some(h.expires_at - now);
+        let fence = Some(FencingToken::new(self.fence));
+        if let Some(held) = &self.exclusive {
+            LockStatus::held()
+                .with_fencing_token(fence)
+                .with_remaining(remaining(held))
+                .with_holders(Some(1))
+        } else if !self.shared.is_empty() {
+            let last = self.shared.iter().max_by_key(|h| h.expires_at);
+            LockStatus::held()
+                .with_fencing_token(fence)
+                .with_remaining(last.and_then(remaining))
+                .with_holders(Some(self.shared.len()))
+        } else {
+            LockStatus::free()
+        }
     }
 }
 
@@ -109,6 +173,7 @@ impl MemoryStore {
         Arc::new(MemoryStore {
             state: Mutex::default(),
             hub: NotifyHub::new(),
+            permit_hub: NotifyHub::new(),
             available: AtomicBool::new(true),
         })
     }
@@ -124,32 +189,88 @@ impl MemoryStore {
         self.available.store(!on, Ordering::SeqCst);
         // Waiters should notice at once rather than at their next backoff step.
         self.hub.notify_all();
+        self.permit_hub.notify_all();
     }
 
-    /// Deletes the lease on `name` behind its holder's back (as an operator
-    /// would); true if there was one.
+    /// Deletes every holding of the lock `name` (the writer's and the
+    /// readers') and of the semaphore `name` behind their holders' backs (as
+    /// an operator would); true if there was one.
     pub fn revoke(&self, name: &str) -> bool {
-        let removed = self.state().leases.remove(name).is_some();
-        if removed {
+        let (lock, semaphore) = {
+            let mut state = self.state();
+            let take = |holdings: Option<&mut Holdings>| {
+                holdings.is_some_and(|h| {
+                    let had = h.exclusive.take().is_some() | !h.shared.is_empty();
+                    h.shared.clear();
+                    had
+                })
+            };
+            (
+                take(state.locks.get_mut(name)),
+                take(state.semaphores.get_mut(name)),
+            )
+        };
+        if lock {
             self.hub.notify(name);
         }
-        removed
+        if semaphore {
+            self.permit_hub.notify(name);
+        }
+        lock || semaphore
     }
 
-    /// The current holder of `name`, if its lease has not expired.
+    /// The current exclusive holder of `name`, if its lease has not expired.
     pub fn holder(&self, name: &str) -> Option<HolderInfo> {
         let now = Instant::now();
         let state = self.state();
-        let held = state.leases.get(name).filter(|h| h.expires_at > now)?;
+        let holdings = state.locks.get(name)?;
+        let held = holdings.exclusive.as_ref().filter(|h| h.expires_at > now)?;
         Some(HolderInfo {
             owner: held.owner.as_str().to_owned(),
             remaining: held.expires_at - now,
-            fencing_token: FencingToken::new(state.fences.get(name).copied().unwrap_or(0)),
+            fencing_token: FencingToken::new(holdings.fence),
         })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The holdings of `key`'s lock or semaphore, purged of what expired by
+    /// `now`; `None` if nothing was ever held there.
+    fn holdings<'s>(
+        state: &'s mut State,
+        key: &MemoryKey,
+        now: Instant,
+    ) -> Option<&'s mut Holdings> {
+        let map = match key.kind {
+            LockKind::Semaphore { .. } => &mut state.semaphores,
+            _ => &mut state.locks,
+        };
+        let holdings = map.get_mut(&key.name)?;
+        holdings.purge(now);
+        Some(holdings)
+    }
+
+    /// The holdings of `key`'s lock or semaphore, made if new.
+    fn holdings_entry<'s>(state: &'s mut State, key: &MemoryKey, now: Instant) -> &'s mut Holdings {
+        let map = match key.kind {
+            LockKind::Semaphore { .. } => &mut state.semaphores,
+            _ => &mut state.locks,
+        };
+        if !map.contains_key(&key.name) {
+            map.insert(key.name.clone(), Holdings::default());
+        }
+        let holdings = map.get_mut(&key.name).expect("inserted above");
+        holdings.purge(now);
+        holdings
+    }
+
+    fn notify(&self, key: &MemoryKey) {
+        match key.kind {
+            LockKind::Semaphore { .. } => self.permit_hub.notify(&key.name),
+            _ => self.hub.notify(&key.name),
+        };
     }
 
     fn check_available(&self) -> Result<()> {
@@ -162,6 +283,14 @@ impl MemoryStore {
             ))
         }
     }
+}
+
+/// A holding's place in a [`MemoryStore`]: the name, and which side of its
+/// reader-writer lock or which semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryKey {
+    name: String,
+    kind: LockKind,
 }
 
 /// The [`LeaseBackend`] of an in-process [`MemoryStore`].
@@ -185,20 +314,24 @@ impl MemoryBackend {
 /// What the memory backend guarantees.
 pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_fencing(true)
-    .with_notified_wait(true);
+    .with_notified_wait(true)
+    .with_shared(true)
+    .with_semaphore(true);
 
 #[async_trait::async_trait]
 impl LeaseBackend for MemoryBackend {
-    /// The name itself.
-    type Key = String;
+    type Key = MemoryKey;
 
     fn backend_name(&self) -> &'static str {
         BACKEND
     }
 
-    fn key(&self, name: &str) -> Result<String> {
+    fn key(&self, name: &str, kind: LockKind) -> Result<MemoryKey> {
         validate_name(name)?;
-        Ok(name.to_owned())
+        Ok(MemoryKey {
+            name: name.to_owned(),
+            kind,
+        })
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -207,59 +340,96 @@ impl LeaseBackend for MemoryBackend {
 
     async fn try_lock(
         &self,
-        name: &String,
+        key: &MemoryKey,
         owner: &OwnerToken,
         ttl: Duration,
+        intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         self.store.check_available()?;
         let now = Instant::now();
         let mut state = self.store.state();
-        if let Some(held) = state.leases.get(name)
-            && held.expires_at > now
-        {
-            return Ok(Attempt::Busy {
-                retry_after: Some(held.expires_at - now),
-            });
+        let h = MemoryStore::holdings_entry(&mut state, key, now);
+        let busy = |until: Option<Duration>| Ok(Attempt::Busy { retry_after: until });
+        let held = Held {
+            owner: owner.clone(),
+            expires_at: now + ttl,
+        };
+        match key.kind {
+            LockKind::Exclusive => {
+                if let Some(writer) = &h.exclusive {
+                    return busy(Some(writer.expires_at - now));
+                }
+                if !h.shared.is_empty() {
+                    let readers_leave = h.first_shared_expiry(now);
+                    if intent == Intent::Wait {
+                        h.waiting_writer = Some(Held {
+                            owner: owner.clone(),
+                            expires_at: now + ttl,
+                        });
+                        return busy(readers_leave.map(|d| d.min(ttl / 2)));
+                    }
+                    return busy(readers_leave);
+                }
+                if h.waiting_writer.as_ref().is_some_and(|w| w.owner == *owner) {
+                    h.waiting_writer = None;
+                }
+                h.exclusive = Some(held);
+            }
+            LockKind::Shared => {
+                if let Some(writer) = h.exclusive.as_ref().or(h.waiting_writer.as_ref()) {
+                    return busy(Some(writer.expires_at - now));
+                }
+                h.shared.push(held);
+            }
+            LockKind::Semaphore { permits } => {
+                if h.shared.len() >= permits as usize {
+                    return busy(h.first_shared_expiry(now));
+                }
+                h.shared.push(held);
+            }
         }
-        state.leases.insert(
-            name.clone(),
-            Held {
-                owner: owner.clone(),
-                expires_at: now + ttl,
-            },
-        );
-        Ok(Attempt::Acquired(Some(state.next_fence(name))))
+        Ok(Attempt::Acquired(Some(h.next_fence())))
     }
 
-    async fn extend(&self, name: &String, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, key: &MemoryKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         self.store.check_available()?;
         let now = Instant::now();
         let mut state = self.store.state();
-        match state.leases.get_mut(name) {
-            Some(held) if held.owner == *owner && held.expires_at > now => {
+        let held =
+            MemoryStore::holdings(&mut state, key, now).and_then(|h| h.held_mut(key.kind, owner));
+        Ok(match held {
+            Some(held) => {
                 held.expires_at = now + ttl;
-                Ok(true)
+                true
             }
-            _ => Ok(false),
-        }
+            None => false,
+        })
     }
 
-    async fn release(&self, name: &String, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, key: &MemoryKey, owner: &OwnerToken) -> Result<bool> {
         self.store.check_available()?;
         let now = Instant::now();
-        let released = {
+        let (released, withdrawn) = {
             let mut state = self.store.state();
-            match state.leases.get(name) {
-                Some(held) if held.owner == *owner => {
-                    let live = held.expires_at > now;
-                    state.leases.remove(name);
-                    live
+            let Some(h) = MemoryStore::holdings(&mut state, key, now) else {
+                return Ok(false);
+            };
+            let released = match key.kind {
+                LockKind::Exclusive => h.exclusive.take_if(|held| held.owner == *owner).is_some(),
+                _ => {
+                    let before = h.shared.len();
+                    h.shared.retain(|held| held.owner != *owner);
+                    h.shared.len() != before
                 }
-                _ => false,
-            }
+            };
+            let withdrawn = key.kind == LockKind::Exclusive
+                && h.waiting_writer
+                    .take_if(|held| held.owner == *owner)
+                    .is_some();
+            (released, withdrawn)
         };
-        if released {
-            self.store.hub.notify(name);
+        if released || withdrawn {
+            self.store.notify(key);
         }
         Ok(released)
     }
@@ -270,7 +440,7 @@ impl LeaseBackend for MemoryBackend {
 
     async fn hand_over(
         &self,
-        name: &String,
+        key: &MemoryKey,
         from: &OwnerToken,
         to: &OwnerToken,
         ttl: Duration,
@@ -278,28 +448,33 @@ impl LeaseBackend for MemoryBackend {
         self.store.check_available()?;
         let now = Instant::now();
         let mut state = self.store.state();
-        match state.leases.get_mut(name) {
-            Some(held) if held.owner == *from && held.expires_at > now => {
+        let Some(h) = MemoryStore::holdings(&mut state, key, now) else {
+            return Ok(Handover::NotOurs);
+        };
+        match h.held_mut(key.kind, from) {
+            Some(held) => {
                 held.owner = to.clone();
                 held.expires_at = now + ttl;
-                Ok(Handover::Passed(Some(state.next_fence(name))))
+                Ok(Handover::Passed(Some(h.next_fence())))
             }
-            _ => Ok(Handover::NotOurs),
+            None => Ok(Handover::NotOurs),
         }
     }
 
-    async fn status(&self, name: &String) -> Result<LockStatus> {
+    async fn status(&self, key: &MemoryKey) -> Result<LockStatus> {
         self.store.check_available()?;
-        Ok(match self.store.holder(name) {
-            Some(holder) => LockStatus::held()
-                .with_fencing_token(Some(holder.fencing_token))
-                .with_remaining(Some(holder.remaining)),
-            None => LockStatus::free(),
-        })
+        let now = Instant::now();
+        let mut state = self.store.state();
+        Ok(MemoryStore::holdings(&mut state, key, now)
+            .map_or_else(LockStatus::free, |h| h.status(now)))
     }
 
-    async fn watch(&self, name: &String) -> Result<ReleaseWatch> {
+    async fn watch(&self, key: &MemoryKey) -> Result<ReleaseWatch> {
         self.store.check_available()?;
-        Ok(self.store.hub.watch(name).0)
+        let hub = match key.kind {
+            LockKind::Semaphore { .. } => &self.store.permit_hub,
+            _ => &self.store.hub,
+        };
+        Ok(hub.watch(&key.name).0)
     }
 }

@@ -175,6 +175,14 @@ impl LockOptions {
         self.kind
     }
 
+    /// The default options for a holding of `kind`.
+    pub(crate) fn of_kind(kind: LockKind) -> Self {
+        LockOptions {
+            kind,
+            ..LockOptions::new()
+        }
+    }
+
     /// The holder identity to record, if any.
     pub fn holder_identity(&self) -> Option<&str> {
         self.holder.as_deref()

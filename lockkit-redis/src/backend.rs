@@ -2,12 +2,14 @@
 
 use std::time::Duration;
 
-use lockkit_core::backend::{Attempt, Handover, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
-use lockkit_core::{Capabilities, FencingToken, LockStatus, ReleaseOnCrash, Result};
+use lockkit_core::backend::{
+    Attempt, Handover, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch,
+};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 
 use crate::error::BACKEND;
 use crate::instance::RedisInstance;
-use crate::keys::Keys;
+use crate::keys::{Keys, SemaphoreKeys};
 
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;
@@ -18,7 +20,9 @@ pub type RedisLock = LeaseLock<RedisBackend>;
 /// [`RedisBackend::fences`].
 pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_fencing(true)
-    .with_notified_wait(true);
+    .with_notified_wait(true)
+    .with_shared(true)
+    .with_semaphore(true);
 
 /// What the Redis backend guarantees in Redis Cluster and Sentinel mode
 /// without `wait_replicas`: no fencing (see [`RedisBackend::fences`]).
@@ -62,7 +66,7 @@ impl RedisBackend {
         self.instance.mode() == "single" || self.instance.wait_for_replicas().is_some()
     }
 
-    /// The Redis keys of `name` ([`Keys::for_cluster`] in Redis Cluster).
+    /// The Redis keys of the lock `name` ([`Keys::for_cluster`] in Redis Cluster).
     pub fn keys(&self, name: &str) -> Result<Keys> {
         if self.instance.is_cluster() {
             Keys::for_cluster(&self.prefix, name)
@@ -70,18 +74,51 @@ impl RedisBackend {
             Keys::new(&self.prefix, name)
         }
     }
+
+    /// The Redis keys of the semaphore `name`.
+    pub fn semaphore_keys(&self, name: &str) -> Result<SemaphoreKeys> {
+        if self.instance.is_cluster() {
+            SemaphoreKeys::for_cluster(&self.prefix, name)
+        } else {
+            SemaphoreKeys::new(&self.prefix, name)
+        }
+    }
+}
+
+/// A holding's keys in Redis: which side of a reader-writer lock, or which
+/// semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisKey {
+    /// The lock key, checked against the readers.
+    Exclusive(Keys),
+    /// A member of the lock's readers.
+    Shared(Keys),
+    /// A member of the semaphore's permits.
+    Permit {
+        /// The semaphore's keys.
+        keys: SemaphoreKeys,
+        /// How many permits it has.
+        permits: u32,
+    },
 }
 
 #[lockkit_core::async_trait]
 impl LeaseBackend for RedisBackend {
-    type Key = Keys;
+    type Key = RedisKey;
 
     fn backend_name(&self) -> &'static str {
         BACKEND
     }
 
-    fn key(&self, name: &str) -> Result<Keys> {
-        self.keys(name)
+    fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
+        Ok(match kind {
+            LockKind::Shared => RedisKey::Shared(self.keys(name)?),
+            LockKind::Semaphore { permits } => RedisKey::Permit {
+                keys: self.semaphore_keys(name)?,
+                permits,
+            },
+            _ => RedisKey::Exclusive(self.keys(name)?),
+        })
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -94,21 +131,54 @@ impl LeaseBackend for RedisBackend {
 
     async fn try_lock(
         &self,
-        keys: &Keys,
+        key: &RedisKey,
         owner: &OwnerToken,
         ttl: Duration,
+        intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        self.instance
-            .try_lock(keys, owner.as_str(), ttl, self.fences())
-            .await
+        let (owner, fencing) = (owner.as_str(), self.fences());
+        match key {
+            RedisKey::Exclusive(keys) => {
+                let record_waiting = intent == Intent::Wait;
+                self.instance
+                    .try_lock(keys, owner, ttl, fencing, record_waiting)
+                    .await
+            }
+            RedisKey::Shared(keys) => self.instance.try_share(keys, owner, ttl, fencing).await,
+            RedisKey::Permit { keys, permits } => {
+                self.instance
+                    .try_permit(keys, owner, ttl, fencing, *permits)
+                    .await
+            }
+        }
     }
 
-    async fn extend(&self, keys: &Keys, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.instance.extend(keys, owner.as_str(), ttl).await
+    async fn extend(&self, key: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let owner = owner.as_str();
+        match key {
+            RedisKey::Exclusive(keys) => self.instance.extend(keys, owner, ttl).await,
+            RedisKey::Shared(keys) => self.instance.extend_member(&keys.readers, owner, ttl).await,
+            RedisKey::Permit { keys, .. } => {
+                self.instance.extend_member(&keys.permits, owner, ttl).await
+            }
+        }
     }
 
-    async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
-        self.instance.release(keys, owner.as_str(), true).await
+    async fn release(&self, key: &RedisKey, owner: &OwnerToken) -> Result<bool> {
+        let owner = owner.as_str();
+        match key {
+            RedisKey::Exclusive(keys) => self.instance.release(keys, owner, true).await,
+            RedisKey::Shared(keys) => {
+                self.instance
+                    .release_member(&keys.readers, &keys.channel, owner)
+                    .await
+            }
+            RedisKey::Permit { keys, .. } => {
+                self.instance
+                    .release_member(&keys.permits, &keys.channel, owner)
+                    .await
+            }
+        }
     }
 
     /// Not while every grant must be acknowledged by replicas (`WAIT`): a
@@ -118,14 +188,18 @@ impl LeaseBackend for RedisBackend {
         self.instance.wait_for_replicas().is_none()
     }
 
-    /// One script: the lease becomes `to`'s with a new fencing token.
+    /// One script: the lease becomes `to`'s with a new fencing token. Only
+    /// exclusive holdings are passed on.
     async fn hand_over(
         &self,
-        keys: &Keys,
+        key: &RedisKey,
         from: &OwnerToken,
         to: &OwnerToken,
         ttl: Duration,
     ) -> Result<Handover> {
+        let RedisKey::Exclusive(keys) = key else {
+            return Ok(Handover::NotOurs);
+        };
         Ok(
             match self
                 .instance
@@ -138,24 +212,42 @@ impl LeaseBackend for RedisBackend {
         )
     }
 
-    /// `PTTL` of the lock key and the fence counter, in one `MULTI`/`EXEC`.
-    /// The token reported is the last one drawn for the name: the holder's,
-    /// unless the key was set by a client that draws none (redis-py, redsync).
-    async fn status(&self, keys: &Keys) -> Result<LockStatus> {
-        Ok(match self.instance.holder(keys).await? {
-            Some(holder) => LockStatus::held()
-                .with_remaining(Some(holder.remaining))
-                .with_fencing_token(
-                    holder
-                        .fence
-                        .filter(|_| self.fences())
-                        .map(FencingToken::new),
-                ),
-            None => LockStatus::free(),
-        })
+    /// One script reads the lock key's `PTTL`, the live readers (or permits)
+    /// and the fence counter. The token reported is the last one drawn for
+    /// the name: the holder's (or the latest reader's), unless the key was
+    /// set by a client that draws none (redis-py, redsync).
+    async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
+        let holdings = match key {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => {
+                self.instance
+                    .holdings(Some(&keys.lock), &keys.fence, &keys.readers)
+                    .await?
+            }
+            RedisKey::Permit { keys, .. } => {
+                self.instance
+                    .holdings(None, &keys.fence, &keys.permits)
+                    .await?
+            }
+        };
+        if holdings.count == 0 {
+            return Ok(LockStatus::free());
+        }
+        Ok(LockStatus::held()
+            .with_remaining(Some(holdings.remaining))
+            .with_holders(Some(holdings.count))
+            .with_fencing_token(
+                holdings
+                    .fence
+                    .filter(|_| self.fences())
+                    .map(FencingToken::new),
+            ))
     }
 
-    async fn watch(&self, keys: &Keys) -> Result<ReleaseWatch> {
-        Ok(self.instance.watch(keys).await)
+    async fn watch(&self, key: &RedisKey) -> Result<ReleaseWatch> {
+        let channel = match key {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => &keys.channel,
+            RedisKey::Permit { keys, .. } => &keys.channel,
+        };
+        Ok(self.instance.watch_channel(channel).await)
     }
 }

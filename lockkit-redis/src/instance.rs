@@ -14,7 +14,7 @@ use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Tl
 
 use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::keys::Keys;
+use crate::keys::{Keys, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::scripts::{SCRIPTS, SOURCES};
 use crate::sentinel::{Resolver, SentinelConnection};
@@ -307,8 +307,10 @@ impl RedisInstance {
         }
     }
 
-    /// `SET lock owner NX PX ttl`, and on success `INCR fence` when `fencing`;
-    /// on failure the holder's remaining TTL.
+    /// `SET lock owner NX PX ttl` unless readers hold, and on success `INCR
+    /// fence` when `fencing`; on failure how long until a retry may succeed.
+    /// With `record_waiting`, a writer kept out by readers is recorded as
+    /// waiting, so that new readers wait behind it (see [`Keys`]).
     ///
     /// With [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas),
     /// `WAIT` follows on the same connection; when too few replicas
@@ -320,14 +322,82 @@ impl RedisInstance {
         owner: &str,
         ttl: Duration,
         fencing: bool,
+        record_waiting: bool,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut invocation = SCRIPTS.acquire.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.fence)
+            .key(&keys.readers)
+            .key(&keys.writer_waiting)
             .arg(owner)
             .arg(ttl_millis(ttl))
-            .arg(if fencing { "1" } else { "0" });
+            .arg(flag(fencing))
+            .arg(flag(record_waiting));
+        let undo = async { self.release(keys, owner, true).await };
+        self.grant(&keys.lock, invocation, fencing, undo).await
+    }
+
+    /// A shared holding of `keys`' name for `owner`, unless a writer holds
+    /// it or waits for it; as [`try_lock`](Self::try_lock) otherwise.
+    pub async fn try_share(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        ttl: Duration,
+        fencing: bool,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let mut invocation = SCRIPTS.acquire_shared.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.readers)
+            .key(&keys.writer_waiting)
+            .arg(owner)
+            .arg(ttl_millis(ttl))
+            .arg(flag(fencing));
+        let undo = async {
+            self.release_member(&keys.readers, &keys.channel, owner)
+                .await
+        };
+        self.grant(&keys.readers, invocation, fencing, undo).await
+    }
+
+    /// One of `permits` permits of the semaphore `keys` for `owner`, after
+    /// reclaiming expired ones; as [`try_lock`](Self::try_lock) otherwise.
+    pub async fn try_permit(
+        &self,
+        keys: &SemaphoreKeys,
+        owner: &str,
+        ttl: Duration,
+        fencing: bool,
+        permits: u32,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let mut invocation = SCRIPTS.acquire_permit.prepare_invoke();
+        invocation
+            .key(&keys.permits)
+            .key(&keys.fence)
+            .arg(owner)
+            .arg(ttl_millis(ttl))
+            .arg(flag(fencing))
+            .arg(permits);
+        let undo = async {
+            self.release_member(&keys.permits, &keys.channel, owner)
+                .await
+        };
+        self.grant(&keys.permits, invocation, fencing, undo).await
+    }
+
+    /// Runs a grant script (followed by `WAIT` where grants must reach
+    /// replicas; `undo` takes back a grant they did not acknowledge) and
+    /// reads its answer.
+    async fn grant(
+        &self,
+        key: &str,
+        invocation: ScriptInvocation<'_>,
+        fencing: bool,
+        undo: impl Future<Output = Result<bool>>,
+    ) -> Result<Attempt<Option<FencingToken>>> {
         let (granted, value): (i64, i64) = match (self.inner.wait, &self.inner.acquire) {
             (Some(wait), Some(acquire)) => {
                 let mut conn = acquire.clone();
@@ -339,7 +409,7 @@ impl RedisInstance {
                     )
                     .await?;
                 if granted == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
-                    return Err(self.not_replicated(keys, owner, acknowledged, wait).await);
+                    return Err(self.not_replicated(key, undo, acknowledged, wait).await);
                 }
                 (granted, value)
             }
@@ -356,7 +426,7 @@ impl RedisInstance {
                 retry_after: match value {
                     // The key has no expiry: someone set it by hand.
                     -1 => None,
-                    // Gone since the SET: retry at once.
+                    // Gone since the check: retry at once.
                     ..=-2 => Some(Duration::ZERO),
                     ms => Some(Duration::from_millis(ms as u64)),
                 },
@@ -368,16 +438,16 @@ impl RedisInstance {
     /// and describes what happened.
     async fn not_replicated(
         &self,
-        keys: &Keys,
-        owner: &str,
+        key: &str,
+        undo: impl Future<Output = Result<bool>>,
         acknowledged: i64,
         wait: ReplicaWait,
     ) -> LockError {
         let mut message = format!(
-            "lock key {:?} on {}: lock written but only {acknowledged} of {} replicas acknowledged within {:?}",
-            keys.lock, self.inner.address, wait.replicas, wait.timeout
+            "key {key:?} on {}: lease written but only {acknowledged} of {} replicas acknowledged within {:?}",
+            self.inner.address, wait.replicas, wait.timeout
         );
-        match self.release(keys, owner, true).await {
+        match undo.await {
             Ok(_) => message.push_str("; released it again"),
             Err(error) => message.push_str(&format!(
                 "; releasing it failed too ({error}), so it ends with its TTL"
@@ -415,13 +485,77 @@ impl RedisInstance {
                 SCRIPTS
                     .release
                     .key(&keys.lock)
+                    .key(&keys.writer_waiting)
                     .arg(owner)
                     .arg(&keys.channel)
-                    .arg(if notify { "1" } else { "0" })
+                    .arg(flag(notify))
                     .invoke_async(&mut conn),
             )
             .await?;
         Ok(released == 1)
+    }
+
+    /// Makes `owner`'s lease in the sorted set `set` (readers, permits) end
+    /// `ttl` from now; false if it has none or it ran out.
+    pub async fn extend_member(&self, set: &str, owner: &str, ttl: Duration) -> Result<bool> {
+        let mut conn = self.inner.commands.clone();
+        let extended: i64 = self
+            .run(
+                "extend",
+                SCRIPTS
+                    .extend_member
+                    .key(set)
+                    .arg(owner)
+                    .arg(ttl_millis(ttl))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(extended == 1)
+    }
+
+    /// Removes `owner`'s lease from the sorted set `set` and publishes on
+    /// `channel`; false if it had none (or it had run out).
+    pub async fn release_member(&self, set: &str, channel: &str, owner: &str) -> Result<bool> {
+        let mut conn = self.inner.commands.clone();
+        let released: i64 = self
+            .run(
+                "release",
+                SCRIPTS
+                    .release_member
+                    .key(set)
+                    .arg(owner)
+                    .arg(channel)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// The holdings of a reader-writer lock (`lock` its lock key, `set` its
+    /// readers) or of a semaphore (`lock` `None`, `set` its permits), read
+    /// in one script.
+    pub async fn holdings(&self, lock: Option<&str>, fence: &str, set: &str) -> Result<Holdings> {
+        let mut conn = self.inner.commands.clone();
+        let (count, remaining, fence): (i64, i64, i64) = self
+            .run(
+                "read the holdings",
+                SCRIPTS
+                    .status
+                    .key(lock.unwrap_or(set))
+                    .key(fence)
+                    .key(set)
+                    .arg(flag(lock.is_some()))
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+        Ok(Holdings {
+            count: usize::try_from(count).unwrap_or(0),
+            remaining: match remaining {
+                -1 => Duration::MAX,
+                ms => Duration::from_millis(ms.max(0) as u64),
+            },
+            fence: u64::try_from(fence).ok(),
+        })
     }
 
     /// Passes `from`'s lease to `to` for `ttl` from now, drawing a new
@@ -447,7 +581,7 @@ impl RedisInstance {
                     .arg(from)
                     .arg(to)
                     .arg(ttl_millis(ttl))
-                    .arg(if fencing { "1" } else { "0" })
+                    .arg(flag(fencing))
                     .invoke_async(&mut conn),
             )
             .await?;
@@ -457,7 +591,12 @@ impl RedisInstance {
     /// Subscribes to the release channel of `keys` (shared by all waiters of
     /// this instance). Falls back to no notifications if the subscription fails.
     pub async fn watch(&self, keys: &Keys) -> lockkit_core::backend::ReleaseWatch {
-        self.inner.notifications.watch(&keys.channel).await
+        self.watch_channel(&keys.channel).await
+    }
+
+    /// Subscribes to a release channel (of a lock or a semaphore).
+    pub async fn watch_channel(&self, channel: &str) -> lockkit_core::backend::ReleaseWatch {
+        self.inner.notifications.watch(channel).await
     }
 
     /// The remaining TTL of the lock key in ms (`PTTL`): `None` if the lock is free.
@@ -544,6 +683,24 @@ pub struct Holder {
     pub remaining: Duration,
     /// The fence counter: the last fencing token drawn for the name, if any.
     pub fence: Option<u64>,
+}
+
+/// What a reader-writer lock's or a semaphore's holdings are; see
+/// [`RedisInstance::holdings`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holdings {
+    /// How many: 1 for a writer, else the live readers or permits.
+    pub count: usize,
+    /// How long the longest of them still runs (`Duration::MAX` for a lock
+    /// key without expiry).
+    pub remaining: Duration,
+    /// The last fencing token drawn for the name, if any.
+    pub fence: Option<u64>,
+}
+
+/// A script's boolean argument.
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
 }
 
 fn ttl_millis(ttl: Duration) -> u64 {

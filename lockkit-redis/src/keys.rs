@@ -6,19 +6,36 @@ use lockkit_core::{LockError, Result};
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "lockkit:";
 
+/// The suffixes of the keys derived from a lock key (`{<lock key>}:<suffix>`).
+/// None ends another one after a `:`, so derived keys of different kinds
+/// never collide.
+const DERIVED: [&str; 5] = [
+    "fence",
+    "readers",
+    "writer-waiting",
+    "semaphore",
+    "semaphore-fence",
+];
+
 /// The Redis keys of one lock name.
 ///
-/// * lock key: `<prefix><name>`, holding the owner token (so with an empty
-///   prefix it is the plain key that redis-py's `Lock`, redsync and node-redlock use);
-/// * fence counter: `{<prefix><name>}:fence` (same cluster slot as the lock key
-///   when the lock key has no `}`);
+/// * lock key: `<prefix><name>`, holding the exclusive holder's owner token
+///   (so with an empty prefix it is the plain key that redis-py's `Lock`,
+///   redsync and node-redlock use);
+/// * fence counter: `{<prefix><name>}:fence`, one sequence for writers and
+///   readers;
+/// * readers: `{<prefix><name>}:readers`, a sorted set of the shared
+///   holders' owner tokens scored by the end of their leases (server time,
+///   ms);
+/// * waiting writer: `{<prefix><name>}:writer-waiting`, the owner token of a
+///   writer that waits for the readers to leave (new readers wait behind
+///   it), with an expiry;
 /// * release channel: `{<prefix><name>}:released`.
 ///
-/// In Redis Cluster mode ([`Keys::for_cluster`]) the lock key and the channel
-/// are the same, and so is the fence counter whenever the lock key contains
-/// no `}`. A lock key with a `}` may hash to a different slot than
-/// `{<prefix><name>}:fence` (the acquire script, which touches both, would
-/// fail with `CROSSSLOT`), so its counter is `{<tag>}:fence:<prefix><name>`
+/// Every key of a name hashes to the lock key's slot when the lock key has
+/// no `}`. In Redis Cluster mode ([`Keys::for_cluster`]) a lock key with a
+/// `}` may hash elsewhere (a script touching both would fail with
+/// `CROSSSLOT`), so its derived keys are `{<tag>}:<suffix>:<prefix><name>`
 /// instead, where `<tag>` is the lock key's own hash tag or, when it has
 /// none, a short tag chosen to hash to the lock key's slot.
 ///
@@ -29,68 +46,139 @@ pub struct Keys {
     pub lock: String,
     /// The fencing counter.
     pub fence: String,
+    /// The sorted set of shared holders.
+    pub readers: String,
+    /// The waiting writer's record.
+    pub writer_waiting: String,
     /// The pub/sub channel that announces releases.
     pub channel: String,
 }
 
 impl Keys {
     /// The keys of `name` under `prefix`. Checks the name: the general rules, and
-    /// that its lock key cannot be mistaken for another lock's fence counter.
+    /// that its lock key cannot be mistaken for a key derived from another.
     pub fn new(prefix: &str, name: &str) -> Result<Keys> {
-        validate_name(name)?;
-        let lock = format!("{prefix}{name}");
-        // Another name's fence key is `{<prefix><other>}:fence`; refuse names
-        // whose lock key has that shape (possible only with an empty prefix, or
-        // one made of braces).
-        if lock.starts_with(&format!("{{{prefix}")) && lock.ends_with("}:fence") {
-            return Err(LockError::InvalidName {
-                name: format!("{name:?}"),
-                reason: format!(
-                    "with the key prefix {prefix:?} its key would be the fencing counter of another lock"
-                ),
-            });
-        }
-        Ok(Keys {
-            fence: format!("{{{lock}}}:fence"),
-            channel: format!("{{{lock}}}:released"),
-            lock,
-        })
+        Layout::new(prefix, name, false).map(Layout::lock_keys)
     }
 
-    /// The keys of `name` under `prefix` for Redis Cluster: the lock key and
-    /// the fence counter always share a hash slot (see [`Keys`]). Besides the
-    /// checks of [`Keys::new`], refuses names whose lock key would have the
-    /// shape of another lock's cluster fence counter (possible only with an
-    /// empty prefix, or one that starts with `{`).
+    /// The keys of `name` under `prefix` for Redis Cluster: every key of the
+    /// name is in one hash slot (see [`Keys`]). Besides the checks of
+    /// [`Keys::new`], refuses names whose lock key would have the shape of a
+    /// cluster key derived from another (possible only with an empty prefix,
+    /// or one that starts with `{`).
     pub fn for_cluster(prefix: &str, name: &str) -> Result<Keys> {
-        let mut keys = Keys::new(prefix, name)?;
-        if looks_like_cluster_fence(&keys.lock, prefix) {
-            return Err(LockError::InvalidName {
-                name: format!("{name:?}"),
-                reason: format!(
-                    "with the key prefix {prefix:?} its key would be the fencing counter of another lock in Redis Cluster"
-                ),
-            });
-        }
-        if keys.lock.contains('}') {
-            let tag = match hash_tag(keys.lock.as_bytes()) {
-                // The tag has no `}`: `{tag}` is a hash tag again.
-                Some(tag) => String::from_utf8_lossy(tag).into_owned(),
-                None => slot_tag(key_slot(keys.lock.as_bytes())).to_owned(),
-            };
-            keys.fence = format!("{{{tag}}}:fence:{}", keys.lock);
-        }
-        Ok(keys)
+        Layout::new(prefix, name, true).map(Layout::lock_keys)
     }
 }
 
-/// Whether `lock` has the shape `{<tag>}:fence:<prefix>…}…` of a cluster
-/// fence counter of [`Keys::for_cluster`].
-fn looks_like_cluster_fence(lock: &str, prefix: &str) -> bool {
-    lock.strip_prefix('{')
-        .and_then(|rest| rest.split_once('}'))
-        .and_then(|(_, after)| after.strip_prefix(":fence:"))
-        .is_some_and(|inner| inner.starts_with(prefix) && inner.contains('}'))
+/// The Redis keys of one semaphore name (a namespace of its own: the
+/// semaphore `jobs` and the lock `jobs` share no key).
+///
+/// * permits: `{<prefix><name>}:semaphore`, a sorted set of the permit
+///   holders' owner tokens scored by the end of their leases (server time, ms);
+/// * fence counter: `{<prefix><name>}:semaphore-fence`;
+/// * release channel: `{<prefix><name>}:semaphore-released`.
+///
+/// In Redis Cluster mode, as for [`Keys`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemaphoreKeys {
+    /// The sorted set of permit holders.
+    pub permits: String,
+    /// The fencing counter.
+    pub fence: String,
+    /// The pub/sub channel that announces returned permits.
+    pub channel: String,
+}
+
+impl SemaphoreKeys {
+    /// The keys of the semaphore `name` under `prefix`; the checks of [`Keys::new`].
+    pub fn new(prefix: &str, name: &str) -> Result<SemaphoreKeys> {
+        Layout::new(prefix, name, false).map(Layout::semaphore_keys)
+    }
+
+    /// As [`Keys::for_cluster`], for a semaphore.
+    pub fn for_cluster(prefix: &str, name: &str) -> Result<SemaphoreKeys> {
+        Layout::new(prefix, name, true).map(Layout::semaphore_keys)
+    }
+}
+
+/// A checked lock key and how keys are derived from it.
+struct Layout {
+    lock: String,
+    /// The hash tag of derived keys in Redis Cluster when the lock key has a `}`.
+    tag: Option<String>,
+}
+
+impl Layout {
+    fn new(prefix: &str, name: &str, cluster: bool) -> Result<Layout> {
+        validate_name(name)?;
+        let lock = format!("{prefix}{name}");
+        let refuse = |what: &str| LockError::InvalidName {
+            name: format!("{name:?}"),
+            reason: format!("with the key prefix {prefix:?} its key would be {what}"),
+        };
+        // Another name's derived keys are `{<prefix><other>}:<suffix>`;
+        // refuse names whose lock key has that shape (possible only with an
+        // empty prefix, or one made of braces).
+        if lock.starts_with(&format!("{{{prefix}"))
+            && let Some(suffix) = DERIVED.iter().find(|s| lock.ends_with(&format!("}}:{s}")))
+        {
+            return Err(refuse(&format!("the {suffix} key of another lock")));
+        }
+        if cluster && let Some(suffix) = cluster_derived_shape(&lock, prefix) {
+            return Err(refuse(&format!(
+                "the {suffix} key of another lock in Redis Cluster"
+            )));
+        }
+        let tag = (cluster && lock.contains('}')).then(|| match hash_tag(lock.as_bytes()) {
+            // The tag has no `}`: `{tag}` is a hash tag again.
+            Some(tag) => String::from_utf8_lossy(tag).into_owned(),
+            None => slot_tag(key_slot(lock.as_bytes())).to_owned(),
+        });
+        Ok(Layout { lock, tag })
+    }
+
+    fn derived(&self, suffix: &str) -> String {
+        match &self.tag {
+            None => format!("{{{}}}:{suffix}", self.lock),
+            Some(tag) => format!("{{{tag}}}:{suffix}:{}", self.lock),
+        }
+    }
+
+    fn channel(&self, suffix: &str) -> String {
+        format!("{{{}}}:{suffix}", self.lock)
+    }
+
+    fn lock_keys(self) -> Keys {
+        Keys {
+            fence: self.derived("fence"),
+            readers: self.derived("readers"),
+            writer_waiting: self.derived("writer-waiting"),
+            channel: self.channel("released"),
+            lock: self.lock,
+        }
+    }
+
+    fn semaphore_keys(self) -> SemaphoreKeys {
+        SemaphoreKeys {
+            permits: self.derived("semaphore"),
+            fence: self.derived("semaphore-fence"),
+            channel: self.channel("semaphore-released"),
+        }
+    }
+}
+
+/// Which derived key `lock` looks like in Redis Cluster, if it has the
+/// shape `{<tag>}:<suffix>:<prefix>…}…` of [`Layout::derived`].
+fn cluster_derived_shape(lock: &str, prefix: &str) -> Option<&'static str> {
+    let after = lock.strip_prefix('{')?.split_once('}')?.1;
+    DERIVED.iter().copied().find(|suffix| {
+        after
+            .strip_prefix(':')
+            .and_then(|rest| rest.strip_prefix(suffix))
+            .and_then(|rest| rest.strip_prefix(':'))
+            .is_some_and(|inner| inner.starts_with(prefix) && inner.contains('}'))
+    })
 }
 
 /// The number of hash slots of Redis Cluster.
@@ -178,7 +266,13 @@ mod tests {
         assert_eq!(keys.lock, "lockkit:orders/42");
         assert_eq!(keys.fence, "{lockkit:orders/42}:fence");
         assert_eq!(keys.channel, "{lockkit:orders/42}:released");
+        assert_eq!(keys.readers, "{lockkit:orders/42}:readers");
+        assert_eq!(keys.writer_waiting, "{lockkit:orders/42}:writer-waiting");
         assert_eq!(Keys::new("", "job").unwrap().lock, "job");
+        let sem = SemaphoreKeys::new("lockkit:", "orders/42").unwrap();
+        assert_eq!(sem.permits, "{lockkit:orders/42}:semaphore");
+        assert_eq!(sem.fence, "{lockkit:orders/42}:semaphore-fence");
+        assert_eq!(sem.channel, "{lockkit:orders/42}:semaphore-released");
     }
 
     #[test]
@@ -221,11 +315,21 @@ mod tests {
                     continue;
                 };
                 assert_eq!(keys.lock, format!("{prefix}{name}"));
-                assert_eq!(
-                    key_slot(keys.lock.as_bytes()),
-                    key_slot(keys.fence.as_bytes()),
-                    "{prefix:?} {name:?}: {keys:?}"
-                );
+                let sem = SemaphoreKeys::for_cluster(prefix, name).unwrap();
+                let slot = key_slot(keys.lock.as_bytes());
+                for derived in [
+                    &keys.fence,
+                    &keys.readers,
+                    &keys.writer_waiting,
+                    &sem.permits,
+                    &sem.fence,
+                ] {
+                    assert_eq!(
+                        slot,
+                        key_slot(derived.as_bytes()),
+                        "{prefix:?} {name:?}: {derived:?}"
+                    );
+                }
                 if !keys.lock.contains('}') {
                     assert_eq!(keys, Keys::new(prefix, name).unwrap());
                 }
@@ -250,6 +354,9 @@ mod tests {
     #[test]
     fn fence_lookalikes_are_refused_only_where_they_collide() {
         assert!(Keys::new("", "{job}:fence").is_err());
+        assert!(Keys::new("", "{job}:readers").is_err());
+        assert!(SemaphoreKeys::new("", "{job}:semaphore").is_err());
+        assert!(Keys::for_cluster("", "{t}:readers:a}b").is_err());
         assert!(Keys::new("lockkit:", "{lockkit:job}:fence").is_ok());
         assert!(Keys::new("lockkit:", "{job}:fence").is_ok());
     }

@@ -14,10 +14,12 @@ mod sentinel;
 mod settings;
 mod url;
 
-pub use backend::{REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock};
+pub use backend::{
+    REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisKey, RedisLock,
+};
 pub use builder::RedisLockBuilder;
-pub use instance::{Holder, RedisInstance};
-pub use keys::{DEFAULT_PREFIX, Keys};
+pub use instance::{Holder, Holdings, RedisInstance};
+pub use keys::{DEFAULT_PREFIX, Keys, SemaphoreKeys};
 pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
     DEFAULT_WAIT_TIMEOUT, RedisConfig,

@@ -29,19 +29,166 @@ end
     };
 }
 
-/// KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] ttl in
-/// ms, ARGV[3] "1" to draw a fencing token.
-/// Returns {1, fencing token (0 without fencing)} when granted, {0, holder's PTTL} when not.
+/// The server's clock in ms, and keeping a sorted set of leases alive as
+/// long as its longest lease (so that an abandoned set expires).
+macro_rules! lease_sets {
+    () => {
+        r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function keep_alive(key, ttl)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+"
+    };
+}
+
+/// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] waiting
+/// writer; ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
+/// fencing token, ARGV[4] "1" to record the caller as a waiting writer when
+/// readers hold.
+/// Returns {1, fencing token (0 without fencing)} when granted, {0, how long
+/// until a retry may succeed in ms (-1: never by itself)} when not.
 const ACQUIRE: &str = concat!(
     next_fence!(),
+    lease_sets!(),
     r"
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if first[1] then
+    local wait = tonumber(first[2]) - now
+    if ARGV[4] == '1' then
+      redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+      wait = math.min(wait, math.floor(tonumber(ARGV[2]) / 2))
+    end
+    return {0, wait}
+  end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[4])
   if ARGV[3] == '1' then
     return {1, next_fence(KEYS[2])}
   end
   return {1, 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}
+"
+);
+
+/// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] waiting
+/// writer; ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
+/// fencing token. A shared holding, unless a writer holds or waits.
+/// Returns as [`ACQUIRE`].
+const ACQUIRE_SHARED: &str = concat!(
+    next_fence!(),
+    lease_sets!(),
+    r"
+local held = redis.call('PTTL', KEYS[1])
+if held ~= -2 then
+  return {0, held}
+end
+local waiting = redis.call('PTTL', KEYS[4])
+if waiting ~= -2 then
+  return {0, waiting}
+end
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
+keep_alive(KEYS[3], ttl)
+if ARGV[3] == '1' then
+  return {1, next_fence(KEYS[2])}
+end
+return {1, 0}
+"
+);
+
+/// KEYS[1] permits, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2] ttl
+/// in ms, ARGV[3] "1" to draw a fencing token, ARGV[4] the number of
+/// permits. Expired permits are reclaimed first. Returns as [`ACQUIRE`].
+const ACQUIRE_PERMIT: &str = concat!(
+    next_fence!(),
+    lease_sets!(),
+    r"
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(first[2]) - now}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+keep_alive(KEYS[1], ttl)
+if ARGV[3] == '1' then
+  return {1, next_fence(KEYS[2])}
+end
+return {1, 0}
+"
+);
+
+/// KEYS[1] a sorted set of leases (readers, permits); ARGV[1] owner token,
+/// ARGV[2] ttl in ms. Returns 1 if the owner's lease was live and now ends
+/// ttl from now.
+const EXTEND_MEMBER: &str = concat!(
+    lease_sets!(),
+    r"
+local now = now_ms()
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) > now then
+  local ttl = tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
+  keep_alive(KEYS[1], ttl)
+  return 1
+end
+return 0
+"
+);
+
+/// KEYS[1] a sorted set of leases; ARGV[1] owner token, ARGV[2] release
+/// channel. Removes the owner's lease and wakes waiters. Returns 1 if the
+/// lease was live.
+const RELEASE_MEMBER: &str = concat!(
+    lease_sets!(),
+    r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  if tonumber(score) > now_ms() then
+    return 1
+  end
+end
+return 0
+"
+);
+
+/// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] sorted set of leases;
+/// ARGV[1] "1" if KEYS[1] is a lock key to check (not for a semaphore).
+/// Returns {holders, remaining ms of the longest lease (-1: no expiry), last
+/// fencing token (-1: none)}.
+const STATUS: &str = concat!(
+    lease_sets!(),
+    r"
+local fence = tonumber(redis.call('GET', KEYS[2])) or -1
+if ARGV[1] == '1' then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl ~= -2 then
+    return {1, pttl, fence}
+  end
+end
+local now = now_ms()
+local n = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+if n > 0 then
+  local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  return {n, tonumber(last[2]) - now, fence}
+end
+return {0, 0, fence}
 "
 );
 
@@ -53,9 +200,11 @@ end
 return 0
 ";
 
-/// KEYS[1] lock key; ARGV[1] owner token, ARGV[2] release channel, ARGV[3] "1"
-/// to wake waiters. Deletes the key only if it holds our token, then publishes
-/// the release if asked. Returns 1 if released.
+/// KEYS[1] lock key, KEYS[2] waiting writer; ARGV[1] owner token, ARGV[2]
+/// release channel, ARGV[3] "1" to wake waiters. Deletes the key only if it
+/// holds our token, then publishes the release if asked; otherwise removes
+/// the owner's record as a waiting writer, if it is there (and wakes the
+/// readers it kept waiting). Returns 1 if released.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -63,6 +212,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PUBLISH', ARGV[2], '')
   end
   return 1
+end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  redis.call('PUBLISH', ARGV[2], '')
 end
 return 0
 ";
@@ -87,17 +240,37 @@ return -1
 
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
+    pub(crate) acquire_shared: Script,
+    pub(crate) acquire_permit: Script,
     pub(crate) extend: Script,
+    pub(crate) extend_member: Script,
     pub(crate) release: Script,
+    pub(crate) release_member: Script,
     pub(crate) hand_over: Script,
+    pub(crate) status: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
+    acquire_shared: Script::new(ACQUIRE_SHARED),
+    acquire_permit: Script::new(ACQUIRE_PERMIT),
     extend: Script::new(EXTEND),
+    extend_member: Script::new(EXTEND_MEMBER),
     release: Script::new(RELEASE),
+    release_member: Script::new(RELEASE_MEMBER),
     hand_over: Script::new(HAND_OVER),
+    status: Script::new(STATUS),
 });
 
 /// The sources, for `SCRIPT LOAD` at connect time.
-pub(crate) const SOURCES: [&str; 4] = [ACQUIRE, EXTEND, RELEASE, HAND_OVER];
+pub(crate) const SOURCES: [&str; 9] = [
+    ACQUIRE,
+    ACQUIRE_SHARED,
+    ACQUIRE_PERMIT,
+    EXTEND,
+    EXTEND_MEMBER,
+    RELEASE,
+    RELEASE_MEMBER,
+    HAND_OVER,
+    STATUS,
+];

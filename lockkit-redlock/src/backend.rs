@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_core::backend::{Attempt, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
-use lockkit_core::{Capabilities, FencingToken, LockStatus, ReleaseOnCrash, Result};
+use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 use lockkit_redis::{Keys, RedisInstance};
 use tokio::sync::watch;
 
@@ -176,7 +176,8 @@ impl LeaseBackend for RedlockBackend {
         REDLOCK_CAPABILITIES
     }
 
-    fn key(&self, name: &str) -> Result<Keys> {
+    /// Exclusive holdings only, so far.
+    fn key(&self, name: &str, _kind: LockKind) -> Result<Keys> {
         Keys::new(&self.prefix, name)
     }
 
@@ -191,6 +192,7 @@ impl LeaseBackend for RedlockBackend {
         keys: &Keys,
         owner: &OwnerToken,
         ttl: Duration,
+        _intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let quorum = self.quorum;
         let total = self.instances.len();
@@ -204,7 +206,9 @@ impl LeaseBackend for RedlockBackend {
                 |index, instance| {
                     let (keys, owner) = (keys.clone(), owner.clone());
                     let (request, finished) = tracked(async move {
-                        instance.try_lock(&keys, owner.as_str(), ttl, false).await
+                        instance
+                            .try_lock(&keys, owner.as_str(), ttl, false, false)
+                            .await
                     });
                     done.push((index, finished));
                     request

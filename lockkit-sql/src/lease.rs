@@ -8,9 +8,9 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use lockkit_core::backend::{
-    Attempt, Handover, LeaseBackend, OwnerToken, ReleaseWatch, validate_name,
+    Attempt, Handover, Intent, LeaseBackend, OwnerToken, ReleaseWatch, validate_name,
 };
-use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 
 use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
@@ -124,8 +124,9 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         D::CAPABILITIES
     }
 
-    /// Names are stored as they are (bound parameters; byte-wise comparison).
-    fn key(&self, name: &str) -> Result<String> {
+    /// Names are stored as they are (bound parameters; byte-wise
+    /// comparison). Exclusive holdings only, so far.
+    fn key(&self, name: &str, _kind: LockKind) -> Result<String> {
         validate_name(name)?;
         Ok(name.to_owned())
     }
@@ -141,6 +142,7 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         name: &String,
         owner: &OwnerToken,
         ttl: Duration,
+        _intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut loan = self.pool.lend(&self.settings).await?;
         loan.undo_with(self.undo_acquire(name, owner.as_str()));

@@ -18,7 +18,8 @@ use lockkit_core::backend::{
     DEADLINE_GRACE, Lease, LossNotifier, QueueBackend, Waiter, validate_name,
 };
 use lockkit_core::{
-    Capabilities, FencingToken, LockError, LockGuard, LockOptions, LockStatus, LostReason, Result,
+    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
+    LostReason, Result,
 };
 use tokio::time::Instant;
 
@@ -293,7 +294,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         Ok(Some(guard))
     }
 
-    async fn status(&self, name: &str) -> Result<LockStatus> {
+    async fn status(&self, name: &str, _kind: LockKind) -> Result<LockStatus> {
         let db = &self.conns.db;
         db.status(&db.key(name)).await
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use lockkit_core::backend::{Lease, OwnerToken, QueueBackend, QueuedLock, Waiter};
 use lockkit_core::{
-    Capabilities, FencingToken, LockError, LockGuard, LockOptions, LockStatus, ReleaseOnCrash,
-    Result,
+    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
+    ReleaseOnCrash, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError};
@@ -414,7 +414,7 @@ impl QueueBackend for ZkBackend {
     /// The contenders under the lock's node: the first holds the lock (its
     /// `czxid` is the holder's fencing token), the others wait. No TTL: the
     /// holding lasts as long as the holder's session.
-    async fn status(&self, name: &str) -> Result<LockStatus> {
+    async fn status(&self, name: &str, _kind: LockKind) -> Result<LockStatus> {
         let dir = lock_dir(&self.sessions.settings.root, name)?;
         let session = self.sessions.session().await?;
         // The head may leave between the listing and its stat: look again.

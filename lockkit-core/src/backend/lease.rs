@@ -5,6 +5,12 @@
 //! [`DistributedLock`]: validation, a per-name local FIFO, the shared wait policy
 //! with release notifications, cancellation safety, guards with a watchdog, and
 //! tracing.
+//!
+//! Shared holdings and semaphore permits go through the same operations: the
+//! kind is part of the key ([`LeaseBackend::key`]), each holding has its own
+//! owner token and lease, and only exclusive holdings use the local FIFO and
+//! the local hand-over (readers and permit holders of one client hold
+//! together, so queueing them locally would only serialise them).
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +28,7 @@ use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::guard::{Lease, LockGuard};
 use crate::lock::DistributedLock;
-use crate::options::{LockOptions, Wait, clock_drift};
+use crate::options::{LockKind, LockOptions, Wait, clock_drift};
 use crate::status::LockStatus;
 
 /// The primitive operations of a lease-based backend; see [`LeaseLock`].
@@ -43,23 +49,41 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// Checks `name` — at least with [`validate_name`](crate::backend::validate_name) —
-    /// and maps it into the backend's keyspace, injectively.
-    fn key(&self, name: &str) -> Result<Self::Key>;
+    /// and maps a holding of `kind` on it into the backend's keyspace,
+    /// injectively. Exclusive and shared holdings of a name are the two
+    /// sides of one reader-writer lock; a semaphore of the same name is
+    /// unrelated to it. Only called with kinds the backend's
+    /// [`capabilities`](Self::capabilities) claim.
+    fn key(&self, name: &str, kind: LockKind) -> Result<Self::Key>;
 
-    /// Takes the lock for `owner` for `ttl` if nobody holds it: the fencing
-    /// token (if the backend has them) on success, the holder's remaining lease
-    /// (if known) otherwise.
+    /// Takes a holding for `owner` for `ttl` if the rules of its kind allow:
+    /// an exclusive one if nobody holds the name, a shared one if no
+    /// exclusive holding is held *or waited for*, a permit if fewer than
+    /// `permits` are held. The fencing token (if the backend has them, drawn
+    /// from one sequence per name for both sides of a reader-writer lock) on
+    /// success, the holder's remaining lease (if known) otherwise.
+    ///
+    /// With [`Intent::Wait`], a backend with shared holdings records a busy
+    /// exclusive attempt as waiting, for about `ttl`, so that new shared
+    /// attempts are busy until the writer has had its turn (no writer
+    /// starvation); the record goes when the writer is granted, when
+    /// [`release`](Self::release) is called with its owner (the engine does
+    /// when a waiting acquire ends without a holding), or when it expires.
+    /// Its `retry_after` is then at most `ttl / 2`, so the record is renewed
+    /// by the next attempt before it runs out.
     async fn try_lock(
         &self,
         key: &Self::Key,
         owner: &OwnerToken,
         ttl: Duration,
+        intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>>;
 
     /// Makes `owner`'s lease end `ttl` from now. `Ok(false)`: not `owner`'s.
     async fn extend(&self, key: &Self::Key, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
 
-    /// Deletes `owner`'s lease and wakes waiters. `Ok(false)`: not `owner`'s.
+    /// Deletes `owner`'s lease (and its record as a waiting writer, if any)
+    /// and wakes waiters. `Ok(false)`: no lease of `owner`'s.
     async fn release(&self, key: &Self::Key, owner: &OwnerToken) -> Result<bool>;
 
     /// Whether [`hand_over`](Self::hand_over) works. Default: false.
@@ -102,6 +126,16 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
         let _ = key;
         Ok(ReleaseWatch::none())
     }
+}
+
+/// Whether an attempt is part of an acquisition that waits; see
+/// [`LeaseBackend::try_lock`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intent {
+    /// `try_acquire`, or `acquire` without a wait: busy is the final answer.
+    Try,
+    /// An `acquire` that waits and tries again while busy.
+    Wait,
 }
 
 /// The answer of [`LeaseBackend::hand_over`].
@@ -152,53 +186,69 @@ impl<B: LeaseBackend> LeaseLock<B> {
         &self.backend
     }
 
-    /// Valid options of a kind this backend can hold (exclusive only, so far).
-    fn check(&self, opts: &LockOptions) -> Result<()> {
+    /// The key of a valid request of a kind this backend can hold.
+    fn check(&self, name: &str, opts: &LockOptions) -> Result<B::Key> {
+        let key = self.backend.key(name, LockKind::Exclusive)?;
         opts.validate()?;
         opts.check_supported(
             self.backend.backend_name(),
             &self.backend.capabilities(),
             false,
-        )
+        )?;
+        match opts.kind() {
+            LockKind::Exclusive => Ok(key),
+            kind => self.backend.key(name, kind),
+        }
     }
 
     async fn try_acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let key = self.backend.key(name)?;
-        self.check(opts)?;
-        let Some(slot) = self.local.try_enter(name) else {
-            return Ok(None);
+        let key = self.check(name, opts)?;
+        let slot = if opts.kind() == LockKind::Exclusive {
+            let Some(slot) = self.local.try_enter(name) else {
+                return Ok(None);
+            };
+            if let Some(guard) = self.adopt(&slot, name, opts).await {
+                guard.attach_slot(slot);
+                return Ok(Some(guard));
+            }
+            Some(slot)
+        } else {
+            None
         };
-        if let Some(guard) = self.adopt(&slot, name, opts).await {
-            guard.attach_slot(slot);
-            return Ok(Some(guard));
-        }
         let mut waiter = Waiter::new(name, opts);
         let mut grant = Grant::new(&self.backend, name, key, opts);
-        Ok(match grant.attempt(&mut waiter).await? {
+        Ok(match grant.attempt(&mut waiter, Intent::Try).await? {
             Attempt::Acquired(fencing) => Some(grant.into_guard(fencing, slot)),
             Attempt::Busy { .. } => None,
         })
     }
 
     async fn acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        let key = self.backend.key(name)?;
-        self.check(opts)?;
+        let key = self.check(name, opts)?;
         let mut waiter = Waiter::new(name, opts);
-        let slot = if opts.wait() == Wait::NoWait {
-            self.local
-                .try_enter(name)
-                .ok_or_else(|| waiter.timeout_error())?
-        } else {
-            waiter.until_deadline(self.local.enter(name)).await?
+        let slot = match (opts.kind(), opts.wait()) {
+            (LockKind::Exclusive, Wait::NoWait) => Some(
+                self.local
+                    .try_enter(name)
+                    .ok_or_else(|| waiter.timeout_error())?,
+            ),
+            (LockKind::Exclusive, _) => Some(waiter.until_deadline(self.local.enter(name)).await?),
+            _ => None,
         };
-        if let Some(guard) = self.adopt(&slot, name, opts).await {
-            guard.attach_slot(slot);
+        if let Some(entered) = &slot
+            && let Some(guard) = self.adopt(entered, name, opts).await
+        {
+            guard.attach_slot(slot.expect("entered"));
             return Ok(guard);
         }
+        let intent = match opts.wait() {
+            Wait::NoWait => Intent::Try,
+            _ => Intent::Wait,
+        };
         let mut grant = Grant::new(&self.backend, name, key, opts);
         let mut watch = None;
         loop {
-            match grant.attempt(&mut waiter).await? {
+            match grant.attempt(&mut waiter, intent).await? {
                 Attempt::Acquired(fencing) => return Ok(grant.into_guard(fencing, slot)),
                 Attempt::Busy { retry_after } => {
                     let key = grant.key.clone();
@@ -288,11 +338,17 @@ impl<B: LeaseBackend> DistributedLock for LeaseLock<B> {
     }
 
     async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
-        self.backend.watch(&self.backend.key(name)?).await
+        self.backend
+            .watch(&self.backend.key(name, LockKind::Exclusive)?)
+            .await
     }
 
     async fn status(&self, name: &str) -> Result<LockStatus> {
-        let key = self.backend.key(name)?;
+        self.status_of(name, LockKind::Exclusive).await
+    }
+
+    async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
+        let key = self.check(name, &LockOptions::of_kind(kind))?;
         self.backend.status(&key).await
     }
 }
@@ -318,6 +374,10 @@ struct Grant<'a, B: LeaseBackend> {
     auto_renew: bool,
     sent: Instant,
     in_doubt: bool,
+    /// The last attempt may have left a record of this acquisition as a
+    /// waiting writer ([`Intent::Wait`]), which a release with its owner
+    /// removes.
+    waiting_recorded: bool,
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
@@ -331,18 +391,29 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             auto_renew: opts.auto_renews(),
             sent: Instant::now(),
             in_doubt: false,
+            waiting_recorded: false,
         }
     }
 
     /// One `try_lock`, bounded by the waiter. Every attempt has an owner token
     /// of its own, so that whatever cleans up after one attempt (a rollback
     /// still in flight on a slow server) can never touch the next one's lease.
-    async fn attempt(&mut self, waiter: &mut Waiter<'_>) -> Result<Attempt<Option<FencingToken>>> {
+    async fn attempt(
+        &mut self,
+        waiter: &mut Waiter<'_>,
+        intent: Intent,
+    ) -> Result<Attempt<Option<FencingToken>>> {
         self.owner = OwnerToken::new();
         self.sent = Instant::now();
         self.in_doubt = true;
+        // The new attempt replaces (or, granted, removes) any record the
+        // previous one left.
+        self.waiting_recorded = intent == Intent::Wait;
         let outcome = waiter
-            .attempt(self.backend.try_lock(&self.key, &self.owner, self.ttl))
+            .attempt(
+                self.backend
+                    .try_lock(&self.key, &self.owner, self.ttl, intent),
+            )
             .await?;
         if let Attempt::Acquired(_) = outcome
             && Instant::now() >= self.sent + self.ttl - clock_drift(self.ttl)
@@ -357,10 +428,15 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             ));
         }
         self.in_doubt = false;
+        if let Attempt::Acquired(_) = outcome {
+            self.waiting_recorded = false;
+        }
         Ok(outcome)
     }
 
-    fn into_guard(self, fencing: Option<FencingToken>, slot: LocalSlot) -> LockGuard {
+    /// The guard of the granted holding; `slot` is the client's turn on the
+    /// name (exclusive holdings only), through which it may be passed on.
+    fn into_guard(self, fencing: Option<FencingToken>, slot: Option<LocalSlot>) -> LockGuard {
         let guard = held_guard(
             self.backend,
             self.name,
@@ -370,16 +446,18 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             self.ttl,
             self.sent,
             self.auto_renew,
-            Some(slot.handle()),
+            slot.as_ref().map(LocalSlot::handle),
         );
-        guard.attach_slot(slot);
+        if let Some(slot) = slot {
+            guard.attach_slot(slot);
+        }
         guard
     }
 }
 
 impl<B: LeaseBackend> Drop for Grant<'_, B> {
     fn drop(&mut self) {
-        if !self.in_doubt {
+        if !self.in_doubt && !self.waiting_recorded {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

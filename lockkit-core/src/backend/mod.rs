@@ -37,12 +37,12 @@ pub(crate) mod url;
 pub(crate) mod wait;
 
 pub use crate::guard::{Lease, LossNotifier};
-pub use crate::memory::{HolderInfo, MEMORY_CAPABILITIES, MemoryBackend};
+pub use crate::memory::{HolderInfo, MEMORY_CAPABILITIES, MemoryBackend, MemoryKey};
 pub use crate::name::validate_name;
 pub use crate::options::{check_ttl, clock_drift};
 pub use deferred::{ScheduledSpawn, spawn_at};
 pub use driver::{ConnectFn, ConnectFuture, Driver, boxed_connect};
-pub use lease::{Handover, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
+pub use lease::{Handover, Intent, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
 pub use local_queue::{Baton, LocalHandle, LocalQueue, LocalSlot};
 pub use notify::{NotifyHub, ReleaseWatch};
 pub use queued::{QueueBackend, QueuedLock};

@@ -9,7 +9,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
 use crate::lock::DistributedLock;
-use crate::options::{LockOptions, Wait};
+use crate::options::{LockKind, LockOptions, Wait};
 use crate::status::LockStatus;
 
 /// The primitive of a backend whose server keeps the queue of waiters
@@ -17,7 +17,9 @@ use crate::status::LockStatus;
 /// locks): join the queue and wait there. [`QueuedLock`] adds the rest, the
 /// same for each such backend: the option checks, the shared wait semantics,
 /// a per-name local FIFO (so that the tasks of one client queue here, not on
-/// the server), and the `lockkit.acquire` span.
+/// the server), and the `lockkit.acquire` span. Only exclusive requests
+/// queue locally: readers and permit holders of one client may hold
+/// together, so they go to the server's queue at once.
 #[async_trait::async_trait]
 pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// The backend's name for logs and errors, e.g. `"zookeeper"`.
@@ -43,8 +45,9 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
         no_wait: bool,
     ) -> Result<Option<LockGuard>>;
 
-    /// See [`DistributedLock::status`].
-    async fn status(&self, name: &str) -> Result<LockStatus>;
+    /// See [`DistributedLock::status_of`]; only called with kinds the
+    /// backend's capabilities claim.
+    async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus>;
 }
 
 /// A full [`DistributedLock`] over a [`QueueBackend`].
@@ -86,18 +89,22 @@ impl<B: QueueBackend> QueuedLock<B> {
         opts.check_supported(self.backend.backend(), &self.backend.capabilities(), false)?;
         let mut waiter = Waiter::new(name, opts);
         let no_wait = try_only || opts.wait() == Wait::NoWait;
-        let slot = if no_wait {
+        let slot = if opts.kind() != LockKind::Exclusive {
+            None
+        } else if no_wait {
             match self.local.try_enter(name) {
-                Some(slot) => slot,
+                Some(slot) => Some(slot),
                 None if try_only => return Ok(None),
                 None => return Err(waiter.timeout_error()),
             }
         } else {
-            waiter.until_deadline(self.local.enter(name)).await?
+            Some(waiter.until_deadline(self.local.enter(name)).await?)
         };
         match self.backend.lock(name, opts, &mut waiter, no_wait).await? {
             Some(guard) => {
-                guard.attach_slot(slot);
+                if let Some(slot) = slot {
+                    guard.attach_slot(slot);
+                }
                 Ok(Some(guard))
             }
             None if try_only => Ok(None),
@@ -139,7 +146,14 @@ impl<B: QueueBackend> DistributedLock for QueuedLock<B> {
     }
 
     async fn status(&self, name: &str) -> Result<LockStatus> {
+        self.status_of(name, LockKind::Exclusive).await
+    }
+
+    async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
         self.backend.check_name(name)?;
-        self.backend.status(name).await
+        let opts = LockOptions::of_kind(kind);
+        opts.validate()?;
+        opts.check_supported(self.backend.backend(), &self.backend.capabilities(), false)?;
+        self.backend.status(name, kind).await
     }
 }

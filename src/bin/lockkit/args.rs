@@ -50,8 +50,9 @@ pub(crate) enum Command {
     /// unavailable; 70 when the lock was lost while CMD ran; 64 for a usage
     /// error; 126/127 when CMD cannot be run or is not found.
     Exec(ExecArgs),
-    /// Print whether NAME is held, with its fencing token, remaining lease and
-    /// queued waiters where the backend can tell.
+    /// Print whether NAME is held, with its fencing token, remaining lease,
+    /// number of holders (readers, permits) and queued waiters where the
+    /// backend can tell.
     Status(StatusArgs),
 }
 
@@ -72,6 +73,18 @@ pub(crate) struct ExecArgs {
     /// Give up at once if the lock is held (exit 75).
     #[arg(long)]
     pub(crate) no_wait: bool,
+
+    /// Take the read side of NAME's reader-writer lock: other `--shared`
+    /// holders run at the same time, a plain `exec NAME` waits for them all
+    /// (and new readers wait behind a waiting writer).
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) shared: bool,
+
+    /// Take one of N permits of the semaphore NAME (a namespace of its own:
+    /// unrelated to the lock NAME). Every user of the semaphore should pass
+    /// the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) permits: Option<u32>,
 
     /// What to do when the lock is lost while CMD runs: `kill` sends CMD
     /// SIGTERM, then SIGKILL after the grace period; `ignore` lets it finish.
@@ -97,6 +110,10 @@ pub(crate) struct ExecArgs {
 pub(crate) struct StatusArgs {
     /// The lock name.
     pub(crate) name: String,
+
+    /// Ask about the semaphore NAME instead of the lock NAME.
+    #[arg(long)]
+    pub(crate) semaphore: bool,
 
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
@@ -174,6 +191,27 @@ mod tests {
         assert_eq!(exec.wait, WaitFor::Forever);
         assert_eq!(exec.on_lost, OnLost::Kill);
         assert!(Cli::try_parse_from(["lockkit", "exec", "job"]).is_err());
+        assert!(!exec.shared && exec.permits.is_none());
+        for bad in [
+            &["--permits", "0"][..],
+            &["--permits", "-1"],
+            &["--permits", "many"],
+            &["--shared", "--permits", "2"],
+        ] {
+            let line = ["lockkit", "exec", "job"]
+                .iter()
+                .chain(bad)
+                .chain(&["--", "true"]);
+            assert!(Cli::try_parse_from(line).is_err(), "{bad:?}");
+        }
+        let Command::Exec(exec) =
+            Cli::try_parse_from(["lockkit", "exec", "job", "--permits", "4", "--", "true"])
+                .unwrap()
+                .command
+        else {
+            panic!("exec")
+        };
+        assert_eq!(exec.permits, Some(4));
         assert!(
             Cli::try_parse_from([
                 "lockkit",

@@ -34,6 +34,12 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
         Err(error) => return report("connect", &error),
     };
     let mut opts = LockOptions::new().ttl(args.ttl).auto_renew(true);
+    if args.shared {
+        opts = opts.shared();
+    }
+    if let Some(permits) = args.permits {
+        opts = opts.semaphore(permits);
+    }
     opts = match (args.no_wait, args.wait) {
         (true, _) => opts.no_wait(),
         (false, WaitFor::Forever) => opts.wait_forever(),

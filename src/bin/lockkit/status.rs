@@ -1,5 +1,7 @@
 //! `lockkit status`: who holds a lock.
 
+use lockkit::LockKind;
+
 use crate::args::StatusArgs;
 use crate::exit::{Exit, report};
 
@@ -8,9 +10,15 @@ pub(crate) async fn run(url: &str, args: StatusArgs) -> Exit {
         Ok(locks) => locks,
         Err(error) => return report("connect", &error),
     };
-    let status = match locks.status(&args.name).await {
+    let (kind, what) = if args.semaphore {
+        // Any number of permits: a status does not depend on it.
+        (LockKind::Semaphore { permits: 1 }, "semaphore")
+    } else {
+        (LockKind::Exclusive, "lock")
+    };
+    let status = match locks.status_of(&args.name, kind).await {
         Ok(status) => status,
-        Err(error) => return report(&format!("status of lock {:?}", args.name), &error),
+        Err(error) => return report(&format!("status of {what} {:?}", args.name), &error),
     };
     if args.json {
         let json = serde_json::json!({
@@ -23,6 +31,8 @@ pub(crate) async fn run(url: &str, args: StatusArgs) -> Exit {
                 .filter(|left| *left != std::time::Duration::MAX)
                 .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
             "waiters": status.waiters,
+            "holders": status.holders,
+            "holder": status.holder,
         });
         println!("{json}");
     } else {

@@ -1,0 +1,185 @@
+#![allow(clippy::print_stdout)]
+//! The lock family against the exclusive lock, per backend, in one run: an
+//! uncontended `acquire` + `release` cycle of a shared (read) holding and of
+//! a semaphore permit, each paired with the exclusive cycle of the same
+//! backend, on a current-thread and on a multi-thread tokio runtime (the two
+//! flavours applications run).
+//!
+//! * `family_<flavour>_<backend>/exclusive`: `acquire` + `release`, exclusive.
+//! * `family_<flavour>_<backend>/shared`: the same with `LockOptions::shared()`.
+//! * `family_<flavour>_<backend>/permit`: the same with `semaphore(4)`.
+//!
+//! The targets are judged on interleaved rounds (every kind in every round,
+//! their order rotated), so that the shared machine's drift cancels out: a
+//! shared cycle and a permit cycle within 1.2 × the exclusive cycle.
+//!
+//! The backends are the catalog's (`LOCKKIT_BENCH_BACKENDS=memory,redis`
+//! limits them); those whose capabilities claim neither kind are left out,
+//! and the summary says so. Run with `cargo bench -p lockkit-benches --bench
+//! family`; the summary is printed and written to
+//! `target/lockkit-bench/family-summary.md`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_benches::{
+    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, bench_then_pair,
+    connect, lockkit_cycle, save_summary, selected,
+};
+use lockkit_core::{DistributedLock, LockOptions};
+use tokio::runtime::Runtime;
+
+const TTL: Duration = Duration::from_secs(30);
+/// The permits of the benchmarked semaphore.
+const PERMITS: u32 = 4;
+
+/// One uncontended cycle of each kind of holding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Shared,
+    Permit,
+}
+
+impl CycleKind for Kind {
+    const ALL: &'static [Kind] = &[Kind::Exclusive, Kind::Shared, Kind::Permit];
+
+    fn bench(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "exclusive",
+            Kind::Shared => "shared",
+            Kind::Permit => "permit",
+        }
+    }
+}
+
+/// One backend's client on one runtime, with a name per kind.
+struct Fixture {
+    lock: Arc<dyn DistributedLock>,
+    names: [String; 3],
+}
+
+impl Fixture {
+    fn opts(kind: Kind) -> LockOptions {
+        let opts = LockOptions::new().ttl(TTL);
+        match kind {
+            Kind::Exclusive => opts,
+            Kind::Shared => opts.shared(),
+            Kind::Permit => opts.semaphore(PERMITS),
+        }
+    }
+
+    fn name(&self, kind: Kind) -> &str {
+        &self.names[kind as usize]
+    }
+}
+
+impl CycleFixture for Fixture {
+    type Kind = Kind;
+
+    async fn run(&self, kind: Kind) {
+        lockkit_cycle(self.lock.as_ref(), self.name(kind), &Self::opts(kind)).await;
+    }
+}
+
+/// The two runtime flavours.
+fn runtimes() -> [(&'static str, Runtime); 2] {
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    [
+        ("current_thread", current),
+        ("multi_thread", lockkit_benches::runtime()),
+    ]
+}
+
+fn main() {
+    let mode = RunMode::from_env();
+    let runtimes = runtimes();
+    let backends = selected();
+    let servers = runtimes[1].1.block_on(Servers::start(&backends));
+    let mut rows = Vec::new();
+    let mut left_out = Vec::new();
+    for (flavour, runtime) in &runtimes {
+        for &backend in &backends {
+            let Some(fixture) = runtime.block_on(fixture(&servers, backend, flavour)) else {
+                if !left_out.contains(&backend) {
+                    left_out.push(backend);
+                }
+                continue;
+            };
+            let group = format!("family_{flavour}_{}", backend.label());
+            let Some(((), paired)) = bench_then_pair(runtime, &group, &fixture, mode, |_| ())
+            else {
+                return;
+            };
+            rows.push((*flavour, backend, paired));
+        }
+    }
+    save_summary(mode, "family", &summary(mode, &rows, &left_out));
+    drop(servers);
+}
+
+/// A client of `backend` made on the calling runtime, warmed up; `None` if
+/// the backend claims neither shared holdings nor semaphores.
+async fn fixture(servers: &Servers, backend: Deployment, flavour: &str) -> Option<Fixture> {
+    let lock = connect(servers, backend)
+        .await
+        .unwrap_or_else(|e| panic!("{backend} connects: {e}"));
+    let caps = lock.capabilities();
+    if !(caps.shared && caps.semaphore) {
+        return None;
+    }
+    let names = ["exclusive", "shared", "permit"]
+        .map(|kind| format!("bench-family-{flavour}-{}-{kind}", backend.label()));
+    let fixture = Fixture { lock, names };
+    for _ in 0..3 {
+        for &kind in Kind::ALL {
+            fixture.run(kind).await;
+        }
+    }
+    Some(fixture)
+}
+
+fn summary(
+    mode: RunMode,
+    rows: &[(&str, Deployment, Interleaved<Kind>)],
+    left_out: &[Deployment],
+) -> String {
+    let mut out = format!(
+        "## The lock family against the exclusive lock ({} run)\n\n\
+         Uncontended `acquire` + `release` per kind; each ratio is the median over interleaved rounds of the kind's round mean ÷ the exclusive cycle's in the same round. \
+         Target: a shared and a permit cycle within 1.2 × the exclusive cycle of the same backend.\n\n\
+         | runtime | backend | exclusive | shared | × exclusive | permit ({PERMITS}) | × exclusive |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+        mode.label()
+    );
+    let limit = Limit::AtMost(1.2);
+    for (flavour, backend, paired) in rows {
+        let judged = |kind| {
+            let (ratio, target) = limit.judge(paired.paired_ratio(kind, Kind::Exclusive));
+            format!("{ratio} {target}")
+        };
+        let _ = writeln!(
+            out,
+            "| {flavour} | {} | {} | {} | {} | {} | {} |",
+            backend.label(),
+            lockkit_benches::fmt_opt_ns(paired.median(Kind::Exclusive)),
+            lockkit_benches::fmt_opt_ns(paired.median(Kind::Shared)),
+            judged(Kind::Shared),
+            lockkit_benches::fmt_opt_ns(paired.median(Kind::Permit)),
+            judged(Kind::Permit),
+        );
+    }
+    if !left_out.is_empty() {
+        let labels: Vec<&str> = left_out.iter().map(|b| b.label()).collect();
+        let _ = writeln!(
+            out,
+            "\nLeft out (their capabilities do not claim both shared holdings and semaphores yet): {}.",
+            labels.join(", ")
+        );
+    }
+    out
+}
