@@ -33,11 +33,13 @@ mod statement;
 
 pub use config::SqlLockBuilder;
 pub use lock::SqlLock;
-pub use names::{DEFAULT_TABLE, MAX_TABLE_LEN, advisory_key, named_lock_name, validate_table};
+pub use names::{
+    DEFAULT_TABLE, MAX_TABLE_LEN, advisory_key, named_lock_name, semaphore_slot_key, validate_table,
+};
 pub use settings::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIVENESS_INTERVAL,
-    DEFAULT_MAX_CONNECTIONS, Database, Mode, NOTIFIED_LEASE_CAPABILITIES,
-    POLLED_LEASE_CAPABILITIES, SESSION_CAPABILITIES,
+    ADVISORY_CAPABILITIES, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_LIVENESS_INTERVAL, DEFAULT_MAX_CONNECTIONS, Database, Mode,
+    NOTIFIED_LEASE_CAPABILITIES, POLLED_LEASE_CAPABILITIES, SESSION_CAPABILITIES,
 };
 
 /// Connects to the database of a SQL URL; see [`SqlLockBuilder`] for the

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{
-    Capabilities, DistributedLock, LockError, LockGuard, LockOptions, LockStatus, Result,
+    Capabilities, DistributedLock, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
 };
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -336,5 +336,9 @@ impl DistributedLock for SqlLock {
 
     async fn status(&self, name: &str) -> Result<LockStatus> {
         self.inner.status(name).await
+    }
+
+    async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
+        self.inner.status_of(name, kind).await
     }
 }

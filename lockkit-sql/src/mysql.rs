@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::backend::Attempt;
-use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
@@ -487,7 +487,7 @@ impl SessionDb for MySqlSession {
         &self.settings
     }
 
-    fn key(&self, name: &str) -> MyKey {
+    fn key(&self, name: &str, _kind: LockKind) -> MyKey {
         match self.mode {
             MySqlSessionMode::Named => {
                 MyKey::Named(crate::names::named_lock_name(name).into_owned())

@@ -39,6 +39,22 @@ pub fn advisory_key(name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The Postgres advisory-lock key of permit slot `slot` (0-based) of the
+/// semaphore `name`: [`advisory_key`] of the name, a NUL byte and the slot
+/// in decimal. Lock names cannot contain NUL, so slot keys are apart from
+/// every lock's key (but for 64-bit hash collisions). A holder of permit
+/// slot 2 of `jobs` holds `pg_advisory_lock(<key>)` exclusively, so another
+/// client can take a permit by hand by taking one of the slots' keys.
+///
+/// ```
+/// use lockkit_sql::{advisory_key, semaphore_slot_key};
+/// assert_ne!(semaphore_slot_key("jobs", 0), semaphore_slot_key("jobs", 1));
+/// assert_ne!(semaphore_slot_key("jobs", 0), advisory_key("jobs"));
+/// ```
+pub fn semaphore_slot_key(name: &str, slot: u32) -> i64 {
+    advisory_key(&format!("{name}\0{slot}"))
+}
+
 /// The MySQL/MariaDB `GET_LOCK` name of a lock name.
 ///
 /// A name of at most 64 characters (and at most 192 bytes, MariaDB's limit)

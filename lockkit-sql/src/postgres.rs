@@ -1,12 +1,13 @@
 //! PostgreSQL: lease rows woken by `LISTEN/NOTIFY`, `SELECT … FOR UPDATE` row
 //! locks, and `pg_advisory_lock` session locks.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, NotifyHub, ReleaseWatch};
-use lockkit_core::{Capabilities, FencingToken, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use sqlx::{Connection, Postgres};
@@ -14,9 +15,12 @@ use tokio::task::AbortHandle;
 
 use crate::error::is_lock_busy;
 use crate::lease::{Answer, LeaseDialect};
+use crate::names::{advisory_key, semaphore_slot_key};
 use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
-use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
+use crate::settings::{
+    ADVISORY_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, SESSION_CAPABILITIES, Settings,
+};
 use crate::statement::{millis, q};
 
 /// How often a waiting session-lock statement checks that its client is still
@@ -35,6 +39,8 @@ pub(crate) struct PgSql {
     ensure_row: Arc<str>,
     advisory_lock: Arc<str>,
     advisory_try: Arc<str>,
+    advisory_lock_shared: Arc<str>,
+    advisory_try_shared: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
     row_status: Arc<str>,
@@ -104,6 +110,16 @@ impl PgSql {
                  SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
             )
             .into(),
+            // The same sequence: readers' and writers' tokens are one order.
+            advisory_lock_shared: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_advisory_lock_shared($1)) SELECT nextval('{seq}') FROM l"
+            )
+            .into(),
+            advisory_try_shared: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1) AS ok) \
+                 SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
+            )
+            .into(),
             row_lock: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE) \
                  SELECT nextval('{seq}') FROM l"
@@ -150,7 +166,7 @@ pub(crate) async fn migrate(
         .bounded("create the lock table", async {
             let mut tx = conn.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(crate::names::advisory_key("lockkit migrate"))
+                .bind(advisory_key("lockkit migrate"))
                 .execute(&mut *tx)
                 .await?;
             for statement in &sql.migrate {
@@ -403,16 +419,36 @@ const ADVISORY_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), count(*) 
        AND classid = (($1::bigint >> 32) & 4294967295)::oid \
        AND objid = ($1::bigint & 4294967295)::oid";
 
+/// Holders and waiters of advisory locks on any of the 64-bit keys `$1`
+/// (the permit slots of a semaphore).
+const ADVISORY_SLOTS_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+     FROM pg_locks \
+     WHERE locktype = 'advisory' AND objsubid = 1 \
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND (classid, objid) IN \
+           (SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid FROM unnest($1::bigint[]) AS k)";
+
+/// How long one wait on a single permit slot lasts before all slots are
+/// tried again (a permit may come free on another slot meanwhile).
+const SLOT_WAIT: Duration = Duration::from_millis(100);
+
 /// A dedicated connection and the `lock_timeout` currently set on it.
 pub(crate) struct PgConn {
     conn: PgConnection,
     lock_timeout_ms: Option<i64>,
 }
 
-/// The key of a name in a session mode.
-#[derive(Debug, Clone)]
+/// The key of a holding in a session mode.
+#[derive(Debug)]
 pub(crate) enum PgKey {
     Advisory(i64),
+    AdvisoryShared(i64),
+    /// The permit slots of a semaphore, and the slot taken (its key), once
+    /// granted.
+    AdvisorySlots {
+        slots: Vec<i64>,
+        taken: AtomicI64,
+    },
     Row(String),
 }
 
@@ -440,16 +476,25 @@ impl PgSession {
         &self,
         conn: &mut PgConn,
         key: i64,
+        shared: bool,
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
+        let (try_lock, lock) = if shared {
+            (
+                &self.sql.advisory_try_shared,
+                &self.sql.advisory_lock_shared,
+            )
+        } else {
+            (&self.sql.advisory_try, &self.sql.advisory_lock)
+        };
         if wait == ServerWait::NoWait {
-            return sqlx::query_scalar(q(&self.sql.advisory_try))
+            return sqlx::query_scalar(q(try_lock))
                 .bind(key)
                 .fetch_one(&mut conn.conn)
                 .await;
         }
         self.set_lock_timeout(conn, wait).await?;
-        match sqlx::query_scalar(q(&self.sql.advisory_lock))
+        match sqlx::query_scalar(q(lock))
             .bind(key)
             .fetch_one(&mut conn.conn)
             .await
@@ -458,6 +503,44 @@ impl PgSession {
             Err(error) if is_lock_busy(&error) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+}
+
+impl PgSession {
+    /// A permit: each slot tried once without waiting (from a random one,
+    /// so that clients spread over the slots); if none is free and the
+    /// caller waits, a wait of at most [`SLOT_WAIT`] in the server's queue of
+    /// one slot. `None` when no slot was granted (the engine asks again
+    /// while the caller's wait lasts).
+    async fn lock_slot(
+        &self,
+        conn: &mut PgConn,
+        slots: &[i64],
+        taken: &AtomicI64,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        let start = fastrand::usize(..slots.len());
+        let order = slots[start..].iter().chain(&slots[..start]);
+        for &slot in order {
+            if let Some(fence) = self
+                .lock_advisory(conn, slot, false, ServerWait::NoWait)
+                .await?
+            {
+                taken.store(slot, Ordering::SeqCst);
+                return Ok(Some(fence));
+            }
+        }
+        let slice = match wait {
+            ServerWait::NoWait => return Ok(None),
+            ServerWait::For(left) => ServerWait::For(left.min(SLOT_WAIT)),
+            ServerWait::Forever => ServerWait::For(SLOT_WAIT),
+        };
+        let slot = slots[start];
+        let fence = self.lock_advisory(conn, slot, false, slice).await?;
+        if fence.is_some() {
+            taken.store(slot, Ordering::SeqCst);
+        }
+        Ok(fence)
     }
 }
 
@@ -507,10 +590,24 @@ impl SessionDb for PgSession {
         &self.settings
     }
 
-    fn key(&self, name: &str) -> PgKey {
+    fn capabilities(&self) -> Capabilities {
         match self.mode {
-            PgSessionMode::Advisory => PgKey::Advisory(crate::names::advisory_key(name)),
-            PgSessionMode::Row => PgKey::Row(name.to_owned()),
+            PgSessionMode::Advisory => ADVISORY_CAPABILITIES,
+            PgSessionMode::Row => SESSION_CAPABILITIES,
+        }
+    }
+
+    fn key(&self, name: &str, kind: LockKind) -> PgKey {
+        match (self.mode, kind) {
+            (PgSessionMode::Row, _) => PgKey::Row(name.to_owned()),
+            (_, LockKind::Shared) => PgKey::AdvisoryShared(advisory_key(name)),
+            (_, LockKind::Semaphore { permits }) => PgKey::AdvisorySlots {
+                slots: (0..permits)
+                    .map(|slot| semaphore_slot_key(name, slot))
+                    .collect(),
+                taken: AtomicI64::new(0),
+            },
+            _ => PgKey::Advisory(advisory_key(name)),
         }
     }
 
@@ -531,7 +628,9 @@ impl SessionDb for PgSession {
 
     async fn lock(&self, conn: &mut PgConn, key: &PgKey, wait: ServerWait) -> Result<Locked> {
         let locked = match key {
-            PgKey::Advisory(key) => self.lock_advisory(conn, *key, wait).await,
+            PgKey::Advisory(key) => self.lock_advisory(conn, *key, false, wait).await,
+            PgKey::AdvisoryShared(key) => self.lock_advisory(conn, *key, true, wait).await,
+            PgKey::AdvisorySlots { slots, taken } => self.lock_slot(conn, slots, taken, wait).await,
             PgKey::Row(name) => match self.set_lock_timeout(conn, wait).await {
                 Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait).await,
                 Err(error) => Err(error),
@@ -547,10 +646,14 @@ impl SessionDb for PgSession {
     async fn unlock(&self, conn: &mut PgConn, key: &PgKey) -> Result<bool> {
         let unlocked = match key {
             PgKey::Advisory(key) => {
-                sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-                    .bind(*key)
-                    .fetch_one(&mut conn.conn)
-                    .await
+                unlock_advisory(conn, "SELECT pg_advisory_unlock($1)", *key).await
+            }
+            PgKey::AdvisoryShared(key) => {
+                unlock_advisory(conn, "SELECT pg_advisory_unlock_shared($1)", *key).await
+            }
+            PgKey::AdvisorySlots { taken, .. } => {
+                let slot = taken.load(Ordering::SeqCst);
+                unlock_advisory(conn, "SELECT pg_advisory_unlock($1)", slot).await
             }
             PgKey::Row(_) => sqlx::raw_sql("ROLLBACK")
                 .execute(&mut conn.conn)
@@ -573,21 +676,17 @@ impl SessionDb for PgSession {
     async fn status(&self, key: &PgKey) -> Result<LockStatus> {
         let what = "read the lock's status";
         match key {
-            PgKey::Advisory(key) => {
-                let (granted, waiting): (i64, i64) = self
-                    .settings
-                    .bounded(
-                        what,
-                        sqlx::query_as(ADVISORY_STATUS)
-                            .bind(*key)
-                            .fetch_one(&self.pool),
-                    )
-                    .await?;
-                Ok(if granted > 0 {
-                    LockStatus::held().with_waiters(Some(waiting.max(0) as usize))
-                } else {
-                    LockStatus::free()
-                })
+            PgKey::Advisory(key) | PgKey::AdvisoryShared(key) => {
+                let counts = sqlx::query_as(ADVISORY_STATUS)
+                    .bind(*key)
+                    .fetch_one(&self.pool);
+                Ok(advisory_status(self.settings.bounded(what, counts).await?))
+            }
+            PgKey::AdvisorySlots { slots, .. } => {
+                let counts = sqlx::query_as(ADVISORY_SLOTS_STATUS)
+                    .bind(slots)
+                    .fetch_one(&self.pool);
+                Ok(advisory_status(self.settings.bounded(what, counts).await?))
             }
             PgKey::Row(name) => {
                 let held: bool = self
@@ -612,5 +711,28 @@ impl SessionDb for PgSession {
         // Closing the socket ends the session and its locks; a wait still in
         // progress is dropped by the client connection check.
         drop(conn);
+    }
+}
+
+/// `pg_advisory_unlock(key)` or its `_shared` twin on the holding connection.
+async fn unlock_advisory(
+    conn: &mut PgConn,
+    statement: &'static str,
+    key: i64,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(statement)
+        .bind(key)
+        .fetch_one(&mut conn.conn)
+        .await
+}
+
+/// The status from the granted and waiting counts of `pg_locks`.
+fn advisory_status((granted, waiting): (i64, i64)) -> LockStatus {
+    if granted > 0 {
+        LockStatus::held()
+            .with_holders(Some(granted as usize))
+            .with_waiters(Some(waiting.max(0) as usize))
+    } else {
+        LockStatus::free()
     }
 }

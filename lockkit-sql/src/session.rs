@@ -55,8 +55,14 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
 
     /// Where the database is, its timeouts and the liveness period.
     fn settings(&self) -> &Settings;
-    /// Maps a validated name.
-    fn key(&self, name: &str) -> Self::Key;
+    /// What this mode guarantees (which kinds of holding it has among them).
+    fn capabilities(&self) -> Capabilities {
+        SESSION_CAPABILITIES
+    }
+    /// Maps a validated name and a kind of holding the capabilities claim.
+    /// A key is made for each acquisition, and may note what it took (e.g.
+    /// which permit slot).
+    fn key(&self, name: &str, kind: LockKind) -> Self::Key;
 
     /// The backend name for logs and errors.
     fn backend(&self) -> &'static str {
@@ -225,7 +231,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        SESSION_CAPABILITIES
+        self.conns.db.capabilities()
     }
 
     fn check_name(&self, name: &str) -> Result<()> {
@@ -243,7 +249,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
         let db = &self.conns.db;
-        let key = db.key(name);
+        let key = db.key(name, opts.kind());
         // Opening a connection is bounded by the connect timeout, not by the
         // wait: like every first attempt, it runs to completion.
         let (mut checkout, mut reused) = match self.conns.take_idle() {
@@ -294,9 +300,9 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         Ok(Some(guard))
     }
 
-    async fn status(&self, name: &str, _kind: LockKind) -> Result<LockStatus> {
+    async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
         let db = &self.conns.db;
-        db.status(&db.key(name)).await
+        db.status(&db.key(name, kind)).await
     }
 }
 

@@ -126,6 +126,12 @@ pub const SESSION_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash:
     .with_notified_wait(true)
     .with_fifo(true);
 
+/// What Postgres `advisory` mode guarantees: a session mode with shared
+/// holdings (`pg_advisory_lock_shared`, queued behind a waiting writer by
+/// the server) and semaphores (one advisory key per permit slot).
+pub const ADVISORY_CAPABILITIES: Capabilities =
+    SESSION_CAPABILITIES.with_shared(true).with_semaphore(true);
+
 /// What `lease` mode guarantees on Postgres: waiters are woken by
 /// `LISTEN/NOTIFY`.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
@@ -146,6 +152,7 @@ impl Mode {
         }
         Some(match (self, database) {
             (Mode::Lease, Database::Postgres) => NOTIFIED_LEASE_CAPABILITIES,
+            (Mode::Advisory, Database::Postgres) => ADVISORY_CAPABILITIES,
             (Mode::Lease, _) => POLLED_LEASE_CAPABILITIES,
             _ => SESSION_CAPABILITIES,
         })

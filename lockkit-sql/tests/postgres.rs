@@ -136,6 +136,114 @@ async fn advisory_key_interoperates() {
     );
 }
 
+/// Shared advisory locks are Postgres' own: a psql session holding
+/// `pg_advisory_lock_shared(advisory_key(name))` shares the name with
+/// lockkit's readers and keeps its writer out; lockkit's writer keeps psql's
+/// readers out, and its readers let them in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_shared_locks_interoperate_with_psql() {
+    let server = PostgresServer::start().await;
+    let locks = connect(&server, Mode::Advisory).await.unwrap();
+    let key = lockkit_sql::advisory_key("report");
+    let psql_try = |shared: bool| {
+        let function = if shared {
+            "pg_try_advisory_lock_shared"
+        } else {
+            "pg_try_advisory_lock"
+        };
+        let sql = format!("SELECT {function}({key})");
+        let server = &server;
+        async move { server.psql(&sql).await.unwrap() }
+    };
+    let hold_shared = format!("SELECT pg_advisory_lock_shared({key}); SELECT pg_sleep(2)");
+    let psql_reader = server.psql(&hold_shared);
+    let beside_it = async {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !locks.status("report").await.unwrap().held {
+            assert!(Instant::now() < deadline, "psql's shared lock never showed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let reader = locks
+            .try_acquire("report", &opts().shared())
+            .await
+            .unwrap()
+            .expect("lockkit's reader shares the name with psql's");
+        assert_eq!(locks.status("report").await.unwrap().holders, Some(2));
+        assert!(
+            locks
+                .try_acquire("report", &opts())
+                .await
+                .unwrap()
+                .is_none(),
+            "lockkit's writer got in beside psql's reader"
+        );
+        assert_eq!(psql_try(true).await, "t", "psql's reader beside lockkit's");
+        assert_eq!(
+            psql_try(false).await,
+            "f",
+            "psql's writer beside lockkit's reader"
+        );
+        reader.release().await.unwrap();
+    };
+    let (psql, ()) = tokio::join!(psql_reader, beside_it);
+    psql.unwrap();
+    let writer = locks.acquire("report", &opts()).await.unwrap();
+    assert_eq!(
+        psql_try(true).await,
+        "f",
+        "psql's reader beside lockkit's writer"
+    );
+    writer.release().await.unwrap();
+    assert_eq!(psql_try(true).await, "t");
+}
+
+/// A semaphore's permits are advisory locks on its documented slot keys: a
+/// psql session holding slot 0 of a 2-permit semaphore leaves lockkit one
+/// permit; lockkit holding both leaves psql none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_semaphore_slots_interoperate_with_psql() {
+    let server = PostgresServer::start().await;
+    let locks = connect(&server, Mode::Advisory).await.unwrap();
+    let slots = [0, 1].map(|slot| lockkit_sql::semaphore_slot_key("transcoders", slot));
+    let permit = opts().semaphore(2);
+    let hold_slot = format!("SELECT pg_advisory_lock({}); SELECT pg_sleep(2)", slots[0]);
+    let psql_holder = server.psql(&hold_slot);
+    let beside_it = async {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !locks
+            .status_of("transcoders", permit.kind())
+            .await
+            .unwrap()
+            .held
+        {
+            assert!(Instant::now() < deadline, "psql's slot never showed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let one = locks
+            .try_acquire("transcoders", &permit)
+            .await
+            .unwrap()
+            .expect("the slot psql does not hold");
+        assert!(
+            locks
+                .try_acquire("transcoders", &permit)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        one
+    };
+    let (psql, one) = tokio::join!(psql_holder, beside_it);
+    psql.unwrap();
+    let two = locks.acquire("transcoders", &permit).await.unwrap();
+    for slot in slots {
+        let sql = format!("SELECT pg_try_advisory_lock({slot})");
+        assert_eq!(server.psql(&sql).await.unwrap(), "f", "slot {slot} is held");
+    }
+    one.release().await.unwrap();
+    two.release().await.unwrap();
+}
+
 /// Lease-mode waiters are woken by `NOTIFY` on release, not by polling: a
 /// waiter whose backoff would sleep for seconds still takes the lock within
 /// milliseconds of the release.
