@@ -9,6 +9,9 @@
 #                  slf4j-simple), run by lockkit-testkit's ZkServer/ZkEnsemble
 #   default-jre-headless   the `java` that runs it
 #   python3 kazoo  the Python ZooKeeper client, for the interop test
+#   libcurator-recipes-java  Apache Curator (its jars name their dependencies),
+#                  and default-jdk-headless for `javac`: lockkit-zk's interop
+#                  test compiles a small Curator program against them
 #   util-linux     setpriv, which starts every test server (and runs
 #                  PostgreSQL as the user postgres when the tests run as root)
 #   postgresql     postgres, initdb, pg_isready and psql under
@@ -36,6 +39,8 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 [ -f /usr/share/java/slf4j-simple.jar ] || need_apt+=(libslf4j-java)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+command -v javac >/dev/null 2>&1 || need_apt+=(default-jdk-headless)
+[ -f /usr/share/java/curator-recipes.jar ] || need_apt+=(libcurator-recipes-java)
 postgres_bin_dir >/dev/null || need_apt+=(postgresql)
 { command -v mariadbd || [ -x /usr/sbin/mariadbd ]; } >/dev/null 2>&1 \
     && command -v mariadb-install-db >/dev/null 2>&1 \

@@ -11,7 +11,7 @@ mod settings;
 
 pub use config::ZkLockBuilder;
 pub use lock::{ZK_CAPABILITIES, ZkBackend, ZkLock};
-pub use path::encode_name;
+pub use path::{SEMAPHORES, encode_name};
 pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROOT, DEFAULT_SESSION_TIMEOUT,
 };

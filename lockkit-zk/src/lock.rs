@@ -13,7 +13,9 @@ use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::error::BACKEND;
-use crate::path::{contenders, lock_dir, node_prefix};
+use crate::path::{
+    contenders, is_reader, lease_prefix, lock_dir, node_prefix, reader_prefix, semaphore_dir,
+};
 use crate::session::{RequestError, Session, Sessions};
 
 /// What the ZooKeeper backend guarantees.
@@ -21,7 +23,9 @@ pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Sess
     .with_fencing(true)
     .with_notified_wait(true)
     .with_fifo(true)
-    .with_survives_minority_failure(true);
+    .with_survives_minority_failure(true)
+    .with_shared(true)
+    .with_semaphore(true);
 
 /// A lock client on a ZooKeeper ensemble; see the crate docs for the recipe.
 ///
@@ -76,11 +80,12 @@ impl ZkBackend {
             .await
     }
 
-    /// Creates our node, `<dir>/_c_<owner>-lock-<sequence>`, with its parents
-    /// as container nodes. After a lost connection the node may exist without
-    /// our knowing: it is looked up by the owner's uuid before trying again.
-    async fn create_node(&self, session: &Session, dir: &str, owner: &OwnerToken) -> Result<Node> {
-        let prefix = node_prefix(owner.as_str());
+    /// Creates our node, `<dir>/<prefix><sequence>`, with its parents as
+    /// container nodes. After a lost connection the node may exist without
+    /// our knowing: it is looked up by its prefix (the owner's uuid) before
+    /// trying again.
+    async fn create_node(&self, session: &Session, dir: &str, prefix: &str) -> Result<Node> {
+        let prefix = prefix.to_owned();
         let path = format!("{dir}/{prefix}");
         let acls = session.acls();
         let options = CreateMode::EphemeralSequential.with_acls(acls);
@@ -151,6 +156,147 @@ impl ZkBackend {
             })),
             None => Ok(None),
         }
+    }
+
+    /// Joins the queue under `dir` with a node `<prefix><sequence>` and waits
+    /// until that node may hold: first in the queue, or (`shared`) with no
+    /// writer's node before it. The node, its still-armed place in the queue
+    /// (dropped, it removes the node), and when the holding was seen; `None`
+    /// (and the node removed) when the wait ended first.
+    async fn queue(
+        &self,
+        session: &Arc<Session>,
+        dir: &str,
+        prefix: &str,
+        shared: bool,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
+    ) -> Result<Option<(Node, Queued, Instant)>> {
+        // Armed before the create is sent: an acquire dropped while it is in
+        // flight still removes whatever node it produced.
+        let mut queued = Queued::new(session.clone(), dir, prefix);
+        let node = waiter
+            .attempt(self.create_node(session, dir, prefix))
+            .await?;
+        queued.created(&node);
+        loop {
+            // The lease counts from the listing that finds our node may hold:
+            // that is when the lock is known to be ours, however long the
+            // server queue took.
+            let sent = Instant::now();
+            let children = steady(session, waiter, || self.try_list(session, dir)).await?;
+            let queue = contenders(children);
+            let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!("our lock node under {dir} vanished (did the session expire?)"),
+                ));
+            };
+            let ahead = &queue[..position];
+            // A writer waits for its predecessor; a reader for the nearest
+            // writer before it (readers before it hold with it).
+            let blocker = if shared {
+                ahead.iter().rev().find(|(_, child)| !is_reader(child))
+            } else {
+                ahead.last()
+            };
+            let Some((_, blocker)) = blocker else {
+                return Ok(Some((node, queued, sent)));
+            };
+            if no_wait || waiter.is_over() {
+                queued.leave().await;
+                return Ok(None);
+            }
+            let blocker = format!("{dir}/{blocker}");
+            let (stat, watcher) = steady(session, waiter, || {
+                session.run(
+                    "watch the node before ours",
+                    session.client.check_and_watch_stat(&blocker),
+                )
+            })
+            .await?;
+            if stat.is_none() {
+                continue;
+            }
+            if waiter.until_deadline(watcher.changed()).await.is_err() {
+                queued.leave().await;
+                return Ok(None);
+            }
+        }
+    }
+
+    /// One of `permits` permits of the semaphore at `dir`, as Curator's
+    /// `InterProcessSemaphoreV2` takes one: hold the mutex `<dir>/locks`,
+    /// create a lease node `<dir>/leases/_c_<owner>-lease-<sequence>`, wait
+    /// (watching the leases) until there are at most `permits` of them, then
+    /// let the mutex go. The lease node is the permit; its `czxid` is the
+    /// fencing token.
+    #[allow(clippy::too_many_arguments)]
+    async fn lock_permit(
+        &self,
+        name: &str,
+        dir: &str,
+        owner: &OwnerToken,
+        permits: u32,
+        opts: &LockOptions,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
+    ) -> Result<Option<LockGuard>> {
+        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let mutex_dir = format!("{dir}/locks");
+        let Some((_, mut mutex, _)) = self
+            .queue(
+                &session,
+                &mutex_dir,
+                &node_prefix(owner.as_str()),
+                false,
+                waiter,
+                no_wait,
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let leases = format!("{dir}/leases");
+        let prefix = lease_prefix(owner.as_str());
+        let mut queued = Queued::new(session.clone(), &leases, &prefix);
+        let lease = waiter
+            .attempt(self.create_node(&session, &leases, &prefix))
+            .await?;
+        queued.created(&lease);
+        let granted = loop {
+            let sent = Instant::now();
+            let (children, watcher) = steady(&session, waiter, || {
+                self.children_reads.fetch_add(1, Ordering::Relaxed);
+                session.run(
+                    "list the semaphore's leases",
+                    session.client.list_and_watch_children(&leases),
+                )
+            })
+            .await?;
+            if !children.contains(&lease.name) {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!("our lease node under {leases} vanished (did the session expire?)"),
+                ));
+            }
+            if children.len() <= permits as usize {
+                break Some(sent);
+            }
+            if no_wait
+                || waiter.is_over()
+                || waiter.until_deadline(watcher.changed()).await.is_err()
+            {
+                break None;
+            }
+        };
+        mutex.leave().await;
+        let Some(sent) = granted else {
+            queued.leave().await;
+            return Ok(None);
+        };
+        let twins = queued.granted();
+        Ok(Some(self.guard(name, session, lease, twins, opts, sent)))
     }
 
     fn guard(
@@ -231,11 +377,11 @@ struct Queued {
 }
 
 impl Queued {
-    fn new(session: Arc<Session>, dir: &str, owner: &OwnerToken) -> Self {
+    fn new(session: Arc<Session>, dir: &str, prefix: &str) -> Self {
         Queued {
             session,
             dir: dir.to_owned(),
-            prefix: node_prefix(owner.as_str()),
+            prefix: prefix.to_owned(),
             path: None,
             in_doubt: true,
             armed: true,
@@ -352,8 +498,9 @@ impl QueueBackend for ZkBackend {
         lock_dir(&self.sessions.settings.root, name).map(drop)
     }
 
-    /// Each waiter watches only its predecessor, so a release wakes exactly
-    /// one, in FIFO order.
+    /// Each waiter watches one node: a writer its predecessor, a reader the
+    /// nearest writer before it, so a release wakes only those it lets in,
+    /// in FIFO order. A permit is Curator `InterProcessSemaphoreV2`'s recipe.
     async fn lock(
         &self,
         name: &str,
@@ -361,62 +508,55 @@ impl QueueBackend for ZkBackend {
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
-        let dir = lock_dir(&self.sessions.settings.root, name)?;
-        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let root = &self.sessions.settings.root;
         let owner = OwnerToken::new();
-        // Armed before the create is sent: an acquire dropped while it is in
-        // flight still removes whatever node it produced.
-        let mut queued = Queued::new(session.clone(), &dir, &owner);
-        let node = waiter
-            .attempt(self.create_node(&session, &dir, &owner))
-            .await?;
-        queued.created(&node);
-        loop {
-            // The lease counts from the listing that finds our node first:
-            // that is when the lock is known to be ours, however long the
-            // server queue took.
-            let sent = Instant::now();
-            let children = steady(&session, waiter, || self.try_list(&session, &dir)).await?;
-            let queue = contenders(children);
-            let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!("our lock node under {dir} vanished (did the session expire?)"),
-                ));
-            };
-            if position == 0 {
-                let twins = queued.granted();
-                return Ok(Some(self.guard(name, session, node, twins, opts, sent)));
-            }
-            if no_wait || waiter.is_over() {
-                queued.leave().await;
-                return Ok(None);
-            }
-            // Watch only the node right before ours: one release wakes one waiter.
-            let predecessor = format!("{dir}/{}", queue[position - 1].1);
-            let (stat, watcher) = steady(&session, waiter, || {
-                session.run(
-                    "watch the predecessor",
-                    session.client.check_and_watch_stat(&predecessor),
-                )
-            })
-            .await?;
-            if stat.is_none() {
-                continue;
-            }
-            if let Err(timeout) = waiter.until_deadline(watcher.changed()).await {
-                queued.leave().await;
-                return Err(timeout);
-            }
+        if let LockKind::Semaphore { permits } = opts.kind() {
+            let dir = semaphore_dir(root, name)?;
+            return self
+                .lock_permit(name, &dir, &owner, permits, opts, waiter, no_wait)
+                .await;
         }
+        let dir = lock_dir(root, name)?;
+        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let (prefix, shared) = match opts.kind() {
+            LockKind::Shared => (reader_prefix(owner.as_str()), true),
+            _ => (node_prefix(owner.as_str()), false),
+        };
+        let Some((node, mut queued, sent)) = self
+            .queue(&session, &dir, &prefix, shared, waiter, no_wait)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let twins = queued.granted();
+        Ok(Some(self.guard(name, session, node, twins, opts, sent)))
     }
 
     /// The contenders under the lock's node: the first holds the lock (its
-    /// `czxid` is the holder's fencing token), the others wait. No TTL: the
-    /// holding lasts as long as the holder's session.
-    async fn status(&self, name: &str, _kind: LockKind) -> Result<LockStatus> {
-        let dir = lock_dir(&self.sessions.settings.root, name)?;
+    /// `czxid` is the holder's fencing token) with the readers right behind
+    /// it if it is a reader; the others wait. A semaphore: its lease nodes,
+    /// at most `permits` of them holding. No TTL: a holding lasts as long as
+    /// its holder's session.
+    async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
+        let root = &self.sessions.settings.root;
         let session = self.sessions.session().await?;
+        if let LockKind::Semaphore { permits } = kind {
+            let leases = format!("{}/leases", semaphore_dir(root, name)?);
+            let count = match self.try_list(&session, &leases).await {
+                Ok(children) => children.len(),
+                Err(RequestError::Server(_, ZkError::NoNode)) => 0,
+                Err(error) => return Err(error.into()),
+            };
+            let holders = count.min(permits as usize);
+            return Ok(if holders == 0 {
+                LockStatus::free()
+            } else {
+                LockStatus::held()
+                    .with_holders(Some(holders))
+                    .with_waiters(Some(count - holders))
+            });
+        }
+        let dir = lock_dir(root, name)?;
         // The head may leave between the listing and its stat: look again.
         for _ in 0..3 {
             let children = match self.try_list(&session, &dir).await {
@@ -428,6 +568,11 @@ impl QueueBackend for ZkBackend {
             let Some((_, head)) = queue.first() else {
                 return Ok(LockStatus::free());
             };
+            let holders = if is_reader(head) {
+                queue.iter().take_while(|(_, c)| is_reader(c)).count()
+            } else {
+                1
+            };
             let path = format!("{dir}/{head}");
             if let Some(stat) = session
                 .run("read the lock node", session.client.check_stat(&path))
@@ -435,7 +580,8 @@ impl QueueBackend for ZkBackend {
             {
                 return Ok(LockStatus::held()
                     .with_fencing_token(Some(FencingToken::new(stat.czxid.max(0) as u64)))
-                    .with_waiters(Some(queue.len() - 1)));
+                    .with_holders(Some(holders))
+                    .with_waiters(Some(queue.len() - holders)));
             }
         }
         Err(LockError::unavailable(

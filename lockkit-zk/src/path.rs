@@ -35,10 +35,41 @@ pub(crate) fn lock_dir(root: &str, name: &str) -> Result<String> {
     Ok(format!("{root}/{}", encode_name(name)))
 }
 
+/// The node under `root` that holds the semaphores: `%semaphores`, which no
+/// lock name encodes to (`%` is followed by two hex digits in every encoded
+/// name), so semaphores are a namespace of their own.
+pub const SEMAPHORES: &str = "%semaphores";
+
+/// The znode path of semaphore `name` under `root`: `<root>/%semaphores/<encoded
+/// name>`, with Curator `InterProcessSemaphoreV2`'s `locks` and `leases`
+/// children under it, so that a Curator client given this path shares the
+/// semaphore.
+pub(crate) fn semaphore_dir(root: &str, name: &str) -> Result<String> {
+    validate_name(name)?;
+    Ok(format!("{root}/{SEMAPHORES}/{}", encode_name(name)))
+}
+
 /// The prefix of our lock node: Curator's protected-mode form,
 /// `_c_<owner uuid>-lock-`, to which ZooKeeper appends a 10-digit sequence.
 pub(crate) fn node_prefix(owner: &str) -> String {
     format!("_c_{owner}-lock-")
+}
+
+/// The prefix of our node as a reader: `_c_<owner uuid>-read-lock-`. It
+/// ends in `lock-` like a writer's, so Curator's `InterProcessMutex` (and
+/// lockkit's writers) see readers as contenders to wait for.
+pub(crate) fn reader_prefix(owner: &str) -> String {
+    format!("_c_{owner}-read-lock-")
+}
+
+/// The prefix of our lease node of a semaphore: Curator's `_c_<owner uuid>-lease-`.
+pub(crate) fn lease_prefix(owner: &str) -> String {
+    format!("_c_{owner}-lease-")
+}
+
+/// Whether a contender's node is a reader's.
+pub(crate) fn is_reader(node: &str) -> bool {
+    node.contains("-read-lock-")
 }
 
 /// The sequence number of a contender's node: the digits after the last
@@ -95,6 +126,17 @@ mod tests {
         assert_eq!(sequence("some-other-node"), None);
         assert_eq!(sequence("_c_x-lock-"), None);
         assert_eq!(sequence("_c_x-lock-12a"), None);
+        let reader = format!("{}0000000009", reader_prefix("u"));
+        assert_eq!(sequence(&reader), Some(9));
+        assert!(is_reader(&reader) && !is_reader("_c_u-lock-0000000001"));
+    }
+
+    #[test]
+    fn semaphores_are_apart_from_every_lock() {
+        assert_eq!(semaphore_dir("/l", "jobs").unwrap(), "/l/%semaphores/jobs");
+        for name in ["%semaphores", "%25semaphores", "semaphores"] {
+            assert_ne!(lock_dir("/l", name).unwrap(), format!("/l/{SEMAPHORES}"));
+        }
     }
 
     #[test]
