@@ -37,8 +37,8 @@ use lockkit_benches::{
     CycleFixture, CycleKind, Estimates, Interleaved, Limit, RawLock, RunMode, bench_then_pair,
     lockkit_cycle, ping, save_summary,
 };
-use lockkit_core::backend::LeaseBackend;
-use lockkit_core::{LockKind, LockOptions};
+use lockkit_core::LockOptions;
+use lockkit_redis::Keys;
 use lockkit_redlock::RedlockLock;
 use lockkit_testkit::RedisServer;
 use lockkit_testkit::TestServer;
@@ -179,13 +179,8 @@ impl Fixture {
             Cycle::NoRenew => NO_RENEW_NAME,
             Cycle::Renew => RENEW_NAME,
         };
-        Some(
-            self.locks
-                .backend()
-                .key(name, LockKind::Exclusive)
-                .expect("a valid name")
-                .lock,
-        )
+        let prefix = self.locks.backend().prefix();
+        Some(Keys::new(prefix, name).expect("a valid name").lock)
     }
 
     /// Waits up to `grace` until no instance holds the key of `kind` (lockkit

@@ -8,8 +8,9 @@ use lockkit_core::backend::{
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 
 use crate::error::BACKEND;
+use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
-use crate::keys::{Keys, SemaphoreKeys};
+use crate::keys::Keys;
 
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;
@@ -74,32 +75,6 @@ impl RedisBackend {
             Keys::new(&self.prefix, name)
         }
     }
-
-    /// The Redis keys of the semaphore `name`.
-    pub fn semaphore_keys(&self, name: &str) -> Result<SemaphoreKeys> {
-        if self.instance.is_cluster() {
-            SemaphoreKeys::for_cluster(&self.prefix, name)
-        } else {
-            SemaphoreKeys::new(&self.prefix, name)
-        }
-    }
-}
-
-/// A holding's keys in Redis: which side of a reader-writer lock, or which
-/// semaphore.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RedisKey {
-    /// The lock key, checked against the readers.
-    Exclusive(Keys),
-    /// A member of the lock's readers.
-    Shared(Keys),
-    /// A member of the semaphore's permits.
-    Permit {
-        /// The semaphore's keys.
-        keys: SemaphoreKeys,
-        /// How many permits it has.
-        permits: u32,
-    },
 }
 
 #[lockkit_core::async_trait]
@@ -111,14 +86,7 @@ impl LeaseBackend for RedisBackend {
     }
 
     fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
-        Ok(match kind {
-            LockKind::Shared => RedisKey::Shared(self.keys(name)?),
-            LockKind::Semaphore { permits } => RedisKey::Permit {
-                keys: self.semaphore_keys(name)?,
-                permits,
-            },
-            _ => RedisKey::Exclusive(self.keys(name)?),
-        })
+        RedisKey::new(&self.prefix, name, kind, self.instance.is_cluster())
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -136,49 +104,20 @@ impl LeaseBackend for RedisBackend {
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let (owner, fencing) = (owner.as_str(), self.fences());
-        match key {
-            RedisKey::Exclusive(keys) => {
-                let record_waiting = intent == Intent::Wait;
-                self.instance
-                    .try_lock(keys, owner, ttl, fencing, record_waiting)
-                    .await
-            }
-            RedisKey::Shared(keys) => self.instance.try_share(keys, owner, ttl, fencing).await,
-            RedisKey::Permit { keys, permits } => {
-                self.instance
-                    .try_permit(keys, owner, ttl, fencing, *permits)
-                    .await
-            }
-        }
+        let record_waiting = intent == Intent::Wait;
+        self.instance
+            .try_hold(key, owner.as_str(), ttl, self.fences(), record_waiting)
+            .await
     }
 
     async fn extend(&self, key: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let owner = owner.as_str();
-        match key {
-            RedisKey::Exclusive(keys) => self.instance.extend(keys, owner, ttl).await,
-            RedisKey::Shared(keys) => self.instance.extend_member(&keys.readers, owner, ttl).await,
-            RedisKey::Permit { keys, .. } => {
-                self.instance.extend_member(&keys.permits, owner, ttl).await
-            }
-        }
+        self.instance.extend_holding(key, owner.as_str(), ttl).await
     }
 
     async fn release(&self, key: &RedisKey, owner: &OwnerToken) -> Result<bool> {
-        let owner = owner.as_str();
-        match key {
-            RedisKey::Exclusive(keys) => self.instance.release(keys, owner, true).await,
-            RedisKey::Shared(keys) => {
-                self.instance
-                    .release_member(&keys.readers, &keys.channel, owner)
-                    .await
-            }
-            RedisKey::Permit { keys, .. } => {
-                self.instance
-                    .release_member(&keys.permits, &keys.channel, owner)
-                    .await
-            }
-        }
+        self.instance
+            .release_holding(key, owner.as_str(), true)
+            .await
     }
 
     /// Not while every grant must be acknowledged by replicas (`WAIT`): a
@@ -217,18 +156,7 @@ impl LeaseBackend for RedisBackend {
     /// the name: the holder's (or the latest reader's), unless the key was
     /// set by a client that draws none (redis-py, redsync).
     async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
-        let holdings = match key {
-            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => {
-                self.instance
-                    .holdings(Some(&keys.lock), &keys.fence, &keys.readers)
-                    .await?
-            }
-            RedisKey::Permit { keys, .. } => {
-                self.instance
-                    .holdings(None, &keys.fence, &keys.permits)
-                    .await?
-            }
-        };
+        let holdings = self.instance.holdings_of(key).await?;
         if holdings.count == 0 {
             return Ok(LockStatus::free());
         }
@@ -244,10 +172,6 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn watch(&self, key: &RedisKey) -> Result<ReleaseWatch> {
-        let channel = match key {
-            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => &keys.channel,
-            RedisKey::Permit { keys, .. } => &keys.channel,
-        };
-        Ok(self.instance.watch_channel(channel).await)
+        Ok(self.instance.watch_holding(key).await)
     }
 }

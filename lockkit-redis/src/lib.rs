@@ -6,6 +6,7 @@ mod backend;
 mod builder;
 mod connection;
 mod error;
+mod holding;
 mod instance;
 mod keys;
 mod notifications;
@@ -14,10 +15,9 @@ mod sentinel;
 mod settings;
 mod url;
 
-pub use backend::{
-    REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisKey, RedisLock,
-};
+pub use backend::{REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock};
 pub use builder::RedisLockBuilder;
+pub use holding::RedisKey;
 pub use instance::{Holder, Holdings, RedisInstance};
 pub use keys::{DEFAULT_PREFIX, Keys, SemaphoreKeys};
 pub use settings::{

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
-use lockkit_redis::{Keys, RedisInstance};
+use lockkit_redis::{Keys, RedisInstance, RedisKey};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum};
@@ -21,7 +21,9 @@ pub type RedlockLock = LeaseLock<RedlockBackend>;
 /// release by TTL, notified waits, and it survives a minority of instances down.
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_notified_wait(true)
-    .with_survives_minority_failure(true);
+    .with_survives_minority_failure(true)
+    .with_shared(true)
+    .with_semaphore(true);
 
 /// The default upper bound of one request to one instance; the effective
 /// default is min(this, ttl / 10).
@@ -66,9 +68,34 @@ impl RedlockBackend {
         &self.instances
     }
 
-    /// How many instances must agree: N/2 + 1.
+    /// How many instances must agree on a lock (either side): N/2 + 1.
     pub fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// How many instances must grant a permit of a semaphore of `permits`
+    /// so that it never has more than `permits` holders:
+    /// `⌊N·permits / (permits + 1)⌋ + 1`.
+    ///
+    /// Each instance admits at most `permits` holders. If `permits + 1`
+    /// holders each held `q` instances, the instances would carry
+    /// `(permits + 1)·q` holdings, so some instance would carry more than
+    /// `permits` of them as soon as `(permits + 1)·q > N·permits`: this `q`
+    /// is the least for which that holds. A plain majority is not enough
+    /// (3 masters, 2 permits: three holders can each hold a different 2 of
+    /// the 3). The price: a semaphore tolerates only `N − q` instances down
+    /// (0 for 3 masters and 2 permits, 1 for 5 masters and 2 permits); with
+    /// one permit it is the majority again.
+    pub fn permit_quorum(&self, permits: u32) -> usize {
+        bounding_quorum(self.instances.len(), permits)
+    }
+
+    /// The quorum of a holding.
+    fn quorum_for(&self, key: &RedisKey) -> usize {
+        match key {
+            RedisKey::Permit { permits, .. } => self.permit_quorum(*permits),
+            _ => self.quorum,
+        }
     }
 
     /// The key prefix.
@@ -97,7 +124,7 @@ impl RedlockBackend {
     /// `decided`; the rest completes in the background.
     async fn delete(
         &self,
-        keys: &Keys,
+        keys: &RedisKey,
         owner: &OwnerToken,
         which: impl IntoIterator<Item = usize>,
         late: &InFlight,
@@ -119,7 +146,9 @@ impl RedlockBackend {
                     if let Some(done) = after {
                         finished(done).await;
                     }
-                    instance.release(&keys, owner.as_str(), notify).await
+                    instance
+                        .release_holding(&keys, owner.as_str(), notify)
+                        .await
                 }
             },
             decided,
@@ -127,14 +156,59 @@ impl RedlockBackend {
         .await
     }
 
-    fn undecided<T>(&self, votes: &Votes<T>) -> lockkit_core::LockError {
+    /// The status of the lock key when a quorum agree on one writer;
+    /// `None` when no writer holds (readers may).
+    async fn writer_status(&self, keys: &Keys, quorum: usize) -> Result<Option<LockStatus>> {
+        let keys = keys.clone();
+        let votes = ask(
+            &self.instances,
+            self.all(),
+            self.instance_timeout(None),
+            move |_, instance| {
+                let keys = keys.clone();
+                async move { instance.holder(&keys).await }
+            },
+            |_| false,
+        )
+        .await;
+        if votes.answers.len() < quorum {
+            return Err(self.undecided(&votes, quorum));
+        }
+        let mut holders: HashMap<&str, Vec<Duration>> = HashMap::new();
+        for holder in votes
+            .answers
+            .iter()
+            .filter_map(|(_, holder)| holder.as_ref())
+        {
+            holders
+                .entry(holder.owner.as_str())
+                .or_default()
+                .push(holder.remaining);
+        }
+        Ok(holders
+            .into_values()
+            .find(|lefts| lefts.len() >= quorum)
+            .map(|lefts| {
+                LockStatus::held()
+                    .with_remaining(lefts.into_iter().min())
+                    .with_holders(Some(1))
+            }))
+    }
+
+    fn undecided<T>(&self, votes: &Votes<T>, quorum: usize) -> lockkit_core::LockError {
         unreachable_quorum(
             votes.answers.len(),
             self.instances.len(),
-            self.quorum,
+            quorum,
             &votes.failures,
         )
     }
+}
+
+/// `⌊n·permits / (permits + 1)⌋ + 1`: see [`RedlockBackend::permit_quorum`].
+fn bounding_quorum(n: usize, permits: u32) -> usize {
+    let (n, p) = (n as u64, u64::from(permits.max(1)));
+    (n * p / (p + 1) + 1) as usize
 }
 
 fn granted(answer: &Attempt<Option<FencingToken>>) -> bool {
@@ -145,9 +219,9 @@ fn granted(answer: &Attempt<Option<FencingToken>>) -> bool {
 /// keys and the owner token, so that a request the caller no longer waits for
 /// can still complete in the background.
 fn request<Fut>(
-    keys: &Keys,
+    keys: &RedisKey,
     owner: &OwnerToken,
-    op: impl Fn(RedisInstance, Keys, OwnerToken) -> Fut,
+    op: impl Fn(RedisInstance, RedisKey, OwnerToken) -> Fut,
 ) -> impl FnMut(usize, RedisInstance) -> Fut {
     let (keys, owner) = (keys.clone(), owner.clone());
     move |_, instance| op(instance, keys.clone(), owner.clone())
@@ -166,7 +240,7 @@ fn tracked<T>(request: impl Future<Output = T>) -> (impl Future<Output = T>, wat
 
 #[lockkit_core::async_trait]
 impl LeaseBackend for RedlockBackend {
-    type Key = Keys;
+    type Key = RedisKey;
 
     fn backend_name(&self) -> &'static str {
         BACKEND
@@ -176,9 +250,9 @@ impl LeaseBackend for RedlockBackend {
         REDLOCK_CAPABILITIES
     }
 
-    /// Exclusive holdings only, so far.
-    fn key(&self, name: &str, _kind: LockKind) -> Result<Keys> {
-        Keys::new(&self.prefix, name)
+    /// The keys of one server (no Redis Cluster layout), on every instance.
+    fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
+        RedisKey::new(&self.prefix, name, kind, false)
     }
 
     /// Asks every instance at once and returns as soon as a quorum granted the
@@ -189,12 +263,13 @@ impl LeaseBackend for RedlockBackend {
     /// answer is `Busy` when enough instances answered, `Unavailable` when not.
     async fn try_lock(
         &self,
-        keys: &Keys,
+        keys: &RedisKey,
         owner: &OwnerToken,
         ttl: Duration,
-        _intent: Intent,
+        intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let quorum = self.quorum;
+        let quorum = self.quorum_for(keys);
+        let record_waiting = intent == Intent::Wait;
         let total = self.instances.len();
         let mut done = Vec::with_capacity(total);
         let votes = {
@@ -207,7 +282,7 @@ impl LeaseBackend for RedlockBackend {
                     let (keys, owner) = (keys.clone(), owner.clone());
                     let (request, finished) = tracked(async move {
                         instance
-                            .try_lock(&keys, owner.as_str(), ttl, false, false)
+                            .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
                             .await
                     });
                     done.push((index, finished));
@@ -265,14 +340,14 @@ impl LeaseBackend for RedlockBackend {
     /// Needs a quorum of instances that still hold our token; returns as soon
     /// as the outcome is decided. `Ok(false)` (lost) once a quorum answered
     /// that it does not.
-    async fn extend(&self, keys: &Keys, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let quorum = self.quorum;
+    async fn extend(&self, keys: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let quorum = self.quorum_for(keys);
         let votes = ask(
             &self.instances,
             self.all(),
             self.instance_timeout(Some(ttl)),
             request(keys, owner, move |instance, keys, owner| async move {
-                instance.extend(&keys, owner.as_str(), ttl).await
+                instance.extend_holding(&keys, owner.as_str(), ttl).await
             }),
             |votes| votes.count(|ours| *ours) >= quorum || votes.count(|ours| !*ours) >= quorum,
         )
@@ -282,7 +357,7 @@ impl LeaseBackend for RedlockBackend {
         } else if votes.count(|ours| !*ours) >= quorum {
             Ok(false)
         } else {
-            Err(self.undecided(&votes))
+            Err(self.undecided(&votes, quorum))
         }
     }
 
@@ -293,8 +368,8 @@ impl LeaseBackend for RedlockBackend {
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
     /// a quorum answered.
-    async fn release(&self, keys: &Keys, owner: &OwnerToken) -> Result<bool> {
-        let quorum = self.quorum;
+    async fn release(&self, keys: &RedisKey, owner: &OwnerToken) -> Result<bool> {
+        let quorum = self.quorum_for(keys);
         let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
         let votes = self
             .delete(keys, owner, self.all(), &late, true, |votes| {
@@ -306,57 +381,95 @@ impl LeaseBackend for RedlockBackend {
         } else if votes.answers.len() >= quorum {
             Ok(true)
         } else {
-            Err(self.undecided(&votes))
+            Err(self.undecided(&votes, quorum))
         }
     }
 
-    /// Held when a quorum of the instances that answered hold the same owner
-    /// token; the remaining lease is the shortest among them. Never a fencing
-    /// token. `Unavailable` when fewer than a quorum answered.
-    async fn status(&self, keys: &Keys) -> Result<LockStatus> {
-        let keys = keys.clone();
+    /// An exclusive holding: held when a quorum of the instances that
+    /// answered hold the same owner token; the remaining lease is the
+    /// shortest among them. Readers or permits: the number of holdings that
+    /// a quorum of the instances confirm (the quorum-th largest count). Never
+    /// a fencing token. `Unavailable` when fewer than a quorum answered.
+    async fn status(&self, keys: &RedisKey) -> Result<LockStatus> {
+        let quorum = self.quorum_for(keys);
+        if let RedisKey::Exclusive(lock) = keys
+            && let Some(status) = self.writer_status(lock, quorum).await?
+        {
+            return Ok(status);
+        }
+        let key = keys.clone();
         let votes = ask(
             &self.instances,
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
-                let keys = keys.clone();
-                async move { instance.holder(&keys).await }
+                let key = key.clone();
+                async move { instance.holdings_of(&key).await }
             },
             |_| false,
         )
         .await;
-        if votes.answers.len() < self.quorum {
-            return Err(self.undecided(&votes));
+        if votes.answers.len() < quorum {
+            return Err(self.undecided(&votes, quorum));
         }
-        let mut holders: HashMap<&str, Vec<Duration>> = HashMap::new();
-        for holder in votes
+        let mut counts: Vec<(usize, Duration)> = votes
             .answers
             .iter()
-            .filter_map(|(_, holder)| holder.as_ref())
-        {
-            holders
-                .entry(holder.owner.as_str())
-                .or_default()
-                .push(holder.remaining);
-        }
-        Ok(holders
-            .into_values()
-            .find(|lefts| lefts.len() >= self.quorum)
-            .map_or(LockStatus::free(), |lefts| {
-                LockStatus::held().with_remaining(lefts.into_iter().min())
-            }))
+            .map(|(_, h)| (h.count, h.remaining))
+            .collect();
+        counts.sort_by_key(|&(count, _)| std::cmp::Reverse(count));
+        let (count, remaining) = counts[quorum - 1];
+        Ok(if count == 0 {
+            LockStatus::free()
+        } else {
+            LockStatus::held()
+                .with_holders(Some(count))
+                .with_remaining(Some(remaining))
+        })
     }
 
     /// Release notifications from every instance that can subscribe in time.
-    async fn watch(&self, keys: &Keys) -> Result<ReleaseWatch> {
+    async fn watch(&self, keys: &RedisKey) -> Result<ReleaseWatch> {
         let timeout = self.instance_timeout(None);
         let watches = join_all(
             self.instances
                 .iter()
-                .map(|instance| tokio::time::timeout(timeout, instance.watch(keys))),
+                .map(|instance| tokio::time::timeout(timeout, instance.watch_holding(keys))),
         )
         .await;
         Ok(ReleaseWatch::merge(watches.into_iter().flatten()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounding_quorum;
+
+    /// `permits + 1` holders of `q` instances each fit on `n` instances of
+    /// `permits` places each exactly when `(permits + 1)·q <= n·permits`
+    /// (fill the instances round-robin): the quorum is the least `q` for
+    /// which they do not fit, it is the majority for one permit, and never
+    /// more than all instances.
+    #[test]
+    fn the_permit_quorum_is_the_least_that_bounds_the_holders() {
+        for n in 1..=9_usize {
+            for permits in 1..=12_u32 {
+                let q = bounding_quorum(n, permits);
+                let p = permits as usize;
+                assert!(q <= n, "n={n} permits={permits}: q={q}");
+                assert!(
+                    (p + 1) * q > n * p,
+                    "n={n} permits={permits}: {q} lets in one more"
+                );
+                assert!(
+                    (p + 1) * (q - 1) <= n * p,
+                    "n={n} permits={permits}: {q} is not the least"
+                );
+            }
+            assert_eq!(bounding_quorum(n, 1), n / 2 + 1);
+        }
+        assert_eq!(bounding_quorum(3, 2), 3);
+        assert_eq!(bounding_quorum(5, 2), 4);
+        assert_eq!(bounding_quorum(5, 4), 5);
     }
 }

@@ -1,0 +1,129 @@
+//! A holding's keys ([`RedisKey`]: which side of a reader-writer lock, or
+//! which semaphore) and the operations on one instance that dispatch on it,
+//! shared by the single-server backend and Redlock.
+
+use std::time::Duration;
+
+use lockkit_core::backend::{Attempt, ReleaseWatch};
+use lockkit_core::{FencingToken, LockKind, Result};
+
+use crate::instance::{Holdings, RedisInstance};
+use crate::keys::{Keys, SemaphoreKeys};
+
+/// A holding's keys in Redis: which side of a reader-writer lock, or which
+/// semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisKey {
+    /// The lock key, checked against the readers.
+    Exclusive(Keys),
+    /// A member of the lock's readers.
+    Shared(Keys),
+    /// A member of the semaphore's permits.
+    Permit {
+        /// The semaphore's keys.
+        keys: SemaphoreKeys,
+        /// How many permits it has.
+        permits: u32,
+    },
+}
+
+impl RedisKey {
+    /// The keys of a holding of `kind` on `name` under `prefix`, laid out for
+    /// Redis Cluster when `cluster`.
+    pub fn new(prefix: &str, name: &str, kind: LockKind, cluster: bool) -> Result<RedisKey> {
+        let lock = |name| {
+            if cluster {
+                Keys::for_cluster(prefix, name)
+            } else {
+                Keys::new(prefix, name)
+            }
+        };
+        Ok(match kind {
+            LockKind::Shared => RedisKey::Shared(lock(name)?),
+            LockKind::Semaphore { permits } => RedisKey::Permit {
+                keys: if cluster {
+                    SemaphoreKeys::for_cluster(prefix, name)?
+                } else {
+                    SemaphoreKeys::new(prefix, name)?
+                },
+                permits,
+            },
+            _ => RedisKey::Exclusive(lock(name)?),
+        })
+    }
+
+    /// The channel that announces the releases that may let this holding in.
+    pub fn channel(&self) -> &str {
+        match self {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => &keys.channel,
+            RedisKey::Permit { keys, .. } => &keys.channel,
+        }
+    }
+}
+
+impl RedisInstance {
+    /// One attempt at the holding `key` for `owner`: [`try_lock`](Self::try_lock),
+    /// [`try_share`](Self::try_share) or [`try_permit`](Self::try_permit).
+    pub async fn try_hold(
+        &self,
+        key: &RedisKey,
+        owner: &str,
+        ttl: Duration,
+        fencing: bool,
+        record_waiting: bool,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        match key {
+            RedisKey::Exclusive(keys) => {
+                self.try_lock(keys, owner, ttl, fencing, record_waiting)
+                    .await
+            }
+            RedisKey::Shared(keys) => self.try_share(keys, owner, ttl, fencing).await,
+            RedisKey::Permit { keys, permits } => {
+                self.try_permit(keys, owner, ttl, fencing, *permits).await
+            }
+        }
+    }
+
+    /// Makes `owner`'s holding `key` end `ttl` from now; false if it is not
+    /// `owner`'s (any more).
+    pub async fn extend_holding(&self, key: &RedisKey, owner: &str, ttl: Duration) -> Result<bool> {
+        match key {
+            RedisKey::Exclusive(keys) => self.extend(keys, owner, ttl).await,
+            RedisKey::Shared(keys) => self.extend_member(&keys.readers, owner, ttl).await,
+            RedisKey::Permit { keys, .. } => self.extend_member(&keys.permits, owner, ttl).await,
+        }
+    }
+
+    /// Ends `owner`'s holding `key` (for a writer, its record as waiting
+    /// too); false if it held none. Releases of shared holdings and permits
+    /// are always published; an exclusive one only with `notify`.
+    pub async fn release_holding(&self, key: &RedisKey, owner: &str, notify: bool) -> Result<bool> {
+        match key {
+            RedisKey::Exclusive(keys) => self.release(keys, owner, notify).await,
+            RedisKey::Shared(keys) => {
+                self.release_member(&keys.readers, &keys.channel, owner)
+                    .await
+            }
+            RedisKey::Permit { keys, .. } => {
+                self.release_member(&keys.permits, &keys.channel, owner)
+                    .await
+            }
+        }
+    }
+
+    /// The holdings of `key`'s lock (writer or readers) or semaphore.
+    pub async fn holdings_of(&self, key: &RedisKey) -> Result<Holdings> {
+        match key {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => {
+                self.holdings(Some(&keys.lock), &keys.fence, &keys.readers)
+                    .await
+            }
+            RedisKey::Permit { keys, .. } => self.holdings(None, &keys.fence, &keys.permits).await,
+        }
+    }
+
+    /// Release notifications that may let `key` in.
+    pub async fn watch_holding(&self, key: &RedisKey) -> ReleaseWatch {
+        self.watch_channel(key.channel()).await
+    }
+}
