@@ -27,6 +27,7 @@
 //! (`scripts/install-services.sh`), never a silent skip.
 
 pub mod catalog;
+mod curator_peer;
 mod disposable;
 mod mariadb_server;
 mod poll;
@@ -41,6 +42,7 @@ mod redis_server;
 mod server;
 mod zk_server;
 
+pub use curator_peer::CuratorPeer;
 pub use disposable::{DisposableServer, ServerGroup};
 /// The conformance suite (the `lockkit-conformance` crate), re-exported.
 pub use lockkit_conformance as conformance;
