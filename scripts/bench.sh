@@ -5,7 +5,10 @@
 #
 #   1. the criterion suite `compare` (cycle, try_fail, handoff, raw_floor per
 #      backend) and its Markdown table, then `family` (shared and permit
-#      cycles paired with the exclusive one, on both runtime flavours);
+#      cycles paired with the exclusive one, on both runtime flavours) and
+#      `family_peers` (against distributed-lock 0.2 and Curator, and 16
+#      readers scaling); scripts/readme-bench.sh copies those two into the
+#      README;
 #   2. the seckill load generator on every backend, and rslock beside Redis;
 #   3. the scaling curves (contenders, keys) with their charts;
 #   4. the lease density of 100 000 auto-renewed Redis leases.
@@ -24,6 +27,7 @@ backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,pg-lease,pg
 
 cargo bench -p lockkit-benches --bench compare
 cargo bench -p lockkit-benches --bench family
+cargo bench -p lockkit-benches --bench family_peers
 cargo build --release -p lockkit-benches --bin lockkit-load --bin lockkit-scale
 
 if [ "${LOCKKIT_BENCH_QUICK:-}" = 1 ]; then

@@ -71,6 +71,8 @@ pub enum Limit {
     AtMost(f64),
     /// The ratio must be strictly below this.
     Below(f64),
+    /// The ratio must be at least this.
+    AtLeast(f64),
 }
 
 impl Limit {
@@ -79,6 +81,7 @@ impl Limit {
         match self {
             Limit::AtMost(limit) => ratio <= limit,
             Limit::Below(limit) => ratio < limit,
+            Limit::AtLeast(limit) => ratio >= limit,
         }
     }
 
@@ -88,6 +91,7 @@ impl Limit {
         let target = match self {
             Limit::AtMost(limit) => format!("≤ {limit:.2}"),
             Limit::Below(limit) => format!("< {limit:.2}"),
+            Limit::AtLeast(limit) => format!("≥ {limit:.2}"),
         };
         match ratio {
             Some(r) => (

@@ -102,6 +102,7 @@ macro_rules! conformance_suite {
             fencing_tokens_across_kinds,
             cancelled_family_acquires_leak_nothing,
             dropped_family_guards_release,
+            mixed_permits_follow_the_documented_rule,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

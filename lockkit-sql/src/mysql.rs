@@ -2,17 +2,21 @@
 //! `GET_LOCK` named locks.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockkit_core::backend::Attempt;
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
 use crate::lease::{Answer, LeaseDialect};
+use crate::names::{named_lock_name, semaphore_slot_name};
 use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
-use crate::settings::{POLLED_LEASE_CAPABILITIES, Settings};
+use crate::settings::{
+    MYSQL_ROW_CAPABILITIES, NAMED_CAPABILITIES, POLLED_LEASE_CAPABILITIES, Settings,
+};
 use crate::statement::{micros, q};
 
 /// Added to the holder's remaining lease (in µs) to tell a busy answer from
@@ -57,6 +61,8 @@ pub(crate) struct MySql {
     ensure_row: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
+    row_lock_shared: Arc<str>,
+    row_try_shared: Arc<str>,
     row_free: Arc<str>,
     row_exists: Arc<str>,
     named_lock: Arc<str>,
@@ -167,6 +173,18 @@ impl MySql {
             .into(),
             row_try: format!(
                 "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE NOWAIT"
+            )
+            .into(),
+            // MariaDB spells the share lock `LOCK IN SHARE MODE` (with
+            // NOWAIT); MySQL 8, whose tokens come from the counter, `FOR SHARE`.
+            row_lock_shared: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {share}",
+                share = share_clause(fence_source, false)
+            )
+            .into(),
+            row_try_shared: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {share}",
+                share = share_clause(fence_source, true)
             )
             .into(),
             row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
@@ -351,13 +369,51 @@ pub(crate) struct MyConn {
     lock_wait_secs: Option<u64>,
 }
 
-/// The key of a name in a session mode.
-#[derive(Debug, Clone)]
+/// The share-lock clause of a locking read.
+fn share_clause(fence_source: FenceSource, no_wait: bool) -> &'static str {
+    match (fence_source, no_wait) {
+        (FenceSource::Sequence, false) => "LOCK IN SHARE MODE",
+        (FenceSource::Sequence, true) => "LOCK IN SHARE MODE NOWAIT",
+        (FenceSource::Counter, false) => "FOR SHARE",
+        (FenceSource::Counter, true) => "FOR SHARE NOWAIT",
+    }
+}
+
+/// The most permits of a `named` semaphore: each is a `GET_LOCK` name of its
+/// own, tried in turn while all are taken.
+pub const MAX_NAMED_PERMITS: u32 = 256;
+
+/// How long one wait on a single permit slot lasts before all slots are
+/// tried again.
+const SLOT_WAIT: Duration = Duration::from_millis(100);
+
+/// The key of a holding in a session mode.
+#[derive(Debug)]
 pub(crate) enum MyKey {
     /// The `GET_LOCK` name (see [`named_lock_name`](crate::named_lock_name)).
     Named(String),
-    /// The row's name.
-    Row(String),
+    /// The `GET_LOCK` names of a semaphore's permit slots (see
+    /// [`semaphore_slot_name`](crate::semaphore_slot_name)), and the slot
+    /// taken, once granted.
+    NamedSlots {
+        slots: Vec<String>,
+        taken: AtomicUsize,
+    },
+    /// The row's name, and whether the lock is the share lock.
+    Row { name: String, shared: bool },
+}
+
+impl MyKey {
+    /// The `GET_LOCK` name this holding holds, for a named one.
+    fn held_name(&self) -> Option<&str> {
+        match self {
+            MyKey::Named(name) => Some(name),
+            MyKey::NamedSlots { slots, taken } => {
+                slots.get(taken.load(Ordering::SeqCst)).map(String::as_str)
+            }
+            MyKey::Row { .. } => None,
+        }
+    }
 }
 
 impl MySqlSession {
@@ -392,6 +448,38 @@ impl MySqlSession {
                 "GET_LOCK returned NULL (the wait was killed or failed)".into(),
             )),
         }
+    }
+
+    /// A permit: each slot tried once without waiting (from a random one),
+    /// then, if the caller waits, a wait of at most [`SLOT_WAIT`] on one slot.
+    async fn lock_slot(
+        &self,
+        conn: &mut MyConn,
+        slots: &[String],
+        taken: &AtomicUsize,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<u64>> {
+        let start = fastrand::usize(..slots.len());
+        for step in 0..slots.len() {
+            let slot = (start + step) % slots.len();
+            if let Some(fence) = self
+                .lock_named(conn, &slots[slot], ServerWait::NoWait)
+                .await?
+            {
+                taken.store(slot, Ordering::SeqCst);
+                return Ok(Some(fence));
+            }
+        }
+        let slice = match wait {
+            ServerWait::NoWait => return Ok(None),
+            ServerWait::For(left) => ServerWait::For(left.min(SLOT_WAIT)),
+            ServerWait::Forever => ServerWait::For(SLOT_WAIT),
+        };
+        let fence = self.lock_named(conn, &slots[start], slice).await?;
+        if fence.is_some() {
+            taken.store(start, Ordering::SeqCst);
+        }
+        Ok(fence)
     }
 
     /// Sets the server's wait for the row lock: whole seconds, at least 1
@@ -442,11 +530,13 @@ impl RowLocking for MySqlSession {
         conn: &'c mut MyConn,
         name: &'c str,
         no_wait: bool,
+        shared: bool,
     ) -> RowAnswer<'c, Option<i64>> {
-        let statement = if no_wait {
-            &self.sql.row_try
-        } else {
-            &self.sql.row_lock
+        let statement = match (shared, no_wait) {
+            (false, true) => &self.sql.row_try,
+            (false, false) => &self.sql.row_lock,
+            (true, true) => &self.sql.row_try_shared,
+            (true, false) => &self.sql.row_lock_shared,
         };
         Box::pin(
             sqlx::query_scalar(q(statement))
@@ -487,13 +577,33 @@ impl SessionDb for MySqlSession {
         &self.settings
     }
 
-    fn key(&self, name: &str, _kind: LockKind) -> MyKey {
+    fn capabilities(&self) -> Capabilities {
         match self.mode {
-            MySqlSessionMode::Named => {
-                MyKey::Named(crate::names::named_lock_name(name).into_owned())
-            }
-            MySqlSessionMode::Row => MyKey::Row(name.to_owned()),
+            MySqlSessionMode::Named => NAMED_CAPABILITIES,
+            MySqlSessionMode::Row => MYSQL_ROW_CAPABILITIES,
         }
+    }
+
+    fn key(&self, name: &str, kind: LockKind) -> Result<MyKey> {
+        Ok(match (self.mode, kind) {
+            (MySqlSessionMode::Row, kind) => MyKey::Row {
+                name: name.to_owned(),
+                shared: kind == LockKind::Shared,
+            },
+            (_, LockKind::Semaphore { permits }) if permits > MAX_NAMED_PERMITS => {
+                return Err(LockError::Unsupported {
+                    backend: self.settings.backend,
+                    operation: "hold a semaphore of more than 256 permits (one GET_LOCK name per permit)",
+                });
+            }
+            (_, LockKind::Semaphore { permits }) => MyKey::NamedSlots {
+                slots: (0..permits)
+                    .map(|slot| semaphore_slot_name(name, slot))
+                    .collect(),
+                taken: AtomicUsize::new(0),
+            },
+            _ => MyKey::Named(named_lock_name(name).into_owned()),
+        })
     }
 
     async fn connect(&self) -> Result<MyConn> {
@@ -518,8 +628,9 @@ impl SessionDb for MySqlSession {
     async fn lock(&self, conn: &mut MyConn, key: &MyKey, wait: ServerWait) -> Result<Locked> {
         let locked = match key {
             MyKey::Named(name) => self.lock_named(conn, name, wait).await,
-            MyKey::Row(name) => match self.set_row_wait(conn, wait).await {
-                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait)
+            MyKey::NamedSlots { slots, taken } => self.lock_slot(conn, slots, taken, wait).await,
+            MyKey::Row { name, shared } => match self.set_row_wait(conn, wait).await {
+                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait, *shared)
                     .await
                     .map(|token| token.map(|t| t as u64)),
                 Err(error) => Err(error),
@@ -533,15 +644,15 @@ impl SessionDb for MySqlSession {
     }
 
     async fn unlock(&self, conn: &mut MyConn, key: &MyKey) -> Result<bool> {
-        let unlocked = match key {
-            MyKey::Named(name) => {
+        let unlocked = match key.held_name() {
+            Some(name) => {
                 sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
                     .bind(name)
                     .fetch_one(&mut conn.conn)
                     .await
                     .map(|released| released == Some(1))
             }
-            MyKey::Row(_) => sqlx::raw_sql("ROLLBACK")
+            None => sqlx::raw_sql("ROLLBACK")
                 .execute(&mut conn.conn)
                 .await
                 .map(|_| true),
@@ -550,16 +661,16 @@ impl SessionDb for MySqlSession {
     }
 
     async fn ping(&self, conn: &mut MyConn, key: &MyKey) -> Result<bool> {
-        let alive = match key {
+        let alive = match key.held_name() {
             // Also proves that this connection still owns the lock.
-            MyKey::Named(name) => sqlx::query_scalar::<_, Option<i64>>(
+            Some(name) => sqlx::query_scalar::<_, Option<i64>>(
                 "SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED)",
             )
             .bind(name)
             .fetch_one(&mut conn.conn)
             .await
             .map(|owned| owned == Some(1)),
-            MyKey::Row(_) => sqlx::raw_sql("SELECT 1")
+            None => sqlx::raw_sql("SELECT 1")
                 .execute(&mut conn.conn)
                 .await
                 .map(|_| true),
@@ -573,6 +684,24 @@ impl SessionDb for MySqlSession {
     async fn status(&self, key: &MyKey) -> Result<LockStatus> {
         let what = "read the lock's status";
         let held = match key {
+            MyKey::NamedSlots { slots, .. } => {
+                // One query: the number of slots whose name is in use.
+                let sql = vec!["(IS_USED_LOCK(?) IS NOT NULL)"; slots.len()].join(" + ");
+                let query = format!("SELECT CAST({sql} AS SIGNED)");
+                let mut count = sqlx::query_scalar::<_, i64>(AssertSqlSafe(query));
+                for slot in slots {
+                    count = count.bind(slot);
+                }
+                let holders = self
+                    .settings
+                    .bounded(what, count.fetch_one(&self.pool))
+                    .await?;
+                return Ok(if holders > 0 {
+                    LockStatus::held().with_holders(Some(holders as usize))
+                } else {
+                    LockStatus::free()
+                });
+            }
             MyKey::Named(name) => {
                 let held: Option<i64> = self
                     .settings
@@ -585,7 +714,7 @@ impl SessionDb for MySqlSession {
                     .await?;
                 held == Some(1)
             }
-            MyKey::Row(name) => {
+            MyKey::Row { name, .. } => {
                 self.settings
                     .bounded(what, async {
                         let mut tx = self.pool.begin().await?;

@@ -55,6 +55,28 @@ pub fn semaphore_slot_key(name: &str, slot: u32) -> i64 {
     advisory_key(&format!("{name}\0{slot}"))
 }
 
+/// The MySQL/MariaDB `GET_LOCK` name of permit slot `slot` (0-based) of the
+/// semaphore `name` in `named` mode: `SEM#`, the first 20 bytes of the
+/// SHA-256 of the name in RFC 4648 base32 (no padding), `#` and the slot in
+/// decimal. `SEM#` is neither a verbatim name (those are lower case) nor
+/// `LK#`, so slot names are apart from every lock's name; at most 47
+/// characters. A holder of slot 2 of `jobs` holds
+/// `GET_LOCK(semaphore_slot_name("jobs", 2), …)`.
+///
+/// ```
+/// use lockkit_sql::{named_lock_name, semaphore_slot_name};
+/// let slot = semaphore_slot_name("jobs", 2);
+/// assert!(slot.starts_with("SEM#") && slot.ends_with("#2"));
+/// assert_ne!(slot, named_lock_name("jobs"));
+/// ```
+pub fn semaphore_slot_name(name: &str, slot: u32) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    format!(
+        "SEM#{}#{slot}",
+        data_encoding::BASE32_NOPAD.encode(&digest[..20])
+    )
+}
+
 /// The MySQL/MariaDB `GET_LOCK` name of a lock name.
 ///
 /// A name of at most 64 characters (and at most 192 bytes, MariaDB's limit)

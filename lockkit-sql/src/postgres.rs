@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, NotifyHub, ReleaseWatch};
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use sqlx::{Connection, Postgres};
@@ -428,6 +428,10 @@ const ADVISORY_SLOTS_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), cou
        AND (classid, objid) IN \
            (SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid FROM unnest($1::bigint[]) AS k)";
 
+/// The most permits of an `advisory` semaphore: each is a key of its own,
+/// tried in turn while all are taken.
+pub const MAX_SLOT_PERMITS: u32 = 256;
+
 /// How long one wait on a single permit slot lasts before all slots are
 /// tried again (a permit may come free on another slot meanwhile).
 const SLOT_WAIT: Duration = Duration::from_millis(100);
@@ -557,7 +561,12 @@ impl RowLocking for PgSession {
         conn: &'c mut PgConn,
         name: &'c str,
         no_wait: bool,
+        shared: bool,
     ) -> RowAnswer<'c, Option<i64>> {
+        // Postgres' row mode claims no shared holdings: a reader that finds
+        // a row share-locked joins without waiting even behind a waiting
+        // `FOR UPDATE`, so readers could starve a writer.
+        debug_assert!(!shared, "postgres row mode holds exclusive locks only");
         let statement = if no_wait {
             &self.sql.row_try
         } else {
@@ -597,10 +606,16 @@ impl SessionDb for PgSession {
         }
     }
 
-    fn key(&self, name: &str, kind: LockKind) -> PgKey {
-        match (self.mode, kind) {
+    fn key(&self, name: &str, kind: LockKind) -> Result<PgKey> {
+        Ok(match (self.mode, kind) {
             (PgSessionMode::Row, _) => PgKey::Row(name.to_owned()),
             (_, LockKind::Shared) => PgKey::AdvisoryShared(advisory_key(name)),
+            (_, LockKind::Semaphore { permits }) if permits > MAX_SLOT_PERMITS => {
+                return Err(LockError::Unsupported {
+                    backend: self.settings.backend,
+                    operation: "hold a semaphore of more than 256 permits (one advisory key per permit)",
+                });
+            }
             (_, LockKind::Semaphore { permits }) => PgKey::AdvisorySlots {
                 slots: (0..permits)
                     .map(|slot| semaphore_slot_key(name, slot))
@@ -608,7 +623,7 @@ impl SessionDb for PgSession {
                 taken: AtomicI64::new(0),
             },
             _ => PgKey::Advisory(advisory_key(name)),
-        }
+        })
     }
 
     async fn connect(&self) -> Result<PgConn> {
@@ -632,7 +647,7 @@ impl SessionDb for PgSession {
             PgKey::AdvisoryShared(key) => self.lock_advisory(conn, *key, true, wait).await,
             PgKey::AdvisorySlots { slots, taken } => self.lock_slot(conn, slots, taken, wait).await,
             PgKey::Row(name) => match self.set_lock_timeout(conn, wait).await {
-                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait).await,
+                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait, false).await,
                 Err(error) => Err(error),
             },
         };

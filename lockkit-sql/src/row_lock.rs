@@ -21,13 +21,15 @@ pub(crate) trait RowLocking: Sync {
     fn connection(conn: &mut Self::Conn) -> &mut <Self::Db as Database>::Connection;
 
     /// The locking `SELECT` of `name`'s row (`FOR UPDATE`, or `FOR UPDATE
-    /// NOWAIT` with `no_wait`): `Some(token)` once granted, `None` when the
-    /// row does not exist, a "lock busy" error when the wait ended.
+    /// NOWAIT` with `no_wait`; the share-mode lock with `shared`, where the
+    /// mode claims shared holdings): `Some(token)` once granted, `None` when
+    /// the row does not exist, a "lock busy" error when the wait ended.
     fn select<'c>(
         &'c self,
         conn: &'c mut Self::Conn,
         name: &'c str,
         no_wait: bool,
+        shared: bool,
     ) -> Answer<'c, Option<i64>>;
 
     /// Creates `name`'s row, committed on another connection so that it
@@ -50,13 +52,14 @@ pub(crate) async fn lock_row<R: RowLocking>(
     conn: &mut R::Conn,
     name: &str,
     no_wait: bool,
+    shared: bool,
 ) -> sqlx::Result<Option<i64>>
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
     for _ in 0..2 {
         run::<R>(conn, "BEGIN").await?;
-        match locking.select(conn, name, no_wait).await {
+        match locking.select(conn, name, no_wait, shared).await {
             Ok(Some(token)) => {
                 return match locking.granted(conn, token).await {
                     Ok(token) => Ok(Some(token)),

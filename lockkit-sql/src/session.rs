@@ -59,10 +59,11 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities {
         SESSION_CAPABILITIES
     }
-    /// Maps a validated name and a kind of holding the capabilities claim.
-    /// A key is made for each acquisition, and may note what it took (e.g.
-    /// which permit slot).
-    fn key(&self, name: &str, kind: LockKind) -> Self::Key;
+    /// Maps a validated name and a kind of holding the capabilities claim
+    /// (`Unsupported` for one the mode cannot hold after all, e.g. too many
+    /// permit slots). A key is made for each acquisition, and may note what
+    /// it took (e.g. which permit slot).
+    fn key(&self, name: &str, kind: LockKind) -> Result<Self::Key>;
 
     /// The backend name for logs and errors.
     fn backend(&self) -> &'static str {
@@ -249,7 +250,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
         let db = &self.conns.db;
-        let key = db.key(name, opts.kind());
+        let key = db.key(name, opts.kind())?;
         // Opening a connection is bounded by the connect timeout, not by the
         // wait: like every first attempt, it runs to completion.
         let (mut checkout, mut reused) = match self.conns.take_idle() {
@@ -302,7 +303,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
 
     async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
         let db = &self.conns.db;
-        db.status(&db.key(name, kind)).await
+        db.status(&db.key(name, kind)?).await
     }
 }
 

@@ -132,6 +132,16 @@ pub const SESSION_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash:
 pub const ADVISORY_CAPABILITIES: Capabilities =
     SESSION_CAPABILITIES.with_shared(true).with_semaphore(true);
 
+/// What MySQL/MariaDB `named` mode guarantees: a session mode with
+/// semaphores (one `GET_LOCK` name per permit slot). `GET_LOCK` has no
+/// shared mode, so no shared holdings.
+pub const NAMED_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_semaphore(true);
+
+/// What MySQL/MariaDB `row` mode guarantees: a session mode with shared
+/// holdings (the share-mode lock of the name's row; InnoDB queues a new
+/// share lock behind a waiting exclusive one).
+pub const MYSQL_ROW_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_shared(true);
+
 /// What `lease` mode guarantees on Postgres: waiters are woken by
 /// `LISTEN/NOTIFY`.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
@@ -153,6 +163,8 @@ impl Mode {
         Some(match (self, database) {
             (Mode::Lease, Database::Postgres) => NOTIFIED_LEASE_CAPABILITIES,
             (Mode::Advisory, Database::Postgres) => ADVISORY_CAPABILITIES,
+            (Mode::Named, Database::MySql) => NAMED_CAPABILITIES,
+            (Mode::Row, Database::MySql) => MYSQL_ROW_CAPABILITIES,
             (Mode::Lease, _) => POLLED_LEASE_CAPABILITIES,
             _ => SESSION_CAPABILITIES,
         })

@@ -244,6 +244,30 @@ async fn advisory_semaphore_slots_interoperate_with_psql() {
     two.release().await.unwrap();
 }
 
+/// A semaphore of more permit slots than `advisory` mode keeps is refused
+/// before anything is sent, not tried key by key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_semaphores_have_at_most_max_slot_permits() {
+    let server = PostgresServer::start().await;
+    let locks = connect(&server, Mode::Advisory).await.unwrap();
+    let most = opts().semaphore(lockkit_sql::MAX_SLOT_PERMITS);
+    let guard = locks
+        .try_acquire("wide", &most)
+        .await
+        .unwrap()
+        .expect("free");
+    guard.release().await.unwrap();
+    let too_many = opts().semaphore(lockkit_sql::MAX_SLOT_PERMITS + 1);
+    for result in [
+        locks.try_acquire("wide", &too_many).await.map(drop),
+        locks.acquire("wide", &too_many).await.map(drop),
+    ] {
+        let err = result.unwrap_err();
+        assert!(matches!(err, LockError::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains("256 permits"), "{err}");
+    }
+}
+
 /// Lease-mode waiters are woken by `NOTIFY` on release, not by polling: a
 /// waiter whose backoff would sleep for seconds still takes the lock within
 /// milliseconds of the release.

@@ -1,0 +1,434 @@
+#![allow(clippy::print_stdout)]
+//! lockkit's reader-writer locks and semaphores against the peers users
+//! compare them with, on the same servers in the same run, and readers
+//! scaling on one name.
+//!
+//! * `peers_redis/*`: lockkit's shared, exclusive and permit cycles on one
+//!   Redis server, interleaved with the `distributed-lock` 0.2 crate's
+//!   `RedisDistributedReaderWriterLock` (read, write) and
+//!   `RedisDistributedSemaphore` on the same server.
+//! * `peers_postgres/*`: lockkit's `advisory` mode (shared, exclusive)
+//!   against `distributed-lock`'s `PostgresDistributedReaderWriterLock`
+//!   (advisory locks too). `distributed-lock` has no Postgres semaphore.
+//! * `peers_zk/*`: lockkit's permit against Curator's
+//!   `InterProcessSemaphoreV2` (Debian's Curator 5.4 in a JVM beside the
+//!   bench, each cycle timed inside the JVM) on the same ZooKeeper.
+//! * Readers scaling: 16 tasks taking the read side of one name, each
+//!   holding it for 5 ms, against one task doing the same: critical sections
+//!   per second, on Redis and on Postgres `advisory` (target: at least 8 ×).
+//!
+//! Every cycle is `acquire` + `release` of an uncontended name, auto-renew
+//! off on both sides; the ratios come from interleaved rounds. Run with
+//! `cargo bench -p lockkit-benches --bench family_peers`; the summary is
+//! printed and written to `target/lockkit-bench/family-peers-summary.md`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use distributed_lock::{
+    DistributedReaderWriterLock, DistributedSemaphore, LockHandle, PostgresLockProvider,
+    ReaderWriterLockProvider, RedisLockProvider, SemaphoreProvider,
+};
+use lockkit_benches::{
+    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, bench_then_pair,
+    connect, fmt_opt_ns, lockkit_cycle, save_summary,
+};
+use lockkit_core::{DistributedLock, LockOptions};
+use lockkit_testkit::{CuratorPeer, TestServer};
+use tokio::sync::Mutex;
+
+const TTL: Duration = Duration::from_secs(30);
+const PERMITS: u32 = 4;
+/// How long a reader holds the lock in the scaling runs.
+const SECTION: Duration = Duration::from_millis(5);
+
+fn lockkit_opts(kind: &str) -> LockOptions {
+    let opts = LockOptions::new().ttl(TTL).auto_renew(false);
+    match kind {
+        "shared" => opts.shared(),
+        "permit" => opts.semaphore(PERMITS),
+        _ => opts,
+    }
+}
+
+/// The Redis comparison's kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RedisKind {
+    Shared,
+    DlRead,
+    Exclusive,
+    DlWrite,
+    Permit,
+    DlSemaphore,
+}
+
+impl CycleKind for RedisKind {
+    const ALL: &'static [RedisKind] = &[
+        RedisKind::Shared,
+        RedisKind::DlRead,
+        RedisKind::Exclusive,
+        RedisKind::DlWrite,
+        RedisKind::Permit,
+        RedisKind::DlSemaphore,
+    ];
+
+    fn bench(self) -> &'static str {
+        match self {
+            RedisKind::Shared => "lockkit_shared",
+            RedisKind::DlRead => "distributed_lock_read",
+            RedisKind::Exclusive => "lockkit_exclusive",
+            RedisKind::DlWrite => "distributed_lock_write",
+            RedisKind::Permit => "lockkit_permit",
+            RedisKind::DlSemaphore => "distributed_lock_semaphore",
+        }
+    }
+}
+
+struct RedisPeers {
+    lock: Arc<dyn DistributedLock>,
+    rw: distributed_lock::RedisDistributedReaderWriterLock,
+    semaphore: distributed_lock::RedisDistributedSemaphore,
+}
+
+impl CycleFixture for RedisPeers {
+    type Kind = RedisKind;
+
+    async fn run(&self, kind: RedisKind) {
+        let lock = self.lock.as_ref();
+        match kind {
+            RedisKind::Shared => lockkit_cycle(lock, "peers-shared", &lockkit_opts("shared")).await,
+            RedisKind::Exclusive => {
+                lockkit_cycle(lock, "peers-exclusive", &lockkit_opts("exclusive")).await
+            }
+            RedisKind::Permit => lockkit_cycle(lock, "peers-permit", &lockkit_opts("permit")).await,
+            RedisKind::DlRead => {
+                let handle = self.rw.acquire_read(None).await.expect("dl read");
+                handle.release().await.expect("dl read release");
+            }
+            RedisKind::DlWrite => {
+                let handle = self.rw.acquire_write(None).await.expect("dl write");
+                handle.release().await.expect("dl write release");
+            }
+            RedisKind::DlSemaphore => {
+                let handle = self.semaphore.acquire(None).await.expect("dl semaphore");
+                handle.release().await.expect("dl semaphore release");
+            }
+        }
+    }
+}
+
+/// The Postgres comparison's kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PgKind {
+    Shared,
+    DlRead,
+    Exclusive,
+    DlWrite,
+}
+
+impl CycleKind for PgKind {
+    const ALL: &'static [PgKind] = &[
+        PgKind::Shared,
+        PgKind::DlRead,
+        PgKind::Exclusive,
+        PgKind::DlWrite,
+    ];
+
+    fn bench(self) -> &'static str {
+        match self {
+            PgKind::Shared => "lockkit_shared",
+            PgKind::DlRead => "distributed_lock_read",
+            PgKind::Exclusive => "lockkit_exclusive",
+            PgKind::DlWrite => "distributed_lock_write",
+        }
+    }
+}
+
+struct PgPeers {
+    lock: Arc<dyn DistributedLock>,
+    rw: distributed_lock::PostgresDistributedReaderWriterLock,
+}
+
+impl CycleFixture for PgPeers {
+    type Kind = PgKind;
+
+    async fn run(&self, kind: PgKind) {
+        let lock = self.lock.as_ref();
+        match kind {
+            PgKind::Shared => lockkit_cycle(lock, "peers-shared", &lockkit_opts("shared")).await,
+            PgKind::Exclusive => {
+                lockkit_cycle(lock, "peers-exclusive", &lockkit_opts("exclusive")).await
+            }
+            PgKind::DlRead => {
+                let handle = self.rw.acquire_read(None).await.expect("dl read");
+                handle.release().await.expect("dl read release");
+            }
+            PgKind::DlWrite => {
+                let handle = self.rw.acquire_write(None).await.expect("dl write");
+                handle.release().await.expect("dl write release");
+            }
+        }
+    }
+}
+
+/// The ZooKeeper comparison's kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ZkKind {
+    Permit,
+    Curator,
+}
+
+impl CycleKind for ZkKind {
+    const ALL: &'static [ZkKind] = &[ZkKind::Permit, ZkKind::Curator];
+
+    fn bench(self) -> &'static str {
+        match self {
+            ZkKind::Permit => "lockkit_permit",
+            ZkKind::Curator => "curator_semaphore_v2",
+        }
+    }
+}
+
+struct ZkPeers {
+    lock: Arc<dyn DistributedLock>,
+    curator: Mutex<CuratorPeer>,
+}
+
+impl CycleFixture for ZkPeers {
+    type Kind = ZkKind;
+
+    async fn run(&self, kind: ZkKind) {
+        self.run_timed(kind).await;
+    }
+
+    /// Curator's cycle is timed inside its JVM: the pipe to it is not counted.
+    async fn run_timed(&self, kind: ZkKind) -> Duration {
+        match kind {
+            ZkKind::Permit => {
+                let started = Instant::now();
+                lockkit_cycle(self.lock.as_ref(), "peers", &lockkit_opts("permit")).await;
+                started.elapsed()
+            }
+            ZkKind::Curator => self.curator.lock().await.cycle().await,
+        }
+    }
+}
+
+fn main() {
+    let mode = RunMode::from_env();
+    let runtime = lockkit_benches::runtime();
+    let deployments = [Deployment::Redis, Deployment::PgAdvisory, Deployment::Zk];
+    let servers = runtime.block_on(Servers::start(&deployments));
+    let redis_url = servers.redis()[0].url();
+    let pg_url = servers.pg().url();
+
+    let redis = runtime.block_on(async {
+        let provider = RedisLockProvider::builder()
+            .url(redis_url.clone())
+            .build()
+            .await
+            .expect("distributed-lock connects to Redis");
+        RedisPeers {
+            lock: client(&servers, Deployment::Redis).await,
+            rw: provider.create_reader_writer_lock("dl-peers-rw"),
+            semaphore: provider.create_semaphore("dl-peers-semaphore", PERMITS),
+        }
+    });
+    let pg = runtime.block_on(async {
+        let provider = PostgresLockProvider::builder()
+            .connection_string(pg_url.clone())
+            .build()
+            .await
+            .expect("distributed-lock connects to Postgres");
+        PgPeers {
+            lock: client(&servers, Deployment::PgAdvisory).await,
+            rw: provider.create_reader_writer_lock("dl-peers-rw"),
+        }
+    });
+    let zk = runtime.block_on(async {
+        let path = format!("/lockkit/{}/peers", lockkit_zk::SEMAPHORES);
+        ZkPeers {
+            lock: client(&servers, Deployment::Zk).await,
+            curator: Mutex::new(CuratorPeer::semaphore(servers.zk(), &path, PERMITS).await),
+        }
+    });
+    // Both sides warmed up (connections, scripts, nodes) outside the timing.
+    runtime.block_on(async {
+        for _ in 0..5 {
+            for &kind in RedisKind::ALL {
+                redis.run(kind).await;
+            }
+            for &kind in PgKind::ALL {
+                pg.run(kind).await;
+            }
+            for &kind in ZkKind::ALL {
+                zk.run(kind).await;
+            }
+        }
+    });
+    let Some(((), redis_rounds)) = bench_then_pair(&runtime, "peers_redis", &redis, mode, |_| ())
+    else {
+        return;
+    };
+    let Some(((), pg_rounds)) = bench_then_pair(&runtime, "peers_postgres", &pg, mode, |_| ())
+    else {
+        return;
+    };
+    let Some(((), zk_rounds)) = bench_then_pair(&runtime, "peers_zk", &zk, mode, |_| ()) else {
+        return;
+    };
+    let scaling: Vec<(Deployment, Scaling)> = [Deployment::Redis, Deployment::PgAdvisory]
+        .into_iter()
+        .map(|d| (d, runtime.block_on(readers_scaling(&servers, d, mode))))
+        .collect();
+    let summary = summary(mode, &redis_rounds, &pg_rounds, &zk_rounds, &scaling);
+    save_summary(mode, "family-peers", &summary);
+    drop((redis, pg, zk));
+    drop(servers);
+}
+
+async fn client(servers: &Servers, deployment: Deployment) -> Arc<dyn DistributedLock> {
+    connect(servers, deployment)
+        .await
+        .unwrap_or_else(|e| panic!("{deployment} connects: {e}"))
+}
+
+/// Critical sections per second of one reader and of 16 readers on one name.
+struct Scaling {
+    one: f64,
+    sixteen: f64,
+}
+
+/// `tasks` tasks, each on a client of its own, taking the read side of one
+/// name and holding it for [`SECTION`], for `length`: critical sections per
+/// second. Bounded in time and count.
+async fn readers(servers: &Servers, deployment: Deployment, tasks: usize, length: Duration) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let name = format!("bench-readers-{}", deployment.label());
+    let mut clients = Vec::new();
+    for _ in 0..tasks {
+        clients.push(client(servers, deployment).await);
+    }
+    let started = Instant::now();
+    let stop = started + length;
+    let opts = lockkit_opts("shared").wait_for(Duration::from_secs(10));
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|lock| {
+            let (done, name, opts) = (done.clone(), name.clone(), opts.clone());
+            tokio::spawn(async move {
+                for _ in 0..100_000 {
+                    if Instant::now() >= stop {
+                        break;
+                    }
+                    let guard = lock.acquire(&name, &opts).await.expect("a reader");
+                    tokio::time::sleep(SECTION).await;
+                    guard.release().await.expect("a reader's release");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.expect("a reader task");
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn readers_scaling(servers: &Servers, deployment: Deployment, mode: RunMode) -> Scaling {
+    let length = match mode {
+        RunMode::Bench => Duration::from_secs(5),
+        _ => Duration::from_millis(500),
+    };
+    Scaling {
+        one: readers(servers, deployment, 1, length).await,
+        sixteen: readers(servers, deployment, 16, length).await,
+    }
+}
+
+fn summary(
+    mode: RunMode,
+    redis: &Interleaved<RedisKind>,
+    pg: &Interleaved<PgKind>,
+    zk: &Interleaved<ZkKind>,
+    scaling: &[(Deployment, Scaling)],
+) -> String {
+    let mut out = format!(
+        "## lockkit's readers, writers and semaphores against their peers ({} run)\n\n\
+         Uncontended `acquire` + `release`, auto-renew off on both sides, on the same server in the same run; \
+         each ratio is the median over {} interleaved rounds of lockkit's round mean ÷ the peer's in the same round (below 1: lockkit is faster). \
+         Peers: the `distributed-lock` 0.2 crate (Redis, Postgres advisory locks) and Curator 5.4's `InterProcessSemaphoreV2` (ZooKeeper; its cycles timed inside its JVM).\n\n\
+         | server | primitive | lockkit | peer | lockkit ÷ peer |\n| --- | --- | --- | --- | --- |\n",
+        mode.label(),
+        redis.rounds(),
+    );
+    let mut row =
+        |server: &str, what: &str, ours: Option<f64>, theirs: Option<f64>, ratio: Option<f64>| {
+            let ratio = ratio.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}"));
+            let _ = writeln!(
+                out,
+                "| {server} | {what} | {} | {} | {ratio} |",
+                fmt_opt_ns(ours),
+                fmt_opt_ns(theirs)
+            );
+        };
+    for (what, ours, theirs) in [
+        ("read lock (shared)", RedisKind::Shared, RedisKind::DlRead),
+        (
+            "write lock (exclusive)",
+            RedisKind::Exclusive,
+            RedisKind::DlWrite,
+        ),
+        (
+            "semaphore permit",
+            RedisKind::Permit,
+            RedisKind::DlSemaphore,
+        ),
+    ] {
+        row(
+            "Redis",
+            what,
+            redis.median(ours),
+            redis.median(theirs),
+            redis.paired_ratio(ours, theirs),
+        );
+    }
+    for (what, ours, theirs) in [
+        ("read lock (shared)", PgKind::Shared, PgKind::DlRead),
+        ("write lock (exclusive)", PgKind::Exclusive, PgKind::DlWrite),
+    ] {
+        row(
+            "Postgres advisory",
+            what,
+            pg.median(ours),
+            pg.median(theirs),
+            pg.paired_ratio(ours, theirs),
+        );
+    }
+    row(
+        "ZooKeeper",
+        "semaphore permit (vs Curator)",
+        zk.median(ZkKind::Permit),
+        zk.median(ZkKind::Curator),
+        zk.paired_ratio(ZkKind::Permit, ZkKind::Curator),
+    );
+    let _ = write!(
+        out,
+        "\n16 readers on one name, each holding it {SECTION:?} per critical section, against one reader (critical sections per second; each reader on a client of its own).\n\n\
+         | server | 1 reader | 16 readers | × one reader | target |\n| --- | --- | --- | --- | --- |\n"
+    );
+    let limit = Limit::AtLeast(8.0);
+    for (deployment, s) in scaling {
+        let (ratio, target) = limit.judge(Some(s.sixteen / s.one));
+        let _ = writeln!(
+            out,
+            "| {} | {:.0}/s | {:.0}/s | {ratio} | {target} |",
+            deployment.label(),
+            s.one,
+            s.sixteen
+        );
+    }
+    out
+}
