@@ -33,14 +33,10 @@ mod statement;
 
 pub use config::SqlLockBuilder;
 pub use lock::SqlLock;
-#[cfg(feature = "mysql")]
-pub use mysql::MAX_NAMED_PERMITS;
 pub use names::{
-    DEFAULT_TABLE, MAX_TABLE_LEN, advisory_key, named_lock_name, semaphore_slot_key,
-    semaphore_slot_name, validate_table,
+    DEFAULT_TABLE, MAX_SLOT_PERMITS, MAX_TABLE_LEN, advisory_key, named_lock_name,
+    semaphore_slot_key, semaphore_slot_name, validate_table,
 };
-#[cfg(feature = "postgres")]
-pub use postgres::MAX_SLOT_PERMITS;
 pub use settings::{
     ADVISORY_CAPABILITIES, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_LIVENESS_INTERVAL, DEFAULT_MAX_CONNECTIONS, Database, MYSQL_ROW_CAPABILITIES, Mode,

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockkit_core::backend::Attempt;
-use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
 use crate::lease::{Answer, LeaseDialect};
-use crate::names::{named_lock_name, semaphore_slot_name};
+use crate::names::{check_slot_permits, named_lock_name, semaphore_slot_name};
 use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
@@ -379,10 +379,6 @@ fn share_clause(fence_source: FenceSource, no_wait: bool) -> &'static str {
     }
 }
 
-/// The most permits of a `named` semaphore: each is a `GET_LOCK` name of its
-/// own, tried in turn while all are taken.
-pub const MAX_NAMED_PERMITS: u32 = 256;
-
 /// How long one wait on a single permit slot lasts before all slots are
 /// tried again.
 const SLOT_WAIT: Duration = Duration::from_millis(100);
@@ -585,17 +581,14 @@ impl SessionDb for MySqlSession {
     }
 
     fn key(&self, name: &str, kind: LockKind) -> Result<MyKey> {
+        if let LockKind::Semaphore { permits } = kind {
+            check_slot_permits(self.settings.backend, permits)?;
+        }
         Ok(match (self.mode, kind) {
             (MySqlSessionMode::Row, kind) => MyKey::Row {
                 name: name.to_owned(),
                 shared: kind == LockKind::Shared,
             },
-            (_, LockKind::Semaphore { permits }) if permits > MAX_NAMED_PERMITS => {
-                return Err(LockError::Unsupported {
-                    backend: self.settings.backend,
-                    operation: "hold a semaphore of more than 256 permits (one GET_LOCK name per permit)",
-                });
-            }
             (_, LockKind::Semaphore { permits }) => MyKey::NamedSlots {
                 slots: (0..permits)
                     .map(|slot| semaphore_slot_name(name, slot))

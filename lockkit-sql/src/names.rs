@@ -39,6 +39,22 @@ pub fn advisory_key(name: &str) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The most permits of a semaphore in the SQL modes that have them: each
+/// permit is a slot of its own (an advisory key, a `GET_LOCK` name, a lease
+/// row), tried in turn while all are taken.
+pub const MAX_SLOT_PERMITS: u32 = 256;
+
+/// `Unsupported` for a semaphore of more than [`MAX_SLOT_PERMITS`] permits.
+pub(crate) fn check_slot_permits(backend: &'static str, permits: u32) -> Result<()> {
+    if permits > MAX_SLOT_PERMITS {
+        return Err(LockError::Unsupported {
+            backend,
+            operation: "hold a semaphore of more than 256 permits (one slot per permit)",
+        });
+    }
+    Ok(())
+}
+
 /// The Postgres advisory-lock key of permit slot `slot` (0-based) of the
 /// semaphore `name`: [`advisory_key`] of the name, a NUL byte and the slot
 /// in decimal. Lock names cannot contain NUL, so slot keys are apart from

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, NotifyHub, ReleaseWatch};
-use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, PgConnection};
 use sqlx::{Connection, Postgres};
@@ -15,7 +15,7 @@ use tokio::task::AbortHandle;
 
 use crate::error::is_lock_busy;
 use crate::lease::{Answer, LeaseDialect};
-use crate::names::{advisory_key, semaphore_slot_key};
+use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
 use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
@@ -428,10 +428,6 @@ const ADVISORY_SLOTS_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), cou
        AND (classid, objid) IN \
            (SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid FROM unnest($1::bigint[]) AS k)";
 
-/// The most permits of an `advisory` semaphore: each is a key of its own,
-/// tried in turn while all are taken.
-pub const MAX_SLOT_PERMITS: u32 = 256;
-
 /// How long one wait on a single permit slot lasts before all slots are
 /// tried again (a permit may come free on another slot meanwhile).
 const SLOT_WAIT: Duration = Duration::from_millis(100);
@@ -607,15 +603,12 @@ impl SessionDb for PgSession {
     }
 
     fn key(&self, name: &str, kind: LockKind) -> Result<PgKey> {
+        if let LockKind::Semaphore { permits } = kind {
+            check_slot_permits(self.settings.backend, permits)?;
+        }
         Ok(match (self.mode, kind) {
             (PgSessionMode::Row, _) => PgKey::Row(name.to_owned()),
             (_, LockKind::Shared) => PgKey::AdvisoryShared(advisory_key(name)),
-            (_, LockKind::Semaphore { permits }) if permits > MAX_SLOT_PERMITS => {
-                return Err(LockError::Unsupported {
-                    backend: self.settings.backend,
-                    operation: "hold a semaphore of more than 256 permits (one advisory key per permit)",
-                });
-            }
             (_, LockKind::Semaphore { permits }) => PgKey::AdvisorySlots {
                 slots: (0..permits)
                     .map(|slot| semaphore_slot_key(name, slot))

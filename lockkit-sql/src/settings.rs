@@ -143,15 +143,19 @@ pub const NAMED_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_semaphore
 pub const MYSQL_ROW_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_shared(true);
 
 /// What `lease` mode guarantees on Postgres: waiters are woken by
-/// `LISTEN/NOTIFY`.
+/// `LISTEN/NOTIFY`. Semaphores: one lease row per permit slot. No shared
+/// holdings (yet): a writer's row and its readers' rows would have to change
+/// together, which one upsert cannot do.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_fencing(true)
-    .with_notified_wait(true);
+    .with_notified_wait(true)
+    .with_semaphore(true);
 
 /// What `lease` mode guarantees on MySQL and SQLite: waiters back off with
-/// jitter, never sleeping past the holder's expiry.
-pub const POLLED_LEASE_CAPABILITIES: Capabilities =
-    Capabilities::new(ReleaseOnCrash::Ttl).with_fencing(true);
+/// jitter, never sleeping past the holder's expiry. Semaphores as on Postgres.
+pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_fencing(true)
+    .with_semaphore(true);
 
 impl Mode {
     /// What this mode guarantees on `database`; `None` where it is not
