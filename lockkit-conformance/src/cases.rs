@@ -441,6 +441,21 @@ pub async fn no_overlap_under_contention(h: &dyn Harness) {
     );
 }
 
+/// Aborts each task at a random point, spread from "not started" through
+/// "request in flight" to "granted": scheduler yields (microseconds) and,
+/// now and then, a timer tick (about a millisecond) before each abort.
+pub(crate) async fn abort_at_random_points<T>(tasks: &[tokio::task::JoinHandle<T>]) {
+    for task in tasks {
+        for _ in 0..fastrand::usize(0..300) {
+            tokio::task::yield_now().await;
+        }
+        if fastrand::u8(0..4) == 0 {
+            tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2000))).await;
+        }
+        task.abort();
+    }
+}
+
 /// 200 `acquire` futures cancelled at random points (queued, in flight, just
 /// granted) leak no lease: the lock is free again within 1 s, not after its TTL.
 pub async fn cancelled_acquires_leak_no_lease(h: &dyn Harness) {
@@ -454,18 +469,7 @@ pub async fn cancelled_acquires_leak_no_lease(h: &dyn Harness) {
             let (client, name, o) = (clients[(batch + i) % 2].clone(), name.clone(), o.clone());
             tasks.push(tokio::spawn(async move { client.acquire(&name, &o).await }));
         }
-        for task in &tasks {
-            // Spread the cancellation points from "not started" through "request
-            // in flight" to "granted", with scheduler yields (microseconds) and,
-            // now and then, a timer tick (about a millisecond).
-            for _ in 0..fastrand::usize(0..300) {
-                tokio::task::yield_now().await;
-            }
-            if fastrand::u8(0..4) == 0 {
-                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2000))).await;
-            }
-            task.abort();
-        }
+        abort_at_random_points(&tasks).await;
         for task in tasks {
             // A task that finished before its abort hands back a guard; dropping
             // it must release the lock as well.

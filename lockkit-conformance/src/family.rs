@@ -11,7 +11,7 @@ use lockkit_core::{DistributedLock, LockError, LockGuard, LockKind, LockOptions}
 use tokio::time::Instant;
 
 use super::Harness;
-use crate::cases::unique;
+use crate::cases::{abort_at_random_points, unique};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -361,15 +361,7 @@ pub async fn cancelled_family_acquires_leak_nothing(h: &dyn Harness) {
             let name = name.clone();
             tasks.push(tokio::spawn(async move { client.acquire(&name, &o).await }));
         }
-        for task in &tasks {
-            for _ in 0..fastrand::usize(0..300) {
-                tokio::task::yield_now().await;
-            }
-            if fastrand::u8(0..4) == 0 {
-                tokio::time::sleep(Duration::from_micros(fastrand::u64(0..2000))).await;
-            }
-            task.abort();
-        }
+        abort_at_random_points(&tasks).await;
         for task in tasks {
             if let Ok(result) = task.await {
                 result.expect("acquire");

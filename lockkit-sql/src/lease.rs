@@ -16,6 +16,7 @@ use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use crate::names::check_slot_permits;
 use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
+use crate::slots::SlotPlan;
 
 /// A database connection of dialect `D`.
 pub(crate) type Conn<D> = <<D as LeaseDialect>::Db as sqlx::Database>::Connection;
@@ -164,9 +165,9 @@ impl<D: LeaseDialect> LeaseRows<D> {
         loan.finish(&self.settings, "read the lock's status", answer)
     }
 
-    /// A permit: each slot's row tried once (from a random one, so that
-    /// clients spread over the slots) with the lease upsert; busy, with the
-    /// soonest expiry, when all are held.
+    /// A permit: each slot's row tried once, as [`SlotPlan`] orders them,
+    /// with the lease upsert; busy, with the soonest expiry, when all are
+    /// held.
     async fn acquire_permit(
         &self,
         slots: &[String],
@@ -174,10 +175,8 @@ impl<D: LeaseDialect> LeaseRows<D> {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let start = fastrand::usize(..slots.len());
         let mut soonest: Option<Duration> = None;
-        for step in 0..slots.len() {
-            let slot = (start + step) % slots.len();
+        for slot in SlotPlan::new(slots.len()).order() {
             match self.acquire_row(&slots[slot], owner, ttl).await? {
                 Attempt::Acquired(fence) => {
                     taken.store(slot, Ordering::SeqCst);

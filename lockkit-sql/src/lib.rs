@@ -26,6 +26,8 @@ mod row_lock;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session;
 mod settings;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod slots;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -17,6 +17,7 @@ use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
     MYSQL_ROW_CAPABILITIES, NAMED_CAPABILITIES, POLLED_LEASE_CAPABILITIES, Settings,
 };
+use crate::slots::SlotPlan;
 use crate::statement::{micros, q};
 
 /// Added to the holder's remaining lease (in µs) to tell a busy answer from
@@ -379,10 +380,6 @@ fn share_clause(fence_source: FenceSource, no_wait: bool) -> &'static str {
     }
 }
 
-/// How long one wait on a single permit slot lasts before all slots are
-/// tried again.
-const SLOT_WAIT: Duration = Duration::from_millis(100);
-
 /// The key of a holding in a session mode.
 #[derive(Debug)]
 pub(crate) enum MyKey {
@@ -446,8 +443,7 @@ impl MySqlSession {
         }
     }
 
-    /// A permit: each slot tried once without waiting (from a random one),
-    /// then, if the caller waits, a wait of at most [`SLOT_WAIT`] on one slot.
+    /// A permit: the slots' `GET_LOCK` names as [`SlotPlan`] says.
     async fn lock_slot(
         &self,
         conn: &mut MyConn,
@@ -455,25 +451,20 @@ impl MySqlSession {
         taken: &AtomicUsize,
         wait: ServerWait,
     ) -> sqlx::Result<Option<u64>> {
-        let start = fastrand::usize(..slots.len());
-        for step in 0..slots.len() {
-            let slot = (start + step) % slots.len();
-            if let Some(fence) = self
-                .lock_named(conn, &slots[slot], ServerWait::NoWait)
-                .await?
-            {
+        let plan = SlotPlan::new(slots.len());
+        for slot in plan.order() {
+            let granted = self.lock_named(conn, &slots[slot], ServerWait::NoWait);
+            if let Some(fence) = granted.await? {
                 taken.store(slot, Ordering::SeqCst);
                 return Ok(Some(fence));
             }
         }
-        let slice = match wait {
-            ServerWait::NoWait => return Ok(None),
-            ServerWait::For(left) => ServerWait::For(left.min(SLOT_WAIT)),
-            ServerWait::Forever => ServerWait::For(SLOT_WAIT),
+        let (slot, Some(slice)) = (plan.first(), wait.slice()) else {
+            return Ok(None);
         };
-        let fence = self.lock_named(conn, &slots[start], slice).await?;
+        let fence = self.lock_named(conn, &slots[slot], slice).await?;
         if fence.is_some() {
-            taken.store(start, Ordering::SeqCst);
+            taken.store(slot, Ordering::SeqCst);
         }
         Ok(fence)
     }

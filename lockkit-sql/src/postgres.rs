@@ -1,7 +1,7 @@
 //! PostgreSQL: lease rows woken by `LISTEN/NOTIFY`, `SELECT … FOR UPDATE` row
 //! locks, and `pg_advisory_lock` session locks.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
     ADVISORY_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, SESSION_CAPABILITIES, Settings,
 };
+use crate::slots::SlotPlan;
 use crate::statement::{millis, q};
 
 /// How often a waiting session-lock statement checks that its client is still
@@ -428,10 +429,6 @@ const ADVISORY_SLOTS_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), cou
        AND (classid, objid) IN \
            (SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid FROM unnest($1::bigint[]) AS k)";
 
-/// How long one wait on a single permit slot lasts before all slots are
-/// tried again (a permit may come free on another slot meanwhile).
-const SLOT_WAIT: Duration = Duration::from_millis(100);
-
 /// A dedicated connection and the `lock_timeout` currently set on it.
 pub(crate) struct PgConn {
     conn: PgConnection,
@@ -447,7 +444,7 @@ pub(crate) enum PgKey {
     /// granted.
     AdvisorySlots {
         slots: Vec<i64>,
-        taken: AtomicI64,
+        taken: AtomicUsize,
     },
     Row(String),
 }
@@ -507,36 +504,26 @@ impl PgSession {
 }
 
 impl PgSession {
-    /// A permit: each slot tried once without waiting (from a random one,
-    /// so that clients spread over the slots); if none is free and the
-    /// caller waits, a wait of at most [`SLOT_WAIT`] in the server's queue of
-    /// one slot. `None` when no slot was granted (the engine asks again
-    /// while the caller's wait lasts).
+    /// A permit: the slots' keys as [`SlotPlan`] says.
     async fn lock_slot(
         &self,
         conn: &mut PgConn,
         slots: &[i64],
-        taken: &AtomicI64,
+        taken: &AtomicUsize,
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
-        let start = fastrand::usize(..slots.len());
-        let order = slots[start..].iter().chain(&slots[..start]);
-        for &slot in order {
-            if let Some(fence) = self
-                .lock_advisory(conn, slot, false, ServerWait::NoWait)
-                .await?
-            {
+        let plan = SlotPlan::new(slots.len());
+        for slot in plan.order() {
+            let granted = self.lock_advisory(conn, slots[slot], false, ServerWait::NoWait);
+            if let Some(fence) = granted.await? {
                 taken.store(slot, Ordering::SeqCst);
                 return Ok(Some(fence));
             }
         }
-        let slice = match wait {
-            ServerWait::NoWait => return Ok(None),
-            ServerWait::For(left) => ServerWait::For(left.min(SLOT_WAIT)),
-            ServerWait::Forever => ServerWait::For(SLOT_WAIT),
+        let (slot, Some(slice)) = (plan.first(), wait.slice()) else {
+            return Ok(None);
         };
-        let slot = slots[start];
-        let fence = self.lock_advisory(conn, slot, false, slice).await?;
+        let fence = self.lock_advisory(conn, slots[slot], false, slice).await?;
         if fence.is_some() {
             taken.store(slot, Ordering::SeqCst);
         }
@@ -613,7 +600,7 @@ impl SessionDb for PgSession {
                 slots: (0..permits)
                     .map(|slot| semaphore_slot_key(name, slot))
                     .collect(),
-                taken: AtomicI64::new(0),
+                taken: AtomicUsize::new(0),
             },
             _ => PgKey::Advisory(advisory_key(name)),
         })
@@ -659,8 +646,8 @@ impl SessionDb for PgSession {
             PgKey::AdvisoryShared(key) => {
                 unlock_advisory(conn, "SELECT pg_advisory_unlock_shared($1)", *key).await
             }
-            PgKey::AdvisorySlots { taken, .. } => {
-                let slot = taken.load(Ordering::SeqCst);
+            PgKey::AdvisorySlots { slots, taken } => {
+                let slot = slots[taken.load(Ordering::SeqCst)];
                 unlock_advisory(conn, "SELECT pg_advisory_unlock($1)", slot).await
             }
             PgKey::Row(_) => sqlx::raw_sql("ROLLBACK")

@@ -36,6 +36,22 @@ pub(crate) enum ServerWait {
     Forever,
 }
 
+/// How long one wait in the server's queue of a single permit slot lasts
+/// before all slots are tried again (a permit may come free on another).
+const SLOT_WAIT: Duration = Duration::from_millis(100);
+
+impl ServerWait {
+    /// The wait on one permit slot within this one: at most [`SLOT_WAIT`];
+    /// `None` when the caller does not wait.
+    pub(crate) fn slice(self) -> Option<ServerWait> {
+        match self {
+            ServerWait::NoWait => None,
+            ServerWait::For(left) => Some(ServerWait::For(left.min(SLOT_WAIT))),
+            ServerWait::Forever => Some(ServerWait::For(SLOT_WAIT)),
+        }
+    }
+}
+
 /// What the answer of a lock statement says.
 #[derive(Debug)]
 pub(crate) enum Locked {
