@@ -164,6 +164,25 @@ async fn the_url_defaults_to_lockkit_url_then_to_sqlite_in_the_working_directory
     assert!(dir.path().join("from-env.db").exists(), "LOCKKIT_URL");
 }
 
+/// Runs `count` copies of `exec NAME --ttl 5s <extra> -- sh -c <script>` in
+/// `dir` at once; each must exit 0.
+async fn run_execs(dir: &Path, url: &str, name: &str, extra: &[&str], count: usize, script: &str) {
+    let children: Vec<Child> = (0..count)
+        .map(|_| {
+            lockkit(dir)
+                .args(["--url", url, "exec", name, "--ttl", "5s"])
+                .args(extra)
+                .args(["--", "sh", "-c", script])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = finish(child).await;
+        assert_eq!(code(&out), 0, "{url} {extra:?}: {out:?}");
+    }
+}
+
 /// Three `exec`s at once on one name, each appending `start <token>` and
 /// `end` around a pause: the lines must pair up, with increasing tokens.
 async fn execs_never_overlap(url: &str, fenced: bool) {
@@ -173,29 +192,7 @@ async fn execs_never_overlap(url: &str, fenced: bool) {
         r#"echo "start ${{LOCKKIT_FENCING_TOKEN-none}}" >> {log}; sleep 0.3; echo end >> {log}"#,
         log = log.display()
     );
-    let children: Vec<Child> = (0..3)
-        .map(|_| {
-            lockkit(dir.path())
-                .args([
-                    "--url",
-                    url,
-                    "exec",
-                    "shared-job",
-                    "--ttl",
-                    "5s",
-                    "--",
-                    "sh",
-                    "-c",
-                ])
-                .arg(&script)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for child in children {
-        let out = finish(child).await;
-        assert_eq!(code(&out), 0, "{url}: {out:?}");
-    }
+    run_execs(dir.path(), url, "shared-job", &[], 3, &script).await;
     let lines: Vec<String> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
@@ -515,21 +512,7 @@ async fn most_at_once(url: &str, name: &str, extra: &[&str], count: usize) -> us
         "echo start >> {log}; sleep 1; echo end >> {log}",
         log = log.display()
     );
-    let children: Vec<Child> = (0..count)
-        .map(|_| {
-            lockkit(dir.path())
-                .args(["--url", url, "exec", name, "--ttl", "5s"])
-                .args(extra)
-                .args(["--", "sh", "-c"])
-                .arg(&script)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for child in children {
-        let out = finish(child).await;
-        assert_eq!(code(&out), 0, "{url} {extra:?}: {out:?}");
-    }
+    run_execs(dir.path(), url, name, extra, count, &script).await;
     let (mut inside, mut most, mut lines) = (0_usize, 0, 0);
     for line in std::fs::read_to_string(&log).unwrap().lines() {
         lines += 1;

@@ -55,6 +55,20 @@ async fn assert_held(lock: &dyn DistributedLock, name: &str, why: &str) {
     }
 }
 
+/// Both `try_acquire` and `acquire` of `name` with `opts` fail, with an
+/// error that `is` (e.g. `InvalidName`) accepts.
+async fn assert_refused(
+    lock: &dyn DistributedLock,
+    name: &str,
+    opts: &LockOptions,
+    is: fn(&LockError) -> bool,
+) {
+    let err = lock.try_acquire(name, opts).await.unwrap_err();
+    assert!(is(&err), "try_acquire {name:?} with {opts:?}: {err}");
+    let err = lock.acquire(name, opts).await.unwrap_err();
+    assert!(is(&err), "acquire {name:?} with {opts:?}: {err}");
+}
+
 /// Two clients: while one holds a name the other can neither take it nor wait it out.
 pub async fn mutual_exclusion_between_two_clients(h: &dyn Harness) {
     let (a, b) = (h.client().await, h.client().await);
@@ -523,16 +537,10 @@ pub async fn invalid_names_rejected(h: &dyn Harness) {
         "nul\0".to_owned(),
         "\u{1b}[31m".to_owned(),
     ] {
-        let err = a.try_acquire(&bad, &o).await.unwrap_err();
-        assert!(
-            matches!(err, LockError::InvalidName { .. }),
-            "try_acquire {bad:?}: {err}"
-        );
-        let err = a.acquire(&bad, &o).await.unwrap_err();
-        assert!(
-            matches!(err, LockError::InvalidName { .. }),
-            "acquire {bad:?}: {err}"
-        );
+        assert_refused(a.as_ref(), &bad, &o, |e| {
+            matches!(e, LockError::InvalidName { .. })
+        })
+        .await;
     }
     let longest = format!("{}{}", unique("max"), "y".repeat(255))
         .chars()
@@ -559,16 +567,10 @@ pub async fn invalid_options_rejected(h: &dyn Harness) {
         opts(Duration::from_secs(5)).holder("h".repeat(256)),
         opts(Duration::from_secs(5)).holder("new\nline"),
     ] {
-        let err = a.try_acquire(&name, &bad).await.unwrap_err();
-        assert!(
-            matches!(err, LockError::InvalidOptions { .. }),
-            "{bad:?}: {err}"
-        );
-        let err = a.acquire(&name, &bad).await.unwrap_err();
-        assert!(
-            matches!(err, LockError::InvalidOptions { .. }),
-            "{bad:?}: {err}"
-        );
+        assert_refused(a.as_ref(), &name, &bad, |e| {
+            matches!(e, LockError::InvalidOptions { .. })
+        })
+        .await;
     }
     let guard = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(5))).await;
     for bad in [Duration::ZERO, Duration::MAX] {
@@ -812,16 +814,10 @@ pub async fn unsupported_kinds_are_refused(h: &dyn Harness) {
         if supported {
             continue;
         }
-        let err = a.try_acquire(&name, &asked).await.unwrap_err();
-        assert!(
-            matches!(err, LockError::Unsupported { .. }),
-            "{asked:?}: {err}"
-        );
-        let err = a.acquire(&name, &asked).await.unwrap_err();
-        assert!(
-            matches!(err, LockError::Unsupported { .. }),
-            "{asked:?}: {err}"
-        );
+        assert_refused(a.as_ref(), &name, &asked, |e| {
+            matches!(e, LockError::Unsupported { .. })
+        })
+        .await;
     }
     assert!(
         is_free_for(a.as_ref(), &name).await,

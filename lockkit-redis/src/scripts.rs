@@ -47,6 +47,25 @@ end
     };
 }
 
+/// Adding `owner`'s lease to a sorted set of leases (readers, permits),
+/// ending `ttl` ms after `now`, and the grant's answer (with a token drawn
+/// from `fence_key` when `fencing` is "1"). Needs `next_fence!` and
+/// `lease_sets!`.
+macro_rules! join_set {
+    () => {
+        r"
+local function join(set, owner, now, ttl, fence_key, fencing)
+  redis.call('ZADD', set, now + ttl, owner)
+  keep_alive(set, ttl)
+  if fencing == '1' then
+    return {1, next_fence(fence_key)}
+  end
+  return {1, 0}
+end
+"
+    };
+}
+
 /// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] waiting
 /// writer; ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
 /// fencing token, ARGV[4] "1" to record the caller as a waiting writer when
@@ -88,6 +107,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 const ACQUIRE_SHARED: &str = concat!(
     next_fence!(),
     lease_sets!(),
+    join_set!(),
     r"
 local held = redis.call('PTTL', KEYS[1])
 if held ~= -2 then
@@ -100,12 +120,7 @@ end
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
-keep_alive(KEYS[3], ttl)
-if ARGV[3] == '1' then
-  return {1, next_fence(KEYS[2])}
-end
-return {1, 0}
+return join(KEYS[3], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 "
 );
 
@@ -115,6 +130,7 @@ return {1, 0}
 const ACQUIRE_PERMIT: &str = concat!(
     next_fence!(),
     lease_sets!(),
+    join_set!(),
     r"
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
@@ -123,12 +139,7 @@ if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
 end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-keep_alive(KEYS[1], ttl)
-if ARGV[3] == '1' then
-  return {1, next_fence(KEYS[2])}
-end
-return {1, 0}
+return join(KEYS[1], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 "
 );
 

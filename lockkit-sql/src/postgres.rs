@@ -101,26 +101,12 @@ impl PgSql {
                  ON CONFLICT (name) DO NOTHING"
             )
             .into(),
-            // MATERIALIZED: the token is drawn only once the lock is granted.
-            advisory_lock: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_advisory_lock($1)) SELECT nextval('{seq}') FROM l"
-            )
-            .into(),
-            advisory_try: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock($1) AS ok) \
-                 SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
-            )
-            .into(),
-            // The same sequence: readers' and writers' tokens are one order.
-            advisory_lock_shared: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_advisory_lock_shared($1)) SELECT nextval('{seq}') FROM l"
-            )
-            .into(),
-            advisory_try_shared: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1) AS ok) \
-                 SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
-            )
-            .into(),
+            // The same sequence for both sides: readers' and writers' tokens
+            // are one order.
+            advisory_lock: advisory_lock(&seq, ""),
+            advisory_try: advisory_try(&seq, ""),
+            advisory_lock_shared: advisory_lock(&seq, "_shared"),
+            advisory_try_shared: advisory_try(&seq, "_shared"),
             row_lock: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE) \
                  SELECT nextval('{seq}') FROM l"
@@ -151,6 +137,25 @@ impl PgSql {
             ],
         }
     }
+}
+
+/// `pg_advisory_lock<side>($1)` (`side` "" or "_shared") drawing a token
+/// from `seq`; MATERIALIZED: the token is drawn only once the lock is
+/// granted.
+fn advisory_lock(seq: &str, side: &str) -> Arc<str> {
+    format!(
+        "WITH l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1)) SELECT nextval('{seq}') FROM l"
+    )
+    .into()
+}
+
+/// `pg_try_advisory_lock<side>($1)`, a token from `seq` only if granted.
+fn advisory_try(seq: &str, side: &str) -> Arc<str> {
+    format!(
+        "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok) \
+         SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
+    )
+    .into()
 }
 
 /// Creates the table and the fencing sequence if they are missing, on a

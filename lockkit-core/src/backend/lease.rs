@@ -378,6 +378,9 @@ struct Grant<'a, B: LeaseBackend> {
     /// waiting writer ([`Intent::Wait`]), which a release with its owner
     /// removes.
     waiting_recorded: bool,
+    /// Whether a busy attempt can record a waiting writer at all: an
+    /// exclusive acquisition on a backend with shared holdings.
+    records_waiting: bool,
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
@@ -392,6 +395,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             sent: Instant::now(),
             in_doubt: false,
             waiting_recorded: false,
+            records_waiting: opts.kind() == LockKind::Exclusive && backend.capabilities().shared,
         }
     }
 
@@ -408,7 +412,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         self.in_doubt = true;
         // The new attempt replaces (or, granted, removes) any record the
         // previous one left.
-        self.waiting_recorded = intent == Intent::Wait;
+        self.waiting_recorded = self.records_waiting && intent == Intent::Wait;
         let outcome = waiter
             .attempt(
                 self.backend
