@@ -1,9 +1,24 @@
 //! `lease` mode: a row per lock with an owner and an expiry decided by the
 //! server's clock, on every database.
+//!
+//! Readers share the lock's row: a *reader group* holds it as a writer
+//! would, under the owner `\x01r<epoch>:<count>`, where `epoch` is the fence
+//! the group started with and `count` the readers that joined and have not
+//! left. Every reader bumps the fence (its own token, so a later writer's
+//! token exceeds every reader's), and the group's expiry is the latest of
+//! its readers' leases. A reader extends and leaves by its token: it is in
+//! the live group that started at or before its token, as any later group
+//! started (after a writer, or after the group expired) with a higher fence.
+//! A crashed reader stays counted until the group expires. A writer that
+//! waits records itself in the row `\x01waiting:<hash>` (see
+//! [`waiting_row_name`]) for its ttl; readers do not join while that record
+//! is live, and the writer deletes it once granted or when it gives up.
+//! Every decision is one statement on one row, so the database's row lock
+//! orders the readers and writers of a name.
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -11,7 +26,8 @@ use futures_util::future::BoxFuture;
 use lockkit_core::backend::{
     Attempt, Handover, Intent, LeaseBackend, OwnerToken, ReleaseWatch, validate_name,
 };
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
+use tokio::sync::oneshot;
 
 use crate::names::check_slot_permits;
 use crate::pool::{KeptPool, Undo};
@@ -73,12 +89,61 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Answer<'c, Option<i64>>;
 
-    /// The live lease on `name`, if any: its fence and remaining milliseconds.
-    fn status<'c>(
+    /// The live lease on `name`, if any: its fence, remaining milliseconds
+    /// and owner (a writer's token, or a reader group, see [`group_size`]).
+    fn status<'c>(&'c self, conn: &'c mut Conn<Self>, name: &'c str)
+    -> Answer<'c, Option<LiveRow>>;
+
+    /// A reader joins the group holding `name`'s row, or starts one on a
+    /// free row, unless a writer holds it or the record `waiting` (see
+    /// [`waiting_row_name`]) is live: the reader's own token (the row's
+    /// fence, bumped), or the longer of the row's and the record's remaining
+    /// lease. The group's expiry becomes the later of its own and `ttl`.
+    fn share<'c>(
         &'c self,
         conn: &'c mut Conn<Self>,
         name: &'c str,
-    ) -> Answer<'c, Option<(i64, i64)>>;
+        waiting: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, Attempt<Option<FencingToken>>>;
+
+    /// Moves the group's expiry to at least `ttl` from now if the reader
+    /// with `token` is still in it (the live group started at or before
+    /// `token`); `false` otherwise.
+    fn extend_share<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+        token: i64,
+        ttl: Duration,
+    ) -> Answer<'c, bool>;
+
+    /// The reader with `token` leaves its group; the last one out frees the
+    /// row (and, on Postgres, wakes its waiters). `false`: not in the live
+    /// group.
+    fn leave<'c>(&'c self, conn: &'c mut Conn<Self>, name: &'c str, token: i64)
+    -> Answer<'c, bool>;
+
+    /// Records `owner` as the writer waiting for `name` in the row
+    /// `waiting`, for `ttl`, in place of any earlier record.
+    fn mark_waiting<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        waiting: &'c str,
+        owner: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, ()>;
+
+    /// Deletes the record in the row `waiting` if it is `owner`'s (any
+    /// writer's with `None`), and, on Postgres, wakes the readers waiting
+    /// for `name`.
+    fn unmark_waiting<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        name: &'c str,
+        waiting: &'c str,
+        owner: Option<&'c str>,
+    ) -> Answer<'c, ()>;
 
     /// Release notifications of `name`; none by default (waiters back off,
     /// never past the holder's expiry).
@@ -88,23 +153,44 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// A live lease row: its fence, remaining milliseconds and owner.
+pub(crate) type LiveRow = (i64, i64, Option<String>);
+
+/// The number of readers in the group that a row's `owner` stands for
+/// (`\x01r<epoch>:<count>`); `None` for a writer's token.
+pub(crate) fn group_size(owner: &str) -> Option<usize> {
+    let (_, count) = owner.strip_prefix("\u{1}r")?.split_once(':')?;
+    count.parse().ok()
+}
+
 /// The [`LeaseBackend`] of `lease` mode on dialect `D`.
 #[derive(Debug)]
 pub(crate) struct LeaseRows<D: LeaseDialect> {
-    dialect: Arc<D>,
-    pool: KeptPool<D::Db>,
-    settings: Settings,
+    rows: Arc<Rows<D>>,
 }
 
 impl<D: LeaseDialect> LeaseRows<D> {
     pub(crate) fn new(dialect: D, pool: KeptPool<D::Db>, settings: Settings) -> Self {
         LeaseRows {
-            dialect: Arc::new(dialect),
-            pool,
-            settings,
+            rows: Arc::new(Rows {
+                dialect: Arc::new(dialect),
+                pool,
+                settings,
+            }),
         }
     }
+}
 
+/// The statements of `lease` mode, each on a kept connection under the
+/// command timeout.
+#[derive(Debug)]
+struct Rows<D: LeaseDialect> {
+    dialect: Arc<D>,
+    pool: KeptPool<D::Db>,
+    settings: Settings,
+}
+
+impl<D: LeaseDialect> Rows<D> {
     /// What releases the lease if an acquire by `owner` is abandoned before
     /// its answer: the dialect's release, on the acquire's own connection.
     fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
@@ -113,9 +199,7 @@ impl<D: LeaseDialect> LeaseRows<D> {
             dialect.release(&mut conn, &name, &owner).await.map(drop)
         })
     }
-}
 
-impl<D: LeaseDialect> LeaseRows<D> {
     /// Cancellation-safe without a task per attempt: if the upsert is
     /// abandoned before it answers, a release runs after it on the same
     /// connection (see [`Undo`]), so it cannot overtake a statement that may
@@ -155,8 +239,8 @@ impl<D: LeaseDialect> LeaseRows<D> {
         loan.finish(&self.settings, "release", answer)
     }
 
-    /// The live lease on row `name`: its fence and remaining milliseconds.
-    async fn row_status(&self, name: &str) -> Result<Option<(i64, i64)>> {
+    /// The live lease on row `name`.
+    async fn row_status(&self, name: &str) -> Result<Option<LiveRow>> {
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
@@ -194,13 +278,201 @@ impl<D: LeaseDialect> LeaseRows<D> {
             retry_after: soonest,
         })
     }
+
+    /// A writer's attempt: the lease upsert. Busy while waiting, it records
+    /// the writer as waiting (so that new readers hold back) and tries again
+    /// within `ttl / 2`, before the record runs out; granted, it deletes the
+    /// record (each attempt has an owner of its own, so whoever's it is, as
+    /// a writer's grant does on Redis).
+    async fn acquire_writer(
+        &self,
+        name: &str,
+        waiting: &AtomicBool,
+        owner: &OwnerToken,
+        ttl: Duration,
+        intent: Intent,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let answer = self.acquire_row(name, owner, ttl).await?;
+        match answer {
+            Attempt::Busy { retry_after } if intent == Intent::Wait => {
+                // Set first: a record made by an abandoned attempt is withdrawn too.
+                waiting.store(true, Ordering::SeqCst);
+                self.mark_waiting(name, owner, ttl).await?;
+                let half = ttl / 2;
+                Ok(Attempt::Busy {
+                    retry_after: Some(retry_after.map_or(half, |r| r.min(half))),
+                })
+            }
+            Attempt::Acquired(_) if waiting.swap(false, Ordering::SeqCst) => {
+                if let Err(error) = self.unmark_waiting(name, None).await {
+                    tracing::warn!(lock.name = %name, %error, "could not withdraw a granted writer's waiting record; it ends with its TTL");
+                }
+                Ok(answer)
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    async fn mark_waiting(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<()> {
+        let waiting = waiting_row_name(name);
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(
+                self.dialect
+                    .mark_waiting(&mut loan, &waiting, owner.as_str(), ttl),
+            )
+            .await;
+        loan.finish(&self.settings, "record a waiting writer", answer)
+    }
+
+    async fn unmark_waiting(&self, name: &str, owner: Option<&OwnerToken>) -> Result<()> {
+        let waiting = waiting_row_name(name);
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.unmark_waiting(
+                &mut loan,
+                name,
+                &waiting,
+                owner.map(OwnerToken::as_str),
+            ))
+            .await;
+        loan.finish(&self.settings, "withdraw a waiting writer", answer)
+    }
+
+    /// One reader's attempt, as its own statement.
+    async fn share_row(
+        &self,
+        name: &str,
+        waiting: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.share(&mut loan, name, waiting, ttl))
+            .await;
+        loan.finish(&self.settings, "acquire a shared lease", answer)
+    }
+
+    async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.extend_share(&mut loan, name, token, ttl))
+            .await;
+        loan.finish(&self.settings, "extend a shared lease", answer)
+    }
+
+    async fn leave(&self, name: &str, token: i64) -> Result<bool> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.leave(&mut loan, name, token))
+            .await;
+        loan.finish(&self.settings, "release a shared lease", answer)
+    }
+}
+
+/// A reader's token that no caller has taken yet: dropped, the reader
+/// leaves its group.
+struct Joined<D: LeaseDialect> {
+    rows: Arc<Rows<D>>,
+    name: String,
+    token: Option<i64>,
+}
+
+impl<D: LeaseDialect> Joined<D> {
+    fn take(mut self) -> i64 {
+        self.token.take().unwrap_or_default()
+    }
+}
+
+impl<D: LeaseDialect> Drop for Joined<D> {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let (rows, name) = (self.rows.clone(), std::mem::take(&mut self.name));
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(lock.name = %name, "an abandoned shared acquire cannot be undone outside a runtime; its group ends with its TTL");
+            return;
+        };
+        runtime.spawn(async move {
+            match rows.leave(&name, token).await {
+                Ok(_) => tracing::debug!(lock.name = %name, "undid an abandoned shared acquire"),
+                Err(error) => tracing::warn!(lock.name = %name, %error, "could not undo an abandoned shared acquire; its group ends with its TTL"),
+            }
+        });
+    }
+}
+
+/// What a reader's attempt answers its caller.
+enum Shared<D: LeaseDialect> {
+    Joined(Joined<D>),
+    Busy(Option<Duration>),
+}
+
+impl<D: LeaseDialect> LeaseRows<D> {
+    /// A reader's attempt, cancellation-safe: the statement runs in a task
+    /// of its own, and a token its caller no longer takes leaves the group
+    /// (a reader has no owner of its own in the row to undo by).
+    async fn acquire_reader(
+        &self,
+        name: &str,
+        waiting: &str,
+        slot: &AtomicU64,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let (tx, rx) = oneshot::channel();
+        let (rows, name, waiting) = (self.rows.clone(), name.to_owned(), waiting.to_owned());
+        tokio::spawn(async move {
+            let answer = rows
+                .share_row(&name, &waiting, ttl)
+                .await
+                .map(|answer| match answer {
+                    Attempt::Acquired(token) => Shared::Joined(Joined {
+                        rows: rows.clone(),
+                        name,
+                        token: Some(token.map_or(0, |t| t.get() as i64)),
+                    }),
+                    Attempt::Busy { retry_after } => Shared::Busy(retry_after),
+                });
+            // Undelivered, a `Joined` drops here or in the channel and leaves.
+            let _ = tx.send(answer);
+        });
+        let answer = rx.await.map_err(|_| {
+            LockError::backend(
+                self.rows.settings.backend,
+                "a shared acquire's statement task ended without an answer",
+            )
+        })??;
+        Ok(match answer {
+            Shared::Joined(joined) => {
+                let token = joined.take();
+                slot.store(token as u64, Ordering::SeqCst);
+                Attempt::Acquired(Some(FencingToken::new(token as u64)))
+            }
+            Shared::Busy(retry_after) => Attempt::Busy { retry_after },
+        })
+    }
 }
 
 /// A holding's rows in `lease` mode.
 #[derive(Debug)]
 pub(crate) enum LeaseKey {
-    /// The lock's row: the name itself.
-    Lock(String),
+    /// A writer's holding of the lock's row (the name itself); `waiting`:
+    /// whether it may have recorded itself as a waiting writer.
+    Lock { name: String, waiting: AtomicBool },
+    /// A reader's holding in the lock's row, the writers' waiting record
+    /// (see [`waiting_row_name`]), and the reader's token once it joined
+    /// (0 before).
+    Shared {
+        name: String,
+        waiting: String,
+        token: AtomicU64,
+    },
     /// The rows of a semaphore's permit slots (see [`permit_row_name`]),
     /// and the slot taken, once granted.
     Permit {
@@ -213,7 +485,7 @@ impl LeaseKey {
     /// The row this holding holds: the lock's, or the permit slot taken.
     fn row(&self) -> Option<&str> {
         match self {
-            LeaseKey::Lock(name) => Some(name),
+            LeaseKey::Lock { name, .. } | LeaseKey::Shared { name, .. } => Some(name),
             LeaseKey::Permit { slots, taken } => {
                 slots.get(taken.load(Ordering::SeqCst)).map(String::as_str)
             }
@@ -221,15 +493,27 @@ impl LeaseKey {
     }
 }
 
-/// The lease row of permit slot `slot` (0-based) of the semaphore `name`:
-/// `\x01permit:`, 40 hex digits of the SHA-256 of the name, `:` and the
-/// slot. Lock names cannot contain `\x01`, so these rows are apart from
-/// every lock's row, and they fit every database's name column.
-pub(crate) fn permit_row_name(name: &str, slot: u32) -> String {
+/// A row beside the lock's own for `name`: `\x01<role>:` and 40 hex digits
+/// of the SHA-256 of the name. Lock names cannot contain `\x01`, so these
+/// rows are apart from every lock's row, and they fit every database's
+/// name column.
+fn side_row_name(role: &str, name: &str) -> String {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(name.as_bytes());
     let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-    format!("\u{1}permit:{hex}:{slot}")
+    format!("\u{1}{role}:{hex}")
+}
+
+/// The lease row of permit slot `slot` (0-based) of the semaphore `name`:
+/// `\x01permit:<hash>:<slot>` (see [`side_row_name`]).
+pub(crate) fn permit_row_name(name: &str, slot: u32) -> String {
+    format!("{}:{slot}", side_row_name("permit", name))
+}
+
+/// The row where a writer waiting for `name` records itself:
+/// `\x01waiting:<hash>`.
+pub(crate) fn waiting_row_name(name: &str) -> String {
+    side_row_name("waiting", name)
 }
 
 #[lockkit_core::async_trait]
@@ -237,7 +521,7 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     type Key = LeaseKey;
 
     fn backend_name(&self) -> &'static str {
-        self.settings.backend
+        self.rows.settings.backend
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -248,17 +532,25 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     /// comparison). A semaphore is one row per permit slot.
     fn key(&self, name: &str, kind: LockKind) -> Result<LeaseKey> {
         validate_name(name)?;
-        if let LockKind::Semaphore { permits } = kind {
-            check_slot_permits(self.settings.backend, permits)?;
-        }
         Ok(match kind {
-            LockKind::Semaphore { permits } => LeaseKey::Permit {
-                slots: (0..permits)
-                    .map(|slot| permit_row_name(name, slot))
-                    .collect(),
-                taken: AtomicUsize::new(usize::MAX),
+            LockKind::Semaphore { permits } => {
+                check_slot_permits(self.rows.settings.backend, permits)?;
+                LeaseKey::Permit {
+                    slots: (0..permits)
+                        .map(|slot| permit_row_name(name, slot))
+                        .collect(),
+                    taken: AtomicUsize::new(usize::MAX),
+                }
+            }
+            LockKind::Shared => LeaseKey::Shared {
+                name: name.to_owned(),
+                waiting: waiting_row_name(name),
+                token: AtomicU64::new(0),
             },
-            _ => LeaseKey::Lock(name.to_owned()),
+            _ => LeaseKey::Lock {
+                name: name.to_owned(),
+                waiting: AtomicBool::new(false),
+            },
         })
     }
 
@@ -267,29 +559,58 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         key: &LeaseKey,
         owner: &OwnerToken,
         ttl: Duration,
-        _intent: Intent,
+        intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         match key {
-            LeaseKey::Lock(name) => self.acquire_row(name, owner, ttl).await,
+            LeaseKey::Lock { name, waiting } => {
+                self.rows
+                    .acquire_writer(name, waiting, owner, ttl, intent)
+                    .await
+            }
+            LeaseKey::Shared {
+                name,
+                waiting,
+                token,
+            } => self.acquire_reader(name, waiting, token, ttl).await,
             LeaseKey::Permit { slots, taken } => {
-                self.acquire_permit(slots, taken, owner, ttl).await
+                self.rows.acquire_permit(slots, taken, owner, ttl).await
             }
         }
     }
 
     async fn extend(&self, key: &LeaseKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        match key.row() {
-            Some(row) => self.extend_row(row, owner, ttl).await,
-            None => Ok(false),
+        match key {
+            LeaseKey::Shared { name, token, .. } => match token.load(Ordering::SeqCst) {
+                0 => Ok(false),
+                token => self.rows.extend_share(name, token as i64, ttl).await,
+            },
+            key => match key.row() {
+                Some(row) => self.rows.extend_row(row, owner, ttl).await,
+                None => Ok(false),
+            },
         }
     }
 
     /// A permit whose slot is unknown was never granted (an abandoned
-    /// attempt's own connection undoes its upsert).
+    /// attempt's own connection undoes its upsert); a writer also withdraws
+    /// its waiting record.
     async fn release(&self, key: &LeaseKey, owner: &OwnerToken) -> Result<bool> {
-        match key.row() {
-            Some(row) => self.release_row(row, owner).await,
-            None => Ok(false),
+        match key {
+            LeaseKey::Lock { name, waiting } => {
+                let released = self.rows.release_row(name, owner).await?;
+                if waiting.swap(false, Ordering::SeqCst) {
+                    self.rows.unmark_waiting(name, Some(owner)).await?;
+                }
+                Ok(released)
+            }
+            LeaseKey::Shared { name, token, .. } => match token.swap(0, Ordering::SeqCst) {
+                0 => Ok(false),
+                token => self.rows.leave(name, token as i64).await,
+            },
+            key => match key.row() {
+                Some(row) => self.rows.release_row(row, owner).await,
+                None => Ok(false),
+            },
         }
     }
 
@@ -305,36 +626,40 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         to: &OwnerToken,
         ttl: Duration,
     ) -> Result<Handover> {
-        let LeaseKey::Lock(name) = key else {
+        let LeaseKey::Lock { name, .. } = key else {
             return Ok(Handover::NotOurs);
         };
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
+        let rows = &self.rows;
+        let mut loan = rows.pool.lend(&rows.settings).await?;
+        let answer = rows
             .settings
             .timed(
-                self.dialect
+                rows.dialect
                     .hand_over(&mut loan, name, from.as_str(), to.as_str(), ttl),
             )
             .await;
         Ok(
-            match loan.finish(&self.settings, "hand the lease over", answer)? {
+            match loan.finish(&rows.settings, "hand the lease over", answer)? {
                 Some(fence) => Handover::Passed(Some(FencingToken::new(fence.max(0) as u64))),
                 None => Handover::NotOurs,
             },
         )
     }
 
-    /// The live lease row, if any: held, with its fence and the remaining
-    /// lease by the server's clock. A semaphore: the live rows of its slots.
+    /// The live lease row, if any: held, with its fence, the remaining
+    /// lease by the server's clock and its holders (a reader group's size).
+    /// A semaphore: the live rows of its slots.
     async fn status(&self, key: &LeaseKey) -> Result<LockStatus> {
         let rows: &[String] = match key {
-            LeaseKey::Lock(name) => std::slice::from_ref(name),
+            LeaseKey::Lock { name, .. } | LeaseKey::Shared { name, .. } => {
+                std::slice::from_ref(name)
+            }
             LeaseKey::Permit { slots, .. } => slots,
         };
         let (mut holders, mut last) = (0, None::<(i64, i64)>);
         for row in rows {
-            if let Some((fence, left_ms)) = self.row_status(row).await? {
-                holders += 1;
+            if let Some((fence, left_ms, owner)) = self.rows.row_status(row).await? {
+                holders += owner.as_deref().and_then(group_size).unwrap_or(1);
                 last = Some(last.map_or((fence, left_ms), |(f, l)| (f.max(fence), l.max(left_ms))));
             }
         }
@@ -346,9 +671,7 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
                 match key {
                     // Slots count their own tokens: none stands for the semaphore.
                     LeaseKey::Permit { .. } => status,
-                    LeaseKey::Lock(_) => {
-                        status.with_fencing_token(Some(FencingToken::new(fence.max(0) as u64)))
-                    }
+                    _ => status.with_fencing_token(Some(FencingToken::new(fence.max(0) as u64))),
                 }
             }
             None => LockStatus::free(),
@@ -359,15 +682,40 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     /// for a semaphore). Elsewhere none: waiters back off, never past the
     /// holder's expiry.
     async fn watch(&self, key: &LeaseKey) -> Result<ReleaseWatch> {
+        let rows = &self.rows;
         Ok(match key {
-            LeaseKey::Lock(name) => self.dialect.watch(&self.settings, name).await,
+            LeaseKey::Lock { name, .. } | LeaseKey::Shared { name, .. } => {
+                rows.dialect.watch(&rows.settings, name).await
+            }
             LeaseKey::Permit { slots, .. } => {
                 let mut watches = Vec::with_capacity(slots.len());
                 for slot in slots {
-                    watches.push(self.dialect.watch(&self.settings, slot).await);
+                    watches.push(rows.dialect.watch(&rows.settings, slot).await);
                 }
                 ReleaseWatch::merge(watches)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_size_reads_reader_groups_only() {
+        assert_eq!(group_size("\u{1}r17:3"), Some(3));
+        assert_eq!(group_size("\u{1}r1:1"), Some(1));
+        assert_eq!(group_size("3f2c9a4e-0000-4000-8000-000000000000"), None);
+        assert_eq!(group_size("\u{1}r17"), None);
+    }
+
+    #[test]
+    fn side_rows_are_apart_from_lock_rows_and_each_other() {
+        let (permit, waiting) = (permit_row_name("jobs", 0), waiting_row_name("jobs"));
+        assert!(permit.starts_with("\u{1}permit:") && waiting.starts_with("\u{1}waiting:"));
+        assert!(validate_name(&permit).is_err() && validate_name(&waiting).is_err());
+        assert_ne!(waiting_row_name("jobs"), waiting_row_name("jobs2"));
+        assert!(waiting.len() <= 64, "fits every name column");
     }
 }

@@ -10,7 +10,7 @@ use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
-use crate::lease::{Answer, LeaseDialect};
+use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::names::{check_slot_permits, named_lock_name, semaphore_slot_name};
 use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
@@ -19,6 +19,17 @@ use crate::settings::{
 };
 use crate::slots::SlotPlan;
 use crate::statement::{micros, q};
+
+/// The prefix of a reader group's owner (see the `lease` module).
+const GROUP: &str = "CONCAT(CHAR(1), 'r')";
+
+/// The reader count in a group's `owner`.
+const COUNT: &str = "CAST(SUBSTRING_INDEX(owner, ':', -1) AS UNSIGNED)";
+
+/// Whether the row is a reader group that started at or before the bound
+/// token.
+const IN_GROUP: &str = "LEFT(owner, 2) = CONCAT(CHAR(1), 'r') \
+    AND CAST(SUBSTRING(SUBSTRING_INDEX(owner, ':', 1), 3) AS UNSIGNED) <= ?";
 
 /// Added to the holder's remaining lease (in µs) to tell a busy answer from
 /// a fencing token in `LAST_INSERT_ID` (tokens stay far below it).
@@ -59,6 +70,11 @@ pub(crate) struct MySql {
     release: Arc<str>,
     lease_status: Arc<str>,
     hand_over: Arc<str>,
+    share: Arc<str>,
+    extend_share: Arc<str>,
+    leave: Arc<str>,
+    mark_waiting: Arc<str>,
+    unmark_waiting: Arc<str>,
     ensure_row: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
@@ -159,10 +175,54 @@ impl MySql {
             .into(),
             lease_status: format!(
                 "SELECT CAST(fence AS SIGNED), \
-                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED) \
+                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED), \
+                        owner \
                  FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
             )
             .into(),
+            // Readers: see the `lease` module. As in `acquire`, the answer
+            // comes back in LAST_INSERT_ID, and the assignments run in
+            // order: `owner` first, which keeps `JOIN` true exactly when it
+            // was; `expires_at` last. Binds: name, ttl, then the waiting
+            // record's row four times.
+            share: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, CONCAT({GROUP}, '1:1'), LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                   owner = IF({JOIN}, IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence + 1, ':1'), \
+                       CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
+                   fence = IF({JOIN}, LAST_INSERT_ID(fence + 1), \
+                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
+                           IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
+                                   FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
+                   expires_at = IF({JOIN}, GREATEST(expires_at, VALUES(expires_at)), expires_at)",
+                JOIN = format!(
+                    "((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
+                      (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                       WHERE w.expires_at > UTC_TIMESTAMP(6)))"
+                ),
+            )
+            .into(),
+            extend_share: format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
+            )
+            .into(),
+            // `expires_at` first: both assignments read the old `owner`.
+            leave: format!(
+                "UPDATE {table} \
+                 SET expires_at = IF({COUNT} > 1, expires_at, UTC_TIMESTAMP(6)), \
+                     owner = IF({COUNT} > 1, CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} - 1), NULL) \
+                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
+            )
+            .into(),
+            mark_waiting: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
+            )
+            .into(),
+            unmark_waiting: format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)").into(),
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
@@ -236,6 +296,22 @@ pub(crate) async fn migrate(
         .await
 }
 
+/// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
+/// [`BUSY_FLAG`] plus the remaining wait in µs.
+fn upsert_answer(answer: u64) -> sqlx::Result<Attempt<Option<FencingToken>>> {
+    if answer >= BUSY_FLAG {
+        Ok(Attempt::Busy {
+            retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
+        })
+    } else if answer > 0 {
+        Ok(Attempt::Acquired(Some(FencingToken::new(answer))))
+    } else {
+        Err(sqlx::Error::Protocol(
+            "the server returned no LAST_INSERT_ID for the lease upsert".into(),
+        ))
+    }
+}
+
 /// `lease` mode on MySQL/MariaDB.
 #[derive(Debug)]
 pub(crate) struct MyLease {
@@ -260,18 +336,7 @@ impl LeaseDialect for MyLease {
                 .bind(micros(ttl))
                 .execute(conn)
                 .await?;
-            let answer = done.last_insert_id();
-            if answer >= BUSY_FLAG {
-                Ok(Attempt::Busy {
-                    retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
-                })
-            } else if answer > 0 {
-                Ok(Attempt::Acquired(Some(FencingToken::new(answer))))
-            } else {
-                Err(sqlx::Error::Protocol(
-                    "the server returned no LAST_INSERT_ID for the lease upsert".into(),
-                ))
-            }
+            upsert_answer(done.last_insert_id())
         })
     }
 
@@ -334,12 +399,102 @@ impl LeaseDialect for MyLease {
         &'c self,
         conn: &'c mut MySqlConnection,
         name: &'c str,
-    ) -> Answer<'c, Option<(i64, i64)>> {
+    ) -> Answer<'c, Option<LiveRow>> {
         Box::pin(
             sqlx::query_as(q(&self.sql.lease_status))
                 .bind(name.as_bytes())
                 .fetch_optional(conn),
         )
+    }
+
+    fn share<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        waiting: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.share))
+                .bind(name.as_bytes())
+                .bind(micros(ttl))
+                .bind(waiting.as_bytes())
+                .bind(waiting.as_bytes())
+                .bind(waiting.as_bytes())
+                .bind(waiting.as_bytes())
+                .execute(conn)
+                .await?;
+            upsert_answer(done.last_insert_id())
+        })
+    }
+
+    fn extend_share<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        token: i64,
+        ttl: Duration,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.extend_share))
+                .bind(micros(ttl))
+                .bind(name.as_bytes())
+                .bind(token)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() >= 1)
+        })
+    }
+
+    fn leave<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        name: &'c str,
+        token: i64,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.leave))
+                .bind(name.as_bytes())
+                .bind(token)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() >= 1)
+        })
+    }
+
+    fn mark_waiting<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        waiting: &'c str,
+        owner: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.mark_waiting))
+                .bind(waiting.as_bytes())
+                .bind(owner)
+                .bind(micros(ttl))
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn unmark_waiting<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        _name: &'c str,
+        waiting: &'c str,
+        owner: Option<&'c str>,
+    ) -> Answer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.unmark_waiting))
+                .bind(waiting.as_bytes())
+                .bind(owner)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
     }
 }
 

@@ -14,12 +14,12 @@ use sqlx::{Connection, Postgres};
 use tokio::task::AbortHandle;
 
 use crate::error::is_lock_busy;
-use crate::lease::{Answer, LeaseDialect};
+use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
 use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
-    ADVISORY_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, SESSION_CAPABILITIES, Settings,
+    ADVISORY_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, PG_ROW_CAPABILITIES, Settings,
 };
 use crate::slots::SlotPlan;
 use crate::statement::{millis, q};
@@ -37,6 +37,11 @@ pub(crate) struct PgSql {
     release: Arc<str>,
     lease_status: Arc<str>,
     hand_over: Arc<str>,
+    share: Arc<str>,
+    extend_share: Arc<str>,
+    leave: Arc<str>,
+    mark_waiting: Arc<str>,
+    unmark_waiting: Arc<str>,
     ensure_row: Arc<str>,
     advisory_lock: Arc<str>,
     advisory_try: Arc<str>,
@@ -44,6 +49,8 @@ pub(crate) struct PgSql {
     advisory_try_shared: Arc<str>,
     row_lock: Arc<str>,
     row_try: Arc<str>,
+    row_lock_shared: Arc<str>,
+    row_try_shared: Arc<str>,
     row_status: Arc<str>,
     /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
     channel: String,
@@ -92,8 +99,53 @@ impl PgSql {
             )
             .into(),
             lease_status: format!(
-                "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
+                "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint, owner \
                  FROM {table} WHERE name = $1 AND expires_at > now()"
+            )
+            .into(),
+            // Readers: see the `lease` module. `$3`: the waiting record's row.
+            share: format!(
+                "WITH joined AS (\
+                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                    SELECT $1, {GROUP} || '1:1', 1, now() + $2::bigint * interval '1 millisecond' \
+                    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $3 AND expires_at > now()) \
+                    ON CONFLICT (name) DO UPDATE \
+                        SET owner = CASE WHEN l.expires_at <= now() THEN {GROUP} || (l.fence + 1) || ':1' \
+                                ELSE split_part(l.owner, ':', 1) || ':' || ({COUNT} + 1) END, \
+                            fence = l.fence + 1, \
+                            expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
+                        WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} \
+                    RETURNING l.fence) \
+                 SELECT (SELECT fence FROM joined), \
+                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (MAX(expires_at) - now())) * 1000))::bigint \
+                         FROM {table} WHERE name IN ($1, $3))",
+                COUNT = group_count("l.owner"),
+            )
+            .into(),
+            extend_share: format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, now() + $3::bigint * interval '1 millisecond') \
+                 WHERE name = $1 AND expires_at > now() AND {IN_GROUP}",
+                IN_GROUP = in_group("$2"),
+            )
+            .into(),
+            leave: format!(
+                "UPDATE {table} \
+                 SET owner = CASE WHEN {COUNT} > 1 THEN split_part(owner, ':', 1) || ':' || ({COUNT} - 1) END, \
+                     expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE now() END \
+                 WHERE name = $1 AND expires_at > now() AND {IN_GROUP} \
+                 RETURNING CASE WHEN owner IS NULL THEN pg_notify($3, $1)::text END",
+                COUNT = group_count("owner"),
+                IN_GROUP = in_group("$2"),
+            )
+            .into(),
+            mark_waiting: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES ($1, $2, 0, now() + $3::bigint * interval '1 millisecond') \
+                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+            )
+            .into(),
+            unmark_waiting: format!(
+                "DELETE FROM {table} WHERE name = $1 AND owner = COALESCE($2, owner) RETURNING pg_notify($3, $4)::text"
             )
             .into(),
             ensure_row: format!(
@@ -107,16 +159,10 @@ impl PgSql {
             advisory_try: advisory_try(&seq, ""),
             advisory_lock_shared: advisory_lock(&seq, "_shared"),
             advisory_try_shared: advisory_try(&seq, "_shared"),
-            row_lock: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE) \
-                 SELECT nextval('{seq}') FROM l"
-            )
-            .into(),
-            row_try: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE NOWAIT) \
-                 SELECT nextval('{seq}') FROM l"
-            )
-            .into(),
+            row_lock: row_lock(table, &seq, Side::Writer, false),
+            row_try: row_lock(table, &seq, Side::Writer, true),
+            row_lock_shared: row_lock(table, &seq, Side::Reader, false),
+            row_try_shared: row_lock(table, &seq, Side::Reader, true),
             // Held: the row exists but cannot be locked. A free row is
             // locked for the instant of this statement only.
             row_status: format!(
@@ -137,6 +183,59 @@ impl PgSql {
             ],
         }
     }
+}
+
+/// The prefix of a reader group's owner (see the `lease` module).
+const GROUP: &str = "(chr(1) || 'r')";
+
+/// The reader count in a group's owner `column`.
+fn group_count(column: &str) -> String {
+    format!("split_part({column}, ':', 2)::bigint")
+}
+
+/// Whether the row is a reader group that started at or before `token`.
+fn in_group(token: &str) -> String {
+    format!(
+        "CASE WHEN left(owner, 2) = {GROUP} \
+         THEN substr(split_part(owner, ':', 1), 3)::bigint <= {token} ELSE false END"
+    )
+}
+
+/// A side of `row` mode's reader-writer lock.
+#[derive(Clone, Copy)]
+enum Side {
+    Writer,
+    Reader,
+}
+
+/// `row` mode's locking statement: first the name's *gate*, a
+/// transaction-scoped advisory lock on the two 32-bit halves (`$2`, `$3`) of
+/// [`advisory_key`] (a key space apart from `advisory` mode's 64-bit keys),
+/// exclusive for a writer and shared for a reader; then the row, `FOR
+/// UPDATE` or `FOR SHARE`, and a token from `seq`. The row locks exclude;
+/// the gate queues: Postgres' lock manager puts a new shared request behind
+/// a waiting exclusive one, which row locks alone do not (a `FOR SHARE`
+/// joins the current share-lockers even past a waiting `FOR UPDATE`). With
+/// `no_wait`, the gate waits at most 1 ms (`lock_timeout`, for this
+/// transaction only) and the row not at all: both end in `lock_not_available`.
+fn row_lock(table: &str, seq: &str, side: Side, no_wait: bool) -> Arc<str> {
+    let (gate, rows) = match side {
+        Side::Writer => ("pg_advisory_xact_lock", "FOR UPDATE OF t"),
+        Side::Reader => ("pg_advisory_xact_lock_shared", "FOR SHARE OF t"),
+    };
+    let (limit, nowait) = match no_wait {
+        true => (
+            "(SELECT set_config('lock_timeout', '1', true)) IS NOT NULL",
+            " NOWAIT",
+        ),
+        false => ("true", ""),
+    };
+    format!(
+        "WITH g AS MATERIALIZED (SELECT {gate}($2::int4, $3::int4) WHERE {limit}), \
+              l AS MATERIALIZED (SELECT 1 FROM {table} AS t, g WHERE t.name = $1 {rows}{nowait}) \
+         SELECT nextval('{seq}') FROM l"
+    )
+    .into()
 }
 
 /// `pg_advisory_lock<side>($1)` (`side` "" or "_shared") drawing a token
@@ -277,12 +376,107 @@ impl LeaseDialect for PgLease {
         &'c self,
         conn: &'c mut PgConnection,
         name: &'c str,
-    ) -> Answer<'c, Option<(i64, i64)>> {
+    ) -> Answer<'c, Option<LiveRow>> {
         Box::pin(
             sqlx::query_as(q(&self.sql.lease_status))
                 .bind(name)
                 .fetch_optional(conn),
         )
+    }
+
+    fn share<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        waiting: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
+        Box::pin(async move {
+            let (fence, remaining): (Option<i64>, Option<i64>) = sqlx::query_as(q(&self.sql.share))
+                .bind(name)
+                .bind(millis(ttl))
+                .bind(waiting)
+                .fetch_one(conn)
+                .await?;
+            Ok(match fence {
+                Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
+                None => Attempt::Busy {
+                    retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                },
+            })
+        })
+    }
+
+    fn extend_share<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        token: i64,
+        ttl: Duration,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.extend_share))
+                .bind(name)
+                .bind(token)
+                .bind(millis(ttl))
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn leave<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        token: i64,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let rows = sqlx::query(q(&self.sql.leave))
+                .bind(name)
+                .bind(token)
+                .bind(&self.sql.channel)
+                .fetch_all(conn)
+                .await?;
+            Ok(rows.len() == 1)
+        })
+    }
+
+    fn mark_waiting<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        waiting: &'c str,
+        owner: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.mark_waiting))
+                .bind(waiting)
+                .bind(owner)
+                .bind(millis(ttl))
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn unmark_waiting<'c>(
+        &'c self,
+        conn: &'c mut PgConnection,
+        name: &'c str,
+        waiting: &'c str,
+        owner: Option<&'c str>,
+    ) -> Answer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.unmark_waiting))
+                .bind(waiting)
+                .bind(owner)
+                .bind(&self.sql.channel)
+                .bind(name)
+                .fetch_all(conn)
+                .await
+                .map(drop)
+        })
     }
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
@@ -451,7 +645,11 @@ pub(crate) enum PgKey {
         slots: Vec<i64>,
         taken: AtomicUsize,
     },
-    Row(String),
+    /// The name's row (and gate, see [`row_lock`]), shared for a reader.
+    Row {
+        name: String,
+        shared: bool,
+    },
 }
 
 impl PgSession {
@@ -551,18 +749,18 @@ impl RowLocking for PgSession {
         no_wait: bool,
         shared: bool,
     ) -> RowAnswer<'c, Option<i64>> {
-        // Postgres' row mode claims no shared holdings: a reader that finds
-        // a row share-locked joins without waiting even behind a waiting
-        // `FOR UPDATE`, so readers could starve a writer.
-        debug_assert!(!shared, "postgres row mode holds exclusive locks only");
-        let statement = if no_wait {
-            &self.sql.row_try
-        } else {
-            &self.sql.row_lock
+        let statement = match (shared, no_wait) {
+            (false, false) => &self.sql.row_lock,
+            (false, true) => &self.sql.row_try,
+            (true, false) => &self.sql.row_lock_shared,
+            (true, true) => &self.sql.row_try_shared,
         };
+        let gate = advisory_key(name);
         Box::pin(
             sqlx::query_scalar(q(statement))
                 .bind(name)
+                .bind((gate >> 32) as i32)
+                .bind(gate as i32)
                 .fetch_optional(&mut conn.conn),
         )
     }
@@ -590,7 +788,7 @@ impl SessionDb for PgSession {
     fn capabilities(&self) -> Capabilities {
         match self.mode {
             PgSessionMode::Advisory => ADVISORY_CAPABILITIES,
-            PgSessionMode::Row => SESSION_CAPABILITIES,
+            PgSessionMode::Row => PG_ROW_CAPABILITIES,
         }
     }
 
@@ -599,7 +797,10 @@ impl SessionDb for PgSession {
             check_slot_permits(self.settings.backend, permits)?;
         }
         Ok(match (self.mode, kind) {
-            (PgSessionMode::Row, _) => PgKey::Row(name.to_owned()),
+            (PgSessionMode::Row, kind) => PgKey::Row {
+                name: name.to_owned(),
+                shared: kind == LockKind::Shared,
+            },
             (_, LockKind::Shared) => PgKey::AdvisoryShared(advisory_key(name)),
             (_, LockKind::Semaphore { permits }) => PgKey::AdvisorySlots {
                 slots: (0..permits)
@@ -631,8 +832,8 @@ impl SessionDb for PgSession {
             PgKey::Advisory(key) => self.lock_advisory(conn, *key, false, wait).await,
             PgKey::AdvisoryShared(key) => self.lock_advisory(conn, *key, true, wait).await,
             PgKey::AdvisorySlots { slots, taken } => self.lock_slot(conn, slots, taken, wait).await,
-            PgKey::Row(name) => match self.set_lock_timeout(conn, wait).await {
-                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait, false).await,
+            PgKey::Row { name, shared } => match self.set_lock_timeout(conn, wait).await {
+                Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait, *shared).await,
                 Err(error) => Err(error),
             },
         };
@@ -655,7 +856,7 @@ impl SessionDb for PgSession {
                 let slot = slots[taken.load(Ordering::SeqCst)];
                 unlock_advisory(conn, "SELECT pg_advisory_unlock($1)", slot).await
             }
-            PgKey::Row(_) => sqlx::raw_sql("ROLLBACK")
+            PgKey::Row { .. } => sqlx::raw_sql("ROLLBACK")
                 .execute(&mut conn.conn)
                 .await
                 .map(|_| true),
@@ -688,7 +889,7 @@ impl SessionDb for PgSession {
                     .fetch_one(&self.pool);
                 Ok(advisory_status(self.settings.bounded(what, counts).await?))
             }
-            PgKey::Row(name) => {
+            PgKey::Row { name, .. } => {
                 let held: bool = self
                     .settings
                     .bounded(

@@ -142,18 +142,25 @@ pub const NAMED_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_semaphore
 /// share lock behind a waiting exclusive one).
 pub const MYSQL_ROW_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_shared(true);
 
+/// What Postgres `row` mode guarantees: a session mode with shared holdings
+/// (`FOR SHARE` of the name's row, behind a transaction-scoped advisory
+/// *gate* that queues new readers behind a waiting writer).
+pub const PG_ROW_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_shared(true);
+
 /// What `lease` mode guarantees on Postgres: waiters are woken by
-/// `LISTEN/NOTIFY`. Semaphores: one lease row per permit slot. No shared
-/// holdings (yet): a writer's row and its readers' rows would have to change
-/// together, which one upsert cannot do.
+/// `LISTEN/NOTIFY`. Shared holdings: a reader group holding the lock's row
+/// (see the `lease` module). Semaphores: one lease row per permit slot.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_shared(true)
     .with_fencing(true)
     .with_notified_wait(true)
     .with_semaphore(true);
 
 /// What `lease` mode guarantees on MySQL and SQLite: waiters back off with
-/// jitter, never sleeping past the holder's expiry. Semaphores as on Postgres.
+/// jitter, never sleeping past the holder's expiry. Shared holdings and
+/// semaphores as on Postgres.
 pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_shared(true)
     .with_fencing(true)
     .with_semaphore(true);
 
@@ -169,6 +176,7 @@ impl Mode {
             (Mode::Advisory, Database::Postgres) => ADVISORY_CAPABILITIES,
             (Mode::Named, Database::MySql) => NAMED_CAPABILITIES,
             (Mode::Row, Database::MySql) => MYSQL_ROW_CAPABILITIES,
+            (Mode::Row, Database::Postgres) => PG_ROW_CAPABILITIES,
             (Mode::Lease, _) => POLLED_LEASE_CAPABILITIES,
             _ => SESSION_CAPABILITIES,
         })

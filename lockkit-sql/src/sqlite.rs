@@ -8,7 +8,7 @@ use lockkit_core::{Capabilities, FencingToken, Result};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions, Sqlite, SqliteConnection};
 
-use crate::lease::{Answer, LeaseDialect};
+use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::settings::{POLLED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{millis, q};
 
@@ -25,8 +25,24 @@ pub(crate) struct SqliteSql {
     hand_over: Arc<str>,
     extend: Arc<str>,
     release: Arc<str>,
+    share: Arc<str>,
+    share_remaining: Arc<str>,
+    extend_share: Arc<str>,
+    leave: Arc<str>,
+    mark_waiting: Arc<str>,
+    unmark_waiting: Arc<str>,
     migrate: String,
 }
+
+/// The prefix of a reader group's owner (see the `lease` module).
+const GROUP: &str = "(char(1) || 'r')";
+
+/// The reader count in a group's `owner`.
+const COUNT: &str = "CAST(substr(owner, instr(owner, ':') + 1) AS INTEGER)";
+
+/// Whether the row is a reader group that started at or before `?2`.
+const IN_GROUP: &str = "substr(owner, 1, 2) = (char(1) || 'r') \
+    AND CAST(substr(owner, 3, instr(owner, ':') - 3) AS INTEGER) <= ?2";
 
 impl SqliteSql {
     /// `table` must have passed [`validate_table`](crate::validate_table).
@@ -49,9 +65,45 @@ impl SqliteSql {
             )
             .into(),
             status: format!(
-                "SELECT fence, expires_at - {NOW_MS} FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
+                "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
             )
             .into(),
+            // Readers: see the `lease` module. `?3`: the waiting record's row.
+            share: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 SELECT ?1, {GROUP} || '1:1', 1, {NOW_MS} + ?2 \
+                 WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?3 AND expires_at > {NOW_MS}) \
+                 ON CONFLICT (name) DO UPDATE \
+                     SET owner = CASE WHEN expires_at <= {NOW_MS} THEN {GROUP} || (fence + 1) || ':1' \
+                             ELSE substr(owner, 1, instr(owner, ':')) || ({COUNT} + 1) END, \
+                         fence = fence + 1, \
+                         expires_at = MAX(expires_at, excluded.expires_at) \
+                     WHERE expires_at <= {NOW_MS} OR substr(owner, 1, 2) = {GROUP} \
+                 RETURNING fence"
+            )
+            .into(),
+            share_remaining: format!(
+                "SELECT MAX(0, MAX(expires_at) - {NOW_MS}) FROM {table} WHERE name IN (?1, ?2)"
+            )
+            .into(),
+            extend_share: format!(
+                "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
+                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+            )
+            .into(),
+            leave: format!(
+                "UPDATE {table} \
+                 SET owner = CASE WHEN {COUNT} > 1 THEN substr(owner, 1, instr(owner, ':')) || ({COUNT} - 1) END, \
+                     expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE {NOW_MS} END \
+                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+            )
+            .into(),
+            mark_waiting: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 0, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+            )
+            .into(),
+            unmark_waiting: format!("DELETE FROM {table} WHERE name = ?1 AND owner = COALESCE(?2, owner)").into(),
             extend: format!(
                 "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
                  WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
@@ -186,11 +238,110 @@ impl LeaseDialect for SqliteLease {
         &'c self,
         conn: &'c mut SqliteConnection,
         name: &'c str,
-    ) -> Answer<'c, Option<(i64, i64)>> {
+    ) -> Answer<'c, Option<LiveRow>> {
         Box::pin(
             sqlx::query_as(q(&self.sql.status))
                 .bind(name)
                 .fetch_optional(conn),
         )
+    }
+
+    /// The upsert, and when it did not join, the longer of the row's and
+    /// the waiting record's remaining lease in a second statement.
+    fn share<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        waiting: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
+        Box::pin(async move {
+            let fence: Option<i64> = sqlx::query_scalar(q(&self.sql.share))
+                .bind(name)
+                .bind(millis(ttl))
+                .bind(waiting)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(fence) = fence {
+                return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
+            }
+            let remaining: Option<i64> = sqlx::query_scalar(q(&self.sql.share_remaining))
+                .bind(name)
+                .bind(waiting)
+                .fetch_one(conn)
+                .await?;
+            Ok(Attempt::Busy {
+                retry_after: remaining.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            })
+        })
+    }
+
+    fn extend_share<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        token: i64,
+        ttl: Duration,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.extend_share))
+                .bind(name)
+                .bind(token)
+                .bind(millis(ttl))
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn leave<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        name: &'c str,
+        token: i64,
+    ) -> Answer<'c, bool> {
+        Box::pin(async move {
+            let done = sqlx::query(q(&self.sql.leave))
+                .bind(name)
+                .bind(token)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn mark_waiting<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        waiting: &'c str,
+        owner: &'c str,
+        ttl: Duration,
+    ) -> Answer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.mark_waiting))
+                .bind(waiting)
+                .bind(owner)
+                .bind(millis(ttl))
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn unmark_waiting<'c>(
+        &'c self,
+        conn: &'c mut SqliteConnection,
+        _name: &'c str,
+        waiting: &'c str,
+        owner: Option<&'c str>,
+    ) -> Answer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.unmark_waiting))
+                .bind(waiting)
+                .bind(owner)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
     }
 }
