@@ -10,9 +10,10 @@ use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 
+use crate::lease::permit_row_name;
 use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::names::{check_slot_permits, named_lock_name, semaphore_slot_name};
-use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
+use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_free_slot, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
     MYSQL_ROW_CAPABILITIES, NAMED_CAPABILITIES, POLLED_LEASE_CAPABILITIES, Settings,
@@ -82,6 +83,12 @@ pub(crate) struct MySql {
     row_try_shared: Arc<str>,
     row_free: Arc<str>,
     row_exists: Arc<str>,
+    /// With `{slots}` to replace by one placeholder per slot.
+    row_free_slot: String,
+    /// With `{slots}` to replace by one placeholder per slot.
+    rows_present: String,
+    /// With `{rows}` to replace by one `VALUES` row per name.
+    ensure_rows: String,
     named_lock: Arc<str>,
     /// `Counter` only: the `UPDATE` that draws a token.
     next_fence: Arc<str>,
@@ -250,6 +257,15 @@ impl MySql {
             .into(),
             row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
             row_exists: format!("SELECT 1 FROM {table} WHERE name = ?").into(),
+            row_free_slot: format!(
+                "SELECT name, CAST({row_token} AS SIGNED) FROM {table} \
+                 WHERE name IN ({{slots}}) LIMIT 1 FOR UPDATE SKIP LOCKED"
+            ),
+            rows_present: format!("SELECT name FROM {table} WHERE name IN ({{slots}})"),
+            ensure_rows: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES {{rows}} \
+                 ON DUPLICATE KEY UPDATE name = name"
+            ),
             named_lock: named_lock.into(),
             // The classic sequence of MySQL's manual; committed at once, so
             // no rollback can undo it.
@@ -549,6 +565,13 @@ pub(crate) enum MyKey {
     },
     /// The row's name, and whether the lock is the share lock.
     Row { name: String, shared: bool },
+    /// The rows of a semaphore's permit slots (see
+    /// [`permit_row_name`](crate::lease::permit_row_name)), and the slot
+    /// taken, once granted.
+    RowSlots {
+        slots: Vec<String>,
+        taken: AtomicUsize,
+    },
 }
 
 impl MyKey {
@@ -559,7 +582,7 @@ impl MyKey {
             MyKey::NamedSlots { slots, taken } => {
                 slots.get(taken.load(Ordering::SeqCst)).map(String::as_str)
             }
-            MyKey::Row { .. } => None,
+            MyKey::Row { .. } | MyKey::RowSlots { .. } => None,
         }
     }
 }
@@ -659,6 +682,62 @@ impl MySqlSession {
     }
 }
 
+impl MySqlSession {
+    /// Whether `name`'s row exists and cannot be locked.
+    async fn row_held(&self, name: &str) -> Result<bool> {
+        self.settings
+            .bounded("read the lock's status", async {
+                let mut tx = self.pool.begin().await?;
+                let free: Option<i32> = sqlx::query_scalar(q(&self.sql.row_free))
+                    .bind(name.as_bytes())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let held = match free {
+                    Some(_) => false,
+                    None => sqlx::query_scalar::<_, i32>(q(&self.sql.row_exists))
+                        .bind(name.as_bytes())
+                        .fetch_optional(&mut *tx)
+                        .await?
+                        .is_some(),
+                };
+                tx.rollback().await?;
+                Ok(held)
+            })
+            .await
+    }
+}
+
+/// `n` comma-separated placeholders.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+impl MySqlSession {
+    /// A permit in `row` mode: a free slot row if there is one, otherwise a
+    /// wait on one slot for a slice, as [`SlotPlan`] says.
+    async fn lock_row_slot(
+        &self,
+        conn: &mut MyConn,
+        slots: &[String],
+        taken: &AtomicUsize,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        if let Some((slot, token)) = lock_free_slot(self, conn, slots).await? {
+            taken.store(slot, Ordering::SeqCst);
+            return Ok(Some(token));
+        }
+        let (slot, Some(slice)) = (SlotPlan::new(slots.len()).first(), wait.slice()) else {
+            return Ok(None);
+        };
+        self.set_row_wait(conn, slice).await?;
+        let token = lock_row(self, conn, &slots[slot], false, false).await?;
+        if token.is_some() {
+            taken.store(slot, Ordering::SeqCst);
+        }
+        Ok(token)
+    }
+}
+
 impl RowLocking for MySqlSession {
     type Db = sqlx::MySql;
     type Conn = MyConn;
@@ -697,6 +776,62 @@ impl RowLocking for MySqlSession {
         })
     }
 
+    /// The `IN` list has one placeholder per slot (at most
+    /// [`MAX_SLOT_PERMITS`](crate::MAX_SLOT_PERMITS)).
+    fn select_free<'c>(
+        &'c self,
+        conn: &'c mut MyConn,
+        names: &'c [String],
+    ) -> RowAnswer<'c, Option<(String, i64)>> {
+        Box::pin(async move {
+            let sql = self
+                .sql
+                .row_free_slot
+                .replace("{slots}", &placeholders(names.len()));
+            let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(AssertSqlSafe(sql));
+            for name in names {
+                query = query.bind(name.as_bytes());
+            }
+            let row = query.fetch_optional(&mut conn.conn).await?;
+            row.map(|(name, token)| {
+                String::from_utf8(name)
+                    .map(|name| (name, token))
+                    .map_err(|error| sqlx::Error::Decode(Box::new(error)))
+            })
+            .transpose()
+        })
+    }
+
+    /// Only the rows missing from a plain read: InnoDB's duplicate check of
+    /// an `INSERT` waits for the row lock of a held slot.
+    fn ensure_rows<'c>(&'c self, names: &'c [String]) -> RowAnswer<'c, ()> {
+        Box::pin(async move {
+            let sql = self
+                .sql
+                .rows_present
+                .replace("{slots}", &placeholders(names.len()));
+            let mut present = sqlx::query_scalar::<_, Vec<u8>>(AssertSqlSafe(sql));
+            for name in names {
+                present = present.bind(name.as_bytes());
+            }
+            let present = present.fetch_all(&self.pool).await?;
+            let missing: Vec<&String> = names
+                .iter()
+                .filter(|name| !present.iter().any(|p| p == name.as_bytes()))
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let rows = vec!["(?, NULL, 0, '1000-01-01 00:00:00')"; missing.len()].join(", ");
+            let sql = self.sql.ensure_rows.replace("{rows}", &rows);
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for name in missing {
+                query = query.bind(name.as_bytes());
+            }
+            query.execute(&self.pool).await.map(drop)
+        })
+    }
+
     /// With a sequence the `SELECT` drew the token. With the counter it is
     /// drawn now, on the pool, so the counter's row lock is not held for
     /// the whole holding and a rollback cannot undo it.
@@ -731,6 +866,12 @@ impl SessionDb for MySqlSession {
             check_slot_permits(self.settings.backend, permits)?;
         }
         Ok(match (self.mode, kind) {
+            (MySqlSessionMode::Row, LockKind::Semaphore { permits }) => MyKey::RowSlots {
+                slots: (0..permits)
+                    .map(|slot| permit_row_name(name, slot))
+                    .collect(),
+                taken: AtomicUsize::new(0),
+            },
             (MySqlSessionMode::Row, kind) => MyKey::Row {
                 name: name.to_owned(),
                 shared: kind == LockKind::Shared,
@@ -768,6 +909,10 @@ impl SessionDb for MySqlSession {
         let locked = match key {
             MyKey::Named(name) => self.lock_named(conn, name, wait).await,
             MyKey::NamedSlots { slots, taken } => self.lock_slot(conn, slots, taken, wait).await,
+            MyKey::RowSlots { slots, taken } => self
+                .lock_row_slot(conn, slots, taken, wait)
+                .await
+                .map(|token| token.map(|t| t as u64)),
             MyKey::Row { name, shared } => match self.set_row_wait(conn, wait).await {
                 Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait, *shared)
                     .await
@@ -853,26 +998,16 @@ impl SessionDb for MySqlSession {
                     .await?;
                 held == Some(1)
             }
-            MyKey::Row { name, .. } => {
-                self.settings
-                    .bounded(what, async {
-                        let mut tx = self.pool.begin().await?;
-                        let free: Option<i32> = sqlx::query_scalar(q(&self.sql.row_free))
-                            .bind(name.as_bytes())
-                            .fetch_optional(&mut *tx)
-                            .await?;
-                        let held = match free {
-                            Some(_) => false,
-                            None => sqlx::query_scalar::<_, i32>(q(&self.sql.row_exists))
-                                .bind(name.as_bytes())
-                                .fetch_optional(&mut *tx)
-                                .await?
-                                .is_some(),
-                        };
-                        tx.rollback().await?;
-                        Ok(held)
-                    })
-                    .await?
+            MyKey::Row { name, .. } => self.row_held(name).await?,
+            MyKey::RowSlots { slots, .. } => {
+                let mut holders = 0;
+                for slot in slots {
+                    holders += usize::from(self.row_held(slot).await?);
+                }
+                return Ok(match holders {
+                    0 => LockStatus::free(),
+                    n => LockStatus::held().with_holders(Some(n)),
+                });
             }
         };
         Ok(if held {

@@ -14,9 +14,10 @@ use sqlx::{Connection, Postgres};
 use tokio::task::AbortHandle;
 
 use crate::error::is_lock_busy;
+use crate::lease::permit_row_name;
 use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
-use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_row};
+use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_free_slot, lock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
     ADVISORY_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, PG_ROW_CAPABILITIES, Settings,
@@ -51,6 +52,8 @@ pub(crate) struct PgSql {
     row_try: Arc<str>,
     row_lock_shared: Arc<str>,
     row_try_shared: Arc<str>,
+    row_free_slot: Arc<str>,
+    ensure_rows: Arc<str>,
     row_status: Arc<str>,
     /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
     channel: String,
@@ -163,6 +166,19 @@ impl PgSql {
             row_try: row_lock(table, &seq, Side::Writer, true),
             row_lock_shared: row_lock(table, &seq, Side::Reader, false),
             row_try_shared: row_lock(table, &seq, Side::Reader, true),
+            // A permit: the first slot row no one holds. MATERIALIZED: the
+            // token is drawn for the locked row only.
+            row_free_slot: format!(
+                "WITH l AS MATERIALIZED (\
+                    SELECT name FROM {table} WHERE name = ANY($1) LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 SELECT name, nextval('{seq}') FROM l"
+            )
+            .into(),
+            ensure_rows: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n ON CONFLICT (name) DO NOTHING"
+            )
+            .into(),
             // Held: the row exists but cannot be locked. A free row is
             // locked for the instant of this statement only.
             row_status: format!(
@@ -650,6 +666,13 @@ pub(crate) enum PgKey {
         name: String,
         shared: bool,
     },
+    /// The rows of a semaphore's permit slots (see
+    /// [`permit_row_name`](crate::lease::permit_row_name)), and the slot
+    /// taken, once granted.
+    RowSlots {
+        slots: Vec<String>,
+        taken: AtomicUsize,
+    },
 }
 
 impl PgSession {
@@ -734,6 +757,44 @@ impl PgSession {
     }
 }
 
+impl PgSession {
+    /// A permit in `row` mode: a free slot row if there is one, otherwise a
+    /// wait on one slot for a slice, as [`SlotPlan`] says.
+    async fn lock_row_slot(
+        &self,
+        conn: &mut PgConn,
+        slots: &[String],
+        taken: &AtomicUsize,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        if let Some((slot, token)) = lock_free_slot(self, conn, slots).await? {
+            taken.store(slot, Ordering::SeqCst);
+            return Ok(Some(token));
+        }
+        let (slot, Some(slice)) = (SlotPlan::new(slots.len()).first(), wait.slice()) else {
+            return Ok(None);
+        };
+        self.set_lock_timeout(conn, slice).await?;
+        let token = lock_row(self, conn, &slots[slot], false, false).await?;
+        if token.is_some() {
+            taken.store(slot, Ordering::SeqCst);
+        }
+        Ok(token)
+    }
+
+    /// Whether `name`'s row exists and cannot be locked.
+    async fn row_held(&self, name: &str) -> Result<bool> {
+        self.settings
+            .bounded(
+                "read the lock's status",
+                sqlx::query_scalar(q(&self.sql.row_status))
+                    .bind(name)
+                    .fetch_one(&self.pool),
+            )
+            .await
+    }
+}
+
 impl RowLocking for PgSession {
     type Db = Postgres;
     type Conn = PgConn;
@@ -774,6 +835,28 @@ impl RowLocking for PgSession {
                 .map(drop)
         })
     }
+
+    fn select_free<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        names: &'c [String],
+    ) -> RowAnswer<'c, Option<(String, i64)>> {
+        Box::pin(
+            sqlx::query_as(q(&self.sql.row_free_slot))
+                .bind(names)
+                .fetch_optional(&mut conn.conn),
+        )
+    }
+
+    fn ensure_rows<'c>(&'c self, names: &'c [String]) -> RowAnswer<'c, ()> {
+        Box::pin(async move {
+            sqlx::query(q(&self.sql.ensure_rows))
+                .bind(names)
+                .execute(&self.pool)
+                .await
+                .map(drop)
+        })
+    }
 }
 
 #[lockkit_core::async_trait]
@@ -797,6 +880,12 @@ impl SessionDb for PgSession {
             check_slot_permits(self.settings.backend, permits)?;
         }
         Ok(match (self.mode, kind) {
+            (PgSessionMode::Row, LockKind::Semaphore { permits }) => PgKey::RowSlots {
+                slots: (0..permits)
+                    .map(|slot| permit_row_name(name, slot))
+                    .collect(),
+                taken: AtomicUsize::new(0),
+            },
             (PgSessionMode::Row, kind) => PgKey::Row {
                 name: name.to_owned(),
                 shared: kind == LockKind::Shared,
@@ -832,6 +921,7 @@ impl SessionDb for PgSession {
             PgKey::Advisory(key) => self.lock_advisory(conn, *key, false, wait).await,
             PgKey::AdvisoryShared(key) => self.lock_advisory(conn, *key, true, wait).await,
             PgKey::AdvisorySlots { slots, taken } => self.lock_slot(conn, slots, taken, wait).await,
+            PgKey::RowSlots { slots, taken } => self.lock_row_slot(conn, slots, taken, wait).await,
             PgKey::Row { name, shared } => match self.set_lock_timeout(conn, wait).await {
                 Ok(()) => lock_row(self, conn, name, wait == ServerWait::NoWait, *shared).await,
                 Err(error) => Err(error),
@@ -856,7 +946,7 @@ impl SessionDb for PgSession {
                 let slot = slots[taken.load(Ordering::SeqCst)];
                 unlock_advisory(conn, "SELECT pg_advisory_unlock($1)", slot).await
             }
-            PgKey::Row { .. } => sqlx::raw_sql("ROLLBACK")
+            PgKey::Row { .. } | PgKey::RowSlots { .. } => sqlx::raw_sql("ROLLBACK")
                 .execute(&mut conn.conn)
                 .await
                 .map(|_| true),
@@ -889,20 +979,19 @@ impl SessionDb for PgSession {
                     .fetch_one(&self.pool);
                 Ok(advisory_status(self.settings.bounded(what, counts).await?))
             }
-            PgKey::Row { name, .. } => {
-                let held: bool = self
-                    .settings
-                    .bounded(
-                        what,
-                        sqlx::query_scalar(q(&self.sql.row_status))
-                            .bind(name)
-                            .fetch_one(&self.pool),
-                    )
-                    .await?;
-                Ok(if held {
-                    LockStatus::held()
-                } else {
-                    LockStatus::free()
+            PgKey::Row { name, .. } => Ok(if self.row_held(name).await? {
+                LockStatus::held()
+            } else {
+                LockStatus::free()
+            }),
+            PgKey::RowSlots { slots, .. } => {
+                let mut holders = 0;
+                for slot in slots {
+                    holders += usize::from(self.row_held(slot).await?);
+                }
+                Ok(match holders {
+                    0 => LockStatus::free(),
+                    n => LockStatus::held().with_holders(Some(n)),
                 })
             }
         }

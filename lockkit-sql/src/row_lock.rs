@@ -36,6 +36,19 @@ pub(crate) trait RowLocking: Sync {
     /// stays.
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
 
+    /// The first row of `names` that no one has locked, locked `FOR UPDATE
+    /// SKIP LOCKED`: its name and a token; `None` when every existing one is
+    /// locked.
+    fn select_free<'c>(
+        &'c self,
+        conn: &'c mut Self::Conn,
+        names: &'c [String],
+    ) -> Answer<'c, Option<(String, i64)>>;
+
+    /// Creates the missing rows of `names` in one statement, committed on
+    /// another connection.
+    fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()>;
+
     /// What a grant still needs (a token drawn elsewhere): the fencing
     /// token. By default the one the `SELECT` drew.
     fn granted<'c>(&'c self, conn: &'c mut Self::Conn, token: i64) -> Answer<'c, i64> {
@@ -86,6 +99,53 @@ where
     Err(sqlx::Error::Protocol(format!(
         "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
     )))
+}
+
+/// Locks a free permit slot of a semaphore's rows (`slots`, see
+/// [`permit_row_name`](crate::lease::permit_row_name)) in a transaction that
+/// stays open while the permit is held: the slot's index and the token, or
+/// `None` when every slot is held (rolled back). Missing slot rows are
+/// created, and the slots tried again.
+pub(crate) async fn lock_free_slot<R: RowLocking>(
+    locking: &R,
+    conn: &mut R::Conn,
+    slots: &[String],
+) -> sqlx::Result<Option<(usize, i64)>>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    for round in 0..2 {
+        run::<R>(conn, "BEGIN").await?;
+        match locking.select_free(conn, slots).await {
+            Ok(Some((row, token))) => {
+                let granted = match slots.iter().position(|slot| *slot == row) {
+                    Some(slot) => locking.granted(conn, token).await.map(|t| (slot, t)),
+                    None => Err(sqlx::Error::Protocol(format!(
+                        "the server locked {row:?}, which is not a slot of this semaphore"
+                    ))),
+                };
+                if granted.is_err() {
+                    run::<R>(conn, "ROLLBACK").await?;
+                }
+                return granted.map(Some);
+            }
+            Ok(None) => {
+                run::<R>(conn, "ROLLBACK").await?;
+                if round == 0 {
+                    match locking.ensure_rows(slots).await {
+                        // Another client is creating the same rows.
+                        Err(error) if is_lock_busy(&error) => {}
+                        answer => answer?,
+                    }
+                }
+            }
+            Err(error) => {
+                run::<R>(conn, "ROLLBACK").await?;
+                return Err(error);
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// `BEGIN` or `ROLLBACK` on a dedicated connection.

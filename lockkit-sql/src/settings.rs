@@ -139,13 +139,17 @@ pub const NAMED_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_semaphore
 
 /// What MySQL/MariaDB `row` mode guarantees: a session mode with shared
 /// holdings (the share-mode lock of the name's row; InnoDB queues a new
-/// share lock behind a waiting exclusive one).
-pub const MYSQL_ROW_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_shared(true);
+/// share lock behind a waiting exclusive one) and semaphores (one row per
+/// permit slot, taken `FOR UPDATE SKIP LOCKED`).
+pub const MYSQL_ROW_CAPABILITIES: Capabilities =
+    SESSION_CAPABILITIES.with_shared(true).with_semaphore(true);
 
 /// What Postgres `row` mode guarantees: a session mode with shared holdings
 /// (`FOR SHARE` of the name's row, behind a transaction-scoped advisory
-/// *gate* that queues new readers behind a waiting writer).
-pub const PG_ROW_CAPABILITIES: Capabilities = SESSION_CAPABILITIES.with_shared(true);
+/// *gate* that queues new readers behind a waiting writer) and semaphores
+/// (one row per permit slot, taken `FOR UPDATE SKIP LOCKED`).
+pub const PG_ROW_CAPABILITIES: Capabilities =
+    SESSION_CAPABILITIES.with_shared(true).with_semaphore(true);
 
 /// What `lease` mode guarantees on Postgres: waiters are woken by
 /// `LISTEN/NOTIFY`. Shared holdings: a reader group holding the lock's row
