@@ -22,7 +22,7 @@ cargo test --workspace --all-features --doc
 cargo test -p lockkit-benches --benches
 # The load generator and the scaling tool, tiny runs on the debug build: the
 # books must balance (exit status), and the charts must render.
-cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s
+cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s --kind exclusive,shared,permits=3
 smoke_out=$(mktemp -d)
 cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
 rm -rf "$smoke_out"

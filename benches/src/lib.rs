@@ -27,7 +27,7 @@ pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
-pub use load::{Locker, Outcome, Scenario, Tally, run, run_tasks};
+pub use load::{LoadKind, Locker, Outcome, Scenario, Tally, run, run_tasks};
 pub use mode::{
     Limit, RunMode, configure_fast, criterion, judge_optional, runtime, save_summary, verdict,
 };

@@ -2,6 +2,11 @@
 //! under a lock, and the outcome says whether the lock kept every sale
 //! exclusive.
 //!
+//! The same tasks can take the lock's other kinds ([`LoadKind`]): readers
+//! (the shared side) and semaphore permits only read the stock, and the
+//! outcome checks what those kinds promise instead: the stock unchanged, and
+//! for permits never more holders at once (in this process) than permits.
+//!
 //! Each task repeatedly takes the lock of one key, reads that key's stock
 //! from the backend itself ([`Stock`]), writes it back one lower if it is
 //! positive (with the holder's fencing token, where the backend has one),
@@ -11,6 +16,8 @@
 //! believe.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -37,6 +44,69 @@ pub struct Scenario {
     pub duration: Duration,
     /// The lease of each acquisition.
     pub ttl: Duration,
+    /// Which side of the lock the tasks take.
+    pub kind: LoadKind,
+}
+
+/// What the tasks hold while in their critical section.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadKind {
+    /// The exclusive lock: each holder sells one unit.
+    #[default]
+    Exclusive,
+    /// The shared (read) side: each holder reads the stock.
+    Shared,
+    /// One of this many semaphore permits: each holder reads the stock.
+    Permits(u32),
+}
+
+impl LoadKind {
+    /// The lock options of one acquisition.
+    fn options(self, ttl: Duration, wait: Duration) -> LockOptions {
+        let opts = LockOptions::new().ttl(ttl).wait_for(wait);
+        match self {
+            LoadKind::Exclusive => opts,
+            LoadKind::Shared => opts.shared(),
+            LoadKind::Permits(n) => opts.semaphore(n),
+        }
+    }
+
+    /// Most holders at once this kind allows.
+    fn most_holders(self) -> Option<usize> {
+        match self {
+            LoadKind::Exclusive => Some(1),
+            LoadKind::Shared => None,
+            LoadKind::Permits(n) => Some(n as usize),
+        }
+    }
+}
+
+impl fmt::Display for LoadKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadKind::Exclusive => f.write_str("exclusive"),
+            LoadKind::Shared => f.write_str("shared"),
+            LoadKind::Permits(n) => write!(f, "permits={n}"),
+        }
+    }
+}
+
+impl FromStr for LoadKind {
+    type Err = String;
+
+    /// `exclusive`, `shared` or `permits=N` (N ≥ 1).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exclusive" => Ok(LoadKind::Exclusive),
+            "shared" => Ok(LoadKind::Shared),
+            _ => match s.strip_prefix("permits=").map(str::parse::<u32>) {
+                Some(Ok(n)) if n >= 1 => Ok(LoadKind::Permits(n)),
+                _ => Err(format!(
+                    "{s:?} is not a kind: exclusive, shared or permits=N with N ≥ 1"
+                )),
+            },
+        }
+    }
 }
 
 /// The lock under test: a lockkit client, or the `rslock` crate for
@@ -50,8 +120,8 @@ pub enum Locker {
     Rslock(Arc<rslock::LockManager>),
 }
 
-impl std::fmt::Debug for Locker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Locker::Lockkit(lock) => write!(f, "Locker::Lockkit({lock:?})"),
             Locker::Rslock(_) => f.write_str("Locker::Rslock"),
@@ -71,13 +141,14 @@ impl Locker {
     async fn acquire(
         &self,
         k: usize,
+        kind: LoadKind,
         ttl: Duration,
         deadline: Instant,
     ) -> Result<Option<(Held, Option<FencingToken>)>, String> {
         let left = deadline.saturating_duration_since(Instant::now());
         match self {
             Locker::Lockkit(lock) => {
-                let opts = LockOptions::new().ttl(ttl).wait_for(left);
+                let opts = kind.options(ttl, left);
                 match lock.acquire(&format!("lockkit-load/{k}"), &opts).await {
                     Ok(guard) => {
                         let token = guard.fencing_token();
@@ -86,6 +157,9 @@ impl Locker {
                     Err(LockError::Timeout { .. }) => Ok(None),
                     Err(e) => Err(e.to_string()),
                 }
+            }
+            Locker::Rslock(_) if kind != LoadKind::Exclusive => {
+                Err(format!("rslock has no {kind} holdings"))
             }
             Locker::Rslock(manager) => {
                 let resource = format!("lockkit-load-rslock:{k}");
@@ -136,6 +210,9 @@ pub struct Tally {
     pub error_samples: Vec<String>,
     /// Releases that found the lease gone.
     pub lost: u64,
+    /// Most holders of one key at once seen in this process (with several
+    /// processes: the most any one of them saw).
+    pub most_holders: usize,
     /// Time from asking for the lock to holding it, per acquisition.
     pub acquire_latency: Vec<Duration>,
     /// Per acquisition: key, and the critical section's start and end
@@ -165,6 +242,7 @@ impl Tally {
             }
         }
         self.lost += other.lost;
+        self.most_holders = self.most_holders.max(other.most_holders);
         self.acquire_latency.extend(other.acquire_latency);
         self.sections.extend(other.sections);
     }
@@ -181,6 +259,7 @@ impl Tally {
             "errors": self.errors,
             "error_samples": self.error_samples,
             "lost": self.lost,
+            "most_holders": self.most_holders,
             "acquire_latency_us": self.acquire_latency.iter().map(|d| d.as_micros() as u64).collect::<Vec<_>>(),
         })
     }
@@ -202,6 +281,7 @@ impl Tally {
                 .filter_map(|v| v.as_str().map(str::to_owned))
                 .collect(),
             lost: n("lost")?,
+            most_holders: n("most_holders")? as usize,
             acquire_latency: value
                 .get("acquire_latency_us")?
                 .as_array()?
@@ -218,15 +298,17 @@ impl Tally {
 /// (which the caller has reset), sharing out `requests` among them.
 pub async fn run_tasks(locker: &Locker, stock: &Arc<Stock>, scenario: &Scenario) -> Tally {
     let next = Arc::new(AtomicUsize::new(0));
+    let holders = Arc::new(Holders::new(scenario.keys));
     let started = Instant::now();
     let deadline = started + scenario.duration;
     let tasks: Vec<_> = (0..scenario.concurrency)
         .map(|_| {
-            let (locker, stock, next, scenario) = (
+            let (locker, stock, next, scenario, holders) = (
                 locker.clone(),
                 stock.clone(),
                 next.clone(),
                 scenario.clone(),
+                holders.clone(),
             );
             tokio::spawn(async move {
                 let mut tally = Tally::default();
@@ -235,16 +317,12 @@ pub async fn run_tasks(locker: &Locker, stock: &Arc<Stock>, scenario: &Scenario)
                     if i >= scenario.requests || Instant::now() >= deadline {
                         break;
                     }
-                    one_request(
-                        &locker,
-                        &stock,
-                        &scenario,
-                        i % scenario.keys,
+                    let request = Request {
+                        k: i % scenario.keys,
                         started,
                         deadline,
-                        &mut tally,
-                    )
-                    .await;
+                    };
+                    one_request(&locker, &stock, &scenario, &holders, request, &mut tally).await;
                 }
                 tally
             })
@@ -257,20 +335,61 @@ pub async fn run_tasks(locker: &Locker, stock: &Arc<Stock>, scenario: &Scenario)
             Err(e) => total.error(format!("a task panicked: {e}")),
         }
     }
+    total.most_holders = holders.most();
     total
+}
+
+/// Holders of each key at once in this process, and the most seen.
+struct Holders {
+    now: Vec<AtomicUsize>,
+    most: AtomicUsize,
+}
+
+impl Holders {
+    fn new(keys: usize) -> Self {
+        Holders {
+            now: (0..keys).map(|_| AtomicUsize::new(0)).collect(),
+            most: AtomicUsize::new(0),
+        }
+    }
+
+    fn enter(&self, k: usize) {
+        let now = self.now[k].fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn leave(&self, k: usize) {
+        self.now[k].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// One request: its key, and the run's start and end.
+struct Request {
+    k: usize,
+    started: Instant,
+    deadline: Instant,
 }
 
 async fn one_request(
     locker: &Locker,
     stock: &Stock,
     scenario: &Scenario,
-    k: usize,
-    started: Instant,
-    deadline: Instant,
+    holders: &Holders,
+    request: Request,
     tally: &mut Tally,
 ) {
+    let Request {
+        k,
+        started,
+        deadline,
+    } = request;
     let asked = Instant::now();
-    let (held, token) = match locker.acquire(k, scenario.ttl, deadline).await {
+    let acquired = locker.acquire(k, scenario.kind, scenario.ttl, deadline);
+    let (held, token) = match acquired.await {
         Ok(Some(held)) => held,
         Ok(None) => {
             tally.timeouts += 1;
@@ -282,17 +401,20 @@ async fn one_request(
         }
     };
     let entered = Instant::now();
+    holders.enter(k);
     tally.acquired += 1;
     tally.acquire_latency.push(entered - asked);
-    match stock.read(k).await {
-        Ok(qty) if qty > 0 => match stock.write(k, qty - 1, token).await {
+    match (stock.read(k).await, scenario.kind) {
+        (Ok(qty), LoadKind::Exclusive) if qty > 0 => match stock.write(k, qty - 1, token).await {
             Ok(true) => tally.sold += 1,
             Ok(false) => tally.stale_rejected += 1,
             Err(e) => tally.error(format!("write: {e}")),
         },
-        Ok(_) => tally.refused += 1,
-        Err(e) => tally.error(format!("read: {e}")),
+        (Ok(_), LoadKind::Exclusive) => tally.refused += 1,
+        (Ok(_), _) => {}
+        (Err(e), _) => tally.error(format!("read: {e}")),
     }
+    holders.leave(k);
     let left = Instant::now();
     tally.sections.push((k, entered - started, left - started));
     if let Err(e) = locker.release(held).await {
@@ -351,9 +473,24 @@ impl Outcome {
         self.tally.acquired as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// Whether the books balance and nothing failed.
+    /// Whether the books balance (readers and permit holders leave the
+    /// stock as it was), no kind had more holders at once than it allows,
+    /// and nothing failed.
     pub fn ok(&self) -> bool {
-        self.oversold() == 0 && self.lost_updates() == 0 && self.tally.errors == 0
+        let books = match self.scenario.kind {
+            LoadKind::Exclusive => self.oversold() == 0 && self.lost_updates() == 0,
+            _ => self.stock_after == self.stock_before,
+        };
+        books && self.within_holders() && self.tally.errors == 0
+    }
+
+    /// Whether no key had more holders at once (in one process) than the
+    /// kind allows.
+    pub fn within_holders(&self) -> bool {
+        self.scenario
+            .kind
+            .most_holders()
+            .is_none_or(|most| self.tally.most_holders <= most)
     }
 
     /// The acquire latency at percentile `p`.
@@ -391,10 +528,11 @@ impl Outcome {
         let ms = |d: Option<Duration>| d.map_or("n/a".to_owned(), fmt_duration);
         let (overlaps, gaps) = self.gaps();
         let mut out = format!(
-            "{}: {} tasks{} on {} key(s), {} of {} requests in {:.2} s (cap {:?}); ttl {:?}\n\
+            "{} ({}): {} tasks{} on {} key(s), {} of {} requests in {:.2} s (cap {:?}); ttl {:?}\n\
              throughput: {:.0} critical sections/s\n\
              acquire latency: p50 {} / p90 {} / p99 {} / max {}\n",
             self.label,
+            s.kind,
             s.concurrency,
             if self.processes > 1 {
                 format!(" in {} processes", self.processes)
@@ -421,6 +559,14 @@ impl Outcome {
                 ms(percentile(&gaps, 100.0)),
             ));
         }
+        out.push_str(&format!(
+            "most holders of a key at once: {}{}\n",
+            t.most_holders,
+            match s.kind.most_holders() {
+                Some(most) => format!(" (at most {most} allowed)"),
+                None => String::new(),
+            }
+        ));
         out.push_str(&format!(
             "sold {} of {} in stock, refused {} (sold out), stale writes rejected {}, waits timed out {}, leases lost {}, errors {}\n\
              stock {} → {}: oversold {}, lost updates {}{} — {}\n",
@@ -453,6 +599,8 @@ impl Outcome {
         let (overlaps, gaps) = self.gaps();
         json!({
             "label": self.label,
+            "kind": self.scenario.kind.to_string(),
+            "most_holders": self.tally.most_holders,
             "concurrency": self.scenario.concurrency,
             "keys": self.scenario.keys,
             "requests": self.scenario.requests,
@@ -505,4 +653,20 @@ pub async fn run(
         stock_before,
         stock_after,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LoadKind;
+
+    #[test]
+    fn kinds_parse_and_print_back() {
+        for text in ["exclusive", "shared", "permits=4"] {
+            let kind: LoadKind = text.parse().unwrap();
+            assert_eq!(kind.to_string(), text);
+        }
+        for bad in ["permits=0", "permits=", "permits=x", "read", ""] {
+            assert!(bad.parse::<LoadKind>().is_err(), "{bad:?}");
+        }
+    }
 }

@@ -189,25 +189,26 @@ impl MySql {
             .into(),
             // Readers: see the `lease` module. As in `acquire`, the answer
             // comes back in LAST_INSERT_ID, and the assignments run in
-            // order: `owner` first, which keeps `JOIN` true exactly when it
-            // was; `expires_at` last. Binds: name, ttl, then the waiting
-            // record's row four times.
+            // order: `fence` first decides (and the other two read the
+            // decision back from LAST_INSERT_ID(), below BUSY_FLAG when the
+            // reader joined); `owner` then sees the new fence, which is a
+            // new group's epoch. Binds: name, ttl, the waiting record's row
+            // twice.
             share: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, CONCAT({GROUP}, '1:1'), LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  ON DUPLICATE KEY UPDATE \
-                   owner = IF({JOIN}, IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence + 1, ':1'), \
-                       CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
-                   fence = IF({JOIN}, LAST_INSERT_ID(fence + 1), \
+                   fence = IF((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
+                         (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                          WHERE w.expires_at > UTC_TIMESTAMP(6)), \
+                       LAST_INSERT_ID(fence + 1), \
                        IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
                            IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
                                    FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
-                   expires_at = IF({JOIN}, GREATEST(expires_at, VALUES(expires_at)), expires_at)",
-                JOIN = format!(
-                    "((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
-                      (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
-                       WHERE w.expires_at > UTC_TIMESTAMP(6)))"
-                ),
+                   owner = IF(LAST_INSERT_ID() < {BUSY_FLAG}, \
+                       IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence, ':1'), \
+                          CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
+                   expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
             )
             .into(),
             extend_share: format!(
@@ -434,8 +435,6 @@ impl LeaseDialect for MyLease {
             let done = sqlx::query(q(&self.sql.share))
                 .bind(name.as_bytes())
                 .bind(micros(ttl))
-                .bind(waiting.as_bytes())
-                .bind(waiting.as_bytes())
                 .bind(waiting.as_bytes())
                 .bind(waiting.as_bytes())
                 .execute(conn)

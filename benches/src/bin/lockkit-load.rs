@@ -4,13 +4,19 @@
 //! how long the lock sat idle between holders (short with notified waits,
 //! long with polling), sales, refusals, and — from the stock itself —
 //! oversold units and lost updates, which must be 0 (exit status 1
-//! otherwise).
+//! otherwise). With `--kind shared,permits=4` the same tasks also take the
+//! lock's read side and a semaphore's permits, in the same run, and read
+//! the stock only: the stock must stay as it was, and no key may have more
+//! holders at once than permits (checked within each process).
 //!
 //! ```sh
 //! # against servers started here by the testkit (loopback, killed at exit):
 //! cargo run --release -p lockkit-benches --bin lockkit-load -- --start redis --compare-rslock
 //! # against a server of your own (loopback only in lockkit's own runs):
 //! cargo run --release -p lockkit-benches --bin lockkit-load -- --url redis://127.0.0.1:6379
+//! # the exclusive lock, readers and permits on the same work, one run:
+//! cargo run --release -p lockkit-benches --bin lockkit-load -- --start redis \
+//!     --kind exclusive,shared,permits=4 -c 64 -n 5000 --markdown /tmp/family-load.md
 //! ```
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
@@ -21,7 +27,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use lockkit_benches::{
-    Deployment, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks,
+    Deployment, LoadKind, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks,
 };
 use tokio::time::Instant;
 
@@ -64,9 +70,17 @@ struct Args {
     /// server(s) (redis and redlock backends), in the same run.
     #[arg(long)]
     compare_rslock: bool,
+    /// What the tasks hold, one run per kind in this order (comma
+    /// separated): exclusive (the seckill), shared, permits=N.
+    #[arg(long, value_delimiter = ',', default_value = "exclusive")]
+    kind: Vec<LoadKind>,
     /// Print one JSON object per run instead of text.
     #[arg(long)]
     json: bool,
+    /// Also write the runs as a Markdown table to this file (each kind's
+    /// throughput against the exclusive run's on the same backend).
+    #[arg(long)]
+    markdown: Option<std::path::PathBuf>,
     /// Internal: run tasks only (no reset, no check) and print their tally.
     #[arg(long, hide = true)]
     worker: bool,
@@ -85,20 +99,23 @@ async fn main() -> ExitCode {
         keys: args.keys.max(1),
         duration: args.duration,
         ttl: args.ttl,
+        kind: LoadKind::Exclusive,
     };
     let mut ok = true;
-    let mut report = |outcome: &Outcome| {
+    let mut all = Vec::new();
+    let mut report = |outcome: Outcome| {
         ok &= outcome.ok();
         if args.json {
             println!("{}", outcome.to_json());
         } else {
             println!("{}", outcome.report());
         }
+        all.push(outcome);
     };
     if args.start.is_empty() {
         let url = args.url.clone().expect("clap requires --url or --start");
         match run_url(&args, &url, &url, &scenario).await {
-            Ok(outcomes) => outcomes.iter().for_each(&mut report),
+            Ok(outcomes) => outcomes.into_iter().for_each(&mut report),
             Err(e) => {
                 eprintln!("lockkit-load: {e}");
                 return ExitCode::from(2);
@@ -120,7 +137,7 @@ async fn main() -> ExitCode {
         let servers = Servers::start(&backends).await;
         for backend in backends {
             match run_url(&args, backend.label(), &servers.url(backend), &scenario).await {
-                Ok(outcomes) => outcomes.iter().for_each(&mut report),
+                Ok(outcomes) => outcomes.into_iter().for_each(&mut report),
                 Err(e) => {
                     eprintln!("lockkit-load: {backend}: {e}");
                     return ExitCode::from(2);
@@ -128,11 +145,53 @@ async fn main() -> ExitCode {
             }
         }
     }
+    if let Some(path) = &args.markdown
+        && let Err(e) = std::fs::write(path, markdown(&all))
+    {
+        eprintln!("lockkit-load: write {}: {e}", path.display());
+        return ExitCode::from(2);
+    }
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// The runs as a Markdown table: per backend and kind, throughput, acquire
+/// latency, most holders at once, and throughput against the exclusive run
+/// on the same backend (when there was one).
+fn markdown(outcomes: &[Outcome]) -> String {
+    let mut out = String::from(
+        "## The lock family under load\n\n\
+         | backend | kind | tasks | critical sections/s | × exclusive | acquire p50 | acquire p99 | most holders at once | books |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let us = |d: Option<Duration>| d.map_or("n/a".to_owned(), lockkit_benches::fmt_duration);
+    for o in outcomes {
+        let exclusive = outcomes.iter().find(|e| {
+            e.label == o.label
+                && e.scenario.kind == LoadKind::Exclusive
+                && e.processes == o.processes
+        });
+        let ratio = match exclusive {
+            Some(e) if e.throughput() > 0.0 => format!("{:.2}", o.throughput() / e.throughput()),
+            _ => "—".to_owned(),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |\n",
+            o.label,
+            o.scenario.kind,
+            o.scenario.concurrency,
+            o.throughput(),
+            ratio,
+            us(o.latency(50.0)),
+            us(o.latency(99.0)),
+            o.tally.most_holders,
+            if o.ok() { "OK" } else { "FAILED" },
+        ));
+    }
+    out
 }
 
 /// The scenario on one URL, and on rslock too if asked and possible.
@@ -144,11 +203,18 @@ async fn run_url(
 ) -> Result<Vec<Outcome>, String> {
     let stock = Arc::new(Stock::for_lock_url(url).await?);
     let locks = connect(url).await?;
-    let mut outcomes = vec![if args.processes > 1 {
-        run_processes(args, label, url, &stock, scenario).await?
-    } else {
-        run(label, &Locker::Lockkit(locks), &stock, scenario).await?
-    }];
+    let mut outcomes = Vec::new();
+    for &kind in &args.kind {
+        let scenario = Scenario {
+            kind,
+            ..scenario.clone()
+        };
+        outcomes.push(if args.processes > 1 {
+            run_processes(args, label, url, &stock, &scenario).await?
+        } else {
+            run(label, &Locker::Lockkit(locks.clone()), &stock, &scenario).await?
+        });
+    }
     if args.compare_rslock {
         match redis_masters(url) {
             Some(masters) => {
@@ -227,6 +293,7 @@ async fn run_processes(
                     "--ttl",
                     &humantime::format_duration(scenario.ttl).to_string(),
                 ])
+                .args(["--kind", &scenario.kind.to_string()])
                 .stdout(std::process::Stdio::piped())
                 .kill_on_drop(true)
                 .spawn()
@@ -265,6 +332,7 @@ async fn worker(args: &Args) -> ExitCode {
         keys: args.keys.max(1),
         duration: args.duration,
         ttl: args.ttl,
+        kind: args.kind.first().copied().unwrap_or_default(),
     };
     let setup = async {
         Ok::<_, String>((

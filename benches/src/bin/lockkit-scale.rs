@@ -25,7 +25,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use lockkit_benches::plot::{Series, log_log_chart};
 use lockkit_benches::{
-    Deployment, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
+    Deployment, LoadKind, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 use tokio::time::Instant;
@@ -162,6 +162,7 @@ async fn curves(
                 keys,
                 duration: point,
                 ttl: Duration::from_secs(30),
+                kind: LoadKind::Exclusive,
             };
             let outcome = run(backend.label(), &locker, &stock, &scenario).await?;
             eprintln!(
