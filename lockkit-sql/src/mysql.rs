@@ -721,11 +721,12 @@ impl MySqlSession {
         taken: &AtomicUsize,
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
-        if let Some((slot, token)) = lock_free_slot(self, conn, slots).await? {
+        let plan = SlotPlan::new(slots.len());
+        if let Some((slot, token)) = lock_free_slot(self, conn, slots, plan.first()).await? {
             taken.store(slot, Ordering::SeqCst);
             return Ok(Some(token));
         }
-        let (slot, Some(slice)) = (SlotPlan::new(slots.len()).first(), wait.slice()) else {
+        let (slot, Some(slice)) = (plan.first(), wait.slice()) else {
             return Ok(None);
         };
         self.set_row_wait(conn, slice).await?;

@@ -104,19 +104,25 @@ where
 /// Locks a free permit slot of a semaphore's rows (`slots`, see
 /// [`permit_row_name`](crate::lease::permit_row_name)) in a transaction that
 /// stays open while the permit is held: the slot's index and the token, or
-/// `None` when every slot is held (rolled back). Missing slot rows are
-/// created, and the slots tried again.
+/// `None` when every slot is held (rolled back). The slot `first` is tried
+/// alone first (a point lookup, and clients spread over the slots), then
+/// all of them. Missing slot rows are created, and the slots tried again.
 pub(crate) async fn lock_free_slot<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
     slots: &[String],
+    first: usize,
 ) -> sqlx::Result<Option<(usize, i64)>>
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
     for round in 0..2 {
         run::<R>(conn, "BEGIN").await?;
-        match locking.select_free(conn, slots).await {
+        let free = match locking.select_free(conn, &slots[first..=first]).await {
+            Ok(None) if slots.len() > 1 => locking.select_free(conn, slots).await,
+            answer => answer,
+        };
+        match free {
             Ok(Some((row, token))) => {
                 let granted = match slots.iter().position(|slot| *slot == row) {
                     Some(slot) => locking.granted(conn, token).await.map(|t| (slot, t)),
