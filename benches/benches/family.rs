@@ -139,7 +139,8 @@ async fn fixture(servers: &Servers, backend: Deployment, flavour: &str) -> Optio
         // The ZooKeeper client runs on the calling runtime, which criterion
         // leaves unpolled on the current-thread flavour while it analyses a
         // benchmark: timeouts longer than that keep the session and the
-        // next request alive (the defaults, 2 s and 10 s, did not).
+        // next request alive (the defaults, 2 s and 10 s, did not; the
+        // client library times requests by the connect timeout).
         Deployment::Zk | Deployment::ZkEnsemble => {
             let hosts: Vec<String> = servers
                 .addrs(backend)
@@ -148,6 +149,7 @@ async fn fixture(servers: &Servers, backend: Deployment, flavour: &str) -> Optio
                 .collect();
             let long = [
                 ("command_timeout", "30s".to_owned()),
+                ("connect_timeout", "30s".to_owned()),
                 ("session_timeout", "30s".to_owned()),
             ];
             lockkit::connect(&servers.url_with(backend, &hosts, &long)).await
