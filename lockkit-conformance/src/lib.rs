@@ -17,12 +17,16 @@ use lockkit_core::{DistributedLock, Result};
 
 mod cases;
 mod contention;
+mod elections;
 mod family;
+mod lock_sets;
 mod memory;
 
 pub use cases::*;
 pub use contention::{Probe, spawn_contenders};
+pub use elections::*;
 pub use family::*;
+pub use lock_sets::*;
 pub use memory::{MemoryHarness, Wrap};
 
 /// How long one case may run before it counts as hung.
@@ -103,6 +107,11 @@ macro_rules! conformance_suite {
             cancelled_family_acquires_leak_nothing,
             dropped_family_guards_release,
             mixed_permits_follow_the_documented_rule,
+            lock_sets_in_opposite_orders_never_deadlock,
+            cancelled_lock_set_leaves_nothing,
+            elections_have_one_leader_at_a_time,
+            lost_leadership_is_told_before_a_new_leader,
+            holder_identities_are_read_back,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

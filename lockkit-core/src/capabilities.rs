@@ -50,6 +50,10 @@ pub struct Capabilities {
     pub shared: bool,
     /// Counting semaphores: [`LockOptions::semaphore`](crate::LockOptions::semaphore).
     pub semaphore: bool,
+    /// Holder identities recorded with the holding and read back by
+    /// `status` ([`LockOptions::holder`](crate::LockOptions::holder)); what
+    /// [`Election`](crate::Election) needs.
+    pub holder: bool,
 }
 
 impl Capabilities {
@@ -63,6 +67,7 @@ impl Capabilities {
             survives_minority_failure: false,
             shared: false,
             semaphore: false,
+            holder: false,
         }
     }
 
@@ -93,6 +98,12 @@ impl Capabilities {
     /// Sets [`shared`](Self::shared).
     pub const fn with_shared(mut self, yes: bool) -> Self {
         self.shared = yes;
+        self
+    }
+
+    /// Sets [`holder`](Self::holder).
+    pub const fn with_holder(mut self, yes: bool) -> Self {
+        self.holder = yes;
         self
     }
 

@@ -2,10 +2,12 @@
 
 mod backoff;
 mod capabilities;
+mod election;
 mod error;
 mod fencing;
 mod guard;
 mod lock;
+mod lock_set;
 mod lost;
 mod memory;
 mod name;
@@ -16,10 +18,12 @@ pub mod backend;
 
 pub use backoff::{Backoff, Delays};
 pub use capabilities::{Capabilities, ReleaseOnCrash};
+pub use election::{Election, Leadership};
 pub use error::{BoxError, LockError, Result};
 pub use fencing::FencingToken;
 pub use guard::LockGuard;
 pub use lock::{DistributedLock, DynDistributedLock};
+pub use lock_set::acquire_all;
 pub use lost::LostReason;
 pub use memory::{MEMORY_DRIVER, MemoryLock, MemoryStore};
 pub use name::MAX_NAME_LEN;

@@ -130,17 +130,20 @@ impl Holdings {
     fn status(&self, now: Instant) -> LockStatus {
         let remaining = |h: &Held| Some(h.expires_at - now);
         let fence = Some(FencingToken::new(self.fence));
+        let holder = |h: &Held| h.holder.as_deref().map(str::to_owned);
         if let Some(held) = &self.exclusive {
             LockStatus::held()
                 .with_fencing_token(fence)
                 .with_remaining(remaining(held))
                 .with_holders(Some(1))
+                .with_holder(holder(held))
         } else if !self.shared.is_empty() {
             let last = self.shared.iter().max_by_key(|h| h.expires_at);
             LockStatus::held()
                 .with_fencing_token(fence)
                 .with_remaining(last.and_then(remaining))
                 .with_holders(Some(self.shared.len()))
+                .with_holder(self.shared.iter().find_map(holder))
         } else {
             LockStatus::free()
         }
@@ -151,6 +154,8 @@ impl Holdings {
 struct Held {
     owner: OwnerToken,
     expires_at: Instant,
+    /// The holder's identity, if it gave one.
+    holder: Option<Arc<str>>,
 }
 
 /// What a store knows about a held lock; see [`MemoryStore::holder`].
@@ -291,6 +296,7 @@ impl MemoryStore {
 pub struct MemoryKey {
     name: String,
     kind: LockKind,
+    holder: Option<Arc<str>>,
 }
 
 /// The [`LeaseBackend`] of an in-process [`MemoryStore`].
@@ -316,7 +322,8 @@ pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::
     .with_fencing(true)
     .with_notified_wait(true)
     .with_shared(true)
-    .with_semaphore(true);
+    .with_semaphore(true)
+    .with_holder(true);
 
 #[async_trait::async_trait]
 impl LeaseBackend for MemoryBackend {
@@ -331,7 +338,15 @@ impl LeaseBackend for MemoryBackend {
         Ok(MemoryKey {
             name: name.to_owned(),
             kind,
+            holder: None,
         })
+    }
+
+    fn with_holder(&self, key: MemoryKey, holder: &str) -> MemoryKey {
+        MemoryKey {
+            holder: Some(holder.into()),
+            ..key
+        }
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -353,6 +368,7 @@ impl LeaseBackend for MemoryBackend {
         let held = Held {
             owner: owner.clone(),
             expires_at: now + ttl,
+            holder: key.holder.clone(),
         };
         match key.kind {
             LockKind::Exclusive => {
@@ -365,6 +381,7 @@ impl LeaseBackend for MemoryBackend {
                         h.waiting_writer = Some(Held {
                             owner: owner.clone(),
                             expires_at: now + ttl,
+                            holder: None,
                         });
                         return busy(readers_leave.map(|d| d.min(ttl / 2)));
                     }

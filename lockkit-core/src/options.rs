@@ -239,14 +239,13 @@ impl LockOptions {
 
     /// `Unsupported` when these options ask `backend`, which can do what
     /// `capabilities` say, for a kind of holding it cannot give (shared, a
-    /// semaphore permit) or for a holder identity when `records_holder` is
-    /// false. For backend implementors: every engine calls it before it sends
-    /// anything, so that no request is ever granted as a different kind.
+    /// semaphore permit) or for a holder identity it cannot record. For
+    /// backend implementors: every engine calls it before it sends anything,
+    /// so that no request is ever granted as a different kind.
     pub fn check_supported(
         &self,
         backend: &'static str,
         capabilities: &crate::Capabilities,
-        records_holder: bool,
     ) -> Result<()> {
         let operation = match self.kind {
             LockKind::Shared if !capabilities.shared => {
@@ -255,7 +254,7 @@ impl LockOptions {
             LockKind::Semaphore { .. } if !capabilities.semaphore => {
                 Some("hold a semaphore permit")
             }
-            _ if self.holder.is_some() && !records_holder => Some("record a holder identity"),
+            _ if self.holder.is_some() && !capabilities.holder => Some("record a holder identity"),
             _ => None,
         };
         match operation {
@@ -371,23 +370,22 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    opts.check_supported("x", &caps, false),
+                    opts.check_supported("x", &caps),
                     Err(LockError::Unsupported { backend: "x", .. })
                 ),
                 "{opts:?}"
             );
         }
-        assert!(
-            LockOptions::new()
-                .check_supported("x", &caps, false)
-                .is_ok()
-        );
-        let all = caps.with_shared(true).with_semaphore(true);
+        assert!(LockOptions::new().check_supported("x", &caps).is_ok());
+        let all = caps
+            .with_shared(true)
+            .with_semaphore(true)
+            .with_holder(true);
         assert!(
             LockOptions::new()
                 .shared()
                 .holder("me")
-                .check_supported("x", &all, true)
+                .check_supported("x", &all)
                 .is_ok()
         );
     }

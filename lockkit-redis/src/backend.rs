@@ -23,7 +23,8 @@ pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::T
     .with_fencing(true)
     .with_notified_wait(true)
     .with_shared(true)
-    .with_semaphore(true);
+    .with_semaphore(true)
+    .with_holder(true);
 
 /// What the Redis backend guarantees in Redis Cluster and Sentinel mode
 /// without `wait_replicas`: no fencing (see [`RedisBackend::fences`]).
@@ -87,6 +88,11 @@ impl LeaseBackend for RedisBackend {
 
     fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
         RedisKey::new(&self.prefix, name, kind, self.instance.is_cluster())
+    }
+
+    /// Stored with the owner token (see [`RedisKey::with_holder`]).
+    fn with_holder(&self, key: RedisKey, holder: &str) -> RedisKey {
+        key.with_holder(holder)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -163,6 +169,7 @@ impl LeaseBackend for RedisBackend {
         Ok(LockStatus::held()
             .with_remaining(Some(holdings.remaining))
             .with_holders(Some(holdings.count))
+            .with_holder(holdings.holder)
             .with_fencing_token(
                 holdings
                     .fence

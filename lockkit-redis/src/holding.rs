@@ -2,6 +2,7 @@
 //! which semaphore) and the operations on one instance that dispatch on it,
 //! shared by the single-server backend and Redlock.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use lockkit_core::backend::{Attempt, ReleaseWatch};
@@ -52,6 +53,32 @@ impl RedisKey {
         })
     }
 
+    /// The same holding, recording `holder` as its holder's identity: the
+    /// value stored for it (the lock key's value, or the member of the
+    /// readers' or permits' set) is the owner token, `\x1f` and the
+    /// identity, so that it lives and dies with the lease, in the same slot.
+    pub fn with_holder(mut self, holder: &str) -> RedisKey {
+        let slot = match &mut self {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => &mut keys.holder,
+            RedisKey::Permit { keys, .. } => &mut keys.holder,
+        };
+        *slot = Some(holder.into());
+        self
+    }
+
+    /// What is stored for `owner`'s holding: the owner token, followed by
+    /// `\x1f` and the holder identity where one is recorded.
+    pub fn stored<'a>(&self, owner: &'a str) -> Cow<'a, str> {
+        let holder = match self {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => keys.holder.as_deref(),
+            RedisKey::Permit { keys, .. } => keys.holder.as_deref(),
+        };
+        match holder {
+            Some(holder) => Cow::Owned(format!("{owner}{HOLDER_SEPARATOR}{holder}")),
+            None => Cow::Borrowed(owner),
+        }
+    }
+
     /// The channel that announces the releases that may let this holding in.
     pub fn channel(&self) -> &str {
         match self {
@@ -59,6 +86,17 @@ impl RedisKey {
             RedisKey::Permit { keys, .. } => &keys.channel,
         }
     }
+}
+
+/// Between the owner token and the holder identity in a stored value (a
+/// control character, which identities never contain).
+pub const HOLDER_SEPARATOR: char = '\x1f';
+
+/// The holder identity in a stored value, if it records one.
+pub fn holder_of(stored: &str) -> Option<&str> {
+    stored
+        .split_once(HOLDER_SEPARATOR)
+        .map(|(_, holder)| holder)
 }
 
 impl RedisInstance {
@@ -72,6 +110,7 @@ impl RedisInstance {
         fencing: bool,
         record_waiting: bool,
     ) -> Result<Attempt<Option<FencingToken>>> {
+        let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => {
                 self.try_lock(keys, owner, ttl, fencing, record_waiting)
@@ -87,6 +126,7 @@ impl RedisInstance {
     /// Makes `owner`'s holding `key` end `ttl` from now; false if it is not
     /// `owner`'s (any more).
     pub async fn extend_holding(&self, key: &RedisKey, owner: &str, ttl: Duration) -> Result<bool> {
+        let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => self.extend(keys, owner, ttl).await,
             RedisKey::Shared(keys) => self.extend_member(&keys.readers, owner, ttl).await,
@@ -98,6 +138,7 @@ impl RedisInstance {
     /// too); false if it held none. Releases of shared holdings and permits
     /// are always published; an exclusive one only with `notify`.
     pub async fn release_holding(&self, key: &RedisKey, owner: &str, notify: bool) -> Result<bool> {
+        let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => self.release(keys, owner, notify).await,
             RedisKey::Shared(keys) => {

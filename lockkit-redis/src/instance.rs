@@ -536,7 +536,7 @@ impl RedisInstance {
     /// in one script.
     pub async fn holdings(&self, lock: Option<&str>, fence: &str, set: &str) -> Result<Holdings> {
         let mut conn = self.inner.commands.clone();
-        let (count, remaining, fence): (i64, i64, i64) = self
+        let (count, remaining, fence, stored): (i64, i64, i64, String) = self
             .run(
                 "read the holdings",
                 SCRIPTS
@@ -555,6 +555,7 @@ impl RedisInstance {
                 ms => Duration::from_millis(ms.max(0) as u64),
             },
             fence: u64::try_from(fence).ok(),
+            holder: crate::holding::holder_of(&stored).map(str::to_owned),
         })
     }
 
@@ -696,6 +697,8 @@ pub struct Holdings {
     pub remaining: Duration,
     /// The last fencing token drawn for the name, if any.
     pub fence: Option<u64>,
+    /// The holder identity one of them recorded, if any.
+    pub holder: Option<String>,
 }
 
 /// A script's boolean argument.

@@ -1,5 +1,7 @@
 //! How lock names map into the Redis keyspace.
 
+use std::sync::Arc;
+
 use lockkit_core::backend::validate_name;
 use lockkit_core::{LockError, Result};
 
@@ -52,6 +54,9 @@ pub struct Keys {
     pub writer_waiting: String,
     /// The pub/sub channel that announces releases.
     pub channel: String,
+    /// The holder identity a holding of these keys records, if any (see
+    /// [`RedisKey::with_holder`](crate::RedisKey::with_holder)).
+    pub holder: Option<Arc<str>>,
 }
 
 impl Keys {
@@ -88,6 +93,8 @@ pub struct SemaphoreKeys {
     pub fence: String,
     /// The pub/sub channel that announces returned permits.
     pub channel: String,
+    /// The holder identity a permit records, if any.
+    pub holder: Option<Arc<str>>,
 }
 
 impl SemaphoreKeys {
@@ -156,6 +163,7 @@ impl Layout {
             writer_waiting: self.derived("writer-waiting"),
             channel: self.channel("released"),
             lock: self.lock,
+            holder: None,
         }
     }
 
@@ -164,6 +172,7 @@ impl Layout {
             permits: self.derived("semaphore"),
             fence: self.derived("semaphore-fence"),
             channel: self.channel("semaphore-released"),
+            holder: None,
         }
     }
 }

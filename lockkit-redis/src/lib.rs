@@ -17,7 +17,7 @@ mod url;
 
 pub use backend::{REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock};
 pub use builder::RedisLockBuilder;
-pub use holding::RedisKey;
+pub use holding::{HOLDER_SEPARATOR, RedisKey, holder_of};
 pub use instance::{Holder, Holdings, RedisInstance};
 pub use keys::{DEFAULT_PREFIX, Keys, SemaphoreKeys};
 pub use settings::{

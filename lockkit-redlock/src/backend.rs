@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
-use lockkit_redis::{Keys, RedisInstance, RedisKey};
+use lockkit_redis::{Keys, RedisInstance, RedisKey, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum};
@@ -23,7 +23,8 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash:
     .with_notified_wait(true)
     .with_survives_minority_failure(true)
     .with_shared(true)
-    .with_semaphore(true);
+    .with_semaphore(true)
+    .with_holder(true);
 
 /// The default upper bound of one request to one instance; the effective
 /// default is min(this, ttl / 10).
@@ -186,12 +187,13 @@ impl RedlockBackend {
                 .push(holder.remaining);
         }
         Ok(holders
-            .into_values()
-            .find(|lefts| lefts.len() >= quorum)
-            .map(|lefts| {
+            .into_iter()
+            .find(|(_, lefts)| lefts.len() >= quorum)
+            .map(|(owner, lefts)| {
                 LockStatus::held()
                     .with_remaining(lefts.into_iter().min())
                     .with_holders(Some(1))
+                    .with_holder(holder_of(owner).map(str::to_owned))
             }))
     }
 
@@ -253,6 +255,12 @@ impl LeaseBackend for RedlockBackend {
     /// The keys of one server (no Redis Cluster layout), on every instance.
     fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
         RedisKey::new(&self.prefix, name, kind, false)
+    }
+
+    /// Stored with the owner token on every instance (see
+    /// [`RedisKey::with_holder`]).
+    fn with_holder(&self, key: RedisKey, holder: &str) -> RedisKey {
+        key.with_holder(holder)
     }
 
     /// Asks every instance at once and returns as soon as a quorum granted the
@@ -419,12 +427,18 @@ impl LeaseBackend for RedlockBackend {
             .collect();
         counts.sort_by_key(|&(count, _)| std::cmp::Reverse(count));
         let (count, remaining) = counts[quorum - 1];
+        // Any one of them: what an instance that counts holdings recorded.
+        let holder = votes
+            .answers
+            .iter()
+            .find_map(|(_, h)| h.holder.clone().filter(|_| h.count > 0));
         Ok(if count == 0 {
             LockStatus::free()
         } else {
             LockStatus::held()
                 .with_holders(Some(count))
                 .with_remaining(Some(remaining))
+                .with_holder(holder)
         })
     }
 

@@ -24,7 +24,7 @@ impl DistributedLock for TryOnly {
     /// Refuses what it does not claim, as a backend of its own would.
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
         opts.validate()?;
-        opts.check_supported("try-only", &self.capabilities(), false)?;
+        opts.check_supported("try-only", &self.capabilities())?;
         self.inner.try_acquire(name, opts).await
     }
 

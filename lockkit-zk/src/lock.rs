@@ -15,6 +15,7 @@ use zookeeper_client::{CreateMode, Error as ZkError};
 use crate::error::BACKEND;
 use crate::path::{
     contenders, is_reader, lease_prefix, lock_dir, node_prefix, reader_prefix, semaphore_dir,
+    sequence,
 };
 use crate::session::{RequestError, Session, Sessions};
 
@@ -25,7 +26,8 @@ pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Sess
     .with_fifo(true)
     .with_survives_minority_failure(true)
     .with_shared(true)
-    .with_semaphore(true);
+    .with_semaphore(true)
+    .with_holder(true);
 
 /// A lock client on a ZooKeeper ensemble; see the crate docs for the recipe.
 ///
@@ -84,7 +86,13 @@ impl ZkBackend {
     /// container nodes. After a lost connection the node may exist without
     /// our knowing: it is looked up by its prefix (the owner's uuid) before
     /// trying again.
-    async fn create_node(&self, session: &Session, dir: &str, prefix: &str) -> Result<Node> {
+    async fn create_node(
+        &self,
+        session: &Session,
+        dir: &str,
+        prefix: &str,
+        data: &[u8],
+    ) -> Result<Node> {
         let prefix = prefix.to_owned();
         let path = format!("{dir}/{prefix}");
         let acls = session.acls();
@@ -94,7 +102,7 @@ impl ZkBackend {
             match session
                 .run(
                     "create the lock node",
-                    session.client.create(&path, &[], &options),
+                    session.client.create(&path, data, &options),
                 )
                 .await
             {
@@ -163,11 +171,13 @@ impl ZkBackend {
     /// writer's node before it. The node, its still-armed place in the queue
     /// (dropped, it removes the node), and when the holding was seen; `None`
     /// (and the node removed) when the wait ended first.
+    #[allow(clippy::too_many_arguments)]
     async fn queue(
         &self,
         session: &Arc<Session>,
         dir: &str,
         prefix: &str,
+        data: &[u8],
         shared: bool,
         waiter: &mut Waiter<'_>,
         no_wait: bool,
@@ -176,7 +186,7 @@ impl ZkBackend {
         // flight still removes whatever node it produced.
         let mut queued = Queued::new(session.clone(), dir, prefix);
         let node = waiter
-            .attempt(self.create_node(session, dir, prefix))
+            .attempt(self.create_node(session, dir, prefix, data))
             .await?;
         queued.created(&node);
         loop {
@@ -249,6 +259,7 @@ impl ZkBackend {
                 &session,
                 &mutex_dir,
                 &node_prefix(owner.as_str()),
+                &[],
                 false,
                 waiter,
                 no_wait,
@@ -261,7 +272,7 @@ impl ZkBackend {
         let prefix = lease_prefix(owner.as_str());
         let mut queued = Queued::new(session.clone(), &leases, &prefix);
         let lease = waiter
-            .attempt(self.create_node(&session, &leases, &prefix))
+            .attempt(self.create_node(&session, &leases, &prefix, holder_data(opts)))
             .await?;
         queued.created(&lease);
         let granted = loop {
@@ -523,7 +534,15 @@ impl QueueBackend for ZkBackend {
             _ => (node_prefix(owner.as_str()), false),
         };
         let Some((node, mut queued, sent)) = self
-            .queue(&session, &dir, &prefix, shared, waiter, no_wait)
+            .queue(
+                &session,
+                &dir,
+                &prefix,
+                holder_data(opts),
+                shared,
+                waiter,
+                no_wait,
+            )
             .await?
         else {
             return Ok(None);
@@ -542,19 +561,25 @@ impl QueueBackend for ZkBackend {
         let session = self.sessions.session().await?;
         if let LockKind::Semaphore { permits } = kind {
             let leases = format!("{}/leases", semaphore_dir(root, name)?);
-            let count = match self.try_list(&session, &leases).await {
-                Ok(children) => children.len(),
-                Err(RequestError::Server(_, ZkError::NoNode)) => 0,
+            let mut children = match self.try_list(&session, &leases).await {
+                Ok(children) => children,
+                Err(RequestError::Server(_, ZkError::NoNode)) => Vec::new(),
                 Err(error) => return Err(error.into()),
             };
+            children.sort_by_key(|c| sequence(c));
+            let count = children.len();
             let holders = count.min(permits as usize);
-            return Ok(if holders == 0 {
-                LockStatus::free()
-            } else {
-                LockStatus::held()
-                    .with_holders(Some(holders))
-                    .with_waiters(Some(count - holders))
-            });
+            if holders == 0 {
+                return Ok(LockStatus::free());
+            }
+            let holder = match children.first() {
+                Some(lease) => self.holder(&session, &format!("{leases}/{lease}")).await?,
+                None => None,
+            };
+            return Ok(LockStatus::held()
+                .with_holders(Some(holders))
+                .with_waiters(Some(count - holders))
+                .with_holder(holder));
         }
         let dir = lock_dir(root, name)?;
         // The head may leave between the listing and its stat: look again.
@@ -574,20 +599,54 @@ impl QueueBackend for ZkBackend {
                 1
             };
             let path = format!("{dir}/{head}");
-            if let Some(stat) = session
-                .run("read the lock node", session.client.check_stat(&path))
-                .await?
+            match session
+                .run("read the lock node", session.client.get_data(&path))
+                .await
             {
-                return Ok(LockStatus::held()
-                    .with_fencing_token(Some(FencingToken::new(stat.czxid.max(0) as u64)))
-                    .with_holders(Some(holders))
-                    .with_waiters(Some(queue.len() - holders)));
+                Ok((data, stat)) => {
+                    return Ok(LockStatus::held()
+                        .with_fencing_token(Some(FencingToken::new(stat.czxid.max(0) as u64)))
+                        .with_holders(Some(holders))
+                        .with_waiters(Some(queue.len() - holders))
+                        .with_holder(identity(&data)));
+                }
+                Err(RequestError::Server(_, ZkError::NoNode)) => {}
+                Err(error) => return Err(error.into()),
             }
         }
         Err(LockError::unavailable(
             BACKEND,
             format!("the contenders of {dir} kept changing while their status was read"),
         ))
+    }
+}
+
+/// The data of a node lockkit creates: the holder identity, if any (what
+/// Curator's `LeaderSelector.getLeader()` and kazoo's `Election.contenders()`
+/// read), else empty.
+fn holder_data(opts: &LockOptions) -> &[u8] {
+    opts.holder_identity().map_or(&[], str::as_bytes)
+}
+
+/// A node's data as a holder identity: none when empty or not UTF-8.
+fn identity(data: &[u8]) -> Option<String> {
+    std::str::from_utf8(data)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+impl ZkBackend {
+    /// The holder identity in the node at `path`; none when it is gone.
+    async fn holder(&self, session: &Session, path: &str) -> Result<Option<String>> {
+        match session
+            .run("read the lock node", session.client.get_data(path))
+            .await
+        {
+            Ok((data, _)) => Ok(identity(&data)),
+            Err(RequestError::Server(_, ZkError::NoNode)) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
     }
 }
 

@@ -41,13 +41,16 @@ impl Harness for ZkHarness {
             .list_children(&dir)
             .await
             .expect("list the lock's nodes");
-        assert!(!children.is_empty(), "no node of {name:?} to revoke");
-        for child in children {
-            admin
-                .delete(&format!("{dir}/{child}"), None)
-                .await
-                .expect("delete a lock node");
-        }
+        // The holder's node: the lowest sequence (the last 10 digits), as
+        // the other backends delete the lease and leave the waiters be.
+        let head = children
+            .iter()
+            .min_by_key(|child| child[child.len().saturating_sub(10)..].to_owned())
+            .unwrap_or_else(|| panic!("no node of {name:?} to revoke"));
+        admin
+            .delete(&format!("{dir}/{head}"), None)
+            .await
+            .expect("delete the holder's node");
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {

@@ -56,6 +56,15 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// [`capabilities`](Self::capabilities) claim.
     fn key(&self, name: &str, kind: LockKind) -> Result<Self::Key>;
 
+    /// The key of a holding that records `holder` as its holder's identity
+    /// (with the holding, and read back by [`status`](Self::status)). Only
+    /// called when the [`capabilities`](Self::capabilities) claim
+    /// [`holder`](Capabilities::holder); the default keeps the key as it is.
+    fn with_holder(&self, key: Self::Key, holder: &str) -> Self::Key {
+        let _ = holder;
+        key
+    }
+
     /// Takes a holding for `owner` for `ttl` if the rules of its kind allow:
     /// an exclusive one if nobody holds the name, a shared one if no
     /// exclusive holding is held *or waited for*, a permit if fewer than
@@ -190,20 +199,20 @@ impl<B: LeaseBackend> LeaseLock<B> {
     fn check(&self, name: &str, opts: &LockOptions) -> Result<B::Key> {
         let key = self.backend.key(name, LockKind::Exclusive)?;
         opts.validate()?;
-        opts.check_supported(
-            self.backend.backend_name(),
-            &self.backend.capabilities(),
-            false,
-        )?;
-        match opts.kind() {
-            LockKind::Exclusive => Ok(key),
-            kind => self.backend.key(name, kind),
-        }
+        opts.check_supported(self.backend.backend_name(), &self.backend.capabilities())?;
+        let key = match opts.kind() {
+            LockKind::Exclusive => key,
+            kind => self.backend.key(name, kind)?,
+        };
+        Ok(match opts.holder_identity() {
+            Some(holder) => self.backend.with_holder(key, holder),
+            None => key,
+        })
     }
 
     async fn try_acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
         let key = self.check(name, opts)?;
-        let slot = if opts.kind() == LockKind::Exclusive {
+        let slot = if queues_locally(opts) {
             let Some(slot) = self.local.try_enter(name) else {
                 return Ok(None);
             };
@@ -226,14 +235,14 @@ impl<B: LeaseBackend> LeaseLock<B> {
     async fn acquire_inner(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
         let key = self.check(name, opts)?;
         let mut waiter = Waiter::new(name, opts);
-        let slot = match (opts.kind(), opts.wait()) {
-            (LockKind::Exclusive, Wait::NoWait) => Some(
+        let slot = match (queues_locally(opts), opts.wait()) {
+            (true, Wait::NoWait) => Some(
                 self.local
                     .try_enter(name)
                     .ok_or_else(|| waiter.timeout_error())?,
             ),
-            (LockKind::Exclusive, _) => Some(waiter.until_deadline(self.local.enter(name)).await?),
-            _ => None,
+            (true, _) => Some(waiter.until_deadline(self.local.enter(name)).await?),
+            (false, _) => None,
         };
         if let Some(entered) = &slot
             && let Some(guard) = self.adopt(entered, name, opts).await
@@ -294,6 +303,13 @@ impl<B: LeaseBackend> LeaseLock<B> {
         tracing::trace!(lock.name = %name, "took over the lease the previous local holder passed on");
         Some(guard)
     }
+}
+
+/// Whether a holding goes through the client's local FIFO (and can be
+/// handed over locally): exclusive holdings that record no holder identity
+/// (a hand-over would keep the previous holder's).
+fn queues_locally(opts: &LockOptions) -> bool {
+    opts.kind() == LockKind::Exclusive && opts.holder_identity().is_none()
 }
 
 /// The guard of a holding of `owner` on `key`.

@@ -86,7 +86,7 @@ impl<B: QueueBackend> QueuedLock<B> {
     ) -> Result<Option<LockGuard>> {
         self.backend.check_name(name)?;
         opts.validate()?;
-        opts.check_supported(self.backend.backend(), &self.backend.capabilities(), false)?;
+        opts.check_supported(self.backend.backend(), &self.backend.capabilities())?;
         let mut waiter = Waiter::new(name, opts);
         let no_wait = try_only || opts.wait() == Wait::NoWait;
         let slot = if opts.kind() != LockKind::Exclusive {
@@ -153,7 +153,7 @@ impl<B: QueueBackend> DistributedLock for QueuedLock<B> {
         self.backend.check_name(name)?;
         let opts = LockOptions::of_kind(kind);
         opts.validate()?;
-        opts.check_supported(self.backend.backend(), &self.backend.capabilities(), false)?;
+        opts.check_supported(self.backend.backend(), &self.backend.capabilities())?;
         self.backend.status(name, kind).await
     }
 }
