@@ -5,9 +5,9 @@ mod connect;
 pub use connect::{Registry, connect, known_schemes};
 pub use lockkit_core::backend::redact_url;
 pub use lockkit_core::{
-    Backoff, BoxError, Capabilities, DistributedLock, DynDistributedLock, FencingToken, LockError,
-    LockGuard, LockKind, LockOptions, LockStatus, LostReason, MemoryLock, MemoryStore,
-    ReleaseOnCrash, Result, Wait,
+    Backoff, BoxError, Capabilities, DistributedLock, DynDistributedLock, Election, FencingToken,
+    Leadership, LockError, LockGuard, LockKind, LockOptions, LockStatus, LostReason, MemoryLock,
+    MemoryStore, ReleaseOnCrash, Result, Wait, acquire_all,
 };
 
 /// The core crate, for backend implementors: [`LeaseBackend`](lockkit_core::backend::LeaseBackend),

@@ -35,6 +35,8 @@ fn lockkit(dir: &Path) -> Command {
         .env_remove("LOCKKIT_LOG")
         .env_remove("LOCKKIT_LOCK_NAME")
         .env_remove("LOCKKIT_FENCING_TOKEN")
+        .env_remove("LOCKKIT_TERM")
+        .env_remove("LOCKKIT_LEADER")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -591,4 +593,111 @@ async fn a_kind_the_backend_cannot_hold_gives_69_and_runs_nothing() {
     assert_eq!(code(&out), 69, "{out:?}");
     assert!(stdout(&out).is_empty(), "{out:?}");
     assert!(stderr(&out).contains("256 permits"), "{out:?}");
+}
+
+#[tokio::test]
+async fn exec_records_its_holder_and_status_prints_it_on_redis() {
+    let redis = RedisServer::start().await;
+    let (url, dir) = (redis.url(), tempfile::tempdir().unwrap());
+    let bin = env!("CARGO_BIN_EXE_lockkit");
+    let show = r#""$0" --url "$1" status job --json"#;
+    let out = run(
+        dir.path(),
+        &[
+            "--url", &url, "exec", "job", "--", "sh", "-c", show, bin, &url,
+        ],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{out:?}");
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let holder = json["holder"].as_str().expect("a holder").to_owned();
+    let (host, pid) = holder.rsplit_once(':').expect("<hostname>:<pid>");
+    assert!(!host.is_empty() && pid.parse::<u32>().is_ok(), "{holder}");
+
+    let out = run(
+        dir.path(),
+        &[
+            "--url",
+            &url,
+            "exec",
+            "job",
+            "--holder",
+            "nightly-report",
+            "--",
+            "sh",
+            "-c",
+            show,
+            bin,
+            &url,
+        ],
+    )
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["holder"], "nightly-report", "{json}");
+
+    // A backend that cannot record one refuses an explicit identity (69)
+    // and runs with none by default.
+    let sqlite = sqlite_url(dir.path());
+    let refused = run(
+        dir.path(),
+        &[
+            "--url", &sqlite, "exec", "job", "--holder", "me", "--", "true",
+        ],
+    )
+    .await;
+    assert_eq!(code(&refused), 69, "{refused:?}");
+    let plain = run(dir.path(), &["--url", &sqlite, "exec", "job", "--", "true"]).await;
+    assert_eq!(code(&plain), 0, "{plain:?}");
+}
+
+#[tokio::test]
+async fn elect_runs_one_leader_at_a_time_and_leader_names_it_on_redis() {
+    let redis = RedisServer::start().await;
+    let (url, dir) = (redis.url(), tempfile::tempdir().unwrap());
+    let nobody = run(dir.path(), &["--url", &url, "leader", "sched"]).await;
+    assert_eq!(code(&nobody), 1, "{nobody:?}");
+    assert!(stdout(&nobody).is_empty());
+
+    // Two candidates, two terms each; every term logs its start and end.
+    let bin = env!("CARGO_BIN_EXE_lockkit");
+    let log = dir.path().join("terms.log");
+    let term = r#"echo "start $LOCKKIT_LEADER $LOCKKIT_TERM $("$0" --url "$1" leader sched)" >> "$2"; sleep 0.3; echo "end $LOCKKIT_LEADER" >> "$2""#;
+    let log_path = log.display().to_string();
+    let candidates: Vec<Child> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            lockkit(dir.path())
+                .args(["--url", &url, "elect", "sched", "--id", id, "--terms", "2"])
+                .args(["--", "sh", "-c", term, bin, &url, &log_path])
+                .spawn()
+                .expect("start a candidate")
+        })
+        .collect();
+    for candidate in candidates {
+        let out = finish(candidate).await;
+        assert_eq!(code(&out), 0, "{out:?}");
+    }
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 8, "{lines:?}");
+    let mut last_term = 0u64;
+    for pair in lines.chunks(2) {
+        let start: Vec<&str> = pair[0].split(' ').collect();
+        assert_eq!(start[0], "start", "terms overlap: {lines:?}");
+        assert_eq!(
+            pair[1],
+            format!("end {}", start[1]),
+            "terms overlap: {lines:?}"
+        );
+        assert_eq!(
+            start[3], start[1],
+            "`leader` names the one running: {lines:?}"
+        );
+        let term: u64 = start[2].parse().expect("LOCKKIT_TERM");
+        assert!(term > last_term, "terms increase: {lines:?}");
+        last_term = term;
+    }
 }

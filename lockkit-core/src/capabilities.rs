@@ -123,12 +123,12 @@ impl Capabilities {
     pub fn markdown_table(rows: &[(&str, Capabilities)]) -> String {
         let yes_no = |b: bool| if b { "yes" } else { "no" };
         let mut out = String::from(
-            "| backend | fencing token | freed after a crash by | notified wait | FIFO | survives minority failure | shared (read) locks | semaphores |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+            "| backend | fencing token | freed after a crash by | notified wait | FIFO | survives minority failure | shared (read) locks | semaphores | holder identity, elections |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         );
         for (name, caps) in rows {
             out.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 yes_no(caps.fencing),
                 caps.release_on_crash,
                 yes_no(caps.notified_wait),
@@ -136,6 +136,7 @@ impl Capabilities {
                 yes_no(caps.survives_minority_failure),
                 yes_no(caps.shared),
                 yes_no(caps.semaphore),
+                yes_no(caps.holder),
             ));
         }
         out

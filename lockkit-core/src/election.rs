@@ -190,6 +190,11 @@ impl Leadership {
         &self.guard
     }
 
+    /// The lock guard behind the leadership, to release or drop as a guard.
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+
     /// Steps down: releases the name, so that another candidate can lead.
     pub async fn resign(self) -> Result<()> {
         tracing::info!(election = %self.guard.name(), identity = %self.identity, "resigning");

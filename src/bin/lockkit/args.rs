@@ -51,9 +51,20 @@ pub(crate) enum Command {
     /// error; 126/127 when CMD cannot be run or is not found.
     Exec(ExecArgs),
     /// Print whether NAME is held, with its fencing token, remaining lease,
-    /// number of holders (readers, permits) and queued waiters where the
-    /// backend can tell.
+    /// holder identity, number of holders (readers, permits) and queued
+    /// waiters where the backend can tell.
     Status(StatusArgs),
+    /// Run CMD while this process leads the election NAME; campaign again
+    /// when CMD ends or leadership is lost, until a signal (passed on to
+    /// CMD) or `--terms` terms.
+    ///
+    /// CMD gets LOCKKIT_LOCK_NAME, LOCKKIT_LEADER (this candidate's
+    /// identity) and, where the backend fences, LOCKKIT_TERM (the term's
+    /// fencing token, decimal). Exit status as for `exec`, for the last term.
+    Elect(ElectArgs),
+    /// Print the identity of the current leader of the election NAME; exit
+    /// status 1 when nobody leads.
+    Leader(LeaderArgs),
 }
 
 #[derive(Debug, Args)]
@@ -86,9 +97,21 @@ pub(crate) struct ExecArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) permits: Option<u32>,
 
+    /// The holder identity recorded with the lock (shown by `status`);
+    /// default `<hostname>:<pid>` where the backend records identities.
+    #[arg(long, value_name = "ID")]
+    pub(crate) holder: Option<String>,
+
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+/// What `exec` and `elect` run, and how they treat it.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
     /// What to do when the lock is lost while CMD runs: `kill` sends CMD
     /// SIGTERM, then SIGKILL after the grace period; `ignore` lets it finish.
-    /// Either way lockkit then exits with 70.
+    /// Either way lockkit then exits with 70 (`elect` campaigns again).
     #[arg(long, value_enum, value_name = "ACTION", default_value = "kill")]
     pub(crate) on_lost: OnLost,
 
@@ -104,6 +127,33 @@ pub(crate) struct ExecArgs {
         value_name = "CMD"
     )]
     pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ElectArgs {
+    /// The election's name (a lock name).
+    pub(crate) name: String,
+
+    /// This candidate's identity; default `<hostname>:<pid>`.
+    #[arg(long, value_name = "ID")]
+    pub(crate) id: Option<String>,
+
+    /// The leadership's lease, renewed every third of it while leading.
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = duration)]
+    pub(crate) ttl: Duration,
+
+    /// Stop after leading this many terms (default: until a signal).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) terms: Option<u32>,
+
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LeaderArgs {
+    /// The election's name.
+    pub(crate) name: String,
 }
 
 #[derive(Debug, Args)]
@@ -148,9 +198,41 @@ fn wait(text: &str) -> Result<WaitFor, String> {
     }
 }
 
+/// The identity this process records by default: `<hostname>:<pid>`.
+pub(crate) fn default_identity() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elect_and_leader_parse() {
+        let cli = Cli::try_parse_from([
+            "lockkit", "elect", "sched", "--id", "a", "--terms", "2", "--", "run-it",
+        ])
+        .unwrap();
+        let Command::Elect(elect) = cli.command else {
+            panic!("elect")
+        };
+        assert_eq!(elect.id.as_deref(), Some("a"));
+        assert_eq!(elect.terms, Some(2));
+        assert_eq!(elect.run.command, ["run-it"]);
+        assert!(Cli::try_parse_from(["lockkit", "elect", "s", "--terms", "0", "--", "x"]).is_err());
+        assert!(matches!(
+            Cli::try_parse_from(["lockkit", "leader", "sched"])
+                .unwrap()
+                .command,
+            Command::Leader(_)
+        ));
+        assert!(default_identity().contains(':'));
+    }
 
     #[test]
     fn the_command_line_is_consistent() {
@@ -187,9 +269,9 @@ mod tests {
             panic!("exec")
         };
         assert_eq!(exec.ttl, Duration::from_secs(2));
-        assert_eq!(exec.command, ["sh", "-c", "echo --ttl"]);
+        assert_eq!(exec.run.command, ["sh", "-c", "echo --ttl"]);
         assert_eq!(exec.wait, WaitFor::Forever);
-        assert_eq!(exec.on_lost, OnLost::Kill);
+        assert_eq!(exec.run.on_lost, OnLost::Kill);
         assert!(Cli::try_parse_from(["lockkit", "exec", "job"]).is_err());
         assert!(!exec.shared && exec.permits.is_none());
         for bad in [

@@ -3,14 +3,14 @@
 use std::io::ErrorKind;
 use std::process::ExitStatus;
 
-use lockkit::{LockGuard, LockOptions};
+use lockkit::{DistributedLock, LockGuard, LockOptions};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
-use crate::args::{ExecArgs, OnLost, WaitFor};
+use crate::args::{ExecArgs, OnLost, RunArgs, WaitFor, default_identity};
 use crate::exit::{Exit, report};
 
 /// The signals passed on to the command.
@@ -34,6 +34,9 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
         Err(error) => return report("connect", &error),
     };
     let mut opts = LockOptions::new().ttl(args.ttl).auto_renew(true);
+    if let Some(holder) = holder(locks.as_ref(), args.holder.clone()) {
+        opts = opts.holder(holder);
+    }
     if args.shared {
         opts = opts.shared();
     }
@@ -60,7 +63,7 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
     };
     tracing::info!(lock.name = %args.name, fencing_token = ?guard.fencing_token(), "lock acquired; running the command");
 
-    let child = match spawn(&args, &guard) {
+    let child = match spawn(&args.name, &args.run, &guard, &[]) {
         Ok(child) => child,
         Err((exit, message)) => {
             eprintln!("lockkit: {message}");
@@ -68,9 +71,9 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
             return exit;
         }
     };
-    let outcome = supervise(child, &guard, &args, &mut signals).await;
+    let outcome = supervise(child, &guard, &args.name, &args.run, &mut signals).await;
     match outcome {
-        Supervised::Exited(status) => match release(guard, &args.name).await {
+        Supervised::Exited(status, _) => match release(guard, &args.name).await {
             Released::Ok => Exit::Child(status_code(status)),
             Released::Lost => Exit::Software,
         },
@@ -86,12 +89,25 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
     }
 }
 
-/// Starts the command with the lock's name and fencing token in its
+/// The holder identity to record: the one given, else `<hostname>:<pid>`
+/// where the backend records identities (an identity given to a backend
+/// that cannot record one fails the acquire with `Unsupported`).
+pub(crate) fn holder(locks: &dyn DistributedLock, given: Option<String>) -> Option<String> {
+    given.or_else(|| locks.capabilities().holder.then(default_identity))
+}
+
+/// Starts the command with the lock's name, fencing token and `env` in its
 /// environment.
-fn spawn(args: &ExecArgs, guard: &LockGuard) -> Result<Child, (Exit, String)> {
+pub(crate) fn spawn(
+    name: &str,
+    args: &RunArgs,
+    guard: &LockGuard,
+    env: &[(&str, String)],
+) -> Result<Child, (Exit, String)> {
     let (program, rest) = args.command.split_first().expect("clap requires a command");
     let mut command = Command::new(program);
-    command.args(rest).env("LOCKKIT_LOCK_NAME", &args.name);
+    command.args(rest).env("LOCKKIT_LOCK_NAME", name);
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     // A token inherited from an outer `lockkit exec` must not pass for ours.
     match guard.fencing_token() {
         Some(token) => command.env("LOCKKIT_FENCING_TOKEN", token.to_string()),
@@ -107,17 +123,19 @@ fn spawn(args: &ExecArgs, guard: &LockGuard) -> Result<Child, (Exit, String)> {
     })
 }
 
-enum Supervised {
-    Exited(ExitStatus),
+pub(crate) enum Supervised {
+    /// The command ended on its own; `true` if a signal was passed on to it.
+    Exited(ExitStatus, bool),
     LostWhileRunning,
     WaitFailed(std::io::Error),
 }
 
 /// Waits for the command, passing signals on and acting on a lost lock.
-async fn supervise(
+pub(crate) async fn supervise(
     mut child: Child,
     guard: &LockGuard,
-    args: &ExecArgs,
+    name: &str,
+    args: &RunArgs,
     signals: &mut Signals,
 ) -> Supervised {
     let pid = child
@@ -128,6 +146,7 @@ async fn supervise(
     tokio::pin!(lost);
     let mut lost_at: Option<Instant> = None;
     let mut sigkill_sent = false;
+    let mut signalled = false;
     let status = loop {
         let kill_at = lost_at
             .filter(|_| args.on_lost == OnLost::Kill && !sigkill_sent)
@@ -136,6 +155,7 @@ async fn supervise(
             status = child.wait() => break status,
             signal = signals.next() => {
                 tracing::info!(%signal, "passing the signal on to the command");
+                signalled = true;
                 send(pid, signal);
             }
             reason = &mut lost, if lost_at.is_none() => {
@@ -143,14 +163,12 @@ async fn supervise(
                 match args.on_lost {
                     OnLost::Kill => {
                         eprintln!(
-                            "lockkit: lock {:?} lost while the command ran ({reason}); sending it SIGTERM",
-                            args.name
+                            "lockkit: lock {name:?} lost while the command ran ({reason}); sending it SIGTERM"
                         );
                         send(pid, Signal::SIGTERM);
                     }
                     OnLost::Ignore => eprintln!(
-                        "lockkit: lock {:?} lost while the command ran ({reason}); letting it finish",
-                        args.name
+                        "lockkit: lock {name:?} lost while the command ran ({reason}); letting it finish"
                     ),
                 }
             }
@@ -163,7 +181,7 @@ async fn supervise(
     };
     match status {
         Ok(_) if lost_at.is_some() => Supervised::LostWhileRunning,
-        Ok(status) => Supervised::Exited(status),
+        Ok(status) => Supervised::Exited(status, signalled),
         Err(error) => Supervised::WaitFailed(error),
     }
 }
@@ -177,7 +195,7 @@ fn send(pid: Option<Pid>, signal: Signal) {
     }
 }
 
-enum Released {
+pub(crate) enum Released {
     Ok,
     Lost,
 }
@@ -185,7 +203,7 @@ enum Released {
 /// Releases the lock. A lease found gone means it was lost at the end of the
 /// run (exit 70); any other failure is only reported, as the lease ends with
 /// its TTL anyway and the command's status matters more.
-async fn release(guard: LockGuard, name: &str) -> Released {
+pub(crate) async fn release(guard: LockGuard, name: &str) -> Released {
     match guard.release().await {
         Ok(()) => Released::Ok,
         Err(error @ lockkit::LockError::Lost { .. }) => {
@@ -201,7 +219,7 @@ async fn release(guard: LockGuard, name: &str) -> Released {
 
 /// The command's exit status as ours: its code, or 128 + N when signal N
 /// killed it.
-fn status_code(status: ExitStatus) -> u8 {
+pub(crate) fn status_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
@@ -211,12 +229,12 @@ fn status_code(status: ExitStatus) -> u8 {
 }
 
 /// The forwarded signals, as one stream.
-struct Signals {
+pub(crate) struct Signals {
     streams: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
 
 impl Signals {
-    fn new() -> std::io::Result<Signals> {
+    pub(crate) fn new() -> std::io::Result<Signals> {
         let streams = FORWARDED
             .iter()
             .map(|&sig| Ok((sig, signal(SignalKind::from_raw(sig as i32))?)))
@@ -225,7 +243,7 @@ impl Signals {
     }
 
     /// The next signal received.
-    async fn next(&mut self) -> Signal {
+    pub(crate) async fn next(&mut self) -> Signal {
         std::future::poll_fn(|cx| {
             for (sig, stream) in &mut self.streams {
                 if stream.poll_recv(cx).is_ready() {

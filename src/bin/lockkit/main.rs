@@ -1,9 +1,11 @@
 //! `lockkit`: run a command under a distributed lock, or ask who holds one.
 //!
 //! ```text
-//! lockkit [--url URL] exec NAME [--ttl DUR] [--wait DUR|forever] [--no-wait]
+//! lockkit [--url URL] exec NAME [--ttl DUR] [--wait DUR|forever] [--no-wait] [--holder ID]
 //!                               [--on-lost kill|ignore] [--grace DUR] -- CMD [ARGS…]
 //! lockkit [--url URL] status NAME [--json]
+//! lockkit [--url URL] elect NAME [--id ID] [--ttl DUR] [--terms N] -- CMD [ARGS…]
+//! lockkit [--url URL] leader NAME
 //! ```
 //!
 //! The URL comes from `--url`, else `LOCKKIT_URL`, else the embedded default
@@ -15,6 +17,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod args;
+mod elect;
 mod exec;
 mod exit;
 mod status;
@@ -46,6 +49,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Exec(args) => exec::run(&cli.url, args).await,
             Command::Status(args) => status::run(&cli.url, args).await,
+            Command::Elect(args) => elect::run(&cli.url, args).await,
+            Command::Leader(args) => elect::leader(&cli.url, args).await,
         }
     });
     // Background releases and the like get a moment to finish; nothing
