@@ -9,7 +9,7 @@ use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{FencingToken, LockKind, Result};
 
 use crate::instance::{Holdings, RedisInstance};
-use crate::keys::{Keys, SemaphoreKeys};
+use crate::keys::{HOLDER_SEPARATOR, Keys, SemaphoreKeys};
 
 /// A holding's keys in Redis: which side of a reader-writer lock, or which
 /// semaphore.
@@ -86,17 +86,6 @@ impl RedisKey {
             RedisKey::Permit { keys, .. } => &keys.channel,
         }
     }
-}
-
-/// Between the owner token and the holder identity in a stored value (a
-/// control character, which identities never contain).
-pub const HOLDER_SEPARATOR: char = '\x1f';
-
-/// The holder identity in a stored value, if it records one.
-pub fn holder_of(stored: &str) -> Option<&str> {
-    stored
-        .split_once(HOLDER_SEPARATOR)
-        .map(|(_, holder)| holder)
 }
 
 impl RedisInstance {

@@ -555,7 +555,7 @@ impl RedisInstance {
                 ms => Duration::from_millis(ms.max(0) as u64),
             },
             fence: u64::try_from(fence).ok(),
-            holder: crate::holding::holder_of(&stored).map(str::to_owned),
+            holder: crate::keys::holder_of(&stored).map(str::to_owned),
         })
     }
 
