@@ -370,3 +370,104 @@ async fn local_contenders_share_one_node() {
     assert_eq!(probe.completed(), 1000);
     assert_eq!(probe.overlaps(), 0);
 }
+
+/// kazoo's `Election` on path `argv[2]` as candidate `argv[3]`, its lock
+/// recognising lockkit's (Curator's) nodes. Commands: `run` (campaign in a
+/// thread; leading until `resign`), `leading` (yes/no), `contenders` (the
+/// identities in order, comma separated), `resign`.
+const KAZOO_ELECTION: &str = r#"
+import sys, threading
+from kazoo.client import KazooClient
+zk = KazooClient(hosts=sys.argv[1])
+zk.start(timeout=10)
+election = zk.Election(sys.argv[2], sys.argv[3])
+# kazoo's Election takes no lock patterns; its lock is kazoo's own Lock,
+# told to recognise the `-lock-` nodes of Curator and lockkit.
+election.lock = zk.Lock(sys.argv[2], sys.argv[3], extra_lock_patterns=["-lock-"])
+leading, stop = threading.Event(), threading.Event()
+def lead():
+    leading.set()
+    stop.wait()
+    leading.clear()
+thread = None
+for line in sys.stdin:
+    command = line.strip()
+    if command == "run":
+        thread = threading.Thread(target=election.run, args=(lead,), daemon=True)
+        thread.start()
+        print("campaigning", flush=True)
+    elif command == "leading":
+        print("yes" if leading.is_set() else "no", flush=True)
+    elif command == "contenders":
+        print(",".join(election.contenders()), flush=True)
+    elif command == "resign":
+        stop.set()
+        if thread is not None:
+            thread.join(10)
+        print("resigned", flush=True)
+"#;
+
+/// kazoo's `Election` and lockkit's on the same path: each sees the other's
+/// leader (lockkit's `leader()` reads kazoo's identifier from its node,
+/// kazoo's `contenders()` reads lockkit's identity from its node), and
+/// leadership passes between them both ways.
+#[tokio::test]
+async fn elections_interoperate_with_kazoo() {
+    let server = ZkServer::start().await;
+    let locks: Arc<dyn DistributedLock> = Arc::new(connect(&server).await);
+    let hosts = server.connect_string();
+    let path = format!("/locks/{}", lockkit_zk::encode_name("scheduler"));
+    let election = lockkit_core::Election::new(locks, "scheduler", "lockkit-1");
+    let mut py =
+        PythonPeer::start("kazoo", KAZOO_ELECTION, &[&hosts, &path, "kazoo-1"]).await;
+
+    // lockkit leads; kazoo campaigns behind it and sees it lead.
+    let leadership = election
+        .campaign(&LockOptions::new().no_wait())
+        .await
+        .expect("lockkit leads");
+    assert_eq!(py.ask("run").await, "campaigning");
+    let contenders = until_answer(&mut py, "contenders", |a| a.contains("kazoo-1")).await;
+    assert_eq!(contenders, "lockkit-1,kazoo-1");
+    assert_eq!(py.ask("leading").await, "no");
+
+    // lockkit resigns: kazoo leads, and lockkit sees it.
+    leadership.resign().await.expect("resign");
+    until_answer(&mut py, "leading", |a| a == "yes").await;
+    assert_eq!(
+        election.leader().await.expect("leader()").as_deref(),
+        Some("kazoo-1")
+    );
+
+    // lockkit campaigns behind kazoo, and leads once kazoo resigns.
+    let waiting = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            election
+                .campaign(&LockOptions::new().wait_for(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "lockkit led while kazoo did");
+    assert_eq!(py.ask("resign").await, "resigned");
+    let leadership = waiting.await.unwrap().expect("lockkit leads again");
+    assert_eq!(
+        election.leader().await.expect("leader()").as_deref(),
+        Some("lockkit-1")
+    );
+    leadership.resign().await.expect("resign");
+}
+
+/// Asks `command` until the answer satisfies `done` (within 10 s).
+async fn until_answer(py: &mut PythonPeer, command: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = py.ask(command).await;
+        if done(&answer) {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "{command}: still {answer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
