@@ -1,4 +1,5 @@
-//! Apache Curator's `InterProcessSemaphoreV2` as a peer: a small Java program
+//! Apache Curator's `InterProcessSemaphoreV2` or `LeaderSelector` as a peer:
+//! a small Java program
 //! (`src/curator/CuratorPeer.java`), compiled at first use against Debian's
 //! `libcurator-recipes-java`, and driven line by line.
 
@@ -54,8 +55,8 @@ async fn compiled() -> &'static Path {
     dir
 }
 
-/// A Curator client holding an `InterProcessSemaphoreV2` on one path; killed
-/// when dropped.
+/// A Curator client with an `InterProcessSemaphoreV2` or a `LeaderSelector`
+/// on one path; killed when dropped.
 #[derive(Debug)]
 pub struct CuratorPeer {
     _child: Child,
@@ -71,6 +72,21 @@ impl CuratorPeer {
     ///
     /// Loudly, with the install command, when Curator or `javac` is missing.
     pub async fn semaphore(server: &ZkServer, path: &str, permits: u32) -> CuratorPeer {
+        Self::start(server, path, &[&permits.to_string()]).await
+    }
+
+    /// A Curator client of `server` with a `LeaderSelector` at `path` whose
+    /// participant id is `id` (not campaigning until `run`), connected and
+    /// ready. Commands: `run`, `leading`, `leader`, `participants`, `resign`.
+    ///
+    /// # Panics
+    ///
+    /// As [`semaphore`](Self::semaphore).
+    pub async fn leader_selector(server: &ZkServer, path: &str, id: &str) -> CuratorPeer {
+        Self::start(server, path, &["leader", id]).await
+    }
+
+    async fn start(server: &ZkServer, path: &str, args: &[&str]) -> CuratorPeer {
         let classes = compiled().await;
         let mut child = tokio::process::Command::new("java")
             .arg("-cp")
@@ -78,7 +94,7 @@ impl CuratorPeer {
             .arg("CuratorPeer")
             .arg(server.connect_string())
             .arg(path)
-            .arg(permits.to_string())
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -104,7 +120,7 @@ impl CuratorPeer {
             .expect("the Curator peer is alive")
     }
 
-    /// Sends one command (`try`, `return`, `cycle`) and returns the answer.
+    /// Sends one command and returns the answer.
     pub async fn ask(&mut self, command: &str) -> String {
         self.stdin
             .write_all(format!("{command}\n").as_bytes())

@@ -1,11 +1,14 @@
 //! Interop with Apache Curator itself (Debian's `libcurator-recipes-java`,
 //! driven through lockkit-testkit's `CuratorPeer`): Curator's
-//! `InterProcessSemaphoreV2` and lockkit's semaphores share one semaphore.
+//! `InterProcessSemaphoreV2` and lockkit's semaphores share one semaphore,
+//! and Curator's `LeaderSelector` and lockkit's elections one election.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, LockOptions};
+use lockkit_core::{DistributedLock, Election, LockOptions};
 use lockkit_testkit::{CuratorPeer, TestServer, ZkServer};
+use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_is_shared_with_curator_interprocess_semaphore_v2() {
@@ -50,4 +53,72 @@ async fn semaphore_is_shared_with_curator_interprocess_semaphore_v2() {
     one.release().await.unwrap();
     assert_eq!(curator.ask("try").await, "acquired");
     assert_eq!(curator.ask("return").await, "returned");
+}
+
+/// Asks `command` until the answer satisfies `done` (within 15 s).
+async fn until_answer(
+    peer: &mut CuratorPeer,
+    command: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let answer = peer.ask(command).await;
+        if done(&answer) {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "{command}: still {answer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Curator's `LeaderSelector` and lockkit's `Election` on one path: Curator's
+/// `getLeader()` and `getParticipants()` show lockkit's identity while it
+/// leads, lockkit's `leader()` shows Curator's participant id while Curator
+/// leads, and leadership passes between them both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elections_are_shared_with_curator_leader_selector() {
+    let server = ZkServer::start().await;
+    let url = format!("{}?session_timeout=5s", server.url_at("locks"));
+    let locks: Arc<dyn DistributedLock> =
+        Arc::new(lockkit_zk::connect(&url).await.expect("connect"));
+    let path = format!("/locks/{}", lockkit_zk::encode_name("scheduler"));
+    let mut curator = CuratorPeer::leader_selector(&server, &path, "curator-1").await;
+    let election = Election::new(locks, "scheduler", "lockkit-1");
+
+    // lockkit leads; Curator campaigns behind it and sees it lead.
+    let leadership = election
+        .campaign(&LockOptions::new().no_wait())
+        .await
+        .expect("lockkit leads");
+    assert_eq!(curator.ask("run").await, "campaigning");
+    let participants =
+        until_answer(&mut curator, "participants", |a| a.contains("curator-1")).await;
+    assert_eq!(participants, "lockkit-1,curator-1");
+    assert_eq!(curator.ask("leader").await, "lockkit-1");
+    assert_eq!(curator.ask("leading").await, "no");
+
+    // lockkit resigns: Curator leads, and lockkit sees it.
+    leadership.resign().await.expect("resign");
+    until_answer(&mut curator, "leading", |a| a == "yes").await;
+    assert_eq!(
+        election.leader().await.expect("leader()").as_deref(),
+        Some("curator-1")
+    );
+
+    // lockkit campaigns behind Curator, and leads once Curator resigns.
+    let waiting = {
+        let election = election.clone();
+        tokio::spawn(async move {
+            election
+                .campaign(&LockOptions::new().wait_for(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "lockkit led while Curator did");
+    assert_eq!(curator.ask("resign").await, "resigned");
+    let leadership = waiting.await.unwrap().expect("lockkit leads again");
+    assert_eq!(curator.ask("leader").await, "lockkit-1");
+    leadership.resign().await.expect("resign");
 }

@@ -418,8 +418,7 @@ async fn elections_interoperate_with_kazoo() {
     let hosts = server.connect_string();
     let path = format!("/locks/{}", lockkit_zk::encode_name("scheduler"));
     let election = lockkit_core::Election::new(locks, "scheduler", "lockkit-1");
-    let mut py =
-        PythonPeer::start("kazoo", KAZOO_ELECTION, &[&hosts, &path, "kazoo-1"]).await;
+    let mut py = PythonPeer::start("kazoo", KAZOO_ELECTION, &[&hosts, &path, "kazoo-1"]).await;
 
     // lockkit leads; kazoo campaigns behind it and sees it lead.
     let leadership = election
