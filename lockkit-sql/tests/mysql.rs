@@ -297,3 +297,38 @@ async fn session_tokens_from_the_counter_table() {
         .unwrap();
     assert_eq!(n, tokens.last().unwrap().to_string());
 }
+
+/// A lock's first use (its row inserted) while permits of a semaphore are
+/// held in `row` mode does not wait for them: the permits' transactions
+/// lock their slot rows, not the gaps between rows.
+#[tokio::test]
+async fn row_mode_permits_lock_no_gaps() {
+    let server = MariaDbServer::start().await;
+    let locks = connect(&server, Mode::Row).await.unwrap();
+    let permits = opts().semaphore(4);
+    // Slot rows sort before every lock name: each new lock row goes into
+    // the gap after them. Taking every permit makes some take theirs by
+    // scanning the slots.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(locks.acquire("gap-sem", &permits).await.unwrap());
+    }
+    for i in 0..3 {
+        let name = format!("gap-lock-{i}-{:x}", fastrand::u64(..));
+        let started = Instant::now();
+        let guard = locks
+            .try_acquire(&name, &opts())
+            .await
+            .expect("a new lock beside held permits")
+            .expect("free");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "waited {:?}",
+            started.elapsed()
+        );
+        guard.release().await.unwrap();
+    }
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+}
