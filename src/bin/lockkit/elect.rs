@@ -6,20 +6,13 @@ use std::sync::Arc;
 use lockkit::{Election, LockOptions};
 
 use crate::args::{ElectArgs, LeaderArgs, default_identity};
-use crate::exec::{Released, Signals, Supervised, release, spawn, status_code, supervise};
+use crate::exec::{Released, Supervised, prepare, release, spawn, status_code, supervise};
 use crate::exit::{Exit, report};
 
 pub(crate) async fn run(url: &str, args: ElectArgs) -> Exit {
-    let mut signals = match Signals::new() {
-        Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("lockkit: cannot install signal handlers: {error}");
-            return Exit::Software;
-        }
-    };
-    let locks = match lockkit::connect(url).await {
-        Ok(locks) => locks,
-        Err(error) => return report("connect", &error),
+    let (mut signals, locks) = match prepare(url).await {
+        Ok(prepared) => prepared,
+        Err(exit) => return exit,
     };
     let identity = args.id.clone().unwrap_or_else(default_identity);
     let election = Election::new(Arc::clone(&locks), args.name.clone(), identity.clone());

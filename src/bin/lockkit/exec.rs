@@ -2,6 +2,7 @@
 
 use std::io::ErrorKind;
 use std::process::ExitStatus;
+use std::sync::Arc;
 
 use lockkit::{DistributedLock, LockGuard, LockOptions};
 use nix::sys::signal::{Signal, kill};
@@ -21,17 +22,23 @@ const FORWARDED: [Signal; 4] = [
     Signal::SIGQUIT,
 ];
 
+/// What `exec` and `elect` need before they start: the forwarded signals
+/// (installed first, so that none is missed) and a client of `url`.
+pub(crate) async fn prepare(url: &str) -> Result<(Signals, Arc<dyn DistributedLock>), Exit> {
+    let signals = Signals::new().map_err(|error| {
+        eprintln!("lockkit: cannot install signal handlers: {error}");
+        Exit::Software
+    })?;
+    let locks = lockkit::connect(url)
+        .await
+        .map_err(|error| report("connect", &error))?;
+    Ok((signals, locks))
+}
+
 pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
-    let mut signals = match Signals::new() {
-        Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("lockkit: cannot install signal handlers: {error}");
-            return Exit::Software;
-        }
-    };
-    let locks = match lockkit::connect(url).await {
-        Ok(locks) => locks,
-        Err(error) => return report("connect", &error),
+    let (mut signals, locks) = match prepare(url).await {
+        Ok(prepared) => prepared,
+        Err(exit) => return exit,
     };
     let mut opts = LockOptions::new().ttl(args.ttl).auto_renew(true);
     if let Some(holder) = holder(locks.as_ref(), args.holder.clone()) {
