@@ -25,10 +25,9 @@ use std::time::Duration;
 
 use lockkit_benches::{
     CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, bench_then_pair,
-    connect, lockkit_cycle, save_summary, selected,
+    connect_patient, flavours, lockkit_cycle, save_summary, selected,
 };
 use lockkit_core::{DistributedLock, LockOptions};
-use tokio::runtime::Runtime;
 
 const TTL: Duration = Duration::from_secs(30);
 /// The permits of the benchmarked semaphore.
@@ -93,21 +92,9 @@ impl CycleFixture for Fixture {
     }
 }
 
-/// The two runtime flavours.
-fn runtimes() -> [(&'static str, Runtime); 2] {
-    let current = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a current-thread runtime");
-    [
-        ("current_thread", current),
-        ("multi_thread", lockkit_benches::runtime()),
-    ]
-}
-
 fn main() {
     let mode = RunMode::from_env();
-    let runtimes = runtimes();
+    let runtimes = flavours();
     let backends = selected();
     let servers = runtimes[1].1.block_on(Servers::start(&backends));
     let mut rows = Vec::new();
@@ -135,28 +122,9 @@ fn main() {
 /// A client of `backend` made on the calling runtime, warmed up; `None` if
 /// the backend claims neither shared holdings nor semaphores.
 async fn fixture(servers: &Servers, backend: Deployment, flavour: &str) -> Option<Fixture> {
-    let lock = match backend {
-        // The ZooKeeper client runs on the calling runtime, which criterion
-        // leaves unpolled on the current-thread flavour while it analyses a
-        // benchmark: timeouts longer than that keep the session and the
-        // next request alive (the defaults, 2 s and 10 s, did not; the
-        // client library times requests by the connect timeout).
-        Deployment::Zk | Deployment::ZkEnsemble => {
-            let hosts: Vec<String> = servers
-                .addrs(backend)
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            let long = [
-                ("command_timeout", "30s".to_owned()),
-                ("connect_timeout", "30s".to_owned()),
-                ("session_timeout", "30s".to_owned()),
-            ];
-            lockkit::connect(&servers.url_with(backend, &hosts, &long)).await
-        }
-        _ => connect(servers, backend).await,
-    }
-    .unwrap_or_else(|e| panic!("{backend} connects: {e}"));
+    let lock = connect_patient(servers, backend)
+        .await
+        .unwrap_or_else(|e| panic!("{backend} connects: {e}"));
     let caps = lock.capabilities();
     if !(caps.shared || caps.semaphore) {
         return None;

@@ -57,6 +57,34 @@ pub async fn connect(
     lockkit::connect(&servers.url(deployment)).await
 }
 
+/// A client of `deployment` that outlasts criterion's pauses: the
+/// ZooKeeper client runs on the calling runtime, which criterion leaves
+/// unpolled on the current-thread flavour while it analyses a benchmark, so
+/// its request, connect and session timeouts are 30 s (the defaults, 2 s
+/// and 10 s, ran out; the client library times requests by the connect
+/// timeout). Every other backend as [`connect`] makes it.
+pub async fn connect_patient(
+    servers: &Servers,
+    deployment: Deployment,
+) -> lockkit::Result<Arc<dyn DistributedLock>> {
+    match deployment {
+        Deployment::Zk | Deployment::ZkEnsemble => {
+            let hosts: Vec<String> = servers
+                .addrs(deployment)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            let long = [
+                ("command_timeout", "30s".to_owned()),
+                ("connect_timeout", "30s".to_owned()),
+                ("session_timeout", "30s".to_owned()),
+            ];
+            lockkit::connect(&servers.url_with(deployment, &hosts, &long)).await
+        }
+        _ => connect(servers, deployment).await,
+    }
+}
+
 /// A backend's raw floor: its lock cycle written by hand on dedicated
 /// connections, with no lock engine, guard or pool.
 pub enum RawFloor {

@@ -22,14 +22,15 @@ mod sql_handoff;
 mod stock;
 mod zk_raw;
 
-pub use catalog::{Deployment, RawFloor, Servers, benched, connect, selected};
+pub use catalog::{Deployment, RawFloor, Servers, benched, connect, connect_patient, selected};
 pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
 pub use load::{LoadKind, Locker, Outcome, Scenario, Tally, run, run_tasks};
 pub use mode::{
-    Limit, RunMode, configure_fast, criterion, judge_optional, runtime, save_summary, verdict,
+    Limit, RunMode, configure_fast, criterion, flavours, judge_optional, runtime, save_summary,
+    verdict,
 };
 pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
 pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};

@@ -142,6 +142,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// The two runtime flavours applications run, by name: a current-thread
+/// runtime and [`runtime`]'s multi-thread one.
+pub fn flavours() -> [(&'static str, tokio::runtime::Runtime); 2] {
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    [("current_thread", current), ("multi_thread", runtime())]
+}
+
 /// Prints `summary`, and writes it to `<target dir>/lockkit-bench/<name>-summary.md`
 /// unless this is a test-mode run.
 #[allow(clippy::print_stdout)]

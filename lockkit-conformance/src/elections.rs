@@ -222,6 +222,28 @@ pub async fn holder_identities_are_read_back(h: &dyn Harness) {
     assert_eq!(status.holder.as_deref(), Some("host-a:1"), "{status:?}");
     writer.release().await.expect("release");
     assert_eq!(b.status(&name).await.expect("status").holder, None);
+    // The longest identity, not ASCII, comes back whole; a holder that
+    // records none shows none, whoever held before it.
+    let longest = format!("{}x", "é".repeat(127));
+    assert_eq!(longest.len(), 255);
+    let writer = a
+        .acquire(&name, &LockOptions::new().ttl(ttl).holder(longest.clone()))
+        .await
+        .expect("a writer with the longest identity");
+    let status = b.status(&name).await.expect("status");
+    assert_eq!(
+        status.holder.as_deref(),
+        Some(longest.as_str()),
+        "{status:?}"
+    );
+    writer.release().await.expect("release");
+    let anonymous = a
+        .acquire(&name, &LockOptions::new().ttl(ttl))
+        .await
+        .expect("a writer without an identity");
+    let status = b.status(&name).await.expect("status");
+    assert!(status.held && status.holder.is_none(), "{status:?}");
+    anonymous.release().await.expect("release");
     let mut kinds = Vec::new();
     if caps.shared {
         kinds.push(lockkit_core::LockKind::Shared);

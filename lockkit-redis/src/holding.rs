@@ -9,7 +9,7 @@ use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{FencingToken, LockKind, Result};
 
 use crate::instance::{Holdings, RedisInstance};
-use crate::keys::{HOLDER_SEPARATOR, Keys, SemaphoreKeys};
+use crate::keys::{Keys, SemaphoreKeys};
 
 /// A holding's keys in Redis: which side of a reader-writer lock, or which
 /// semaphore.
@@ -73,10 +73,7 @@ impl RedisKey {
             RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => keys.holder.as_deref(),
             RedisKey::Permit { keys, .. } => keys.holder.as_deref(),
         };
-        match holder {
-            Some(holder) => Cow::Owned(format!("{owner}{HOLDER_SEPARATOR}{holder}")),
-            None => Cow::Borrowed(owner),
-        }
+        lockkit_core::backend::stored_owner(owner, holder)
     }
 
     /// The channel that announces the releases that may let this holding in.

@@ -265,16 +265,9 @@ fn slot_tag(slot: u16) -> &'static str {
     &TABLE[usize::from(slot % SLOTS)]
 }
 
-/// Between the owner token and the holder identity in a stored value (a
-/// control character, which identities never contain).
-pub const HOLDER_SEPARATOR: char = '\x1f';
-
-/// The holder identity in a stored value, if it records one.
-pub fn holder_of(stored: &str) -> Option<&str> {
-    stored
-        .split_once(HOLDER_SEPARATOR)
-        .map(|(_, holder)| holder)
-}
+/// Between the owner token and the holder identity in a stored value; the
+/// same for every backend.
+pub use lockkit_core::backend::{HOLDER_SEPARATOR, holder_of};
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,13 @@
 //! is live, and the writer deletes it once granted or when it gives up.
 //! Every decision is one statement on one row, so the database's row lock
 //! orders the readers and writers of a name.
+//!
+//! A holder identity is stored in the owner column after the owner token
+//! (see [`stored_owner`]): the same statements, no extra write. A reader
+//! group has no owner token to store it with, so a reader that records an
+//! identity also takes the lease row `\x01holder:<hash>` (see
+//! [`holder_row_name`]) if no live reader has it, and gives it up when it
+//! leaves: the group shows one of its readers' identities.
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,7 +31,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use lockkit_core::backend::{
-    Attempt, Handover, Intent, LeaseBackend, OwnerToken, ReleaseWatch, validate_name,
+    Attempt, Handover, Intent, LeaseBackend, OwnerToken, ReleaseWatch, holder_of, stored_owner,
+    validate_name,
 };
 use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
 use tokio::sync::oneshot;
@@ -209,32 +217,32 @@ impl<D: LeaseDialect> Rows<D> {
     async fn acquire_row(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        owner: &str,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        loan.undo_with(self.undo_acquire(name, owner.as_str()));
+        loan.undo_with(self.undo_acquire(name, owner));
         let answer = self
             .settings
-            .timed(self.dialect.acquire(&mut loan, name, owner.as_str(), ttl))
+            .timed(self.dialect.acquire(&mut loan, name, owner, ttl))
             .await;
         loan.finish(&self.settings, "acquire", answer)
     }
 
-    async fn extend_row(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(self.dialect.extend(&mut loan, name, owner.as_str(), ttl))
+            .timed(self.dialect.extend(&mut loan, name, owner, ttl))
             .await;
         loan.finish(&self.settings, "extend", answer)
     }
 
-    async fn release_row(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(self.dialect.release(&mut loan, name, owner.as_str()))
+            .timed(self.dialect.release(&mut loan, name, owner))
             .await;
         loan.finish(&self.settings, "release", answer)
     }
@@ -256,7 +264,7 @@ impl<D: LeaseDialect> Rows<D> {
         &self,
         slots: &[String],
         taken: &AtomicUsize,
-        owner: &OwnerToken,
+        owner: &str,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut soonest: Option<Duration> = None;
@@ -288,7 +296,7 @@ impl<D: LeaseDialect> Rows<D> {
         &self,
         name: &str,
         waiting: &AtomicBool,
-        owner: &OwnerToken,
+        owner: &str,
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
@@ -313,30 +321,25 @@ impl<D: LeaseDialect> Rows<D> {
         }
     }
 
-    async fn mark_waiting(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<()> {
+    async fn mark_waiting(&self, name: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let waiting = waiting_row_name(name);
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.mark_waiting(&mut loan, &waiting, owner, ttl))
+            .await;
+        loan.finish(&self.settings, "record a waiting writer", answer)
+    }
+
+    async fn unmark_waiting(&self, name: &str, owner: Option<&str>) -> Result<()> {
         let waiting = waiting_row_name(name);
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
             .timed(
                 self.dialect
-                    .mark_waiting(&mut loan, &waiting, owner.as_str(), ttl),
+                    .unmark_waiting(&mut loan, name, &waiting, owner),
             )
-            .await;
-        loan.finish(&self.settings, "record a waiting writer", answer)
-    }
-
-    async fn unmark_waiting(&self, name: &str, owner: Option<&OwnerToken>) -> Result<()> {
-        let waiting = waiting_row_name(name);
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.unmark_waiting(
-                &mut loan,
-                name,
-                &waiting,
-                owner.map(OwnerToken::as_str),
-            ))
             .await;
         loan.finish(&self.settings, "withdraw a waiting writer", answer)
     }
@@ -375,17 +378,69 @@ impl<D: LeaseDialect> Rows<D> {
     }
 }
 
+/// Identity records: lease rows that say who holds a lock whose holding has
+/// no place for it (a session lock; see [`holder_row_name`]). The record's
+/// owner is [`stored_owner`]'s value; its lease follows the holding's.
+#[lockkit_core::async_trait]
+pub(crate) trait IdentityRecords: Send + Sync + fmt::Debug + 'static {
+    /// Writes `owner` into the record `row` for `ttl`, in place of any
+    /// earlier record (a crashed holder's, whose lease may still run).
+    async fn record(&self, row: &str, owner: &str, ttl: Duration) -> Result<()>;
+    /// Deletes the record `row` if it is still `owner`'s.
+    async fn forget(&self, row: &str, owner: &str) -> Result<()>;
+    /// The holder identity in the live record `row`, if any.
+    async fn read(&self, row: &str) -> Result<Option<String>>;
+}
+
+/// The same upsert and conditional delete as a waiting writer's record,
+/// on a row of its own.
+#[lockkit_core::async_trait]
+impl<D: LeaseDialect> IdentityRecords for LeaseRows<D> {
+    async fn record(&self, row: &str, owner: &str, ttl: Duration) -> Result<()> {
+        let rows = &self.rows;
+        let mut loan = rows.pool.lend(&rows.settings).await?;
+        let answer = rows
+            .settings
+            .timed(rows.dialect.mark_waiting(&mut loan, row, owner, ttl))
+            .await;
+        loan.finish(&rows.settings, "record the holder's identity", answer)
+    }
+
+    async fn forget(&self, row: &str, owner: &str) -> Result<()> {
+        let rows = &self.rows;
+        let mut loan = rows.pool.lend(&rows.settings).await?;
+        let answer = rows
+            .settings
+            .timed(
+                rows.dialect
+                    .unmark_waiting(&mut loan, row, row, Some(owner)),
+            )
+            .await;
+        loan.finish(&rows.settings, "delete the holder's identity", answer)
+    }
+
+    async fn read(&self, row: &str) -> Result<Option<String>> {
+        let record = self.rows.row_status(row).await?;
+        Ok(record.and_then(|(_, _, owner)| holder_of(&owner?).map(str::to_owned)))
+    }
+}
+
 /// A reader's token that no caller has taken yet: dropped, the reader
-/// leaves its group.
+/// leaves its group (and gives up the identity record it took, if any).
 struct Joined<D: LeaseDialect> {
     rows: Arc<Rows<D>>,
     name: String,
     token: Option<i64>,
+    /// The identity record's row and stored owner, if this reader took it.
+    record: Option<(String, String)>,
 }
 
 impl<D: LeaseDialect> Joined<D> {
-    fn take(mut self) -> i64 {
-        self.token.take().unwrap_or_default()
+    fn take(mut self) -> (i64, bool) {
+        (
+            self.token.take().unwrap_or_default(),
+            self.record.take().is_some(),
+        )
     }
 }
 
@@ -395,11 +450,15 @@ impl<D: LeaseDialect> Drop for Joined<D> {
             return;
         };
         let (rows, name) = (self.rows.clone(), std::mem::take(&mut self.name));
+        let record = self.record.take();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(lock.name = %name, "an abandoned shared acquire cannot be undone outside a runtime; its group ends with its TTL");
             return;
         };
         runtime.spawn(async move {
+            if let Some((row, owner)) = record {
+                let _ = rows.release_row(&row, &owner).await;
+            }
             match rows.leave(&name, token).await {
                 Ok(_) => tracing::debug!(lock.name = %name, "undid an abandoned shared acquire"),
                 Err(error) => tracing::warn!(lock.name = %name, %error, "could not undo an abandoned shared acquire; its group ends with its TTL"),
@@ -418,27 +477,46 @@ impl<D: LeaseDialect> LeaseRows<D> {
     /// A reader's attempt, cancellation-safe: the statement runs in a task
     /// of its own, and a token its caller no longer takes leaves the group
     /// (a reader has no owner of its own in the row to undo by).
+    /// A reader that records an identity (`record`: the record's row and
+    /// the stored owner) then takes the record if no live reader has it.
     async fn acquire_reader(
         &self,
         name: &str,
         waiting: &str,
         slot: &AtomicU64,
         ttl: Duration,
+        record: Option<(&str, &str)>,
+        recorded: &AtomicBool,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let (tx, rx) = oneshot::channel();
         let (rows, name, waiting) = (self.rows.clone(), name.to_owned(), waiting.to_owned());
+        let record = record.map(|(row, owner)| (row.to_owned(), owner.to_owned()));
         tokio::spawn(async move {
-            let answer = rows
-                .share_row(&name, &waiting, ttl)
-                .await
-                .map(|answer| match answer {
-                    Attempt::Acquired(token) => Shared::Joined(Joined {
+            let answer = match rows.share_row(&name, &waiting, ttl).await {
+                Ok(Attempt::Acquired(token)) => {
+                    let mut joined = Joined {
                         rows: rows.clone(),
                         name,
                         token: Some(token.map_or(0, |t| t.get() as i64)),
-                    }),
-                    Attempt::Busy { retry_after } => Shared::Busy(retry_after),
-                });
+                        record: None,
+                    };
+                    match record {
+                        Some((row, owner)) => match rows.acquire_row(&row, &owner, ttl).await {
+                            Ok(taken) => {
+                                if matches!(taken, Attempt::Acquired(_)) {
+                                    joined.record = Some((row, owner));
+                                }
+                                Ok(Shared::Joined(joined))
+                            }
+                            // Dropped, `joined` leaves the group.
+                            Err(error) => Err(error),
+                        },
+                        None => Ok(Shared::Joined(joined)),
+                    }
+                }
+                Ok(Attempt::Busy { retry_after }) => Ok(Shared::Busy(retry_after)),
+                Err(error) => Err(error),
+            };
             // Undelivered, a `Joined` drops here or in the channel and leaves.
             let _ = tx.send(answer);
         });
@@ -450,7 +528,8 @@ impl<D: LeaseDialect> LeaseRows<D> {
         })??;
         Ok(match answer {
             Shared::Joined(joined) => {
-                let token = joined.take();
+                let (token, took_record) = joined.take();
+                recorded.store(took_record, Ordering::SeqCst);
                 slot.store(token as u64, Ordering::SeqCst);
                 Attempt::Acquired(Some(FencingToken::new(token as u64)))
             }
@@ -459,19 +538,35 @@ impl<D: LeaseDialect> LeaseRows<D> {
     }
 }
 
-/// A holding's rows in `lease` mode.
+/// A holding's rows in `lease` mode, and the holder identity it records.
 #[derive(Debug)]
-pub(crate) enum LeaseKey {
+pub(crate) struct LeaseKey {
+    holding: Holding,
+    holder: Option<Box<str>>,
+}
+
+impl LeaseKey {
+    /// What is stored as `owner`'s owner (see [`stored_owner`]).
+    fn owner<'a>(&self, owner: &'a OwnerToken) -> std::borrow::Cow<'a, str> {
+        stored_owner(owner.as_str(), self.holder.as_deref())
+    }
+}
+
+/// The rows of one kind of holding.
+#[derive(Debug)]
+enum Holding {
     /// A writer's holding of the lock's row (the name itself); `waiting`:
     /// whether it may have recorded itself as a waiting writer.
     Lock { name: String, waiting: AtomicBool },
     /// A reader's holding in the lock's row, the writers' waiting record
     /// (see [`waiting_row_name`]), and the reader's token once it joined
-    /// (0 before).
+    /// (0 before); `recorded`: whether it took the identity record (see
+    /// [`holder_row_name`]).
     Shared {
         name: String,
         waiting: String,
         token: AtomicU64,
+        recorded: AtomicBool,
     },
     /// The rows of a semaphore's permit slots (see [`permit_row_name`]),
     /// and the slot taken, once granted.
@@ -481,12 +576,12 @@ pub(crate) enum LeaseKey {
     },
 }
 
-impl LeaseKey {
+impl Holding {
     /// The row this holding holds: the lock's, or the permit slot taken.
     fn row(&self) -> Option<&str> {
         match self {
-            LeaseKey::Lock { name, .. } | LeaseKey::Shared { name, .. } => Some(name),
-            LeaseKey::Permit { slots, taken } => {
+            Holding::Lock { name, .. } | Holding::Shared { name, .. } => Some(name),
+            Holding::Permit { slots, taken } => {
                 slots.get(taken.load(Ordering::SeqCst)).map(String::as_str)
             }
         }
@@ -516,6 +611,17 @@ pub(crate) fn waiting_row_name(name: &str) -> String {
     side_row_name("waiting", name)
 }
 
+/// The row that records the identity of a holder of `name` where the
+/// holding itself has no place for it (a reader group in `lease` mode, a
+/// session lock): `\x01holder:<hash>`, or `\x01holders:<hash>` for the
+/// semaphore `name`.
+pub(crate) fn holder_row_name(name: &str, kind: LockKind) -> String {
+    match kind {
+        LockKind::Semaphore { .. } => side_row_name("holders", name),
+        _ => side_row_name("holder", name),
+    }
+}
+
 #[lockkit_core::async_trait]
 impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     type Key = LeaseKey;
@@ -532,26 +638,40 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     /// comparison). A semaphore is one row per permit slot.
     fn key(&self, name: &str, kind: LockKind) -> Result<LeaseKey> {
         validate_name(name)?;
-        Ok(match kind {
+        let holding = match kind {
             LockKind::Semaphore { permits } => {
                 check_slot_permits(self.rows.settings.backend, permits)?;
-                LeaseKey::Permit {
+                Holding::Permit {
                     slots: (0..permits)
                         .map(|slot| permit_row_name(name, slot))
                         .collect(),
                     taken: AtomicUsize::new(usize::MAX),
                 }
             }
-            LockKind::Shared => LeaseKey::Shared {
+            LockKind::Shared => Holding::Shared {
                 name: name.to_owned(),
                 waiting: waiting_row_name(name),
                 token: AtomicU64::new(0),
+                recorded: AtomicBool::new(false),
             },
-            _ => LeaseKey::Lock {
+            _ => Holding::Lock {
                 name: name.to_owned(),
                 waiting: AtomicBool::new(false),
             },
+        };
+        Ok(LeaseKey {
+            holding,
+            holder: None,
         })
+    }
+
+    /// Stored with the owner token in the owner column; a reader also takes
+    /// the name's identity record (see the module docs).
+    fn with_holder(&self, key: LeaseKey, holder: &str) -> LeaseKey {
+        LeaseKey {
+            holder: Some(holder.into()),
+            ..key
+        }
     }
 
     async fn try_lock(
@@ -561,31 +681,56 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        match key {
-            LeaseKey::Lock { name, waiting } => {
+        let owner = key.owner(owner);
+        match &key.holding {
+            Holding::Lock { name, waiting } => {
                 self.rows
-                    .acquire_writer(name, waiting, owner, ttl, intent)
+                    .acquire_writer(name, waiting, &owner, ttl, intent)
                     .await
             }
-            LeaseKey::Shared {
+            Holding::Shared {
                 name,
                 waiting,
                 token,
-            } => self.acquire_reader(name, waiting, token, ttl).await,
-            LeaseKey::Permit { slots, taken } => {
-                self.rows.acquire_permit(slots, taken, owner, ttl).await
+                recorded,
+            } => {
+                let record = key.holder.as_ref().map(|_| {
+                    (
+                        holder_row_name(name, LockKind::Shared),
+                        owner.clone().into_owned(),
+                    )
+                });
+                let record = record.as_ref().map(|(row, o)| (row.as_str(), o.as_str()));
+                self.acquire_reader(name, waiting, token, ttl, record, recorded)
+                    .await
+            }
+            Holding::Permit { slots, taken } => {
+                self.rows.acquire_permit(slots, taken, &owner, ttl).await
             }
         }
     }
 
     async fn extend(&self, key: &LeaseKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        match key {
-            LeaseKey::Shared { name, token, .. } => match token.load(Ordering::SeqCst) {
+        let owner = key.owner(owner);
+        match &key.holding {
+            Holding::Shared {
+                name,
+                token,
+                recorded,
+                ..
+            } => match token.load(Ordering::SeqCst) {
                 0 => Ok(false),
-                token => self.rows.extend_share(name, token as i64, ttl).await,
+                token => {
+                    let extended = self.rows.extend_share(name, token as i64, ttl).await?;
+                    if extended && recorded.load(Ordering::SeqCst) {
+                        let row = holder_row_name(name, LockKind::Shared);
+                        self.rows.extend_row(&row, &owner, ttl).await?;
+                    }
+                    Ok(extended)
+                }
             },
-            key => match key.row() {
-                Some(row) => self.rows.extend_row(row, owner, ttl).await,
+            holding => match holding.row() {
+                Some(row) => self.rows.extend_row(row, &owner, ttl).await,
                 None => Ok(false),
             },
         }
@@ -595,20 +740,32 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     /// attempt's own connection undoes its upsert); a writer also withdraws
     /// its waiting record.
     async fn release(&self, key: &LeaseKey, owner: &OwnerToken) -> Result<bool> {
-        match key {
-            LeaseKey::Lock { name, waiting } => {
-                let released = self.rows.release_row(name, owner).await?;
+        let owner = key.owner(owner);
+        match &key.holding {
+            Holding::Lock { name, waiting } => {
+                let released = self.rows.release_row(name, &owner).await?;
                 if waiting.swap(false, Ordering::SeqCst) {
-                    self.rows.unmark_waiting(name, Some(owner)).await?;
+                    self.rows.unmark_waiting(name, Some(&owner)).await?;
                 }
                 Ok(released)
             }
-            LeaseKey::Shared { name, token, .. } => match token.swap(0, Ordering::SeqCst) {
+            Holding::Shared {
+                name,
+                token,
+                recorded,
+                ..
+            } => match token.swap(0, Ordering::SeqCst) {
                 0 => Ok(false),
-                token => self.rows.leave(name, token as i64).await,
+                token => {
+                    if recorded.swap(false, Ordering::SeqCst) {
+                        let row = holder_row_name(name, LockKind::Shared);
+                        self.rows.release_row(&row, &owner).await?;
+                    }
+                    self.rows.leave(name, token as i64).await
+                }
             },
-            key => match key.row() {
-                Some(row) => self.rows.release_row(row, owner).await,
+            holding => match holding.row() {
+                Some(row) => self.rows.release_row(row, &owner).await,
                 None => Ok(false),
             },
         }
@@ -626,7 +783,8 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         to: &OwnerToken,
         ttl: Duration,
     ) -> Result<Handover> {
-        let LeaseKey::Lock { name, .. } = key else {
+        // The engine hands over only holdings that record no identity.
+        let (Holding::Lock { name, .. }, None) = (&key.holding, &key.holder) else {
             return Ok(Handover::NotOurs);
         };
         let rows = &self.rows;
@@ -647,30 +805,42 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     }
 
     /// The live lease row, if any: held, with its fence, the remaining
-    /// lease by the server's clock and its holders (a reader group's size).
-    /// A semaphore: the live rows of its slots.
+    /// lease by the server's clock, its holders (a reader group's size) and
+    /// the identity its owner records (a reader group's: its identity
+    /// record's). A semaphore: the live rows of its slots.
     async fn status(&self, key: &LeaseKey) -> Result<LockStatus> {
-        let rows: &[String] = match key {
-            LeaseKey::Lock { name, .. } | LeaseKey::Shared { name, .. } => {
-                std::slice::from_ref(name)
-            }
-            LeaseKey::Permit { slots, .. } => slots,
+        let rows: &[String] = match &key.holding {
+            Holding::Lock { name, .. } | Holding::Shared { name, .. } => std::slice::from_ref(name),
+            Holding::Permit { slots, .. } => slots,
         };
-        let (mut holders, mut last) = (0, None::<(i64, i64)>);
+        let (mut holders, mut last, mut holder) = (0, None::<(i64, i64)>, None);
+        let mut group = None;
         for row in rows {
             if let Some((fence, left_ms, owner)) = self.rows.row_status(row).await? {
-                holders += owner.as_deref().and_then(group_size).unwrap_or(1);
+                let owner = owner.unwrap_or_default();
+                match group_size(&owner) {
+                    Some(readers) => {
+                        holders += readers;
+                        group = Some(row);
+                    }
+                    None => holders += 1,
+                }
+                holder = holder.or_else(|| holder_of(&owner).map(str::to_owned));
                 last = Some(last.map_or((fence, left_ms), |(f, l)| (f.max(fence), l.max(left_ms))));
             }
+        }
+        if let Some(name) = group {
+            holder = self.read(&holder_row_name(name, LockKind::Shared)).await?;
         }
         Ok(match last {
             Some((fence, left_ms)) => {
                 let status = LockStatus::held()
                     .with_remaining(Some(Duration::from_millis(left_ms.max(0) as u64)))
-                    .with_holders(Some(holders));
-                match key {
+                    .with_holders(Some(holders))
+                    .with_holder(holder);
+                match &key.holding {
                     // Slots count their own tokens: none stands for the semaphore.
-                    LeaseKey::Permit { .. } => status,
+                    Holding::Permit { .. } => status,
                     _ => status.with_fencing_token(Some(FencingToken::new(fence.max(0) as u64))),
                 }
             }
@@ -683,11 +853,11 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     /// holder's expiry.
     async fn watch(&self, key: &LeaseKey) -> Result<ReleaseWatch> {
         let rows = &self.rows;
-        Ok(match key {
-            LeaseKey::Lock { name, .. } | LeaseKey::Shared { name, .. } => {
+        Ok(match &key.holding {
+            Holding::Lock { name, .. } | Holding::Shared { name, .. } => {
                 rows.dialect.watch(&rows.settings, name).await
             }
-            LeaseKey::Permit { slots, .. } => {
+            Holding::Permit { slots, .. } => {
                 let mut watches = Vec::with_capacity(slots.len());
                 for slot in slots {
                     watches.push(rows.dialect.watch(&rows.settings, slot).await);

@@ -178,19 +178,33 @@ async fn open_postgres(
                 settings.clone(),
             ),
         )),
-        mode => Box::new(lockkit_core::backend::QueuedLock::new(
-            crate::session::SessionLock::new(PgSession {
-                options,
-                pool,
-                sql,
-                mode: if mode == Mode::Row {
-                    PgSessionMode::Row
-                } else {
-                    PgSessionMode::Advisory
+        mode => {
+            // Identity records are lease rows; no one waits for them.
+            let records = Arc::new(crate::lease::LeaseRows::new(
+                crate::postgres::PgLease {
+                    sql: sql.clone(),
+                    notifications: PgNotifications::new(options.clone()),
                 },
-                settings: settings.clone(),
-            }),
-        )),
+                KeptPool::new(pool.clone()),
+                settings.clone(),
+            ));
+            Box::new(lockkit_core::backend::QueuedLock::new(
+                crate::session::SessionLock::new(
+                    PgSession {
+                        options,
+                        pool,
+                        sql,
+                        mode: if mode == Mode::Row {
+                            PgSessionMode::Row
+                        } else {
+                            PgSessionMode::Advisory
+                        },
+                        settings: settings.clone(),
+                    },
+                    records,
+                ),
+            ))
+        }
     };
     Ok((admin, inner))
 }
@@ -233,19 +247,29 @@ async fn open_mysql(
                 settings.clone(),
             ),
         )),
-        mode => Box::new(lockkit_core::backend::QueuedLock::new(
-            crate::session::SessionLock::new(MySqlSession {
-                options,
-                pool,
-                sql,
-                mode: if mode == Mode::Row {
-                    MySqlSessionMode::Row
-                } else {
-                    MySqlSessionMode::Named
-                },
-                settings: settings.clone(),
-            }),
-        )),
+        mode => {
+            let records = Arc::new(crate::lease::LeaseRows::new(
+                crate::mysql::MyLease { sql: sql.clone() },
+                KeptPool::new(pool.clone()),
+                settings.clone(),
+            ));
+            Box::new(lockkit_core::backend::QueuedLock::new(
+                crate::session::SessionLock::new(
+                    MySqlSession {
+                        options,
+                        pool,
+                        sql,
+                        mode: if mode == Mode::Row {
+                            MySqlSessionMode::Row
+                        } else {
+                            MySqlSessionMode::Named
+                        },
+                        settings: settings.clone(),
+                    },
+                    records,
+                ),
+            ))
+        }
     };
     Ok((admin, inner))
 }

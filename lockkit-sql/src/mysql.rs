@@ -126,13 +126,26 @@ impl MySql {
             FenceSource::Sequence => format!("SELECT COUNT(*) FROM {seq} WHERE 1 = 0"),
             FenceSource::Counter => format!("SELECT n FROM {counter} WHERE id = 1"),
         });
-        let mut migrate = vec![format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\
-                name VARBINARY(255) NOT NULL PRIMARY KEY, \
-                owner VARCHAR(64) NULL, \
-                fence BIGINT UNSIGNED NOT NULL, \
-                expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
-        )];
+        // The owner column holds an owner token and a holder identity (36 +
+        // 1 + at most 255 bytes); tables made before identities were stored
+        // had VARCHAR(64), and are widened.
+        migrated.push(format!(
+            "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'owner' \
+             AND CHARACTER_MAXIMUM_LENGTH >= {OWNER_CHARS}"
+        ));
+        let owner_column =
+            format!("owner VARCHAR({OWNER_CHARS}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL");
+        let mut migrate = vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                    name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                    {owner_column}, \
+                    fence BIGINT UNSIGNED NOT NULL, \
+                    expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+            ),
+            format!("ALTER TABLE {table} MODIFY {owner_column}"),
+        ];
         match fence_source {
             FenceSource::Sequence => migrate.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}")),
             FenceSource::Counter => migrate.extend([
@@ -312,6 +325,10 @@ pub(crate) async fn migrate(
         })
         .await
 }
+
+/// The width of the owner column, in characters: an owner token, the
+/// separator and a holder identity of at most 255 bytes.
+const OWNER_CHARS: usize = 320;
 
 /// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
 /// [`BUSY_FLAG`] plus the remaining wait in µs.

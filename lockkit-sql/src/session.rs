@@ -7,15 +7,19 @@
 //! by the caller's deadline), a per-name local FIFO, a pool of idle dedicated
 //! connections, cancellation safety (a connection whose statement was
 //! abandoned is closed, and the database stops its wait), a periodic liveness
-//! query that marks the guard lost when the connection dies, and the
-//! client-side TTL of the design contract.
+//! query that marks the guard lost when the connection dies, the
+//! client-side TTL of the design contract, and holder identities (a session
+//! lock has no place for one: it is written into an identity record, see
+//! [`IdentityRecords`], after the grant, renewed with the holding and
+//! deleted at its release).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    DEADLINE_GRACE, Lease, LossNotifier, QueueBackend, Waiter, validate_name,
+    DEADLINE_GRACE, Lease, LossNotifier, OwnerToken, QueueBackend, Waiter, stored_owner,
+    validate_name,
 };
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
@@ -23,6 +27,7 @@ use lockkit_core::{
 };
 use tokio::time::Instant;
 
+use crate::lease::{IdentityRecords, holder_row_name};
 use crate::settings::{SESSION_CAPABILITIES, Settings};
 
 /// How long the server may wait for a lock in one statement.
@@ -176,6 +181,7 @@ impl<D: SessionDb> Drop for Checkout<D> {
 /// [`QueuedLock`](lockkit_core::backend::QueuedLock).
 pub(crate) struct SessionLock<D: SessionDb> {
     conns: Arc<Connections<D>>,
+    records: Arc<dyn IdentityRecords>,
 }
 
 impl<D: SessionDb> fmt::Debug for SessionLock<D> {
@@ -190,13 +196,15 @@ impl<D: SessionDb> fmt::Debug for SessionLock<D> {
 const MAX_IDLE: usize = 8;
 
 impl<D: SessionDb> SessionLock<D> {
-    pub(crate) fn new(db: D) -> Self {
+    /// `records` keeps the holder identities (rows of the lock table).
+    pub(crate) fn new(db: D, records: Arc<dyn IdentityRecords>) -> Self {
         SessionLock {
             conns: Arc::new(Connections {
                 db,
                 idle: Mutex::new(Vec::new()),
                 max_idle: MAX_IDLE,
             }),
+            records,
         }
     }
 
@@ -292,9 +300,15 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
             }
         };
         let granted_at = Instant::now();
+        let identity = match opts.holder_identity() {
+            Some(holder) => Some(self.record(name, opts, holder, &mut checkout).await?),
+            None => None,
+        };
         let lease = Arc::new_cyclic(|this| SessionLease {
             this: this.clone(),
             conns: self.conns.clone(),
+            records: self.records.clone(),
+            identity,
             key,
             conn: tokio::sync::Mutex::new(Some(checkout.finish())),
             notifier: OnceLock::new(),
@@ -317,16 +331,81 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         Ok(Some(guard))
     }
 
+    /// The server's answer, and the identity record's holder while held.
     async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
         let db = &self.conns.db;
-        db.status(&db.key(name, kind)?).await
+        let status = db.status(&db.key(name, kind)?).await?;
+        if !status.held {
+            return Ok(status);
+        }
+        let holder = self.records.read(&holder_row_name(name, kind)).await?;
+        Ok(status.with_holder(holder))
     }
+}
+
+impl<D: SessionDb> SessionLock<D> {
+    /// Writes the identity record of a holding just granted on `checkout`.
+    /// The write runs in a task of its own, so it is never cut off
+    /// half-way; if the caller gives up meanwhile, the checkout is abandoned
+    /// (the server frees the lock) and the record ends with its TTL or with
+    /// the next holder's.
+    async fn record(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        holder: &str,
+        checkout: &mut Checkout<D>,
+    ) -> Result<Identity> {
+        let identity = Identity {
+            row: holder_row_name(name, opts.kind()),
+            owner: stored_owner(OwnerToken::new().as_str(), Some(holder)).into_owned(),
+        };
+        let (records, row, owner) = (
+            self.records.clone(),
+            identity.row.clone(),
+            identity.owner.clone(),
+        );
+        let ttl = opts.lease_ttl();
+        let written = tokio::spawn(async move { records.record(&row, &owner, ttl).await }).await;
+        match written {
+            Ok(Ok(())) => Ok(identity),
+            Ok(Err(error)) => {
+                self.give_up(checkout);
+                Err(error)
+            }
+            Err(_) => {
+                self.give_up(checkout);
+                Err(LockError::backend(
+                    self.conns.db.backend(),
+                    "the task writing the holder's identity ended without an answer",
+                ))
+            }
+        }
+    }
+
+    /// Gives up a lock just granted on `checkout` when its holding cannot
+    /// be completed: closing the connection releases every lock it holds.
+    fn give_up(&self, checkout: &mut Checkout<D>) {
+        if let Some(conn) = checkout.conn.take() {
+            self.conns.db.abandon(conn);
+        }
+    }
+}
+
+/// A holding's identity record: its row and the stored owner.
+#[derive(Debug)]
+struct Identity {
+    row: String,
+    owner: String,
 }
 
 /// The dedicated connection behind a guard.
 struct SessionLease<D: SessionDb> {
     this: Weak<SessionLease<D>>,
     conns: Arc<Connections<D>>,
+    records: Arc<dyn IdentityRecords>,
+    /// The identity record, if the holding records one.
+    identity: Option<Identity>,
     key: D::Key,
     /// `None` once released or lost.
     conn: tokio::sync::Mutex<Option<D::Conn>>,
@@ -396,18 +475,26 @@ impl<D: SessionDb> Lease for SessionLease<D> {
 
     /// The server keeps a session lock as long as the connection lives; the
     /// TTL is the client's bound. Extending checks that the connection still
-    /// holds the lock.
+    /// holds the lock, and renews the identity record for `ttl`.
     ///
     /// The check runs in a task of its own: the watchdog gives up waiting
     /// for it when the validity runs out, and dropping a check in the middle
     /// of its query would leave the connection in an unknown state.
-    async fn extend(&self, _ttl: Duration) -> Result<bool> {
+    async fn extend(&self, ttl: Duration) -> Result<bool> {
         let Some(this) = self.this.upgrade() else {
             return Ok(false);
         };
-        Ok(tokio::spawn(async move { this.check().await })
-            .await
-            .unwrap_or(false))
+        Ok(tokio::spawn(async move {
+            let held = this.check().await;
+            if let (true, Some(identity)) = (held, &this.identity)
+                && let Err(error) = this.records.record(&identity.row, &identity.owner, ttl).await
+            {
+                tracing::warn!(backend = this.conns.db.backend(), %error, "could not renew the holder's identity record");
+            }
+            held
+        })
+        .await
+        .unwrap_or(false))
     }
 
     async fn release(&self) -> Result<bool> {
@@ -426,7 +513,18 @@ impl<D: SessionDb> Lease for SessionLease<D> {
         let mut checkout = Checkout::new(&self.conns, conn);
         let db = &self.conns.db;
         let limit = db.settings().command_timeout;
-        match tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key)).await {
+        // The identity record goes at the same time, on a pooled connection:
+        // it is deleted only while it is still this holding's.
+        let forget = async {
+            if let Some(identity) = &self.identity
+                && let Err(error) = self.records.forget(&identity.row, &identity.owner).await
+            {
+                tracing::warn!(backend = db.backend(), %error, "could not delete the holder's identity record; it ends with its TTL");
+            }
+        };
+        let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key));
+        let (unlocked, ()) = tokio::join!(unlock, forget);
+        match unlocked {
             Ok(Ok(true)) => {
                 self.conns.put_back(checkout.finish());
                 Ok(true)

@@ -124,7 +124,8 @@ impl Mode {
 pub const SESSION_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Connection)
     .with_fencing(true)
     .with_notified_wait(true)
-    .with_fifo(true);
+    .with_fifo(true)
+    .with_holder(true);
 
 /// What Postgres `advisory` mode guarantees: a session mode with shared
 /// holdings (`pg_advisory_lock_shared`, queued behind a waiting writer by
@@ -156,6 +157,7 @@ pub const PG_ROW_CAPABILITIES: Capabilities =
 /// (see the `lease` module). Semaphores: one lease row per permit slot.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_shared(true)
+    .with_holder(true)
     .with_fencing(true)
     .with_notified_wait(true)
     .with_semaphore(true);
@@ -165,6 +167,7 @@ pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseO
 /// semaphores as on Postgres.
 pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_shared(true)
+    .with_holder(true)
     .with_fencing(true)
     .with_semaphore(true);
 

@@ -79,14 +79,15 @@ impl SqlServer for MariaDbServer {
         };
         assert_eq!(ids.len(), 1, "holders of {name:?}: {ids:?}");
         self.sql(&format!("KILL {}", ids[0])).await.expect("KILL");
-        // KILL returns before the connection is gone; wait until its lock is free.
+        // KILL returns before the connection is gone; wait until it no
+        // longer holds the lock (a waiter may take it at once).
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let left = match mode {
                 Mode::Row => row_holders(self).await,
                 _ => holders(self, name).await,
             };
-            if left.is_empty() {
+            if !left.contains(&ids[0]) {
                 break;
             }
             assert!(
@@ -331,4 +332,39 @@ async fn row_mode_permits_lock_no_gaps() {
     for guard in held {
         guard.release().await.unwrap();
     }
+}
+
+/// A lock table made before holder identities were stored (owner
+/// `VARCHAR(64)`) is widened by `migrate`, and then records the longest
+/// identity whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_widens_an_old_owner_column() {
+    let server = MariaDbServer::start().await;
+    server
+        .sql(
+            "CREATE TABLE lockkit_old_owner (name VARBINARY(255) NOT NULL PRIMARY KEY, \
+             owner VARCHAR(64) NULL, fence BIGINT UNSIGNED NOT NULL, \
+             expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB; \
+             CREATE SEQUENCE lockkit_old_owner_fence_seq",
+        )
+        .await
+        .unwrap();
+    let url = format!("{}?table=lockkit_old_owner&mode=lease", server.url());
+    let locks = lockkit_sql::connect(&url).await.unwrap();
+    let width = server
+        .sql(
+            "SELECT CHARACTER_MAXIMUM_LENGTH FROM information_schema.COLUMNS \
+             WHERE TABLE_NAME = 'lockkit_old_owner' AND COLUMN_NAME = 'owner'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(width, "320");
+    let longest = format!("{}x", "é".repeat(127));
+    let guard = locks
+        .acquire("widened", &opts().holder(longest.clone()))
+        .await
+        .unwrap();
+    let status = locks.status("widened").await.unwrap();
+    assert_eq!(status.holder.as_deref(), Some(longest.as_str()));
+    guard.release().await.unwrap();
 }

@@ -18,7 +18,8 @@
 //!   [`acquire_by_attempts`]) for backends that write `acquire` by hand.
 //! * Plumbing: release notifications ([`NotifyHub`], [`ReleaseWatch`]), the
 //!   local queue ([`LocalQueue`]), per-thread deferred spawns
-//!   ([`spawn_at`]), owner tokens ([`OwnerToken`]), the acquire span
+//!   ([`spawn_at`]), owner tokens ([`OwnerToken`]) and the holder identity
+//!   stored beside them ([`stored_owner`], [`holder_of`]), the acquire span
 //!   ([`traced_acquire`]), and URL helpers ([`MultiHostUrl`], [`host_list`],
 //!   [`timeout_param`], [`check_timeout`], [`redact_url`]).
 //!
@@ -46,7 +47,7 @@ pub use lease::{Handover, Intent, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
 pub use local_queue::{Baton, LocalHandle, LocalQueue, LocalSlot};
 pub use notify::{NotifyHub, ReleaseWatch};
 pub use queued::{QueueBackend, QueuedLock};
-pub use token::OwnerToken;
+pub use token::{HOLDER_SEPARATOR, OwnerToken, holder_of, stored_owner};
 pub use trace::traced_acquire;
 pub use url::{
     MAX_TIMEOUT_PARAM, MultiHostUrl, check_timeout, host_list, redact_url, timeout_param,

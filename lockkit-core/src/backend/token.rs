@@ -1,5 +1,6 @@
-//! Owner tokens.
+//! Owner tokens, and the holder identity stored beside them.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// The random 128-bit token (a UUID v4) that identifies one holding of a lock.
@@ -40,9 +41,41 @@ impl fmt::Display for OwnerToken {
     }
 }
 
+/// Between the owner token and the holder identity in a stored owner (a
+/// control character, which identities never contain).
+pub const HOLDER_SEPARATOR: char = '\x1f';
+
+/// What a backend stores as the owner of a holding: the owner token, then
+/// [`HOLDER_SEPARATOR`] and the holder identity where one is recorded. Owner
+/// comparisons on the server compare this whole value.
+pub fn stored_owner<'a>(owner: &'a str, holder: Option<&str>) -> Cow<'a, str> {
+    match holder {
+        Some(holder) => Cow::Owned(format!("{owner}{HOLDER_SEPARATOR}{holder}")),
+        None => Cow::Borrowed(owner),
+    }
+}
+
+/// The holder identity in a stored owner (see [`stored_owner`]), if it
+/// records one.
+pub fn holder_of(stored: &str) -> Option<&str> {
+    stored
+        .split_once(HOLDER_SEPARATOR)
+        .map(|(_, holder)| holder)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::OwnerToken;
+    use super::{OwnerToken, holder_of, stored_owner};
+
+    #[test]
+    fn holder_identities_round_trip_through_the_stored_owner() {
+        let owner = OwnerToken::new();
+        assert_eq!(stored_owner(owner.as_str(), None), owner.as_str());
+        assert_eq!(holder_of(owner.as_str()), None);
+        let stored = stored_owner(owner.as_str(), Some("host-a:17"));
+        assert_eq!(holder_of(&stored), Some("host-a:17"));
+        assert!(stored.starts_with(owner.as_str()));
+    }
 
     #[test]
     fn tokens_are_unique_uuids() {
