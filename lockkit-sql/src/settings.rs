@@ -121,6 +121,7 @@ impl Mode {
 
 /// What a session mode (`row`, `advisory`, `named`) guarantees: the server
 /// queues the waiters and frees the lock with the holder's connection.
+/// Holder identities go into an identity row of the lock table.
 pub const SESSION_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Connection)
     .with_fencing(true)
     .with_notified_wait(true)
@@ -153,7 +154,7 @@ pub const PG_ROW_CAPABILITIES: Capabilities =
     SESSION_CAPABILITIES.with_shared(true).with_semaphore(true);
 
 /// What `lease` mode guarantees on Postgres: waiters are woken by
-/// `LISTEN/NOTIFY`. Shared holdings: a reader group holding the lock's row
+/// `LISTEN/NOTIFY`. Holder identities are stored with the owner token. Shared holdings: a reader group holding the lock's row
 /// (see the `lease` module). Semaphores: one lease row per permit slot.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_shared(true)
