@@ -22,6 +22,10 @@
 #                  MariaDbServer and the SQL backend's tests
 #   mariadb-client the mariadb client, its readiness probe and MariaDbServer::sql
 #   fonts-dejavu-core  the font of the benchmark charts (lockkit-scale)
+#   etcd-server    etcd, run by lockkit-testkit's EtcdServer
+#   etcd-client    etcdctl, for the etcd backend's interop tests
+#   protobuf-compiler, libprotobuf-dev  protoc and the well-known types, which
+#                  the etcd-client crate needs to build
 set -euo pipefail
 
 # The newest /usr/lib/postgresql/<version>/bin that has initdb, if any.
@@ -47,6 +51,12 @@ postgres_bin_dir >/dev/null || need_apt+=(postgresql)
     || need_apt+=(mariadb-server)
 command -v mariadb >/dev/null 2>&1 || need_apt+=(mariadb-client)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
+# etcd-client (the crate) compiles etcd's .proto files at build time: protoc
+# and the well-known types.
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
 
 if ((${#need_apt[@]})); then
     echo "install-services: installing ${need_apt[*]} from Debian's packages" >&2
@@ -57,7 +67,7 @@ if ((${#need_apt[@]})); then
 fi
 
 # The Debian packages start a system-wide redis-server, ZooKeeper (port
-# 2181), PostgreSQL (5432) and MariaDB (3306) through systemd where systemd
+# 2181), PostgreSQL (5432), MariaDB (3306) and etcd (2379) through systemd where systemd
 # runs (elsewhere, e.g. in a container whose policy-rc.d denies it, they do
 # not start: harmless); the tests never use them (they start their own on
 # free ports, from their own data directories).
@@ -82,3 +92,5 @@ python3 -c 'import kazoo.version; print("kazoo", kazoo.version.__version__)' >&2
 "$(postgres_bin_dir)/postgres" --version >&2
 mariadbd=$(command -v mariadbd || echo /usr/sbin/mariadbd)
 "$mariadbd" --version >&2
+etcd --version | head -n 1 >&2
+protoc --version >&2

@@ -48,6 +48,14 @@ const BUILTINS: &[Builtin] = &[
         driver: None,
     },
     Builtin {
+        feature: "etcd",
+        schemes: &["etcd"],
+        #[cfg(feature = "etcd")]
+        driver: Some(lockkit_etcd::DRIVER),
+        #[cfg(not(feature = "etcd"))]
+        driver: None,
+    },
+    Builtin {
         feature: "postgres",
         schemes: &["postgres", "postgresql"],
         #[cfg(feature = "postgres")]
@@ -192,6 +200,7 @@ impl Registry {
 /// | `redis+sentinel://s1:p1,s2:p2/master-name` | the master Redis Sentinel names, followed across failovers (`lockkit::redis`) | `redis` |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over N Redis masters (`lockkit::redlock`) | `redlock` |
 /// | `zk://h1:p1,h2:p2/root` | ZooKeeper (`lockkit::zk`) | `zk` |
+/// | `etcd://h1:p1,h2:p2/prefix` | etcd (`lockkit::etcd`) | `etcd` |
 /// | `postgres://`, `postgresql://` | PostgreSQL, `?mode=lease` (default), `row`, `advisory` (`lockkit::sql`) | `postgres` |
 /// | `mysql://`, `mariadb://` | MySQL/MariaDB, `?mode=lease` (default), `row`, `named` (`lockkit::sql`) | `mysql` |
 /// | `sqlite://path`, `sqlite::memory:` | SQLite lease rows (`lockkit::sql`) | `sqlite` |

@@ -27,6 +27,10 @@ pub use lockkit_redlock as redlock;
 #[cfg(feature = "zk")]
 pub use lockkit_zk as zk;
 
+/// The etcd backend, for options a URL cannot express.
+#[cfg(feature = "etcd")]
+pub use lockkit_etcd as etcd;
+
 /// The SQL backends (Postgres, MySQL/MariaDB, SQLite), for options a URL
 /// cannot express.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

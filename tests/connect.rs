@@ -60,6 +60,9 @@ async fn backends_not_compiled_name_their_feature() {
     if cfg!(not(feature = "zk")) {
         expected.push(("zk://127.0.0.1:2181/locks", "zk"));
     }
+    if cfg!(not(feature = "etcd")) {
+        expected.push(("etcd://127.0.0.1:2379/locks", "etcd"));
+    }
     if cfg!(not(feature = "redlock")) {
         expected.push(("redlock://a:1,b:2,c:3", "redlock"));
     }

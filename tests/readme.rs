@@ -5,6 +5,7 @@
     feature = "redis",
     feature = "redlock",
     feature = "zk",
+    feature = "etcd",
     feature = "postgres",
     feature = "mysql",
     feature = "sqlite"
@@ -28,6 +29,7 @@ fn readme_capabilities_table_is_current() {
         ),
         ("redlock", lockkit::redlock::REDLOCK_CAPABILITIES),
         ("zookeeper", lockkit::zk::ZK_CAPABILITIES),
+        ("etcd", lockkit::etcd::ETCD_CAPABILITIES),
         ("postgres lease", sql(Mode::Lease, Database::Postgres)),
         ("postgres advisory", sql(Mode::Advisory, Database::Postgres)),
         ("postgres row", sql(Mode::Row, Database::Postgres)),

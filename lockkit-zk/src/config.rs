@@ -105,12 +105,8 @@ fn check_root(root: &str) -> std::result::Result<(), String> {
 
 pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
     let bad = |reason: String| LockError::invalid_url(raw, reason);
-    let MultiHostUrl {
-        userinfo,
-        hosts,
-        path,
-        query,
-    } = MultiHostUrl::parse(raw, "zk").map_err(bad)?;
+    let url = MultiHostUrl::parse(raw, "zk").map_err(bad)?;
+    let (hosts, path, query) = (url.hosts, url.path, url.query);
     let hosts = host_list(hosts, 2181).map_err(bad)?;
     let cluster = hosts
         .iter()
@@ -123,19 +119,10 @@ pub(crate) fn parse_url(raw: &str) -> Result<ZkLockBuilder> {
             .map(|s| s.into_owned())
             .map_err(|_| bad("not valid UTF-8 after percent-decoding".into()))
     };
-    let digest = match userinfo {
-        None => None,
-        Some(userinfo) => {
-            let (user, password) = userinfo
-                .split_once(':')
-                .ok_or_else(|| bad("credentials must be user:password".into()))?;
-            let (user, password) = (decode(user)?, decode(password)?);
-            if user.is_empty() {
-                return Err(bad("the user name is empty".into()));
-            }
-            Some(format!("{user}:{password}"))
-        }
-    };
+    let digest = url
+        .credentials()
+        .map_err(bad)?
+        .map(|(user, password)| format!("{user}:{password}"));
     let root = match decode(path)?.as_str() {
         "" => DEFAULT_ROOT.to_owned(),
         "/" => String::new(),

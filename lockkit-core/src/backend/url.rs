@@ -166,6 +166,41 @@ impl<'a> MultiHostUrl<'a> {
     }
 }
 
+impl MultiHostUrl<'_> {
+    /// The `user:password` of the userinfo, percent-decoded; `None` without
+    /// a userinfo. The error (a reason for
+    /// [`LockError::invalid_url`](crate::LockError::invalid_url)) never
+    /// contains the password.
+    ///
+    /// ```
+    /// use lockkit_core::backend::MultiHostUrl;
+    /// let url = MultiHostUrl::parse("zk://app:p%40ss@h", "zk").unwrap();
+    /// assert_eq!(url.credentials().unwrap(), Some(("app".into(), "p@ss".into())));
+    /// assert!(MultiHostUrl::parse("zk://pw@h", "zk").unwrap().credentials().is_err());
+    /// ```
+    pub fn credentials(&self) -> Result<Option<(String, String)>, String> {
+        let Some(userinfo) = self.userinfo else {
+            return Ok(None);
+        };
+        let (user, password) = userinfo
+            .split_once(':')
+            .ok_or("credentials must be user:password")?;
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|s| s.into_owned())
+                .map_err(|_| {
+                    "the credentials are not valid UTF-8 after percent-decoding".to_owned()
+                })
+        };
+        let (user, password) = (decode(user)?, decode(password)?);
+        if user.is_empty() {
+            return Err("the user name is empty".into());
+        }
+        Ok(Some((user, password)))
+    }
+}
+
 /// Returns `url` with its secrets replaced by `***`: the password of the
 /// userinfo, and the value of every query parameter whose name contains
 /// `password` or `secret` (e.g. `sentinel_password`, `password`).

@@ -63,7 +63,7 @@ impl ServerError {
     /// Whether the server exited because one of its ports was taken meanwhile
     /// (its log says "Address already in use").
     pub(crate) fn is_address_in_use(&self) -> bool {
-        matches!(self, Self::Exited { log_tail, .. } if log_tail.contains("Address already in use"))
+        matches!(self, Self::Exited { log_tail, .. } if log_tail.to_ascii_lowercase().contains("address already in use"))
     }
 }
 

@@ -1,0 +1,255 @@
+//! The etcd requests the lock makes, each bounded by the command timeout,
+//! with etcd's errors mapped onto `LockError`.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, GetResponse, Txn, TxnResponse, WatchFilterType,
+    WatchOptions,
+};
+use lockkit_core::{LockError, Result};
+use tokio::time::Instant;
+
+use crate::settings::EtcdSettings;
+
+/// The backend's name in logs and errors.
+pub(crate) const BACKEND: &str = "etcd";
+
+/// A client of one etcd cluster.
+#[derive(Clone)]
+pub(crate) struct Etcd {
+    client: Client,
+    settings: EtcdSettings,
+}
+
+impl fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Etcd")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `etcd-client` answers, as a `LockError`: the transport failing or
+/// the cluster having no leader is `Unavailable`, anything else a backend
+/// error. Never includes credentials (they are not in etcd's messages).
+pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
+    use etcd_client::Error as E;
+    match error {
+        E::TransportError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
+        E::IoError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
+        E::GRpcStatus(status) => match status.code() {
+            tonic_code::UNAVAILABLE | tonic_code::DEADLINE_EXCEEDED | tonic_code::CANCELLED => {
+                LockError::unavailable(BACKEND, format!("{what}: {}", status.message()))
+            }
+            tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED => {
+                LockError::backend(BACKEND, format!("{what}: {}", status.message()))
+            }
+            _ => LockError::backend(BACKEND, format!("{what}: {}", status.message())),
+        },
+        other => LockError::backend(BACKEND, format!("{what}: {other}")),
+    }
+}
+
+/// gRPC status codes.
+mod tonic_code {
+    use tonic::Code;
+    pub(super) const UNAVAILABLE: Code = Code::Unavailable;
+    pub(super) const DEADLINE_EXCEEDED: Code = Code::DeadlineExceeded;
+    pub(super) const CANCELLED: Code = Code::Cancelled;
+    pub(super) const UNAUTHENTICATED: Code = Code::Unauthenticated;
+    pub(super) const PERMISSION_DENIED: Code = Code::PermissionDenied;
+}
+
+impl Etcd {
+    /// Connects and checks that the cluster answers (a read of the prefix),
+    /// within the connect timeout.
+    pub(crate) async fn connect(settings: EtcdSettings) -> Result<Etcd> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(settings.connect_timeout)
+            .with_keep_alive(Duration::from_secs(5), settings.command_timeout);
+        if let Some((user, password)) = &settings.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        let limit = settings.connect_timeout;
+        let connect = Client::connect(settings.endpoints.clone(), Some(options));
+        let client = match tokio::time::timeout(limit, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(map_error("connect", error)),
+            Err(_) => {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!("connect: no answer within {limit:?}"),
+                ));
+            }
+        };
+        let etcd = Etcd { client, settings };
+        let probe = GetOptions::new().with_count_only();
+        etcd.bounded(
+            "reach the cluster",
+            limit,
+            etcd.client
+                .clone()
+                .get(etcd.settings.prefix.clone(), Some(probe)),
+        )
+        .await?;
+        tracing::debug!(url = %etcd.settings.redacted_url, "connected");
+        Ok(etcd)
+    }
+
+    /// The key prefix of the locks.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.settings.prefix
+    }
+
+    /// Runs one request, bounded by `limit`.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        limit: Duration,
+        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, request).await {
+            Ok(answer) => answer.map_err(|e| map_error(what, e)),
+            Err(_) => Err(LockError::unavailable(
+                BACKEND,
+                format!("{what}: no answer within {limit:?}"),
+            )),
+        }
+    }
+
+    /// Runs one request, bounded by the command timeout.
+    async fn timed<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        self.bounded(what, self.settings.command_timeout, request)
+            .await
+    }
+
+    /// A new lease of `ttl` (whole seconds, at least one: etcd's unit).
+    pub(crate) async fn grant(&self, ttl: Duration) -> Result<i64> {
+        let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let seconds = i64::try_from(seconds.max(1)).unwrap_or(i64::MAX);
+        let granted = self
+            .timed(
+                "grant a lease",
+                self.client.clone().lease_grant(seconds, None),
+            )
+            .await?;
+        Ok(granted.id())
+    }
+
+    /// Revokes `lease` (and deletes its keys); `false` if it was gone.
+    pub(crate) async fn revoke(&self, lease: i64) -> Result<bool> {
+        match self
+            .timed("revoke the lease", self.client.clone().lease_revoke(lease))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(LockError::Backend { message, .. }) if message.contains("lease not found") => {
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// One keep-alive of `lease`: its remaining TTL, `None` once it expired
+    /// or was revoked.
+    pub(crate) async fn keep_alive(&self, lease: i64) -> Result<Option<Duration>> {
+        let once = async {
+            let (mut keeper, mut stream) = self.client.clone().lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        let answer = self.timed("keep the lease alive", once).await?;
+        Ok(answer
+            .filter(|a| a.ttl() > 0)
+            .map(|a| Duration::from_secs(a.ttl().max(0) as u64)))
+    }
+
+    /// The remaining TTL of `lease`, `None` once it is gone.
+    pub(crate) async fn lease_ttl(&self, lease: i64) -> Result<Option<Duration>> {
+        let answer = self
+            .timed(
+                "read the lease",
+                self.client.clone().lease_time_to_live(lease, None),
+            )
+            .await?;
+        Ok((answer.ttl() >= 0).then(|| Duration::from_secs(answer.ttl() as u64)))
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.timed(what, self.client.clone().txn(txn)).await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        key: impl Into<Vec<u8>>,
+        options: GetOptions,
+    ) -> Result<GetResponse> {
+        self.timed(what, self.client.clone().get(key, Some(options)))
+            .await
+    }
+
+    /// Waits until `key` is deleted, or `deadline` passes (`Ok(false)`). A
+    /// watch that ends or fails is `Unavailable`.
+    ///
+    /// The watch starts at the current revision and the key is read once it
+    /// is in place: a watch from a past revision would be served by etcd's
+    /// catch-up loop (every 100 ms), one from now is told at once.
+    pub(crate) async fn deleted(&self, key: &[u8], deadline: Option<Instant>) -> Result<bool> {
+        let what = "watch the previous contender";
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let wait = async {
+            let mut stream = self
+                .timed(what, self.client.clone().watch(key.to_vec(), Some(options)))
+                .await?;
+            let mut checked = false;
+            loop {
+                let message = stream.message().await.map_err(|e| map_error(what, e))?;
+                let Some(message) = message else {
+                    return Err(LockError::unavailable(
+                        BACKEND,
+                        "the watch of the previous contender ended",
+                    ));
+                };
+                if message.canceled() {
+                    return Err(LockError::unavailable(
+                        BACKEND,
+                        format!(
+                            "the watch of the previous contender was cancelled: {}",
+                            message.cancel_reason()
+                        ),
+                    ));
+                }
+                if message
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(true);
+                }
+                if message.created() && !checked {
+                    checked = true;
+                    let exists = GetOptions::new().with_count_only();
+                    let answer = self.get(what, key.to_vec(), exists).await?;
+                    if answer.count() == 0 {
+                        return Ok(true);
+                    }
+                }
+            }
+        };
+        match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
+                Ok(answer) => answer,
+                Err(_) => Ok(false),
+            },
+            None => wait.await,
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! `etcd://` URLs and the builder.
+
+use std::time::Duration;
+
+use lockkit_core::backend::{MultiHostUrl, check_timeout, host_list, redact_url, timeout_param};
+use lockkit_core::{LockError, Result};
+
+use crate::client::Etcd;
+use crate::lock::{EtcdBackend, EtcdLock};
+use crate::settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, EtcdSettings,
+};
+
+/// Builds an [`EtcdLock`].
+///
+/// URL form: `etcd://[user:password@]host1:port1,host2:port2,…[/prefix][?param=value…]`
+/// (the port defaults to 2379, the prefix to `lockkit`). The lock `name`'s
+/// keys live under `<prefix>/<name>/` (see [`encode_name`](crate::encode_name)),
+/// as `etcdctl lock <prefix>/<name>` lays them out. With credentials the
+/// client authenticates (etcd's user/password auth).
+///
+/// | parameter | meaning | default |
+/// | --- | --- | --- |
+/// | `connect_timeout` | to reach the cluster | 2 s |
+/// | `command_timeout` | per request | 2 s |
+///
+/// ```
+/// use std::time::Duration;
+/// use lockkit_etcd::EtcdLockBuilder;
+///
+/// let builder = EtcdLockBuilder::from_url("etcd://app:pw@10.0.0.1:2379,10.0.0.2:2379/jobs?command_timeout=1s")?
+///     .connect_timeout(Duration::from_secs(1));
+/// assert_eq!(builder.prefix(), "jobs");
+/// assert!(!format!("{builder:?}").contains("pw"));
+/// # Ok::<(), lockkit_core::LockError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct EtcdLockBuilder {
+    settings: EtcdSettings,
+}
+
+impl EtcdLockBuilder {
+    /// Parses an `etcd://` URL.
+    pub fn from_url(url: &str) -> Result<Self> {
+        parse_url(url)
+    }
+
+    /// Time to reach the cluster when connecting (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
+
+    /// Time to wait for one request (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.command_timeout = timeout;
+        self
+    }
+
+    /// The key prefix of the locks.
+    pub fn prefix(&self) -> &str {
+        &self.settings.prefix
+    }
+
+    /// Connects (eagerly: an unreachable cluster gives
+    /// `LockError::Unavailable` within the connect timeout).
+    pub async fn connect(self) -> Result<EtcdLock> {
+        let settings = self.settings;
+        check_timeout("connect_timeout", settings.connect_timeout)?;
+        check_timeout("command_timeout", settings.command_timeout)?;
+        let etcd = Etcd::connect(settings).await?;
+        Ok(EtcdLock::new(EtcdBackend::new(etcd)))
+    }
+}
+
+/// Checks a prefix: no empty, `.` or `..` segments, no control characters.
+fn check_prefix(prefix: &str) -> std::result::Result<(), String> {
+    for segment in prefix.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(format!(
+                "prefix {prefix:?} has an empty, '.' or '..' segment"
+            ));
+        }
+        if segment.chars().any(char::is_control) {
+            return Err(format!("prefix {prefix:?} has a control character"));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn parse_url(raw: &str) -> Result<EtcdLockBuilder> {
+    let bad = |reason: String| LockError::invalid_url(raw, reason);
+    let url = MultiHostUrl::parse(raw, "etcd").map_err(bad)?;
+    let (hosts, path, query) = (url.hosts, url.path, url.query);
+    let endpoints = host_list(hosts, 2379)
+        .map_err(bad)?
+        .iter()
+        .map(|(host, port)| format!("http://{host}:{port}"))
+        .collect();
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| bad("not valid UTF-8 after percent-decoding".into()))
+    };
+    let user = url.credentials().map_err(bad)?;
+    let prefix = match decode(path)?.trim_start_matches('/') {
+        "" => DEFAULT_PREFIX.to_owned(),
+        prefix => {
+            check_prefix(prefix).map_err(bad)?;
+            prefix.to_owned()
+        }
+    };
+    let mut settings = EtcdSettings {
+        endpoints,
+        prefix,
+        user,
+        connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        command_timeout: DEFAULT_COMMAND_TIMEOUT,
+        redacted_url: redact_url(raw),
+    };
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        let timeout = timeout_param(&key, &value);
+        match &*key {
+            "connect_timeout" => settings.connect_timeout = timeout.map_err(bad)?,
+            "command_timeout" => settings.command_timeout = timeout.map_err(bad)?,
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter {other:?} (known: connect_timeout, command_timeout)"
+                )));
+            }
+        }
+    }
+    Ok(EtcdLockBuilder { settings })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hosts_prefix_and_parameters() {
+        let b = parse_url("etcd://u:p%40ss@a:1,b,[::1]:3/locks/app?command_timeout=3s").unwrap();
+        assert_eq!(
+            b.settings.endpoints,
+            ["http://a:1", "http://b:2379", "http://[::1]:3"]
+        );
+        assert_eq!(b.settings.prefix, "locks/app");
+        assert_eq!(b.settings.user, Some(("u".to_owned(), "p@ss".to_owned())));
+        assert_eq!(b.settings.command_timeout, Duration::from_secs(3));
+        assert!(!format!("{b:?}").contains("p@ss"));
+        assert_eq!(
+            parse_url("etcd://h").unwrap().settings.prefix,
+            DEFAULT_PREFIX
+        );
+        assert_eq!(
+            parse_url("etcd://h/").unwrap().settings.prefix,
+            DEFAULT_PREFIX
+        );
+    }
+
+    #[test]
+    fn rejects_bad_urls_without_leaking_the_password() {
+        for bad in [
+            "etcd://:secretpw@",
+            "etcd://u:secretpw@h:0",
+            "etcd://u:secretpw@h:1,h:1",
+            "etcd://u:secretpw@h/a//b",
+            "etcd://u:secretpw@h/a/../b",
+            "etcd://u:secretpw@h/a/",
+            "etcd://u:secretpw@h?command_timeout=never",
+            "etcd://u:secretpw@h?comand_timeout=1s",
+            "etcd://secretpw@h",
+            "etcd://:secretpw@h",
+            "etcds://u:secretpw@h",
+        ] {
+            let err = parse_url(bad).map(|_| ()).unwrap_err();
+            assert!(matches!(err, LockError::InvalidUrl { .. }), "{bad}: {err}");
+            let text = format!("{err} {err:?}");
+            assert!(!text.contains("secretpw"), "{text}");
+        }
+    }
+}

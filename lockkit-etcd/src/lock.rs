@@ -1,0 +1,364 @@
+//! etcd's lock recipe (the `concurrency` package's `Mutex`, which
+//! `etcdctl lock` and `etcdctl elect` run), one lease per holding.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use lockkit_core::backend::{Lease, LossNotifier, QueueBackend, QueuedLock, Waiter, validate_name};
+use lockkit_core::{
+    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
+    ReleaseOnCrash, Result,
+};
+use tokio::time::Instant;
+
+use crate::client::{BACKEND, Etcd};
+use crate::keys::{contender_key, lock_dir};
+
+/// What the etcd backend guarantees: a lease per holding (freed by its TTL
+/// when the holder crashes), the key's create revision as fencing token,
+/// waiters woken by a watch on their predecessor's key in order of arrival,
+/// and Raft underneath (a minority of the cluster may fail). Shared
+/// holdings and semaphores are not there yet (`Unsupported`).
+pub const ETCD_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_fencing(true)
+    .with_notified_wait(true)
+    .with_fifo(true)
+    .with_survives_minority_failure(true)
+    .with_holder(true);
+
+/// A lock client on an etcd cluster; see the crate docs for the recipe.
+///
+/// The engine ([`QueuedLock`]) keeps a local queue per name, so that only
+/// one task of this client at a time has a key on the server.
+pub type EtcdLock = QueuedLock<EtcdBackend>;
+
+/// The etcd side of an [`EtcdLock`].
+#[derive(Debug)]
+pub struct EtcdBackend {
+    etcd: Etcd,
+}
+
+impl EtcdBackend {
+    pub(crate) fn new(etcd: Etcd) -> Self {
+        EtcdBackend { etcd }
+    }
+}
+
+/// The oldest key of a lock's directory: its holder.
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// Revokes the lease of an acquire that has not handed it to a guard yet:
+/// dropped (the caller gave up), it revokes in a task of its own, which
+/// deletes whatever key the acquire created.
+struct Revoker {
+    etcd: Etcd,
+    lease: Option<i64>,
+}
+
+impl Revoker {
+    /// Revokes now, and waits for it.
+    async fn revoke(mut self) {
+        if let Some(lease) = self.lease.take()
+            && let Err(error) = self.etcd.revoke(lease).await
+        {
+            tracing::warn!(%error, "could not revoke an unused lease; it ends with its TTL");
+        }
+    }
+
+    /// The lease, now kept by a guard.
+    fn disarm(mut self) -> i64 {
+        self.lease.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Revoker {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let etcd = self.etcd.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = etcd.revoke(lease).await {
+                        tracing::warn!(%error, "could not revoke an abandoned acquire's lease; it ends with its TTL");
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "an abandoned acquire's lease cannot be revoked outside a runtime; it ends with its TTL"
+                );
+            }
+        }
+    }
+}
+
+/// What the create transaction answered: our key's create revision and
+/// the holder's (the oldest key's).
+fn created_and_first(name: &str, answer: &etcd_client::TxnResponse) -> Result<(i64, Option<i64>)> {
+    let responses = answer.op_responses();
+    let ranges: Vec<&[KeyValue]> = responses
+        .iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(get) => Some(get.kvs()),
+            _ => None,
+        })
+        .collect();
+    let mine = if answer.succeeded() {
+        answer.header().map(|h| h.revision())
+    } else {
+        ranges
+            .first()
+            .and_then(|kvs| kvs.first())
+            .map(KeyValue::create_revision)
+    };
+    let mine = mine.ok_or_else(|| {
+        LockError::backend(
+            BACKEND,
+            format!("the create transaction of {name:?} answered no revision"),
+        )
+    })?;
+    let first = ranges
+        .last()
+        .and_then(|kvs| kvs.first())
+        .map(KeyValue::create_revision);
+    Ok((mine, first))
+}
+
+impl EtcdBackend {
+    /// Waits until no key of `dir` older than `mine` is left: each time,
+    /// the youngest older one is watched until it is deleted (no herd: a
+    /// release wakes one waiter). `false` when the deadline came first.
+    async fn wait_turn(&self, dir: &str, mine: i64, deadline: Option<Instant>) -> Result<bool> {
+        loop {
+            let before = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(mine - 1)
+                .with_limit(1);
+            let answer = self
+                .etcd
+                .get("find the previous contender", dir, before)
+                .await?;
+            let Some(previous) = answer.kvs().first() else {
+                return Ok(true);
+            };
+            if !self.etcd.deleted(previous.key(), deadline).await? {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Keeps `lease` alive every `period` while a contender waits, noting
+    /// in `renewed` when the last renewal that succeeded was sent; returns
+    /// (with the error) only when the lease is gone or cannot be renewed.
+    async fn keep_waiting(
+        &self,
+        name: &str,
+        lease: i64,
+        period: Duration,
+        renewed: &Mutex<Instant>,
+    ) -> LockError {
+        loop {
+            tokio::time::sleep(period).await;
+            let sent = Instant::now();
+            match self.etcd.keep_alive(lease).await {
+                Ok(Some(_)) => *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent,
+                Ok(None) => {
+                    return LockError::backend(
+                        BACKEND,
+                        format!("the lease of the waiting acquire of {name:?} expired"),
+                    );
+                }
+                Err(error) => return error,
+            }
+        }
+    }
+}
+
+#[lockkit_core::async_trait]
+impl QueueBackend for EtcdBackend {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        ETCD_CAPABILITIES
+    }
+
+    fn check_name(&self, name: &str) -> Result<()> {
+        validate_name(name)
+    }
+
+    /// A lease, then one transaction: our key (value: the holder identity)
+    /// if it does not exist yet, and the oldest key of the lock. The oldest
+    /// holds; a waiter watches the key just before its own.
+    async fn lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
+    ) -> Result<Option<LockGuard>> {
+        let dir = lock_dir(self.etcd.prefix(), name)?;
+        let ttl = opts.lease_ttl();
+        // The lease counts from before it was asked for: the server's
+        // expiry is never earlier than the guard's.
+        let mut granted_at = Instant::now();
+        let lease = self.etcd.grant(ttl).await?;
+        let revoker = Revoker {
+            etcd: self.etcd.clone(),
+            lease: Some(lease),
+        };
+        let key = contender_key(&dir, lease);
+        let value = opts.holder_identity().unwrap_or_default();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    value,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(dir.clone(), Some(first_created())),
+            ])
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(dir.clone(), Some(first_created())),
+            ]);
+        let answer = self.etcd.txn("create the lock key", txn).await?;
+        let (mine, first) = created_and_first(name, &answer)?;
+        if first.is_some_and(|first| first != mine) {
+            if no_wait || waiter.is_over() {
+                revoker.revoke().await;
+                return Ok(None);
+            }
+            let deadline = waiter.deadline();
+            let renewed = Mutex::new(granted_at);
+            let period = (ttl / 3).max(Duration::from_millis(100));
+            let turn = tokio::select! {
+                turn = self.wait_turn(&dir, mine, deadline) => turn?,
+                error = self.keep_waiting(name, lease, period, &renewed) => return Err(error),
+            };
+            if !turn {
+                revoker.revoke().await;
+                return Ok(None);
+            }
+            // The guard's clock starts when the lease was last renewed: the
+            // server's expiry is a whole TTL (or more) after that.
+            granted_at = *renewed.lock().unwrap_or_else(|p| p.into_inner());
+        }
+        let lease = Arc::new(EtcdLease {
+            etcd: self.etcd.clone(),
+            lease: revoker.disarm(),
+            key,
+            revision: mine,
+            notifier: OnceLock::new(),
+        });
+        let guard = LockGuard::new(
+            name,
+            lease.clone(),
+            Some(FencingToken::new(mine.max(0) as u64)),
+            ttl,
+            granted_at,
+            opts.auto_renews(),
+        );
+        let _ = lease.notifier.set(guard.loss_notifier());
+        Ok(Some(guard))
+    }
+
+    /// The oldest key of the lock's directory holds: its create revision is
+    /// the token, its value the holder's identity, its lease the remaining
+    /// time; the younger keys wait.
+    async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
+        let _ = kind;
+        let dir = lock_dir(self.etcd.prefix(), name)?;
+        let all = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let answer = self.etcd.get("read the lock's keys", dir, all).await?;
+        let Some(holder) = answer.kvs().first() else {
+            return Ok(LockStatus::free());
+        };
+        let remaining = match holder.lease() {
+            0 => None,
+            lease => self.etcd.lease_ttl(lease).await?,
+        };
+        let identity = std::str::from_utf8(holder.value())
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
+        Ok(LockStatus::held()
+            .with_fencing_token(Some(FencingToken::new(
+                holder.create_revision().max(0) as u64
+            )))
+            .with_remaining(remaining)
+            .with_waiters(Some(answer.kvs().len() - 1))
+            .with_holders(Some(1))
+            .with_holder(identity))
+    }
+}
+
+/// A held lock: its lease and key.
+#[derive(Debug)]
+struct EtcdLease {
+    etcd: Etcd,
+    lease: i64,
+    key: String,
+    /// The key's create revision (the fencing token).
+    revision: i64,
+    notifier: OnceLock<LossNotifier>,
+}
+
+#[lockkit_core::async_trait]
+impl Lease for EtcdLease {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// One keep-alive of the lease (its TTL was fixed when it was granted)
+    /// and a read of the key: `false` once either is gone.
+    async fn extend(&self, _ttl: Duration) -> Result<bool> {
+        let key = GetOptions::new().with_keys_only();
+        let (alive, key) = tokio::join!(
+            self.etcd.keep_alive(self.lease),
+            self.etcd.get("read the lock key", self.key.clone(), key)
+        );
+        let ours = key?
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == self.revision);
+        Ok(alive?.is_some() && ours)
+    }
+
+    /// Deletes the key if it is still ours, then revokes the lease in a
+    /// task of its own (the release does not wait for it; a lease whose
+    /// revocation fails ends with its TTL, holding no key).
+    async fn release(&self) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                self.revision,
+            )])
+            .and_then([TxnOp::delete(self.key.clone(), None)]);
+        let deleted = self.etcd.txn("delete the lock key", txn).await;
+        let (etcd, lease) = (self.etcd.clone(), self.lease);
+        tokio::spawn(async move {
+            if let Err(error) = etcd.revoke(lease).await {
+                tracing::warn!(%error, "could not revoke a released lock's lease; it ends with its TTL");
+            }
+        });
+        Ok(deleted?.succeeded())
+    }
+}

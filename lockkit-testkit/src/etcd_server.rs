@@ -1,0 +1,244 @@
+//! A real single-node etcd on free loopback ports, for tests.
+//!
+//! The server is Debian's `etcd` (package `etcd-server`, 3.4), run as a child
+//! process with its own data directory; `etcdctl` (package `etcd-client`)
+//! talks to it for the interop tests. The heartbeat (50 ms) and election
+//! timeout (500 ms) are shorter than etcd's defaults, so the smallest lease
+//! the server grants is one second (etcd's minimum lease TTL is 1.5
+//! election timeouts).
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::process::{
+    ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
+    retry_on_taken_port,
+};
+use crate::server::{FaultControl, TestServer};
+
+/// Environment variable that overrides the `etcd` binary.
+const BINARY_ENV: &str = "LOCKKIT_ETCD";
+/// Environment variable that overrides the `etcdctl` binary.
+const CTL_ENV: &str = "LOCKKIT_ETCDCTL";
+const INSTALL_HINT: &str =
+    "run scripts/install-services.sh (or: apt-get install -y etcd-server etcd-client)";
+const READINESS: Readiness = Readiness {
+    deadline: Duration::from_secs(20),
+    probe_timeout: Duration::from_millis(500),
+    interval: Duration::from_millis(25),
+};
+const LOG_FILE: &str = "etcd.log";
+const OUTPUT_FILE: &str = "etcd.stdout.log";
+const DATA_DIR: &str = "data";
+/// How long one `etcdctl` run may take.
+const CTL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One etcd server bound to `127.0.0.1` (a client port and a peer port),
+/// with its own temporary directory (`data/`, `etcd.log`), in `/dev/shm`
+/// where there is one: etcd syncs every write, and the tests measure the
+/// lock, not the disk.
+///
+/// The process is killed when the `EtcdServer` is dropped, and also when the
+/// test process dies (even if the server lives in a static). Fault
+/// injection: [`pause`](FaultControl::pause) (SIGSTOP),
+/// [`resume`](FaultControl::resume), [`kill`](FaultControl::kill) and
+/// [`restart`](FaultControl::restart) on the same ports with the same data
+/// directory (etcd persists its write-ahead log there, so data survives).
+pub struct EtcdServer {
+    port: u16,
+    peer_port: u16,
+    binary: PathBuf,
+    process: ProcessSlot,
+    dir: TempDir,
+}
+
+impl fmt::Debug for EtcdServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdServer")
+            .field("port", &self.port)
+            .field("peer_port", &self.peer_port)
+            .field("pid", &self.pid())
+            .field("dir", &self.dir.path())
+            .field("binary", &self.binary)
+            .finish()
+    }
+}
+
+impl EtcdServer {
+    /// The last `lines` lines of the server's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        crate::process::log_tail(
+            &self.dir.path().join(LOG_FILE),
+            &self.dir.path().join(OUTPUT_FILE),
+            lines,
+        )
+    }
+
+    /// `127.0.0.1:PORT`, the client endpoint, as `etcdctl --endpoints`
+    /// takes it.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `etcdctl --endpoints <this server> ARGS…` (API v3) and returns
+    /// its standard output; an error with its standard error when it fails
+    /// or takes longer than 10 s.
+    pub async fn etcdctl(&self, args: &[&str]) -> io::Result<String> {
+        let ctl = resolve_binary(None, CTL_ENV, "etcdctl", INSTALL_HINT)
+            .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.to_string()))?;
+        let mut command = tokio::process::Command::new(ctl);
+        command
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoint())
+            .args(args)
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(CTL_TIMEOUT, command.output())
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "etcdctl took over 10 s"))??;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(io::Error::other(format!(
+                "etcdctl {args:?}: {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    }
+
+    /// The path of `etcdctl`, for tests that run it as a long-lived peer
+    /// (e.g. `etcdctl lock NAME CMD`).
+    pub fn etcdctl_binary() -> Result<PathBuf, ServerError> {
+        resolve_binary(None, CTL_ENV, "etcdctl", INSTALL_HINT)
+    }
+
+    fn what(&self) -> String {
+        format!("etcd on {}", self.endpoint())
+    }
+
+    fn etcd_args(&self) -> Vec<String> {
+        let client = format!("http://127.0.0.1:{}", self.port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let data = self.dir.path().join(DATA_DIR);
+        vec![
+            "--name".into(),
+            "n1".into(),
+            "--data-dir".into(),
+            data.to_string_lossy().into_owned(),
+            "--listen-client-urls".into(),
+            client.clone(),
+            "--advertise-client-urls".into(),
+            client,
+            "--listen-peer-urls".into(),
+            peer.clone(),
+            "--initial-advertise-peer-urls".into(),
+            peer.clone(),
+            "--initial-cluster".into(),
+            format!("n1={peer}"),
+            "--heartbeat-interval".into(),
+            "50".into(),
+            "--election-timeout".into(),
+            "500".into(),
+            "--logger".into(),
+            "zap".into(),
+            "--log-outputs".into(),
+            self.dir
+                .path()
+                .join(LOG_FILE)
+                .to_string_lossy()
+                .into_owned(),
+        ]
+    }
+
+    /// Spawns the process (killing a running one first) and waits until
+    /// `/health` answers healthy; on failure kills it again.
+    async fn launch(&self) -> Result<(), ServerError> {
+        let mut command = Command::new(&self.binary);
+        command.args(self.etcd_args()).current_dir(self.dir.path());
+        let addr = self.addr();
+        self.process
+            .launch(
+                &self.what(),
+                &command,
+                &self.dir.path().join(LOG_FILE),
+                &self.dir.path().join(OUTPUT_FILE),
+                READINESS,
+                |_pid| healthy(addr),
+            )
+            .await
+    }
+}
+
+/// Whether the server on `addr` answers `GET /health` with
+/// `"health":"true"` (it does once it has a leader and applied its log).
+async fn healthy(addr: SocketAddr) -> bool {
+    let answer = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut body = Vec::new();
+        stream.read_to_end(&mut body).await?;
+        io::Result::Ok(String::from_utf8_lossy(&body).into_owned())
+    };
+    matches!(answer.await, Ok(body) if body.contains("\"health\":\"true\""))
+}
+
+#[async_trait::async_trait]
+impl FaultControl for EtcdServer {
+    fn process(&self) -> &ProcessSlot {
+        &self.process
+    }
+
+    async fn try_restart(&self) -> Result<(), ServerError> {
+        self.launch().await
+    }
+}
+
+#[async_trait::async_trait]
+impl TestServer for EtcdServer {
+    /// Starts the server and waits until it is healthy; retries on new
+    /// ports when another process takes the chosen ones first.
+    async fn try_start() -> Result<EtcdServer, ServerError> {
+        let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
+        retry_on_taken_port("etcd", || async {
+            let server = EtcdServer {
+                port: free_port(),
+                peer_port: free_port(),
+                binary: binary.clone(),
+                process: ProcessSlot::default(),
+                dir: memory_temp_dir("lockkit-etcd-", "etcd")?,
+            };
+            server.launch().await.map(|()| server)
+        })
+        .await
+    }
+
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.port)
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        // Before the temporary directory is removed.
+        self.kill();
+    }
+}
