@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, GetResponse, Txn, TxnResponse, WatchFilterType,
-    WatchOptions,
+    WatchOptions, WatchStream,
 };
 use lockkit_core::{LockError, Result};
 use tokio::time::Instant;
@@ -196,35 +196,71 @@ impl Etcd {
             .await
     }
 
-    /// Waits until `key` is deleted, or `deadline` passes (`Ok(false)`). A
-    /// watch that ends or fails is `Unavailable`.
-    ///
-    /// The watch starts at the current revision and the key is read once it
-    /// is in place: a watch from a past revision would be served by etcd's
-    /// catch-up loop (every 100 ms), one from now is told at once.
-    pub(crate) async fn deleted(&self, key: &[u8], deadline: Option<Instant>) -> Result<bool> {
-        let what = "watch the previous contender";
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        let wait = async {
+    /// A watch of the deletions of `key` (of every key under it with
+    /// `prefix`), in place when this returns (bounded by the command
+    /// timeout). It starts at the current revision: a watch from a past
+    /// revision would be served by etcd's catch-up loop (every 100 ms), one
+    /// from now is told at once. So a deletion just before it is not seen:
+    /// look at the keys again once it is in place.
+    pub(crate) async fn watch_deletes(&self, key: &[u8], prefix: bool) -> Result<Deletes> {
+        let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        if prefix {
+            options = options.with_prefix();
+        }
+        let created = async {
             let mut stream = self
-                .timed(what, self.client.clone().watch(key.to_vec(), Some(options)))
+                .client
+                .clone()
+                .watch(key.to_vec(), Some(options))
                 .await?;
-            let mut checked = false;
             loop {
-                let message = stream.message().await.map_err(|e| map_error(what, e))?;
+                match stream.message().await? {
+                    Some(message) if message.created() => return Ok(Some(stream)),
+                    Some(_) => {}
+                    None => return Ok(None),
+                }
+            }
+        };
+        match self.timed(WATCH, created).await? {
+            Some(stream) => Ok(Deletes { stream }),
+            None => Err(LockError::unavailable(
+                BACKEND,
+                format!("{WATCH}: the watch ended"),
+            )),
+        }
+    }
+}
+
+/// What watching the previous contender is called in errors.
+const WATCH: &str = "watch the previous contender";
+
+/// A watch of deletions; see [`Etcd::watch_deletes`].
+pub(crate) struct Deletes {
+    stream: WatchStream,
+}
+
+impl Deletes {
+    /// Waits for the next deletion (`true`), or until `deadline` passes
+    /// (`false`). A watch that ends, is cancelled or fails is
+    /// `Unavailable`.
+    pub(crate) async fn next(&mut self, deadline: Option<Instant>) -> Result<bool> {
+        let wait = async {
+            loop {
+                let message = self
+                    .stream
+                    .message()
+                    .await
+                    .map_err(|e| map_error(WATCH, e))?;
                 let Some(message) = message else {
                     return Err(LockError::unavailable(
                         BACKEND,
-                        "the watch of the previous contender ended",
+                        format!("{WATCH}: the watch ended"),
                     ));
                 };
                 if message.canceled() {
                     return Err(LockError::unavailable(
                         BACKEND,
-                        format!(
-                            "the watch of the previous contender was cancelled: {}",
-                            message.cancel_reason()
-                        ),
+                        format!("{WATCH}: cancelled: {}", message.cancel_reason()),
                     ));
                 }
                 if message
@@ -233,14 +269,6 @@ impl Etcd {
                     .any(|e| e.event_type() == EventType::Delete)
                 {
                     return Ok(true);
-                }
-                if message.created() && !checked {
-                    checked = true;
-                    let exists = GetOptions::new().with_count_only();
-                    let answer = self.get(what, key.to_vec(), exists).await?;
-                    if answer.count() == 0 {
-                        return Ok(true);
-                    }
                 }
             }
         };

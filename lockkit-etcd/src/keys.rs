@@ -34,9 +34,31 @@ pub fn encode_name(name: &str) -> String {
     out
 }
 
-/// A contender's key: the lock's directory and its lease id in hex.
-pub(crate) fn contender_key(dir: &str, lease: i64) -> String {
-    format!("{dir}{lease:x}")
+/// The directory of the semaphore `name`: `<prefix>/%semaphores/<name>/`.
+/// Encoded names never hold a bare `%`, so no lock's directory is there.
+pub(crate) fn semaphore_dir(prefix: &str, name: &str) -> Result<String> {
+    validate_name(name)?;
+    Ok(format!("{prefix}/{SEMAPHORES}/{}/", encode_name(name)))
+}
+
+/// The segment under the prefix where semaphores live.
+pub const SEMAPHORES: &str = "%semaphores";
+
+/// What starts a reader's key after the directory: writers' keys (and
+/// those of `etcdctl lock`) are a lease id in hex, which never does.
+pub(crate) const READER_MARK: &str = "r-";
+
+/// A contender's key: the directory, [`READER_MARK`] for a reader, and its
+/// lease id in hex.
+pub(crate) fn contender_key(dir: &str, reader: bool, lease: i64) -> String {
+    let mark = if reader { READER_MARK } else { "" };
+    format!("{dir}{mark}{lease:x}")
+}
+
+/// Whether `key` (of the directory `dir`) is a reader's.
+pub(crate) fn is_reader(dir: &str, key: &[u8]) -> bool {
+    key.strip_prefix(dir.as_bytes())
+        .is_some_and(|rest| rest.starts_with(READER_MARK.as_bytes()))
 }
 
 #[cfg(test)]
@@ -50,9 +72,15 @@ mod tests {
         assert_eq!(a, "lockkit/a/");
         assert!(!ab.starts_with(&a), "{ab}");
         assert_eq!(
-            contender_key(&a, 0x694d_a210_aee8_ac0b),
+            contender_key(&a, false, 0x694d_a210_aee8_ac0b),
             "lockkit/a/694da210aee8ac0b"
         );
+        let reader = contender_key(&a, true, 0x1f);
+        assert_eq!(reader, "lockkit/a/r-1f");
+        assert!(is_reader(&a, reader.as_bytes()) && !is_reader(&a, b"lockkit/a/1f"));
+        let sem = semaphore_dir("lockkit", "a").unwrap();
+        assert!(!sem.starts_with(&a) && !a.starts_with(&sem), "{sem}");
+        assert_ne!(sem, lock_dir("lockkit", "%semaphores/a").unwrap());
         assert!(lock_dir("lockkit", "").is_err());
     }
 }

@@ -9,7 +9,7 @@ mod lock;
 mod settings;
 
 pub use config::EtcdLockBuilder;
-pub use keys::encode_name;
+pub use keys::{SEMAPHORES, encode_name};
 pub use lock::{ETCD_CAPABILITIES, EtcdBackend, EtcdLock};
 pub use settings::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX};
 

@@ -16,19 +16,22 @@ use lockkit_core::{
 use tokio::time::Instant;
 
 use crate::client::{BACKEND, Etcd};
-use crate::keys::{contender_key, lock_dir};
+use crate::keys::{contender_key, is_reader, lock_dir, semaphore_dir};
 
 /// What the etcd backend guarantees: a lease per holding (freed by its TTL
 /// when the holder crashes), the key's create revision as fencing token,
 /// waiters woken by a watch on their predecessor's key in order of arrival,
-/// and Raft underneath (a minority of the cluster may fail). Shared
-/// holdings and semaphores are not there yet (`Unsupported`).
+/// and Raft underneath (a minority of the cluster may fail); readers and
+/// writers in one directory ordered by revision, semaphore permits as keys
+/// counted under a directory of their own.
 pub const ETCD_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_fencing(true)
     .with_notified_wait(true)
     .with_fifo(true)
     .with_survives_minority_failure(true)
-    .with_holder(true);
+    .with_holder(true)
+    .with_shared(true)
+    .with_semaphore(true);
 
 /// A lock client on an etcd cluster; see the crate docs for the recipe.
 ///
@@ -48,12 +51,75 @@ impl EtcdBackend {
     }
 }
 
-/// The oldest key of a lock's directory: its holder.
-fn first_created() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
+/// Where a holding's key goes and when it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// The lock's directory; holds when no older key is left.
+    Exclusive,
+    /// The lock's directory, a reader's key; holds when no older writer's
+    /// key is left.
+    Shared,
+    /// The semaphore's directory; holds among its `permits` oldest keys.
+    Permits(u32),
+}
+
+impl Plan {
+    fn of(kind: LockKind) -> Plan {
+        match kind {
+            LockKind::Shared => Plan::Shared,
+            LockKind::Semaphore { permits } => Plan::Permits(permits),
+            _ => Plan::Exclusive,
+        }
+    }
+
+    /// The directory of `name`'s keys.
+    fn dir(self, prefix: &str, name: &str) -> Result<String> {
+        match self {
+            Plan::Permits(_) => semaphore_dir(prefix, name),
+            _ => lock_dir(prefix, name),
+        }
+    }
+
+    /// The read that decides whether a key holds: the directory's keys in
+    /// order of creation (as many as can matter).
+    fn contenders(self) -> GetOptions {
+        let all = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        match self {
+            Plan::Exclusive => all.with_limit(1),
+            Plan::Permits(permits) => all.with_limit(i64::from(permits)),
+            Plan::Shared => all,
+        }
+    }
+
+    /// Whether the key created at `mine` holds, given the directory's keys
+    /// in order of creation (at least those [`contenders`](Self::contenders)
+    /// reads).
+    fn holds(self, dir: &str, mine: i64, keys: &[KeyValue]) -> bool {
+        let older = keys.iter().take_while(|kv| kv.create_revision() < mine);
+        match self {
+            Plan::Exclusive => older.count() == 0,
+            Plan::Shared => !older.into_iter().any(|kv| !is_reader(dir, kv.key())),
+            Plan::Permits(permits) => older.count() < permits as usize,
+        }
+    }
+
+    /// What to watch while the key created at `mine` waits: the youngest
+    /// older key that stands in its way (a writer's, for a reader), or, for
+    /// a permit, the whole directory (a release anywhere ahead moves it
+    /// up). `None`: nothing is in the way any more.
+    fn blocker(self, dir: &str, mine: i64, keys: &[KeyValue]) -> Option<(Vec<u8>, bool)> {
+        let mut older = keys.iter().filter(|kv| kv.create_revision() < mine);
+        match self {
+            Plan::Exclusive => older.next_back().map(|kv| (kv.key().to_vec(), false)),
+            Plan::Shared => older
+                .rfind(|kv| !is_reader(dir, kv.key()))
+                .map(|kv| (kv.key().to_vec(), false)),
+            Plan::Permits(_) => Some((dir.as_bytes().to_vec(), true)),
+        }
+    }
 }
 
 /// Revokes the lease of an acquire that has not handed it to a guard yet:
@@ -103,14 +169,17 @@ impl Drop for Revoker {
     }
 }
 
-/// What the create transaction answered: our key's create revision and
-/// the holder's (the oldest key's).
-fn created_and_first(name: &str, answer: &etcd_client::TxnResponse) -> Result<(i64, Option<i64>)> {
-    let responses = answer.op_responses();
-    let ranges: Vec<&[KeyValue]> = responses
-        .iter()
+/// What the create transaction answered: our key's create revision, and
+/// the directory's keys as [`Plan::contenders`] reads them.
+fn created_and_contenders(
+    name: &str,
+    answer: &etcd_client::TxnResponse,
+) -> Result<(i64, Vec<KeyValue>)> {
+    let mut ranges: Vec<Vec<KeyValue>> = answer
+        .op_responses()
+        .into_iter()
         .filter_map(|r| match r {
-            TxnOpResponse::Get(get) => Some(get.kvs()),
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
             _ => None,
         })
         .collect();
@@ -128,32 +197,48 @@ fn created_and_first(name: &str, answer: &etcd_client::TxnResponse) -> Result<(i
             format!("the create transaction of {name:?} answered no revision"),
         )
     })?;
-    let first = ranges
-        .last()
-        .and_then(|kvs| kvs.first())
-        .map(KeyValue::create_revision);
-    Ok((mine, first))
+    Ok((mine, ranges.pop().unwrap_or_default()))
 }
 
 impl EtcdBackend {
-    /// Waits until no key of `dir` older than `mine` is left: each time,
-    /// the youngest older one is watched until it is deleted (no herd: a
-    /// release wakes one waiter). `false` when the deadline came first.
-    async fn wait_turn(&self, dir: &str, mine: i64, deadline: Option<Instant>) -> Result<bool> {
+    /// Waits until the key created at `mine` holds as `plan` says: each
+    /// time, what stands in its way is watched until a deletion (no herd
+    /// for locks: a release wakes the one waiter behind it). `false` when
+    /// the deadline came first.
+    async fn wait_turn(
+        &self,
+        plan: Plan,
+        dir: &str,
+        mine: i64,
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        let older = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only()
+            .with_max_create_revision(mine - 1);
+        let read = || {
+            self.etcd
+                .get("read the previous contenders", dir, older.clone())
+        };
         loop {
-            let before = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(mine - 1)
-                .with_limit(1);
-            let answer = self
-                .etcd
-                .get("find the previous contender", dir, before)
-                .await?;
-            let Some(previous) = answer.kvs().first() else {
+            let keys = read().await?.take_kvs();
+            let Some((blocker, prefix)) = plan.blocker(dir, mine, &keys) else {
                 return Ok(true);
             };
-            if !self.etcd.deleted(previous.key(), deadline).await? {
+            if plan.holds(dir, mine, &keys) {
+                return Ok(true);
+            }
+            let mut deletes = self.etcd.watch_deletes(&blocker, prefix).await?;
+            // A deletion just before the watch was in place is not told.
+            let keys = read().await?.take_kvs();
+            if plan.holds(dir, mine, &keys) {
+                return Ok(true);
+            }
+            if plan.blocker(dir, mine, &keys).map(|(key, _)| key) != Some(blocker) && !prefix {
+                continue;
+            }
+            if !deletes.next(deadline).await? {
                 return Ok(false);
             }
         }
@@ -210,7 +295,8 @@ impl QueueBackend for EtcdBackend {
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
-        let dir = lock_dir(self.etcd.prefix(), name)?;
+        let plan = Plan::of(opts.kind());
+        let dir = plan.dir(self.etcd.prefix(), name)?;
         let ttl = opts.lease_ttl();
         // The lease counts from before it was asked for: the server's
         // expiry is never earlier than the guard's.
@@ -220,7 +306,7 @@ impl QueueBackend for EtcdBackend {
             etcd: self.etcd.clone(),
             lease: Some(lease),
         };
-        let key = contender_key(&dir, lease);
+        let key = contender_key(&dir, plan == Plan::Shared, lease);
         let value = opts.holder_identity().unwrap_or_default();
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -230,15 +316,15 @@ impl QueueBackend for EtcdBackend {
                     value,
                     Some(PutOptions::new().with_lease(lease)),
                 ),
-                TxnOp::get(dir.clone(), Some(first_created())),
+                TxnOp::get(dir.clone(), Some(plan.contenders())),
             ])
             .or_else([
                 TxnOp::get(key.clone(), None),
-                TxnOp::get(dir.clone(), Some(first_created())),
+                TxnOp::get(dir.clone(), Some(plan.contenders())),
             ]);
         let answer = self.etcd.txn("create the lock key", txn).await?;
-        let (mine, first) = created_and_first(name, &answer)?;
-        if first.is_some_and(|first| first != mine) {
+        let (mine, contenders) = created_and_contenders(name, &answer)?;
+        if !plan.holds(&dir, mine, &contenders) {
             if no_wait || waiter.is_over() {
                 revoker.revoke().await;
                 return Ok(None);
@@ -247,7 +333,7 @@ impl QueueBackend for EtcdBackend {
             let renewed = Mutex::new(granted_at);
             let period = (ttl / 3).max(Duration::from_millis(100));
             let turn = tokio::select! {
-                turn = self.wait_turn(&dir, mine, deadline) => turn?,
+                turn = self.wait_turn(plan, &dir, mine, deadline) => turn?,
                 error = self.keep_waiting(name, lease, period, &renewed) => return Err(error),
             };
             if !turn {
@@ -277,35 +363,60 @@ impl QueueBackend for EtcdBackend {
         Ok(Some(guard))
     }
 
-    /// The oldest key of the lock's directory holds: its create revision is
-    /// the token, its value the holder's identity, its lease the remaining
-    /// time; the younger keys wait.
+    /// The keys of the directory in order of creation: the holders are
+    /// those that hold as their kind says (the oldest writer, or the
+    /// readers before the first writer, or a semaphore's `permits` oldest);
+    /// the rest wait. The token is the youngest holder's create revision
+    /// (a semaphore's permits have no token standing for them all), the
+    /// identity and remaining lease the oldest holder's.
     async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
-        let _ = kind;
-        let dir = lock_dir(self.etcd.prefix(), name)?;
+        let plan = Plan::of(kind);
+        let dir = plan.dir(self.etcd.prefix(), name)?;
         let all = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let answer = self.etcd.get("read the lock's keys", dir, all).await?;
-        let Some(holder) = answer.kvs().first() else {
+        let keys = self
+            .etcd
+            .get("read the lock's keys", dir.as_str(), all)
+            .await?
+            .take_kvs();
+        let holders: Vec<&KeyValue> = match plan {
+            Plan::Permits(permits) => keys.iter().take(permits as usize).collect(),
+            _ => match keys.first() {
+                Some(first) if !is_reader(&dir, first.key()) => vec![first],
+                _ => keys
+                    .iter()
+                    .take_while(|kv| is_reader(&dir, kv.key()))
+                    .collect(),
+            },
+        };
+        let Some(oldest) = holders.first() else {
             return Ok(LockStatus::free());
         };
-        let remaining = match holder.lease() {
+        let remaining = match oldest.lease() {
             0 => None,
             lease => self.etcd.lease_ttl(lease).await?,
         };
-        let identity = std::str::from_utf8(holder.value())
-            .ok()
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned);
-        Ok(LockStatus::held()
-            .with_fencing_token(Some(FencingToken::new(
-                holder.create_revision().max(0) as u64
-            )))
+        let identity = holders.iter().find_map(|kv| {
+            std::str::from_utf8(kv.value())
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        });
+        let token = holders
+            .iter()
+            .map(|kv| kv.create_revision())
+            .max()
+            .map(|revision| FencingToken::new(revision.max(0) as u64));
+        let status = LockStatus::held()
             .with_remaining(remaining)
-            .with_waiters(Some(answer.kvs().len() - 1))
-            .with_holders(Some(1))
-            .with_holder(identity))
+            .with_waiters(Some(keys.len() - holders.len()))
+            .with_holders(Some(holders.len()))
+            .with_holder(identity);
+        Ok(match plan {
+            Plan::Permits(_) => status,
+            _ => status.with_fencing_token(token),
+        })
     }
 }
 

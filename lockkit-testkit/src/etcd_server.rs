@@ -1,4 +1,5 @@
-//! A real single-node etcd on free loopback ports, for tests.
+//! Real etcd servers on free loopback ports, for tests: one node
+//! ([`EtcdServer`]) or a cluster of them forming a quorum ([`EtcdCluster`]).
 //!
 //! The server is Debian's `etcd` (package `etcd-server`, 3.4), run as a child
 //! process with its own data directory; `etcdctl` (package `etcd-client`)
@@ -55,6 +56,9 @@ const CTL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct EtcdServer {
     port: u16,
     peer_port: u16,
+    /// The member's name, and the initial cluster (`name=peer URL,…`).
+    name: String,
+    cluster: String,
     binary: PathBuf,
     process: ProcessSlot,
     dir: TempDir,
@@ -65,6 +69,7 @@ impl fmt::Debug for EtcdServer {
         f.debug_struct("EtcdServer")
             .field("port", &self.port)
             .field("peer_port", &self.peer_port)
+            .field("name", &self.name)
             .field("pid", &self.pid())
             .field("dir", &self.dir.path())
             .field("binary", &self.binary)
@@ -122,7 +127,31 @@ impl EtcdServer {
     }
 
     fn what(&self) -> String {
-        format!("etcd on {}", self.endpoint())
+        format!("etcd {} on {}", self.name, self.endpoint())
+    }
+
+    /// `n` members of one cluster, on fresh ports, not started yet.
+    fn members(binary: &Path, n: usize) -> Result<Vec<EtcdServer>, ServerError> {
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("n{}=http://127.0.0.1:{peer}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut servers = Vec::with_capacity(n);
+        for (i, (port, peer_port)) in ports.into_iter().enumerate() {
+            servers.push(EtcdServer {
+                port,
+                peer_port,
+                name: format!("n{}", i + 1),
+                cluster: cluster.clone(),
+                binary: binary.to_path_buf(),
+                process: ProcessSlot::default(),
+                dir: memory_temp_dir("lockkit-etcd-", "etcd")?,
+            });
+        }
+        Ok(servers)
     }
 
     fn etcd_args(&self) -> Vec<String> {
@@ -131,7 +160,7 @@ impl EtcdServer {
         let data = self.dir.path().join(DATA_DIR);
         vec![
             "--name".into(),
-            "n1".into(),
+            self.name.clone(),
             "--data-dir".into(),
             data.to_string_lossy().into_owned(),
             "--listen-client-urls".into(),
@@ -141,9 +170,11 @@ impl EtcdServer {
             "--listen-peer-urls".into(),
             peer.clone(),
             "--initial-advertise-peer-urls".into(),
-            peer.clone(),
+            peer,
             "--initial-cluster".into(),
-            format!("n1={peer}"),
+            self.cluster.clone(),
+            "--initial-cluster-state".into(),
+            "new".into(),
             "--heartbeat-interval".into(),
             "50".into(),
             "--election-timeout".into(),
@@ -211,13 +242,8 @@ impl TestServer for EtcdServer {
     async fn try_start() -> Result<EtcdServer, ServerError> {
         let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
         retry_on_taken_port("etcd", || async {
-            let server = EtcdServer {
-                port: free_port(),
-                peer_port: free_port(),
-                binary: binary.clone(),
-                process: ProcessSlot::default(),
-                dir: memory_temp_dir("lockkit-etcd-", "etcd")?,
-            };
+            let mut servers = EtcdServer::members(&binary, 1)?;
+            let server = servers.pop().expect("one member");
             server.launch().await.map(|()| server)
         })
         .await
@@ -240,5 +266,76 @@ impl Drop for EtcdServer {
     fn drop(&mut self) {
         // Before the temporary directory is removed.
         self.kill();
+    }
+}
+
+/// A cluster of etcd servers (each an [`EtcdServer`], with its own ports and
+/// directory) that formed a quorum: started together, ready once every
+/// member is healthy, i.e. sees a leader. Killing a minority leaves it
+/// working; a killed member restarts with its data and rejoins.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    servers: Vec<EtcdServer>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until each is healthy.
+    ///
+    /// # Panics
+    ///
+    /// With the [`ServerError`]'s message when it cannot be started, and
+    /// when `n` is 0.
+    pub async fn start(n: usize) -> EtcdCluster {
+        Self::try_start(n).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts `n` members and waits until each is healthy; retries on new
+    /// ports when another process takes one of the chosen ones first.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0.
+    pub async fn try_start(n: usize) -> Result<EtcdCluster, ServerError> {
+        assert!(n > 0, "an etcd cluster needs at least one member");
+        let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
+        retry_on_taken_port("an etcd cluster", || async {
+            let servers = EtcdServer::members(&binary, n)?;
+            // Together: a member is healthy only once a quorum is up.
+            let launched =
+                futures_util::future::join_all(servers.iter().map(EtcdServer::launch)).await;
+            for result in launched {
+                result?;
+            }
+            Ok(EtcdCluster { servers })
+        })
+        .await
+    }
+
+    /// The members.
+    pub fn servers(&self) -> &[EtcdServer] {
+        &self.servers
+    }
+
+    /// `127.0.0.1:P1,127.0.0.1:P2,…`, every member's client endpoint.
+    pub fn endpoints(&self) -> String {
+        self.servers
+            .iter()
+            .map(EtcdServer::endpoint)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,…`: a lockkit URL of every member.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoints())
+    }
+}
+
+impl crate::disposable::ServerGroup for EtcdCluster {
+    fn members(&self) -> Vec<&dyn FaultControl> {
+        self.servers
+            .iter()
+            .map(|s| s as &dyn FaultControl)
+            .collect()
     }
 }

@@ -6,8 +6,8 @@
 //! * Redis deployments built from them: a [`RedisCluster`] of N masters, and
 //!   [`RedisSentinels`] (a master, a replica that replicates through a
 //!   [`TcpProxy`], and three sentinels) for failover tests.
-//! * etcd the same way: [`EtcdServer`] (a single node), with `etcdctl` for
-//!   interop tests.
+//! * etcd the same way: [`EtcdServer`] and a quorum of them,
+//!   [`EtcdCluster`], with `etcdctl` for interop tests.
 //! * SQL servers the same way: [`PostgresServer`] and [`MariaDbServer`],
 //!   each started from a copy of a template data directory built once per
 //!   machine (so a start takes a fraction of a second).
@@ -47,7 +47,7 @@ mod zk_server;
 
 pub use curator_peer::CuratorPeer;
 pub use disposable::{DisposableServer, ServerGroup};
-pub use etcd_server::EtcdServer;
+pub use etcd_server::{EtcdCluster, EtcdServer};
 /// The conformance suite (the `lockkit-conformance` crate), re-exported.
 pub use lockkit_conformance as conformance;
 pub use lockkit_conformance::{Probe, spawn_contenders};

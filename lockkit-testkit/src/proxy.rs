@@ -173,20 +173,27 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Sh
                 continue;
             }
         };
+        // Subscribed here, before the connection is counted: a reset that
+        // comes once it is counted reaches it, however late its relay
+        // task first runs.
+        let resets = shared.resets.subscribe();
         shared.connections.fetch_add(1, Ordering::Relaxed);
         if shared.refuse.load(Ordering::Relaxed) {
             drop(client);
             continue;
         }
-        tokio::spawn(relay(client, upstream, Arc::clone(&shared)));
+        tokio::spawn(relay(client, upstream, Arc::clone(&shared), resets));
     }
 }
 
 /// One proxied connection: waits out a blackhole, connects upstream, then
 /// pumps both directions until either side closes or a reset comes.
-async fn relay(client: TcpStream, upstream: SocketAddr, shared: Arc<Shared>) {
-    let mut resets = shared.resets.subscribe();
-    resets.mark_unchanged();
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    mut resets: watch::Receiver<u64>,
+) {
     let mut open = shared.open.subscribe();
     let connect = async {
         // A partitioned client cannot reach the server: hold the connection.

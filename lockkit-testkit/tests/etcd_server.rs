@@ -61,3 +61,33 @@ async fn drop_kills_the_process_and_frees_the_port() {
     drop(server);
     assert_dropped(pid, addr, &dir).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_survives_a_killed_member_which_rejoins() {
+    let cluster = lockkit_testkit::EtcdCluster::start(3).await;
+    assert_eq!(cluster.servers().len(), 3);
+    assert_eq!(cluster.url(), format!("etcd://{}", cluster.endpoints()));
+    let (first, second) = (&cluster.servers()[0], &cluster.servers()[1]);
+    first.etcdctl(&["put", "k", "v1"]).await.unwrap();
+    first.kill();
+    // A write proposed while the survivors elect a new leader (if the killed
+    // member led) is dropped, and the client waits out its timeout: retry.
+    let written = lockkit_testkit::eventually(Duration::from_secs(15), || async {
+        second
+            .etcdctl(&["put", "k", "v2", "--command-timeout=1s"])
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(written, "the two survivors did not take a write");
+    first.restart().await;
+    assert_eq!(
+        first
+            .etcdctl(&["get", "k", "--print-value-only"])
+            .await
+            .unwrap()
+            .trim(),
+        "v2",
+        "the restarted member caught up"
+    );
+}

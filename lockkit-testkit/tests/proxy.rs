@@ -189,10 +189,19 @@ async fn reset_then_heal_delivers_nothing_that_was_held() {
 
         proxy.blackhole(true);
         stream.write_all(b"held").await.unwrap();
+        let taken = proxy.connections();
         let held_connection = connect(&proxy).await;
-        // Time for the proxy to take the held connection (the held bytes wait
-        // in the socket: the proxy reads nothing while it blackholes).
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Until the proxy took the held connection (the held bytes wait in
+        // the socket: the proxy reads nothing while it blackholes); a reset
+        // reaches every connection it took.
+        assert!(
+            lockkit_testkit::eventually(STEP, || {
+                let count = proxy.connections();
+                async move { count > taken }
+            })
+            .await,
+            "round {round}: the proxy did not take the held connection"
+        );
         proxy.reset_connections();
         proxy.blackhole(false);
         tokio::time::sleep(Duration::from_millis(100)).await;
