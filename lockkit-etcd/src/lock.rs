@@ -343,6 +343,25 @@ impl QueueBackend for EtcdBackend {
             // The guard's clock starts when the lease was last renewed: the
             // server's expiry is a whole TTL (or more) after that.
             granted_at = *renewed.lock().unwrap_or_else(|p| p.into_inner());
+            // Nothing older is left; our own key must be too (an operator
+            // may have deleted it while we waited, and a missing key is no
+            // place in the queue).
+            let ours = GetOptions::new().with_count_only();
+            if self
+                .etcd
+                .get("read the lock key", key.as_str(), ours)
+                .await?
+                .count()
+                == 0
+            {
+                revoker.revoke().await;
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!(
+                        "the key of the waiting acquire of {name:?} was deleted while it waited"
+                    ),
+                ));
+            }
         }
         let lease = Arc::new(EtcdLease {
             etcd: self.etcd.clone(),

@@ -172,3 +172,48 @@ async fn elections_interoperate_with_etcdctl_elect() {
         "lockkit took the name etcdctl leads"
     );
 }
+
+/// A waiter whose key an operator deleted while it waited is told so when
+/// its turn comes (a missing key is no place in the queue), instead of
+/// holding without a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_was_deleted_is_refused() {
+    let server = EtcdServer::start().await;
+    let (holder, waiter) = (connect(&server).await, connect(&server).await);
+    let held = holder.acquire("queue", &opts()).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("queue", &opts().wait_for(Duration::from_secs(20)))
+            .await
+    });
+    let keys = || async {
+        server
+            .etcdctl(&[
+                "get",
+                "locks/queue/",
+                "--prefix",
+                "--keys-only",
+                "--sort-by=CREATE",
+            ])
+            .await
+            .unwrap()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let queued = lockkit_testkit::eventually(Duration::from_secs(10), || async {
+        keys().await.len() == 2
+    })
+    .await;
+    assert!(queued, "the waiter did not queue");
+    let waiters_key = keys().await.pop().unwrap();
+    server.etcdctl(&["del", &waiters_key]).await.unwrap();
+    held.release().await.unwrap();
+    let refused = waiting.await.unwrap();
+    assert!(
+        matches!(refused, Err(lockkit_core::LockError::Unavailable { .. })),
+        "{refused:?}"
+    );
+    assert!(keys().await.is_empty(), "a key was left behind");
+}

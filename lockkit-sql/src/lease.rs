@@ -382,6 +382,8 @@ impl<D: LeaseDialect> Rows<D> {
 /// no place for it (a session lock; see [`holder_row_name`]). The record's
 /// owner is [`stored_owner`]'s value; its lease follows the holding's.
 #[lockkit_core::async_trait]
+// Only the session modes write records; SQLite alone reads them.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) trait IdentityRecords: Send + Sync + fmt::Debug + 'static {
     /// Writes `owner` into the record `row` for `ttl`, in place of any
     /// earlier record (a crashed holder's, whose lease may still run).
