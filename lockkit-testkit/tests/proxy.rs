@@ -175,15 +175,18 @@ async fn reset_then_heal_delivers_nothing_that_was_held() {
     for round in 0..20 {
         let proxy = TcpProxy::start(upstream).await.unwrap();
         let mut stream = connect(&proxy).await;
+        // Counted before the write: the bytes may arrive before the next
+        // statement runs.
+        let expected = seen.lock().unwrap().1.len() + b"before".len();
         stream.write_all(b"before").await.unwrap();
         let delivered = |len| {
             let seen = Arc::clone(&seen);
             async move { seen.lock().unwrap().1.len() == len }
         };
-        let expected = seen.lock().unwrap().1.len() + b"before".len();
         assert!(
             lockkit_testkit::eventually(STEP, || delivered(expected)).await,
-            "round {round}: the first write did not pass"
+            "round {round}: the first write did not pass: expected {expected} bytes, the server has {:?}",
+            String::from_utf8_lossy(&seen.lock().unwrap().1)
         );
         let connections = seen.lock().unwrap().0;
 
