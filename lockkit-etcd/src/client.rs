@@ -37,30 +37,18 @@ impl fmt::Debug for Etcd {
 /// error. Never includes credentials (they are not in etcd's messages).
 pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
+    use tonic::Code;
     match error {
         E::TransportError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
         E::IoError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
         E::GRpcStatus(status) => match status.code() {
-            tonic_code::UNAVAILABLE | tonic_code::DEADLINE_EXCEEDED | tonic_code::CANCELLED => {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 LockError::unavailable(BACKEND, format!("{what}: {}", status.message()))
-            }
-            tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED => {
-                LockError::backend(BACKEND, format!("{what}: {}", status.message()))
             }
             _ => LockError::backend(BACKEND, format!("{what}: {}", status.message())),
         },
         other => LockError::backend(BACKEND, format!("{what}: {other}")),
     }
-}
-
-/// gRPC status codes.
-mod tonic_code {
-    use tonic::Code;
-    pub(super) const UNAVAILABLE: Code = Code::Unavailable;
-    pub(super) const DEADLINE_EXCEEDED: Code = Code::DeadlineExceeded;
-    pub(super) const CANCELLED: Code = Code::Cancelled;
-    pub(super) const UNAUTHENTICATED: Code = Code::Unauthenticated;
-    pub(super) const PERMISSION_DENIED: Code = Code::PermissionDenied;
 }
 
 impl Etcd {

@@ -322,26 +322,47 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     async fn mark_waiting(&self, name: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let waiting = waiting_row_name(name);
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.mark_waiting(&mut loan, &waiting, owner, ttl))
-            .await;
-        loan.finish(&self.settings, "record a waiting writer", answer)
+        self.write_record(
+            &waiting_row_name(name),
+            owner,
+            ttl,
+            "record a waiting writer",
+        )
+        .await
     }
 
     async fn unmark_waiting(&self, name: &str, owner: Option<&str>) -> Result<()> {
         let waiting = waiting_row_name(name);
+        self.delete_record(name, &waiting, owner, "withdraw a waiting writer")
+            .await
+    }
+
+    /// Writes `owner` into the record row `row` for `ttl`, in place of any
+    /// earlier one (a waiting writer's record, or a holder's identity).
+    async fn write_record(&self, row: &str, owner: &str, ttl: Duration, what: &str) -> Result<()> {
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(
-                self.dialect
-                    .unmark_waiting(&mut loan, name, &waiting, owner),
-            )
+            .timed(self.dialect.mark_waiting(&mut loan, row, owner, ttl))
             .await;
-        loan.finish(&self.settings, "withdraw a waiting writer", answer)
+        loan.finish(&self.settings, what, answer)
+    }
+
+    /// Deletes the record row `row` if it is `owner`'s (anyone's with
+    /// `None`); on Postgres, wakes the waiters of `name`.
+    async fn delete_record(
+        &self,
+        name: &str,
+        row: &str,
+        owner: Option<&str>,
+        what: &str,
+    ) -> Result<()> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.unmark_waiting(&mut loan, name, row, owner))
+            .await;
+        loan.finish(&self.settings, what, answer)
     }
 
     /// One reader's attempt, as its own statement.
@@ -399,26 +420,15 @@ pub(crate) trait IdentityRecords: Send + Sync + fmt::Debug + 'static {
 #[lockkit_core::async_trait]
 impl<D: LeaseDialect> IdentityRecords for LeaseRows<D> {
     async fn record(&self, row: &str, owner: &str, ttl: Duration) -> Result<()> {
-        let rows = &self.rows;
-        let mut loan = rows.pool.lend(&rows.settings).await?;
-        let answer = rows
-            .settings
-            .timed(rows.dialect.mark_waiting(&mut loan, row, owner, ttl))
-            .await;
-        loan.finish(&rows.settings, "record the holder's identity", answer)
+        self.rows
+            .write_record(row, owner, ttl, "record the holder's identity")
+            .await
     }
 
     async fn forget(&self, row: &str, owner: &str) -> Result<()> {
-        let rows = &self.rows;
-        let mut loan = rows.pool.lend(&rows.settings).await?;
-        let answer = rows
-            .settings
-            .timed(
-                rows.dialect
-                    .unmark_waiting(&mut loan, row, row, Some(owner)),
-            )
-            .await;
-        loan.finish(&rows.settings, "delete the holder's identity", answer)
+        self.rows
+            .delete_record(row, row, Some(owner), "delete the holder's identity")
+            .await
     }
 
     async fn read(&self, row: &str) -> Result<Option<String>> {
