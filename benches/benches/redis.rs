@@ -25,15 +25,14 @@
 //! estimates, so the ratio table is left out).
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use criterion::Criterion;
 use lockkit_benches::{
-    CycleFixture, CycleKind, Estimates, HandoffDiag, HandoffProbe, Handoffs, Interleaved, Limit,
-    RawLock, RunMode, bench_then_pair, fmt_duration, lockkit_cycle, percentile, ping, save_summary,
-    verdict,
+    Contention, CycleFixture, CycleKind, Estimates, HandoffDiag, HandoffProbe, Handoffs,
+    Interleaved, Limit, RawLock, RunMode, bench_then_pair, contention, lockkit_cycle, ping,
+    save_summary,
 };
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, OwnerToken};
 use lockkit_core::{DistributedLock, LockKind, LockOptions};
@@ -42,7 +41,6 @@ use lockkit_testkit::RedisServer;
 use lockkit_testkit::TestServer;
 use redis::aio::ConnectionManager;
 use tokio::runtime::Runtime;
-use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 const CYCLE_GROUP: &str = "redis_cycle";
@@ -76,9 +74,22 @@ fn main() {
 
     let total = critical_sections(mode);
     let cap = Duration::from_secs(60);
-    let shared = runtime.block_on(contention(&url, Clients::Shared, 16, total, cap));
+    let url_ref = url.as_str();
+    let connect = move || async move {
+        let lock: Arc<dyn DistributedLock> =
+            Arc::new(lockkit_redis::connect(url_ref).await.expect("connect"));
+        lock
+    };
+    let one = runtime.block_on(connect());
+    let shared = runtime.block_on(contention(
+        vec![one; 16],
+        "bench-contention-shared",
+        total,
+        cap,
+    ));
     println!("contention, 16 tasks on one client: {}", shared.describe());
-    let separate = runtime.block_on(contention(&url, Clients::PerTask, 16, total, cap));
+    let clients = runtime.block_on(futures_util::future::join_all((0..16).map(|_| connect())));
+    let separate = runtime.block_on(contention(clients, "bench-contention-per-task", total, cap));
     println!(
         "contention, 16 tasks on 16 clients: {}",
         separate.describe()
@@ -262,269 +273,6 @@ fn bench_handoff(
     .bench(c, runtime, HANDOFF_GROUP, mode)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Clients {
-    /// All tasks share one `RedisLock`.
-    Shared,
-    /// Every task connects its own `RedisLock`.
-    PerTask,
-}
-
-/// The outcome of one contention run.
-#[derive(Debug)]
-struct Contention {
-    clients: Clients,
-    tasks: usize,
-    critical_sections: usize,
-    elapsed: Duration,
-    capped: bool,
-    errors: usize,
-    /// Consecutive critical sections held by the same task.
-    straight_back: usize,
-    /// Pairs of consecutive critical sections.
-    pairs: usize,
-    /// Handoffs where the next holder's acquire returned before the previous
-    /// holder's release call did (the release reply was still in flight).
-    overlapping: usize,
-    /// From the previous holder's release returning to the next holder's
-    /// acquire returning, for every change of holder; sorted.
-    handoff_waits: Vec<Duration>,
-    /// From calling `acquire` to its return (time queued behind other tasks),
-    /// for every critical section; sorted.
-    acquire_waits: Vec<Duration>,
-}
-
-impl Contention {
-    fn per_second(&self) -> f64 {
-        self.critical_sections as f64 / self.elapsed.as_secs_f64()
-    }
-
-    fn straight_back_rate(&self) -> f64 {
-        if self.pairs == 0 {
-            0.0
-        } else {
-            self.straight_back as f64 / self.pairs as f64
-        }
-    }
-
-    fn wait(&self, p: f64) -> Option<Duration> {
-        percentile(&self.handoff_waits, p)
-    }
-
-    /// One line for the log.
-    fn describe(&self) -> String {
-        format!(
-            "{} critical sections in {} ({:.0}/s){}, {} errors, {} of {} consecutive pairs by the same task, {} handoffs (p50 {}, p90 {}, p99 {}, max {}), {} overlapping",
-            self.critical_sections,
-            fmt_duration(self.elapsed),
-            self.per_second(),
-            if self.capped { " (capped)" } else { "" },
-            self.errors,
-            self.straight_back,
-            self.pairs,
-            self.handoff_waits.len(),
-            self.wait(50.0)
-                .map_or_else(|| "n/a".to_owned(), fmt_duration),
-            self.wait(90.0)
-                .map_or_else(|| "n/a".to_owned(), fmt_duration),
-            self.wait(99.0)
-                .map_or_else(|| "n/a".to_owned(), fmt_duration),
-            self.handoff_waits
-                .last()
-                .copied()
-                .map_or_else(|| "n/a".to_owned(), fmt_duration),
-            self.overlapping,
-        )
-    }
-}
-
-/// (e): `tasks` tasks loop acquire → record → release on one key until `total`
-/// critical sections are done (or `cap` has passed).
-/// One critical section of a contention run: the task, when its acquire
-/// returned, when its release returned, and how long its acquire call took.
-type Section = (usize, Instant, Instant, Duration);
-
-async fn contention(
-    url: &str,
-    clients: Clients,
-    tasks: usize,
-    total: usize,
-    cap: Duration,
-) -> Contention {
-    let name = match clients {
-        Clients::Shared => "bench-contention-shared",
-        Clients::PerTask => "bench-contention-per-task",
-    };
-    let mut locks: Vec<Arc<RedisLock>> = Vec::with_capacity(tasks);
-    match clients {
-        Clients::Shared => {
-            let one = Arc::new(lockkit_redis::connect(url).await.expect("connect"));
-            locks.resize(tasks, one);
-        }
-        Clients::PerTask => {
-            for _ in 0..tasks {
-                locks.push(Arc::new(
-                    lockkit_redis::connect(url).await.expect("connect"),
-                ));
-            }
-        }
-    }
-
-    let opts = LockOptions::new().ttl(TTL);
-    let records: Arc<Mutex<Vec<Section>>> = Arc::new(Mutex::new(Vec::with_capacity(total)));
-    let taken = Arc::new(AtomicUsize::new(0));
-    let errors = Arc::new(AtomicUsize::new(0));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (done_tx, done_rx) = oneshot::channel::<()>();
-    let done_tx = Arc::new(Mutex::new(Some(done_tx)));
-
-    let started = Instant::now();
-    let mut handles = Vec::with_capacity(tasks);
-    for (task_id, locks) in locks.into_iter().enumerate() {
-        let (opts, records, taken, errors, done_tx) = (
-            opts.clone(),
-            records.clone(),
-            taken.clone(),
-            errors.clone(),
-            done_tx.clone(),
-        );
-        let mut stop = stop_rx.clone();
-        handles.push(tokio::spawn(async move {
-            loop {
-                let called_at = Instant::now();
-                let guard = tokio::select! {
-                    biased;
-                    _ = stop.wait_for(|stop| *stop) => return,
-                    result = locks.acquire(name, &opts) => match result {
-                        Ok(guard) => guard,
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                    },
-                };
-                let acquired_at = Instant::now();
-                let index = taken.fetch_add(1, Ordering::SeqCst);
-                if index >= total {
-                    let _ = guard.release().await;
-                    return;
-                }
-                if guard.release().await.is_err() {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
-                let released_at = Instant::now();
-                let finished = {
-                    let mut records = records.lock().unwrap_or_else(|p| p.into_inner());
-                    records.push((task_id, acquired_at, released_at, acquired_at - called_at));
-                    records.len() == total
-                };
-                if finished && let Some(done) = done_tx.lock().unwrap().take() {
-                    let _ = done.send(());
-                }
-            }
-        }));
-    }
-
-    let capped = tokio::time::timeout(cap, done_rx).await.is_err();
-    let elapsed = started.elapsed();
-    let _ = stop_tx.send(true);
-    for handle in handles {
-        if tokio::time::timeout(Duration::from_secs(5), handle)
-            .await
-            .is_err()
-        {
-            println!("contention: a task did not stop within 5 s");
-        }
-    }
-
-    let mut records = std::mem::take(&mut *records.lock().unwrap());
-    records.sort_by_key(|&(_, acquired, _, _)| acquired);
-    let mut acquire_waits: Vec<Duration> = records.iter().map(|r| r.3).collect();
-    acquire_waits.sort();
-    let mut straight_back = 0;
-    let mut overlapping = 0;
-    let mut handoff_waits = Vec::new();
-    for pair in records.windows(2) {
-        let ((prev_task, _, prev_released, _), (task, acquired, _, _)) = (pair[0], pair[1]);
-        if task == prev_task {
-            straight_back += 1;
-        } else {
-            if acquired < prev_released {
-                overlapping += 1;
-            }
-            handoff_waits.push(acquired.saturating_duration_since(prev_released));
-        }
-    }
-    handoff_waits.sort();
-    Contention {
-        clients,
-        tasks,
-        critical_sections: records.len(),
-        elapsed,
-        capped,
-        errors: errors.load(Ordering::Relaxed),
-        straight_back,
-        pairs: records.len().saturating_sub(1),
-        overlapping,
-        handoff_waits,
-        acquire_waits,
-    }
-}
-
-fn contention_row(label: &str, c: &Contention, target: Option<Duration>) -> String {
-    let waits = match (c.wait(50.0), c.wait(99.0), c.handoff_waits.last()) {
-        (Some(p50), Some(p99), Some(max)) => format!(
-            "{} / {} / {}",
-            fmt_duration(p50),
-            fmt_duration(p99),
-            fmt_duration(*max)
-        ),
-        _ => "no handoffs".to_owned(),
-    };
-    let mut notes = Vec::new();
-    if c.capped {
-        notes.push(format!(
-            "stopped by the cap after {}",
-            fmt_duration(c.elapsed)
-        ));
-    }
-    if c.errors > 0 {
-        notes.push(format!("{} errors", c.errors));
-    }
-    let notes = if notes.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", notes.join(", "))
-    };
-    let target = match target {
-        Some(limit) => match c.wait(99.0) {
-            Some(p99) => format!(
-                "p99 ≤ {}: {}",
-                fmt_duration(limit),
-                verdict(p99 <= limit && !c.capped)
-            ),
-            None => format!("p99 ≤ {}: MISS (no handoffs)", fmt_duration(limit)),
-        },
-        None => "—".to_owned(),
-    };
-    let queued = match (
-        percentile(&c.acquire_waits, 50.0),
-        percentile(&c.acquire_waits, 99.0),
-    ) {
-        (Some(p50), Some(p99)) => format!(
-            "; queued in acquire p50/p99 {} / {}",
-            fmt_duration(p50),
-            fmt_duration(p99)
-        ),
-        _ => String::new(),
-    };
-    format!(
-        "| {label}: {:.0} cs/s, straight-back {:.1} %{queued}; handoff wait p50/p99/max{notes} | {waits} | | {target} |",
-        c.per_second(),
-        100.0 * c.straight_back_rate(),
-    )
-}
-
 fn summary(
     mode: RunMode,
     run_started: SystemTime,
@@ -574,31 +322,16 @@ fn summary(
     let _ = writeln!(
         out,
         "{}",
-        contention_row(
-            "(e) 16 tasks one client",
-            shared,
-            Some(Duration::from_millis(2))
-        )
+        shared.row("(e) 16 tasks one client", Some(Duration::from_millis(2)))
     );
-    let _ = writeln!(
-        out,
-        "{}",
-        contention_row("(e') 16 tasks 16 clients", separate, None)
-    );
+    let _ = writeln!(out, "{}", separate.row("(e') 16 tasks 16 clients", None));
     let _ = writeln!(out);
     if let Some(line) = handoff_diag.describe() {
         let _ = writeln!(out, "(d) detail: {line}.\n");
     }
-    for c in [shared, separate] {
-        if c.overlapping > 0 {
-            let _ = writeln!(
-                out,
-                "Note ({:?}, {} tasks): in {} of {} handoffs the next holder's acquire returned before the previous holder's release call did (counted as 0 wait).\n",
-                c.clients,
-                c.tasks,
-                c.overlapping,
-                c.handoff_waits.len()
-            );
+    for (clients, c) in [("one client", shared), ("16 clients", separate)] {
+        if let Some(note) = c.overlap_note() {
+            let _ = writeln!(out, "Note ({clients}): {note}\n");
         }
     }
 

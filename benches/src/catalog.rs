@@ -14,6 +14,7 @@ use lockkit_testkit::TestServer;
 pub use lockkit_testkit::catalog::{Deployment, Servers};
 use redis::aio::ConnectionManager;
 
+use crate::etcd_raw::RawEtcd;
 use crate::raw::RawLock;
 use crate::sql::{RawMy, RawPg, RawSqlite};
 use crate::zk_raw::{zk_mkdir, zk_raw_cycle, zk_session};
@@ -29,7 +30,12 @@ pub fn benched() -> Vec<Deployment> {
         .filter(|d| {
             !matches!(
                 d,
-                RedisAof | ZkEnsemble | RedisCluster | RedisSentinel | RedisSentinelWait
+                RedisAof
+                    | ZkEnsemble
+                    | RedisCluster
+                    | RedisSentinel
+                    | RedisSentinelWait
+                    | EtcdCluster
             )
         })
         .collect()
@@ -101,6 +107,9 @@ pub enum RawFloor {
     My(RawMy, Deployment),
     /// lockkit-sql's SQLite statements by hand.
     Sqlite(RawSqlite),
+    /// etcd's lock recipe by hand: grant, create transaction, delete
+    /// transaction, revoke.
+    Etcd(RawEtcd),
 }
 
 impl fmt::Debug for RawFloor {
@@ -112,12 +121,15 @@ impl fmt::Debug for RawFloor {
             RawFloor::Pg(..) => "RawFloor::Pg",
             RawFloor::My(..) => "RawFloor::My",
             RawFloor::Sqlite(_) => "RawFloor::Sqlite",
+            RawFloor::Etcd(_) => "RawFloor::Etcd",
         })
     }
 }
 
 /// The ZooKeeper directory of the raw floor's nodes.
 const ZK_RAW_DIR: &str = "/lockkit-bench-raw/floor";
+/// Where the etcd floor's lock directories live.
+const ETCD_RAW_DIR: &str = "/lockkit-bench-raw/";
 /// The lock name of the SQL row floors (a row of lockkit's table).
 const SQL_RAW_ROW: &str = "bench-compare-raw-row";
 
@@ -154,6 +166,7 @@ impl RawFloor {
             Deployment::SqliteLease => {
                 RawFloor::Sqlite(RawSqlite::connect(&servers.sqlite_path()).await)
             }
+            Deployment::Etcd => RawFloor::Etcd(RawEtcd::connect(&servers.etcd().endpoint()).await),
             other => panic!("{other} is not benchmarked against a raw floor"),
         }
     }
@@ -182,6 +195,7 @@ impl RawFloor {
             RawFloor::My(my, Deployment::MariaDbRow) => my.row_cycle(SQL_RAW_ROW).await,
             RawFloor::My(my, _) => my.named_cycle(name).await,
             RawFloor::Sqlite(sqlite) => sqlite.lease_cycle(name).await,
+            RawFloor::Etcd(etcd) => etcd.cycle(&format!("{ETCD_RAW_DIR}{name}/")).await,
         }
     }
 }

@@ -11,7 +11,9 @@
 //! groups have run.
 
 mod catalog;
+mod contention;
 mod cycles;
+mod etcd_raw;
 mod handoff;
 mod load;
 mod mode;
@@ -23,9 +25,11 @@ mod stock;
 mod zk_raw;
 
 pub use catalog::{Deployment, RawFloor, Servers, benched, connect, connect_patient, selected};
+pub use contention::{Contention, contention};
 pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };
+pub use etcd_raw::RawEtcd;
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
 pub use load::{LoadKind, Locker, Outcome, Scenario, Tally, run, run_tasks};
 pub use mode::{

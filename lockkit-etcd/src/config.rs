@@ -14,9 +14,11 @@ use crate::settings::{
 /// Builds an [`EtcdLock`].
 ///
 /// URL form: `etcd://[user:password@]host1:port1,host2:port2,…[/prefix][?param=value…]`
-/// (the port defaults to 2379, the prefix to `lockkit`). The lock `name`'s
-/// keys live under `<prefix>/<name>/` (see [`encode_name`](crate::encode_name)),
-/// as `etcdctl lock <prefix>/<name>` lays them out. With credentials the
+/// (the port defaults to 2379, the prefix to `/lockkit`). The prefix is the
+/// URL's path as written, leading `/` included: the lock `name`'s keys live
+/// under `<prefix>/<name>/` (see [`encode_name`](crate::encode_name)), as
+/// `etcdctl lock <prefix>/<name>` lays them out, so `etcd://h:2379/locks`
+/// and `etcdctl lock /locks/job` take the same lock `job`. With credentials the
 /// client authenticates (etcd's user/password auth).
 ///
 /// | parameter | meaning | default |
@@ -30,7 +32,7 @@ use crate::settings::{
 ///
 /// let builder = EtcdLockBuilder::from_url("etcd://app:pw@10.0.0.1:2379,10.0.0.2:2379/jobs?command_timeout=1s")?
 ///     .connect_timeout(Duration::from_secs(1));
-/// assert_eq!(builder.prefix(), "jobs");
+/// assert_eq!(builder.prefix(), "/jobs");
 /// assert!(!format!("{builder:?}").contains("pw"));
 /// # Ok::<(), lockkit_core::LockError>(())
 /// ```
@@ -73,9 +75,10 @@ impl EtcdLockBuilder {
     }
 }
 
-/// Checks a prefix: no empty, `.` or `..` segments, no control characters.
+/// Checks a prefix (a URL path, with its leading `/`): no empty, `.` or
+/// `..` segments, no control characters.
 fn check_prefix(prefix: &str) -> std::result::Result<(), String> {
-    for segment in prefix.split('/') {
+    for segment in prefix.trim_start_matches('/').split('/') {
         if segment.is_empty() || segment == "." || segment == ".." {
             return Err(format!(
                 "prefix {prefix:?} has an empty, '.' or '..' segment"
@@ -104,8 +107,10 @@ pub(crate) fn parse_url(raw: &str) -> Result<EtcdLockBuilder> {
             .map_err(|_| bad("not valid UTF-8 after percent-decoding".into()))
     };
     let user = url.credentials().map_err(bad)?;
-    let prefix = match decode(path)?.trim_start_matches('/') {
-        "" => DEFAULT_PREFIX.to_owned(),
+    // The path as written, leading `/` included: `etcd://h/locks` puts
+    // `job` under `/locks/job/`, where `etcdctl lock /locks/job` puts it.
+    let prefix = match decode(path)?.as_str() {
+        "" | "/" => DEFAULT_PREFIX.to_owned(),
         prefix => {
             check_prefix(prefix).map_err(bad)?;
             prefix.to_owned()
@@ -145,7 +150,7 @@ mod tests {
             b.settings.endpoints,
             ["http://a:1", "http://b:2379", "http://[::1]:3"]
         );
-        assert_eq!(b.settings.prefix, "locks/app");
+        assert_eq!(b.settings.prefix, "/locks/app");
         assert_eq!(b.settings.user, Some(("u".to_owned(), "p@ss".to_owned())));
         assert_eq!(b.settings.command_timeout, Duration::from_secs(3));
         assert!(!format!("{b:?}").contains("p@ss"));

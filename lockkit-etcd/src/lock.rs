@@ -200,46 +200,82 @@ fn created_and_contenders(
     Ok((mine, ranges.pop().unwrap_or_default()))
 }
 
+/// How a wait for one's turn ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    /// Nothing older stands in the way, and our key is still there.
+    Holds,
+    /// The deadline came first.
+    TimedOut,
+    /// Our own key was deleted while we waited (an operator, `etcdctl del`):
+    /// a missing key is no place in the queue.
+    KeyDeleted,
+}
+
 impl EtcdBackend {
-    /// Waits until the key created at `mine` holds as `plan` says: each
-    /// time, what stands in its way is watched until a deletion (no herd
-    /// for locks: a release wakes the one waiter behind it). `false` when
-    /// the deadline came first.
-    async fn wait_turn(
-        &self,
-        plan: Plan,
-        dir: &str,
-        mine: i64,
-        deadline: Option<Instant>,
-    ) -> Result<bool> {
+    /// One request, read at one revision: the keys of `dir` created before
+    /// `mine` (in order of creation), and whether our own `key` is there.
+    async fn read_turn(&self, dir: &str, key: &str, mine: i64) -> Result<(Vec<KeyValue>, bool)> {
         let older = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_keys_only()
             .with_max_create_revision(mine - 1);
-        let read = || {
-            self.etcd
-                .get("read the previous contenders", dir, older.clone())
-        };
+        let txn = Txn::new().and_then([
+            TxnOp::get(dir, Some(older)),
+            TxnOp::get(key, Some(GetOptions::new().with_count_only())),
+        ]);
+        let answer = self.etcd.txn("read the previous contenders", txn).await?;
+        let mut gets = answer.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        });
+        match (gets.next(), gets.next()) {
+            (Some(mut older), Some(ours)) => Ok((older.take_kvs(), ours.count() > 0)),
+            _ => Err(LockError::backend(
+                BACKEND,
+                "the read of the previous contenders answered fewer ranges than asked",
+            )),
+        }
+    }
+
+    /// Waits until the key created at `mine` holds as `plan` says: each
+    /// time, what stands in its way is watched until a deletion (no herd
+    /// for locks: a release wakes the one waiter behind it). Every read
+    /// also checks that our own key is still there.
+    async fn wait_turn(
+        &self,
+        plan: Plan,
+        dir: &str,
+        key: &str,
+        mine: i64,
+        deadline: Option<Instant>,
+    ) -> Result<Turn> {
         loop {
-            let keys = read().await?.take_kvs();
+            let (keys, ours) = self.read_turn(dir, key, mine).await?;
+            if !ours {
+                return Ok(Turn::KeyDeleted);
+            }
             let Some((blocker, prefix)) = plan.blocker(dir, mine, &keys) else {
-                return Ok(true);
+                return Ok(Turn::Holds);
             };
             if plan.holds(dir, mine, &keys) {
-                return Ok(true);
+                return Ok(Turn::Holds);
             }
             let mut deletes = self.etcd.watch_deletes(&blocker, prefix).await?;
             // A deletion just before the watch was in place is not told.
-            let keys = read().await?.take_kvs();
+            let (keys, ours) = self.read_turn(dir, key, mine).await?;
+            if !ours {
+                return Ok(Turn::KeyDeleted);
+            }
             if plan.holds(dir, mine, &keys) {
-                return Ok(true);
+                return Ok(Turn::Holds);
             }
             if plan.blocker(dir, mine, &keys).map(|(key, _)| key) != Some(blocker) && !prefix {
                 continue;
             }
             if !deletes.next(deadline).await? {
-                return Ok(false);
+                return Ok(Turn::TimedOut);
             }
         }
     }
@@ -333,35 +369,28 @@ impl QueueBackend for EtcdBackend {
             let renewed = Mutex::new(granted_at);
             let period = (ttl / 3).max(Duration::from_millis(100));
             let turn = tokio::select! {
-                turn = self.wait_turn(plan, &dir, mine, deadline) => turn?,
+                turn = self.wait_turn(plan, &dir, &key, mine, deadline) => turn?,
                 error = self.keep_waiting(name, lease, period, &renewed) => return Err(error),
             };
-            if !turn {
-                revoker.revoke().await;
-                return Ok(None);
+            match turn {
+                Turn::Holds => {}
+                Turn::TimedOut => {
+                    revoker.revoke().await;
+                    return Ok(None);
+                }
+                Turn::KeyDeleted => {
+                    revoker.revoke().await;
+                    return Err(LockError::unavailable(
+                        BACKEND,
+                        format!(
+                            "the key of the waiting acquire of {name:?} was deleted while it waited"
+                        ),
+                    ));
+                }
             }
             // The guard's clock starts when the lease was last renewed: the
             // server's expiry is a whole TTL (or more) after that.
             granted_at = *renewed.lock().unwrap_or_else(|p| p.into_inner());
-            // Nothing older is left; our own key must be too (an operator
-            // may have deleted it while we waited, and a missing key is no
-            // place in the queue).
-            let ours = GetOptions::new().with_count_only();
-            if self
-                .etcd
-                .get("read the lock key", key.as_str(), ours)
-                .await?
-                .count()
-                == 0
-            {
-                revoker.revoke().await;
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!(
-                        "the key of the waiting acquire of {name:?} was deleted while it waited"
-                    ),
-                ));
-            }
         }
         let lease = Arc::new(EtcdLease {
             etcd: self.etcd.clone(),

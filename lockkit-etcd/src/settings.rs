@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// The key prefix when the URL names none.
-pub const DEFAULT_PREFIX: &str = "lockkit";
+/// The key prefix when the URL names none (`etcd://h` is `etcd://h/lockkit`).
+pub const DEFAULT_PREFIX: &str = "/lockkit";
 /// Time to reach the cluster when connecting.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time to wait for one request.

@@ -85,7 +85,7 @@ impl Harness for EtcdHarness {
     /// Deletes the holder's key (the oldest of the lock's directory) with
     /// `etcdctl`, as an operator would; the waiters' keys stay.
     async fn revoke(&self, name: &str) {
-        let dir = format!("locks/{}/", lockkit_etcd::encode_name(name));
+        let dir = format!("/locks/{}/", lockkit_etcd::encode_name(name));
         let member = self.deployment.member();
         let keys = member
             .etcdctl(&[

@@ -71,7 +71,7 @@ async fn keys_are_in_etcds_own_layout() {
         .await
         .unwrap();
     let listed = server
-        .etcdctl(&["get", "locks/layout/", "--prefix", "-w", "fields"])
+        .etcdctl(&["get", "/locks/layout/", "--prefix", "-w", "fields"])
         .await
         .unwrap();
     let field = |name: &str| {
@@ -84,13 +84,13 @@ async fn keys_are_in_etcds_own_layout() {
     };
     let key = field("Key");
     let lease: i64 = field("Lease").parse().unwrap();
-    assert_eq!(key, format!("locks/layout/{lease:x}"));
+    assert_eq!(key, format!("/locks/layout/{lease:x}"));
     assert_eq!(field("Value"), "host-a:7");
     let revision: u64 = field("CreateRevision").parse().unwrap();
     assert_eq!(guard.fencing_token().unwrap().get(), revision);
     guard.release().await.unwrap();
     let left = server
-        .etcdctl(&["get", "locks/layout/", "--prefix", "--keys-only"])
+        .etcdctl(&["get", "/locks/layout/", "--prefix", "--keys-only"])
         .await
         .unwrap();
     assert!(left.trim().is_empty(), "{left}");
@@ -107,7 +107,7 @@ async fn etcdctl_lock_and_lockkit_exclude_each_other() {
         &server,
         &[
             "lock",
-            "locks/shared-name",
+            "/locks/shared-name",
             "--",
             "sh",
             "-c",
@@ -130,7 +130,7 @@ async fn etcdctl_lock_and_lockkit_exclude_each_other() {
         .await
         .expect("lockkit gets it once etcdctl's command ended");
 
-    let (_ctl, mut out) = etcdctl(&server, &["lock", "locks/shared-name", "echo", "got it"]);
+    let (_ctl, mut out) = etcdctl(&server, &["lock", "/locks/shared-name", "echo", "got it"]);
     assert_eq!(
         line_where(&mut out, Duration::from_secs(2), |l| l == "got it").await,
         None,
@@ -151,13 +151,13 @@ async fn elections_interoperate_with_etcdctl_elect() {
 
     let election = Election::new(locks.clone(), "scheduler", "lockkit-a");
     let leadership = election.campaign(&opts()).await.unwrap();
-    let (_listener, mut out) = etcdctl(&server, &["elect", "--listen", "locks/scheduler"]);
+    let (_listener, mut out) = etcdctl(&server, &["elect", "--listen", "/locks/scheduler"]);
     line_where(&mut out, Duration::from_secs(10), |l| l == "lockkit-a")
         .await
         .expect("etcdctl elect --listen shows lockkit's leader");
     leadership.resign().await.unwrap();
 
-    let (_candidate, mut out) = etcdctl(&server, &["elect", "locks/reports", "etcd-b"]);
+    let (_candidate, mut out) = etcdctl(&server, &["elect", "/locks/reports", "etcd-b"]);
     line_where(&mut out, Duration::from_secs(10), |l| l == "etcd-b")
         .await
         .expect("etcdctl elect becomes leader");
@@ -190,7 +190,7 @@ async fn a_waiter_whose_key_was_deleted_is_refused() {
         server
             .etcdctl(&[
                 "get",
-                "locks/queue/",
+                "/locks/queue/",
                 "--prefix",
                 "--keys-only",
                 "--sort-by=CREATE",

@@ -155,12 +155,26 @@ impl Testbed {
 
     /// Partitions `client` from every server (`true`) or heals it.
     pub fn partition(&self, client: u32, on: bool) -> Result<(), String> {
+        self.partition_from(client, 0..self.server_count(), on)
+    }
+
+    /// Partitions `client` from the servers `indexes` (`true`) or heals
+    /// those links; its links to the other servers stay as they are.
+    pub fn partition_from(
+        &self,
+        client: u32,
+        indexes: impl IntoIterator<Item = usize>,
+        on: bool,
+    ) -> Result<(), String> {
         let proxies = self
             .proxies
             .get(client as usize)
             .ok_or_else(|| format!("{} runs without proxies", self.deployment))?;
-        for proxy in proxies {
-            proxy.blackhole(on);
+        for index in indexes {
+            proxies
+                .get(index)
+                .ok_or_else(|| format!("{} has no server {index}", self.deployment))?
+                .blackhole(on);
         }
         Ok(())
     }
@@ -255,19 +269,27 @@ impl Testbed {
         Ok(self.sentinels()?.wait_for_failover(old, timeout).await)
     }
 
-    /// The index of the ZooKeeper ensemble's leader.
+    /// The index of the leader of a ZooKeeper ensemble or an etcd cluster.
     pub async fn leader(&self) -> Option<usize> {
         match self.deployment {
             Deployment::ZkEnsemble => self.servers.zk_ensemble().leader().await,
+            Deployment::EtcdCluster => self.servers.etcd_cluster().leader().await,
             _ => None,
         }
     }
 
     /// Kills every client connection on the SQL server, the way an operator
     /// or a failover proxy would: `pg_terminate_backend`, MariaDB `KILL`.
-    /// Returns how many were killed.
+    /// etcd's gRPC connections are reset (TCP RST on both sides) by every
+    /// worker's proxy, as a load balancer or a member's restart of its
+    /// listener would. Returns how many were killed (for etcd, the proxies
+    /// that reset theirs).
     pub async fn kill_connections(&self) -> Result<usize, String> {
         match self.deployment {
+            Deployment::Etcd | Deployment::EtcdCluster => {
+                let proxies = self.proxies.iter().flatten();
+                Ok(proxies.map(TcpProxy::reset_connections).count())
+            }
             Deployment::PgLease | Deployment::PgRow | Deployment::PgAdvisory => {
                 let server = self.servers.pg();
                 let killed = server

@@ -27,11 +27,18 @@ pub enum Scenario {
     Partition,
     /// The SQL server kills every client connection.
     ConnectionKilled,
-    /// Redlock: one of three masters is killed for two leases and restarted
-    /// empty, then two of three.
+    /// Redlock, etcd cluster: one of three masters (members) is killed for
+    /// two leases and restarted (Redlock's empty, etcd's with its data),
+    /// then two of three.
     MinorityThenMajority,
-    /// ZooKeeper ensemble: the leader is killed, and restarted two leases later.
+    /// ZooKeeper ensemble, etcd cluster: the leader is killed, and
+    /// restarted two leases later.
     LeaderKilled,
+    /// A cluster of three: the holder is cut off (its proxies blackhole)
+    /// from one member for two leases, then healed, then from two members
+    /// for two leases. The members still reach each other: the holder can
+    /// only talk to the cluster through the members it still reaches.
+    MembersPartitioned,
     /// Redis Sentinel: replication to the replica is cut, a lock is granted
     /// on the master meanwhile (if the backend grants one), the master is
     /// killed before that grant reaches the replica, and the sentinels
@@ -41,7 +48,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::HolderPaused,
         Scenario::HolderKilled,
         Scenario::ServerKilled,
@@ -50,6 +57,7 @@ impl Scenario {
         Scenario::ConnectionKilled,
         Scenario::MinorityThenMajority,
         Scenario::LeaderKilled,
+        Scenario::MembersPartitioned,
         Scenario::Failover,
     ];
 
@@ -64,6 +72,7 @@ impl Scenario {
             Scenario::ConnectionKilled => "connection-killed",
             Scenario::MinorityThenMajority => "minority-then-majority",
             Scenario::LeaderKilled => "leader-killed",
+            Scenario::MembersPartitioned => "members-partitioned",
             Scenario::Failover => "failover",
         }
     }
@@ -233,13 +242,27 @@ impl Scenario {
                 stage.restart([0, 1]).await?;
                 stage.resource.fault("2 of 3 killed", start);
             }
+            Scenario::MembersPartitioned => {
+                for cut in [1, 2] {
+                    let holder = stage.holder().await?;
+                    let start = stage.resource.now();
+                    stage.deployment.partition_from(holder, 0..cut, true)?;
+                    tokio::time::sleep(scaled(lease, 2.0)).await;
+                    stage.deployment.partition_from(holder, 0..cut, false)?;
+                    stage.resource.fault(
+                        format!("worker {holder} cut from {cut} of 3 members"),
+                        start,
+                    );
+                    tokio::time::sleep(lease).await;
+                }
+            }
             Scenario::LeaderKilled => {
                 stage.holder().await?;
                 let leader = stage
                     .deployment
                     .leader()
                     .await
-                    .ok_or("the ensemble has no leader")?;
+                    .ok_or("the cluster has no leader")?;
                 let start = stage.resource.now();
                 stage.deployment.kill(leader);
                 tokio::time::sleep(scaled(lease, 2.0)).await;
@@ -331,6 +354,21 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         // no partition scenario for them.
         Deployment::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
         Deployment::RedisSentinel | Deployment::RedisSentinelWait => &[HolderPaused, Failover],
+        Deployment::Etcd => &[
+            HolderPaused,
+            HolderKilled,
+            ServerKilled,
+            ServerPaused,
+            Partition,
+            ConnectionKilled,
+        ],
+        Deployment::EtcdCluster => &[
+            HolderPaused,
+            Partition,
+            LeaderKilled,
+            MinorityThenMajority,
+            MembersPartitioned,
+        ],
         // In-process and single-file deployments have no server to fault;
         // Redlock runs on three masters (five adds run time, not cases).
         Deployment::Memory | Deployment::SqliteLease | Deployment::Redlock5 => &[],

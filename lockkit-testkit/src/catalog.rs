@@ -25,8 +25,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::{
-    FaultControl, MariaDbServer, PostgresServer, RedisCluster, RedisSentinels, RedisServer,
-    ServerError, TestServer, ZkEnsemble, ZkServer,
+    EtcdCluster, EtcdServer, FaultControl, MariaDbServer, PostgresServer, RedisCluster,
+    RedisSentinels, RedisServer, ServerError, TestServer, ZkEnsemble, ZkServer,
 };
 
 /// A backend and mode on a shape of servers.
@@ -68,6 +68,10 @@ pub enum Deployment {
     /// The same, and every grant waits for the replica's acknowledgement
     /// (`wait_replicas=1`) before it counts.
     RedisSentinelWait,
+    /// One etcd server.
+    Etcd,
+    /// A three-member etcd cluster.
+    EtcdCluster,
 }
 
 /// The servers a deployment runs on.
@@ -83,6 +87,8 @@ enum Needs {
     SqliteFile,
     Cluster,
     Sentinel,
+    Etcd,
+    EtcdCluster,
 }
 
 impl Deployment {
@@ -105,6 +111,8 @@ impl Deployment {
         Deployment::RedisCluster,
         Deployment::RedisSentinel,
         Deployment::RedisSentinelWait,
+        Deployment::Etcd,
+        Deployment::EtcdCluster,
     ];
 
     /// The name on command lines, in benchmark ids and in reports, e.g.
@@ -128,6 +136,8 @@ impl Deployment {
             Deployment::RedisCluster => "redis-cluster",
             Deployment::RedisSentinel => "redis-sentinel",
             Deployment::RedisSentinelWait => "redis-sentinel-wait",
+            Deployment::Etcd => "etcd",
+            Deployment::EtcdCluster => "etcd-cluster",
         }
     }
 
@@ -206,6 +216,8 @@ impl Deployment {
             Deployment::SqliteLease => Needs::SqliteFile,
             Deployment::RedisCluster => Needs::Cluster,
             Deployment::RedisSentinel | Deployment::RedisSentinelWait => Needs::Sentinel,
+            Deployment::Etcd => Needs::Etcd,
+            Deployment::EtcdCluster => Needs::EtcdCluster,
         }
     }
 }
@@ -228,6 +240,8 @@ pub struct Servers {
     my: Option<MariaDbServer>,
     cluster: Option<RedisCluster>,
     sentinels: Option<Box<RedisSentinels>>,
+    etcd: Option<EtcdServer>,
+    etcd_cluster: Option<EtcdCluster>,
     sqlite_dir: tempfile::TempDir,
 }
 
@@ -271,7 +285,9 @@ impl Servers {
         });
         let cluster = optional(any(Needs::Cluster), || RedisCluster::try_start(3));
         let sentinels = optional(any(Needs::Sentinel), RedisSentinels::try_start);
-        let (redis, redis_aof, zk, zk_ensemble, pg, my, cluster, sentinels) = tokio::join!(
+        let etcd = optional(any(Needs::Etcd), EtcdServer::try_start);
+        let etcd_cluster = optional(any(Needs::EtcdCluster), || EtcdCluster::try_start(3));
+        let (redis, redis_aof, zk, zk_ensemble, pg, my, cluster, sentinels, etcd, etcd_cluster) = tokio::join!(
             redis,
             redis_aof,
             zk,
@@ -279,7 +295,9 @@ impl Servers {
             pg,
             my,
             cluster,
-            sentinels
+            sentinels,
+            etcd,
+            etcd_cluster
         );
         Ok(Servers {
             redis: redis?,
@@ -290,6 +308,8 @@ impl Servers {
             my: my?,
             cluster: cluster?,
             sentinels: sentinels?.map(Box::new),
+            etcd: etcd?,
+            etcd_cluster: etcd_cluster?,
             sqlite_dir: tempfile::tempdir().map_err(|e| ServerError::Io {
                 what: "create a temporary directory for SQLite".into(),
                 source: e,
@@ -335,6 +355,13 @@ impl Servers {
                 .map(RedisServer::addr)
                 .collect(),
             Needs::Sentinel => vec![self.sentinels().master().addr()],
+            Needs::Etcd => vec![self.etcd().addr()],
+            Needs::EtcdCluster => self
+                .etcd_cluster()
+                .servers()
+                .iter()
+                .map(EtcdServer::addr)
+                .collect(),
         }
     }
 
@@ -379,6 +406,7 @@ impl Servers {
             Needs::SqliteFile => format!("sqlite://{}", self.sqlite_path().display()),
             Needs::Cluster => self.cluster().url(),
             Needs::Sentinel => self.sentinels().url(),
+            Needs::Etcd | Needs::EtcdCluster => format!("etcd://{hosts}/lockkit"),
         };
         if query.is_empty() {
             base
@@ -404,6 +432,8 @@ impl Servers {
             Needs::RedisAof => self.redis_aof(),
             Needs::Cluster => &self.cluster().nodes()[index],
             Needs::Sentinel => self.sentinels().master(),
+            Needs::Etcd => self.etcd(),
+            Needs::EtcdCluster => &self.etcd_cluster().servers()[index],
             Needs::Nothing | Needs::SqliteFile => {
                 panic!("{deployment} runs on no server process")
             }
@@ -457,6 +487,18 @@ impl Servers {
         self.sentinels
             .as_deref()
             .expect("the Sentinel deployment was not started")
+    }
+
+    /// The etcd server.
+    pub fn etcd(&self) -> &EtcdServer {
+        self.etcd.as_ref().expect("etcd was not started")
+    }
+
+    /// The etcd cluster.
+    pub fn etcd_cluster(&self) -> &EtcdCluster {
+        self.etcd_cluster
+            .as_ref()
+            .expect("the etcd cluster was not started")
     }
 
     /// The SQLite database file.

@@ -329,6 +329,35 @@ impl EtcdCluster {
     pub fn url(&self) -> String {
         format!("etcd://{}", self.endpoints())
     }
+
+    /// The index of the member that leads the cluster, as the members
+    /// answer `etcdctl endpoint status`: the first one whose own id is the
+    /// leader it names. `None` when no member answers that it leads (one
+    /// is down, paused or in an election).
+    pub async fn leader(&self) -> Option<usize> {
+        for (index, server) in self.servers.iter().enumerate() {
+            let Ok(status) = server.etcdctl(&["endpoint", "status", "-w", "json"]).await else {
+                continue;
+            };
+            let member = json_number(&status, "member_id");
+            if member.is_some() && member == json_number(&status, "leader") {
+                return Some(index);
+            }
+        }
+        None
+    }
+}
+
+/// The first unsigned number that follows `"field":` in `json` (etcdctl's
+/// compact JSON output), without a JSON parser.
+fn json_number(json: &str, field: &str) -> Option<u64> {
+    let start = json.find(&format!("\"{field}\":"))? + field.len() + 3;
+    let digits: String = json[start..]
+        .chars()
+        .skip_while(|c| c.is_whitespace())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 impl crate::disposable::ServerGroup for EtcdCluster {

@@ -91,3 +91,20 @@ async fn a_cluster_survives_a_killed_member_which_rejoins() {
         "the restarted member caught up"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_names_its_leader_and_a_new_one_after_a_kill() {
+    let cluster = lockkit_testkit::EtcdCluster::start(3).await;
+    let leader = lockkit_testkit::eventually(Duration::from_secs(10), || async {
+        cluster.leader().await.is_some()
+    })
+    .await;
+    assert!(leader, "no member says it leads");
+    let old = cluster.leader().await.expect("a leader");
+    cluster.servers()[old].kill();
+    let elected = lockkit_testkit::eventually(Duration::from_secs(15), || async {
+        cluster.leader().await.is_some_and(|new| new != old)
+    })
+    .await;
+    assert!(elected, "the survivors elected no leader of their own");
+}

@@ -1,0 +1,105 @@
+//! The hand-written etcd lock cycle: the requests of etcd's own lock recipe
+//! (a session's lease, the `concurrency` package's `Mutex`) with nothing
+//! around them, on an `etcd-client` connection of its own.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use tokio::time::Instant;
+
+/// A raw etcd client.
+#[derive(Clone)]
+pub struct RawEtcd {
+    client: Client,
+}
+
+impl std::fmt::Debug for RawEtcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RawEtcd")
+    }
+}
+
+/// The lease of a raw cycle, in seconds (as lockkit's 30 s benchmarks ask).
+const RAW_LEASE_SECONDS: i64 = 30;
+
+impl RawEtcd {
+    /// Connects to `endpoints` (`host:port`, comma-separated).
+    pub async fn connect(endpoints: &str) -> RawEtcd {
+        let endpoints: Vec<String> = endpoints
+            .split(',')
+            .map(|e| format!("http://{e}"))
+            .collect();
+        let client = Client::connect(endpoints, None)
+            .await
+            .expect("an etcd-client connection");
+        RawEtcd { client }
+    }
+
+    /// One uncontended cycle on the directory `dir` (`…/`), the requests
+    /// lockkit's cycle sends, in its order: grant a lease; one transaction
+    /// that creates `<dir><lease hex>` if it is missing and reads the
+    /// directory's oldest key (ours: the lock is free); one transaction that
+    /// deletes the key if its create revision is still ours; the lease's
+    /// revocation, left to a task as lockkit's release leaves it. Panics if
+    /// the key was not the oldest or not deleted.
+    pub async fn cycle(&self, dir: &str) {
+        let mut client = self.client.clone();
+        let lease = client
+            .lease_grant(RAW_LEASE_SECONDS, None)
+            .await
+            .expect("lease grant")
+            .id();
+        let key = format!("{dir}{lease:x}");
+        let oldest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only()
+            .with_limit(1);
+        let create = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(dir, Some(oldest)),
+            ]);
+        let created = client.txn(create).await.expect("create txn");
+        assert!(created.succeeded(), "raw etcd: {key} existed");
+        let revision = created.header().expect("a header").revision();
+        let delete = Txn::new()
+            .when([Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key.clone(), None)]);
+        let deleted = client.txn(delete).await.expect("delete txn");
+        assert!(
+            deleted.succeeded(),
+            "raw etcd: {key} was not ours to delete"
+        );
+        tokio::spawn(async move {
+            let _ = client.lease_revoke(lease).await;
+        });
+    }
+
+    /// One write: a put of `key`, timed (the yardstick of etcd's handoffs).
+    pub async fn put(&self, key: &str) -> Duration {
+        let started = Instant::now();
+        self.client.clone().put(key, "x", None).await.expect("put");
+        started.elapsed()
+    }
+
+    /// How many keys are under `prefix`.
+    pub async fn count(&self, prefix: &str) -> i64 {
+        self.client
+            .clone()
+            .get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .expect("count")
+            .count()
+    }
+}
