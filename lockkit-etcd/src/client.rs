@@ -6,13 +6,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, EventType, GetOptions, GetResponse, Txn, TxnResponse, WatchFilterType,
-    WatchOptions, WatchStream,
+    Certificate, Client, ConnectOptions, EventType, GetOptions, GetResponse, Identity, TlsOptions,
+    Txn, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
 use lockkit_core::{LockError, Result};
 use tokio::time::Instant;
 
-use crate::settings::EtcdSettings;
+use crate::settings::{EtcdSettings, EtcdTls};
 
 /// The backend's name in logs and errors.
 pub(crate) const BACKEND: &str = "etcd";
@@ -39,7 +39,9 @@ pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
     use tonic::Code;
     match error {
-        E::TransportError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
+        E::TransportError(e) => {
+            LockError::unavailable(BACKEND, format!("{what}: {}", with_causes(&e)))
+        }
         E::IoError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
         E::GRpcStatus(status) => match status.code() {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
@@ -51,6 +53,33 @@ pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
     }
 }
 
+/// What `etcd-client` is given for TLS: the URL's authorities (else the
+/// system's roots) and client certificate. Verification is always on.
+fn tls_options(tls: &EtcdTls) -> TlsOptions {
+    let mut options = TlsOptions::new();
+    options = match &tls.ca {
+        Some(pem) => options.ca_certificate(Certificate::from_pem(pem)),
+        None => options.with_native_roots(),
+    };
+    if let Some((cert, key)) = &tls.identity {
+        options = options.identity(Identity::from_pem(cert, key));
+    }
+    options
+}
+
+/// `error` and its sources, `: `-separated (tonic's transport error says
+/// only "transport error"; the cause is in its sources).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl Etcd {
     /// Connects and checks that the cluster answers (a read of the prefix),
     /// within the connect timeout.
@@ -60,6 +89,9 @@ impl Etcd {
             .with_keep_alive(Duration::from_secs(5), settings.command_timeout);
         if let Some((user, password)) = &settings.user {
             options = options.with_user(user.clone(), password.clone());
+        }
+        if let Some(tls) = &settings.tls {
+            options = options.with_tls(tls_options(tls));
         }
         let limit = settings.connect_timeout;
         let connect = Client::connect(settings.endpoints.clone(), Some(options));

@@ -8,7 +8,7 @@ use lockkit_core::{LockError, Result};
 use crate::client::Etcd;
 use crate::lock::{EtcdBackend, EtcdLock};
 use crate::settings::{
-    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, EtcdSettings,
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, EtcdSettings, EtcdTls,
 };
 
 /// Builds an [`EtcdLock`].
@@ -25,6 +25,13 @@ use crate::settings::{
 /// | --- | --- | --- |
 /// | `connect_timeout` | to reach the cluster | 2 s |
 /// | `command_timeout` | per request | 2 s |
+/// | `tls` | `true`: TLS to every member, trusting the system's roots | `false` |
+/// | `ca_file` | a PEM file of the authorities to trust instead (implies `tls`) | |
+/// | `cert_file`, `key_file` | PEM files of a client certificate and its key, for clusters that check clients (`--client-cert-auth`); both or neither (imply `tls`) | |
+///
+/// Certificates are always verified: there is no way to turn that off. The
+/// files are read when the URL is parsed; a missing or unreadable one is
+/// `InvalidUrl` naming the file.
 ///
 /// ```
 /// use std::time::Duration;
@@ -118,23 +125,51 @@ pub(crate) fn parse_url(raw: &str) -> Result<EtcdLockBuilder> {
     };
     let mut settings = EtcdSettings {
         endpoints,
+        tls: None,
         prefix,
         user,
         connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         command_timeout: DEFAULT_COMMAND_TIMEOUT,
         redacted_url: redact_url(raw),
     };
+    let mut tls = false;
+    let mut tls_files = EtcdTls::default();
+    let (mut cert, mut key_file) = (None, None);
+    let read = |param: &str, path: &str| {
+        std::fs::read(path).map_err(|e| bad(format!("cannot read {param} {path:?}: {e}")))
+    };
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         let timeout = timeout_param(&key, &value);
         match &*key {
             "connect_timeout" => settings.connect_timeout = timeout.map_err(bad)?,
             "command_timeout" => settings.command_timeout = timeout.map_err(bad)?,
+            "tls" => {
+                tls = match &*value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    other => return Err(bad(format!("tls {other:?} is not true or false"))),
+                }
+            }
+            "ca_file" => tls_files.ca = Some(read("ca_file", &value)?),
+            "cert_file" => cert = Some(read("cert_file", &value)?),
+            "key_file" => key_file = Some(read("key_file", &value)?),
             other => {
                 return Err(bad(format!(
-                    "unknown parameter {other:?} (known: connect_timeout, command_timeout)"
+                    "unknown parameter {other:?} (known: connect_timeout, command_timeout, tls, ca_file, cert_file, key_file)"
                 )));
             }
         }
+    }
+    tls_files.identity = match (cert, key_file) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err(bad("cert_file and key_file go together".into())),
+    };
+    if tls || tls_files.ca.is_some() || tls_files.identity.is_some() {
+        for endpoint in &mut settings.endpoints {
+            *endpoint = endpoint.replacen("http://", "https://", 1);
+        }
+        settings.tls = Some(tls_files);
     }
     Ok(EtcdLockBuilder { settings })
 }
@@ -165,6 +200,42 @@ mod tests {
     }
 
     #[test]
+    fn tls_parameters_switch_to_https_and_keep_the_key_out_of_debug() {
+        let dir = std::env::temp_dir().join(format!("lockkit-etcd-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.to_str().unwrap().to_owned()
+        };
+        let (ca, cert, key) = (
+            file("ca.pem", "CA"),
+            file("c.pem", "CERT"),
+            file("k.pem", "SECRET-KEY-BYTES"),
+        );
+        let plain = parse_url("etcd://a:1,b:2").unwrap();
+        assert!(plain.settings.tls.is_none());
+        assert_eq!(plain.settings.endpoints, ["http://a:1", "http://b:2"]);
+        let roots = parse_url("etcd://a:1?tls=true").unwrap();
+        assert_eq!(roots.settings.endpoints, ["https://a:1"]);
+        assert!(roots.settings.tls.as_ref().unwrap().ca.is_none());
+        let b = parse_url(&format!(
+            "etcd://a:1,b:2?ca_file={ca}&cert_file={cert}&key_file={key}"
+        ))
+        .unwrap();
+        assert_eq!(b.settings.endpoints, ["https://a:1", "https://b:2"]);
+        let tls = b.settings.tls.as_ref().unwrap();
+        assert_eq!(tls.ca.as_deref(), Some(&b"CA"[..]));
+        assert!(tls.identity.is_some());
+        assert!(!format!("{b:?}").contains("SECRET"), "{b:?}");
+        let half = parse_url(&format!("etcd://a?cert_file={cert}"))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(half.to_string().contains("together"), "{half}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn rejects_bad_urls_without_leaking_the_password() {
         for bad in [
             "etcd://:secretpw@",
@@ -178,6 +249,9 @@ mod tests {
             "etcd://secretpw@h",
             "etcd://:secretpw@h",
             "etcds://u:secretpw@h",
+            "etcd://u:secretpw@h?tls=maybe",
+            "etcd://u:secretpw@h?ca_file=/nonexistent/ca.pem",
+            "etcd://u:secretpw@h?cert_file=/nonexistent/c.pem",
         ] {
             let err = parse_url(bad).map(|_| ()).unwrap_err();
             assert!(matches!(err, LockError::InvalidUrl { .. }), "{bad}: {err}");

@@ -9,11 +9,36 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time to wait for one request.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// TLS to the members: which certificate authority to trust, and the
+/// client's own certificate where the cluster asks for one.
+#[derive(Clone, Default)]
+pub(crate) struct EtcdTls {
+    /// PEM of the authorities to trust; `None`: the system's roots.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// PEM of the client certificate and of its private key.
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The private key is a secret: only whether one is set.
+        f.debug_struct("EtcdTls")
+            .field(
+                "ca",
+                &self.ca.as_ref().map_or("system roots", |_| "ca_file"),
+            )
+            .field("client_certificate", &self.identity.is_some())
+            .finish()
+    }
+}
+
 /// The settings of one client.
 #[derive(Clone)]
 pub(crate) struct EtcdSettings {
-    /// `http://host:port` of every member.
+    /// `http://host:port` (`https://` with TLS) of every member.
     pub(crate) endpoints: Vec<String>,
+    /// TLS, when the URL asks for it.
+    pub(crate) tls: Option<EtcdTls>,
     /// The key prefix, without a trailing `/`.
     pub(crate) prefix: String,
     pub(crate) user: Option<(String, String)>,
@@ -27,6 +52,7 @@ impl std::fmt::Debug for EtcdSettings {
         f.debug_struct("EtcdSettings")
             .field("url", &self.redacted_url)
             .field("prefix", &self.prefix)
+            .field("tls", &self.tls)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .finish_non_exhaustive()

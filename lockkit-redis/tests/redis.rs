@@ -2,14 +2,14 @@
 //! reconnects, timeouts, authentication, TLS, notification-driven waits, fencing
 //! persistence and interop with redis-py.
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
 use lockkit_testkit::{FaultControl, TestServer};
-use lockkit_testkit::{PythonPeer, RedisServer, assert_mutual_exclusion_with, free_port};
+use lockkit_testkit::{
+    PythonPeer, RedisServer, TestCerts, assert_mutual_exclusion_with, free_port,
+};
 use tokio::time::Instant;
 
 fn opts() -> LockOptions {
@@ -360,85 +360,13 @@ async fn idle_subscriptions_are_dropped() {
     assert!(channels.trim().is_empty(), "still subscribed: {channels}");
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap_or_else(|e| {
-            panic!("openssl is needed for the TLS test (run scripts/install-services.sh): {e}")
-        });
-    assert!(status.success(), "openssl {args:?} failed");
-}
-
 /// `rediss://` with a private CA given by `ca_file`; a client that does not trust
 /// the CA is refused.
 #[tokio::test]
 async fn tls_with_private_ca() {
-    let dir = tempfile_dir();
-    let d = dir.path();
-    openssl(
-        d,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=lockkit test CA",
-        ],
-    );
-    openssl(
-        d,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    );
-    std::fs::write(
-        d.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(
-        d,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ],
-    );
+    let certs = TestCerts::generate().expect("openssl makes a test CA");
     let tls_port = free_port();
-    let path = |f: &str| d.join(f).to_str().unwrap().to_owned();
+    let path = |f: &str| certs.path(f).to_str().unwrap().to_owned();
     let server = RedisServer::builder()
         .arg("--tls-port")
         .arg(&tls_port.to_string())
@@ -474,10 +402,6 @@ async fn tls_with_private_ca() {
         ),
         "{err}"
     );
-}
-
-fn tempfile_dir() -> tempfile::TempDir {
-    tempfile::tempdir().expect("temp dir")
 }
 
 /// redis-py's `Lock` on the plain key `argv[2]`.

@@ -56,6 +56,10 @@ const CTL_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct EtcdServer {
     port: u16,
     peer_port: u16,
+    /// Where `/health` answers in plain HTTP, whether or not the client
+    /// port speaks TLS.
+    metrics_port: u16,
+    tls: Option<EtcdServerTls>,
     /// The member's name, and the initial cluster (`name=peer URL,…`).
     name: String,
     cluster: String,
@@ -144,6 +148,8 @@ impl EtcdServer {
             servers.push(EtcdServer {
                 port,
                 peer_port,
+                metrics_port: free_port(),
+                tls: None,
                 name: format!("n{}", i + 1),
                 cluster: cluster.clone(),
                 binary: binary.to_path_buf(),
@@ -155,10 +161,28 @@ impl EtcdServer {
     }
 
     fn etcd_args(&self) -> Vec<String> {
-        let client = format!("http://127.0.0.1:{}", self.port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let data = self.dir.path().join(DATA_DIR);
-        vec![
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let mut tls = Vec::new();
+        if let Some(files) = &self.tls {
+            tls.extend([
+                "--cert-file".into(),
+                path(&files.cert_file),
+                "--key-file".into(),
+                path(&files.key_file),
+            ]);
+            if let Some(ca) = &files.client_ca_file {
+                tls.extend([
+                    "--client-cert-auth".into(),
+                    "--trusted-ca-file".into(),
+                    path(ca),
+                ]);
+            }
+        }
+        let args = vec![
             "--name".into(),
             self.name.clone(),
             "--data-dir".into(),
@@ -187,7 +211,10 @@ impl EtcdServer {
                 .join(LOG_FILE)
                 .to_string_lossy()
                 .into_owned(),
-        ]
+            "--listen-metrics-urls".into(),
+            format!("http://127.0.0.1:{}", self.metrics_port),
+        ];
+        args.into_iter().chain(tls).collect()
     }
 
     /// Spawns the process (killing a running one first) and waits until
@@ -195,7 +222,7 @@ impl EtcdServer {
     async fn launch(&self) -> Result<(), ServerError> {
         let mut command = Command::new(&self.binary);
         command.args(self.etcd_args()).current_dir(self.dir.path());
-        let addr = self.addr();
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.metrics_port));
         self.process
             .launch(
                 &self.what(),
@@ -209,7 +236,7 @@ impl EtcdServer {
     }
 }
 
-/// Whether the server on `addr` answers `GET /health` with
+/// Whether the server's metrics listener on `addr` answers `GET /health` with
 /// `"health":"true"` (it does once it has a leader and applied its log).
 async fn healthy(addr: SocketAddr) -> bool {
     let answer = async {
@@ -232,6 +259,38 @@ impl FaultControl for EtcdServer {
 
     async fn try_restart(&self) -> Result<(), ServerError> {
         self.launch().await
+    }
+}
+
+/// Server-side TLS of an [`EtcdServer`]: its certificate and key (PEM
+/// files), and the authority whose client certificates it requires
+/// (`--client-cert-auth`), if any. [`TestCerts`](crate::TestCerts) makes a
+/// set.
+#[derive(Clone, Debug)]
+pub struct EtcdServerTls {
+    /// The server's certificate.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+    /// The authority of the client certificates it requires; `None`: no
+    /// client certificate is asked for.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl EtcdServer {
+    /// Starts a server whose client port speaks TLS only, as `tls` says;
+    /// retries on new ports when another process takes the chosen ones
+    /// first. Its [`url`](TestServer::url) is `etcd://127.0.0.1:PORT`: add
+    /// lockkit's TLS parameters to it.
+    pub async fn try_start_tls(tls: EtcdServerTls) -> Result<EtcdServer, ServerError> {
+        let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
+        retry_on_taken_port("etcd", || async {
+            let mut servers = EtcdServer::members(&binary, 1)?;
+            let mut server = servers.pop().expect("one member");
+            server.tls = Some(tls.clone());
+            server.launch().await.map(|()| server)
+        })
+        .await
     }
 }
 

@@ -29,6 +29,7 @@
 //! (`scripts/install-services.sh`), never a silent skip.
 
 pub mod catalog;
+mod certs;
 mod curator_peer;
 mod disposable;
 mod etcd_server;
@@ -45,9 +46,10 @@ mod redis_server;
 mod server;
 mod zk_server;
 
+pub use certs::TestCerts;
 pub use curator_peer::CuratorPeer;
 pub use disposable::{DisposableServer, ServerGroup};
-pub use etcd_server::{EtcdCluster, EtcdServer};
+pub use etcd_server::{EtcdCluster, EtcdServer, EtcdServerTls};
 /// The conformance suite (the `lockkit-conformance` crate), re-exported.
 pub use lockkit_conformance as conformance;
 pub use lockkit_conformance::{Probe, spawn_contenders};
