@@ -4,7 +4,9 @@
 # them):
 #
 #   1. the criterion suite `compare` (cycle, try_fail, handoff, raw_floor per
-#      backend) and its Markdown table, then `family` (shared and permit
+#      backend) and its Markdown table, `etcd` (the etcd cycle paired with
+#      its raw floor, and the 16-way handoff, on both runtime flavours),
+#      then `family` (shared and permit
 #      cycles paired with the exclusive one, on both runtime flavours) and
 #      `family_peers` (against distributed-lock 0.2 and Curator, and 16
 #      readers scaling); scripts/readme-bench.sh copies those two into the
@@ -23,9 +25,10 @@ cd "$(dirname "$0")/.."
 scripts/install-services.sh
 out=target/lockkit-bench
 mkdir -p "$out"
-backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,pg-lease,pg-row,pg-advisory,mariadb-lease,mariadb-row,mariadb-named,sqlite-lease}
+backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,etcd,pg-lease,pg-row,pg-advisory,mariadb-lease,mariadb-row,mariadb-named,sqlite-lease}
 
 cargo bench -p lockkit-benches --bench compare
+cargo bench -p lockkit-benches --bench etcd
 cargo bench -p lockkit-benches --bench family
 cargo bench -p lockkit-benches --bench family_peers
 cargo build --release -p lockkit-benches --bin lockkit-load --bin lockkit-scale

@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 scripts/install-services.sh
 
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+# A fresh clone has nothing to reuse: the incremental cache would only add
+# gigabytes to the target directory.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --all-features --no-fail-fast

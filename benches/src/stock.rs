@@ -1,5 +1,6 @@
 //! Where the load generator keeps its stock: in the lock's own backend (a
-//! Redis key, an SQL row, a ZooKeeper node's data, a map in process), so
+//! Redis key, an SQL row, a ZooKeeper node's data, an etcd key, a map in
+//! process), so
 //! that the read-modify-write under the lock is a real round trip to a real
 //! server, and a write carries the holder's fencing token where it has one.
 
@@ -8,6 +9,7 @@ use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use lockkit_core::FencingToken;
 use redis::aio::ConnectionManager;
 use sqlx::mysql::MySqlPoolOptions;
@@ -37,6 +39,19 @@ pub enum Stock {
     Sqlite(SqlitePool),
     /// Nodes `/lockkit-load/stock-<k>` whose data is `<stock> <fence>`.
     Zk(Client),
+    /// etcd keys `/lockkit-load/stock-<k>` whose value is `<stock> <fence>`;
+    /// the fenced write is a transaction on the key's mod revision.
+    Etcd(EtcdStock),
+}
+
+/// The etcd stock's client (`etcd_client::Client` has no `Debug`).
+#[derive(Clone)]
+pub struct EtcdStock(etcd_client::Client);
+
+impl std::fmt::Debug for EtcdStock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EtcdStock")
+    }
 }
 
 const FENCED_SET: &str = "if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then \
@@ -124,6 +139,16 @@ impl Stock {
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(Stock::Zk(client))
+            }
+            "etcd" => {
+                let hosts = without_query(rest);
+                let hosts = hosts.split('/').next().unwrap_or("");
+                let endpoints: Vec<String> =
+                    hosts.split(',').map(|h| format!("http://{h}")).collect();
+                let client = etcd_client::Client::connect(endpoints, None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Stock::Etcd(EtcdStock(client)))
             }
             other => Err(format!("no stock store for scheme {other:?}")),
         }
@@ -231,6 +256,17 @@ impl Stock {
                     }
                 }
             }
+            Stock::Etcd(client) => {
+                let data = format!("{stock} 0");
+                for k in 0..keys {
+                    client
+                        .0
+                        .clone()
+                        .put(etcd_key(k), data.clone(), None)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+            }
         }
         Ok(())
     }
@@ -264,6 +300,7 @@ impl Stock {
                     .map_err(sql_error("read"))?
             }
             Stock::Zk(client) => zk_read(client, k).await?.0,
+            Stock::Etcd(client) => etcd_read(client, k).await?.0,
         })
     }
 
@@ -375,6 +412,29 @@ impl Stock {
                     Err(e) => return Err(e.to_string()),
                 }
             }
+            Stock::Etcd(client) => {
+                // A compare-and-set on the key's mod revision, as above.
+                let (_, stored_fence, revision) = etcd_read(client, k).await?;
+                if fence.is_some_and(|f| f <= stored_fence) {
+                    return Ok(false);
+                }
+                let key = etcd_key(k);
+                let data = format!("{qty} {}", fence.unwrap_or(stored_fence));
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then([TxnOp::put(key, data, None)]);
+                client
+                    .0
+                    .clone()
+                    .txn(txn)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .succeeded()
+            }
         })
     }
 
@@ -387,7 +447,7 @@ impl Stock {
                 .values()
                 .map(|(qty, _)| qty)
                 .sum(),
-            Stock::Redis(_) | Stock::Zk(_) => {
+            Stock::Redis(_) | Stock::Zk(_) | Stock::Etcd(_) => {
                 let mut sum = 0;
                 for k in 0..keys {
                     sum += self.read(k).await?;
@@ -414,6 +474,34 @@ impl Stock {
             }
         })
     }
+}
+
+fn etcd_key(k: usize) -> String {
+    format!("{ZK_DIR}/stock-{k}")
+}
+
+/// `<stock> <fence>` as numbers.
+fn parse_stock(text: &str) -> Result<(i64, i64), String> {
+    let mut parts = text.split(' ').map(|p| p.parse::<i64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(qty), Some(fence)) => Ok((qty, fence)),
+        _ => Err(format!("bad stock data {text:?}")),
+    }
+}
+
+/// Key `k`'s stock, fence and mod revision.
+async fn etcd_read(EtcdStock(client): &EtcdStock, k: usize) -> Result<(i64, i64, i64), String> {
+    let answer = client
+        .clone()
+        .get(etcd_key(k), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let kv = answer
+        .kvs()
+        .first()
+        .ok_or_else(|| format!("no stock key {}", etcd_key(k)))?;
+    let (qty, fence) = parse_stock(&String::from_utf8_lossy(kv.value()))?;
+    Ok((qty, fence, kv.mod_revision()))
 }
 
 async fn zk_read(client: &Client, k: usize) -> Result<(i64, i64, i32), String> {

@@ -341,7 +341,8 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         | Deployment::PgAdvisory
         | Deployment::MariaDbLease
         | Deployment::MariaDbRow
-        | Deployment::MariaDbNamed => &[
+        | Deployment::MariaDbNamed
+        | Deployment::Etcd => &[
             HolderPaused,
             HolderKilled,
             ServerKilled,
@@ -354,14 +355,6 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         // no partition scenario for them.
         Deployment::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
         Deployment::RedisSentinel | Deployment::RedisSentinelWait => &[HolderPaused, Failover],
-        Deployment::Etcd => &[
-            HolderPaused,
-            HolderKilled,
-            ServerKilled,
-            ServerPaused,
-            Partition,
-            ConnectionKilled,
-        ],
         Deployment::EtcdCluster => &[
             HolderPaused,
             Partition,

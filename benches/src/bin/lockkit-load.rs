@@ -42,7 +42,8 @@ struct Args {
     url: Option<String>,
     /// Start the servers of these backends here instead (comma separated:
     /// memory, redis, redlock3, redlock5, zk, pg-lease, pg-row, pg-advisory,
-    /// mariadb-lease, mariadb-row, mariadb-named, sqlite-lease), and run each.
+    /// mariadb-lease, mariadb-row, mariadb-named, sqlite-lease, etcd), and
+    /// run each.
     #[arg(long, value_delimiter = ',')]
     start: Vec<String>,
     /// Tasks contending at once (in all processes together).
@@ -229,25 +230,9 @@ async fn run_url(
     Ok(outcomes)
 }
 
-/// A lockkit client of `url`, through the backend crates.
+/// A lockkit client of `url`, as an application gets one.
 async fn connect(url: &str) -> Result<Arc<dyn lockkit_core::DistributedLock>, String> {
-    let scheme = url.split(':').next().unwrap_or("");
-    let lock: Arc<dyn lockkit_core::DistributedLock> = match scheme {
-        "memory" => Arc::new(lockkit_core::MemoryLock::from_url(url).map_err(|e| e.to_string())?),
-        "redis" | "rediss" => Arc::new(
-            lockkit_redis::connect(url)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        "redlock" => Arc::new(
-            lockkit_redlock::connect(url)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        "zk" => Arc::new(lockkit_zk::connect(url).await.map_err(|e| e.to_string())?),
-        _ => Arc::new(lockkit_sql::connect(url).await.map_err(|e| e.to_string())?),
-    };
-    Ok(lock)
+    lockkit::connect(url).await.map_err(|e| e.to_string())
 }
 
 /// The Redis master URLs behind a redis:// or redlock:// URL.
