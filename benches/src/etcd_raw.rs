@@ -12,7 +12,8 @@ use tokio::time::Instant;
 /// A raw etcd client.
 #[derive(Clone)]
 pub struct RawEtcd {
-    client: Client,
+    /// Boxed: the client is some 3.7 KB by value.
+    client: Box<Client>,
 }
 
 impl std::fmt::Debug for RawEtcd {
@@ -34,7 +35,9 @@ impl RawEtcd {
         let client = Client::connect(endpoints, None)
             .await
             .expect("an etcd-client connection");
-        RawEtcd { client }
+        RawEtcd {
+            client: Box::new(client),
+        }
     }
 
     /// One uncontended cycle on the directory `dir` (`…/`), the requests

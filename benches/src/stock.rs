@@ -44,9 +44,10 @@ pub enum Stock {
     Etcd(EtcdStock),
 }
 
-/// The etcd stock's client (`etcd_client::Client` has no `Debug`).
+/// The etcd stock's client (`etcd_client::Client` has no `Debug`, and is
+/// some 3.7 KB by value: boxed).
 #[derive(Clone)]
-pub struct EtcdStock(etcd_client::Client);
+pub struct EtcdStock(Box<etcd_client::Client>);
 
 impl std::fmt::Debug for EtcdStock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -148,7 +149,7 @@ impl Stock {
                 let client = etcd_client::Client::connect(endpoints, None)
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok(Stock::Etcd(EtcdStock(client)))
+                Ok(Stock::Etcd(EtcdStock(Box::new(client))))
             }
             other => Err(format!("no stock store for scheme {other:?}")),
         }
