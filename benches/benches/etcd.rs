@@ -18,12 +18,14 @@
 //!   to the moment a waiter on another client, already inside `acquire` with
 //!   its key queued behind the holder's, gets the lock. Each handoff is
 //!   paired with a put timed just before it.
-//! * contention (e): 16 tasks on 16 clients loop `acquire` → `release` on one
-//!   key; the handoff wait is from one holder's release returning to the next
-//!   holder's acquire returning.
+//! * contention (e): 16 tasks sharing one client loop `acquire` → `release`
+//!   on one key (the client's local queue keeps one key of its own on the
+//!   server); (e′) the same with 16 clients, each task its own. The handoff
+//!   wait is from one holder's release returning to the next holder's
+//!   acquire returning.
 //!
 //! The targets are judged on paired measurements: (b)/(a) ≤ 1.15 over the
-//! interleaved rounds run after the criterion groups, and the p99 of (e)'s
+//! interleaved rounds run after the criterion groups, and the p99 of (e′)'s
 //! handoff waits ≤ 3 × one write (the median put of the interleaved rounds
 //! of the same runtime). After every batch of cycles (outside the timing)
 //! the cycle's lock directory is checked to hold no key any more.
@@ -97,6 +99,7 @@ struct Names {
     no_renew: String,
     renew: String,
     handoff: &'static str,
+    shared: &'static str,
     contention: &'static str,
 }
 
@@ -108,6 +111,7 @@ impl Names {
             renew: name("cycle-renew"),
             // Two short strings per flavour for the life of the bench.
             handoff: name("handoff").leak(),
+            shared: name("contention-shared").leak(),
             contention: name("contention").leak(),
         }
     }
@@ -248,6 +252,7 @@ struct Run {
     flavour: &'static str,
     paired: Interleaved<Cycle>,
     handoff: HandoffDiag,
+    shared: Contention,
     contention: Contention,
 }
 
@@ -264,8 +269,23 @@ fn main() {
         }) else {
             return;
         };
+        let url = format!("{}{PREFIX}", server.url());
+        let one: Arc<dyn DistributedLock> = Arc::new(
+            runtime
+                .block_on(lockkit_etcd::connect(&url))
+                .expect("connect"),
+        );
+        let shared = runtime.block_on(contention(
+            vec![one; CONTENDERS],
+            fixture.names.shared,
+            critical_sections(mode),
+            Duration::from_secs(60),
+        ));
+        println!(
+            "contention ({flavour}, {CONTENDERS} tasks on one client): {}",
+            shared.describe()
+        );
         let clients = runtime.block_on(async {
-            let url = format!("{}{PREFIX}", server.url());
             let mut clients: Vec<Arc<dyn DistributedLock>> = Vec::new();
             for _ in 0..CONTENDERS {
                 clients.push(Arc::new(
@@ -288,6 +308,7 @@ fn main() {
             flavour,
             paired,
             handoff,
+            shared,
             contention: contended,
         });
     }
@@ -341,8 +362,10 @@ fn summary(mode: RunMode, runs: &[Run]) -> String {
             .median(Cycle::RawPut)
             .map(|ns| Duration::from_nanos(ns as u64));
         let limit = write.map(|w| w.mul_f64(HANDOFF_WRITES));
+        let label = format!("(e) {CONTENDERS} tasks on one client");
+        let _ = writeln!(out, "{}", run.shared.row(&label, None));
         let label = format!(
-            "(e) {CONTENDERS} tasks on {CONTENDERS} clients, target p99 ≤ {HANDOFF_WRITES} × one write ({})",
+            "(e′) {CONTENDERS} tasks on {CONTENDERS} clients, target p99 ≤ {HANDOFF_WRITES} × one write ({})",
             write.map_or_else(|| "n/a".to_owned(), fmt_duration)
         );
         let _ = writeln!(out, "{}", run.contention.row(&label, limit));
@@ -350,9 +373,11 @@ fn summary(mode: RunMode, runs: &[Run]) -> String {
         if let Some(line) = run.handoff.describe() {
             let _ = writeln!(out, "(d) detail: {line}.\n");
         }
-        let _ = writeln!(out, "(e) detail: {}.\n", run.contention.describe());
-        if let Some(note) = run.contention.overlap_note() {
-            let _ = writeln!(out, "Note: {note}\n");
+        for (label, c) in [("(e)", &run.shared), ("(e′)", &run.contention)] {
+            let _ = writeln!(out, "{label} detail: {}.\n", c.describe());
+            if let Some(note) = c.overlap_note() {
+                let _ = writeln!(out, "{label} note: {note}\n");
+            }
         }
     }
     out
