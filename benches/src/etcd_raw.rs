@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp,
 };
 use tokio::time::Instant;
 
@@ -26,13 +27,22 @@ impl std::fmt::Debug for RawEtcd {
 const RAW_LEASE_SECONDS: i64 = 30;
 
 impl RawEtcd {
-    /// Connects to `endpoints` (`host:port`, comma-separated).
+    /// Connects to `endpoints` (`host:port`, comma-separated), with the
+    /// connection settings lockkit-etcd's client uses (its defaults: a 2 s
+    /// connect timeout, an HTTP/2 keep-alive ping every 5 s), so that the
+    /// floor differs from lockkit by the lock engine alone.
     pub async fn connect(endpoints: &str) -> RawEtcd {
         let endpoints: Vec<String> = endpoints
             .split(',')
             .map(|e| format!("http://{e}"))
             .collect();
-        let client = Client::connect(endpoints, None)
+        let options = ConnectOptions::new()
+            .with_connect_timeout(lockkit_etcd::DEFAULT_CONNECT_TIMEOUT)
+            .with_keep_alive(
+                lockkit_etcd::KEEP_ALIVE_INTERVAL,
+                lockkit_etcd::DEFAULT_COMMAND_TIMEOUT,
+            );
+        let client = Client::connect(endpoints, Some(options))
             .await
             .expect("an etcd-client connection");
         RawEtcd {

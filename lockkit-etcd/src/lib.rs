@@ -11,7 +11,9 @@ mod settings;
 pub use config::EtcdLockBuilder;
 pub use keys::{SEMAPHORES, encode_name};
 pub use lock::{ETCD_CAPABILITIES, EtcdBackend, EtcdLock};
-pub use settings::{DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX};
+pub use settings::{
+    DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, KEEP_ALIVE_INTERVAL,
+};
 
 /// Connects to the cluster of an `etcd://` URL; see [`EtcdLockBuilder`].
 pub async fn connect(url: &str) -> lockkit_core::Result<EtcdLock> {

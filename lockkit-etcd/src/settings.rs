@@ -8,6 +8,10 @@ pub const DEFAULT_PREFIX: &str = "/lockkit";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time to wait for one request.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often an idle connection sends an HTTP/2 ping (etcd's servers accept
+/// one every 5 s at most, `--grpc-keepalive-min-time`); a ping unanswered
+/// within the command timeout closes the connection.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// TLS to the members: which certificate authority to trust, and the
 /// client's own certificate where the cluster asks for one.
