@@ -124,6 +124,11 @@ struct Fixture {
     names: Names,
 }
 
+/// lockkit's URL of `server`, under [`PREFIX`].
+fn lock_url(server: &EtcdServer) -> String {
+    format!("{}{PREFIX}", server.url())
+}
+
 fn lock_dir(name: &str) -> String {
     format!("{PREFIX}/{}/", lockkit_etcd::encode_name(name))
 }
@@ -132,7 +137,7 @@ impl Fixture {
     async fn new(server: &EtcdServer, flavour: &str) -> Fixture {
         let raw = RawEtcd::connect(&server.endpoint()).await;
         let locks: Arc<dyn DistributedLock> = Arc::new(
-            lockkit_etcd::connect(&format!("{}{PREFIX}", server.url()))
+            lockkit_etcd::connect(&lock_url(server))
                 .await
                 .expect("lockkit-etcd connects"),
         );
@@ -236,7 +241,7 @@ fn bench_handoff(
         raw: fixture.raw.clone(),
         dir: lock_dir(fixture.names.handoff),
     };
-    let url = format!("{}{PREFIX}", server.url());
+    let url = lock_url(server);
     Handoffs::connect(
         runtime,
         || lockkit_etcd::connect(&url),
@@ -269,7 +274,7 @@ fn main() {
         }) else {
             return;
         };
-        let url = format!("{}{PREFIX}", server.url());
+        let url = lock_url(&server);
         let one: Arc<dyn DistributedLock> = Arc::new(
             runtime
                 .block_on(lockkit_etcd::connect(&url))

@@ -57,7 +57,8 @@ impl std::fmt::Debug for EtcdStock {
 
 const FENCED_SET: &str = "if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then \
     redis.call('SET', KEYS[1], ARGV[1]) redis.call('SET', KEYS[2], ARGV[2]) return 1 end return 0";
-const ZK_DIR: &str = "/lockkit-load";
+/// Where the ZooKeeper and etcd stocks keep their keys.
+const STOCK_DIR: &str = "/lockkit-load";
 
 fn redis_keys(k: usize) -> (String, String) {
     (
@@ -66,8 +67,9 @@ fn redis_keys(k: usize) -> (String, String) {
     )
 }
 
-fn zk_path(k: usize) -> String {
-    format!("{ZK_DIR}/stock-{k}")
+/// Key `k`'s node (ZooKeeper) or key (etcd).
+fn stock_path(k: usize) -> String {
+    format!("{STOCK_DIR}/stock-{k}")
 }
 
 fn sql_error(what: &str) -> impl Fn(sqlx::Error) -> String + '_ {
@@ -236,24 +238,24 @@ impl Stock {
             }
             Stock::Zk(client) => {
                 let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-                match client.mkdir(ZK_DIR, &persistent).await {
+                match client.mkdir(STOCK_DIR, &persistent).await {
                     Ok(()) | Err(ZkError::NodeExists) => {}
-                    Err(e) => return Err(format!("mkdir {ZK_DIR}: {e}")),
+                    Err(e) => return Err(format!("mkdir {STOCK_DIR}: {e}")),
                 }
                 let data = format!("{stock} 0");
                 for k in 0..keys {
                     match client
-                        .create(&zk_path(k), data.as_bytes(), &persistent)
+                        .create(&stock_path(k), data.as_bytes(), &persistent)
                         .await
                     {
                         Ok(_) => {}
                         Err(ZkError::NodeExists) => {
                             client
-                                .set_data(&zk_path(k), data.as_bytes(), None)
+                                .set_data(&stock_path(k), data.as_bytes(), None)
                                 .await
                                 .map_err(|e| e.to_string())?;
                         }
-                        Err(e) => return Err(format!("create {}: {e}", zk_path(k))),
+                        Err(e) => return Err(format!("create {}: {e}", stock_path(k))),
                     }
                 }
             }
@@ -263,7 +265,7 @@ impl Stock {
                     client
                         .0
                         .clone()
-                        .put(etcd_key(k), data.clone(), None)
+                        .put(stock_path(k), data.clone(), None)
                         .await
                         .map_err(|e| e.to_string())?;
                 }
@@ -405,7 +407,7 @@ impl Stock {
                 }
                 let data = format!("{qty} {}", fence.unwrap_or(stored_fence));
                 match client
-                    .set_data(&zk_path(k), data.as_bytes(), Some(version))
+                    .set_data(&stock_path(k), data.as_bytes(), Some(version))
                     .await
                 {
                     Ok(_) => true,
@@ -419,7 +421,7 @@ impl Stock {
                 if fence.is_some_and(|f| f <= stored_fence) {
                     return Ok(false);
                 }
-                let key = etcd_key(k);
+                let key = stock_path(k);
                 let data = format!("{qty} {}", fence.unwrap_or(stored_fence));
                 let txn = Txn::new()
                     .when([Compare::mod_revision(
@@ -477,10 +479,6 @@ impl Stock {
     }
 }
 
-fn etcd_key(k: usize) -> String {
-    format!("{ZK_DIR}/stock-{k}")
-}
-
 /// `<stock> <fence>` as numbers.
 fn parse_stock(text: &str) -> Result<(i64, i64), String> {
     let mut parts = text.split(' ').map(|p| p.parse::<i64>().ok());
@@ -494,29 +492,22 @@ fn parse_stock(text: &str) -> Result<(i64, i64), String> {
 async fn etcd_read(EtcdStock(client): &EtcdStock, k: usize) -> Result<(i64, i64, i64), String> {
     let answer = client
         .clone()
-        .get(etcd_key(k), None)
+        .get(stock_path(k), None)
         .await
         .map_err(|e| e.to_string())?;
     let kv = answer
         .kvs()
         .first()
-        .ok_or_else(|| format!("no stock key {}", etcd_key(k)))?;
+        .ok_or_else(|| format!("no stock key {}", stock_path(k)))?;
     let (qty, fence) = parse_stock(&String::from_utf8_lossy(kv.value()))?;
     Ok((qty, fence, kv.mod_revision()))
 }
 
 async fn zk_read(client: &Client, k: usize) -> Result<(i64, i64, i32), String> {
     let (data, stat) = client
-        .get_data(&zk_path(k))
+        .get_data(&stock_path(k))
         .await
         .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&data);
-    let mut parts = text.split(' ');
-    let mut next = || -> Result<i64, String> {
-        parts
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| format!("bad stock node data {text:?}"))
-    };
-    Ok((next()?, next()?, stat.version))
+    let (qty, fence) = parse_stock(&String::from_utf8_lossy(&data))?;
+    Ok((qty, fence, stat.version))
 }

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse,
 };
 use lockkit_core::backend::{Lease, LossNotifier, QueueBackend, QueuedLock, Waiter, validate_name};
 use lockkit_core::{
@@ -169,19 +169,27 @@ impl Drop for Revoker {
     }
 }
 
+/// The answers of a transaction's reads, in the order of its operations.
+fn read_ranges(answer: &etcd_client::TxnResponse) -> Vec<GetResponse> {
+    answer
+        .op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What the create transaction answered: our key's create revision, and
 /// the directory's keys as [`Plan::contenders`] reads them.
 fn created_and_contenders(
     name: &str,
     answer: &etcd_client::TxnResponse,
 ) -> Result<(i64, Vec<KeyValue>)> {
-    let mut ranges: Vec<Vec<KeyValue>> = answer
-        .op_responses()
+    let mut ranges: Vec<Vec<KeyValue>> = read_ranges(answer)
         .into_iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
-            _ => None,
-        })
+        .map(|mut get| get.take_kvs())
         .collect();
     let mine = if answer.succeeded() {
         answer.header().map(|h| h.revision())
@@ -226,10 +234,7 @@ impl EtcdBackend {
             TxnOp::get(key, Some(GetOptions::new().with_count_only())),
         ]);
         let answer = self.etcd.txn("read the previous contenders", txn).await?;
-        let mut gets = answer.op_responses().into_iter().filter_map(|r| match r {
-            TxnOpResponse::Get(get) => Some(get),
-            _ => None,
-        });
+        let mut gets = read_ranges(&answer).into_iter();
         match (gets.next(), gets.next()) {
             (Some(mut older), Some(ours)) => Ok((older.take_kvs(), ours.count() > 0)),
             _ => Err(LockError::backend(

@@ -25,7 +25,8 @@ pub enum Scenario {
     /// The holder is cut off from every server (its proxies blackhole) for
     /// 2.5 leases, then healed. On ZooKeeper: session expiry.
     Partition,
-    /// The SQL server kills every client connection.
+    /// The SQL server kills every client connection; for etcd, every
+    /// worker's proxy resets its connections.
     ConnectionKilled,
     /// Redlock, etcd cluster: one of three masters (members) is killed for
     /// two leases and restarted (Redlock's empty, etcd's with its data),

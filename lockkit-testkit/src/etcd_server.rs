@@ -283,11 +283,18 @@ impl EtcdServer {
     /// first. Its [`url`](TestServer::url) is `etcd://127.0.0.1:PORT`: add
     /// lockkit's TLS parameters to it.
     pub async fn try_start_tls(tls: EtcdServerTls) -> Result<EtcdServer, ServerError> {
+        EtcdServer::start_single(Some(tls)).await
+    }
+
+    /// Starts one server (with TLS as `tls` says) and waits until it is
+    /// healthy; retries on new ports when another process takes the chosen
+    /// ones first.
+    async fn start_single(tls: Option<EtcdServerTls>) -> Result<EtcdServer, ServerError> {
         let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
         retry_on_taken_port("etcd", || async {
             let mut servers = EtcdServer::members(&binary, 1)?;
             let mut server = servers.pop().expect("one member");
-            server.tls = Some(tls.clone());
+            server.tls = tls.clone();
             server.launch().await.map(|()| server)
         })
         .await
@@ -299,13 +306,7 @@ impl TestServer for EtcdServer {
     /// Starts the server and waits until it is healthy; retries on new
     /// ports when another process takes the chosen ones first.
     async fn try_start() -> Result<EtcdServer, ServerError> {
-        let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
-        retry_on_taken_port("etcd", || async {
-            let mut servers = EtcdServer::members(&binary, 1)?;
-            let server = servers.pop().expect("one member");
-            server.launch().await.map(|()| server)
-        })
-        .await
+        EtcdServer::start_single(None).await
     }
 
     fn port(&self) -> u16 {
