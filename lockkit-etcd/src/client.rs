@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, GetResponse, Identity, TlsOptions,
-    Txn, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
+    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, TlsOptions, Txn,
+    TxnResponse,
 };
 use lockkit_core::{LockError, Result};
-use tokio::time::Instant;
 
+use crate::deletions::{Deletes, Deletions};
 use crate::settings::{EtcdSettings, EtcdTls, KEEP_ALIVE_INTERVAL};
 
 /// The backend's name in logs and errors.
@@ -27,6 +27,8 @@ pub(crate) struct Etcd {
     /// Shared: every holding and every task it spawns keeps a clone.
     client: Arc<Client>,
     settings: Arc<EtcdSettings>,
+    /// The one watch of deletions the client's waiters share.
+    deletions: Arc<Deletions>,
 }
 
 impl fmt::Debug for Etcd {
@@ -113,6 +115,7 @@ impl Etcd {
         let etcd = Etcd {
             client: Arc::new(client),
             settings: Arc::new(settings),
+            deletions: Arc::default(),
         };
         let probe = GetOptions::new().with_count_only();
         etcd.bounded(
@@ -224,88 +227,21 @@ impl Etcd {
             .await
     }
 
-    /// A watch of the deletions of `key` (of every key under it with
-    /// `prefix`), in place when this returns (bounded by the command
-    /// timeout). It starts at the current revision: a watch from a past
-    /// revision would be served by etcd's catch-up loop (every 100 ms), one
-    /// from now is told at once. So a deletion just before it is not seen:
-    /// look at the keys again once it is in place.
+    /// A wait for the deletion of `key` (of any key under it with
+    /// `prefix`), told by the client's one watch of its prefix (see
+    /// [`crate::deletions`]), in place when this returns (bounded by the
+    /// command timeout). A deletion just before it may not be told: look at
+    /// the keys again once it is in place.
     pub(crate) async fn watch_deletes(&self, key: &[u8], prefix: bool) -> Result<Deletes> {
-        let mut options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
-        if prefix {
-            options = options.with_prefix();
-        }
-        let created = async {
-            let mut stream = self
-                .client
-                .watch_client()
-                .watch(key.to_vec(), Some(options))
-                .await?;
-            loop {
-                match stream.message().await? {
-                    Some(message) if message.created() => return Ok(Some(stream)),
-                    Some(_) => {}
-                    None => return Ok(None),
-                }
-            }
-        };
-        match self.timed(WATCH, created).await? {
-            Some(stream) => Ok(Deletes { stream }),
-            None => Err(LockError::unavailable(
-                BACKEND,
-                format!("{WATCH}: the watch ended"),
-            )),
-        }
-    }
-}
-
-/// What watching the previous contender is called in errors.
-const WATCH: &str = "watch the previous contender";
-
-/// A watch of deletions; see [`Etcd::watch_deletes`].
-pub(crate) struct Deletes {
-    stream: WatchStream,
-}
-
-impl Deletes {
-    /// Waits for the next deletion (`true`), or until `deadline` passes
-    /// (`false`). A watch that ends, is cancelled or fails is
-    /// `Unavailable`.
-    pub(crate) async fn next(&mut self, deadline: Option<Instant>) -> Result<bool> {
-        let wait = async {
-            loop {
-                let message = self
-                    .stream
-                    .message()
-                    .await
-                    .map_err(|e| map_error(WATCH, e))?;
-                let Some(message) = message else {
-                    return Err(LockError::unavailable(
-                        BACKEND,
-                        format!("{WATCH}: the watch ended"),
-                    ));
-                };
-                if message.canceled() {
-                    return Err(LockError::unavailable(
-                        BACKEND,
-                        format!("{WATCH}: cancelled: {}", message.cancel_reason()),
-                    ));
-                }
-                if message
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    return Ok(true);
-                }
-            }
-        };
-        match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, wait).await {
-                Ok(answer) => answer,
-                Err(_) => Ok(false),
-            },
-            None => wait.await,
-        }
+        let watched = format!("{}/", self.settings.prefix);
+        self.deletions
+            .register(
+                &self.client,
+                &watched,
+                key,
+                prefix,
+                self.settings.command_timeout,
+            )
+            .await
     }
 }

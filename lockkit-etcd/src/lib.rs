@@ -4,6 +4,7 @@ use lockkit_core::backend::{Driver, boxed_connect};
 
 mod client;
 mod config;
+mod deletions;
 mod keys;
 mod lock;
 mod settings;

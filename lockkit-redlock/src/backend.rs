@@ -7,12 +7,18 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
+use lockkit_core::{
+    Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
+};
 use lockkit_redis::{Keys, RedisInstance, RedisKey, holder_of};
 use tokio::sync::watch;
 
-use crate::error::{BACKEND, no_quorum, unreachable_quorum};
+use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
 use crate::quorum::{Votes, ask, finished};
+
+/// How many times a status read is made while its answers leave the
+/// lock's state open (an instance slower than the instance timeout).
+const STATUS_READS: usize = 3;
 
 /// A Redlock client: [`LeaseLock`] over [`RedlockBackend`].
 pub type RedlockLock = LeaseLock<RedlockBackend>;
@@ -186,18 +192,88 @@ impl RedlockBackend {
                 .or_default()
                 .push(holder.remaining);
         }
-        Ok(holders
-            .into_iter()
-            .find(|(_, lefts)| lefts.len() >= quorum)
-            .map(|(owner, lefts)| {
+        if let Some((owner, lefts)) = holders.iter().find(|(_, lefts)| lefts.len() >= quorum) {
+            return Ok(Some(
                 LockStatus::held()
-                    .with_remaining(lefts.into_iter().min())
+                    .with_remaining(lefts.iter().min().copied())
                     .with_holders(Some(1))
-                    .with_holder(holder_of(owner).map(str::to_owned))
-            }))
+                    .with_holder(holder_of(owner).map(str::to_owned)),
+            ));
+        }
+        // An owner seen on fewer than a quorum may still hold one with the
+        // instances that did not answer: neither held nor free is known.
+        let unknown = self.instances.len() - votes.answers.len();
+        if holders
+            .values()
+            .any(|lefts| lefts.len() + unknown >= quorum)
+        {
+            return Err(self.unsure(&votes, quorum));
+        }
+        Ok(None)
     }
 
-    fn undecided<T>(&self, votes: &Votes<T>, quorum: usize) -> lockkit_core::LockError {
+    /// `Unavailable` for a read whose answers fit both a held and a free
+    /// lock.
+    fn unsure<T>(&self, votes: &Votes<T>, quorum: usize) -> LockError {
+        unsure_status(
+            votes.answers.len(),
+            self.instances.len(),
+            quorum,
+            &votes.failures,
+        )
+    }
+
+    /// One read of the status (see `status`).
+    async fn read_status(&self, keys: &RedisKey) -> Result<LockStatus> {
+        let quorum = self.quorum_for(keys);
+        if let RedisKey::Exclusive(lock) = keys
+            && let Some(status) = self.writer_status(lock, quorum).await?
+        {
+            return Ok(status);
+        }
+        let key = keys.clone();
+        let votes = ask(
+            &self.instances,
+            self.all(),
+            self.instance_timeout(None),
+            move |_, instance| {
+                let key = key.clone();
+                async move { instance.holdings_of(&key).await }
+            },
+            |_| false,
+        )
+        .await;
+        if votes.answers.len() < quorum {
+            return Err(self.undecided(&votes, quorum));
+        }
+        let mut counts: Vec<(usize, Duration)> = votes
+            .answers
+            .iter()
+            .map(|(_, h)| (h.count, h.remaining))
+            .collect();
+        counts.sort_by_key(|&(count, _)| std::cmp::Reverse(count));
+        let (count, remaining) = counts[quorum - 1];
+        let unknown = self.instances.len() - votes.answers.len();
+        let holding = counts.iter().filter(|&&(count, _)| count > 0).count();
+        if count == 0 && holding > 0 && holding + unknown >= quorum {
+            return Err(self.unsure(&votes, quorum));
+        }
+        // Any one of them: what an instance that counts holdings recorded.
+        let holder = votes
+            .answers
+            .iter()
+            .find_map(|(_, h)| h.holder.clone().filter(|_| h.count > 0));
+        Ok(if count == 0 {
+            LockStatus::free()
+        } else {
+            LockStatus::held()
+                .with_holders(Some(count))
+                .with_remaining(Some(remaining))
+                .with_holder(holder)
+        })
+    }
+
+    fn undecided<T>(&self, votes: &Votes<T>, quorum: usize) -> LockError {
         unreachable_quorum(
             votes.answers.len(),
             self.instances.len(),
@@ -397,49 +473,19 @@ impl LeaseBackend for RedlockBackend {
     /// answered hold the same owner token; the remaining lease is the
     /// shortest among them. Readers or permits: the number of holdings that
     /// a quorum of the instances confirm (the quorum-th largest count). Never
-    /// a fencing token. `Unavailable` when fewer than a quorum answered.
+    /// a fencing token. `Unavailable` when fewer than a quorum answered, or
+    /// when the answers fit both a held and a free lock; such a read is
+    /// made again (at most [`STATUS_READS`] times) before it says so: one
+    /// slow instance should not make a held lock look free, nor fail the
+    /// read.
     async fn status(&self, keys: &RedisKey) -> Result<LockStatus> {
-        let quorum = self.quorum_for(keys);
-        if let RedisKey::Exclusive(lock) = keys
-            && let Some(status) = self.writer_status(lock, quorum).await?
-        {
-            return Ok(status);
+        let mut reads = 1;
+        loop {
+            match self.read_status(keys).await {
+                Err(LockError::Unavailable { .. }) if reads < STATUS_READS => reads += 1,
+                answer => return answer,
+            }
         }
-        let key = keys.clone();
-        let votes = ask(
-            &self.instances,
-            self.all(),
-            self.instance_timeout(None),
-            move |_, instance| {
-                let key = key.clone();
-                async move { instance.holdings_of(&key).await }
-            },
-            |_| false,
-        )
-        .await;
-        if votes.answers.len() < quorum {
-            return Err(self.undecided(&votes, quorum));
-        }
-        let mut counts: Vec<(usize, Duration)> = votes
-            .answers
-            .iter()
-            .map(|(_, h)| (h.count, h.remaining))
-            .collect();
-        counts.sort_by_key(|&(count, _)| std::cmp::Reverse(count));
-        let (count, remaining) = counts[quorum - 1];
-        // Any one of them: what an instance that counts holdings recorded.
-        let holder = votes
-            .answers
-            .iter()
-            .find_map(|(_, h)| h.holder.clone().filter(|_| h.count > 0));
-        Ok(if count == 0 {
-            LockStatus::free()
-        } else {
-            LockStatus::held()
-                .with_holders(Some(count))
-                .with_remaining(Some(remaining))
-                .with_holder(holder)
-        })
     }
 
     /// Release notifications from every instance that can subscribe in time.

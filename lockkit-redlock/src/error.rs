@@ -41,3 +41,19 @@ fn append_reasons(message: &mut String, reasons: &[String]) {
         message.push_str(&format!("; and {} more", reasons.len() - SHOWN));
     }
 }
+
+/// `Unavailable` for a status read whose answers fit both a held and a free
+/// lock: an owner seen on fewer than `quorum` of the instances that answered
+/// may hold a quorum with those that did not.
+pub(crate) fn unsure_status(
+    answered: usize,
+    total: usize,
+    quorum: usize,
+    reasons: &[String],
+) -> LockError {
+    let mut message = format!(
+        "{answered} of {total} Redis instances answered, quorum is {quorum}, and a holder seen on fewer than a quorum of them may hold one with those that did not"
+    );
+    append_reasons(&mut message, reasons);
+    LockError::unavailable(BACKEND, message)
+}

@@ -317,3 +317,36 @@ async fn releases_reach_every_instance() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A lock held on exactly a quorum (3 of 5), one of those 3 frozen: the
+/// answers fit a held lock as well as a free one, so `status` says
+/// `Unavailable` (after reading again), never "free"; once the instance
+/// answers again it reads "held".
+#[tokio::test]
+async fn a_silent_holder_instance_does_not_make_a_held_lock_look_free() {
+    let servers = servers(5).await;
+    let (a, b) = (connect(&servers).await, connect(&servers).await);
+    let guard = a.acquire("silent", &opts()).await.unwrap();
+    servers[0].restart().await;
+    servers[1].restart().await;
+    assert_eq!(holders(&servers, "silent").await, 3);
+    servers[2].pause();
+    let started = Instant::now();
+    let status = b.status("silent").await;
+    let took = started.elapsed();
+    servers[2].resume();
+    match status {
+        Err(LockError::Unavailable { message, .. }) => {
+            assert!(message.contains("may hold one"), "{message}")
+        }
+        other => panic!("2 holders, 2 free, 1 silent read as {other:?}"),
+    }
+    assert!(
+        took <= 3 * (INSTANCE_TIMEOUT + MARGIN),
+        "three reads took {took:?}"
+    );
+    let status = b.status("silent").await.expect("all five answer");
+    assert!(status.held, "{status:?}");
+    guard.release().await.unwrap();
+    assert!(!b.status("silent").await.unwrap().held);
+}
