@@ -40,6 +40,8 @@ command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+# The CLI test that types Ctrl-C into a pseudo-terminal starts lockkit with setsid.
+command -v setsid >/dev/null 2>&1 || need_apt+=(util-linux)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 [ -f /usr/share/java/slf4j-simple.jar ] || need_apt+=(libslf4j-java)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)

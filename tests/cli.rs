@@ -455,6 +455,58 @@ async fn sigterm_and_sigint_reach_the_command() {
     signal_is_forwarded(Signal::SIGINT, "INT", 4).await;
 }
 
+/// Ctrl-C in a terminal: the kernel sends SIGINT to the whole foreground
+/// process group, the command included, so `lockkit` does not pass it on a
+/// second time. (`lockkit` runs as the leader of a new session whose
+/// controlling terminal is a pseudo-terminal; writing `^C` to its master
+/// side is what a user's keyboard does.) A `kill -INT` to `lockkit` alone is
+/// still passed on: `sigterm_and_sigint_reach_the_command`.
+#[tokio::test]
+async fn ctrl_c_in_a_terminal_reaches_the_command_once() {
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let (started, got) = (dir.path().join("started"), dir.path().join("got"));
+    // Counts the SIGINTs it gets, and keeps running a second after the
+    // first one so that a second one would be counted.
+    let script = format!(
+        r#"n=0; trap 'n=$((n+1)); echo INT >> {got}' INT; touch {started}; k=0; while [ $k -lt 20 ]; do sleep 0.05; if [ $n -gt 0 ]; then k=$((k+1)); fi; done; exit 4"#,
+        got = got.display(),
+        started = started.display()
+    );
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+    // util-linux's setsid (an essential Debian package) starts lockkit as
+    // the leader of a new session with the pseudo-terminal as its
+    // controlling terminal, and exits with lockkit's status.
+    let mut command = Command::new("setsid");
+    command
+        .args(["--ctty", "--wait", env!("CARGO_BIN_EXE_lockkit")])
+        .args(["--url", &url, "exec", "ctrl-c", "--", "sh", "-c", &script])
+        .current_dir(dir.path())
+        .env_remove("LOCKKIT_URL")
+        .env_remove("LOCKKIT_LOG")
+        .stdin(Stdio::from(pty.slave))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = command.spawn().expect("start lockkit");
+    wait_for_file(&started).await;
+    let mut master = tokio::fs::File::from_std(std::fs::File::from(pty.master));
+    master.write_all(&[0x03]).await.expect("type ^C");
+    master.flush().await.unwrap();
+    let out = finish(child).await;
+    assert_eq!(code(&out), 4, "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(&got).unwrap(),
+        "INT\n",
+        "the command got SIGINT once; lockkit said: {}",
+        stderr(&out)
+    );
+    let status = run(dir.path(), &["--url", &url, "status", "ctrl-c"]).await;
+    assert_eq!(stdout(&status), "ctrl-c: free\n");
+}
+
 #[tokio::test]
 async fn a_signal_while_waiting_ends_the_wait_without_running_the_command() {
     let dir = tempfile::tempdir().unwrap();

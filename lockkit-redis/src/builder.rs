@@ -15,7 +15,9 @@ use crate::url::parse_url;
 /// URL forms:
 ///
 /// * `redis://[user:password@]host[:port][/db][?param=value…]`: one server;
-///   `rediss://` for TLS (`#insecure` skips certificate verification).
+///   `rediss://` for TLS, with the server's certificate always verified
+///   (against the system's roots, or the `ca_file` below): redis-rs's
+///   `#insecure` fragment is refused, as is any fragment.
 /// * `redis+cluster://[user:password@]h1:p1,h2:p2,…[?param=value…]`: a Redis
 ///   Cluster, discovered from these seed nodes (any reachable one will do).
 /// * `redis+sentinel://[user:password@]s1:p1,s2:p2,…/master-name[/db][?param=value…]`:

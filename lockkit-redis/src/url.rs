@@ -173,6 +173,13 @@ fn parse_single(
     if url.port() == Some(0) {
         return Err(bad("port 0 is not a server's port".into()));
     }
+    if url.fragment().is_some() {
+        // redis-rs reads `#insecure` as "skip certificate verification":
+        // lockkit never turns the checks off (a private CA is `ca_file`).
+        return Err(bad(
+            "a fragment is not allowed (certificate checks cannot be turned off; give a private CA with ca_file)".into(),
+        ));
+    }
     let params = Params::parse(url.query_pairs(), Form::Single, bad)?;
     url.set_query(None);
     if params.tls_root_cert.is_some() && url.scheme() != "rediss" {
@@ -450,6 +457,9 @@ mod tests {
             "redis://:topsecret@h?wait_timeout=1s",
             "redis://:topsecret@h?wait_replicas=1&wait_timeout=0s",
             "redis://:topsecret@h?sentinel_password=topsecret",
+            "rediss://:topsecret@h#insecure",
+            "rediss://:topsecret@h?ca_file=/etc/hosts#insecure",
+            "redis://:topsecret@h#frag",
             "redis://:topsecret@",
             "http://:topsecret@h",
             "redis//:topsecret@h",

@@ -361,7 +361,8 @@ async fn idle_subscriptions_are_dropped() {
 }
 
 /// `rediss://` with a private CA given by `ca_file`; a client that does not trust
-/// the CA is refused.
+/// the CA is refused, and certificate checks cannot be turned off (redis-rs's
+/// `#insecure` is refused before any connection).
 #[tokio::test]
 async fn tls_with_private_ca() {
     let certs = TestCerts::generate().expect("openssl makes a test CA");
@@ -402,6 +403,11 @@ async fn tls_with_private_ca() {
         ),
         "{err}"
     );
+
+    let err = lockkit_redis::connect(&format!("rediss://127.0.0.1:{tls_port}#insecure"))
+        .await
+        .expect_err("no fragment turns certificate checks off");
+    assert!(matches!(err, LockError::InvalidUrl { .. }), "{err}");
 }
 
 /// redis-py's `Lock` on the plain key `argv[2]`.

@@ -475,7 +475,7 @@ impl LeaseBackend for RedlockBackend {
     /// a quorum of the instances confirm (the quorum-th largest count). Never
     /// a fencing token. `Unavailable` when fewer than a quorum answered, or
     /// when the answers fit both a held and a free lock; such a read is
-    /// made again (at most [`STATUS_READS`] times) before it says so: one
+    /// made again (three times in all) before it says so: one
     /// slow instance should not make a held lock look free, nor fail the
     /// read.
     async fn status(&self, keys: &RedisKey) -> Result<LockStatus> {

@@ -43,7 +43,8 @@ pub(crate) enum Command {
     ///
     /// CMD gets LOCKKIT_LOCK_NAME and, where the backend has one,
     /// LOCKKIT_FENCING_TOKEN (decimal). SIGINT, SIGTERM, SIGHUP and SIGQUIT
-    /// sent to lockkit are passed on to CMD.
+    /// sent to lockkit by a process are passed on to CMD; a terminal's
+    /// (Ctrl-C) reach CMD directly and are not passed on again.
     ///
     /// Exit status: CMD's own (128 + N if a signal N killed it); 75 when the
     /// lock was not acquired within the wait; 69 when the backend is

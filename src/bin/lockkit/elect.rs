@@ -6,7 +6,9 @@ use std::sync::Arc;
 use lockkit::{Election, LockOptions};
 
 use crate::args::{ElectArgs, LeaderArgs, default_identity};
-use crate::exec::{Released, Supervised, prepare, release, spawn, status_code, supervise};
+use crate::exec::{
+    Received, Released, Supervised, prepare, release, spawn, status_code, supervise,
+};
 use crate::exit::{Exit, report};
 
 pub(crate) async fn run(url: &str, args: ElectArgs) -> Exit {
@@ -27,7 +29,7 @@ pub(crate) async fn run(url: &str, args: ElectArgs) -> Exit {
                 Ok(leadership) => leadership,
                 Err(error) => return report("could not campaign", &error),
             },
-            signal = signals.next() => {
+            Received { signal, .. } = signals.next() => {
                 eprintln!("lockkit: {signal} while campaigning for {:?}; stopping", args.name);
                 return Exit::Child(128 + signal as u8);
             }

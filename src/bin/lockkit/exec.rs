@@ -4,11 +4,13 @@ use std::io::ErrorKind;
 use std::process::ExitStatus;
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use lockkit::{DistributedLock, LockGuard, LockOptions};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use signal_hook::iterator::exfiltrator::origin::WithOrigin;
+use signal_hook::low_level::siginfo::Cause;
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
 use crate::args::{ExecArgs, OnLost, RunArgs, WaitFor, default_identity};
@@ -63,7 +65,7 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
             Ok(guard) => guard,
             Err(error) => return report("could not acquire the lock", &error),
         },
-        signal = signals.next() => {
+        Received { signal, .. } = signals.next() => {
             eprintln!("lockkit: {signal} while waiting for lock {:?}; not running the command", args.name);
             return Exit::Child(128 + signal as u8);
         }
@@ -160,10 +162,9 @@ pub(crate) async fn supervise(
             .map(|at| at + args.grace);
         tokio::select! {
             status = child.wait() => break status,
-            signal = signals.next() => {
-                tracing::info!(%signal, "passing the signal on to the command");
+            received = signals.next() => {
                 signalled = true;
-                send(pid, signal);
+                received.pass_on(pid);
             }
             reason = &mut lost, if lost_at.is_none() => {
                 lost_at = Some(Instant::now());
@@ -235,31 +236,59 @@ pub(crate) fn status_code(status: ExitStatus) -> u8 {
     }
 }
 
+/// A signal received, and whether the kernel sent it. The kernel sends
+/// the terminal's signals (Ctrl-C, Ctrl-\\, a hang-up) to the whole
+/// foreground process group, which includes the command (it stays in
+/// lockkit's group): it got that signal itself, and passing it on would
+/// deliver it twice. A signal a process sent (`kill`) reached lockkit alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Received {
+    pub(crate) signal: Signal,
+    pub(crate) from_kernel: bool,
+}
+
+impl Received {
+    /// Passes the signal on to the command, unless it got it too.
+    fn pass_on(self, pid: Option<Pid>) {
+        if self.from_kernel {
+            tracing::info!(signal = %self.signal, "the terminal sent the signal to the command too; not passing it on");
+        } else {
+            tracing::info!(signal = %self.signal, "passing the signal on to the command");
+            send(pid, self.signal);
+        }
+    }
+}
+
 /// The forwarded signals, as one stream.
 pub(crate) struct Signals {
-    streams: Vec<(Signal, tokio::signal::unix::Signal)>,
+    stream: signal_hook_tokio::SignalsInfo<WithOrigin>,
 }
 
 impl Signals {
     pub(crate) fn new() -> std::io::Result<Signals> {
-        let streams = FORWARDED
-            .iter()
-            .map(|&sig| Ok((sig, signal(SignalKind::from_raw(sig as i32))?)))
-            .collect::<std::io::Result<_>>()?;
-        Ok(Signals { streams })
+        let numbers: Vec<i32> = FORWARDED.iter().map(|&sig| sig as i32).collect();
+        Ok(Signals {
+            stream: signal_hook_tokio::SignalsInfo::with_exfiltrator(
+                &numbers,
+                WithOrigin::default(),
+            )?,
+        })
     }
 
     /// The next signal received.
-    pub(crate) async fn next(&mut self) -> Signal {
-        std::future::poll_fn(|cx| {
-            for (sig, stream) in &mut self.streams {
-                if stream.poll_recv(cx).is_ready() {
-                    return std::task::Poll::Ready(*sig);
-                }
+    pub(crate) async fn next(&mut self) -> Received {
+        loop {
+            let Some(origin) = self.stream.next().await else {
+                // The stream ends only when closed: never while we wait.
+                return std::future::pending().await;
+            };
+            if let Ok(signal) = Signal::try_from(origin.signal) {
+                return Received {
+                    signal,
+                    from_kernel: origin.cause == Cause::Kernel,
+                };
             }
-            std::task::Poll::Pending
-        })
-        .await
+        }
     }
 }
 
