@@ -54,6 +54,11 @@ pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 LockError::unavailable(BACKEND, format!("{what}: {}", status.message()))
             }
+            // tonic's status for a connection that broke under a request
+            // ("transport error", code Unknown, the cause as its source).
+            Code::Unknown if std::error::Error::source(&status).is_some() => {
+                LockError::unavailable(BACKEND, format!("{what}: {}", with_causes(&status)))
+            }
             _ => LockError::backend(BACKEND, format!("{what}: {}", status.message())),
         },
         other => LockError::backend(BACKEND, format!("{what}: {other}")),

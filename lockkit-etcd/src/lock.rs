@@ -208,6 +208,42 @@ fn created_and_contenders(
     Ok((mine, ranges.pop().unwrap_or_default()))
 }
 
+/// The backoff of a waiter whose requests fail: 10 ms, doubling up to
+/// 500 ms, never past the deadline.
+struct Retry {
+    delay: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Retry {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MOST: Duration = Duration::from_millis(500);
+
+    fn new(deadline: Option<Instant>) -> Retry {
+        Retry {
+            delay: Retry::FIRST,
+            deadline,
+        }
+    }
+
+    /// A request succeeded: the next failure starts the backoff anew.
+    fn reset(&mut self) {
+        self.delay = Retry::FIRST;
+    }
+
+    /// Sleeps before the next try; `false` when the deadline comes first.
+    async fn after(&mut self, error: &LockError) -> bool {
+        let wake = Instant::now() + self.delay;
+        if self.deadline.is_some_and(|deadline| deadline <= wake) {
+            return false;
+        }
+        tracing::debug!(%error, delay = ?self.delay, "etcd request failed while waiting; retrying");
+        tokio::time::sleep_until(wake).await;
+        self.delay = (self.delay * 2).min(Retry::MOST);
+        true
+    }
+}
+
 /// How a wait for one's turn ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Turn {
@@ -247,7 +283,10 @@ impl EtcdBackend {
     /// Waits until the key created at `mine` holds as `plan` says: each
     /// time, what stands in its way is watched until a deletion (no herd
     /// for locks: a release wakes the one waiter behind it). Every read
-    /// also checks that our own key is still there.
+    /// also checks that our own key is still there. A lost connection is
+    /// not the end of the wait (the lease, kept alive alongside, says when
+    /// it is): the reads and the watch are made again, with backoff, until
+    /// the deadline.
     async fn wait_turn(
         &self,
         plan: Plan,
@@ -256,33 +295,57 @@ impl EtcdBackend {
         mine: i64,
         deadline: Option<Instant>,
     ) -> Result<Turn> {
+        let mut retry = Retry::new(deadline);
         loop {
-            let (keys, ours) = self.read_turn(dir, key, mine).await?;
-            if !ours {
-                return Ok(Turn::KeyDeleted);
-            }
-            let Some((blocker, prefix)) = plan.blocker(dir, mine, &keys) else {
-                return Ok(Turn::Holds);
-            };
-            if plan.holds(dir, mine, &keys) {
-                return Ok(Turn::Holds);
-            }
-            let mut deletes = self.etcd.watch_deletes(&blocker, prefix).await?;
-            // A deletion just before the watch was in place is not told.
-            let (keys, ours) = self.read_turn(dir, key, mine).await?;
-            if !ours {
-                return Ok(Turn::KeyDeleted);
-            }
-            if plan.holds(dir, mine, &keys) {
-                return Ok(Turn::Holds);
-            }
-            if plan.blocker(dir, mine, &keys).map(|(key, _)| key) != Some(blocker) && !prefix {
-                continue;
-            }
-            if !deletes.next(deadline).await? {
-                return Ok(Turn::TimedOut);
+            match self.wait_round(plan, dir, key, mine, deadline).await {
+                Ok(Some(turn)) => return Ok(turn),
+                Ok(None) => retry.reset(),
+                Err(error @ LockError::Unavailable { .. }) => {
+                    if !retry.after(&error).await {
+                        return Ok(Turn::TimedOut);
+                    }
+                }
+                Err(error) => return Err(error),
             }
         }
+    }
+
+    /// One round of [`wait_turn`](Self::wait_turn): `None` when the keys
+    /// must be read again (a deletion came, or the watched key changed).
+    async fn wait_round(
+        &self,
+        plan: Plan,
+        dir: &str,
+        key: &str,
+        mine: i64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Turn>> {
+        let (keys, ours) = self.read_turn(dir, key, mine).await?;
+        if !ours {
+            return Ok(Some(Turn::KeyDeleted));
+        }
+        let Some((blocker, prefix)) = plan.blocker(dir, mine, &keys) else {
+            return Ok(Some(Turn::Holds));
+        };
+        if plan.holds(dir, mine, &keys) {
+            return Ok(Some(Turn::Holds));
+        }
+        let mut deletes = self.etcd.watch_deletes(&blocker, prefix).await?;
+        // A deletion just before the watch was in place is not told.
+        let (keys, ours) = self.read_turn(dir, key, mine).await?;
+        if !ours {
+            return Ok(Some(Turn::KeyDeleted));
+        }
+        if plan.holds(dir, mine, &keys) {
+            return Ok(Some(Turn::Holds));
+        }
+        if plan.blocker(dir, mine, &keys).map(|(key, _)| key) != Some(blocker) && !prefix {
+            return Ok(None);
+        }
+        if !deletes.next(deadline).await? {
+            return Ok(Some(Turn::TimedOut));
+        }
+        Ok(None)
     }
 
     /// Keeps `lease` alive every `period` while a contender waits, noting
@@ -292,19 +355,35 @@ impl EtcdBackend {
         &self,
         name: &str,
         lease: i64,
+        ttl: Duration,
         period: Duration,
         renewed: &Mutex<Instant>,
     ) -> LockError {
+        let last = || *renewed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut retry = Retry::new(None);
+        let mut wait = period;
         loop {
-            tokio::time::sleep(period).await;
+            tokio::time::sleep(wait).await;
             let sent = Instant::now();
             match self.etcd.keep_alive(lease).await {
-                Ok(Some(_)) => *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent,
+                Ok(Some(_)) => {
+                    *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                    retry.reset();
+                    wait = period;
+                }
                 Ok(None) => {
                     return LockError::backend(
                         BACKEND,
                         format!("the lease of the waiting acquire of {name:?} expired"),
                     );
+                }
+                // A lost connection is retried while the lease may live.
+                Err(error @ LockError::Unavailable { .. })
+                    if Instant::now() + retry.delay < last() + ttl =>
+                {
+                    tracing::debug!(%error, "could not renew a waiting acquire's lease; retrying");
+                    wait = retry.delay;
+                    retry.delay = (retry.delay * 2).min(Retry::MOST);
                 }
                 Err(error) => return error,
             }
@@ -375,7 +454,7 @@ impl QueueBackend for EtcdBackend {
             let period = (ttl / 3).max(Duration::from_millis(100));
             let turn = tokio::select! {
                 turn = self.wait_turn(plan, &dir, &key, mine, deadline) => turn?,
-                error = self.keep_waiting(name, lease, period, &renewed) => return Err(error),
+                error = self.keep_waiting(name, lease, ttl, period, &renewed) => return Err(error),
             };
             match turn {
                 Turn::Holds => {}
