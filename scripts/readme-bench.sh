@@ -7,7 +7,7 @@
 # replaces the text between `<!-- bench:<name>:start -->` and
 # `<!-- bench:<name>:end -->` with target/lockkit-bench/<name>-summary.md
 # (written by `cargo bench -p lockkit-benches --bench <bench>`; test-mode runs
-# write none). The summary's title becomes a bold line.
+# write none). The summary's titles become bold lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for name in "$@"; do
@@ -20,8 +20,9 @@ summary = pathlib.Path(f"target/lockkit-bench/{name}-summary.md")
 if not summary.exists():
     sys.exit(f"{summary} is missing: run its benchmark first (not in test mode)")
 lines = summary.read_text().strip().splitlines()
-if lines and lines[0].startswith("## "):
-    lines[0] = "**" + lines[0][3:] + "**"
+# A summary's titles (one per runtime flavour, say) become bold lines: as
+# headings they would break the README's outline.
+lines = ["**" + l[3:] + "**" if l.startswith("## ") else l for l in lines]
 readme = pathlib.Path("README.md")
 text = readme.read_text()
 start, end = f"<!-- bench:{name}:start -->\n", f"<!-- bench:{name}:end -->"
