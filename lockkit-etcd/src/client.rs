@@ -13,10 +13,8 @@ use etcd_client::{
 use lockkit_core::{LockError, Result};
 
 use crate::deletions::{Deletes, Deletions};
+use crate::error::{BACKEND, map_error};
 use crate::settings::{EtcdSettings, EtcdTls, KEEP_ALIVE_INTERVAL};
-
-/// The backend's name in logs and errors.
-pub(crate) const BACKEND: &str = "etcd";
 
 /// A client of one etcd cluster. Every request takes the one sub-client it
 /// needs (`kv_client()`, `lease_client()`, `watch_client()`): a clone of
@@ -39,32 +37,6 @@ impl fmt::Debug for Etcd {
     }
 }
 
-/// What `etcd-client` answers, as a `LockError`: the transport failing or
-/// the cluster having no leader is `Unavailable`, anything else a backend
-/// error. Never includes credentials (they are not in etcd's messages).
-pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
-    use etcd_client::Error as E;
-    use tonic::Code;
-    match error {
-        E::TransportError(e) => {
-            LockError::unavailable(BACKEND, format!("{what}: {}", with_causes(&e)))
-        }
-        E::IoError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
-        E::GRpcStatus(status) => match status.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-                LockError::unavailable(BACKEND, format!("{what}: {}", status.message()))
-            }
-            // tonic's status for a connection that broke under a request
-            // ("transport error", code Unknown, the cause as its source).
-            Code::Unknown if std::error::Error::source(&status).is_some() => {
-                LockError::unavailable(BACKEND, format!("{what}: {}", with_causes(&status)))
-            }
-            _ => LockError::backend(BACKEND, format!("{what}: {}", status.message())),
-        },
-        other => LockError::backend(BACKEND, format!("{what}: {other}")),
-    }
-}
-
 /// What `etcd-client` is given for TLS: the URL's authorities (else the
 /// system's roots) and client certificate. Verification is always on.
 fn tls_options(tls: &EtcdTls) -> TlsOptions {
@@ -77,19 +49,6 @@ fn tls_options(tls: &EtcdTls) -> TlsOptions {
         options = options.identity(Identity::from_pem(cert, key));
     }
     options
-}
-
-/// `error` and its sources, `: `-separated (tonic's transport error says
-/// only "transport error"; the cause is in its sources).
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl Etcd {

@@ -23,7 +23,7 @@ use lockkit_core::{LockError, Result};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::client::{BACKEND, map_error};
+use crate::error::{BACKEND, map_error};
 
 /// How long the watch outlives its last waiter: at least this, at most
 /// twice this.

@@ -5,6 +5,7 @@ use lockkit_core::backend::{Driver, boxed_connect};
 mod client;
 mod config;
 mod deletions;
+mod error;
 mod keys;
 mod lock;
 mod settings;

@@ -15,7 +15,8 @@ use lockkit_core::{
 };
 use tokio::time::Instant;
 
-use crate::client::{BACKEND, Etcd};
+use crate::client::Etcd;
+use crate::error::BACKEND;
 use crate::keys::{contender_key, is_reader, lock_dir, semaphore_dir};
 
 /// What the etcd backend guarantees: a lease per holding (freed by its TTL

@@ -1,0 +1,45 @@
+//! The backend's name, and etcd's errors as `LockError`s.
+
+use lockkit_core::LockError;
+
+/// The backend's name in logs and errors.
+pub(crate) const BACKEND: &str = "etcd";
+
+/// What `etcd-client` answers, as a `LockError`: the transport failing or
+/// the cluster having no leader is `Unavailable`, anything else a backend
+/// error. Never includes credentials (they are not in etcd's messages).
+pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match error {
+        E::TransportError(e) => {
+            LockError::unavailable(BACKEND, format!("{what}: {}", with_causes(&e)))
+        }
+        E::IoError(e) => LockError::unavailable(BACKEND, format!("{what}: {e}")),
+        E::GRpcStatus(status) => match status.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
+                LockError::unavailable(BACKEND, format!("{what}: {}", status.message()))
+            }
+            // tonic's status for a connection that broke under a request
+            // ("transport error", code Unknown, the cause as its source).
+            Code::Unknown if std::error::Error::source(&status).is_some() => {
+                LockError::unavailable(BACKEND, format!("{what}: {}", with_causes(&status)))
+            }
+            _ => LockError::backend(BACKEND, format!("{what}: {}", status.message())),
+        },
+        other => LockError::backend(BACKEND, format!("{what}: {other}")),
+    }
+}
+
+/// `error` and its sources, `: `-separated (tonic's transport error says
+/// only "transport error"; the cause is in its sources).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
