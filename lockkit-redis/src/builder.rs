@@ -102,7 +102,7 @@ impl RedisLockBuilder {
         self
     }
 
-    /// After every grant, `WAIT replicas timeout` on the connection that
+    /// After every grant and renewal, `WAIT replicas timeout` on the connection that
     /// wrote the lock: if fewer than `replicas` replicas acknowledged the
     /// write within `timeout`, the lock is released again and the attempt
     /// fails with [`LockError::Unavailable`](lockkit_core::LockError::Unavailable) ("lock written but only k of n
@@ -112,11 +112,13 @@ impl RedisLockBuilder {
     /// loses a lock: Redis replicates asynchronously, `WAIT` does not make the
     /// write durable on the replicas (they may not have persisted it), a
     /// replica that acknowledged is not necessarily the one that gets
-    /// promoted, and a lease renewed later is not waited for. It also costs a
-    /// round trip to the replicas on every acquire.
+    /// promoted. Renewals are waited for too: one that too few replicas
+    /// acknowledged fails with `LockError::Unavailable`, and the guard's
+    /// validity does not move. It costs a round trip to the replicas on every
+    /// acquire and renewal.
     ///
-    /// Acquires then run on a connection of their own (a blocked `WAIT` must
-    /// not hold up renewals and releases), and a lock is never passed from one
+    /// Acquires and renewals then run on a connection of their own (a blocked
+    /// `WAIT` must not hold up releases), and a lock is never passed from one
     /// task of the client to the next without going through the server, so
     /// every grant is waited for. In Redis Cluster the `WAIT` goes to the
     /// master of the lock's slot.

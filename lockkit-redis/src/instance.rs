@@ -405,7 +405,7 @@ impl RedisInstance {
                     .run_within(
                         "acquire and wait for the replicas",
                         self.inner.command_timeout + wait.timeout,
-                        acquire_and_wait(&mut conn, &invocation, wait),
+                        script_and_wait(&mut conn, &invocation, wait),
                     )
                     .await?;
                 if granted == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
@@ -459,18 +459,44 @@ impl RedisInstance {
 
     /// Extends `owner`'s lease to `ttl` from now; false if the key is not `owner`'s.
     pub async fn extend(&self, keys: &Keys, owner: &str, ttl: Duration) -> Result<bool> {
-        let mut conn = self.inner.commands.clone();
-        let extended: i64 = self
-            .run(
-                "extend",
-                SCRIPTS
-                    .extend
-                    .key(&keys.lock)
-                    .arg(owner)
-                    .arg(ttl_millis(ttl))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
+        let mut invocation = SCRIPTS.extend.prepare_invoke();
+        invocation.key(&keys.lock).arg(owner).arg(ttl_millis(ttl));
+        self.renew(&keys.lock, invocation).await
+    }
+
+    /// Runs a renewal script. Where grants must reach replicas, so must
+    /// renewals (a replica promoted with the old expiry would free the lock
+    /// early): `WAIT` follows, and a renewal too few replicas acknowledged
+    /// is `Unavailable`, so that the guard's validity does not move (its
+    /// watchdog tries again while the lease lasts).
+    async fn renew(&self, key: &str, invocation: ScriptInvocation<'_>) -> Result<bool> {
+        let extended: i64 = match (self.inner.wait, &self.inner.acquire) {
+            (Some(wait), Some(acquire)) => {
+                let mut conn = acquire.clone();
+                let (extended, acknowledged): (i64, i64) = self
+                    .run_within(
+                        "extend and wait for the replicas",
+                        self.inner.command_timeout + wait.timeout,
+                        script_and_wait(&mut conn, &invocation, wait),
+                    )
+                    .await?;
+                if extended == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX)
+                {
+                    let message = format!(
+                        "key {key:?} on {}: renewal written but only {acknowledged} of {} replicas acknowledged within {:?}",
+                        self.inner.address, wait.replicas, wait.timeout
+                    );
+                    tracing::warn!(redis.address = %self.inner.address, "{message}");
+                    return Err(LockError::unavailable(BACKEND, message));
+                }
+                extended
+            }
+            _ => {
+                let mut conn = self.inner.commands.clone();
+                self.run("extend", invocation.invoke_async(&mut conn))
+                    .await?
+            }
+        };
         Ok(extended == 1)
     }
 
@@ -498,19 +524,9 @@ impl RedisInstance {
     /// Makes `owner`'s lease in the sorted set `set` (readers, permits) end
     /// `ttl` from now; false if it has none or it ran out.
     pub async fn extend_member(&self, set: &str, owner: &str, ttl: Duration) -> Result<bool> {
-        let mut conn = self.inner.commands.clone();
-        let extended: i64 = self
-            .run(
-                "extend",
-                SCRIPTS
-                    .extend_member
-                    .key(set)
-                    .arg(owner)
-                    .arg(ttl_millis(ttl))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(extended == 1)
+        let mut invocation = SCRIPTS.extend_member.prepare_invoke();
+        invocation.key(set).arg(owner).arg(ttl_millis(ttl));
+        self.renew(set, invocation).await
     }
 
     /// Removes `owner`'s lease from the sorted set `set` and publishes on
@@ -652,14 +668,14 @@ impl RedisInstance {
     }
 }
 
-/// `EVALSHA` of the acquire script and `WAIT` in one pipeline, so that both
-/// go over the same connection (`WAIT` counts the replicas that have the
+/// `EVALSHA` of a script and `WAIT` in one pipeline, so that both go over
+/// the same connection (`WAIT` counts the replicas that have the
 /// connection's writes); the script is loaded on `NOSCRIPT`.
-async fn acquire_and_wait(
+async fn script_and_wait<T: redis::FromRedisValue>(
     conn: &mut Connection,
     invocation: &ScriptInvocation<'_>,
     wait: ReplicaWait,
-) -> std::result::Result<((i64, i64), i64), RedisError> {
+) -> std::result::Result<(T, i64), RedisError> {
     let mut pipe = redis::pipe();
     pipe.invoke_script(invocation)
         .cmd("WAIT")

@@ -337,8 +337,10 @@ async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
     taken.release().await.unwrap();
 }
 
-/// `wait_replicas=1`: with replication working the acquire succeeds; cut by
-/// the proxy, it fails with `Unavailable` and leaves the lock free.
+/// `wait_replicas=1`: with replication working the acquire and a renewal
+/// succeed; cut by the proxy, an acquire fails with `Unavailable` and leaves
+/// the lock free, and a renewal fails with `Unavailable` (the guard's
+/// validity does not move).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_replicas_fails_cleanly_without_replication() {
     let deployment = RedisSentinels::start().await;
@@ -366,9 +368,23 @@ async fn wait_for_replicas_fails_cleanly_without_replication() {
         "1",
         "acknowledged means the replica has it"
     );
+    guard.extend(Duration::from_secs(30)).await.unwrap();
     guard.release().await.unwrap();
+    let renewed = waiting
+        .acquire("renewed", &opts().auto_renew(false))
+        .await
+        .unwrap();
 
     deployment.replication_proxy().blackhole(true);
+    let valid_until = renewed.valid_until();
+    match renewed.extend(Duration::from_secs(60)).await {
+        Err(LockError::Unavailable { message, .. }) => assert!(
+            message.contains("renewal written but only 0 of 1 replicas acknowledged"),
+            "{message}"
+        ),
+        other => panic!("a renewal no replica acknowledged: {other:?}"),
+    }
+    assert_eq!(renewed.valid_until(), valid_until, "validity moved");
     let started = Instant::now();
     let err = waiting
         .try_acquire("cut-off", &opts())
@@ -423,6 +439,11 @@ async fn wait_for_replicas_fails_cleanly_without_replication() {
         .await,
         "acquires with WAIT did not work again once replication was back"
     );
+    renewed
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("renewals are acknowledged again");
+    renewed.release().await.unwrap();
 }
 
 /// A lone server has no replica: with `wait_for_replicas` every grant is
