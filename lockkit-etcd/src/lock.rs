@@ -10,7 +10,7 @@ use etcd_client::{
 };
 use lockkit_core::backend::{Lease, LossNotifier, QueueBackend, QueuedLock, Waiter, validate_name};
 use lockkit_core::{
-    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
+    Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
     ReleaseOnCrash, Result,
 };
 use tokio::time::Instant;
@@ -209,41 +209,9 @@ fn created_and_contenders(
     Ok((mine, ranges.pop().unwrap_or_default()))
 }
 
-/// The backoff of a waiter whose requests fail: 10 ms, doubling up to
-/// 500 ms, never past the deadline.
-struct Retry {
-    delay: Duration,
-    deadline: Option<Instant>,
-}
-
-impl Retry {
-    const FIRST: Duration = Duration::from_millis(10);
-    const MOST: Duration = Duration::from_millis(500);
-
-    fn new(deadline: Option<Instant>) -> Retry {
-        Retry {
-            delay: Retry::FIRST,
-            deadline,
-        }
-    }
-
-    /// A request succeeded: the next failure starts the backoff anew.
-    fn reset(&mut self) {
-        self.delay = Retry::FIRST;
-    }
-
-    /// Sleeps before the next try; `false` when the deadline comes first.
-    async fn after(&mut self, error: &LockError) -> bool {
-        let wake = Instant::now() + self.delay;
-        if self.deadline.is_some_and(|deadline| deadline <= wake) {
-            return false;
-        }
-        tracing::debug!(%error, delay = ?self.delay, "etcd request failed while waiting; retrying");
-        tokio::time::sleep_until(wake).await;
-        self.delay = (self.delay * 2).min(Retry::MOST);
-        true
-    }
-}
+/// The backoff of a waiter whose requests fail (the shared jittered
+/// backoff): up to 10 ms, doubling up to 500 ms.
+const RETRY: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
 
 /// How a wait for one's turn ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,15 +264,18 @@ impl EtcdBackend {
         mine: i64,
         deadline: Option<Instant>,
     ) -> Result<Turn> {
-        let mut retry = Retry::new(deadline);
+        let mut delays = RETRY.delays();
         loop {
             match self.wait_round(plan, dir, key, mine, deadline).await {
                 Ok(Some(turn)) => return Ok(turn),
-                Ok(None) => retry.reset(),
+                Ok(None) => delays.reset(),
                 Err(error @ LockError::Unavailable { .. }) => {
-                    if !retry.after(&error).await {
+                    let wake = Instant::now() + delays.next().unwrap_or(RETRY.max());
+                    if deadline.is_some_and(|deadline| deadline <= wake) {
                         return Ok(Turn::TimedOut);
                     }
+                    tracing::debug!(%error, "etcd request failed while waiting; retrying");
+                    tokio::time::sleep_until(wake).await;
                 }
                 Err(error) => return Err(error),
             }
@@ -361,7 +332,7 @@ impl EtcdBackend {
         renewed: &Mutex<Instant>,
     ) -> LockError {
         let last = || *renewed.lock().unwrap_or_else(|p| p.into_inner());
-        let mut retry = Retry::new(None);
+        let mut delays = RETRY.delays();
         let mut wait = period;
         loop {
             tokio::time::sleep(wait).await;
@@ -369,7 +340,7 @@ impl EtcdBackend {
             match self.etcd.keep_alive(lease).await {
                 Ok(Some(_)) => {
                     *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
-                    retry.reset();
+                    delays.reset();
                     wait = period;
                 }
                 Ok(None) => {
@@ -379,12 +350,12 @@ impl EtcdBackend {
                     );
                 }
                 // A lost connection is retried while the lease may live.
-                Err(error @ LockError::Unavailable { .. })
-                    if Instant::now() + retry.delay < last() + ttl =>
-                {
+                Err(error @ LockError::Unavailable { .. }) => {
+                    wait = delays.next().unwrap_or(RETRY.max());
+                    if Instant::now() + wait >= last() + ttl {
+                        return error;
+                    }
                     tracing::debug!(%error, "could not renew a waiting acquire's lease; retrying");
-                    wait = retry.delay;
-                    retry.delay = (retry.delay * 2).min(Retry::MOST);
                 }
                 Err(error) => return error,
             }
