@@ -191,19 +191,17 @@ impl Etcd {
             .await
     }
 
-    /// A wait for the deletion of `key` (of any key under it with
-    /// `prefix`), told by the client's one watch of its prefix (see
-    /// [`crate::deletions`]), in place when this returns (bounded by the
-    /// command timeout). A deletion just before it may not be told: look at
-    /// the keys again once it is in place.
-    pub(crate) async fn watch_deletes(&self, key: &[u8], prefix: bool) -> Result<Deletes> {
+    /// A wait for the deletions of the keys under `dir`, told by the
+    /// client's one watch of its prefix (see [`crate::deletions`]), in place
+    /// when this returns (bounded by the command timeout). A deletion just
+    /// before it may not be told: read the keys once it is in place.
+    pub(crate) async fn watch_deletes(&self, dir: &str) -> Result<Deletes> {
         let watched = format!("{}/", self.settings.prefix);
         self.deletions
             .register(
                 &self.client,
                 &watched,
-                key,
-                prefix,
+                dir.as_bytes(),
                 self.settings.command_timeout,
             )
             .await

@@ -10,9 +10,10 @@
 //!
 //! So a client keeps one watch of every deletion under its prefix: the
 //! first waiter starts it, it stays while waiters come (and for [`LINGER`]
-//! after the last one), and each deletion wakes only the waiters that
-//! registered that key (or a prefix of it): still one waiter woken per
-//! release, and no request per wait round for the watch.
+//! after the last one), and each deletion is handed to the waiters of its
+//! lock's directory: they keep count of the keys ahead of them, so a
+//! deletion costs no request from a waiter it does not let through, and
+//! none from the one it does (see [`crate::lock`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,15 +49,14 @@ struct Shared {
     phase: Option<watch::Receiver<Phase>>,
 }
 
-/// One registered wait: a key (or, with `prefix`, every key under it).
+/// One registered wait: the deletions of every key under `dir`.
 #[derive(Debug)]
 struct Wait {
-    key: Vec<u8>,
-    prefix: bool,
+    dir: Vec<u8>,
     signal: Arc<Signal>,
 }
 
-/// How a wait is woken: a deletion seen, or the watch failed.
+/// How a wait is woken: deletions seen, or the watch failed.
 #[derive(Debug, Default)]
 struct Signal {
     notify: Notify,
@@ -65,7 +65,8 @@ struct Signal {
 
 #[derive(Debug, Default)]
 struct Woken {
-    deleted: bool,
+    /// The keys deleted since the waiter last looked, in revision order.
+    deleted: Vec<Vec<u8>>,
     failed: Option<String>,
 }
 
@@ -97,17 +98,16 @@ impl Default for Deletions {
 }
 
 impl Deletions {
-    /// Registers a wait for the deletion of `key` (of any key under it with
-    /// `prefix`), starting the client's watch of `watched` (a prefix that
-    /// covers `key`) if none runs, and returns once that watch is in place
-    /// (bounded by `limit`). A deletion before this returned may or may not
-    /// be told: look at the keys again afterwards.
+    /// Registers a wait for the deletions of the keys under `dir`, starting
+    /// the client's watch of `watched` (a prefix that covers `dir`) if none
+    /// runs, and returns once that watch is in place (bounded by `limit`).
+    /// Every deletion committed after this returned is told; one before it
+    /// may or may not be: read the keys afterwards.
     pub(crate) async fn register(
         &self,
         client: &Arc<Client>,
         watched: &str,
-        key: &[u8],
-        prefix: bool,
+        dir: &[u8],
         limit: Duration,
     ) -> Result<Deletes> {
         let signal = Arc::new(Signal::default());
@@ -137,8 +137,7 @@ impl Deletions {
             shared.next_id += 1;
             let id = shared.next_id;
             let wait = Wait {
-                key: key.to_vec(),
-                prefix,
+                dir: dir.to_vec(),
                 signal: signal.clone(),
             };
             shared.waits.insert(id, wait);
@@ -176,25 +175,26 @@ pub(crate) struct Deletes {
 }
 
 impl Deletes {
-    /// Waits for a deletion of the registered key (`true`) or until
-    /// `deadline` passes (`false`). A watch that ends, is cancelled or
-    /// fails is `Unavailable`.
-    pub(crate) async fn next(&mut self, deadline: Option<Instant>) -> Result<bool> {
+    /// Waits for deletions under the registered directory: the keys
+    /// deleted since the last call (at least one), or `None` once
+    /// `deadline` passed. A watch that ends, is cancelled or fails is
+    /// `Unavailable`.
+    pub(crate) async fn next(&mut self, deadline: Option<Instant>) -> Result<Option<Vec<Vec<u8>>>> {
         loop {
             {
                 let mut woken = lock(&self.signal.state);
                 if let Some(message) = &woken.failed {
                     return Err(LockError::unavailable(BACKEND, message.clone()));
                 }
-                if std::mem::take(&mut woken.deleted) {
-                    return Ok(true);
+                if !woken.deleted.is_empty() {
+                    return Ok(Some(std::mem::take(&mut woken.deleted)));
                 }
             }
             let notified = self.signal.notify.notified();
             match deadline {
                 Some(deadline) => {
                     if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                        return Ok(false);
+                        return Ok(None);
                     }
                 }
                 None => notified.await,
@@ -284,7 +284,7 @@ async fn open(client: &Client, watched: &str) -> std::result::Result<WatchStream
     }
 }
 
-/// Wakes every wait a deletion of `message` concerns.
+/// Hands each deletion of `message` to the waits of its directory.
 fn wake(shared: &Mutex<Shared>, message: &WatchResponse) {
     let shared = lock(shared);
     for event in message.events() {
@@ -295,13 +295,8 @@ fn wake(shared: &Mutex<Shared>, message: &WatchResponse) {
             continue;
         };
         for wait in shared.waits.values() {
-            let concerned = if wait.prefix {
-                deleted.starts_with(&wait.key)
-            } else {
-                deleted == wait.key.as_slice()
-            };
-            if concerned {
-                wait.signal.wake(|w| w.deleted = true);
+            if deleted.starts_with(&wait.dir) {
+                wait.signal.wake(|w| w.deleted.push(deleted.to_vec()));
             }
         }
     }

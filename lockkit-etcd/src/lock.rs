@@ -21,10 +21,11 @@ use crate::keys::{contender_key, is_reader, lock_dir, semaphore_dir};
 
 /// What the etcd backend guarantees: a lease per holding (freed by its TTL
 /// when the holder crashes), the key's create revision as fencing token,
-/// waiters woken by a watch on their predecessor's key in order of arrival,
-/// and Raft underneath (a minority of the cluster may fail); readers and
-/// writers in one directory ordered by revision, semaphore permits as keys
-/// counted under a directory of their own.
+/// waiters let through in order of arrival by the deletions of the keys
+/// ahead of theirs (told by the client's one watch), and Raft underneath (a
+/// minority of the cluster may fail); readers and writers in one directory
+/// ordered by revision, semaphore permits as keys counted under a directory
+/// of their own.
 pub const ETCD_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_fencing(true)
     .with_notified_wait(true)
@@ -104,21 +105,6 @@ impl Plan {
             Plan::Exclusive => older.count() == 0,
             Plan::Shared => !older.into_iter().any(|kv| !is_reader(dir, kv.key())),
             Plan::Permits(permits) => older.count() < permits as usize,
-        }
-    }
-
-    /// What to watch while the key created at `mine` waits: the youngest
-    /// older key that stands in its way (a writer's, for a reader), or, for
-    /// a permit, the whole directory (a release anywhere ahead moves it
-    /// up). `None`: nothing is in the way any more.
-    fn blocker(self, dir: &str, mine: i64, keys: &[KeyValue]) -> Option<(Vec<u8>, bool)> {
-        let mut older = keys.iter().filter(|kv| kv.create_revision() < mine);
-        match self {
-            Plan::Exclusive => older.next_back().map(|kv| (kv.key().to_vec(), false)),
-            Plan::Shared => older
-                .rfind(|kv| !is_reader(dir, kv.key()))
-                .map(|kv| (kv.key().to_vec(), false)),
-            Plan::Permits(_) => Some((dir.as_bytes().to_vec(), true)),
         }
     }
 }
@@ -249,13 +235,15 @@ impl EtcdBackend {
         }
     }
 
-    /// Waits until the key created at `mine` holds as `plan` says: each
-    /// time, what stands in its way is watched until a deletion (no herd
-    /// for locks: a release wakes the one waiter behind it). Every read
-    /// also checks that our own key is still there. A lost connection is
-    /// not the end of the wait (the lease, kept alive alongside, says when
-    /// it is): the reads and the watch are made again, with backoff, until
-    /// the deadline.
+    /// Waits until the key created at `mine` holds as `plan` says. A
+    /// round reads the keys ahead of ours once, with the client's watch of
+    /// deletions already in place, then counts them down as their deletions
+    /// are told: keys older than ours can only go, never come, so the
+    /// deletion that lets us through needs no read to be sure of it (and
+    /// those that do not wake no request at all). A deletion of our own key
+    /// ends the wait. A lost connection or a failed watch is not the end of
+    /// the wait (the lease, kept alive alongside, says when it is): the
+    /// round is made again, with backoff, until the deadline.
     async fn wait_turn(
         &self,
         plan: Plan,
@@ -267,8 +255,7 @@ impl EtcdBackend {
         let mut delays = RETRY.delays();
         loop {
             match self.wait_round(plan, dir, key, mine, deadline).await {
-                Ok(Some(turn)) => return Ok(turn),
-                Ok(None) => delays.reset(),
+                Ok(turn) => return Ok(turn),
                 Err(error @ LockError::Unavailable { .. }) => {
                     let wake = Instant::now() + delays.next().unwrap_or(RETRY.max());
                     if deadline.is_some_and(|deadline| deadline <= wake) {
@@ -282,8 +269,7 @@ impl EtcdBackend {
         }
     }
 
-    /// One round of [`wait_turn`](Self::wait_turn): `None` when the keys
-    /// must be read again (a deletion came, or the watched key changed).
+    /// One round of [`wait_turn`](Self::wait_turn).
     async fn wait_round(
         &self,
         plan: Plan,
@@ -291,33 +277,26 @@ impl EtcdBackend {
         key: &str,
         mine: i64,
         deadline: Option<Instant>,
-    ) -> Result<Option<Turn>> {
-        let (keys, ours) = self.read_turn(dir, key, mine).await?;
+    ) -> Result<Turn> {
+        // In place before the read: every deletion the read does not show
+        // is told.
+        let mut deletes = self.etcd.watch_deletes(dir).await?;
+        let (mut older, ours) = self.read_turn(dir, key, mine).await?;
         if !ours {
-            return Ok(Some(Turn::KeyDeleted));
+            return Ok(Turn::KeyDeleted);
         }
-        let Some((blocker, prefix)) = plan.blocker(dir, mine, &keys) else {
-            return Ok(Some(Turn::Holds));
-        };
-        if plan.holds(dir, mine, &keys) {
-            return Ok(Some(Turn::Holds));
+        loop {
+            if plan.holds(dir, mine, &older) {
+                return Ok(Turn::Holds);
+            }
+            let Some(deleted) = deletes.next(deadline).await? else {
+                return Ok(Turn::TimedOut);
+            };
+            if deleted.iter().any(|k| k == key.as_bytes()) {
+                return Ok(Turn::KeyDeleted);
+            }
+            older.retain(|kv| !deleted.iter().any(|k| k == kv.key()));
         }
-        let mut deletes = self.etcd.watch_deletes(&blocker, prefix).await?;
-        // A deletion just before the watch was in place is not told.
-        let (keys, ours) = self.read_turn(dir, key, mine).await?;
-        if !ours {
-            return Ok(Some(Turn::KeyDeleted));
-        }
-        if plan.holds(dir, mine, &keys) {
-            return Ok(Some(Turn::Holds));
-        }
-        if plan.blocker(dir, mine, &keys).map(|(key, _)| key) != Some(blocker) && !prefix {
-            return Ok(None);
-        }
-        if !deletes.next(deadline).await? {
-            return Ok(Some(Turn::TimedOut));
-        }
-        Ok(None)
     }
 
     /// Keeps `lease` alive every `period` while a contender waits, noting
@@ -379,7 +358,8 @@ impl QueueBackend for EtcdBackend {
 
     /// A lease, then one transaction: our key (value: the holder identity)
     /// if it does not exist yet, and the oldest key of the lock. The oldest
-    /// holds; a waiter watches the key just before its own.
+    /// holds; a waiter counts down the keys ahead of its own as their
+    /// deletions are told.
     async fn lock(
         &self,
         name: &str,
