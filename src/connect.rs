@@ -205,9 +205,13 @@ impl Registry {
 /// | `mysql://`, `mariadb://` | MySQL/MariaDB, `?mode=lease` (default), `row`, `named` (`lockkit::sql`) | `mysql` |
 /// | `sqlite://path`, `sqlite::memory:` | SQLite lease rows (`lockkit::sql`) | `sqlite` |
 ///
-/// The connection is eager: an unreachable server gives
-/// [`LockError::Unavailable`] within the connect timeout, and the client
-/// reconnects on its own afterwards. A known scheme whose feature is off gives
+/// The connection is eager: a server that is not up yet (its port closed,
+/// or open and still starting) is tried again with backoff (10 ms doubling
+/// to 500 ms, jittered) until the connect timeout, so services started
+/// together need no start order; one still unreachable then gives
+/// [`LockError::Unavailable`]. A refusal that trying again cannot change
+/// (a wrong password) ends at once. The client reconnects on its own
+/// afterwards. A known scheme whose feature is off gives
 /// [`LockError::BackendNotCompiled`] naming the feature; an unknown scheme gives
 /// [`LockError::InvalidUrl`]. Passwords in the URL never appear in errors.
 /// A backend of your own goes through a [`Registry`].

@@ -670,6 +670,39 @@ pub async fn dead_server_gives_unavailable(h: &dyn Harness) {
     );
 }
 
+/// `connect` waits for a server that is still starting (its port closed,
+/// or open and not serving yet), within the connect timeout: services
+/// started together by an orchestrator must just work. The connect begins
+/// while the server is dead, and the server starts a little later.
+pub async fn connect_waits_for_a_starting_server(h: &dyn Harness) {
+    let mut server = h.disposable().await;
+    server.kill().await;
+    let server = server;
+    let connect_timeout = Duration::from_secs(60);
+    let start = Instant::now();
+    let (connected, restarted) = tokio::join!(
+        async {
+            let client = server.connect_within(connect_timeout).await;
+            (client, start.elapsed())
+        },
+        async {
+            tokio::time::sleep(ms(300)).await;
+            server.restart().await;
+            start.elapsed()
+        }
+    );
+    let (client, took) = connected;
+    let client = client.unwrap_or_else(|e| {
+        panic!(
+            "connect gave up after {took:?} while the server started (up after {restarted:?}): {e}"
+        )
+    });
+    assert!(took < connect_timeout, "took {took:?}");
+    let name = unique("starting");
+    let guard = must_acquire(client.as_ref(), &name, &opts(Duration::from_secs(5))).await;
+    guard.release().await.unwrap();
+}
+
 /// A guard knows its name, its validity and that it is not lost.
 pub async fn guard_reports_its_state(h: &dyn Harness) {
     let a = h.client().await;

@@ -63,6 +63,16 @@ pub trait Disposable: Send + Sync {
 
     /// Unfreezes the server.
     async fn resume(&mut self);
+
+    /// Starts the server again after [`kill`](Self::kill) (killing it
+    /// first if it runs), on the same address and with its data, returning
+    /// once it serves. Takes `&self`, so that a case can connect while the
+    /// server starts.
+    async fn restart(&self);
+
+    /// Like [`connect`](Self::connect), with the client's connect timeout
+    /// set to `timeout`.
+    async fn connect_within(&self, timeout: Duration) -> Result<Arc<dyn DistributedLock>>;
 }
 
 /// Expands to one `#[tokio::test]` per conformance case, each building its own
@@ -93,6 +103,7 @@ macro_rules! conformance_suite {
             invalid_options_rejected,
             odd_names_work_and_do_not_collide,
             dead_server_gives_unavailable,
+            connect_waits_for_a_starting_server,
             guard_reports_its_state,
             status_reports_the_holder,
             local_handoffs_keep_exclusion_and_fencing,

@@ -76,4 +76,12 @@ impl Disposable for MemoryHarness {
     async fn resume(&mut self) {
         self.store.outage(false);
     }
+
+    async fn restart(&self) {
+        self.store.outage(false);
+    }
+
+    async fn connect_within(&self, _timeout: Duration) -> Result<Arc<dyn DistributedLock>> {
+        Ok(self.client().await)
+    }
 }

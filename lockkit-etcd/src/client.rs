@@ -10,6 +10,7 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, TlsOptions, Txn,
     TxnResponse,
 };
+use lockkit_core::backend::connect_retrying;
 use lockkit_core::{LockError, Result};
 
 use crate::deletions::{Deletes, Deletions};
@@ -53,7 +54,7 @@ fn tls_options(tls: &EtcdTls) -> TlsOptions {
 
 impl Etcd {
     /// Connects and checks that the cluster answers (a read of the prefix),
-    /// within the connect timeout.
+    /// tried again while it does not, within the connect timeout.
     pub(crate) async fn connect(settings: EtcdSettings) -> Result<Etcd> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(settings.connect_timeout)
@@ -65,30 +66,38 @@ impl Etcd {
             options = options.with_tls(tls_options(tls));
         }
         let limit = settings.connect_timeout;
-        let connect = Client::connect(settings.endpoints.clone(), Some(options));
-        let client = match tokio::time::timeout(limit, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(map_error("connect", error)),
-            Err(_) => {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!("connect: no answer within {limit:?}"),
-                ));
+        let settings = Arc::new(settings);
+        // A cluster still starting is tried again within the connect timeout.
+        let etcd = connect_retrying(BACKEND, "connect", limit, |left| {
+            let (options, settings) = (options.clone(), settings.clone());
+            async move {
+                let connect = Client::connect(settings.endpoints.clone(), Some(options));
+                let client = tokio::time::timeout(left, connect)
+                    .await
+                    .map_err(|_| {
+                        LockError::unavailable(
+                            BACKEND,
+                            format!("connect: no answer within {limit:?}"),
+                        )
+                    })?
+                    .map_err(|error| map_error("connect", error))?;
+                let etcd = Etcd {
+                    client: Arc::new(client),
+                    settings,
+                    deletions: Arc::default(),
+                };
+                let probe = GetOptions::new().with_count_only();
+                etcd.bounded(
+                    "reach the cluster",
+                    left,
+                    etcd.client
+                        .kv_client()
+                        .get(etcd.settings.prefix.clone(), Some(probe)),
+                )
+                .await?;
+                Ok(etcd)
             }
-        };
-        let etcd = Etcd {
-            client: Arc::new(client),
-            settings: Arc::new(settings),
-            deletions: Arc::default(),
-        };
-        let probe = GetOptions::new().with_count_only();
-        etcd.bounded(
-            "reach the cluster",
-            limit,
-            etcd.client
-                .kv_client()
-                .get(etcd.settings.prefix.clone(), Some(probe)),
-        )
+        })
         .await?;
         tracing::debug!(url = %etcd.settings.redacted_url, "connected");
         Ok(etcd)

@@ -71,8 +71,9 @@ impl EtcdLockBuilder {
         &self.settings.prefix
     }
 
-    /// Connects (eagerly: an unreachable cluster gives
-    /// `LockError::Unavailable` within the connect timeout).
+    /// Connects eagerly: a cluster that does not answer yet is tried again
+    /// with backoff until the connect timeout, then gives
+    /// `LockError::Unavailable`.
     pub async fn connect(self) -> Result<EtcdLock> {
         let settings = self.settings;
         check_timeout("connect_timeout", settings.connect_timeout)?;

@@ -132,8 +132,10 @@ impl RedisLockBuilder {
         &self.config
     }
 
-    /// Connects (eagerly: an unreachable server gives `LockError::Unavailable`
-    /// within the connect timeout) and loads the scripts.
+    /// Connects eagerly and loads the scripts: a server that does not serve
+    /// yet (a cluster whose state is not ok yet, too) is tried again with
+    /// backoff until the connect timeout, then gives
+    /// `LockError::Unavailable`.
     pub async fn connect(self) -> Result<RedisLock> {
         check_timeout("connect_timeout", self.config.connect_timeout)?;
         check_timeout("command_timeout", self.config.command_timeout)?;

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit_core::backend::Attempt;
+use lockkit_core::backend::{Attempt, connect_retrying};
 use lockkit_core::{FencingToken, LockError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -130,7 +130,9 @@ async fn open(
 }
 
 impl RedisInstance {
-    /// Connects, checks that the server answers, and loads the scripts.
+    /// Connects, checks that the server answers, and loads the scripts;
+    /// a server that is not up yet is tried again within the connect
+    /// timeout ([`connect_retrying`]).
     pub async fn connect(config: RedisConfig) -> Result<RedisInstance> {
         let address = config.address();
         let resolver = match &config.topology {
@@ -146,12 +148,26 @@ impl RedisInstance {
             )),
             _ => None,
         };
-        let connect = async {
+        let connect = |_left| async {
             let mut commands = open(&config, resolver.as_ref(), config.command_timeout).await?;
             // A lone PING first: it surfaces a missing or wrong password as one
             // clear error instead of one per script.
             let prepare = async {
                 redis::cmd("PING").query_async::<()>(&mut commands).await?;
+                if matches!(config.topology, Topology::Cluster { .. }) {
+                    // A cluster whose nodes are up but not agreed yet
+                    // ("cluster_state:fail") is still starting.
+                    let info: String = redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query_async(&mut commands)
+                        .await?;
+                    if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                        return Ok(Err(LockError::unavailable(
+                            BACKEND,
+                            format!("connect to {address}: the cluster's state is not ok yet"),
+                        )));
+                    }
+                }
                 for source in SOURCES {
                     redis::cmd("SCRIPT")
                         .arg("LOAD")
@@ -159,11 +175,11 @@ impl RedisInstance {
                         .query_async::<()>(&mut commands)
                         .await?;
                 }
-                Ok::<_, RedisError>(())
+                Ok::<_, RedisError>(Ok(()))
             };
             prepare
                 .await
-                .map_err(|e| map_error(&address, "connect", e))?;
+                .map_err(|e| map_error(&address, "connect", e))??;
             let acquire = match config.wait {
                 Some(wait) => Some(
                     open(
@@ -177,19 +193,9 @@ impl RedisInstance {
             };
             Ok::<_, LockError>((commands, acquire))
         };
-        let (commands, acquire) = match tokio::time::timeout(config.connect_timeout, connect).await
-        {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!(
-                        "connect to {address}: no connection within {:?}",
-                        config.connect_timeout
-                    ),
-                ));
-            }
-        };
+        let what = format!("connect to {address}");
+        let (commands, acquire) =
+            connect_retrying(BACKEND, &what, config.connect_timeout, connect).await?;
         tracing::debug!(redis.address = %address, redis.mode = config.mode(), "connected");
         Self::build(&config, commands, acquire, resolver)
     }

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use lockkit_core::backend::{
     LeaseLock, MultiHostUrl, check_timeout, host_list, redact_url, timeout_param,
 };
@@ -98,9 +99,10 @@ impl RedlockLockBuilder {
         &self.instances
     }
 
-    /// Connects to every instance in parallel. Succeeds when at least a quorum
-    /// (N/2 + 1) answers; the others are connected lazily and join when they
-    /// come up. Fewer than a quorum gives `LockError::Unavailable`.
+    /// Connects to every instance in parallel, each tried again within its
+    /// connect timeout while it is not up yet. Succeeds as soon as a quorum
+    /// (N/2 + 1) is connected; the others are connected lazily and join
+    /// when they come up. Fewer than a quorum gives `LockError::Unavailable`.
     pub async fn connect(self) -> Result<RedlockLock> {
         if self.instances.is_empty() {
             return Err(LockError::invalid_options(
@@ -112,19 +114,30 @@ impl RedlockLockBuilder {
         }
         let total = self.instances.len();
         let quorum = total / 2 + 1;
-        let attempts = join_all(self.instances.into_iter().map(|config| async move {
-            let lazy = config.clone();
-            RedisInstance::connect(config).await.map_err(|e| (lazy, e))
-        }))
-        .await;
+        // Each instance is tried within its connect timeout (a server still
+        // starting is waited for); a quorum is enough to start, and the
+        // instances not connected by then are made lazy.
+        let configs = self.instances;
+        let mut attempts: FuturesUnordered<_> = configs
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, config)| async move { (i, RedisInstance::connect(config).await) })
+            .collect();
         let mut instances = Vec::with_capacity(total);
         let mut failures = Vec::new();
-        for attempt in attempts {
+        let mut settled = vec![false; total];
+        while instances.len() < quorum {
+            let Some((i, attempt)) = attempts.next().await else {
+                break;
+            };
+            settled[i] = true;
             match attempt {
                 Ok(instance) => instances.push(instance),
-                Err((config, error)) => failures.push((config, error)),
+                Err(error) => failures.push((configs[i].clone(), error)),
             }
         }
+        drop(attempts);
         if instances.len() < quorum {
             // A configuration error (e.g. a wrong password everywhere) is
             // reported as itself rather than as an outage.
@@ -143,6 +156,11 @@ impl RedlockLockBuilder {
         for (config, error) in failures {
             tracing::warn!(redis.address = %config.address(), %error,
                 "Redlock instance unreachable at connect; it joins when it comes up");
+            instances.push(RedisInstance::connect_lazy(config)?);
+        }
+        for (config, _) in configs.into_iter().zip(settled).filter(|(_, s)| !s) {
+            tracing::debug!(redis.address = %config.address(),
+                "Redlock instance not connected when the quorum was; it connects on first use");
             instances.push(RedisInstance::connect_lazy(config)?);
         }
         Ok(LeaseLock::new(RedlockBackend::new(

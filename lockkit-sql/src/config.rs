@@ -196,8 +196,9 @@ impl SqlLockBuilder {
         self
     }
 
-    /// Connects (eagerly: `Unavailable` when the database cannot be reached
-    /// within the connect timeout) and, unless turned off, creates the table.
+    /// Connects eagerly (a database that does not accept connections yet is
+    /// tried again with backoff until the connect timeout, then gives
+    /// `Unavailable`) and, unless turned off, creates the table.
     pub async fn connect(self) -> Result<SqlLock> {
         let config = self.config;
         config.check()?;

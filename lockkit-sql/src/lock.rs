@@ -164,7 +164,12 @@ async fn open_postgres(
         .connect_lazy_with(options.clone());
     // Eager, on a connection of its own: sqlx's pool would retry a refused
     // connection until its timeout and then report only that it timed out.
-    close(settings.connecting("connect", options.connect()).await?).await;
+    close(
+        settings
+            .first_connection("connect", || options.connect())
+            .await?,
+    )
+    .await;
     let sql = Arc::new(PgSql::new(&config.table));
     let admin = Admin::Postgres(Box::new(options.clone()), sql.clone());
     let inner: Box<dyn DistributedLock> = match config.mode {
@@ -224,7 +229,9 @@ async fn open_mysql(
         .test_before_acquire(false)
         .connect_lazy_with(options.clone());
     // Eager, on a connection of its own (see `open_postgres`).
-    let mut conn = settings.connecting("connect", options.connect()).await?;
+    let mut conn = settings
+        .first_connection("connect", || options.connect())
+        .await?;
     let version: String = settings
         .bounded(
             "read the server version",
@@ -305,7 +312,7 @@ async fn open_sqlite(
     let keeper = if in_memory {
         Some(
             settings
-                .connecting("open the database", options.connect())
+                .first_connection("open the database", || options.connect())
                 .await?,
         )
     } else {
@@ -321,7 +328,7 @@ async fn open_sqlite(
         .connect_lazy_with(options.clone());
     drop(
         settings
-            .connecting("open the database", pool.acquire())
+            .first_connection("open the database", || pool.acquire())
             .await?,
     );
     let sql = Arc::new(crate::sqlite::SqliteSql::new(&config.table));

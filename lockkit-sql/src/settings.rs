@@ -7,6 +7,7 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
+use lockkit_core::backend::connect_retrying;
 use lockkit_core::{Capabilities, LockError, ReleaseOnCrash, Result};
 
 use crate::error::{map_error, timed_out};
@@ -366,6 +367,24 @@ impl Settings {
                 self.connect_timeout,
             )),
         }
+    }
+
+    /// Opens a client's first connection: like
+    /// [`connecting`](Self::connecting), tried again within the connect
+    /// timeout while the database is not up yet (refused, or "starting up").
+    pub(crate) async fn first_connection<T, Fut>(
+        &self,
+        what: &str,
+        mut connect: impl FnMut() -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = sqlx::Result<T>>,
+    {
+        let whole = format!("{what} on {}", self.address);
+        connect_retrying(self.backend, &whole, self.connect_timeout, |_| {
+            self.connecting(what, connect())
+        })
+        .await
     }
 
     pub(crate) fn error(&self, what: &str, error: sqlx::Error) -> LockError {

@@ -124,6 +124,34 @@ impl Disposable for DisposableFile {
                 .expect("give the write lock back");
         }
     }
+
+    /// A new, empty database file where the old one was (the blocker, if
+    /// any, holds the old file's write lock, not this one's).
+    async fn restart(&self) {
+        if let Some(dir) = self.db.parent() {
+            std::fs::create_dir_all(dir).expect("recreate the database's directory");
+        }
+    }
+
+    async fn connect_within(&self, timeout: Duration) -> Result<Arc<dyn DistributedLock>> {
+        let url = format!(
+            "sqlite://{}?command_timeout=1s&connect_timeout={}ms",
+            self.db.display(),
+            timeout.as_millis()
+        );
+        Ok(Arc::new(lockkit_sql::connect(&url).await?))
+    }
+}
+
+impl Drop for DisposableFile {
+    /// A restarted file's directory is no longer the `TempDir`'s to remove.
+    fn drop(&mut self) {
+        if self.dir.is_none()
+            && let Some(dir) = self.db.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 lockkit_conformance::conformance_suite!(SqliteHarness::new());

@@ -2,6 +2,7 @@
 //! any server, or group of servers, the testkit runs.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockkit_conformance::Disposable;
 use lockkit_core::backend::Driver;
@@ -110,5 +111,54 @@ impl<G: ServerGroup + 'static> Disposable for DisposableServer<G> {
 
     async fn resume(&mut self) {
         self.servers.members().iter().rev().for_each(|s| s.resume());
+    }
+
+    /// Every member at once: a cluster's members are ready only together.
+    async fn restart(&self) {
+        let members = self.servers.members();
+        futures_util::future::join_all(members.iter().map(|m| m.restart())).await;
+    }
+
+    async fn connect_within(&self, timeout: Duration) -> Result<Arc<dyn DistributedLock>> {
+        self.driver
+            .connect(&with_connect_timeout(&self.url, timeout))
+            .await
+    }
+}
+
+/// `url` with its `connect_timeout` parameter set to `timeout`.
+fn with_connect_timeout(url: &str, timeout: Duration) -> String {
+    let param = format!("connect_timeout={}ms", timeout.as_millis());
+    match url.split_once('?') {
+        None => format!("{url}?{param}"),
+        Some((base, query)) => {
+            let mut params: Vec<&str> = query
+                .split('&')
+                .filter(|p| !p.is_empty() && !p.starts_with("connect_timeout="))
+                .collect();
+            params.push(&param);
+            format!("{base}?{}", params.join("&"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connect_timeout_is_replaced_or_added() {
+        let t = Duration::from_secs(30);
+        assert_eq!(
+            with_connect_timeout(
+                "redis://127.0.0.1:1?connect_timeout=500ms&command_timeout=1s",
+                t
+            ),
+            "redis://127.0.0.1:1?command_timeout=1s&connect_timeout=30000ms"
+        );
+        assert_eq!(
+            with_connect_timeout("zk://127.0.0.1:1/locks", t),
+            "zk://127.0.0.1:1/locks?connect_timeout=30000ms"
+        );
     }
 }

@@ -71,8 +71,9 @@ impl ZkLockBuilder {
         &self.settings.root
     }
 
-    /// Connects (eagerly: an unreachable ensemble gives
-    /// `LockError::Unavailable` within the connect timeout). A new session is
+    /// Connects eagerly: an ensemble that does not serve yet is tried again
+    /// with backoff until the connect timeout, then gives
+    /// `LockError::Unavailable`. A new session is
     /// opened on first use after the current one expires.
     pub async fn connect(self) -> Result<ZkLock> {
         let settings = self.settings;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::backend::LossNotifier;
+use lockkit_core::backend::{LossNotifier, connect_retrying};
 use lockkit_core::{LockError, LostReason, Result};
 use zookeeper_client::{Acl, Acls, Client, Permission, SessionState};
 
@@ -92,32 +92,26 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     async fn open(settings: &ZkSettings) -> Result<Arc<Session>> {
-        let mut connector = Client::connector()
-            .with_session_timeout(settings.session_timeout)
-            .with_connection_timeout(settings.connect_timeout)
-            .with_fail_eagerly();
-        if let Some(digest) = &settings.digest {
-            connector = connector.with_auth("digest", digest.as_bytes());
-        }
-        let connect = connector.connect(&settings.cluster);
-        let client = match tokio::time::timeout(settings.connect_timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
-                return Err(map_error(
-                    &format!("connect to {}", settings.cluster),
-                    error,
-                ));
+        let what = format!("connect to {}", settings.cluster);
+        let attempt = |left: Duration| {
+            let mut connector = Client::connector()
+                .with_session_timeout(settings.session_timeout)
+                .with_connection_timeout(left)
+                .with_fail_eagerly();
+            if let Some(digest) = &settings.digest {
+                connector = connector.with_auth("digest", digest.as_bytes());
             }
-            Err(_) => {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!(
-                        "connect to {}: no session within {:?}",
-                        settings.cluster, settings.connect_timeout
-                    ),
-                ));
+            let what = &what;
+            async move {
+                connector
+                    .connect(&settings.cluster)
+                    .await
+                    .map_err(|error| map_error(what, error))
             }
         };
+        // An ensemble still starting ("no available hosts" while its port
+        // opens) is tried again within the connect timeout.
+        let client = connect_retrying(BACKEND, &what, settings.connect_timeout, attempt).await?;
         let mut states = client.state_watcher();
         let session = Arc::new(Session {
             client,

@@ -20,12 +20,14 @@
 //!   local queue ([`LocalQueue`]), per-thread deferred spawns
 //!   ([`spawn_at`]), owner tokens ([`OwnerToken`]) and the holder identity
 //!   stored beside them ([`stored_owner`], [`holder_of`]), the acquire span
-//!   ([`traced_acquire`]), and URL helpers ([`MultiHostUrl`], [`host_list`],
+//!   ([`traced_acquire`]), connecting to a server that is still starting
+//!   ([`connect_retrying`]), and URL helpers ([`MultiHostUrl`], [`host_list`],
 //!   [`timeout_param`], [`check_timeout`], [`redact_url`]).
 //!
 //! The conformance suite (the `lockkit-conformance` crate) checks a new
 //! backend against the contract every built-in backend keeps.
 
+mod connect;
 pub(crate) mod deferred;
 mod driver;
 pub(crate) mod lease;
@@ -41,6 +43,7 @@ pub use crate::guard::{Lease, LossNotifier};
 pub use crate::memory::{HolderInfo, MEMORY_CAPABILITIES, MemoryBackend, MemoryKey};
 pub use crate::name::validate_name;
 pub use crate::options::{check_ttl, clock_drift};
+pub use connect::{CONNECT_BACKOFF, connect_retrying};
 pub use deferred::{ScheduledSpawn, spawn_at};
 pub use driver::{ConnectFn, ConnectFuture, Driver, boxed_connect};
 pub use lease::{Handover, Intent, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
