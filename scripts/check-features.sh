@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for features in "" redis redlock zk etcd postgres mysql sqlite cli full; do
+for features in "" redis redlock zk etcd postgres mysql sqlite cli metrics full; do
     echo "check-features: lockkit with features [${features:-none}]" >&2
     cargo clippy --quiet -p lockkit --no-default-features ${features:+--features "$features"} \
         --all-targets -- -D warnings

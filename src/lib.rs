@@ -14,6 +14,10 @@ pub use lockkit_core::{
 /// [`Waiter`](lockkit_core::backend::Waiter), [`Lease`](lockkit_core::backend::Lease) and friends.
 pub use lockkit_core as core;
 
+/// The metric names lockkit emits through the `metrics` facade (with the
+/// cargo feature `metrics`).
+pub use lockkit_core::metrics;
+
 /// The Redis backend (one server, Redis Cluster, or a Sentinel-monitored
 /// master), for options a URL cannot express.
 #[cfg(feature = "redis")]

@@ -97,6 +97,7 @@ impl Election {
         let opts = opts.clone().exclusive().holder(self.identity.clone());
         let guard = self.locks.acquire(&self.name, &opts).await?;
         tracing::info!(election = %self.name, identity = %self.identity, term = ?guard.fencing_token(), "leading");
+        crate::metrics::leader_change("elected");
         Ok(Leadership {
             guard,
             identity: self.identity.clone(),
@@ -124,11 +125,14 @@ impl Election {
             loop {
                 match election.leader().await {
                     Ok(leader) => {
-                        tx.send_if_modified(|seen| {
+                        let changed = tx.send_if_modified(|seen| {
                             let changed = *seen != leader;
                             *seen = leader;
                             changed
                         });
+                        if changed && tx.borrow().is_some() {
+                            crate::metrics::leader_change("observed");
+                        }
                     }
                     Err(error) => {
                         tracing::debug!(election = %election.name, %error, "could not read the leader");
@@ -198,6 +202,7 @@ impl Leadership {
     /// Steps down: releases the name, so that another candidate can lead.
     pub async fn resign(self) -> Result<()> {
         tracing::info!(election = %self.guard.name(), identity = %self.identity, "resigning");
+        crate::metrics::leader_change("resigned");
         self.guard.release().await
     }
 }

@@ -208,6 +208,7 @@ impl Shared {
         });
         if first {
             tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
+            crate::metrics::lost(self.lease.backend(), reason.label());
             self.cancel_booking();
             self.free_slot();
         }
@@ -327,6 +328,9 @@ impl LockGuard {
     /// Hands this client's local FIFO slot to the guard, which gives it up when
     /// the holding ends (released, dropped or lost). For backend implementors.
     pub fn attach_slot(&self, slot: LocalSlot) {
+        if let Some(since) = slot.take_handoff_start() {
+            crate::metrics::handoff(self.shared.lease.backend(), since.elapsed());
+        }
         let mut held = lock(&self.shared.slot);
         // Checked under the slot lock, which `mark_lost` takes after setting
         // the reason: a concurrent loss cannot strand the slot here.
@@ -572,16 +576,19 @@ async fn watchdog_step(shared: Arc<Shared>, runtime: tokio::runtime::Handle) {
         let budget = valid_until.saturating_duration_since(sent);
         match tokio::time::timeout(budget, shared.lease.extend(ttl)).await {
             Ok(Ok(true)) => {
+                crate::metrics::renewal(shared.lease.backend(), "renewed");
                 shared.record_extension(sent, ttl);
                 tracing::trace!(lock.name = %shared.name, "lease renewed");
             }
             Ok(Ok(false)) => {
+                crate::metrics::renewal(shared.lease.backend(), "refused");
                 drop(ops);
                 shared.mark_lost(LostReason::Revoked);
                 shared.stop_watchdog_quietly();
                 return;
             }
             Ok(Err(error)) => {
+                crate::metrics::renewal(shared.lease.backend(), "failed");
                 let mut timing = lock(&shared.timing);
                 let mut delays = timing
                     .retry
@@ -593,6 +600,7 @@ async fn watchdog_step(shared: Arc<Shared>, runtime: tokio::runtime::Handle) {
                 tracing::warn!(lock.name = %shared.name, %error, "lease renewal failed; retrying until the lease runs out");
             }
             Err(_elapsed) => {
+                crate::metrics::renewal(shared.lease.backend(), "failed");
                 // The validity ran out while the renewal was in flight; the
                 // next step marks the guard lost.
             }

@@ -15,6 +15,7 @@ mod options;
 mod status;
 
 pub mod backend;
+pub mod metrics;
 
 pub use backoff::{Backoff, Delays};
 pub use capabilities::{Capabilities, ReleaseOnCrash};

@@ -19,6 +19,20 @@ pub enum LostReason {
     ConnectionLost,
 }
 
+impl LostReason {
+    /// A short name for a metric label: `expired`, `renewal_failed`,
+    /// `revoked`, `session_expired` or `connection_lost`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            LostReason::Expired => "expired",
+            LostReason::RenewalFailed => "renewal_failed",
+            LostReason::Revoked => "revoked",
+            LostReason::SessionExpired => "session_expired",
+            LostReason::ConnectionLost => "connection_lost",
+        }
+    }
+}
+
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -423,6 +423,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         waiter: &mut Waiter<'_>,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
+        crate::metrics::attempt(self.backend.backend_name());
         self.owner = OwnerToken::new();
         self.sent = Instant::now();
         self.in_doubt = true;

@@ -31,6 +31,9 @@ struct Queue {
     baton: Mutex<Option<Baton>>,
     /// Consecutive turns that passed the holding on without releasing it.
     passes: AtomicU32,
+    /// When the last turn ended while tasks waited: where the next turn's
+    /// hand-over started (for the handoff metric).
+    ended: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A per-name FIFO of the tasks of one client (see the module docs): only the
@@ -139,6 +142,27 @@ impl LocalSlot {
     /// Takes the holding the previous turn passed on, if it left one.
     pub fn take_baton(&self) -> Option<Baton> {
         self.entry.queue.take_baton()
+    }
+
+    /// When the previous turn ended, if this turn waited for it: the start
+    /// of a hand-over inside the client. Taken once.
+    pub fn take_handoff_start(&self) -> Option<tokio::time::Instant> {
+        self.entry
+            .queue
+            .ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+impl Drop for LocalSlot {
+    /// Notes when the turn ended if a task waits for the next one (the
+    /// fields drop afterwards, the turn first).
+    fn drop(&mut self) {
+        let queue = &self.entry.queue;
+        let mut ended = queue.ended.lock().unwrap_or_else(|p| p.into_inner());
+        *ended = (queue.waiting.load(Ordering::SeqCst) > 0).then(tokio::time::Instant::now);
     }
 }
 

@@ -100,6 +100,7 @@ impl<B: QueueBackend> QueuedLock<B> {
         } else {
             Some(waiter.until_deadline(self.local.enter(name)).await?)
         };
+        crate::metrics::attempt(self.backend.backend());
         match self.backend.lock(name, opts, &mut waiter, no_wait).await? {
             Some(guard) => {
                 if let Some(slot) = slot {

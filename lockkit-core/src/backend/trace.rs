@@ -9,8 +9,9 @@ use crate::error::{LockError, Result};
 /// Runs one acquire (`op` is `"acquire"` or `"try_acquire"`) inside a
 /// `lockkit.acquire` span that carries the lock name and the backend, and
 /// records its outcome there: `acquired`, `busy` (where `acquired` says
-/// `false`), `timeout` or `error`. For backend implementors, so that every
-/// backend's traces look alike.
+/// `false`), `timeout` or `error`; with the `metrics` feature, it also
+/// counts the acquire and records its duration ([`crate::metrics`]). For
+/// backend implementors, so that every backend's traces look alike.
 pub async fn traced_acquire<T>(
     op: &'static str,
     name: &str,
@@ -25,15 +26,15 @@ pub async fn traced_acquire<T>(
         lock.backend = backend,
         outcome = tracing::field::Empty,
     );
+    let started = tokio::time::Instant::now();
     let result = acquire.instrument(span.clone()).await;
-    span.record(
-        "outcome",
-        match &result {
-            Ok(value) if acquired(value) => "acquired",
-            Ok(_) => "busy",
-            Err(LockError::Timeout { .. }) => "timeout",
-            Err(_) => "error",
-        },
-    );
+    let outcome = match &result {
+        Ok(value) if acquired(value) => "acquired",
+        Ok(_) => "busy",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(_) => "error",
+    };
+    span.record("outcome", outcome);
+    crate::metrics::acquire(backend, op, outcome, started.elapsed());
     result
 }

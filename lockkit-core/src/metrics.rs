@@ -1,0 +1,94 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! With the cargo feature `metrics` (of `lockkit-core`, or of `lockkit`),
+//! every backend emits the metrics below to whatever recorder the
+//! application installed (Prometheus, StatsD, OpenTelemetry exporters all
+//! plug into the facade); without a recorder they cost one atomic load
+//! each. Without the feature nothing is compiled in. The names are fixed
+//! here as constants.
+//!
+//! Labels are bounded: the backend (`redis`, `zookeeper`, …) and an outcome
+//! or reason from a short fixed list. Lock names are never labels (a
+//! service that locks per order would make a series per order).
+//!
+//! | name | kind | labels | what |
+//! | --- | --- | --- | --- |
+//! | `lockkit_acquires_total` | counter | `backend`, `op`, `outcome` | acquires ended: `op` is `acquire` or `try_acquire`; `outcome` is `acquired`, `busy` (a `try_acquire` that found the lock held), `timeout` or `error` |
+//! | `lockkit_acquire_wait_seconds` | histogram | `backend`, `op`, `outcome` | from the call to its end |
+//! | `lockkit_acquire_attempts_total` | counter | `backend` | attempts made on the server (a backend whose server queues the waiters makes one per acquire); ÷ `lockkit_acquires_total`, the attempts per acquire |
+//! | `lockkit_renewals_total` | counter | `backend`, `outcome` | watchdog renewals: `renewed`, `failed` (retried while the lease lasts) or `refused` (the lease was no longer ours) |
+//! | `lockkit_leases_lost_total` | counter | `backend`, `reason` | holdings lost, by [`LostReason`](crate::LostReason) (`expired`, `renewal_failed`, `revoked`, `session_expired`, `connection_lost`) |
+//! | `lockkit_handoff_seconds` | histogram | `backend` | hand-over inside one client: from a holder's release to the grant of the next task of the same client that waited for the name |
+//! | `lockkit_leader_changes_total` | counter | `change` | elections: `elected` (this candidate leads), `resigned`, and `observed` (an [`observe`](crate::Election::observe) watch saw another leader) |
+//!
+//! A test (`tests/metrics.rs` of `lockkit-core`) installs a recorder and
+//! checks that each of them is emitted.
+
+use std::time::Duration;
+
+/// Counter of acquires ended (labels `backend`, `op`, `outcome`).
+pub const ACQUIRES: &str = "lockkit_acquires_total";
+/// Histogram of an acquire's duration in seconds (labels `backend`, `op`,
+/// `outcome`).
+pub const ACQUIRE_WAIT: &str = "lockkit_acquire_wait_seconds";
+/// Counter of attempts made on the server (label `backend`).
+pub const ACQUIRE_ATTEMPTS: &str = "lockkit_acquire_attempts_total";
+/// Counter of watchdog renewals (labels `backend`, `outcome`).
+pub const RENEWALS: &str = "lockkit_renewals_total";
+/// Counter of holdings lost (labels `backend`, `reason`).
+pub const LEASES_LOST: &str = "lockkit_leases_lost_total";
+/// Histogram of in-client hand-overs in seconds (label `backend`).
+pub const HANDOFF: &str = "lockkit_handoff_seconds";
+/// Counter of leadership changes (label `change`).
+pub const LEADER_CHANGES: &str = "lockkit_leader_changes_total";
+
+#[cfg(feature = "metrics")]
+mod emit {
+    use super::*;
+
+    pub(crate) fn acquire(
+        backend: &'static str,
+        op: &'static str,
+        outcome: &'static str,
+        took: Duration,
+    ) {
+        metrics::counter!(ACQUIRES, "backend" => backend, "op" => op, "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "op" => op, "outcome" => outcome)
+            .record(took.as_secs_f64());
+    }
+
+    pub(crate) fn attempt(backend: &'static str) {
+        metrics::counter!(ACQUIRE_ATTEMPTS, "backend" => backend).increment(1);
+    }
+
+    pub(crate) fn renewal(backend: &'static str, outcome: &'static str) {
+        metrics::counter!(RENEWALS, "backend" => backend, "outcome" => outcome).increment(1);
+    }
+
+    pub(crate) fn lost(backend: &'static str, reason: &'static str) {
+        metrics::counter!(LEASES_LOST, "backend" => backend, "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn handoff(backend: &'static str, took: Duration) {
+        metrics::histogram!(HANDOFF, "backend" => backend).record(took.as_secs_f64());
+    }
+
+    pub(crate) fn leader_change(change: &'static str) {
+        metrics::counter!(LEADER_CHANGES, "change" => change).increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod emit {
+    use super::*;
+
+    pub(crate) fn acquire(_: &'static str, _: &'static str, _: &'static str, _: Duration) {}
+    pub(crate) fn attempt(_: &'static str) {}
+    pub(crate) fn renewal(_: &'static str, _: &'static str) {}
+    pub(crate) fn lost(_: &'static str, _: &'static str) {}
+    pub(crate) fn handoff(_: &'static str, _: Duration) {}
+    pub(crate) fn leader_change(_: &'static str) {}
+}
+
+pub(crate) use emit::*;
