@@ -5,10 +5,11 @@
 //!
 //! * `etcd_<flavour>/raw_floor` (a): the physical floor of a lock cycle,
 //!   hand-written with the `etcd-client` crate on a connection of its own:
-//!   the requests lockkit's cycle sends, in its order (grant a lease; the
-//!   create transaction, which also reads the lock's oldest key; the
-//!   compare-and-delete transaction; the lease's revocation, left to a task
-//!   as lockkit's release leaves it). See `lockkit_benches::RawEtcd`.
+//!   the requests lockkit's cycle sends, in its order (a keep-alive of the
+//!   lease the previous cycle released, granted on the first; the create
+//!   transaction, which also reads the lock's oldest key; the
+//!   compare-and-delete transaction, after which the lease is kept for the
+//!   next cycle). See `lockkit_benches::RawEtcd`.
 //! * `etcd_<flavour>/raw_put`: one put, i.e. one etcd write: the yardstick
 //!   of the handoffs.
 //! * `etcd_<flavour>/lockkit_etcd_cycle` (b) and `lockkit_etcd_cycle_renew`
@@ -333,7 +334,7 @@ fn summary(mode: RunMode, runs: &[Run]) -> String {
             "Targets, from paired measurements: each cycle ratio is the median over rounds of the ratio of two cycles run in the same round; the single handoff is compared with a put timed just before it; the 16-way handoff's p99 with the median put of the same rounds.",
             &[
                 (
-                    "(a) raw floor: grant + create txn + delete txn (+ revoke in a task)",
+                    "(a) raw floor: keep-alive of the kept lease + create txn + delete txn",
                     raw,
                     raw,
                     None,

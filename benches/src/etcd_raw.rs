@@ -2,6 +2,7 @@
 //! (a session's lease, the `concurrency` package's `Mutex`) with nothing
 //! around them, on an `etcd-client` connection of its own.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -15,6 +16,8 @@ use tokio::time::Instant;
 pub struct RawEtcd {
     /// Boxed: the client is some 3.7 KB by value.
     client: Box<Client>,
+    /// The lease the last cycle released, for the next one.
+    kept: Arc<Mutex<Option<i64>>>,
 }
 
 impl std::fmt::Debug for RawEtcd {
@@ -47,23 +50,42 @@ impl RawEtcd {
             .expect("an etcd-client connection");
         RawEtcd {
             client: Box::new(client),
+            kept: Arc::default(),
         }
     }
 
     /// One uncontended cycle on the directory `dir` (`…/`), the requests
-    /// lockkit's cycle sends, in its order: grant a lease; one transaction
-    /// that creates `<dir><lease hex>` if it is missing and reads the
-    /// directory's oldest key (ours: the lock is free); one transaction that
-    /// deletes the key if its create revision is still ours; the lease's
-    /// revocation, left to a task as lockkit's release leaves it. Panics if
-    /// the key was not the oldest or not deleted.
+    /// lockkit's cycle sends, in its order: a keep-alive of the lease the
+    /// previous cycle released (the first cycle grants one), as lockkit
+    /// renews a lease its client kept; one transaction that creates
+    /// `<dir><lease hex>` if it is missing and reads the directory's oldest
+    /// key (ours: the lock is free); one transaction that deletes the key if
+    /// its create revision is still ours. The lease is then kept for the
+    /// next cycle. Panics if the key was not the oldest or not deleted.
     pub async fn cycle(&self, dir: &str) {
-        let mut client = self.client.clone();
-        let lease = client
-            .lease_grant(RAW_LEASE_SECONDS, None)
-            .await
-            .expect("lease grant")
-            .id();
+        let mut lease_client = self.client.lease_client();
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let lease = match kept {
+            Some(lease) => {
+                let (mut keeper, mut stream) = lease_client
+                    .keep_alive(lease)
+                    .await
+                    .expect("lease keep-alive");
+                keeper.keep_alive().await.expect("keep-alive request");
+                let answer = stream.message().await.expect("keep-alive answer");
+                assert!(
+                    answer.is_some_and(|a| a.ttl() > 0),
+                    "raw etcd: the kept lease expired"
+                );
+                lease
+            }
+            None => lease_client
+                .grant(RAW_LEASE_SECONDS, None)
+                .await
+                .expect("lease grant")
+                .id(),
+        };
+        let mut kv = self.client.kv_client();
         let key = format!("{dir}{lease:x}");
         let oldest = GetOptions::new()
             .with_prefix()
@@ -76,7 +98,7 @@ impl RawEtcd {
                 TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(lease))),
                 TxnOp::get(dir, Some(oldest)),
             ]);
-        let created = client.txn(create).await.expect("create txn");
+        let created = kv.txn(create).await.expect("create txn");
         assert!(created.succeeded(), "raw etcd: {key} existed");
         let revision = created.header().expect("a header").revision();
         let delete = Txn::new()
@@ -86,14 +108,12 @@ impl RawEtcd {
                 revision,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        let deleted = client.txn(delete).await.expect("delete txn");
+        let deleted = kv.txn(delete).await.expect("delete txn");
         assert!(
             deleted.succeeded(),
             "raw etcd: {key} was not ours to delete"
         );
-        tokio::spawn(async move {
-            let _ = client.lease_revoke(lease).await;
-        });
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
     }
 
     /// One write: a put of `key`, timed (the yardstick of etcd's handoffs).

@@ -12,9 +12,11 @@ use etcd_client::{
 };
 use lockkit_core::backend::connect_retrying;
 use lockkit_core::{LockError, Result};
+use tokio::time::Instant;
 
 use crate::deletions::{Deletes, Deletions};
 use crate::error::{BACKEND, map_error};
+use crate::leases::LeasePool;
 use crate::settings::{EtcdSettings, EtcdTls, KEEP_ALIVE_INTERVAL};
 
 /// A client of one etcd cluster. Every request takes the one sub-client it
@@ -28,6 +30,8 @@ pub(crate) struct Etcd {
     settings: Arc<EtcdSettings>,
     /// The one watch of deletions the client's waiters share.
     deletions: Arc<Deletions>,
+    /// Leases of released holdings, for the next acquires.
+    leases: Arc<LeasePool>,
 }
 
 impl fmt::Debug for Etcd {
@@ -36,6 +40,13 @@ impl fmt::Debug for Etcd {
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
+}
+
+/// The TTL a lease of `ttl` gets: whole seconds (etcd's unit), rounded up,
+/// at least one.
+fn whole_seconds(ttl: Duration) -> Duration {
+    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    Duration::from_secs(seconds.max(1))
 }
 
 /// What `etcd-client` is given for TLS: the URL's authorities (else the
@@ -85,6 +96,7 @@ impl Etcd {
                     client: Arc::new(client),
                     settings,
                     deletions: Arc::default(),
+                    leases: Arc::default(),
                 };
                 let probe = GetOptions::new().with_count_only();
                 etcd.bounded(
@@ -134,10 +146,58 @@ impl Etcd {
             .await
     }
 
+    /// A lease for a new holding of `ttl`, and when it was last known alive
+    /// (its server expiry is a whole TTL or more after that): a released
+    /// one of the same TTL renewed (see [`crate::leases`]), else a new one.
+    pub(crate) async fn lease(&self, ttl: Duration) -> Result<(i64, Instant)> {
+        let ttl = whole_seconds(ttl);
+        loop {
+            let (kept, stale) = self.leases.take(ttl);
+            stale.into_iter().for_each(|lease| self.revoke_later(lease));
+            let Some(lease) = kept else {
+                break;
+            };
+            let sent = Instant::now();
+            match self.keep_alive(lease).await {
+                Ok(Some(_)) => return Ok((lease, sent)),
+                // Expired while it was kept: try the next one.
+                Ok(None) => {}
+                Err(error) => {
+                    self.revoke_later(lease);
+                    return Err(error);
+                }
+            }
+        }
+        let sent = Instant::now();
+        Ok((self.grant(ttl).await?, sent))
+    }
+
+    /// Keeps `lease` (of `ttl`, its key deleted, alive at `alive_at`) for
+    /// the next holding of this client.
+    pub(crate) fn keep_lease(&self, lease: i64, ttl: Duration, alive_at: Instant) {
+        if let Some(evicted) = self.leases.put(lease, whole_seconds(ttl), alive_at) {
+            self.revoke_later(evicted);
+        }
+    }
+
+    /// Revokes `lease` in a task of its own (outside a runtime, or when
+    /// that fails, it ends with its TTL).
+    pub(crate) fn revoke_later(&self, lease: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("a lease cannot be revoked outside a runtime; it ends with its TTL");
+            return;
+        };
+        let etcd = self.clone();
+        runtime.spawn(async move {
+            if let Err(error) = etcd.revoke(lease).await {
+                tracing::warn!(%error, "could not revoke a lease; it ends with its TTL");
+            }
+        });
+    }
+
     /// A new lease of `ttl` (whole seconds, at least one: etcd's unit).
     pub(crate) async fn grant(&self, ttl: Duration) -> Result<i64> {
-        let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-        let seconds = i64::try_from(seconds.max(1)).unwrap_or(i64::MAX);
+        let seconds = i64::try_from(whole_seconds(ttl).as_secs()).unwrap_or(i64::MAX);
         let granted = self
             .timed(
                 "grant a lease",

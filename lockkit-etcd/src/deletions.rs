@@ -65,8 +65,9 @@ struct Signal {
 
 #[derive(Debug, Default)]
 struct Woken {
-    /// The keys deleted since the waiter last looked, in revision order.
-    deleted: Vec<Vec<u8>>,
+    /// The keys deleted since the waiter last looked, each with the
+    /// revision of its deletion, in revision order.
+    deleted: Vec<(Vec<u8>, i64)>,
     failed: Option<String>,
 }
 
@@ -176,10 +177,18 @@ pub(crate) struct Deletes {
 
 impl Deletes {
     /// Waits for deletions under the registered directory: the keys
-    /// deleted since the last call (at least one), or `None` once
-    /// `deadline` passed. A watch that ends, is cancelled or fails is
-    /// `Unavailable`.
-    pub(crate) async fn next(&mut self, deadline: Option<Instant>) -> Result<Option<Vec<Vec<u8>>>> {
+    /// deleted since the last call (at least one), each with the revision
+    /// of its deletion, or `None` once `deadline` passed. A watch that
+    /// ends, is cancelled or fails is `Unavailable`.
+    ///
+    /// A deletion may be told after the key was created again under the
+    /// same name (a lease kept for another holding gives the same key):
+    /// it concerns a key only if its revision is above the key's create
+    /// revision.
+    pub(crate) async fn next(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Vec<(Vec<u8>, i64)>>> {
         loop {
             {
                 let mut woken = lock(&self.signal.state);
@@ -291,12 +300,14 @@ fn wake(shared: &Mutex<Shared>, message: &WatchResponse) {
         if event.event_type() != EventType::Delete {
             continue;
         }
-        let Some(deleted) = event.kv().map(|kv| kv.key()) else {
+        let Some(kv) = event.kv() else {
             continue;
         };
+        let (deleted, revision) = (kv.key(), kv.mod_revision());
         for wait in shared.waits.values() {
             if deleted.starts_with(&wait.dir) {
-                wait.signal.wake(|w| w.deleted.push(deleted.to_vec()));
+                wait.signal
+                    .wake(|w| w.deleted.push((deleted.to_vec(), revision)));
             }
         }
     }

@@ -7,6 +7,7 @@ mod config;
 mod deletions;
 mod error;
 mod keys;
+mod leases;
 mod lock;
 mod settings;
 

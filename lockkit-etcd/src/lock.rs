@@ -1,6 +1,7 @@
 //! etcd's lock recipe (the `concurrency` package's `Mutex`, which
 //! `etcdctl lock` and `etcdctl elect` run), one lease per holding.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -135,23 +136,8 @@ impl Revoker {
 
 impl Drop for Revoker {
     fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
-        let etcd = self.etcd.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(error) = etcd.revoke(lease).await {
-                        tracing::warn!(%error, "could not revoke an abandoned acquire's lease; it ends with its TTL");
-                    }
-                });
-            }
-            Err(_) => {
-                tracing::warn!(
-                    "an abandoned acquire's lease cannot be revoked outside a runtime; it ends with its TTL"
-                );
-            }
+        if let Some(lease) = self.lease.take() {
+            self.etcd.revoke_later(lease);
         }
     }
 }
@@ -292,10 +278,18 @@ impl EtcdBackend {
             let Some(deleted) = deletes.next(deadline).await? else {
                 return Ok(Turn::TimedOut);
             };
-            if deleted.iter().any(|k| k == key.as_bytes()) {
+            // A deletion counts for a key created before it: the same key
+            // may have been deleted before, by an earlier holding of its
+            // lease (see `crate::leases`), and told only now.
+            let gone = |key: &[u8], created: i64| {
+                deleted
+                    .iter()
+                    .any(|(k, revision)| k == key && *revision > created)
+            };
+            if gone(key.as_bytes(), mine) {
                 return Ok(Turn::KeyDeleted);
             }
-            older.retain(|kv| !deleted.iter().any(|k| k == kv.key()));
+            older.retain(|kv| !gone(kv.key(), kv.create_revision()));
         }
     }
 
@@ -370,10 +364,10 @@ impl QueueBackend for EtcdBackend {
         let plan = Plan::of(opts.kind());
         let dir = plan.dir(self.etcd.prefix(), name)?;
         let ttl = opts.lease_ttl();
-        // The lease counts from before it was asked for: the server's
-        // expiry is never earlier than the guard's.
-        let mut granted_at = Instant::now();
-        let lease = self.etcd.grant(ttl).await?;
+        // The lease counts from before it was asked for (granted, or a kept
+        // one renewed): the server's expiry is never earlier than the
+        // guard's.
+        let (lease, mut granted_at) = self.etcd.lease(ttl).await?;
         let revoker = Revoker {
             etcd: self.etcd.clone(),
             lease: Some(lease),
@@ -431,8 +425,10 @@ impl QueueBackend for EtcdBackend {
         let lease = Arc::new(EtcdLease {
             etcd: self.etcd.clone(),
             lease: revoker.disarm(),
+            ttl,
             key,
             revision: mine,
+            kept: AtomicBool::new(false),
             notifier: OnceLock::new(),
         });
         let guard = LockGuard::new(
@@ -509,9 +505,13 @@ impl QueueBackend for EtcdBackend {
 struct EtcdLease {
     etcd: Etcd,
     lease: i64,
+    ttl: Duration,
     key: String,
     /// The key's create revision (the fencing token).
     revision: i64,
+    /// Released, and the lease kept for another holding of the client: no
+    /// longer this holding's to renew or revoke.
+    kept: AtomicBool,
     notifier: OnceLock<LossNotifier>,
 }
 
@@ -524,6 +524,9 @@ impl Lease for EtcdLease {
     /// One keep-alive of the lease (its TTL was fixed when it was granted)
     /// and a read of the key: `false` once either is gone.
     async fn extend(&self, _ttl: Duration) -> Result<bool> {
+        if self.kept.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let key = GetOptions::new().with_keys_only();
         let (alive, key) = tokio::join!(
             self.etcd.keep_alive(self.lease),
@@ -536,10 +539,15 @@ impl Lease for EtcdLease {
         Ok(alive?.is_some() && ours)
     }
 
-    /// Deletes the key if it is still ours, then revokes the lease in a
-    /// task of its own (the release does not wait for it; a lease whose
-    /// revocation fails ends with its TTL, holding no key).
+    /// Deletes the key if it is still ours. Deleted, the lease is kept for
+    /// the client's next holding (see `crate::leases`); otherwise (the key
+    /// was gone, or the request failed) it is revoked in a task of its own
+    /// (the release does not wait for it; a lease whose revocation fails
+    /// ends with its TTL, holding no key).
     async fn release(&self) -> Result<bool> {
+        if self.kept.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),
@@ -547,13 +555,22 @@ impl Lease for EtcdLease {
                 self.revision,
             )])
             .and_then([TxnOp::delete(self.key.clone(), None)]);
-        let deleted = self.etcd.txn("delete the lock key", txn).await;
-        let (etcd, lease) = (self.etcd.clone(), self.lease);
-        tokio::spawn(async move {
-            if let Err(error) = etcd.revoke(lease).await {
-                tracing::warn!(%error, "could not revoke a released lock's lease; it ends with its TTL");
+        let sent = Instant::now();
+        match self.etcd.txn("delete the lock key", txn).await {
+            Ok(answer) if answer.succeeded() => {
+                if !self.kept.swap(true, Ordering::SeqCst) {
+                    self.etcd.keep_lease(self.lease, self.ttl, sent);
+                }
+                Ok(true)
             }
-        });
-        Ok(deleted?.succeeded())
+            Ok(_) => {
+                self.etcd.revoke_later(self.lease);
+                Ok(false)
+            }
+            Err(error) => {
+                self.etcd.revoke_later(self.lease);
+                Err(error)
+            }
+        }
     }
 }
