@@ -222,14 +222,31 @@ impl Etcd {
     }
 
     /// One keep-alive of `lease`: its remaining TTL, `None` once it expired
-    /// or was revoked.
+    /// or was revoked (an answer of TTL 0, or etcd-client's "lease not
+    /// found").
     pub(crate) async fn keep_alive(&self, lease: i64) -> Result<Option<Duration>> {
         let once = async {
             let (mut keeper, mut stream) = self.client.lease_client().keep_alive(lease).await?;
             keeper.keep_alive().await?;
             stream.message().await
         };
-        let answer = self.timed("keep the lease alive", once).await?;
+        let answer = match tokio::time::timeout(self.settings.command_timeout, once).await {
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(message)))
+                if message.contains("lease not found") =>
+            {
+                return Ok(None);
+            }
+            Ok(answer) => answer.map_err(|e| map_error("keep the lease alive", e))?,
+            Err(_) => {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    format!(
+                        "keep the lease alive: no answer within {:?}",
+                        self.settings.command_timeout
+                    ),
+                ));
+            }
+        };
         Ok(answer
             .filter(|a| a.ttl() > 0)
             .map(|a| Duration::from_secs(a.ttl().max(0) as u64)))
