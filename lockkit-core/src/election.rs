@@ -125,14 +125,15 @@ impl Election {
             loop {
                 match election.leader().await {
                     Ok(leader) => {
-                        let changed = tx.send_if_modified(|seen| {
+                        tx.send_if_modified(|seen| {
                             let changed = *seen != leader;
+                            if changed && leader.is_some() {
+                                // Counted before the receivers are woken.
+                                crate::metrics::leader_change("observed");
+                            }
                             *seen = leader;
                             changed
                         });
-                        if changed && tx.borrow().is_some() {
-                            crate::metrics::leader_change("observed");
-                        }
                     }
                     Err(error) => {
                         tracing::debug!(election = %election.name, %error, "could not read the leader");

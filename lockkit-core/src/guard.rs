@@ -201,6 +201,8 @@ impl Shared {
         let first = self.lost.send_if_modified(|lost| {
             if lost.is_none() {
                 *lost = Some(reason);
+                // Counted before anyone waiting for the loss is woken.
+                crate::metrics::lost(self.lease.backend(), reason.label());
                 true
             } else {
                 false
@@ -208,7 +210,6 @@ impl Shared {
         });
         if first {
             tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
-            crate::metrics::lost(self.lease.backend(), reason.label());
             self.cancel_booking();
             self.free_slot();
         }
