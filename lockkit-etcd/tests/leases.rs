@@ -8,31 +8,29 @@ use etcd_client::{Client, GetOptions};
 use lockkit_core::{DistributedLock, LockOptions};
 use lockkit_testkit::{EtcdServer, TestServer};
 
-async fn raw(server: &EtcdServer) -> Client {
-    Client::connect([format!("127.0.0.1:{}", server.port())], None)
+/// A server, an etcd-client connection to it and a lockkit client of it.
+async fn setup() -> (EtcdServer, Client, lockkit_etcd::EtcdLock) {
+    let server = EtcdServer::start().await;
+    let client = Client::connect([format!("127.0.0.1:{}", server.port())], None)
         .await
-        .expect("an etcd-client connection")
+        .expect("an etcd-client connection");
+    let locks = lockkit_etcd::connect(&format!("{}/locks", server.url()))
+        .await
+        .expect("connect");
+    (server, client, locks)
 }
 
-/// The leases the server has.
-async fn leases(client: &mut Client) -> usize {
-    client
-        .leases()
-        .await
-        .expect("list the leases")
-        .leases()
-        .len()
+/// The ids of the leases the server has.
+async fn leases(client: &mut Client) -> Vec<i64> {
+    let listed = client.leases().await.expect("list the leases");
+    listed.leases().iter().map(|l| l.id()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_lease_serves_the_next_acquire() {
-    let server = EtcdServer::start().await;
-    let mut client = raw(&server).await;
-    let locks = lockkit_etcd::connect(&format!("{}/locks", server.url()))
-        .await
-        .expect("connect");
+    let (_server, mut client, locks) = setup().await;
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
-    let before = leases(&mut client).await;
+    let before = leases(&mut client).await.len();
     let mut keys = Vec::new();
     let mut last = None;
     for _ in 0..20 {
@@ -52,7 +50,7 @@ async fn a_released_lease_serves_the_next_acquire() {
     }
     keys.dedup();
     assert_eq!(keys.len(), 1, "one lease, so one key, served all: {keys:?}");
-    assert_eq!(leases(&mut client).await, before + 1);
+    assert_eq!(leases(&mut client).await.len(), before + 1);
     let left = client
         .get(
             "/locks/kept/",
@@ -66,11 +64,7 @@ async fn a_released_lease_serves_the_next_acquire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_lease_gone_from_the_server_is_replaced() {
-    let server = EtcdServer::start().await;
-    let mut client = raw(&server).await;
-    let locks = lockkit_etcd::connect(&format!("{}/locks", server.url()))
-        .await
-        .expect("connect");
+    let (_server, mut client, locks) = setup().await;
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
     locks
         .acquire("gone", &opts)
@@ -81,14 +75,7 @@ async fn a_kept_lease_gone_from_the_server_is_replaced() {
         .unwrap();
     // The kept lease ends behind the client's back (expired, or revoked
     // by an operator).
-    let ids: Vec<i64> = client
-        .leases()
-        .await
-        .unwrap()
-        .leases()
-        .iter()
-        .map(|l| l.id())
-        .collect();
+    let ids = leases(&mut client).await;
     assert!(!ids.is_empty());
     for id in ids {
         client.lease_revoke(id).await.unwrap();
