@@ -20,6 +20,16 @@ pub(crate) fn is_lock_busy(error: &sqlx::Error) -> bool {
     })
 }
 
+/// Whether the statement's transaction was chosen as a deadlock victim
+/// (MySQL/MariaDB 1213, Postgres 40P01): the server rolled it back whole,
+/// so running it again is safe.
+pub(crate) fn is_deadlock(error: &sqlx::Error) -> bool {
+    let Some(db) = error.as_database_error() else {
+        return false;
+    };
+    db.code().as_deref() == Some("40P01") || mysql_code(db) == Some(1213)
+}
+
 // SQLite's primary result codes (the low byte of an extended code).
 const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;

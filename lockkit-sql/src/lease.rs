@@ -37,6 +37,7 @@ use lockkit_core::backend::{
 use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
 use tokio::sync::oneshot;
 
+use crate::error::is_deadlock;
 use crate::names::check_slot_permits;
 use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
@@ -365,19 +366,32 @@ impl<D: LeaseDialect> Rows<D> {
         loan.finish(&self.settings, what, answer)
     }
 
-    /// One reader's attempt, as its own statement.
+    /// One reader's attempt, as its own statement. A deadlock victim's
+    /// statement did nothing (the server rolled it back): it runs again, up
+    /// to three times in all (InnoDB picks victims among readers that race
+    /// for the same rows).
     async fn share_row(
         &self,
         name: &str,
         waiting: &str,
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.share(&mut loan, name, waiting, ttl))
-            .await;
-        loan.finish(&self.settings, "acquire a shared lease", answer)
+        const WHAT: &str = "acquire a shared lease";
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut loan = self.pool.lend(&self.settings).await?;
+            let answer = self
+                .settings
+                .timed(self.dialect.share(&mut loan, name, waiting, ttl))
+                .await;
+            if tries < 3 && matches!(&answer, Ok(Err(error)) if is_deadlock(error)) {
+                tracing::debug!(lock.name = %name, "shared lease attempt chosen as a deadlock victim; running it again");
+                let _ = loan.finish(&self.settings, WHAT, answer);
+                continue;
+            }
+            return loan.finish(&self.settings, WHAT, answer);
+        }
     }
 
     async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
