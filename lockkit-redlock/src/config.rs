@@ -10,6 +10,7 @@ use lockkit_core::backend::{
 };
 use lockkit_core::{LockError, Result};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
+use tokio::time::Instant;
 
 use crate::backend::{RedlockBackend, RedlockLock};
 use crate::error::{BACKEND, unreachable_quorum};
@@ -100,9 +101,10 @@ impl RedlockLockBuilder {
     }
 
     /// Connects to every instance in parallel, each tried again within its
-    /// connect timeout while it is not up yet. Succeeds as soon as a quorum
-    /// (N/2 + 1) is connected; the others are connected lazily and join
-    /// when they come up. Fewer than a quorum gives `LockError::Unavailable`.
+    /// connect timeout while it is not up yet. Once a quorum (N/2 + 1) is
+    /// connected, the others get 200 ms more; those not connected by then
+    /// are connected lazily and join when they come up. Fewer than a quorum
+    /// gives `LockError::Unavailable`.
     pub async fn connect(self) -> Result<RedlockLock> {
         if self.instances.is_empty() {
             return Err(LockError::invalid_options(
@@ -127,14 +129,28 @@ impl RedlockLockBuilder {
         let mut instances = Vec::with_capacity(total);
         let mut failures = Vec::new();
         let mut settled = vec![false; total];
-        while instances.len() < quorum {
-            let Some((i, attempt)) = attempts.next().await else {
+        // Past the quorum, the others get a short grace (instances that are
+        // up connect within it, as eagerly as the quorum did), not the
+        // whole connect timeout an instance that is down would take.
+        let mut grace: Option<Instant> = None;
+        while instances.len() + failures.len() < total {
+            let next = match grace {
+                None => attempts.next().await,
+                Some(until) => match tokio::time::timeout_at(until, attempts.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+            };
+            let Some((i, attempt)) = next else {
                 break;
             };
             settled[i] = true;
             match attempt {
                 Ok(instance) => instances.push(instance),
                 Err(error) => failures.push((configs[i].clone(), error)),
+            }
+            if grace.is_none() && instances.len() >= quorum {
+                grace = Some(Instant::now() + QUORUM_GRACE);
             }
         }
         drop(attempts);
@@ -170,6 +186,10 @@ impl RedlockLockBuilder {
         )))
     }
 }
+
+/// How long `connect` waits for the other instances once a quorum is
+/// connected.
+const QUORUM_GRACE: Duration = Duration::from_millis(200);
 
 pub(crate) fn parse_url(raw: &str) -> Result<RedlockLockBuilder> {
     let bad = |reason: String| LockError::invalid_url(raw, reason);
