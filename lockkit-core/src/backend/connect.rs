@@ -20,9 +20,10 @@ pub const CONNECT_BACKOFF: Backoff =
 /// connect timeout, as services that an orchestrator starts together need.
 ///
 /// Each attempt is given the time left, to bound its own requests by, and
-/// is cut off when it runs out (`Unavailable`: "`what`: no answer within
-/// `limit`"). The error is the last attempt's, with the number of attempts
-/// added to its message.
+/// is cut off when it runs out. The error is the last attempt's that
+/// ended (or, when the first attempt is cut off, `Unavailable`: "`what`:
+/// no answer within `limit`"), with the number of attempts added to its
+/// message.
 ///
 /// ```
 /// use std::time::Duration;
@@ -61,6 +62,7 @@ where
     let deadline = started + limit;
     let mut delays = CONNECT_BACKOFF.delays();
     let mut attempts = 0u32;
+    let mut last: Option<LockError> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         attempts += 1;
@@ -78,8 +80,13 @@ where
             }
             Ok(Err(error @ LockError::Unavailable { .. })) => error,
             Ok(Err(error)) => return Err(error),
+            // Cut off by the deadline: the previous attempt's error says
+            // more than the cut-off does.
             Err(_) => {
-                LockError::unavailable(backend, format!("{what}: no answer within {limit:?}"))
+                let error = last.take().unwrap_or_else(|| {
+                    LockError::unavailable(backend, format!("{what}: no answer within {limit:?}"))
+                });
+                return Err(with_attempts(error, attempts, limit));
             }
         };
         let wake = Instant::now() + delays.next().unwrap_or(CONNECT_BACKOFF.max());
@@ -87,6 +94,7 @@ where
             return Err(with_attempts(error, attempts, limit));
         }
         tracing::debug!(backend, %error, attempts, "connect failed; retrying within the connect timeout");
+        last = Some(error);
         tokio::time::sleep_until(wake).await;
     }
 }
@@ -146,6 +154,35 @@ mod tests {
         .unwrap_err();
         assert!(matches!(error, LockError::Backend { .. }), "{error}");
         assert_eq!(calls, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_off_attempt_keeps_the_previous_error() {
+        let mut calls = 0;
+        let error =
+            connect_retrying::<(), _, _>("test", "connect", Duration::from_secs(1), |left| {
+                calls += 1;
+                let first = calls == 1;
+                async move {
+                    if first {
+                        Err(LockError::unavailable(
+                            "test",
+                            "no sentinel knows the master",
+                        ))
+                    } else {
+                        tokio::time::sleep(left * 2).await;
+                        Ok(())
+                    }
+                }
+            })
+            .await
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("no sentinel knows the master"),
+            "{message}"
+        );
+        assert!(message.contains("after 2 connect attempts"), "{message}");
     }
 
     #[tokio::test(start_paused = true)]
