@@ -21,6 +21,7 @@ mod elections;
 mod family;
 mod lock_sets;
 mod memory;
+mod storage;
 
 pub use cases::*;
 pub use contention::{Probe, spawn_contenders};
@@ -28,6 +29,7 @@ pub use elections::*;
 pub use family::*;
 pub use lock_sets::*;
 pub use memory::{MemoryHarness, Wrap};
+pub use storage::*;
 
 /// How long one case may run before it counts as hung.
 pub const CASE_LIMIT: Duration = Duration::from_secs(90);
@@ -46,6 +48,14 @@ pub trait Harness: Send + Sync {
 
     /// The connect timeout the harness's clients are configured with.
     fn connect_timeout(&self) -> Duration;
+
+    /// How many entries the shared server stores for lock and semaphore
+    /// names that start with `prefix`: keys, rows or nodes, every one
+    /// derived from such a name counted (entries shared by all names, such
+    /// as one sequence, are not). Entries the server removes by itself
+    /// shortly (an expiring key, a container node the server reaps) may be
+    /// waited for, for a few seconds at most.
+    async fn stored_entries(&self, prefix: &str) -> usize;
 }
 
 /// A server that one case owns and may kill; see [`Harness::disposable`].
@@ -123,6 +133,7 @@ macro_rules! conformance_suite {
             elections_have_one_leader_at_a_time,
             lost_leadership_is_told_before_a_new_leader,
             holder_identities_are_read_back,
+            released_names_leave_bounded_storage,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -57,6 +57,10 @@ impl Harness for MemoryHarness {
     fn connect_timeout(&self) -> Duration {
         Duration::ZERO
     }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        self.store.names_kept(prefix)
+    }
 }
 
 #[async_trait::async_trait]

@@ -1,7 +1,7 @@
 //! The in-process backend (`memory://`): full lock semantics without a server.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -62,9 +62,15 @@ fn connect(url: &str) -> ConnectFuture<'_> {
 
 /// Lease data of an in-process store. Cheap to share; several clients on one
 /// store exclude each other like clients of one server.
+///
+/// A name takes memory only while it is held (or a writer waits on it):
+/// fencing tokens come from one sequence of the whole store, so nothing of a
+/// released name needs to stay.
 #[derive(Debug)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// The last fencing token drawn, for any name (drawn under `state`'s lock).
+    fence: AtomicU64,
     /// Releases of reader-writer locks, by name.
     hub: NotifyHub,
     /// Releases of semaphore permits, by name (semaphores are a namespace
@@ -77,6 +83,43 @@ pub struct MemoryStore {
 struct State {
     locks: HashMap<String, Holdings>,
     semaphores: HashMap<String, Holdings>,
+    /// Attempts since the last sweep of holdings that ended without a release.
+    since_sweep: u32,
+}
+
+/// How many attempts pass between two sweeps of expired holdings.
+const SWEEP_EVERY: u32 = 1024;
+
+impl State {
+    fn map(&mut self, kind: LockKind) -> &mut HashMap<String, Holdings> {
+        match kind {
+            LockKind::Semaphore { .. } => &mut self.semaphores,
+            _ => &mut self.locks,
+        }
+    }
+
+    /// Forgets `key`'s name if nothing holds it any more.
+    fn tidy(&mut self, key: &MemoryKey) {
+        let map = self.map(key.kind);
+        if map.get(&key.name).is_some_and(Holdings::is_empty) {
+            map.remove(&key.name);
+        }
+    }
+
+    /// Now and then, forgets every name whose holdings all expired.
+    fn sweep_now_and_then(&mut self, now: Instant) {
+        self.since_sweep += 1;
+        if self.since_sweep < SWEEP_EVERY {
+            return;
+        }
+        self.since_sweep = 0;
+        for map in [&mut self.locks, &mut self.semaphores] {
+            map.retain(|_, h| {
+                h.purge(now);
+                !h.is_empty()
+            });
+        }
+    }
 }
 
 /// The holdings of one reader-writer lock, or one semaphore (whose permits
@@ -88,7 +131,7 @@ struct Holdings {
     /// An exclusive acquirer waiting for the readers to leave: new readers
     /// wait behind it.
     waiting_writer: Option<Held>,
-    /// The last fencing token drawn for the name.
+    /// The last fencing token drawn for the name (0: none yet).
     fence: u64,
 }
 
@@ -108,10 +151,15 @@ impl Holdings {
         self.shared.retain(|h| h.expires_at > now);
     }
 
-    /// Draws the next fencing token.
-    fn next_fence(&mut self) -> FencingToken {
-        self.fence += 1;
+    /// Draws the next fencing token from the store's sequence.
+    fn next_fence(&mut self, sequence: &AtomicU64) -> FencingToken {
+        self.fence = sequence.fetch_add(1, Ordering::SeqCst) + 1;
         FencingToken::new(self.fence)
+    }
+
+    /// Nothing holds or waits here.
+    fn is_empty(&self) -> bool {
+        self.exclusive.is_none() && self.shared.is_empty() && self.waiting_writer.is_none()
     }
 
     /// The holding of `owner` of `kind`, if live.
@@ -177,6 +225,7 @@ impl MemoryStore {
     pub fn new() -> Arc<Self> {
         Arc::new(MemoryStore {
             state: Mutex::default(),
+            fence: AtomicU64::new(0),
             hub: NotifyHub::new(),
             permit_hub: NotifyHub::new(),
             available: AtomicBool::new(true),
@@ -224,6 +273,17 @@ impl MemoryStore {
         lock || semaphore
     }
 
+    /// How many lock and semaphore names whose holdings the store keeps
+    /// start with `prefix` (a released name is forgotten at once, an
+    /// expired one by a sweep every 1 024 attempts).
+    pub fn names_kept(&self, prefix: &str) -> usize {
+        let state = self.state();
+        [&state.locks, &state.semaphores]
+            .iter()
+            .map(|map| map.keys().filter(|name| name.starts_with(prefix)).count())
+            .sum()
+    }
+
     /// The current exclusive holder of `name`, if its lease has not expired.
     pub fn holder(&self, name: &str) -> Option<HolderInfo> {
         let now = Instant::now();
@@ -248,21 +308,15 @@ impl MemoryStore {
         key: &MemoryKey,
         now: Instant,
     ) -> Option<&'s mut Holdings> {
-        let map = match key.kind {
-            LockKind::Semaphore { .. } => &mut state.semaphores,
-            _ => &mut state.locks,
-        };
-        let holdings = map.get_mut(&key.name)?;
+        let holdings = state.map(key.kind).get_mut(&key.name)?;
         holdings.purge(now);
         Some(holdings)
     }
 
     /// The holdings of `key`'s lock or semaphore, made if new.
     fn holdings_entry<'s>(state: &'s mut State, key: &MemoryKey, now: Instant) -> &'s mut Holdings {
-        let map = match key.kind {
-            LockKind::Semaphore { .. } => &mut state.semaphores,
-            _ => &mut state.locks,
-        };
+        state.sweep_now_and_then(now);
+        let map = state.map(key.kind);
         if !map.contains_key(&key.name) {
             map.insert(key.name.clone(), Holdings::default());
         }
@@ -405,7 +459,7 @@ impl LeaseBackend for MemoryBackend {
                 h.shared.push(held);
             }
         }
-        Ok(Attempt::Acquired(Some(h.next_fence())))
+        Ok(Attempt::Acquired(Some(h.next_fence(&self.store.fence))))
     }
 
     async fn extend(&self, key: &MemoryKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
@@ -443,6 +497,7 @@ impl LeaseBackend for MemoryBackend {
                 && h.waiting_writer
                     .take_if(|held| held.owner == *owner)
                     .is_some();
+            state.tidy(key);
             (released, withdrawn)
         };
         if released || withdrawn {
@@ -472,7 +527,7 @@ impl LeaseBackend for MemoryBackend {
             Some(held) => {
                 held.owner = to.clone();
                 held.expires_at = now + ttl;
-                Ok(Handover::Passed(Some(h.next_fence())))
+                Ok(Handover::Passed(Some(h.next_fence(&self.store.fence))))
             }
             None => Ok(Handover::NotOurs),
         }

@@ -118,6 +118,20 @@ impl Harness for EtcdHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    /// Keys anywhere under the prefix whose path holds the encoded
+    /// `prefix` (the locks' directories and the semaphores').
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        let encoded = lockkit_etcd::encode_name(prefix);
+        self.deployment
+            .member()
+            .etcdctl(&["get", "/locks/", "--prefix", "--keys-only"])
+            .await
+            .expect("list the keys")
+            .lines()
+            .filter(|key| key.contains(&encoded))
+            .count()
+    }
 }
 
 mod single {

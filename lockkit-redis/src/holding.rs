@@ -115,8 +115,10 @@ impl RedisInstance {
         let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => self.extend(keys, owner, ttl).await,
-            RedisKey::Shared(keys) => self.extend_member(&keys.readers, owner, ttl).await,
-            RedisKey::Permit { keys, .. } => self.extend_member(&keys.permits, owner, ttl).await,
+            RedisKey::Shared(keys) => self.extend_member(keys.reader_set(), owner, ttl).await,
+            RedisKey::Permit { keys, .. } => {
+                self.extend_member(keys.permit_set(), owner, ttl).await
+            }
         }
     }
 
@@ -127,14 +129,8 @@ impl RedisInstance {
         let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => self.release(keys, owner, notify).await,
-            RedisKey::Shared(keys) => {
-                self.release_member(&keys.readers, &keys.channel, owner)
-                    .await
-            }
-            RedisKey::Permit { keys, .. } => {
-                self.release_member(&keys.permits, &keys.channel, owner)
-                    .await
-            }
+            RedisKey::Shared(keys) => self.release_member(keys.reader_set(), owner).await,
+            RedisKey::Permit { keys, .. } => self.release_member(keys.permit_set(), owner).await,
         }
     }
 

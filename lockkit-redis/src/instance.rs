@@ -14,7 +14,7 @@ use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Tl
 
 use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::keys::{Keys, SemaphoreKeys};
+use crate::keys::{Keys, LeaseSet, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::scripts::{SCRIPTS, SOURCES};
 use crate::sentinel::{Resolver, SentinelConnection};
@@ -362,10 +362,7 @@ impl RedisInstance {
             .arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing));
-        let undo = async {
-            self.release_member(&keys.readers, &keys.channel, owner)
-                .await
-        };
+        let undo = async { self.release_member(keys.reader_set(), owner).await };
         self.grant(&keys.readers, invocation, fencing, undo).await
     }
 
@@ -387,10 +384,7 @@ impl RedisInstance {
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
             .arg(permits);
-        let undo = async {
-            self.release_member(&keys.permits, &keys.channel, owner)
-                .await
-        };
+        let undo = async { self.release_member(keys.permit_set(), owner).await };
         self.grant(&keys.permits, invocation, fencing, undo).await
     }
 
@@ -466,7 +460,11 @@ impl RedisInstance {
     /// Extends `owner`'s lease to `ttl` from now; false if the key is not `owner`'s.
     pub async fn extend(&self, keys: &Keys, owner: &str, ttl: Duration) -> Result<bool> {
         let mut invocation = SCRIPTS.extend.prepare_invoke();
-        invocation.key(&keys.lock).arg(owner).arg(ttl_millis(ttl));
+        invocation
+            .key(&keys.lock)
+            .key(&keys.fence)
+            .arg(owner)
+            .arg(ttl_millis(ttl));
         self.renew(&keys.lock, invocation).await
     }
 
@@ -518,6 +516,8 @@ impl RedisInstance {
                     .release
                     .key(&keys.lock)
                     .key(&keys.writer_waiting)
+                    .key(&keys.fence)
+                    .key(&keys.readers)
                     .arg(owner)
                     .arg(&keys.channel)
                     .arg(flag(notify))
@@ -529,24 +529,35 @@ impl RedisInstance {
 
     /// Makes `owner`'s lease in the sorted set `set` (readers, permits) end
     /// `ttl` from now; false if it has none or it ran out.
-    pub async fn extend_member(&self, set: &str, owner: &str, ttl: Duration) -> Result<bool> {
+    pub async fn extend_member(
+        &self,
+        set: LeaseSet<'_>,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
         let mut invocation = SCRIPTS.extend_member.prepare_invoke();
-        invocation.key(set).arg(owner).arg(ttl_millis(ttl));
-        self.renew(set, invocation).await
+        invocation
+            .key(set.set)
+            .key(set.fence)
+            .arg(owner)
+            .arg(ttl_millis(ttl));
+        self.renew(set.set, invocation).await
     }
 
     /// Removes `owner`'s lease from the sorted set `set` and publishes on
-    /// `channel`; false if it had none (or it had run out).
-    pub async fn release_member(&self, set: &str, channel: &str, owner: &str) -> Result<bool> {
+    /// its channel; false if it had none (or it had run out).
+    pub async fn release_member(&self, set: LeaseSet<'_>, owner: &str) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let released: i64 = self
             .run(
                 "release",
                 SCRIPTS
                     .release_member
-                    .key(set)
+                    .key(set.set)
+                    .key(set.fence)
+                    .key(set.lock.unwrap_or(set.set))
                     .arg(owner)
-                    .arg(channel)
+                    .arg(set.channel)
                     .invoke_async(&mut conn),
             )
             .await?;

@@ -109,6 +109,44 @@ impl SemaphoreKeys {
     }
 }
 
+/// A sorted set of leases (a lock's readers, a semaphore's permits) and the
+/// keys its scripts touch with it.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseSet<'k> {
+    /// The sorted set.
+    pub set: &'k str,
+    /// Its fencing counter.
+    pub fence: &'k str,
+    /// The lock key whose holder shares the counter (a semaphore has none).
+    pub lock: Option<&'k str>,
+    /// The channel its releases are published on.
+    pub channel: &'k str,
+}
+
+impl Keys {
+    /// The readers' set.
+    pub fn reader_set(&self) -> LeaseSet<'_> {
+        LeaseSet {
+            set: &self.readers,
+            fence: &self.fence,
+            lock: Some(&self.lock),
+            channel: &self.channel,
+        }
+    }
+}
+
+impl SemaphoreKeys {
+    /// The permits' set.
+    pub fn permit_set(&self) -> LeaseSet<'_> {
+        LeaseSet {
+            set: &self.permits,
+            fence: &self.fence,
+            lock: None,
+            channel: &self.channel,
+        }
+    }
+}
+
 /// A checked lock key and how keys are derived from it.
 struct Layout {
     lock: String,

@@ -5,25 +5,56 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Draws the next fencing token from the counter `key`. A counter that did
-/// not exist (new, or lost with a server that restarted without persistence)
-/// starts at the server's clock in microseconds instead of 1, so tokens keep
-/// increasing across such a loss: every earlier token was drawn from a counter
-/// that started at an earlier clock reading and grew by one per grant, far
-/// slower than a microsecond clock. Holds while the server's clock does not go
-/// back. Exact in Lua's doubles (2^53 µs is 285 years).
-macro_rules! next_fence {
+/// Fencing counters: one per lock name (writers and readers) and one per
+/// semaphore, each living only as long as it is needed, so that released
+/// names leave nothing behind.
+///
+/// `next_fence(key, ttl)` draws the next token. A counter that does not
+/// exist (new, cleaned up after a release, expired, or lost with a server
+/// that restarted without persistence) starts at the server's clock in
+/// microseconds, not at 1. A counter is only ever removed once the clock has
+/// passed its value (`retire_fence` deletes it then, or makes it expire just
+/// after; its own expiry is never earlier), so a counter started afresh
+/// starts above every token drawn before. Holds while the server's clock
+/// does not go back. Exact in Lua's doubles (2^53 µs is 285 years).
+///
+/// The counter expires with the lease it was drawn for (`keep_alive`
+/// extends it with the lease), so `status` can tell the holder's token and
+/// a crashed holder's counter goes with its lease.
+macro_rules! fences {
     () => {
         r"
-local function next_fence(key)
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function past_fence_ms(n)
+  return math.floor(n / 1000) + 2
+end
+local function next_fence(key, ttl)
+  local now = now_us()
   local n = redis.call('INCR', key)
   if n == 1 then
-    local now = redis.call('TIME')
-    local start = now[1] .. string.format('%06d', now[2])
-    redis.call('SET', key, start)
-    return tonumber(start)
+    n = now
+    redis.call('SET', key, string.format('%d', n))
+  end
+  local at = math.max(math.floor(now / 1000) + tonumber(ttl), past_fence_ms(n))
+  local left = redis.call('PTTL', key)
+  if left < 0 or left < at - math.floor(now / 1000) then
+    redis.call('PEXPIREAT', key, at)
   end
   return n
+end
+local function retire_fence(key)
+  local n = tonumber(redis.call('GET', key))
+  if not n then
+    return
+  end
+  if n < now_us() then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIREAT', key, past_fence_ms(n))
+  end
 end
 "
     };
@@ -49,7 +80,7 @@ end
 
 /// Adding `owner`'s lease to a sorted set of leases (readers, permits),
 /// ending `ttl` ms after `now`, and the grant's answer (with a token drawn
-/// from `fence_key` when `fencing` is "1"). Needs `next_fence!` and
+/// from `fence_key` when `fencing` is "1"). Needs `fences!` and
 /// `lease_sets!`.
 macro_rules! join_set {
     () => {
@@ -58,7 +89,7 @@ local function join(set, owner, now, ttl, fence_key, fencing)
   redis.call('ZADD', set, now + ttl, owner)
   keep_alive(set, ttl)
   if fencing == '1' then
-    return {1, next_fence(fence_key)}
+    return {1, next_fence(fence_key, ttl)}
   end
   return {1, 0}
 end
@@ -73,7 +104,7 @@ end
 /// Returns {1, fencing token (0 without fencing)} when granted, {0, how long
 /// until a retry may succeed in ms (-1: never by itself)} when not.
 const ACQUIRE: &str = concat!(
-    next_fence!(),
+    fences!(),
     lease_sets!(),
     r"
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -92,7 +123,7 @@ end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('DEL', KEYS[4])
   if ARGV[3] == '1' then
-    return {1, next_fence(KEYS[2])}
+    return {1, next_fence(KEYS[2], ARGV[2])}
   end
   return {1, 0}
 end
@@ -105,7 +136,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// fencing token. A shared holding, unless a writer holds or waits.
 /// Returns as [`ACQUIRE`].
 const ACQUIRE_SHARED: &str = concat!(
-    next_fence!(),
+    fences!(),
     lease_sets!(),
     join_set!(),
     r"
@@ -128,7 +159,7 @@ return join(KEYS[3], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 /// in ms, ARGV[3] "1" to draw a fencing token, ARGV[4] the number of
 /// permits. Expired permits are reclaimed first. Returns as [`ACQUIRE`].
 const ACQUIRE_PERMIT: &str = concat!(
-    next_fence!(),
+    fences!(),
     lease_sets!(),
     join_set!(),
     r"
@@ -143,9 +174,9 @@ return join(KEYS[1], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 "
 );
 
-/// KEYS[1] a sorted set of leases (readers, permits); ARGV[1] owner token,
-/// ARGV[2] ttl in ms. Returns 1 if the owner's lease was live and now ends
-/// ttl from now.
+/// KEYS[1] a sorted set of leases (readers, permits), KEYS[2] its fence
+/// counter; ARGV[1] owner token, ARGV[2] ttl in ms. Returns 1 if the owner's
+/// lease was live and now ends ttl from now.
 const EXTEND_MEMBER: &str = concat!(
     lease_sets!(),
     r"
@@ -155,22 +186,29 @@ if score and tonumber(score) > now then
   local ttl = tonumber(ARGV[2])
   redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
   keep_alive(KEYS[1], ttl)
+  keep_alive(KEYS[2], ttl)
   return 1
 end
 return 0
 "
 );
 
-/// KEYS[1] a sorted set of leases; ARGV[1] owner token, ARGV[2] release
-/// channel. Removes the owner's lease and wakes waiters. Returns 1 if the
+/// KEYS[1] a sorted set of leases, KEYS[2] its fence counter, KEYS[3] the
+/// lock key of a reader set (for a semaphore, KEYS[1] again); ARGV[1] owner
+/// token, ARGV[2] release channel. Removes the owner's lease and wakes
+/// waiters; the last holding to go retires the counter. Returns 1 if the
 /// lease was live.
 const RELEASE_MEMBER: &str = concat!(
+    fences!(),
     lease_sets!(),
     r"
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('PUBLISH', ARGV[2], '')
+  if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+    retire_fence(KEYS[2])
+  end
   if tonumber(score) > now_ms() then
     return 1
   end
@@ -204,22 +242,34 @@ return {0, 0, fence, ''}
 "
 );
 
-/// KEYS[1] lock key; ARGV[1] owner token, ARGV[2] ttl in ms. Returns 1 if extended.
-const EXTEND: &str = r"
+/// KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] owner token, ARGV[2]
+/// ttl in ms. Returns 1 if extended.
+const EXTEND: &str = concat!(
+    lease_sets!(),
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  keep_alive(KEYS[2], tonumber(ARGV[2]))
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-";
+"
+);
 
-/// KEYS[1] lock key, KEYS[2] waiting writer; ARGV[1] owner token, ARGV[2]
-/// release channel, ARGV[3] "1" to wake waiters. Deletes the key only if it
-/// holds our token, then publishes the release if asked; otherwise removes
-/// the owner's record as a waiting writer, if it is there (and wakes the
-/// readers it kept waiting). Returns 1 if released.
-const RELEASE: &str = r"
+/// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter,
+/// KEYS[4] readers; ARGV[1] owner token, ARGV[2] release channel, ARGV[3]
+/// "1" to wake waiters. Deletes the key only if it holds our token (retiring
+/// the fence counter when no reader holds either), then publishes the
+/// release if asked; otherwise removes the owner's record as a waiting
+/// writer, if it is there (and wakes the readers it kept waiting). Returns 1
+/// if released.
+const RELEASE: &str = concat!(
+    fences!(),
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[4]) == 0 then
+    retire_fence(KEYS[3])
+  end
   if ARGV[3] == '1' then
     redis.call('PUBLISH', ARGV[2], '')
   end
@@ -230,19 +280,20 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('PUBLISH', ARGV[2], '')
 end
 return 0
-";
+"
+);
 
 /// KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] current owner, ARGV[2]
 /// next owner, ARGV[3] ttl in ms, ARGV[4] "1" to draw a fencing token.
 /// Passes the lease from one owner to the next (a local handoff): returns the
 /// new fencing token (0 without fencing), or -1 if the lease was not ARGV[1]'s.
 const HAND_OVER: &str = concat!(
-    next_fence!(),
+    fences!(),
     r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   if ARGV[4] == '1' then
-    return next_fence(KEYS[2])
+    return next_fence(KEYS[2], ARGV[3])
   end
   return 0
 end

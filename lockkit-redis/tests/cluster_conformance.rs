@@ -55,6 +55,17 @@ impl Harness for ClusterHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        let mut count = 0;
+        for node in self.cluster.nodes() {
+            count += node
+                .count_keys(&format!("*{prefix}*"))
+                .await
+                .expect("count keys");
+        }
+        count
+    }
 }
 
 lockkit_conformance::conformance_suite!(ClusterHarness::start().await);

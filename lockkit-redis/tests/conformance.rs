@@ -54,6 +54,13 @@ impl Harness for RedisHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        self.server
+            .count_keys(&format!("*{prefix}*"))
+            .await
+            .expect("count keys")
+    }
 }
 
 lockkit_conformance::conformance_suite!(RedisHarness::start().await);

@@ -203,11 +203,15 @@ async fn authentication_errors_are_typed_and_secret_free() {
         .unwrap();
 }
 
-/// With AOF persistence the fencing counter survives a restart and goes on by
-/// one; without it the counter is lost, and starts again at the server's
-/// clock in microseconds: still above every earlier token.
+/// The fencing counter lives while the name is held: readers that join
+/// while one holds draw one token after another, and with AOF persistence
+/// the counter survives a restart. Once the last holding is released the
+/// counter goes, and a new one (as after a restart without persistence)
+/// starts at the server's clock in microseconds: still above every earlier
+/// token.
 #[tokio::test]
 async fn fencing_counter_and_persistence() {
+    const COUNTER: &str = "{lockkit:fenced}:fence";
     for aof in [true, false] {
         let server = RedisServer::builder().appendonly(aof).start().await;
         let locks = connect(&server.url()).await;
@@ -216,28 +220,44 @@ async fn fencing_counter_and_persistence() {
             let guard = locks.acquire("fenced", &opts()).await.unwrap();
             tokens.push(guard.fencing_token().unwrap().get());
             guard.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            assert_eq!(
+                server.command(&["EXISTS", COUNTER]).await.unwrap(),
+                "0",
+                "a released name keeps no counter"
+            );
         }
-        let first = tokens[0];
-        assert_eq!(
-            tokens,
-            (first..first + 5).collect::<Vec<_>>(),
-            "by one per grant"
-        );
+        assert!(tokens.is_sorted_by(|a, b| a < b), "{tokens:?}");
         // A new counter starts at the server's clock (µs since 2020 at least).
-        assert!(first > 1_577_836_800_000_000, "{first}");
+        assert!(tokens[0] > 1_577_836_800_000_000, "{tokens:?}");
+
+        let reader = opts().shared();
+        let first = locks.acquire("fenced", &reader).await.unwrap();
+        let base = first.fencing_token().unwrap().get();
+        assert!(base > tokens[4], "{base} after {tokens:?}");
+        for i in 1..=3 {
+            let joined = locks.acquire("fenced", &reader).await.unwrap();
+            assert_eq!(
+                joined.fencing_token().unwrap().get(),
+                base + i,
+                "by one while held"
+            );
+            joined.release().await.unwrap();
+        }
         server.restart().await;
         let locks = connect(&server.url()).await;
-        let next = locks.acquire("fenced", &opts()).await.unwrap();
+        let next = locks.acquire("fenced", &reader).await.unwrap();
         let token = next.fencing_token().unwrap().get();
         if aof {
-            assert_eq!(token, first + 5, "AOF keeps the counter");
+            assert_eq!(token, base + 4, "AOF keeps the counter");
         } else {
             assert!(
-                token > first + 4,
-                "a lost counter restarts above: {token} after {first}+4"
+                token > base + 3,
+                "a lost counter restarts above: {token} after {base}+3"
             );
         }
         next.release().await.unwrap();
+        drop(first);
     }
 }
 

@@ -64,6 +64,14 @@ impl Harness for SentinelHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        self.deployment
+            .master()
+            .count_keys(&format!("*{prefix}*"))
+            .await
+            .expect("count keys")
+    }
 }
 
 lockkit_conformance::conformance_suite!(SentinelHarness::start().await);

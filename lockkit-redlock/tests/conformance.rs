@@ -85,6 +85,17 @@ impl Harness for RedlockHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        let mut count = 0;
+        for server in &self.servers.0 {
+            count += server
+                .count_keys(&format!("*{prefix}*"))
+                .await
+                .expect("count keys");
+        }
+        count
+    }
 }
 
 mod three {

@@ -4,12 +4,14 @@
 //! Readers share the lock's row: a *reader group* holds it as a writer
 //! would, under the owner `\x01r<epoch>:<count>`, where `epoch` is the fence
 //! the group started with and `count` the readers that joined and have not
-//! left. Every reader bumps the fence (its own token, so a later writer's
-//! token exceeds every reader's), and the group's expiry is the latest of
+//! left. Every reader draws a new token (so a later writer's token exceeds
+//! every reader's), and the group's expiry is the latest of
 //! its readers' leases. A reader extends and leaves by its token: it is in
 //! the live group that started at or before its token, as any later group
 //! started (after a writer, or after the group expired) with a higher fence.
-//! A crashed reader stays counted until the group expires. A writer that
+//! A crashed reader stays counted until the group expires. The last reader
+//! to leave deletes the row, as a writer's release does: tokens come from a
+//! source shared by every name (see the dialects), not from the row. A writer that
 //! waits records itself in the row `\x01waiting:<hash>` (see
 //! [`waiting_row_name`]) for its ttl; readers do not join while that record
 //! is live, and the writer deletes it once granted or when it gives up.
@@ -801,7 +803,7 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         true
     }
 
-    /// One conditional `UPDATE`: new owner, new expiry, fence + 1.
+    /// One conditional `UPDATE`: new owner, new expiry, a new token.
     async fn hand_over(
         &self,
         key: &LeaseKey,

@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, MySqlConnection};
 use crate::lease::permit_row_name;
 use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::names::{check_slot_permits, named_lock_name, semaphore_slot_name};
-use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_free_slot, lock_row};
+use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_free_slot, lock_row, unlock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
     MYSQL_ROW_CAPABILITIES, NAMED_CAPABILITIES, POLLED_LEASE_CAPABILITIES, Settings,
@@ -74,6 +74,7 @@ pub(crate) struct MySql {
     share: Arc<str>,
     extend_share: Arc<str>,
     leave: Arc<str>,
+    leave_last: Option<Arc<str>>,
     mark_waiting: Arc<str>,
     unmark_waiting: Arc<str>,
     ensure_row: Arc<str>,
@@ -82,6 +83,7 @@ pub(crate) struct MySql {
     row_lock_shared: Arc<str>,
     row_try_shared: Arc<str>,
     row_free: Arc<str>,
+    row_delete: Arc<str>,
     row_exists: Arc<str>,
     /// With `{slots}` to replace by one placeholder per slot.
     row_free_slot: String,
@@ -96,6 +98,10 @@ pub(crate) struct MySql {
     /// Queries that each answer a row only when the schema is in place.
     migrated: Vec<String>,
     migrate: Vec<String>,
+    /// `Sequence` only: the highest token stored in the table, and the
+    /// sequence to raise to it (a table of an earlier version kept a token
+    /// per row, counted apart from the sequence).
+    sequence_floor: Option<(String, String)>,
 }
 
 impl MySql {
@@ -103,6 +109,8 @@ impl MySql {
     pub(crate) fn new(table: &str, fence_source: FenceSource) -> Self {
         let counter = format!("{table}_fence");
         let seq = format!("{table}_fence_seq");
+        let gate = format!("{table}_gate");
+        let lease = LeaseTokens::new(fence_source, table, &seq, &gate);
         // The token is computed only for a granted lock: a row is returned
         // (and its select list evaluated) once its lock is granted, and CASE
         // evaluates NEXTVAL only when GET_LOCK answered 1.
@@ -126,6 +134,9 @@ impl MySql {
             FenceSource::Sequence => format!("SELECT COUNT(*) FROM {seq} WHERE 1 = 0"),
             FenceSource::Counter => format!("SELECT n FROM {counter} WHERE id = 1"),
         });
+        if fence_source == FenceSource::Sequence {
+            migrated.push(format!("SELECT 1 FROM {gate} WHERE id = {}", GATES - 1));
+        }
         // The owner column holds an owner token and a holder identity (36 +
         // 1 + at most 255 bytes); tables made before identities were stored
         // had VARCHAR(64), and are widened.
@@ -147,7 +158,20 @@ impl MySql {
             format!("ALTER TABLE {table} MODIFY {owner_column}"),
         ];
         match fence_source {
-            FenceSource::Sequence => migrate.push(format!("CREATE SEQUENCE IF NOT EXISTS {seq}")),
+            FenceSource::Sequence => migrate.extend([
+                format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {gate} (\
+                        id SMALLINT UNSIGNED NOT NULL PRIMARY KEY) ENGINE=InnoDB"
+                ),
+                format!(
+                    "INSERT IGNORE INTO {gate} (id) VALUES {}",
+                    (0..GATES)
+                        .map(|id| format!("({id})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ]),
             FenceSource::Counter => migrate.extend([
                 format!(
                     "CREATE TABLE IF NOT EXISTS {counter} (\
@@ -164,13 +188,20 @@ impl MySql {
         // RETURNING): the new fence when the lease was free or expired,
         // BUSY_FLAG + the holder's remaining µs otherwise. Every condition
         // reads `expires_at`, which is assigned last.
+        let LeaseTokens {
+            first,
+            next,
+            hand_over: handed,
+            release,
+            leave_last,
+        } = &lease;
         MySql {
             acquire: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 VALUES (?, ?, {first}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  ON DUPLICATE KEY UPDATE \
                    owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-                   fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fence + 1), \
+                   fence = IF(expires_at <= UTC_TIMESTAMP(6), {next}, \
                        IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
                    expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
             )
@@ -180,15 +211,12 @@ impl MySql {
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             )
             .into(),
-            release: format!(
-                "UPDATE {table} SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
-                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
-            )
-            .into(),
+            release: format!("{release} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)")
+                .into(),
             // The new fence comes back in LAST_INSERT_ID; `expires_at` is
             // assigned last (later assignments see earlier ones).
             hand_over: format!(
-                "UPDATE {table} SET owner = ?, fence = LAST_INSERT_ID(fence + 1), \
+                "UPDATE {table} SET owner = ?, fence = {handed}, \
                      expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             )
@@ -205,16 +233,23 @@ impl MySql {
             // order: `fence` first decides (and the other two read the
             // decision back from LAST_INSERT_ID(), below BUSY_FLAG when the
             // reader joined); `owner` then sees the new fence, which is a
-            // new group's epoch. Binds: name, ttl, the waiting record's row
-            // twice.
+            // new group's epoch (a new row's group starts at its token, read
+            // back the same way: the values are computed in order). While a
+            // writer waits, the `SELECT` has no row: nothing is inserted or
+            // updated (no row affected) and `LAST_INSERT_ID` is left as it
+            // was. Binds: name, name (the gate), ttl, the waiting record's
+            // row three times.
             share: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES (?, CONCAT({GROUP}, '1:1'), LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                "INSERT INTO {table} (name, fence, owner, expires_at) \
+                 SELECT ?, {first}, CONCAT({GROUP}, LAST_INSERT_ID(), ':1'), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 FROM DUAL WHERE NOT EXISTS \
+                     (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                      WHERE w.expires_at > UTC_TIMESTAMP(6)) \
                  ON DUPLICATE KEY UPDATE \
                    fence = IF((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
                          (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
                           WHERE w.expires_at > UTC_TIMESTAMP(6)), \
-                       LAST_INSERT_ID(fence + 1), \
+                       {next}, \
                        IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
                            IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
                                    FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
@@ -237,6 +272,7 @@ impl MySql {
                  WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
             )
             .into(),
+            leave_last: leave_last.as_deref().map(Arc::from),
             mark_waiting: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
@@ -270,6 +306,7 @@ impl MySql {
             )
             .into(),
             row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
+            row_delete: format!("DELETE FROM {table} WHERE name = ?").into(),
             row_exists: format!("SELECT 1 FROM {table} WHERE name = ?").into(),
             row_free_slot: format!(
                 "SELECT name, CAST({row_token} AS SIGNED) FROM {table} \
@@ -288,6 +325,9 @@ impl MySql {
             fence_source,
             migrated,
             migrate,
+            sequence_floor: (fence_source == FenceSource::Sequence).then(|| {
+                (format!("SELECT CAST(COALESCE(MAX(fence), 0) AS SIGNED) FROM {table}"), seq)
+            }),
         }
     }
 }
@@ -321,9 +361,77 @@ pub(crate) async fn migrate(
                     .execute(&mut conn)
                     .await?;
             }
+            if let Some((highest, seq)) = &sql.sequence_floor {
+                let highest: i64 = sqlx::query_scalar(AssertSqlSafe(highest.as_str()))
+                    .fetch_one(&mut conn)
+                    .await?;
+                // SETVAL takes a literal, and never lowers a sequence.
+                if highest > 0 {
+                    sqlx::query(AssertSqlSafe(format!("SELECT SETVAL({seq}, {highest})")))
+                        .execute(&mut conn)
+                        .await?;
+                }
+            }
             Ok(())
         })
         .await
+}
+
+/// How many gate rows a lock table has (see [`LeaseTokens`]).
+const GATES: u32 = 64;
+
+/// How `lease` mode draws tokens, and what a release leaves.
+///
+/// With a `SEQUENCE` (MariaDB), every token comes from it and released rows
+/// are deleted, so names leave nothing behind. A grant's statement first
+/// locks one of [`GATES`] gate rows (the name's, by `CRC32`) until it ends,
+/// then draws: an insert computes its values before it learns whether the
+/// row exists, and without the gate a grant and release of the same name by
+/// others could come between a drawn token and the insert, which would
+/// then store a token below theirs.
+///
+/// With the counter (MySQL), a row keeps its name's last token and counts
+/// on from it, so released rows stay (a name's first token is 1). The gate's
+/// bind is taken and ignored, so that both bind alike.
+struct LeaseTokens {
+    /// A new row's token, set as `LAST_INSERT_ID`; binds the name.
+    first: String,
+    /// The token of a row taken over, set as `LAST_INSERT_ID`.
+    next: String,
+    /// The token of a hand-over, set as `LAST_INSERT_ID`.
+    hand_over: String,
+    /// A release's statement up to its `WHERE`.
+    release: String,
+    /// Where rows are deleted: the last reader's leave (binds as `leave`),
+    /// tried first; `leave` then counts a group down.
+    leave_last: Option<String>,
+}
+
+impl LeaseTokens {
+    fn new(source: FenceSource, table: &str, seq: &str, gate: &str) -> LeaseTokens {
+        match source {
+            FenceSource::Sequence => LeaseTokens {
+                first: format!(
+                    "LAST_INSERT_ID((SELECT NEXTVAL({seq}) FROM {gate} \
+                     WHERE id = CRC32(?) % {GATES} FOR UPDATE))"
+                ),
+                next: "LAST_INSERT_ID(VALUES(fence))".to_owned(),
+                hand_over: format!("LAST_INSERT_ID(NEXTVAL({seq}))"),
+                release: format!("DELETE FROM {table}"),
+                leave_last: Some(format!(
+                    "DELETE FROM {table} \
+                     WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP} AND {COUNT} = 1"
+                )),
+            },
+            FenceSource::Counter => LeaseTokens {
+                first: "LAST_INSERT_ID(1 + 0 * CRC32(?))".to_owned(),
+                next: "LAST_INSERT_ID(fence + 1)".to_owned(),
+                hand_over: "LAST_INSERT_ID(fence + 1)".to_owned(),
+                release: format!("UPDATE {table} SET owner = NULL, expires_at = UTC_TIMESTAMP(6)"),
+                leave_last: None,
+            },
+        }
+    }
 }
 
 /// The width of the owner column, in characters: an owner token, the
@@ -367,6 +475,7 @@ impl LeaseDialect for MyLease {
             let done = sqlx::query(q(&self.sql.acquire))
                 .bind(name.as_bytes())
                 .bind(owner)
+                .bind(name.as_bytes())
                 .bind(micros(ttl))
                 .execute(conn)
                 .await?;
@@ -451,11 +560,17 @@ impl LeaseDialect for MyLease {
         Box::pin(async move {
             let done = sqlx::query(q(&self.sql.share))
                 .bind(name.as_bytes())
+                .bind(name.as_bytes())
                 .bind(micros(ttl))
+                .bind(waiting.as_bytes())
                 .bind(waiting.as_bytes())
                 .bind(waiting.as_bytes())
                 .execute(conn)
                 .await?;
+            if done.rows_affected() == 0 {
+                // A writer waits (see the statement).
+                return Ok(Attempt::Busy { retry_after: None });
+            }
             upsert_answer(done.last_insert_id())
         })
     }
@@ -485,6 +600,16 @@ impl LeaseDialect for MyLease {
         token: i64,
     ) -> Answer<'c, bool> {
         Box::pin(async move {
+            if let Some(last) = &self.sql.leave_last {
+                let done = sqlx::query(q(last))
+                    .bind(name.as_bytes())
+                    .bind(token)
+                    .execute(&mut *conn)
+                    .await?;
+                if done.rows_affected() >= 1 {
+                    return Ok(true);
+                }
+            }
             let done = sqlx::query(q(&self.sql.leave))
                 .bind(name.as_bytes())
                 .bind(token)
@@ -783,6 +908,24 @@ impl RowLocking for MySqlSession {
         )
     }
 
+    /// `FOR UPDATE SKIP LOCKED` finds the row only if no fellow reader
+    /// locks it too; then it is deleted.
+    fn delete_locked<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> RowAnswer<'c, ()> {
+        Box::pin(async move {
+            let alone: Option<i64> = sqlx::query_scalar(q(&self.sql.row_free))
+                .bind(name.as_bytes())
+                .fetch_optional(&mut conn.conn)
+                .await?;
+            if alone.is_some() {
+                sqlx::query(q(&self.sql.row_delete))
+                    .bind(name.as_bytes())
+                    .execute(&mut conn.conn)
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+
     fn ensure_row<'c>(&'c self, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(async move {
             sqlx::query(q(&self.sql.ensure_row))
@@ -957,18 +1100,21 @@ impl SessionDb for MySqlSession {
     }
 
     async fn unlock(&self, conn: &mut MyConn, key: &MyKey) -> Result<bool> {
-        let unlocked = match key.held_name() {
-            Some(name) => {
-                sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
-                    .bind(name)
-                    .fetch_one(&mut conn.conn)
-                    .await
-                    .map(|released| released == Some(1))
+        let unlocked = match key {
+            MyKey::Named(_) | MyKey::NamedSlots { .. } => match key.held_name() {
+                Some(name) => {
+                    sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+                        .bind(name)
+                        .fetch_one(&mut conn.conn)
+                        .await
+                        .map(|released| released == Some(1))
+                }
+                None => Ok(false),
+            },
+            MyKey::Row { name, .. } => unlock_row(self, conn, name).await,
+            MyKey::RowSlots { slots, taken } => {
+                unlock_row(self, conn, &slots[taken.load(Ordering::SeqCst)]).await
             }
-            None => sqlx::raw_sql("ROLLBACK")
-                .execute(&mut conn.conn)
-                .await
-                .map(|_| true),
         };
         unlocked.map_err(|error| self.settings.error("unlock", error))
     }

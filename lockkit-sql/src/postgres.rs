@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::TryFutureExt;
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, NotifyHub, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
@@ -17,7 +18,7 @@ use crate::error::is_lock_busy;
 use crate::lease::permit_row_name;
 use crate::lease::{Answer, LeaseDialect, LiveRow};
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
-use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_free_slot, lock_row};
+use crate::row_lock::{Answer as RowAnswer, RowLocking, lock_free_slot, lock_row, unlock_row};
 use crate::session::{Locked, ServerWait, SessionDb};
 use crate::settings::{
     ADVISORY_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, PG_ROW_CAPABILITIES, Settings,
@@ -54,6 +55,7 @@ pub(crate) struct PgSql {
     row_try_shared: Arc<str>,
     row_free_slot: Arc<str>,
     ensure_rows: Arc<str>,
+    row_release: Arc<str>,
     row_status: Arc<str>,
     /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
     channel: String,
@@ -71,11 +73,12 @@ impl PgSql {
         let seq = format!("{table}_fence_seq");
         PgSql {
             acquire: format!(
-                "WITH taken AS (\
+                "WITH {GATE}, \
+                 taken AS (\
                     INSERT INTO {table} AS l (name, owner, fence, expires_at) \
-                    VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond') \
+                    SELECT $1, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond' FROM g \
                     ON CONFLICT (name) DO UPDATE \
-                        SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                        SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
                         WHERE l.expires_at <= now() \
                     RETURNING l.fence) \
                  SELECT (SELECT fence FROM taken), \
@@ -89,13 +92,13 @@ impl PgSql {
             )
             .into(),
             release: format!(
-                "UPDATE {table} SET owner = NULL, expires_at = now() \
+                "DELETE FROM {table} \
                  WHERE name = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING pg_notify($3, $1)::text"
             )
             .into(),
             hand_over: format!(
-                "UPDATE {table} SET owner = $3, fence = fence + 1, \
+                "UPDATE {table} SET owner = $3, fence = nextval('{seq}'), \
                      expires_at = now() + $4::bigint * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING fence"
@@ -108,14 +111,16 @@ impl PgSql {
             .into(),
             // Readers: see the `lease` module. `$3`: the waiting record's row.
             share: format!(
-                "WITH joined AS (\
+                "WITH {GATE}, \
+                 d AS MATERIALIZED (SELECT nextval('{seq}') AS f FROM g), \
+                 joined AS (\
                     INSERT INTO {table} AS l (name, owner, fence, expires_at) \
-                    SELECT $1, {GROUP} || '1:1', 1, now() + $2::bigint * interval '1 millisecond' \
+                    SELECT $1, {GROUP} || d.f || ':1', d.f, now() + $2::bigint * interval '1 millisecond' FROM d \
                     WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $3 AND expires_at > now()) \
                     ON CONFLICT (name) DO UPDATE \
-                        SET owner = CASE WHEN l.expires_at <= now() THEN {GROUP} || (l.fence + 1) || ':1' \
+                        SET owner = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner \
                                 ELSE split_part(l.owner, ':', 1) || ':' || ({COUNT} + 1) END, \
-                            fence = l.fence + 1, \
+                            fence = EXCLUDED.fence, \
                             expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
                         WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} \
                     RETURNING l.fence) \
@@ -131,12 +136,19 @@ impl PgSql {
                 IN_GROUP = in_group("$2"),
             )
             .into(),
+            // The group's row, locked first (its latest version), then
+            // counted down, or deleted with its last reader.
             leave: format!(
-                "UPDATE {table} \
-                 SET owner = CASE WHEN {COUNT} > 1 THEN split_part(owner, ':', 1) || ':' || ({COUNT} - 1) END, \
-                     expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE now() END \
-                 WHERE name = $1 AND expires_at > now() AND {IN_GROUP} \
-                 RETURNING CASE WHEN owner IS NULL THEN pg_notify($3, $1)::text END",
+                "WITH cur AS MATERIALIZED (\
+                    SELECT name, {COUNT} AS n FROM {table} \
+                    WHERE name = $1 AND expires_at > now() AND {IN_GROUP} FOR UPDATE), \
+                 fewer AS (\
+                    UPDATE {table} AS t SET owner = split_part(t.owner, ':', 1) || ':' || (cur.n - 1) \
+                    FROM cur WHERE t.name = cur.name AND cur.n > 1 RETURNING NULL::text AS woken), \
+                 gone AS (\
+                    DELETE FROM {table} AS t USING cur WHERE t.name = cur.name AND cur.n <= 1 \
+                    RETURNING pg_notify($3, $1)::text AS woken) \
+                 SELECT woken FROM fewer UNION ALL SELECT woken FROM gone",
                 COUNT = group_count("owner"),
                 IN_GROUP = in_group("$2"),
             )
@@ -179,6 +191,13 @@ impl PgSql {
                  SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n ON CONFLICT (name) DO NOTHING"
             )
             .into(),
+            // Our row, unless a fellow reader holds it too (`SKIP LOCKED`
+            // passes over it then, and does not wait).
+            row_release: format!(
+                "DELETE FROM {table} WHERE name IN \
+                 (SELECT name FROM {table} WHERE name = $1 FOR UPDATE SKIP LOCKED)"
+            )
+            .into(),
             // Held: the row exists but cannot be locked. A free row is
             // locked for the instant of this statement only.
             row_status: format!(
@@ -196,10 +215,29 @@ impl PgSql {
                         expires_at timestamptz NOT NULL)"
                 ),
                 format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
+                // A table of an earlier version kept a token per row,
+                // counted apart from the sequence: raise the sequence above
+                // them (only ever up).
+                format!(
+                    "SELECT setval('{seq}', x.m) FROM (SELECT MAX(fence) AS m FROM {table}) AS x, {seq} AS s \
+                     WHERE x.m > s.last_value"
+                ),
             ],
         }
     }
 }
+
+/// A lease grant's *gate*: a transaction-scoped advisory lock on the name,
+/// taken before its fencing token is drawn and held until the statement's
+/// transaction ends. Released names' rows are deleted, so a grant may
+/// insert a name's row afresh; the gate makes sure that a token drawn for
+/// such an insert is drawn after every earlier grant of the name committed
+/// (an insert's values are computed before it finds out whether the row is
+/// there, and a grant and release by others may come between). Its key is
+/// the pair (`GATE_CLASS`, `hashtext(name)`): a key space apart from
+/// `advisory` mode's 64-bit keys; a collision with another name's gate or
+/// `row` mode's only makes one statement wait for another.
+const GATE: &str = "g AS MATERIALIZED (SELECT pg_advisory_xact_lock(1818979429, hashtext($1)))";
 
 /// The prefix of a reader group's owner (see the `lease` module).
 const GROUP: &str = "(chr(1) || 'r')";
@@ -827,6 +865,15 @@ impl RowLocking for PgSession {
         )
     }
 
+    fn delete_locked<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
+        Box::pin(
+            sqlx::query(q(&self.sql.row_release))
+                .bind(name)
+                .execute(&mut conn.conn)
+                .map_ok(drop),
+        )
+    }
+
     fn ensure_row<'c>(&'c self, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(async move {
             sqlx::query(q(&self.sql.ensure_row))
@@ -947,10 +994,10 @@ impl SessionDb for PgSession {
                 let slot = slots[taken.load(Ordering::SeqCst)];
                 unlock_advisory(conn, "SELECT pg_advisory_unlock($1)", slot).await
             }
-            PgKey::Row { .. } | PgKey::RowSlots { .. } => sqlx::raw_sql("ROLLBACK")
-                .execute(&mut conn.conn)
-                .await
-                .map(|_| true),
+            PgKey::Row { name, .. } => unlock_row(self, conn, name).await,
+            PgKey::RowSlots { slots, taken } => {
+                unlock_row(self, conn, &slots[taken.load(Ordering::SeqCst)]).await
+            }
         };
         unlocked.map_err(|error| self.settings.error("unlock", error))
     }

@@ -5,7 +5,7 @@
 use futures_util::future::BoxFuture;
 use sqlx::{Database, Executor};
 
-use crate::error::is_lock_busy;
+use crate::error::{is_deadlock, is_lock_busy};
 
 /// One statement's answer on a connection.
 pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
@@ -49,6 +49,12 @@ pub(crate) trait RowLocking: Sync {
     /// another connection.
     fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()>;
 
+    /// Deletes the row `name`, which this connection's transaction holds
+    /// locked, unless another transaction locks it too (a reader's fellow
+    /// readers, who stay): the release then commits, so that a released
+    /// name leaves no row behind.
+    fn delete_locked<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
+
     /// What a grant still needs (a token drawn elsewhere): the fencing
     /// token. By default the one the `SELECT` drew.
     fn granted<'c>(&'c self, conn: &'c mut Self::Conn, token: i64) -> Answer<'c, i64> {
@@ -70,7 +76,9 @@ pub(crate) async fn lock_row<R: RowLocking>(
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
-    for _ in 0..2 {
+    // A waiter finds the row gone when its holder released (deleting it):
+    // it makes the row again and waits anew, as often as that happens.
+    for _ in 0..VANISHED_LIMIT {
         run::<R>(conn, "BEGIN").await?;
         match locking.select(conn, name, no_wait, shared).await {
             Ok(Some(token)) => {
@@ -84,7 +92,17 @@ where
             }
             Ok(None) => {
                 run::<R>(conn, "ROLLBACK").await?;
-                locking.ensure_row(name).await?;
+                match locking.ensure_row(name).await {
+                    Err(error) if is_deadlock(&error) => {}
+                    answer => answer?,
+                }
+            }
+            // Waiters that find a deleted row, and the inserts that make it
+            // again, can deadlock in InnoDB; the victim was rolled back
+            // whole, and waits again.
+            Err(error) if is_deadlock(&error) => {
+                tracing::debug!(%error, "row lock chosen as a deadlock victim; waiting again");
+                run::<R>(conn, "ROLLBACK").await?;
             }
             Err(error) => {
                 run::<R>(conn, "ROLLBACK").await?;
@@ -97,8 +115,33 @@ where
         }
     }
     Err(sqlx::Error::Protocol(format!(
-        "the row of lock {name:?} vanished twice while being locked; is something deleting rows of the lock table?"
+        "the row of lock {name:?} vanished (or its lock deadlocked) {VANISHED_LIMIT} times in a row while being locked"
     )))
+}
+
+/// How often in a row [`lock_row`] makes a vanished row again.
+const VANISHED_LIMIT: usize = 64;
+
+/// Ends a `row` mode holding of the row `name`: deletes it (see
+/// [`RowLocking::delete_locked`]) and commits; if that fails, rolls back,
+/// which releases the lock as well (the row then stays, and serves the next
+/// holder).
+pub(crate) async fn unlock_row<R: RowLocking>(
+    locking: &R,
+    conn: &mut R::Conn,
+    name: &str,
+) -> sqlx::Result<bool>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    match locking.delete_locked(conn, name).await {
+        Ok(()) => run::<R>(conn, "COMMIT").await?,
+        Err(error) => {
+            tracing::debug!(%error, "could not delete a released row; rolling back");
+            run::<R>(conn, "ROLLBACK").await?;
+        }
+    }
+    Ok(true)
 }
 
 /// Locks a free permit slot of a semaphore's rows (`slots`, see
@@ -140,11 +183,13 @@ where
                 if round == 0 {
                     match locking.ensure_rows(slots).await {
                         // Another client is creating the same rows.
-                        Err(error) if is_lock_busy(&error) => {}
+                        Err(error) if is_lock_busy(&error) || is_deadlock(&error) => {}
                         answer => answer?,
                     }
                 }
             }
+            // As in `lock_row`: tried again.
+            Err(error) if is_deadlock(&error) => run::<R>(conn, "ROLLBACK").await?,
             Err(error) => {
                 run::<R>(conn, "ROLLBACK").await?;
                 return Err(error);
@@ -154,7 +199,7 @@ where
     Ok(None)
 }
 
-/// `BEGIN` or `ROLLBACK` on a dedicated connection.
+/// `BEGIN`, `COMMIT` or `ROLLBACK` on a dedicated connection.
 async fn run<R: RowLocking>(conn: &mut R::Conn, statement: &'static str) -> sqlx::Result<()>
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,

@@ -29,6 +29,7 @@ pub(crate) struct SqliteSql {
     share_remaining: Arc<str>,
     extend_share: Arc<str>,
     leave: Arc<str>,
+    leave_last: Arc<str>,
     mark_waiting: Arc<str>,
     unmark_waiting: Arc<str>,
     migrate: String,
@@ -46,12 +47,20 @@ const IN_GROUP: &str = "substr(owner, 1, 2) = (char(1) || 'r') \
 
 impl SqliteSql {
     /// `table` must have passed [`validate_table`](crate::validate_table).
+    ///
+    /// Released rows are deleted. Tokens come from the table's high-water
+    /// mark, `<table>_fence`, which triggers raise to every token stored:
+    /// the next token is one above it, so a name's row made afresh still
+    /// counts on from every earlier token. (SQLite runs one write at a
+    /// time, and a statement's read and write are one step.)
     pub(crate) fn new(table: &str) -> Self {
+        let fence = format!("{table}_fence");
+        let next = format!("(SELECT n + 1 FROM {fence} WHERE id = 1)");
         SqliteSql {
             acquire: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 1, {NOW_MS} + ?3) \
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, {next}, {NOW_MS} + ?3) \
                  ON CONFLICT (name) DO UPDATE \
-                     SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
+                     SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
                      WHERE expires_at <= {NOW_MS} \
                  RETURNING fence"
             )
@@ -59,7 +68,7 @@ impl SqliteSql {
             remaining: format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1")
                 .into(),
             hand_over: format!(
-                "UPDATE {table} SET owner = ?3, fence = fence + 1, expires_at = {NOW_MS} + ?4 \
+                "UPDATE {table} SET owner = ?3, fence = {next}, expires_at = {NOW_MS} + ?4 \
                  WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
                  RETURNING fence"
             )
@@ -71,12 +80,12 @@ impl SqliteSql {
             // Readers: see the `lease` module. `?3`: the waiting record's row.
             share: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 SELECT ?1, {GROUP} || '1:1', 1, {NOW_MS} + ?2 \
+                 SELECT ?1, {GROUP} || t.f || ':1', t.f, {NOW_MS} + ?2 FROM (SELECT {next} AS f) AS t \
                  WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?3 AND expires_at > {NOW_MS}) \
                  ON CONFLICT (name) DO UPDATE \
-                     SET owner = CASE WHEN expires_at <= {NOW_MS} THEN {GROUP} || (fence + 1) || ':1' \
+                     SET owner = CASE WHEN expires_at <= {NOW_MS} THEN excluded.owner \
                              ELSE substr(owner, 1, instr(owner, ':')) || ({COUNT} + 1) END, \
-                         fence = fence + 1, \
+                         fence = excluded.fence, \
                          expires_at = MAX(expires_at, excluded.expires_at) \
                      WHERE expires_at <= {NOW_MS} OR substr(owner, 1, 2) = {GROUP} \
                  RETURNING fence"
@@ -89,6 +98,10 @@ impl SqliteSql {
             extend_share: format!(
                 "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
                  WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+            )
+            .into(),
+            leave_last: format!(
+                "DELETE FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP} AND {COUNT} = 1"
             )
             .into(),
             leave: format!(
@@ -110,16 +123,25 @@ impl SqliteSql {
             )
             .into(),
             release: format!(
-                "UPDATE {table} SET owner = NULL, expires_at = {NOW_MS} \
-                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+                "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
             )
             .into(),
+            // The high-water mark starts at the highest token stored (a
+            // table of an earlier version keeps a token per row).
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (\
                     name TEXT NOT NULL PRIMARY KEY, \
                     owner TEXT, \
                     fence INTEGER NOT NULL, \
-                    expires_at INTEGER NOT NULL)"
+                    expires_at INTEGER NOT NULL); \
+                 CREATE TABLE IF NOT EXISTS {fence} (\
+                    id INTEGER NOT NULL PRIMARY KEY CHECK (id = 1), \
+                    n INTEGER NOT NULL); \
+                 INSERT OR IGNORE INTO {fence} (id, n) SELECT 1, COALESCE(MAX(fence), 0) FROM {table}; \
+                 CREATE TRIGGER IF NOT EXISTS {table}_fence_insert AFTER INSERT ON {table} \
+                 BEGIN UPDATE {fence} SET n = MAX(n, NEW.fence) WHERE id = 1; END; \
+                 CREATE TRIGGER IF NOT EXISTS {table}_fence_update AFTER UPDATE OF fence ON {table} \
+                 BEGIN UPDATE {fence} SET n = MAX(n, NEW.fence) WHERE id = 1; END;"
             ),
         }
     }
@@ -137,7 +159,7 @@ pub(crate) async fn migrate(
     settings
         .bounded(
             "create the lock table",
-            sqlx::query(AssertSqlSafe(sql.migrate.as_str())).execute(&mut conn),
+            sqlx::raw_sql(AssertSqlSafe(sql.migrate.as_str())).execute(&mut conn),
         )
         .await
         .map(|_| ())
@@ -301,6 +323,15 @@ impl LeaseDialect for SqliteLease {
         token: i64,
     ) -> Answer<'c, bool> {
         Box::pin(async move {
+            // The last reader deletes the row; the others count it down.
+            let done = sqlx::query(q(&self.sql.leave_last))
+                .bind(name)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?;
+            if done.rows_affected() == 1 {
+                return Ok(true);
+            }
             let done = sqlx::query(q(&self.sql.leave))
                 .bind(name)
                 .bind(token)

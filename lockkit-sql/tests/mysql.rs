@@ -109,6 +109,14 @@ impl SqlServer for MariaDbServer {
         .await
         .unwrap()
     }
+
+    async fn client_sql(&self, sql: &str) -> String {
+        self.sql(sql).await.expect("the server's client")
+    }
+
+    fn name_contains(part: &str) -> String {
+        format!("LOCATE({}, name) > 0", literal(part))
+    }
 }
 
 mod lease {
@@ -367,4 +375,24 @@ async fn migrate_widens_an_old_owner_column() {
     let status = locks.status("widened").await.unwrap();
     assert_eq!(status.holder.as_deref(), Some(longest.as_str()));
     guard.release().await.unwrap();
+}
+
+/// A table of an earlier version: the first connect raises the sequence
+/// above its rows' tokens.
+#[tokio::test]
+async fn tokens_rise_above_an_earlier_table() {
+    let server = MariaDbServer::start().await;
+    server
+        .sql(&format!(
+            "CREATE TABLE {t} (name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                 owner VARCHAR(320) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL, \
+                 fence BIGINT UNSIGNED NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB; \
+             CREATE SEQUENCE {t}_fence_seq; \
+             INSERT INTO {t} VALUES ('old', NULL, {token}, UTC_TIMESTAMP(6))",
+            t = common::UPGRADED_TABLE,
+            token = common::EARLIER_TOKEN
+        ))
+        .await
+        .expect("make the earlier table");
+    common::tokens_rise_above_an_earlier_table(&server).await;
 }

@@ -60,6 +60,14 @@ impl SqlServer for PostgresServer {
             .await
             .unwrap()
     }
+
+    async fn client_sql(&self, sql: &str) -> String {
+        self.psql(sql).await.expect("the server's client")
+    }
+
+    fn name_contains(part: &str) -> String {
+        format!("strpos(name, {}) > 0", literal(part))
+    }
 }
 
 mod lease {
@@ -349,4 +357,23 @@ async fn connection_failures_are_typed() {
         format!("postgres://app:{password}@127.0.0.1:{port}/postgres")
     })
     .await;
+}
+
+/// A table of an earlier version: the first connect raises the sequence
+/// above its rows' tokens.
+#[tokio::test]
+async fn tokens_rise_above_an_earlier_table() {
+    let server = PostgresServer::start().await;
+    server
+        .psql(&format!(
+            "CREATE TABLE {t} (name text COLLATE \"C\" PRIMARY KEY, owner text, \
+                 fence bigint NOT NULL, expires_at timestamptz NOT NULL); \
+             CREATE SEQUENCE {t}_fence_seq; \
+             INSERT INTO {t} VALUES ('old', NULL, {token}, now())",
+            t = common::UPGRADED_TABLE,
+            token = common::EARLIER_TOKEN
+        ))
+        .await
+        .expect("make the earlier table");
+    common::tokens_rise_above_an_earlier_table(&server).await;
 }

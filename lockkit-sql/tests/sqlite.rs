@@ -63,6 +63,19 @@ impl Harness for SqliteHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        let mut conn = SqliteConnection::connect(&format!("sqlite://{}", self.db.display()))
+            .await
+            .expect("admin connection");
+        let count: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM lockkit_locks WHERE instr(name, ?1) > 0")
+                .bind(prefix)
+                .fetch_one(&mut conn)
+                .await
+                .expect("count rows");
+        count as usize
+    }
 }
 
 /// A database file that can be made unavailable: "pause" holds its write
@@ -312,4 +325,37 @@ fn clients_outlive_their_runtime() {
     drop(runtime);
     drop(file);
     drop(memory);
+}
+
+/// A database of an earlier version kept a token per row (and released
+/// rows): the high-water mark starts above them, so tokens keep rising for
+/// that name and a new one.
+#[tokio::test]
+async fn tokens_rise_above_an_earlier_table() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("locks.db");
+    let mut conn = SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", db.display()))
+        .await
+        .expect("create the database");
+    sqlx::raw_sql(
+        "CREATE TABLE lockkit_locks (name TEXT NOT NULL PRIMARY KEY, owner TEXT, \
+             fence INTEGER NOT NULL, expires_at INTEGER NOT NULL); \
+         INSERT INTO lockkit_locks VALUES ('old', NULL, 1000000, 0);",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("make the earlier table");
+    conn.close().await.expect("close");
+    let locks = connect(&db).await.expect("connect");
+    let mut last = 1_000_000;
+    for name in ["old", "new", "old"] {
+        let guard = locks
+            .acquire(name, &LockOptions::new().ttl(Duration::from_secs(30)))
+            .await
+            .expect("acquire");
+        let token = guard.fencing_token().expect("a token").get();
+        assert!(token > last, "{name}: token {token} after {last}");
+        last = token;
+        guard.release().await.expect("release");
+    }
 }

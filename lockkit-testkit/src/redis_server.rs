@@ -182,6 +182,20 @@ impl RedisServer {
         redis_resp::command_with(self.addr(), self.options.password.as_deref(), args).await
     }
 
+    /// How many live keys match the glob `pattern` (a key past its expiry is
+    /// not counted, even before the server has removed it).
+    pub async fn count_keys(&self, pattern: &str) -> Result<usize, io::Error> {
+        let count = self
+            .command(&["EVAL", "return #redis.call('KEYS', ARGV[1])", "0", pattern])
+            .await?;
+        count.parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("counting keys {pattern:?}: the server answered {count:?}"),
+            )
+        })
+    }
+
     fn what(&self) -> String {
         format!("redis-server on {}", self.addr())
     }

@@ -46,6 +46,11 @@ const JVM_OPTIONS: &[&str] = &[
     "-XX:-UsePerfData",
     "-Dorg.slf4j.simpleLogger.showDateTime=true",
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+    // Empty container nodes (a released lock's directory) are removed after
+    // at most a second, not a minute, and without the default rate limit,
+    // so that tests can see the storage of released names go.
+    "-Dznode.container.checkIntervalMs=1000",
+    "-Dznode.container.maxPerMinute=1000000",
 ];
 /// The four-letter words the servers answer.
 const FOUR_LETTER_WORDS: &str = "srvr,ruok,stat,mntr,wchs,cons,dump,conf";

@@ -62,6 +62,54 @@ impl Harness for ZkHarness {
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
     }
+
+    /// The nodes of the lock and semaphore directories whose names start
+    /// with `prefix`, with their children. A released lock's directory is a
+    /// container node, which the server removes once it is empty (every
+    /// second in the testkit's servers): waits up to 5 s for that.
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        let admin = zookeeper_client::Client::connect(&self.server.connect_string())
+            .await
+            .expect("admin session");
+        let encoded = lockkit_zk::encode_name(prefix);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut count = 0;
+            for parent in [
+                "/locks".to_owned(),
+                format!("/locks/{}", lockkit_zk::SEMAPHORES),
+            ] {
+                let children = match admin.list_children(&parent).await {
+                    Ok(children) => children,
+                    Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                    Err(e) => panic!("list {parent}: {e}"),
+                };
+                for child in children.iter().filter(|c| c.starts_with(&encoded)) {
+                    count += 1 + nodes_below(&admin, &format!("{parent}/{child}")).await;
+                }
+            }
+            if count <= lockkit_conformance::MAX_LEFT || tokio::time::Instant::now() > deadline {
+                return count;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// How many nodes there are below `path` (0 if it is gone).
+async fn nodes_below(admin: &zookeeper_client::Client, path: &str) -> usize {
+    let mut count = 0;
+    let mut pending = vec![path.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let children = match admin.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => continue,
+            Err(e) => panic!("list {dir}: {e}"),
+        };
+        count += children.len();
+        pending.extend(children.iter().map(|child| format!("{dir}/{child}")));
+    }
+    count
 }
 
 lockkit_conformance::conformance_suite!(ZkHarness {

@@ -24,6 +24,24 @@ pub(crate) trait SqlServer: TestServer {
     async fn revoke(&self, mode: Mode, name: &str);
     /// How many statements wait for a lock on the server, as text.
     async fn waiting_statements(&self) -> String;
+    /// Runs `sql` with the server's own client: its output as text.
+    async fn client_sql(&self, sql: &str) -> String;
+    /// The condition that the `name` column contains `part`, in SQL.
+    fn name_contains(part: &str) -> String;
+
+    /// How many rows of the lock table have a name that contains `part`
+    /// (the lock's own, its permit slots', its waiting writer's).
+    async fn rows_naming(&self, part: &str) -> usize {
+        let out = self
+            .client_sql(&format!(
+                "SELECT COUNT(*) FROM lockkit_locks WHERE {}",
+                Self::name_contains(part)
+            ))
+            .await;
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("a count: {out:?}"))
+    }
 }
 
 /// Every SQL database through `lockkit_sql::connect`, for disposable servers.
@@ -88,6 +106,10 @@ impl<S: SqlServer> Harness for SqlHarness<S> {
 
     fn connect_timeout(&self) -> Duration {
         CONNECT_TIMEOUT
+    }
+
+    async fn stored_entries(&self, prefix: &str) -> usize {
+        self.server.rows_naming(prefix).await
     }
 }
 
@@ -226,4 +248,31 @@ pub(crate) async fn connects_while_held<S: SqlServer>(mode: Mode) {
         .release()
         .await
         .unwrap();
+}
+
+/// The table the upgrade case finds made by an earlier version.
+pub(crate) const UPGRADED_TABLE: &str = "upgraded_locks";
+
+/// The token the earlier version's row `old` of [`UPGRADED_TABLE`] holds
+/// (released rows then stayed, each with its name's last token).
+pub(crate) const EARLIER_TOKEN: u64 = 1_000_000;
+
+/// `server` has [`UPGRADED_TABLE`] as an earlier version left it: the
+/// lease row `old`, released, with the token [`EARLIER_TOKEN`], which the
+/// sequence is far below. A client of this version connects (and migrates):
+/// the tokens of that name, and of a new one, are above it.
+pub(crate) async fn tokens_rise_above_an_earlier_table<S: SqlServer>(server: &S) {
+    let url = format!(
+        "{}?mode=lease&table={UPGRADED_TABLE}&connect_timeout=1s&command_timeout=2s",
+        server.url()
+    );
+    let locks = lockkit_sql::connect(&url).await.expect("connect");
+    let mut last = EARLIER_TOKEN;
+    for name in ["old", "new", "old"] {
+        let guard = locks.acquire(name, &opts()).await.expect("acquire");
+        let token = guard.fencing_token().expect("a token").get();
+        assert!(token > last, "{name}: token {token} after {last}");
+        last = token;
+        guard.release().await.expect("release");
+    }
 }
