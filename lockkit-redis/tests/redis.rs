@@ -308,6 +308,54 @@ async fn waiter_is_woken_by_release_notification() {
     guard.release().await.unwrap();
 }
 
+/// A waiter whose subscriber connection is killed (as a server restart or a
+/// proxy would) still hears the holder's release: the subscription is made
+/// again, and the wait goes on, well before its 10 s backoff.
+#[tokio::test]
+async fn waiter_is_woken_after_its_subscriber_connection_is_killed() {
+    let server = RedisServer::start().await;
+    let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
+    let slow = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_secs(20))
+        .backoff(lockkit_core::Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ));
+    let held = holder.acquire("resubscribed", &opts()).await.unwrap();
+    let task = tokio::spawn(async move {
+        let guard = waiter.acquire("resubscribed", &slow).await;
+        (guard, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = server
+        .command(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .await
+        .unwrap();
+    assert_eq!(killed, "1", "one subscriber connection");
+    // Time for the waiter's client to notice and subscribe again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let channel = "{lockkit:resubscribed}:released";
+    assert_eq!(
+        server
+            .command(&["PUBSUB", "NUMSUB", channel])
+            .await
+            .unwrap(),
+        format!("{channel} 1"),
+        "subscribed again"
+    );
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, acquired) = task.await.unwrap();
+    let guard = guard.expect("waiter acquires");
+    let handoff = acquired - released;
+    assert!(
+        handoff < Duration::from_secs(2),
+        "handoff took {handoff:?} after the subscriber's connection was killed"
+    );
+    guard.release().await.unwrap();
+}
+
 /// A holder that crashed never publishes a release: the waiter wakes when the
 /// holder's PTTL runs out, even with a long backoff.
 #[tokio::test]

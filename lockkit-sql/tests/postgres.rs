@@ -377,3 +377,58 @@ async fn tokens_rise_above_an_earlier_table() {
         .expect("make the earlier table");
     common::tokens_rise_above_an_earlier_table(&server).await;
 }
+
+/// A waiter whose `LISTEN` connection is terminated still hears the
+/// holder's release: the listener connects and listens again, and the wait
+/// goes on, well before its 10 s backoff.
+#[tokio::test]
+async fn waiter_is_woken_after_its_listen_connection_is_terminated() {
+    let server = PostgresServer::start().await;
+    let (holder, waiter) = (
+        connect(&server, Mode::Lease).await.unwrap(),
+        connect(&server, Mode::Lease).await.unwrap(),
+    );
+    let slow = opts()
+        .wait_for(Duration::from_secs(20))
+        .backoff(lockkit_core::Backoff::new(
+            Duration::from_secs(10),
+            Duration::from_secs(10),
+        ));
+    let held = holder.acquire("relisten", &opts()).await.unwrap();
+    let task = tokio::spawn(async move {
+        let guard = waiter.acquire("relisten", &slow).await;
+        (guard, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let listening = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'";
+    assert_eq!(
+        server.psql(listening).await.unwrap().trim(),
+        "1",
+        "the waiter's client listens"
+    );
+    let terminated = server
+        .psql(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity \
+             WHERE query LIKE 'LISTEN%'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(terminated.trim(), "1", "the listener terminated");
+    // Time for the client to notice and listen again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        server.psql(listening).await.unwrap().trim(),
+        "1",
+        "listening again"
+    );
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (guard, acquired) = task.await.unwrap();
+    let guard = guard.expect("waiter acquires");
+    let handoff = acquired - released;
+    assert!(
+        handoff < Duration::from_secs(2),
+        "handoff took {handoff:?} after the LISTEN connection was terminated"
+    );
+    guard.release().await.unwrap();
+}
