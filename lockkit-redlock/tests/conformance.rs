@@ -11,6 +11,10 @@ use lockkit_testkit::{DisposableServer, RedisServer};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Deletes KEYS[1] if it holds ARGV[1].
+const COMPARE_AND_DELETE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
 struct Servers(Vec<RedisServer>);
 
 impl Servers {
@@ -60,15 +64,34 @@ impl Harness for RedlockHarness {
         self.servers.connect().await.expect("connect")
     }
 
+    /// Deletes the holder's key where it holds it: the value a quorum of
+    /// instances agree on, compared and deleted on each. (A plain `DEL` on
+    /// every instance could delete the next holder's key on an instance it
+    /// took while this one's deletes were under way.)
     async fn revoke(&self, name: &str) {
         let key = format!("{}{name}", lockkit_redis::DEFAULT_PREFIX);
+        let quorum = self.servers.0.len() / 2 + 1;
+        let mut values = Vec::new();
+        for server in &self.servers.0 {
+            values.push(server.command(&["GET", &key]).await.expect("GET"));
+        }
+        let holder = values
+            .iter()
+            .find(|value| {
+                *value != "(nil)" && values.iter().filter(|other| other == value).count() >= quorum
+            })
+            .unwrap_or_else(|| panic!("no holder of {name:?} on a quorum: {values:?}"))
+            .clone();
         let mut deleted = 0;
         for server in &self.servers.0 {
-            if server.command(&["DEL", &key]).await.expect("DEL") == "1" {
+            let answer = server
+                .command(&["EVAL", COMPARE_AND_DELETE, "1", &key, &holder])
+                .await
+                .expect("compare and delete");
+            if answer == "1" {
                 deleted += 1;
             }
         }
-        let quorum = self.servers.0.len() / 2 + 1;
         assert!(deleted >= quorum, "only {deleted} instances held {name:?}");
     }
 
