@@ -169,6 +169,14 @@ async fn named_killed_holder() {
     common::killed_holder::<MariaDbServer>(Mode::Named).await;
 }
 
+/// With the default liveness period, a killed holder is told within it
+/// (1 s, or a third of the TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_detection_after_kills() {
+    common::loss_detection_after_kills::<MariaDbServer>(Mode::Row).await;
+    common::loss_detection_after_kills::<MariaDbServer>(Mode::Named).await;
+}
+
 /// A cancelled `GET_LOCK` wait is killed on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_cancelled_wait_leaves_nothing_behind() {

@@ -99,6 +99,14 @@ async fn row_terminated_holder() {
     common::killed_holder::<PostgresServer>(Mode::Row).await;
 }
 
+/// With the default liveness period, a terminated holder is told within
+/// it (1 s, or a third of the TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_detection_after_kills() {
+    common::loss_detection_after_kills::<PostgresServer>(Mode::Advisory).await;
+    common::loss_detection_after_kills::<PostgresServer>(Mode::Row).await;
+}
+
 /// A new client connects (and checks the schema) while a lock is held,
 /// in every mode, without waiting for the holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -144,6 +144,49 @@ pub(crate) async fn killed_holder<S: SqlServer>(mode: Mode) {
     taken.release().await.unwrap();
 }
 
+/// How long after a server-side kill of the holder's connection its lost
+/// signal fires, with the default liveness period (1 s, or a third of the
+/// TTL when that is shorter): at most that period after the kill. The kill
+/// comes at a random point of the period; the time is counted from before
+/// the kill is sent (through the server's own client, a process started for
+/// it), so it is an upper bound. Prints the figures (`--no-capture`).
+#[allow(clippy::print_stdout, reason = "prints its figures for people")]
+pub(crate) async fn loss_detection_after_kills<S: SqlServer>(mode: Mode) {
+    /// What starting the server's own client and the kill may add.
+    const KILL_COST: Duration = Duration::from_millis(400);
+    let server = S::start().await;
+    let url = format!("{}?mode={mode}&connect_timeout=1s", server.url());
+    let locks = lockkit_sql::connect(&url).await.expect("connect");
+    for (ttl, period) in [
+        (Duration::from_secs(30), Duration::from_secs(1)),
+        (Duration::from_millis(1500), Duration::from_millis(500)),
+    ] {
+        let mut seen = Vec::new();
+        for sample in 0..3 {
+            let name = format!("detect-{mode}-{}-{sample}", ttl.as_millis());
+            let guard = locks
+                .acquire(&name, &LockOptions::new().ttl(ttl))
+                .await
+                .expect("acquire");
+            let lost = guard.lost();
+            tokio::time::sleep(period.mul_f64(fastrand::f64())).await;
+            let killed = Instant::now();
+            server.revoke(mode, &name).await;
+            let reason = tokio::time::timeout(period + KILL_COST + Duration::from_secs(2), lost)
+                .await
+                .expect("the lost signal fires");
+            seen.push(killed.elapsed());
+            assert_eq!(reason, LostReason::ConnectionLost);
+        }
+        println!("loss detection, {mode}, ttl {ttl:?}: {seen:?} after the kill was sent");
+        let worst = seen.iter().max().copied().unwrap_or_default();
+        assert!(
+            worst <= period + KILL_COST,
+            "{mode}, ttl {ttl:?}: the lost signal came {worst:?} after the kill (period {period:?})"
+        );
+    }
+}
+
 /// An acquire cancelled while the server waits leaves no waiting statement
 /// behind: once the holder releases, nobody holds the lock.
 pub(crate) async fn cancelled_wait_leaves_nothing_behind<S: SqlServer>(mode: Mode) {
