@@ -278,8 +278,8 @@ impl Fixture {
             sqlite_lease: lockkit(urls, Db::Sqlite, "lease").await,
         };
         let fixture = Fixture {
-            pg: RawPg::connect(&urls.pg, RAW_ROW).await,
-            my: RawMy::connect(&urls.my, RAW_ROW).await,
+            pg: RawPg::connect(&urls.pg).await,
+            my: RawMy::connect(&urls.my).await,
             sqlite: RawSqlite::connect(&urls.sqlite).await,
             locks,
         };
@@ -404,7 +404,7 @@ fn handoff_name(mode: &str) -> &'static str {
 
 const PG_NOW_US: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 const PG_ATTEMPTS_SINCE: &str = "SELECT count(*) FROM pg_stat_activity \
-    WHERE state = 'idle' AND query LIKE 'WITH taken AS%' \
+    WHERE state = 'idle' AND query LIKE 'WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock%' \
       AND state_change > to_timestamp($1::double precision / 1000000)";
 const PG_WAITING: &str = "SELECT count(*) FROM pg_locks WHERE NOT granted";
 const MY_INSERTS: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS \

@@ -153,15 +153,11 @@ impl RawFloor {
                 zk_mkdir(&client, ZK_RAW_DIR).await;
                 RawFloor::Zk(client)
             }
-            Deployment::PgLease | Deployment::PgRow | Deployment::PgAdvisory => RawFloor::Pg(
-                RawPg::connect(&servers.pg().url(), SQL_RAW_ROW).await,
-                backend,
-            ),
+            Deployment::PgLease | Deployment::PgRow | Deployment::PgAdvisory => {
+                RawFloor::Pg(RawPg::connect(&servers.pg().url()).await, backend)
+            }
             Deployment::MariaDbLease | Deployment::MariaDbRow | Deployment::MariaDbNamed => {
-                RawFloor::My(
-                    RawMy::connect(&servers.my().url(), SQL_RAW_ROW).await,
-                    backend,
-                )
+                RawFloor::My(RawMy::connect(&servers.my().url()).await, backend)
             }
             Deployment::SqliteLease => {
                 RawFloor::Sqlite(RawSqlite::connect(&servers.sqlite_path()).await)

@@ -78,42 +78,41 @@ pub struct RawPg {
     owners: Owners,
 }
 
-/// lockkit's lease upsert: takes a free or expired row, bumps its fence and
-/// returns it, or the holder's remaining milliseconds.
-const PG_LEASE_ACQUIRE: &str = "WITH taken AS (\
+/// lockkit's lease upsert: behind the name's gate (a transaction-scoped
+/// advisory lock), takes a free or expired row (or makes it) with a token
+/// from the sequence and returns it, or the holder's remaining milliseconds.
+const PG_LEASE_ACQUIRE: &str = "WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock(1818979429, hashtext($1))), \
+ taken AS (\
     INSERT INTO lockkit_locks AS l (name, owner, fence, expires_at) \
-    VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond') \
+    SELECT $1, $2, nextval('lockkit_locks_fence_seq'), now() + $3::bigint * interval '1 millisecond' FROM g \
     ON CONFLICT (name) DO UPDATE \
-        SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+        SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
         WHERE l.expires_at <= now() \
     RETURNING l.fence) \
  SELECT (SELECT fence FROM taken), \
         (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
          FROM lockkit_locks WHERE name = $1)";
-/// lockkit's lease release, with the `NOTIFY` that wakes the waiters.
-const PG_LEASE_RELEASE: &str = "UPDATE lockkit_locks SET owner = NULL, expires_at = now() \
+/// lockkit's lease release (the row goes), with the `NOTIFY` that wakes
+/// the waiters.
+const PG_LEASE_RELEASE: &str = "DELETE FROM lockkit_locks \
     WHERE name = $1 AND owner = $2 AND expires_at > now() \
     RETURNING pg_notify($3, $1)::text";
 const PG_ROW_LOCK: &str = "WITH l AS MATERIALIZED (SELECT 1 FROM lockkit_locks WHERE name = $1 FOR UPDATE) \
     SELECT nextval('lockkit_locks_fence_seq') FROM l";
+/// The row of a name, made if missing (a released name has none).
+const PG_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
+    VALUES ($1, NULL, 0, '-infinity') ON CONFLICT (name) DO NOTHING";
+/// The release deletes the row.
+const PG_ROW_DELETE: &str = "DELETE FROM lockkit_locks WHERE name = $1";
 const PG_ADVISORY_LOCK: &str = "WITH l AS MATERIALIZED (SELECT pg_advisory_lock($1)) \
     SELECT nextval('lockkit_locks_fence_seq') FROM l";
 
 impl RawPg {
-    /// A connection to `url` (whose lock table lockkit has migrated), with
-    /// the row of `row_name` in place for [`row_cycle`](Self::row_cycle).
-    pub async fn connect(url: &str, row_name: &str) -> RawPg {
-        let mut conn = PgConnection::connect(url)
+    /// A connection to `url` (whose lock table lockkit has migrated).
+    pub async fn connect(url: &str) -> RawPg {
+        let conn = PgConnection::connect(url)
             .await
             .expect("a Postgres connection");
-        sqlx::query(
-            "INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
-             ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(row_name)
-        .execute(&mut conn)
-        .await
-        .expect("the row of the row-lock floor");
         RawPg {
             conn: Mutex::new(conn),
             owners: Owners::default(),
@@ -142,23 +141,34 @@ impl RawPg {
         assert_eq!(released.len(), 1, "raw lease: release missed");
     }
 
-    /// `BEGIN`, the row lock with its token, `ROLLBACK`.
+    /// `BEGIN`, the row made if missing, the row lock with its token, the
+    /// row deleted, `COMMIT`: a released name leaves no row.
     pub async fn row_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
         sqlx::raw_sql("BEGIN")
             .execute(&mut *conn)
             .await
             .expect("BEGIN");
+        sqlx::query(PG_ROW_ENSURE)
+            .bind(name)
+            .execute(&mut *conn)
+            .await
+            .expect("row made");
         let fence: Option<i64> = sqlx::query_scalar(PG_ROW_LOCK)
             .bind(name)
             .fetch_optional(&mut *conn)
             .await
             .expect("row lock");
         assert!(fence.is_some(), "raw row: no row for {name:?}");
-        sqlx::raw_sql("ROLLBACK")
+        sqlx::query(PG_ROW_DELETE)
+            .bind(name)
             .execute(&mut *conn)
             .await
-            .expect("ROLLBACK");
+            .expect("row deleted");
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("COMMIT");
     }
 
     /// `pg_advisory_lock` with its token, then `pg_advisory_unlock`.
@@ -187,16 +197,24 @@ pub struct RawMy {
     owners: Owners,
 }
 
-/// lockkit's lease upsert; the answer comes back in `LAST_INSERT_ID`.
+/// lockkit's lease upsert, its token drawn behind the name's gate row; the
+/// answer comes back in `LAST_INSERT_ID`.
 const MY_LEASE_ACQUIRE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
-    VALUES (?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+    VALUES (?, ?, LAST_INSERT_ID((SELECT NEXTVAL(lockkit_locks_fence_seq) FROM lockkit_locks_gate \
+        WHERE id = CRC32(?) % 64 FOR UPDATE)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
     ON DUPLICATE KEY UPDATE \
       owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-      fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fence + 1), \
+      fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(VALUES(fence)), \
           IF(LAST_INSERT_ID(4611686018427387904 + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
       expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)";
-const MY_LEASE_RELEASE: &str = "UPDATE lockkit_locks SET owner = NULL, expires_at = UTC_TIMESTAMP(6) \
+const MY_LEASE_RELEASE: &str = "DELETE FROM lockkit_locks \
     WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)";
+/// The row of a name, made if missing (a released name has none); waits
+/// for a holder's lock as the locking read would.
+const MY_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
+    VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name";
+/// The release deletes the row.
+const MY_ROW_DELETE: &str = "DELETE FROM lockkit_locks WHERE name = ?";
 const MY_ROW_LOCK: &str = "SELECT CAST(NEXTVAL(lockkit_locks_fence_seq) AS SIGNED) \
     FROM lockkit_locks WHERE name = ? FOR UPDATE";
 const MY_NAMED_LOCK: &str = "SELECT CAST(CASE GET_LOCK(?, ?) \
@@ -205,23 +223,12 @@ const MY_NAMED_LOCK: &str = "SELECT CAST(CASE GET_LOCK(?, ?) \
 const MY_FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
 impl RawMy {
-    /// Connections to `url` (whose lock table lockkit has migrated), with the
-    /// row of `row_name` in place and a lock wait as long as lockkit's.
-    pub async fn connect(url: &str, row_name: &str) -> RawMy {
-        let open = || async {
-            MySqlConnection::connect(url)
-                .await
-                .expect("a MySQL connection")
-        };
-        let mut conn = open().await;
-        sqlx::query(
-            "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
-             VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name",
-        )
-        .bind(row_name.as_bytes())
-        .execute(&mut conn)
-        .await
-        .expect("the row of the row-lock floor");
+    /// A connection to `url` (whose lock table lockkit has migrated), with a
+    /// lock wait as long as lockkit's.
+    pub async fn connect(url: &str) -> RawMy {
+        let mut conn = MySqlConnection::connect(url)
+            .await
+            .expect("a MySQL connection");
         sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 1073741824")
             .execute(&mut conn)
             .await
@@ -239,6 +246,7 @@ impl RawMy {
         let done = sqlx::query(MY_LEASE_ACQUIRE)
             .bind(name.as_bytes())
             .bind(&owner)
+            .bind(name.as_bytes())
             .bind(RAW_TTL.as_micros() as i64)
             .execute(&mut *conn)
             .await
@@ -257,23 +265,34 @@ impl RawMy {
         assert_eq!(released.rows_affected(), 1, "raw lease: release missed");
     }
 
-    /// `BEGIN`, the row lock with its token, `ROLLBACK`.
+    /// `BEGIN`, the row made if missing, the row lock with its token, the
+    /// row deleted, `COMMIT`: a released name leaves no row.
     pub async fn row_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
         sqlx::raw_sql("BEGIN")
             .execute(&mut *conn)
             .await
             .expect("BEGIN");
+        sqlx::query(MY_ROW_ENSURE)
+            .bind(name.as_bytes())
+            .execute(&mut *conn)
+            .await
+            .expect("row made");
         let token: Option<i64> = sqlx::query_scalar(MY_ROW_LOCK)
             .bind(name.as_bytes())
             .fetch_optional(&mut *conn)
             .await
             .expect("row lock");
         assert!(token > Some(0), "raw row: no row for {name:?}");
-        sqlx::raw_sql("ROLLBACK")
+        sqlx::query(MY_ROW_DELETE)
+            .bind(name.as_bytes())
             .execute(&mut *conn)
             .await
-            .expect("ROLLBACK");
+            .expect("row deleted");
+        sqlx::raw_sql("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("COMMIT");
     }
 
     /// `GET_LOCK` with its token, `RELEASE_LOCK`.
@@ -310,18 +329,17 @@ macro_rules! sqlite_now_ms {
     };
 }
 const SQLITE_LEASE_ACQUIRE: &str = concat!(
-    "INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES (?1, ?2, 1, ",
+    "INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES (?1, ?2, \
+     (SELECT n + 1 FROM lockkit_locks_fence WHERE id = 1), ",
     sqlite_now_ms!(),
     " + ?3) ON CONFLICT (name) DO UPDATE \
-     SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
+     SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
      WHERE expires_at <= ",
     sqlite_now_ms!(),
     " RETURNING fence"
 );
 const SQLITE_LEASE_RELEASE: &str = concat!(
-    "UPDATE lockkit_locks SET owner = NULL, expires_at = ",
-    sqlite_now_ms!(),
-    " WHERE name = ?1 AND owner = ?2 AND expires_at > ",
+    "DELETE FROM lockkit_locks WHERE name = ?1 AND owner = ?2 AND expires_at > ",
     sqlite_now_ms!()
 );
 

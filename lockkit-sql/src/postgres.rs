@@ -865,6 +865,8 @@ impl RowLocking for PgSession {
         )
     }
 
+    const ENSURE_NEVER_WAITS: bool = true;
+
     fn delete_locked<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(
             sqlx::query(q(&self.sql.row_release))

@@ -36,6 +36,14 @@ pub(crate) trait RowLocking: Sync {
     /// stays.
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
 
+    /// Whether [`ensure_row`](Self::ensure_row) never waits for a lock a
+    /// holder keeps on the row (Postgres' `ON CONFLICT DO NOTHING`; not
+    /// MySQL's upsert). Then a lock makes the row at the same time as it
+    /// begins its transaction: a released name's row is gone (its holder
+    /// deleted it), and the next holder would otherwise find it missing
+    /// and begin again.
+    const ENSURE_NEVER_WAITS: bool = false;
+
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is
     /// locked.
@@ -78,8 +86,20 @@ where
 {
     // A waiter finds the row gone when its holder released (deleting it):
     // it makes the row again and waits anew, as often as that happens.
-    for _ in 0..VANISHED_LIMIT {
-        run::<R>(conn, "BEGIN").await?;
+    for attempt in 0..VANISHED_LIMIT {
+        if attempt == 0 && R::ENSURE_NEVER_WAITS {
+            let (begun, ensured) =
+                futures_util::future::join(run::<R>(conn, "BEGIN"), locking.ensure_row(name)).await;
+            begun?;
+            if let Err(error) = ensured
+                && !is_deadlock(&error)
+            {
+                run::<R>(conn, "ROLLBACK").await?;
+                return Err(error);
+            }
+        } else {
+            run::<R>(conn, "BEGIN").await?;
+        }
         match locking.select(conn, name, no_wait, shared).await {
             Ok(Some(token)) => {
                 return match locking.granted(conn, token).await {
