@@ -602,7 +602,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
     vec![
         ("postgres: SELECT 1", PgSelect, PgSelect, None),
         (
-            "postgres lease (a) raw floor: upsert + release with NOTIFY; ratio to SELECT 1",
+            "postgres lease (a) raw floor: gated upsert with nextval + delete with NOTIFY; ratio to SELECT 1",
             PgRawLease,
             PgSelect,
             None,
@@ -614,7 +614,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
             judged,
         ),
         (
-            "postgres row (a) raw floor: BEGIN + FOR UPDATE with nextval + ROLLBACK; ratio to SELECT 1",
+            "postgres row (a) raw floor: row made if missing + BEGIN + FOR UPDATE with nextval + ROLLBACK + row deleted if free; ratio to SELECT 1",
             PgRawRow,
             PgSelect,
             None,
@@ -639,7 +639,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
         ),
         ("mariadb: SELECT 1", MySelect, MySelect, None),
         (
-            "mariadb lease (a) raw floor: upsert + release; ratio to SELECT 1",
+            "mariadb lease (a) raw floor: gated upsert with NEXTVAL + delete; ratio to SELECT 1",
             MyRawLease,
             MySelect,
             None,
@@ -651,7 +651,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
             judged,
         ),
         (
-            "mariadb row (a) raw floor: BEGIN + NEXTVAL … FOR UPDATE + ROLLBACK; ratio to SELECT 1",
+            "mariadb row (a) raw floor: row made if missing + BEGIN + NEXTVAL … FOR UPDATE + ROLLBACK + row deleted if free; ratio to SELECT 1",
             MyRawRow,
             MySelect,
             None,
@@ -676,7 +676,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
         ),
         ("sqlite: SELECT 1", SqliteSelect, SqliteSelect, None),
         (
-            "sqlite lease (a) raw floor: upsert + release; ratio to SELECT 1",
+            "sqlite lease (a) raw floor: upsert above the high-water mark + delete; ratio to SELECT 1",
             SqliteRawLease,
             SqliteSelect,
             None,

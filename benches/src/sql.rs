@@ -102,8 +102,9 @@ const PG_ROW_LOCK: &str = "WITH l AS MATERIALIZED (SELECT 1 FROM lockkit_locks W
 /// The row of a name, made if missing (a released name has none).
 const PG_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
     VALUES ($1, NULL, 0, '-infinity') ON CONFLICT (name) DO NOTHING";
-/// The release deletes the row.
-const PG_ROW_DELETE: &str = "DELETE FROM lockkit_locks WHERE name = $1";
+/// After the release, the row goes unless someone holds it.
+const PG_ROW_DELETE: &str = "DELETE FROM lockkit_locks WHERE name IN \
+    (SELECT name FROM lockkit_locks WHERE name = $1 FOR UPDATE SKIP LOCKED)";
 const PG_ADVISORY_LOCK: &str = "WITH l AS MATERIALIZED (SELECT pg_advisory_lock($1)) \
     SELECT nextval('lockkit_locks_fence_seq') FROM l";
 
@@ -141,34 +142,35 @@ impl RawPg {
         assert_eq!(released.len(), 1, "raw lease: release missed");
     }
 
-    /// `BEGIN`, the row made if missing, the row lock with its token, the
-    /// row deleted, `COMMIT`: a released name leaves no row.
+    /// The row made if missing, `BEGIN`, the row lock with its token,
+    /// `ROLLBACK`, the row deleted unless someone holds it: a released name
+    /// leaves no row.
     pub async fn row_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
-        sqlx::raw_sql("BEGIN")
-            .execute(&mut *conn)
-            .await
-            .expect("BEGIN");
         sqlx::query(PG_ROW_ENSURE)
             .bind(name)
             .execute(&mut *conn)
             .await
             .expect("row made");
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("BEGIN");
         let fence: Option<i64> = sqlx::query_scalar(PG_ROW_LOCK)
             .bind(name)
             .fetch_optional(&mut *conn)
             .await
             .expect("row lock");
         assert!(fence.is_some(), "raw row: no row for {name:?}");
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *conn)
+            .await
+            .expect("ROLLBACK");
         sqlx::query(PG_ROW_DELETE)
             .bind(name)
             .execute(&mut *conn)
             .await
             .expect("row deleted");
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut *conn)
-            .await
-            .expect("COMMIT");
     }
 
     /// `pg_advisory_lock` with its token, then `pg_advisory_unlock`.
@@ -213,8 +215,9 @@ const MY_LEASE_RELEASE: &str = "DELETE FROM lockkit_locks \
 /// for a holder's lock as the locking read would.
 const MY_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
     VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name";
-/// The release deletes the row.
-const MY_ROW_DELETE: &str = "DELETE FROM lockkit_locks WHERE name = ?";
+/// After the release, the row goes unless someone holds it.
+const MY_ROW_DELETE: &str = "DELETE t FROM lockkit_locks AS t JOIN \
+    (SELECT name FROM lockkit_locks WHERE name = ? FOR UPDATE SKIP LOCKED) AS free USING (name)";
 const MY_ROW_LOCK: &str = "SELECT CAST(NEXTVAL(lockkit_locks_fence_seq) AS SIGNED) \
     FROM lockkit_locks WHERE name = ? FOR UPDATE";
 const MY_NAMED_LOCK: &str = "SELECT CAST(CASE GET_LOCK(?, ?) \
@@ -265,34 +268,35 @@ impl RawMy {
         assert_eq!(released.rows_affected(), 1, "raw lease: release missed");
     }
 
-    /// `BEGIN`, the row made if missing, the row lock with its token, the
-    /// row deleted, `COMMIT`: a released name leaves no row.
+    /// The row made if missing, `BEGIN`, the row lock with its token,
+    /// `ROLLBACK`, the row deleted unless someone holds it: a released name
+    /// leaves no row.
     pub async fn row_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
-        sqlx::raw_sql("BEGIN")
-            .execute(&mut *conn)
-            .await
-            .expect("BEGIN");
         sqlx::query(MY_ROW_ENSURE)
             .bind(name.as_bytes())
             .execute(&mut *conn)
             .await
             .expect("row made");
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("BEGIN");
         let token: Option<i64> = sqlx::query_scalar(MY_ROW_LOCK)
             .bind(name.as_bytes())
             .fetch_optional(&mut *conn)
             .await
             .expect("row lock");
         assert!(token > Some(0), "raw row: no row for {name:?}");
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *conn)
+            .await
+            .expect("ROLLBACK");
         sqlx::query(MY_ROW_DELETE)
             .bind(name.as_bytes())
             .execute(&mut *conn)
             .await
             .expect("row deleted");
-        sqlx::raw_sql("COMMIT")
-            .execute(&mut *conn)
-            .await
-            .expect("COMMIT");
     }
 
     /// `GET_LOCK` with its token, `RELEASE_LOCK`.

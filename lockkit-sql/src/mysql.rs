@@ -306,7 +306,14 @@ impl MySql {
             )
             .into(),
             row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
-            row_delete: format!("DELETE FROM {table} WHERE name = ?").into(),
+            // The row, unless someone holds it (`SKIP LOCKED` passes over
+            // it then, and does not wait); the derived table is MariaDB's
+            // way to read the table a `DELETE` deletes from.
+            row_delete: format!(
+                "DELETE t FROM {table} AS t JOIN \
+                 (SELECT name FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED) AS free USING (name)"
+            )
+            .into(),
             row_exists: format!("SELECT 1 FROM {table} WHERE name = ?").into(),
             row_free_slot: format!(
                 "SELECT name, CAST({row_token} AS SIGNED) FROM {table} \
@@ -908,21 +915,24 @@ impl RowLocking for MySqlSession {
         )
     }
 
-    /// `FOR UPDATE SKIP LOCKED` finds the row only if no fellow reader
-    /// locks it too; then it is deleted.
-    fn delete_locked<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> RowAnswer<'c, ()> {
+    fn delete_if_free<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(async move {
-            let alone: Option<i64> = sqlx::query_scalar(q(&self.sql.row_free))
+            sqlx::query(q(&self.sql.row_delete))
                 .bind(name.as_bytes())
-                .fetch_optional(&mut conn.conn)
+                .execute(&mut conn.conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    /// A plain (consistent) read, which waits for no row lock.
+    fn row_present<'c>(&'c self, name: &'c str) -> RowAnswer<'c, bool> {
+        Box::pin(async move {
+            let found: Option<i32> = sqlx::query_scalar(q(&self.sql.row_exists))
+                .bind(name.as_bytes())
+                .fetch_optional(&self.pool)
                 .await?;
-            if alone.is_some() {
-                sqlx::query(q(&self.sql.row_delete))
-                    .bind(name.as_bytes())
-                    .execute(&mut conn.conn)
-                    .await?;
-            }
-            Ok(())
+            Ok(found.is_some())
         })
     }
 

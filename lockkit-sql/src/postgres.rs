@@ -191,8 +191,8 @@ impl PgSql {
                  SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n ON CONFLICT (name) DO NOTHING"
             )
             .into(),
-            // Our row, unless a fellow reader holds it too (`SKIP LOCKED`
-            // passes over it then, and does not wait).
+            // The row, unless someone holds it (`SKIP LOCKED` passes over
+            // it then, and does not wait).
             row_release: format!(
                 "DELETE FROM {table} WHERE name IN \
                  (SELECT name FROM {table} WHERE name = $1 FOR UPDATE SKIP LOCKED)"
@@ -867,7 +867,7 @@ impl RowLocking for PgSession {
 
     const ENSURE_NEVER_WAITS: bool = true;
 
-    fn delete_locked<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
+    fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(
             sqlx::query(q(&self.sql.row_release))
                 .bind(name)

@@ -44,6 +44,14 @@ pub(crate) trait RowLocking: Sync {
     /// and begin again.
     const ENSURE_NEVER_WAITS: bool = false;
 
+    /// Whether `name`'s row exists, by a read that waits for no lock; asked
+    /// while the transaction begins where [`ensure_row`](Self::ensure_row)
+    /// may wait, so that a missing row is made before the first try.
+    fn row_present<'c>(&'c self, name: &'c str) -> Answer<'c, bool> {
+        let _ = name;
+        Box::pin(std::future::ready(Ok(true)))
+    }
+
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is
     /// locked.
@@ -57,11 +65,12 @@ pub(crate) trait RowLocking: Sync {
     /// another connection.
     fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()>;
 
-    /// Deletes the row `name`, which this connection's transaction holds
-    /// locked, unless another transaction locks it too (a reader's fellow
-    /// readers, who stay): the release then commits, so that a released
-    /// name leaves no row behind.
-    fn delete_locked<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
+    /// Deletes the row `name` in one autocommitted statement unless a
+    /// transaction has it locked (`FOR UPDATE SKIP LOCKED` passes over it
+    /// then, and does not wait): run after a holding's `ROLLBACK`, it leaves
+    /// the row to a waiter that took the lock at once, or to a fellow reader,
+    /// and otherwise removes it, so that a released name leaves no row.
+    fn delete_if_free<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
 
     /// What a grant still needs (a token drawn elsewhere): the fencing
     /// token. By default the one the `SELECT` drew.
@@ -84,19 +93,11 @@ pub(crate) async fn lock_row<R: RowLocking>(
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
-    // A waiter finds the row gone when its holder released (deleting it):
-    // it makes the row again and waits anew, as often as that happens.
+    // A waiter can find the row gone when a holder's clean-up deleted it
+    // meanwhile: it makes the row again and waits anew.
     for attempt in 0..VANISHED_LIMIT {
-        if attempt == 0 && R::ENSURE_NEVER_WAITS {
-            let (begun, ensured) =
-                futures_util::future::join(run::<R>(conn, "BEGIN"), locking.ensure_row(name)).await;
-            begun?;
-            if let Err(error) = ensured
-                && !is_deadlock(&error)
-            {
-                run::<R>(conn, "ROLLBACK").await?;
-                return Err(error);
-            }
+        if attempt == 0 {
+            begin_with_row(locking, conn, name).await?;
         } else {
             run::<R>(conn, "BEGIN").await?;
         }
@@ -139,13 +140,42 @@ where
     )))
 }
 
+/// `BEGIN`, and at the same time the row of `name` made where it is missing
+/// (a released name's row is gone): at once where making it never waits,
+/// else after a read that finds it missing. Its errors other than a
+/// deadlock end the attempt (rolled back).
+async fn begin_with_row<R: RowLocking>(
+    locking: &R,
+    conn: &mut R::Conn,
+    name: &str,
+) -> sqlx::Result<()>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    let made = async {
+        if R::ENSURE_NEVER_WAITS || !locking.row_present(name).await? {
+            locking.ensure_row(name).await?;
+        }
+        Ok(())
+    };
+    let (begun, made) = futures_util::future::join(run::<R>(conn, "BEGIN"), made).await;
+    begun?;
+    match made {
+        Err(error) if !is_deadlock(&error) => {
+            run::<R>(conn, "ROLLBACK").await?;
+            Err(error)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// How often in a row [`lock_row`] makes a vanished row again.
 const VANISHED_LIMIT: usize = 64;
 
-/// Ends a `row` mode holding of the row `name`: deletes it (see
-/// [`RowLocking::delete_locked`]) and commits; if that fails, rolls back,
-/// which releases the lock as well (the row then stays, and serves the next
-/// holder).
+/// Ends a `row` mode holding of the row `name`: `ROLLBACK`, which hands
+/// the lock to the next waiter at once, then the row's clean-up (see
+/// [`RowLocking::delete_if_free`]). A failed clean-up leaves the row, which
+/// serves the name's next holder.
 pub(crate) async fn unlock_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
@@ -154,12 +184,9 @@ pub(crate) async fn unlock_row<R: RowLocking>(
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
-    match locking.delete_locked(conn, name).await {
-        Ok(()) => run::<R>(conn, "COMMIT").await?,
-        Err(error) => {
-            tracing::debug!(%error, "could not delete a released row; rolling back");
-            run::<R>(conn, "ROLLBACK").await?;
-        }
+    run::<R>(conn, "ROLLBACK").await?;
+    if let Err(error) = locking.delete_if_free(conn, name).await {
+        tracing::debug!(%error, "could not delete a released row; it stays");
     }
     Ok(true)
 }
@@ -219,7 +246,7 @@ where
     Ok(None)
 }
 
-/// `BEGIN`, `COMMIT` or `ROLLBACK` on a dedicated connection.
+/// `BEGIN` or `ROLLBACK` on a dedicated connection.
 async fn run<R: RowLocking>(conn: &mut R::Conn, statement: &'static str) -> sqlx::Result<()>
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
