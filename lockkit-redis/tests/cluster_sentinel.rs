@@ -6,9 +6,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lockkit_core::{Backoff, DistributedLock, LockError, LockGuard, LockOptions};
+use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
-use lockkit_testkit::{FaultControl, TestServer};
+use lockkit_testkit::{FaultControl, TestServer, waiter};
 use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, eventually, free_port};
 use tokio::time::Instant;
 
@@ -16,17 +16,6 @@ const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
 
 fn opts() -> LockOptions {
     LockOptions::new().ttl(Duration::from_secs(30))
-}
-
-/// Options whose backoff is so long that only a notification wakes the waiter in time.
-fn slow_backoff() -> LockOptions {
-    LockOptions::new()
-        .ttl(Duration::from_secs(30))
-        .wait_for(Duration::from_secs(20))
-        .backoff(Backoff::new(
-            Duration::from_secs(10),
-            Duration::from_secs(10),
-        ))
 }
 
 async fn connect(url: &str) -> RedisLock {
@@ -45,7 +34,7 @@ async fn handoff(holder: &RedisLock, waiter: RedisLock, name: &str) -> Duration 
     let held = holder.acquire(name, &opts()).await.unwrap();
     let owned = name.to_owned();
     let task = tokio::spawn(async move {
-        let guard = waiter.acquire(&owned, &slow_backoff()).await;
+        let guard = waiter.acquire(&owned, &waiter::patient()).await;
         (guard, Instant::now())
     });
     // Time for the waiter to try, subscribe and try again.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
-use lockkit_testkit::{FaultControl, TestServer};
+use lockkit_testkit::{FaultControl, TestServer, waiter};
 use lockkit_testkit::{
     PythonPeer, RedisServer, TestCerts, assert_mutual_exclusion_with, free_port,
 };
@@ -275,25 +275,11 @@ fn evalsha_calls(info: &str) -> u64 {
 async fn waiter_is_woken_by_release_notification() {
     let server = RedisServer::start().await;
     let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
-    let slow = LockOptions::new()
-        .ttl(Duration::from_secs(30))
-        .wait_for(Duration::from_secs(20))
-        .backoff(lockkit_core::Backoff::new(
-            Duration::from_secs(10),
-            Duration::from_secs(10),
-        ));
     let held = holder.acquire("notified", &opts()).await.unwrap();
     server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
-    let task = tokio::spawn(async move {
-        let guard = waiter.acquire("notified", &slow).await;
-        (guard, Instant::now())
-    });
+    let task = waiter::spawn_patient_acquire(waiter, "notified");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (guard, acquired) = task.await.unwrap();
-    let guard = guard.expect("waiter acquires");
-    let handoff = acquired - released;
+    let (guard, handoff) = waiter::hand_over(held, task).await;
     assert!(
         handoff < Duration::from_millis(500),
         "handoff took {handoff:?}"
@@ -315,18 +301,8 @@ async fn waiter_is_woken_by_release_notification() {
 async fn waiter_is_woken_after_its_subscriber_connection_is_killed() {
     let server = RedisServer::start().await;
     let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
-    let slow = LockOptions::new()
-        .ttl(Duration::from_secs(30))
-        .wait_for(Duration::from_secs(20))
-        .backoff(lockkit_core::Backoff::new(
-            Duration::from_secs(10),
-            Duration::from_secs(10),
-        ));
     let held = holder.acquire("resubscribed", &opts()).await.unwrap();
-    let task = tokio::spawn(async move {
-        let guard = waiter.acquire("resubscribed", &slow).await;
-        (guard, Instant::now())
-    });
+    let task = waiter::spawn_patient_acquire(waiter, "resubscribed");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let killed = server
         .command(&["CLIENT", "KILL", "TYPE", "pubsub"])
@@ -344,11 +320,7 @@ async fn waiter_is_woken_after_its_subscriber_connection_is_killed() {
         format!("{channel} 1"),
         "subscribed again"
     );
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (guard, acquired) = task.await.unwrap();
-    let guard = guard.expect("waiter acquires");
-    let handoff = acquired - released;
+    let (guard, handoff) = waiter::hand_over(held, task).await;
     assert!(
         handoff < Duration::from_secs(2),
         "handoff took {handoff:?} after the subscriber's connection was killed"

@@ -11,7 +11,7 @@ use common::{SqlHarness, SqlServer, connect, opts};
 use lockkit_core::{DistributedLock, LockError};
 use lockkit_sql::Mode;
 use lockkit_testkit::PostgresServer;
-use lockkit_testkit::TestServer;
+use lockkit_testkit::{TestServer, waiter};
 use tokio::time::Instant;
 
 /// A string literal for psql (test names only).
@@ -396,17 +396,8 @@ async fn waiter_is_woken_after_its_listen_connection_is_terminated() {
         connect(&server, Mode::Lease).await.unwrap(),
         connect(&server, Mode::Lease).await.unwrap(),
     );
-    let slow = opts()
-        .wait_for(Duration::from_secs(20))
-        .backoff(lockkit_core::Backoff::new(
-            Duration::from_secs(10),
-            Duration::from_secs(10),
-        ));
     let held = holder.acquire("relisten", &opts()).await.unwrap();
-    let task = tokio::spawn(async move {
-        let guard = waiter.acquire("relisten", &slow).await;
-        (guard, Instant::now())
-    });
+    let task = waiter::spawn_patient_acquire(waiter, "relisten");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let listening = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'";
     assert_eq!(
@@ -429,11 +420,7 @@ async fn waiter_is_woken_after_its_listen_connection_is_terminated() {
         "1",
         "listening again"
     );
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (guard, acquired) = task.await.unwrap();
-    let guard = guard.expect("waiter acquires");
-    let handoff = acquired - released;
+    let (guard, handoff) = waiter::hand_over(held, task).await;
     assert!(
         handoff < Duration::from_secs(2),
         "handoff took {handoff:?} after the LISTEN connection was terminated"

@@ -44,6 +44,7 @@ mod redis_resp;
 mod redis_sentinel;
 mod redis_server;
 mod server;
+pub mod waiter;
 mod zk_server;
 
 pub use certs::TestCerts;
