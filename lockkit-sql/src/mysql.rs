@@ -925,14 +925,19 @@ impl RowLocking for MySqlSession {
         })
     }
 
-    /// A plain (consistent) read, which waits for no row lock.
-    fn row_present<'c>(&'c self, name: &'c str) -> RowAnswer<'c, bool> {
+    /// The upsert waits for a holder's row lock, so a plain (consistent)
+    /// read, which waits for none, first finds out whether the row is
+    /// missing.
+    fn make_missing_row<'c>(&'c self, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(async move {
             let found: Option<i32> = sqlx::query_scalar(q(&self.sql.row_exists))
                 .bind(name.as_bytes())
                 .fetch_optional(&self.pool)
                 .await?;
-            Ok(found.is_some())
+            if found.is_none() {
+                self.ensure_row(name).await?;
+            }
+            Ok(())
         })
     }
 

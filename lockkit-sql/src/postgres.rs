@@ -865,7 +865,10 @@ impl RowLocking for PgSession {
         )
     }
 
-    const ENSURE_NEVER_WAITS: bool = true;
+    /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
+    fn make_missing_row<'c>(&'c self, name: &'c str) -> RowAnswer<'c, ()> {
+        self.ensure_row(name)
+    }
 
     fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
         Box::pin(

@@ -36,21 +36,11 @@ pub(crate) trait RowLocking: Sync {
     /// stays.
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
 
-    /// Whether [`ensure_row`](Self::ensure_row) never waits for a lock a
-    /// holder keeps on the row (Postgres' `ON CONFLICT DO NOTHING`; not
-    /// MySQL's upsert). Then a lock makes the row at the same time as it
-    /// begins its transaction: a released name's row is gone (its holder
-    /// deleted it), and the next holder would otherwise find it missing
-    /// and begin again.
-    const ENSURE_NEVER_WAITS: bool = false;
-
-    /// Whether `name`'s row exists, by a read that waits for no lock; asked
-    /// while the transaction begins where [`ensure_row`](Self::ensure_row)
-    /// may wait, so that a missing row is made before the first try.
-    fn row_present<'c>(&'c self, name: &'c str) -> Answer<'c, bool> {
-        let _ = name;
-        Box::pin(std::future::ready(Ok(true)))
-    }
+    /// Makes `name`'s row if it is missing, without waiting for a lock a
+    /// holder keeps on it; run while a lock begins its transaction, since a
+    /// released name's row is gone (its holder deleted it) and the next
+    /// holder would otherwise find it missing and begin again.
+    fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
 
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is
@@ -141,9 +131,8 @@ where
 }
 
 /// `BEGIN`, and at the same time the row of `name` made where it is missing
-/// (a released name's row is gone): at once where making it never waits,
-/// else after a read that finds it missing. Its errors other than a
-/// deadlock end the attempt (rolled back).
+/// (see [`RowLocking::make_missing_row`]). Its errors other than a deadlock
+/// end the attempt (rolled back).
 async fn begin_with_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
@@ -152,13 +141,8 @@ async fn begin_with_row<R: RowLocking>(
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
-    let made = async {
-        if R::ENSURE_NEVER_WAITS || !locking.row_present(name).await? {
-            locking.ensure_row(name).await?;
-        }
-        Ok(())
-    };
-    let (begun, made) = futures_util::future::join(run::<R>(conn, "BEGIN"), made).await;
+    let (begun, made) =
+        futures_util::future::join(run::<R>(conn, "BEGIN"), locking.make_missing_row(name)).await;
     begun?;
     match made {
         Err(error) if !is_deadlock(&error) => {
