@@ -13,7 +13,8 @@ pub enum LostReason {
     /// The backend says the lease is no longer ours: it was deleted behind our
     /// back, expired on the server, or is now held by another owner.
     Revoked,
-    /// The session that held the lock expired (ZooKeeper).
+    /// The session that held the lock expired, or was out of touch with the
+    /// servers for so long that it may have (ZooKeeper).
     SessionExpired,
     /// The connection that held the lock is gone (SQL session locks).
     ConnectionLost,

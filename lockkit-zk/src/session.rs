@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use lockkit_core::backend::{LossNotifier, connect_retrying};
 use lockkit_core::{LockError, LostReason, Result};
 use zookeeper_client::{Acl, Acls, Client, Permission, SessionState};
@@ -79,6 +81,9 @@ pub(crate) struct Session {
     pub(crate) command_timeout: Duration,
     ended: AtomicBool,
     holdings: Mutex<HashMap<String, LossNotifier>>,
+    /// Nodes of holdings given up while the connection was gone (their
+    /// session may still live): deleted once it is back.
+    orphans: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -111,34 +116,24 @@ impl Session {
         };
         // An ensemble still starting ("no available hosts" while its port
         // opens) is tried again within the connect timeout.
-        let client = connect_retrying(BACKEND, &what, settings.connect_timeout, attempt).await?;
-        let mut states = client.state_watcher();
+        let (client, connection_timeout) =
+            connect_retrying(BACKEND, &what, settings.connect_timeout, |left| {
+                let connected = attempt(left);
+                async move { connected.await.map(|client| (client, left)) }
+            })
+            .await?;
+        let states = client.state_watcher();
+        let trust = trust_after_disconnection(client.session_timeout(), connection_timeout);
         let session = Arc::new(Session {
             client,
             authenticated: settings.digest.is_some(),
             command_timeout: settings.command_timeout,
             ended: AtomicBool::new(false),
             holdings: Mutex::default(),
+            orphans: Mutex::default(),
         });
-        tracing::debug!(zk.session = ?session.client.session_id(), "session opened");
-        let watched = Arc::downgrade(&session);
-        tokio::spawn(async move {
-            loop {
-                let state = states.changed().await;
-                match state {
-                    SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
-                        if let Some(session) = watched.upgrade() {
-                            session.end(state);
-                        }
-                        return;
-                    }
-                    SessionState::Disconnected => {
-                        tracing::debug!("zookeeper session disconnected; not lost yet")
-                    }
-                    _ => {}
-                }
-            }
-        });
+        tracing::debug!(zk.session = ?session.client.session_id(), ?trust, "session opened");
+        tokio::spawn(watch_states(Arc::downgrade(&session), states, trust));
         Ok(session)
     }
 
@@ -172,23 +167,79 @@ impl Session {
             .remove(node);
     }
 
-    fn end(&self, state: SessionState) {
-        self.ended.store(true, Ordering::SeqCst);
-        let held: Vec<LossNotifier> = self
+    /// Signals the loss of every lock held; returns their nodes.
+    fn lose_holdings(&self) -> Vec<String> {
+        let held: Vec<(String, LossNotifier)> = self
             .holdings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain()
-            .map(|(_, lost)| lost)
             .collect();
+        held.into_iter()
+            .map(|(node, lost)| {
+                lost.mark_lost(LostReason::SessionExpired);
+                node
+            })
+            .collect()
+    }
+
+    fn end(&self, state: SessionState) {
+        self.ended.store(true, Ordering::SeqCst);
+        let lost = self.lose_holdings();
         tracing::warn!(
             ?state,
-            locks = held.len(),
+            locks = lost.len(),
             "zookeeper session ended; its locks are lost"
         );
-        for lost in held {
-            lost.mark_lost(LostReason::SessionExpired);
+    }
+
+    /// Out of touch so long that the servers may have expired the session
+    /// (and granted its locks to others): its holders are told now, and
+    /// their nodes are deleted if the session comes back.
+    fn give_up_holdings(&self, disconnected_for: Duration) {
+        let lost = self.lose_holdings();
+        if lost.is_empty() {
+            return;
         }
+        tracing::warn!(
+            zk.session = ?self.client.session_id(),
+            locks = lost.len(),
+            ?disconnected_for,
+            "zookeeper connection lost for so long that the session may have expired; its locks are lost"
+        );
+        self.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(lost);
+    }
+
+    /// Deletes the nodes of holdings given up while disconnected, now that
+    /// the session is back (a failed delete is tried again at the next
+    /// reconnection; the session's end removes them anyway).
+    async fn delete_orphans(&self) {
+        let orphans = std::mem::take(&mut *self.orphans.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut left = Vec::new();
+        for node in orphans {
+            match self
+                .run(
+                    "delete a given-up lock node",
+                    self.client.delete(&node, None),
+                )
+                .await
+            {
+                Ok(()) | Err(RequestError::Server(_, zookeeper_client::Error::NoNode)) => {
+                    tracing::debug!(zk.path = %node, "deleted the node of a given-up lock");
+                }
+                Err(error) => {
+                    tracing::warn!(zk.path = %node, ?error, "could not delete the node of a given-up lock");
+                    left.push(node);
+                }
+            }
+        }
+        self.orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(left);
     }
 
     /// Runs one request, bounded by the command timeout.
@@ -232,5 +283,89 @@ impl From<RequestError> for LockError {
             RequestError::Server(what, error) => map_error(&what, error),
             RequestError::TimedOut(what, limit) => crate::error::timed_out(&what, limit),
         }
+    }
+}
+
+/// How long after zookeeper-client reports a lost connection the session can
+/// still be counted on. The servers expire a session `session_timeout` after
+/// they last heard from it; zookeeper-client reports the loss once it has
+/// heard nothing for 8 ticks, checking every tick (a tick is a twentieth of
+/// the session timeout, or an eighth of the connection timeout when that is
+/// under three fifths of it: zookeeper-client 0.11's `calc_tick_timeout`). So
+/// the session may be gone `session_timeout - 9 ticks` after the report; one
+/// tick less leaves room for the servers' own clock.
+pub(crate) fn trust_after_disconnection(
+    session_timeout: Duration,
+    connection_timeout: Duration,
+) -> Duration {
+    let tick = if connection_timeout.is_zero() || connection_timeout > session_timeout * 3 / 5 {
+        session_timeout / 20
+    } else {
+        connection_timeout / 8
+    }
+    .max(Duration::from_millis(1));
+    session_timeout.saturating_sub(tick * 10)
+}
+
+/// Follows a session's states: its end signals every lock's loss; a lost
+/// connection that is not back within `trust` gives the locks up (ZooKeeper
+/// may have expired the session meanwhile; a client cut off can only tell by
+/// its clock), and their nodes are deleted when it is back.
+async fn watch_states(
+    watched: std::sync::Weak<Session>,
+    mut states: zookeeper_client::StateWatcher,
+    trust: Duration,
+) {
+    let mut disconnected: Option<Instant> = None;
+    loop {
+        let state = match disconnected {
+            Some(since) => match tokio::time::timeout_at(since + trust, states.changed()).await {
+                Ok(state) => state,
+                Err(_) => {
+                    let Some(session) = watched.upgrade() else {
+                        return;
+                    };
+                    session.give_up_holdings(since.elapsed());
+                    // Given up once per disconnection.
+                    disconnected = None;
+                    continue;
+                }
+            },
+            None => states.changed().await,
+        };
+        let Some(session) = watched.upgrade() else {
+            return;
+        };
+        match state {
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                session.end(state);
+                return;
+            }
+            SessionState::Disconnected => {
+                tracing::debug!(?trust, "zookeeper session disconnected; not lost yet");
+                disconnected.get_or_insert_with(Instant::now);
+            }
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                disconnected = None;
+                tokio::spawn(async move { session.delete_orphans().await });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trust_ends_before_the_servers_can_expire_the_session() {
+        let ms = Duration::from_millis;
+        // Tick = session timeout / 20 (a long connection timeout).
+        assert_eq!(trust_after_disconnection(ms(2_000), ms(10_000)), ms(1_000));
+        // Tick = connection timeout / 8.
+        assert_eq!(trust_after_disconnection(ms(10_000), ms(4_000)), ms(5_000));
+        // At three fifths of the session timeout, detection takes most of it.
+        assert_eq!(trust_after_disconnection(ms(10_000), ms(6_000)), ms(2_500));
+        assert_eq!(trust_after_disconnection(ms(1), ms(0)), Duration::ZERO);
     }
 }

@@ -470,3 +470,115 @@ async fn until_answer(py: &mut PythonPeer, command: &str, done: impl Fn(&str) ->
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// How soon a holder cut off from the server hears of it. The server
+/// expires the holder's session `session_timeout` after it last heard from
+/// it and grants the lock to the waiter; the holder's lost signal must come
+/// no later than 1 s after that grant. (zookeeper-client by itself gives a
+/// session up 7/5 of the timeout after it last heard from the server: 1.6 s
+/// after the server, at 4 s.) Prints each round's figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::print_stdout, reason = "prints its figures for people")]
+async fn a_partitioned_holder_hears_of_its_loss_before_the_next_grant() {
+    let server = ZkServer::start().await;
+    let admin = admin(&server).await;
+    for round in 0..3 {
+        let proxy = lockkit_testkit::TcpProxy::start(server.addr())
+            .await
+            .expect("proxy");
+        let params = "?connect_timeout=2s&command_timeout=2s&session_timeout=4s";
+        let cut_off = lockkit_zk::connect(&format!("zk://{}/locks{params}", proxy.addr()))
+            .await
+            .expect("connect through the proxy");
+        let other = lockkit_zk::connect(&url(&server, "&session_timeout=4s"))
+            .await
+            .expect("connect");
+        let name = format!("partitioned-{round}");
+        let guard = cut_off.acquire(&name, &opts()).await.unwrap();
+        let lost = guard.lost();
+        let waiting = name.clone();
+        let waiter = tokio::spawn(async move {
+            let granted = other
+                .acquire(&waiting, &opts().wait_for(Duration::from_secs(30)))
+                .await;
+            (granted, Instant::now())
+        });
+        until_queued(&admin, &name, 2).await;
+        let cut = Instant::now();
+        proxy.blackhole(true);
+        let reason = tokio::time::timeout(Duration::from_secs(15), lost)
+            .await
+            .expect("the lost signal fires");
+        let lost_at = Instant::now();
+        assert_eq!(reason, LostReason::SessionExpired);
+        let (granted, granted_at) = waiter.await.unwrap();
+        let taken = granted.expect("the waiter gets the lock once the session expired");
+        let (lost_in, granted_in) = (lost_at - cut, granted_at - cut);
+        println!(
+            "round {round}: cut at 0; lost() at {lost_in:?}; the waiter granted at {granted_in:?}"
+        );
+        assert!(
+            lost_at <= granted_at + Duration::from_secs(1),
+            "lost() came {:?} after the next grant",
+            lost_at - granted_at
+        );
+        assert!(guard.is_lost());
+        taken.release().await.unwrap();
+        proxy.blackhole(false);
+    }
+}
+
+/// The ensemble loses its quorum (two of three servers frozen): no server
+/// expires sessions meanwhile, yet a holder cut off for longer than its
+/// session timeout allows cannot know that, so it is told its lock is lost.
+/// When the quorum is back its session still lives, with its lock node: the
+/// client deletes that node itself, so the waiter is not blocked by a lock
+/// nobody holds. (The quorum must be back before zookeeper-client gives the
+/// session up locally, 7/5 of the timeout after it last heard from a
+/// server: hence the 10 s timeout and frozen, not killed, servers.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_given_up_while_disconnected_is_freed_when_the_session_returns() {
+    let ensemble = lockkit_testkit::ZkEnsemble::start(3).await;
+    let url = format!(
+        "{}?session_timeout=10s&connect_timeout=2s&command_timeout=2s",
+        ensemble.url_at("locks")
+    );
+    let holder = lockkit_zk::connect(&url).await.expect("connect");
+    let waiter = lockkit_zk::connect(&url).await.expect("connect");
+    let session = holder.backend().session_id().await.unwrap();
+    let guard = holder.acquire("orphan", &opts()).await.unwrap();
+    let lost = guard.lost();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .acquire("orphan", &opts().wait_for(Duration::from_secs(60)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    for server in &ensemble.servers()[..2] {
+        server.pause();
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(15), lost)
+        .await
+        .expect("the lost signal fires while the quorum is gone");
+    assert_eq!(reason, LostReason::SessionExpired);
+    for server in &ensemble.servers()[..2] {
+        server.resume();
+    }
+    assert!(
+        ensemble.wait_for_quorum(Duration::from_secs(30)).await,
+        "no quorum again"
+    );
+    let taken = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiter gets the lock: the given-up node was deleted")
+        .unwrap()
+        .expect("acquire");
+    assert_eq!(
+        holder.backend().session_id().await.unwrap(),
+        session,
+        "the holder's session survived the lost quorum (else the server, not the client, freed the node)"
+    );
+    taken.release().await.unwrap();
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+}
