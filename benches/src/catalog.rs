@@ -36,6 +36,8 @@ pub fn benched() -> Vec<Deployment> {
                     | RedisSentinel
                     | RedisSentinelWait
                     | EtcdCluster
+                    | RedisClusterReplicas
+                    | RedisClusterReplicasWait
             )
         })
         .collect()

@@ -32,6 +32,10 @@ pub(crate) fn map_error(addr: &str, what: &str, error: RedisError) -> LockError 
                     | ServerErrorKind::MasterDown
                     // A replica answered: a failover is under way.
                     | ServerErrorKind::ReadOnly
+                    // Redirections the cluster client could not follow
+                    // within its retries: slots are moving (a failover).
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
             ) | ErrorKind::MasterNameNotFoundBySentinel
                 | ErrorKind::ClusterConnectionNotFound
         );
@@ -57,4 +61,28 @@ pub(crate) fn timed_out(addr: &str, what: &str, limit: std::time::Duration) -> L
         BACKEND,
         format!("{what} on {addr}: no reply within {limit:?}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `MOVED` or `ASK` that redis-rs's cluster client gives up on (a
+    /// failover moved the slot while its retries ran) is worth trying
+    /// again; a cross-slot script is not.
+    #[test]
+    fn unfollowed_cluster_redirections_are_unavailable() {
+        for kind in [ServerErrorKind::Moved, ServerErrorKind::Ask] {
+            let error = RedisError::from((
+                ErrorKind::Server(kind),
+                "redirected",
+                "10332 127.0.0.1:42247".to_owned(),
+            ));
+            let mapped = map_error("127.0.0.1:7000", "acquire", error);
+            assert!(matches!(mapped, LockError::Unavailable { .. }), "{mapped}");
+        }
+        let error = RedisError::from((ErrorKind::Server(ServerErrorKind::CrossSlot), "cross slot"));
+        let mapped = map_error("127.0.0.1:7000", "acquire", error);
+        assert!(matches!(mapped, LockError::Backend { .. }), "{mapped}");
+    }
 }

@@ -1,7 +1,7 @@
 //! Redis Cluster, Redis Sentinel and the replica `WAIT` against real
 //! redis-server processes: keys across every slot, notifications across
-//! nodes, a failover under a live client, replication cut by a proxy, and
-//! bad or unreachable URLs.
+//! nodes, failovers under a live client (Sentinel's, and a cluster's with
+//! replicas), replication cut, and bad or unreachable URLs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -71,6 +71,41 @@ async fn acquire_once_reachable(lock: &RedisLock, name: &str, opts: &LockOptions
             Err(e) => panic!("no acquire of {name:?}: {e}"),
         }
     }
+}
+
+/// A renewal that no replica acknowledged fails with `Unavailable`, and the
+/// guard's validity does not move.
+async fn renewal_is_not_acknowledged(guard: &LockGuard) {
+    let valid_until = guard.valid_until();
+    match guard.extend(Duration::from_secs(60)).await {
+        Err(LockError::Unavailable { message, .. }) => assert!(
+            message.contains("renewal written but only 0 of 1 replicas acknowledged"),
+            "{message}"
+        ),
+        other => panic!("a renewal no replica acknowledged: {other:?}"),
+    }
+    assert_eq!(guard.valid_until(), valid_until, "validity moved");
+}
+
+/// A holder whose lock vanished in a failover learns it when it reaches the
+/// new master (its first calls may still meet the old master's dead
+/// connection: `Unavailable`), and cannot free the next holder's lock.
+async fn learns_of_its_loss(held: LockGuard) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let extended = loop {
+        match held.extend(Duration::from_secs(30)).await {
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(extended, Err(LockError::Lost { .. })),
+        "{extended:?}"
+    );
+    assert!(held.is_lost());
+    assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
 }
 
 // ---------------------------------------------------------------------------
@@ -206,6 +241,112 @@ async fn cluster_node_failure_is_unavailable_then_recovers() {
     );
 }
 
+/// Waits until `node` reports `role:<role>` in `INFO replication`.
+async fn wait_for_role(node: &RedisServer, role: &str) {
+    let wanted = format!("role:{role}");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            node.command(&["INFO", "replication"])
+                .await
+                .is_ok_and(|info| info.lines().any(|line| line.trim() == wanted))
+        })
+        .await,
+        "{} did not become a {role} within 30 s",
+        node.addr()
+    );
+}
+
+/// Redis Cluster with a replica per master, as the Sentinel test below: the
+/// replica of the lock's master is frozen and the master drops its link, so
+/// a grant cannot reach it; the master is killed, the cluster's other
+/// masters promote the replica, and a second client is granted the same
+/// lock while the first still holds a guard that looks valid. With
+/// `wait_replicas=1` (the `WAIT` goes to the lock's master) the grant is
+/// refused while its replica cannot acknowledge it, and so is a renewal:
+/// the guard's validity does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_before_replication_grants_the_lock_twice_unless_waiting() {
+    let cluster = RedisCluster::try_start_with_replicas(3).await.unwrap();
+    let url = format!("{}?{CLIENT_PARAMS}", cluster.url());
+    let (first, second) = (connect(&url).await, connect(&url).await);
+    let waiting = connect(&format!("{url}&wait_replicas=1&wait_timeout=300ms")).await;
+    let name = "cluster-granted-twice";
+    let unrenewed = opts().auto_renew(false);
+    let master = cluster.master_of(&key(name)).await.expect("a master");
+    let replica = cluster.replica_of(master).await.expect("a replica");
+
+    // Another name on the same master, for the renewal (its release during
+    // the cut does not reach the replica either).
+    let mut other = String::new();
+    for i in 0.. {
+        other = format!("cluster-renewed-{i}");
+        let on = cluster.master_of(&key(&other)).await.expect("a master");
+        if on.port() == master.port() {
+            break;
+        }
+    }
+
+    // Replicated: acknowledged grants and renewals.
+    let renewed = waiting.acquire(&other, &unrenewed).await.unwrap();
+    assert!(waiting.capabilities().fencing && !first.capabilities().fencing);
+    assert_eq!(
+        replica.command(&["READONLY"]).await.unwrap(),
+        "OK",
+        "the replica serves reads"
+    );
+    renewed.extend(Duration::from_secs(30)).await.unwrap();
+
+    // Cut: nothing written from now on reaches the replica.
+    replica.pause();
+    let killed = master
+        .command(&["CLIENT", "KILL", "TYPE", "replica"])
+        .await
+        .unwrap();
+    assert_eq!(killed, "1", "the master dropped its replica's link");
+    renewal_is_not_acknowledged(&renewed).await;
+    renewed.release().await.unwrap();
+    let refused = waiting.try_acquire(name, &unrenewed).await;
+    assert!(
+        matches!(refused, Err(LockError::Unavailable { .. })),
+        "with WAIT a grant the replica cannot see is refused: {refused:?}"
+    );
+    assert_eq!(
+        master.command(&["EXISTS", &key(name)]).await.unwrap(),
+        "0",
+        "a refused grant leaves no key"
+    );
+    let held = first
+        .try_acquire(name, &unrenewed)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+
+    master.kill();
+    replica.resume();
+    wait_for_role(replica, "master").await;
+    // The promoted replica never had the first grant.
+    let taken = acquire_once_reachable(&second, name, &unrenewed).await;
+    assert!(!held.is_lost());
+    assert!(held.valid_until().expect("a lease") > Instant::now());
+    learns_of_its_loss(held).await;
+    taken.release().await.unwrap();
+
+    // The old master rejoins as the new master's replica: acknowledged
+    // grants work again.
+    master.try_restart().await.unwrap();
+    wait_for_role(master, "slave").await;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            match waiting.try_acquire(name, &unrenewed).await {
+                Ok(Some(guard)) => guard.release().await.is_ok(),
+                _ => false,
+            }
+        })
+        .await,
+        "acquires with WAIT did not work again once the old master replicated"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Redis Sentinel
 // ---------------------------------------------------------------------------
@@ -296,24 +437,7 @@ async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
     assert!(!held.is_lost());
     assert!(held.valid_until().expect("a lease") > Instant::now());
 
-    // The first holder learns it when it reaches the new master (its first
-    // call may still meet the old master's dead connection: Unavailable),
-    // and cannot free the second holder's lock.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let extended = loop {
-        match held.extend(Duration::from_secs(30)).await {
-            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => break other,
-        }
-    };
-    assert!(
-        matches!(extended, Err(LockError::Lost { .. })),
-        "{extended:?}"
-    );
-    assert!(held.is_lost());
-    assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+    learns_of_its_loss(held).await;
     assert_eq!(
         second
             .try_acquire(name, &unrenewed)
@@ -365,15 +489,7 @@ async fn wait_for_replicas_fails_cleanly_without_replication() {
         .unwrap();
 
     deployment.replication_proxy().blackhole(true);
-    let valid_until = renewed.valid_until();
-    match renewed.extend(Duration::from_secs(60)).await {
-        Err(LockError::Unavailable { message, .. }) => assert!(
-            message.contains("renewal written but only 0 of 1 replicas acknowledged"),
-            "{message}"
-        ),
-        other => panic!("a renewal no replica acknowledged: {other:?}"),
-    }
-    assert_eq!(renewed.valid_until(), valid_until, "validity moved");
+    renewal_is_not_acknowledged(&renewed).await;
     let started = Instant::now();
     let err = waiting
         .try_acquire("cut-off", &opts())

@@ -72,6 +72,12 @@ pub enum Deployment {
     Etcd,
     /// A three-member etcd cluster.
     EtcdCluster,
+    /// A Redis Cluster of three masters with one replica each (the
+    /// cluster promotes a replica when its master fails).
+    RedisClusterReplicas,
+    /// The same, and every grant and renewal waits for the replica's
+    /// acknowledgement (`wait_replicas=1`) before it counts.
+    RedisClusterReplicasWait,
 }
 
 /// The servers a deployment runs on.
@@ -86,6 +92,7 @@ enum Needs {
     MariaDb,
     SqliteFile,
     Cluster,
+    ClusterReplicas,
     Sentinel,
     Etcd,
     EtcdCluster,
@@ -113,6 +120,8 @@ impl Deployment {
         Deployment::RedisSentinelWait,
         Deployment::Etcd,
         Deployment::EtcdCluster,
+        Deployment::RedisClusterReplicas,
+        Deployment::RedisClusterReplicasWait,
     ];
 
     /// The name on command lines, in benchmark ids and in reports, e.g.
@@ -138,6 +147,8 @@ impl Deployment {
             Deployment::RedisSentinelWait => "redis-sentinel-wait",
             Deployment::Etcd => "etcd",
             Deployment::EtcdCluster => "etcd-cluster",
+            Deployment::RedisClusterReplicas => "redis-cluster-replicas",
+            Deployment::RedisClusterReplicasWait => "redis-cluster-replicas-wait",
         }
     }
 
@@ -185,7 +196,7 @@ impl Deployment {
         match self.needs() {
             Needs::Redis(n) => n,
             Needs::RedisAof | Needs::Sentinel => 1,
-            Needs::Cluster => 3,
+            Needs::Cluster | Needs::ClusterReplicas => 3,
             _ => 0,
         }
     }
@@ -196,7 +207,11 @@ impl Deployment {
     pub fn proxiable(self) -> bool {
         !matches!(
             self.needs(),
-            Needs::Cluster | Needs::Sentinel | Needs::Nothing | Needs::SqliteFile
+            Needs::Cluster
+                | Needs::ClusterReplicas
+                | Needs::Sentinel
+                | Needs::Nothing
+                | Needs::SqliteFile
         )
     }
 
@@ -215,6 +230,9 @@ impl Deployment {
             }
             Deployment::SqliteLease => Needs::SqliteFile,
             Deployment::RedisCluster => Needs::Cluster,
+            Deployment::RedisClusterReplicas | Deployment::RedisClusterReplicasWait => {
+                Needs::ClusterReplicas
+            }
             Deployment::RedisSentinel | Deployment::RedisSentinelWait => Needs::Sentinel,
             Deployment::Etcd => Needs::Etcd,
             Deployment::EtcdCluster => Needs::EtcdCluster,
@@ -239,6 +257,7 @@ pub struct Servers {
     pg: Option<PostgresServer>,
     my: Option<MariaDbServer>,
     cluster: Option<RedisCluster>,
+    cluster_replicas: Option<RedisCluster>,
     sentinels: Option<Box<RedisSentinels>>,
     etcd: Option<EtcdServer>,
     etcd_cluster: Option<EtcdCluster>,
@@ -284,20 +303,31 @@ impl Servers {
                 .try_start()
         });
         let cluster = optional(any(Needs::Cluster), || RedisCluster::try_start(3));
+        let cluster_replicas = optional(any(Needs::ClusterReplicas), || {
+            RedisCluster::try_start_with_replicas(3)
+        });
         let sentinels = optional(any(Needs::Sentinel), RedisSentinels::try_start);
         let etcd = optional(any(Needs::Etcd), EtcdServer::try_start);
         let etcd_cluster = optional(any(Needs::EtcdCluster), || EtcdCluster::try_start(3));
-        let (redis, redis_aof, zk, zk_ensemble, pg, my, cluster, sentinels, etcd, etcd_cluster) = tokio::join!(
-            redis,
-            redis_aof,
-            zk,
-            zk_ensemble,
-            pg,
-            my,
-            cluster,
-            sentinels,
-            etcd,
-            etcd_cluster
+        let (
+            (redis, redis_aof, zk, zk_ensemble, pg, my, cluster, sentinels, etcd, etcd_cluster),
+            cluster_replicas,
+        ) = tokio::join!(
+            async {
+                tokio::join!(
+                    redis,
+                    redis_aof,
+                    zk,
+                    zk_ensemble,
+                    pg,
+                    my,
+                    cluster,
+                    sentinels,
+                    etcd,
+                    etcd_cluster
+                )
+            },
+            cluster_replicas
         );
         Ok(Servers {
             redis: redis?,
@@ -307,6 +337,7 @@ impl Servers {
             pg: pg?,
             my: my?,
             cluster: cluster?,
+            cluster_replicas: cluster_replicas?,
             sentinels: sentinels?.map(Box::new),
             etcd: etcd?,
             etcd_cluster: etcd_cluster?,
@@ -354,6 +385,11 @@ impl Servers {
                 .iter()
                 .map(RedisServer::addr)
                 .collect(),
+            Needs::ClusterReplicas => self
+                .cluster_replicas()
+                .all_nodes()
+                .map(RedisServer::addr)
+                .collect(),
             Needs::Sentinel => vec![self.sentinels().master().addr()],
             Needs::Etcd => vec![self.etcd().addr()],
             Needs::EtcdCluster => self
@@ -392,7 +428,10 @@ impl Servers {
         {
             query.push(format!("mode={mode}"));
         }
-        if deployment == Deployment::RedisSentinelWait {
+        if matches!(
+            deployment,
+            Deployment::RedisSentinelWait | Deployment::RedisClusterReplicasWait
+        ) {
             query.push("wait_replicas=1".to_owned());
         }
         query.extend(params.iter().map(|(key, value)| format!("{key}={value}")));
@@ -405,6 +444,7 @@ impl Servers {
             Needs::MariaDb => format!("mysql://root@{hosts}/lockkit"),
             Needs::SqliteFile => format!("sqlite://{}", self.sqlite_path().display()),
             Needs::Cluster => self.cluster().url(),
+            Needs::ClusterReplicas => self.cluster_replicas().url(),
             Needs::Sentinel => self.sentinels().url(),
             Needs::Etcd | Needs::EtcdCluster => format!("etcd://{hosts}/lockkit"),
         };
@@ -431,6 +471,11 @@ impl Servers {
             Needs::Redis(_) => &self.redis[index],
             Needs::RedisAof => self.redis_aof(),
             Needs::Cluster => &self.cluster().nodes()[index],
+            Needs::ClusterReplicas => self
+                .cluster_replicas()
+                .all_nodes()
+                .nth(index)
+                .expect("no such node of the cluster"),
             Needs::Sentinel => self.sentinels().master(),
             Needs::Etcd => self.etcd(),
             Needs::EtcdCluster => &self.etcd_cluster().servers()[index],
@@ -475,7 +520,14 @@ impl Servers {
         self.my.as_ref().expect("MariaDB was not started")
     }
 
-    /// The Redis Cluster.
+    /// The Redis Cluster with a replica per master.
+    pub fn cluster_replicas(&self) -> &RedisCluster {
+        self.cluster_replicas
+            .as_ref()
+            .expect("the Redis Cluster with replicas was not started")
+    }
+
+    /// The Redis Cluster without replicas.
     pub fn cluster(&self) -> &RedisCluster {
         self.cluster
             .as_ref()

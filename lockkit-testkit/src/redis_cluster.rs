@@ -18,10 +18,11 @@ const READY_DEADLINE: Duration = Duration::from_secs(20);
 /// `cluster-node-timeout` of every node, in ms.
 const NODE_TIMEOUT_MS: &str = "1000";
 
-/// A Redis Cluster of `masters` masters (no replicas), each a
-/// [`RedisServer`] started with `--cluster-enabled yes` on a free loopback
-/// port (and a free cluster-bus port), the hash slots split evenly between
-/// them.
+/// A Redis Cluster of `masters` masters, each a [`RedisServer`] started
+/// with `--cluster-enabled yes` on a free loopback port (and a free
+/// cluster-bus port), the hash slots split evenly between them; with
+/// [`try_start_with_replicas`](Self::try_start_with_replicas), one replica
+/// per master too.
 ///
 /// The nodes die with the `RedisCluster` (and with the test process). Each
 /// node can be paused, resumed, killed and restarted through
@@ -41,12 +42,22 @@ const NODE_TIMEOUT_MS: &str = "1000";
 /// ```
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// `replicas[i]` was started as the replica of `nodes[i]`.
+    replicas: Vec<RedisServer>,
 }
 
 impl fmt::Debug for RedisCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisCluster")
             .field("ports", &self.ports())
+            .field(
+                "replica_ports",
+                &self
+                    .replicas
+                    .iter()
+                    .map(RedisServer::port)
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -67,26 +78,34 @@ impl RedisCluster {
     /// Starts a cluster of `masters` (at least 1) masters and waits until
     /// every node reports `cluster_state:ok` (within 20 s).
     pub async fn try_start(masters: usize) -> Result<RedisCluster, ServerError> {
+        Self::try_start_with(masters, false).await
+    }
+
+    /// Like [`try_start`](Self::try_start), and one replica per master
+    /// ([`replicas`](Self::replicas)), replicating before this returns. A
+    /// master that fails is replaced by its replica after the node timeout
+    /// (1 s), as the other masters vote; restarted, the old master rejoins
+    /// as the new one's replica.
+    pub async fn try_start_with_replicas(masters: usize) -> Result<RedisCluster, ServerError> {
+        Self::try_start_with(masters, true).await
+    }
+
+    async fn try_start_with(masters: usize, replicas: bool) -> Result<RedisCluster, ServerError> {
         let masters = masters.max(1);
         let mut nodes = Vec::with_capacity(masters);
         for _ in 0..masters {
-            let bus_port = free_port().to_string();
-            let node = RedisServer::builder()
-                .arg("--cluster-enabled")
-                .arg("yes")
-                .arg("--cluster-config-file")
-                .arg("nodes.conf")
-                .arg("--cluster-node-timeout")
-                .arg(NODE_TIMEOUT_MS)
-                .arg("--cluster-port")
-                .arg(&bus_port)
-                .arg("--cluster-announce-ip")
-                .arg("127.0.0.1")
-                .try_start()
-                .await?;
-            nodes.push(node);
+            nodes.push(start_node().await?);
         }
-        let cluster = RedisCluster { nodes };
+        let mut replica_nodes = Vec::new();
+        if replicas {
+            for _ in 0..masters {
+                replica_nodes.push(start_node().await?);
+            }
+        }
+        let cluster = RedisCluster {
+            nodes,
+            replicas: replica_nodes,
+        };
         cluster.form().await?;
         if !cluster.wait_until_ok(READY_DEADLINE).await {
             return Err(ServerError::NotReady {
@@ -95,7 +114,74 @@ impl RedisCluster {
                 log_tail: cluster.nodes[0].log_tail(20),
             });
         }
+        cluster.attach_replicas().await?;
         Ok(cluster)
+    }
+
+    /// Every node: the masters as started, then the replicas.
+    pub fn all_nodes(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().chain(&self.replicas)
+    }
+
+    /// Makes `replicas[i]` the replica of `nodes[i]` and waits until each
+    /// replicates.
+    async fn attach_replicas(&self) -> Result<(), ServerError> {
+        let failed = |what: String, source: io::Error| ServerError::Io { what, source };
+        for (master, replica) in self.nodes.iter().zip(&self.replicas) {
+            let id = master
+                .command(&["CLUSTER", "MYID"])
+                .await
+                .map_err(|e| failed(format!("read the node id of {}", master.addr()), e))?;
+            let reply = replica
+                .command(&["CLUSTER", "REPLICATE", id.trim()])
+                .await
+                .map_err(|e| failed(format!("make {} a replica", replica.addr()), e))?;
+            expect_ok(&reply, "CLUSTER REPLICATE")?;
+        }
+        let deadline = Instant::now() + READY_DEADLINE;
+        for replica in &self.replicas {
+            loop {
+                let info = replica.command(&["INFO", "replication"]).await;
+                let up = info
+                    .as_deref()
+                    .is_ok_and(|info| info_field(info, "master_link_status") == Some("up"));
+                if up {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(ServerError::NotReady {
+                        what: format!("the Redis Cluster replica on {}", replica.addr()),
+                        waited: READY_DEADLINE,
+                        log_tail: replica.log_tail(20),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The running node that serves `key` as its slot's master (the others
+    /// answer `MOVED`), if any.
+    pub async fn master_of(&self, key: &str) -> Option<&RedisServer> {
+        for node in self.all_nodes().filter(|n| n.pid().is_some()) {
+            match node.command(&["EXISTS", key]).await {
+                Ok(reply) if reply == "0" || reply == "1" => return Some(node),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The node that replicates `master`, as `master` reports it.
+    pub async fn replica_of(&self, master: &RedisServer) -> Option<&RedisServer> {
+        let info = master.command(&["INFO", "replication"]).await.ok()?;
+        let port = info_field(&info, "slave0")?
+            .split(',')
+            .find_map(|field| field.strip_prefix("port="))?
+            .parse::<u16>()
+            .ok()?;
+        self.all_nodes().find(|node| node.port() == port)
     }
 
     /// Assigns the slots and introduces the nodes to each other.
@@ -117,7 +203,7 @@ impl RedisCluster {
             expect_ok(&reply, "CLUSTER ADDSLOTSRANGE")?;
         }
         let first = &self.nodes[0];
-        for node in &self.nodes[1..] {
+        for node in self.all_nodes().skip(1) {
             let bus_port = node
                 .command(&["CONFIG", "GET", "cluster-port"])
                 .await
@@ -144,11 +230,11 @@ impl RedisCluster {
         let deadline = Instant::now() + timeout;
         loop {
             let mut ok = true;
-            for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+            for node in self.all_nodes().filter(|n| n.pid().is_some()) {
                 let healthy = node.command(&["CLUSTER", "INFO"]).await.is_ok_and(|info| {
                     info_field(&info, "cluster_state") == Some("ok")
                         && info_field(&info, "cluster_known_nodes")
-                            == Some(&*self.nodes.len().to_string())
+                            == Some(&*(self.nodes.len() + self.replicas.len()).to_string())
                 });
                 if !healthy {
                     ok = false;
@@ -175,9 +261,16 @@ impl RedisCluster {
         format!("redis+cluster://{}", hosts.join(","))
     }
 
-    /// The nodes (each with pause, resume, kill and restart).
+    /// The nodes started as masters (each with pause, resume, kill and
+    /// restart); after a failover one of them may be a replica.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+
+    /// The nodes started as replicas, `replicas()[i]` of `nodes()[i]`
+    /// (empty without [`try_start_with_replicas`](Self::try_start_with_replicas)).
+    pub fn replicas(&self) -> &[RedisServer] {
+        &self.replicas
     }
 
     /// The nodes' client ports.
@@ -191,7 +284,7 @@ impl RedisCluster {
     /// The reply is text as in [`RedisServer::command`].
     pub async fn command(&self, args: &[&str]) -> io::Result<String> {
         let mut last = None;
-        for node in self.nodes.iter().filter(|n| n.pid().is_some()) {
+        for node in self.all_nodes().filter(|n| n.pid().is_some()) {
             match node.command(args).await {
                 Ok(reply) if reply.starts_with("MOVED ") || reply.starts_with("ASK ") => {
                     last = Some(Ok(reply));
@@ -209,24 +302,42 @@ impl RedisCluster {
 
     /// Kills every node.
     pub fn kill_all(&self) {
-        for node in &self.nodes {
+        for node in self.all_nodes() {
             node.kill();
         }
     }
 
     /// Pauses (SIGSTOP) every node.
     pub fn pause_all(&self) {
-        for node in &self.nodes {
+        for node in self.all_nodes() {
             node.pause();
         }
     }
 
     /// Resumes every node.
     pub fn resume_all(&self) {
-        for node in &self.nodes {
+        for node in self.all_nodes() {
             node.resume();
         }
     }
+}
+
+/// One cluster node on a free port and a free bus port.
+async fn start_node() -> Result<RedisServer, ServerError> {
+    let bus_port = free_port().to_string();
+    RedisServer::builder()
+        .arg("--cluster-enabled")
+        .arg("yes")
+        .arg("--cluster-config-file")
+        .arg("nodes.conf")
+        .arg("--cluster-node-timeout")
+        .arg(NODE_TIMEOUT_MS)
+        .arg("--cluster-port")
+        .arg(&bus_port)
+        .arg("--cluster-announce-ip")
+        .arg("127.0.0.1")
+        .try_start()
+        .await
 }
 
 fn expect_ok(reply: &str, what: &str) -> Result<(), ServerError> {
