@@ -10,9 +10,68 @@ use std::time::Duration;
 pub use lockkit_testkit::catalog::Deployment;
 use lockkit_testkit::catalog::Servers;
 use lockkit_testkit::{FaultControl, TestServer};
-use lockkit_testkit::{RedisSentinels, ServerError, TcpProxy};
+use lockkit_testkit::{RedisSentinels, RedisServer, ServerError, TcpProxy};
 
 use crate::record::millis;
+
+/// The URL parameters of `deployment` for workers with leases of `lease`:
+/// every bound well inside the lease, so that faults surface as errors
+/// before the lease runs out.
+pub fn url_params(deployment: Deployment, lease: Duration) -> Vec<(&'static str, String)> {
+    let bound = millis(lease / 3).to_string();
+    match deployment {
+        Deployment::Memory | Deployment::SqliteLease | Deployment::Redlock3 => Vec::new(),
+        Deployment::Zk | Deployment::ZkEnsemble => vec![
+            ("session_timeout", millis(lease).to_string()),
+            ("command_timeout", bound),
+        ],
+        d if d.sql_mode().is_some() => {
+            vec![("command_timeout", bound.clone()), ("liveness", bound)]
+        }
+        Deployment::RedisSentinelWait | Deployment::RedisClusterReplicasWait => {
+            vec![("command_timeout", bound.clone()), ("wait_timeout", bound)]
+        }
+        _ => vec![("command_timeout", bound)],
+    }
+}
+
+/// Replication cut off by [`Testbed::cut_replication_of`].
+#[derive(Clone, Copy, Debug)]
+pub enum Cut {
+    /// Sentinel's replication proxy blackholes.
+    Sentinel,
+    /// Cluster: the lock's master and its frozen replica (indexes of the
+    /// cluster's `all_nodes`).
+    Cluster {
+        /// The lock's master.
+        master: usize,
+        /// Its replica, frozen.
+        replica: usize,
+    },
+}
+
+/// Waits until `node` reports `role:<role>` (`master`, `slave`), and as a
+/// replica a live link to its master.
+async fn replication_role(node: &RedisServer, role: &str, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(info) = node.command(&["INFO", "replication"]).await {
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+                    .map(str::to_owned)
+            };
+            let linked = role == "master" || field("master_link_status").as_deref() == Some("up");
+            if field("role").as_deref() == Some(role) && linked {
+                return true;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// Fresh servers for one run of one deployment, and a proxy per worker and server.
 pub struct Testbed {
@@ -90,24 +149,11 @@ impl Testbed {
                 .map(ToString::to_string)
                 .collect(),
         };
-        // Every bound well inside the lease, so that faults surface as
-        // errors before the lease runs out.
-        let bound = millis(self.lease / 3).to_string();
-        let params: Vec<(&str, String)> = match self.deployment {
-            Deployment::Redlock3 => Vec::new(),
-            Deployment::Zk | Deployment::ZkEnsemble => vec![
-                ("session_timeout", millis(self.lease).to_string()),
-                ("command_timeout", bound),
-            ],
-            d if d.sql_mode().is_some() => {
-                vec![("command_timeout", bound.clone()), ("liveness", bound)]
-            }
-            Deployment::RedisSentinelWait => {
-                vec![("command_timeout", bound.clone()), ("wait_timeout", bound)]
-            }
-            _ => vec![("command_timeout", bound)],
-        };
-        self.servers.url_with(self.deployment, &hosts, &params)
+        self.servers.url_with(
+            self.deployment,
+            &hosts,
+            &url_params(self.deployment, self.lease),
+        )
     }
 
     /// How many servers there are.
@@ -139,12 +185,107 @@ impl Testbed {
             .map_err(server_error)
     }
 
+    /// Cuts the replication of the master that holds lock `name` (for
+    /// Sentinel: of the master), so that what it writes next never reaches
+    /// its replica; [`fail_over`](Self::fail_over) then kills that master.
+    ///
+    /// Sentinel: the replication link's proxy blackholes. Cluster: the
+    /// replica of the lock's master is frozen (SIGSTOP) and the master
+    /// drops its link (`CLIENT KILL TYPE replica`), so nothing is on the way.
+    pub async fn cut_replication_of(&self, name: &str) -> Result<Cut, String> {
+        match self.deployment {
+            Deployment::RedisSentinel | Deployment::RedisSentinelWait => {
+                self.check_replication_path().await?;
+                self.cut_replication(true)?;
+                Ok(Cut::Sentinel)
+            }
+            Deployment::RedisClusterReplicas | Deployment::RedisClusterReplicasWait => {
+                let cluster = self.servers.cluster_replicas();
+                let key = format!("{}{name}", lockkit::redis::DEFAULT_PREFIX);
+                let master = cluster
+                    .master_of(&key)
+                    .await
+                    .ok_or_else(|| format!("no node serves {key:?}"))?;
+                let replica = cluster
+                    .replica_of(master)
+                    .await
+                    .ok_or_else(|| format!("{} reports no replica", master.addr()))?;
+                let index = |node: &RedisServer| {
+                    cluster
+                        .all_nodes()
+                        .position(|n| n.port() == node.port())
+                        .unwrap_or_default()
+                };
+                replica.pause();
+                let reply = master
+                    .command(&["CLIENT", "KILL", "TYPE", "replica"])
+                    .await
+                    .map_err(|e| format!("CLIENT KILL on {}: {e}", master.addr()))?;
+                if reply.trim() == "0" {
+                    replica.resume();
+                    return Err(format!("{} had no replica connected", master.addr()));
+                }
+                Ok(Cut::Cluster {
+                    master: index(master),
+                    replica: index(replica),
+                })
+            }
+            d => Err(format!("{d} has no replicas")),
+        }
+    }
+
+    /// Kills the master whose replication [`cut_replication_of`](Self::cut_replication_of)
+    /// cut, lets the replica be promoted (by the sentinels, by the
+    /// cluster's other masters), and brings the old master back as the new
+    /// one's replica, so that grants can be acknowledged again.
+    pub async fn fail_over(&self, cut: Cut, timeout: Duration) -> Result<(), String> {
+        match cut {
+            Cut::Sentinel => {
+                let old = self.kill_master()?;
+                self.reset_replication()?;
+                self.cut_replication(false)?;
+                if !self.wait_for_failover(old, timeout).await? {
+                    return Err(format!("no failover within {timeout:?}"));
+                }
+                self.rejoin_old_master().await
+            }
+            Cut::Cluster { master, replica } => {
+                let nodes: Vec<&RedisServer> =
+                    self.servers.cluster_replicas().all_nodes().collect();
+                let (master, replica) = (nodes[master], nodes[replica]);
+                master.kill();
+                replica.resume();
+                if !replication_role(replica, "master", timeout).await {
+                    return Err(format!(
+                        "the replica {} was not promoted within {timeout:?}",
+                        replica.addr()
+                    ));
+                }
+                master.try_restart().await.map_err(server_error)?;
+                if !replication_role(master, "slave", timeout).await {
+                    return Err(format!(
+                        "the old master {} did not rejoin as a replica within {timeout:?}",
+                        master.addr()
+                    ));
+                }
+                self.settle(timeout).await
+            }
+        }
+    }
+
     /// Waits, after restarts, until the deployment serves again where it
     /// needs more than the servers' own readiness: a Redis Cluster whose
     /// restarted nodes must find each other again.
     pub async fn settle(&self, timeout: Duration) -> Result<(), String> {
         match self.deployment {
             Deployment::RedisCluster if !self.servers.cluster().wait_until_ok(timeout).await => {
+                Err(format!(
+                    "the cluster is not ok {timeout:?} after the restart"
+                ))
+            }
+            Deployment::RedisClusterReplicas | Deployment::RedisClusterReplicasWait
+                if !self.servers.cluster_replicas().wait_until_ok(timeout).await =>
+            {
                 Err(format!(
                     "the cluster is not ok {timeout:?} after the restart"
                 ))
@@ -190,7 +331,7 @@ impl Testbed {
 
     /// Checks that the replica still replicates through the proxy (the
     /// sentinels may re-point it at the master's own address).
-    pub async fn check_replication_path(&self) -> Result<(), String> {
+    async fn check_replication_path(&self) -> Result<(), String> {
         let sentinels = self.sentinels()?;
         let info = sentinels
             .replica()
@@ -213,7 +354,7 @@ impl Testbed {
     /// Restarts the killed old master and makes it the new master's replica
     /// at once (what the sentinels would do after some 10 to 20 s, or an
     /// operator), so that grants can be acknowledged again.
-    pub async fn rejoin_old_master(&self) -> Result<(), String> {
+    async fn rejoin_old_master(&self) -> Result<(), String> {
         let sentinels = self.sentinels()?;
         let master = sentinels
             .current_master_addr()
@@ -241,19 +382,19 @@ impl Testbed {
     }
 
     /// Blackholes (`true`) or heals the replica's replication link.
-    pub fn cut_replication(&self, on: bool) -> Result<(), String> {
+    fn cut_replication(&self, on: bool) -> Result<(), String> {
         self.sentinels()?.replication_proxy().blackhole(on);
         Ok(())
     }
 
     /// Drops the replication link's connections (and what a blackhole held).
-    pub fn reset_replication(&self) -> Result<(), String> {
+    fn reset_replication(&self) -> Result<(), String> {
         self.sentinels()?.replication_proxy().reset_connections();
         Ok(())
     }
 
     /// Kills the Sentinel deployment's master; returns its address.
-    pub fn kill_master(&self) -> Result<SocketAddr, String> {
+    fn kill_master(&self) -> Result<SocketAddr, String> {
         let sentinels = self.sentinels()?;
         let master = sentinels.master();
         master.kill();
@@ -261,11 +402,7 @@ impl Testbed {
     }
 
     /// Waits until the sentinels name a master other than `old`.
-    pub async fn wait_for_failover(
-        &self,
-        old: SocketAddr,
-        timeout: Duration,
-    ) -> Result<bool, String> {
+    async fn wait_for_failover(&self, old: SocketAddr, timeout: Duration) -> Result<bool, String> {
         Ok(self.sentinels()?.wait_for_failover(old, timeout).await)
     }
 

@@ -11,6 +11,10 @@
 //! counts overlaps and stale writes from what the resource recorded, and the
 //! [`report`] writes a Markdown table and a timeline per run.
 //!
+//! The [`soak`] runs the whole family of locks on every backend at once for
+//! minutes, servers paused and restarted at random, and watches the client
+//! process for growth (`scripts/soak.sh`).
+//!
 //! ```text
 //! cargo run -p lockkit-faults --release -- run --out target/faults
 //! cargo run -p lockkit-faults -- run --short --out target/faults-short
@@ -23,5 +27,7 @@ pub mod report;
 pub mod resource;
 pub mod run;
 pub mod scenario;
+pub mod soak;
+pub mod soak_client;
 pub mod timeline;
 pub mod worker;

@@ -88,6 +88,11 @@ fn worker_command(
     command
 }
 
+/// The lock the workers of run `slug` take.
+fn lock_name(slug: &str) -> String {
+    format!("faults-{slug}")
+}
+
 async fn spawn_workers(
     settings: &Settings,
     scenario: Scenario,
@@ -95,7 +100,7 @@ async fn spawn_workers(
     resource: &Resource,
     slug: &str,
 ) -> Result<Vec<ServerProcess>, String> {
-    let name = format!("faults-{slug}");
+    let name = lock_name(slug);
     let mut workers = Vec::new();
     for client in 0..settings.clients {
         let url = deployment.url(Some(client));
@@ -198,6 +203,7 @@ async fn stage(
         resource,
         workers,
         lease,
+        lock_name: &lock_name(slug),
     };
     scenario.inject(&mut stage).await?;
     tokio::time::sleep(lease * settings.tail_leases).await;

@@ -40,10 +40,11 @@ pub enum Scenario {
     /// for two leases. The members still reach each other: the holder can
     /// only talk to the cluster through the members it still reaches.
     MembersPartitioned,
-    /// Redis Sentinel: replication to the replica is cut, a lock is granted
-    /// on the master meanwhile (if the backend grants one), the master is
-    /// killed before that grant reaches the replica, and the sentinels
-    /// promote the replica.
+    /// Redis Sentinel, Redis Cluster with replicas: replication to the
+    /// replica is cut, a lock is granted on the master meanwhile (if the
+    /// backend grants one), the master is killed before that grant reaches
+    /// the replica, and the sentinels (the cluster's other masters) promote
+    /// the replica.
     Failover,
 }
 
@@ -122,6 +123,8 @@ pub struct Stage<'a> {
     pub workers: &'a mut [ServerProcess],
     /// The lease length.
     pub lease: Duration,
+    /// The workers' lock name.
+    pub lock_name: &'a str,
 }
 
 impl fmt::Debug for Stage<'_> {
@@ -276,26 +279,13 @@ impl Scenario {
                 // Cut replication while a section runs, so that the next
                 // grant is made (or refused) while the replica is cut off.
                 stage.holder().await?;
-                stage.deployment.check_replication_path().await?;
                 let start = stage.resource.now();
-                stage.deployment.cut_replication(true)?;
+                let cut = stage.deployment.cut_replication_of(stage.lock_name).await?;
                 let granted = stage
                     .resource
                     .next_section_granted_after(start, lease * 2)
                     .await;
-                let old = stage.deployment.kill_master()?;
-                stage.deployment.reset_replication()?;
-                stage.deployment.cut_replication(false)?;
-                let promoted = stage
-                    .deployment
-                    .wait_for_failover(old, FAILOVER_TIMEOUT)
-                    .await?;
-                if !promoted {
-                    return Err(format!("no failover within {FAILOVER_TIMEOUT:?}"));
-                }
-                // The old master comes back as the new master's replica (so
-                // that WAIT can be satisfied again).
-                stage.deployment.rejoin_old_master().await?;
+                stage.deployment.fail_over(cut, FAILOVER_TIMEOUT).await?;
                 stage.resource.fault(
                     format!(
                         "replication cut, {}, master killed, replica promoted",
@@ -355,7 +345,10 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         // from the servers, so a per-worker proxy cannot sit in between:
         // no partition scenario for them.
         Deployment::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
-        Deployment::RedisSentinel | Deployment::RedisSentinelWait => &[HolderPaused, Failover],
+        Deployment::RedisSentinel
+        | Deployment::RedisSentinelWait
+        | Deployment::RedisClusterReplicas
+        | Deployment::RedisClusterReplicasWait => &[HolderPaused, Failover],
         Deployment::EtcdCluster => &[
             HolderPaused,
             Partition,

@@ -2,10 +2,12 @@
 //!
 //! ```text
 //! lockkit-faults run [--short] [--backends a,b] [--scenarios x,y] [--out DIR]
+//! lockkit-faults soak [--minutes N] [--backends a,b] [--out DIR] [--summary FILE]
 //! ```
 //!
-//! Exit status 0 when every run went end to end and no backend that claims
-//! fencing accepted a stale write; 1 otherwise; 2 on bad arguments.
+//! `run`: exit status 0 when every run went end to end and no backend that
+//! claims fencing accepted a stale write. `soak`: 0 when the soak passed
+//! (see `lockkit_faults::soak`). Otherwise 1; 2 on bad arguments.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -18,6 +20,8 @@ use lockkit_faults::deploy::Deployment;
 use lockkit_faults::report;
 use lockkit_faults::run::{RunResult, Settings, run};
 use lockkit_faults::scenario::{Scenario, scenarios_for, suite};
+use lockkit_faults::soak::{self, SoakSettings};
+use lockkit_faults::soak_client::{self, ClientPlan, Target};
 use lockkit_faults::worker::{self, WorkerPlan};
 
 #[derive(Parser, Debug)]
@@ -36,6 +40,46 @@ enum Command {
     /// One worker process (started by `run`).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// A bounded mixed workload on every backend, with servers paused and
+    /// restarted at random; fails when the client's memory or descriptors
+    /// grow, a stale write gets through fencing, or a lease is left behind.
+    Soak(SoakArgs),
+    /// The soak's client process (started by `soak`).
+    #[command(hide = true)]
+    SoakClient(SoakClientArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SoakArgs {
+    /// How long the workload runs, in minutes (at least 1.5: the first
+    /// minute is the baseline).
+    #[arg(long, default_value_t = 30.0)]
+    minutes: f64,
+    /// Only these backends (comma-separated labels).
+    #[arg(long, value_delimiter = ',')]
+    backends: Vec<String>,
+    /// Where the report, tallies and client log go.
+    #[arg(long, default_value = "target/soak")]
+    out: PathBuf,
+    /// Also write the summary (the README's block) to this file.
+    #[arg(long)]
+    summary: Option<PathBuf>,
+    /// The lease (TTL, ZooKeeper session timeout).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    lease: Duration,
+}
+
+#[derive(clap::Args, Debug)]
+struct SoakClientArgs {
+    /// `LABEL@RESOURCE@URL`, once per backend.
+    #[arg(long = "target")]
+    targets: Vec<String>,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lease: Duration,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Duration,
+    #[arg(long)]
+    tallies: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -142,6 +186,121 @@ async fn main() -> ExitCode {
             init_tracing("info");
             run_suite(args).await
         }
+        Command::Soak(args) => {
+            init_tracing("info");
+            run_soak(args).await
+        }
+        Command::SoakClient(args) => {
+            init_tracing("error");
+            let targets: Result<Vec<Target>, String> =
+                args.targets.iter().map(|t| Target::parse(t)).collect();
+            let targets = match targets {
+                Ok(targets) => targets,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let plan = ClientPlan {
+                targets,
+                lease: args.lease,
+                duration: args.duration,
+                tallies: args.tallies,
+            };
+            match soak_client::run(plan).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("cannot write the tallies: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn run_soak(args: SoakArgs) -> ExitCode {
+    let backends = match parse_list(
+        &args.backends,
+        &soak::BACKENDS,
+        Deployment::from_label,
+        "backend",
+    ) {
+        Ok(backends) => backends,
+        Err(e) => {
+            let all: Vec<&str> = soak::BACKENDS.iter().map(|d| d.label()).collect();
+            tracing::error!("{e}; backends: {}", all.join(","));
+            return ExitCode::from(2);
+        }
+    };
+    if !(args.minutes.is_finite() && (1.5..=24.0 * 60.0).contains(&args.minutes)) {
+        tracing::error!(
+            "--minutes must be between 1.5 and 1440, not {}",
+            args.minutes
+        );
+        return ExitCode::from(2);
+    }
+    let client_exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            tracing::error!("cannot find this program's path: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let short = args.minutes < 5.0;
+    let settings = SoakSettings {
+        backends,
+        duration: Duration::from_secs_f64(args.minutes * 60.0),
+        lease: args.lease,
+        sample_every: Duration::from_secs(10),
+        fault_every: if short {
+            (Duration::from_secs(6), Duration::from_secs(12))
+        } else {
+            (Duration::from_secs(10), Duration::from_secs(30))
+        },
+        client_exe,
+        out: args.out.clone(),
+    };
+    let report = match soak::soak(&settings).await {
+        Ok(report) => report,
+        Err(e) => {
+            tracing::error!("the soak could not run: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let command = command
+        .rsplit_once("/lockkit-faults")
+        .map_or(command.clone(), |(_, rest)| format!("lockkit-faults{rest}"));
+    let summary = report.summary(&settings, &command);
+    let _ = std::io::stdout().write_all(summary.as_bytes());
+    let path = args.out.join("soak.md");
+    if let Err(e) = std::fs::write(&path, report.full(&settings, &command)) {
+        tracing::error!("cannot write {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    if let Some(file) = &args.summary {
+        let written = file
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(file, &summary));
+        if let Err(e) = written {
+            tracing::error!("cannot write {}: {e}", file.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let leftovers = lockkit_faults::run::leftover_children();
+    let mut problems = report.problems.clone();
+    if !leftovers.is_empty() {
+        problems.push(format!("processes left behind: {leftovers:?}"));
+    }
+    for problem in &problems {
+        tracing::error!("{problem}");
+    }
+    tracing::info!("report: {}", path.display());
+    if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -1,0 +1,609 @@
+//! The soak: every backend at once, the whole family of locks for minutes on
+//! end (one [client process](crate::soak_client)), servers paused and
+//! restarted at random meanwhile. It fails when the client's resident memory
+//! or open descriptors grow past their first minute's level by more than
+//! 10 %, when a backend that claims fencing lets a stale write through, when
+//! a name is still held after the client is done, or when a backend did no
+//! work at all. Panics in the client (a task of lockkit's or of a driver's)
+//! are counted and reported.
+//!
+//! ```text
+//! lockkit-faults soak --minutes 30 --out target/soak
+//! ```
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use lockkit_testkit::ServerProcess;
+use lockkit_testkit::catalog::{Deployment, Servers};
+use tokio::time::Instant;
+
+use crate::check::{Outcome, check};
+use crate::deploy::url_params;
+use crate::record::millis;
+use crate::resource::Resource;
+use crate::soak_client::{EXCLUSIVE_WORKERS, KINDS, Target};
+
+/// The backends a soak runs on by default: one of each kind of server and
+/// every SQL mode.
+pub const BACKENDS: [Deployment; 12] = [
+    Deployment::Memory,
+    Deployment::Redis,
+    Deployment::Redlock3,
+    Deployment::Zk,
+    Deployment::Etcd,
+    Deployment::PgLease,
+    Deployment::PgRow,
+    Deployment::PgAdvisory,
+    Deployment::MariaDbLease,
+    Deployment::MariaDbRow,
+    Deployment::MariaDbNamed,
+    Deployment::SqliteLease,
+];
+
+/// How much the client's memory and descriptors may grow over their first
+/// minute's level.
+pub const GROWTH_LIMIT: f64 = 0.10;
+/// The baseline: samples up to this point.
+const FIRST_MINUTE: Duration = Duration::from_secs(60);
+/// No faults in the run's last stretch, so that it ends healed.
+const QUIET_END: Duration = Duration::from_secs(20);
+
+/// How a soak runs.
+#[derive(Clone, Debug)]
+pub struct SoakSettings {
+    /// The backends.
+    pub backends: Vec<Deployment>,
+    /// How long the client works.
+    pub duration: Duration,
+    /// The lease of every holding (TTL, ZooKeeper session timeout).
+    pub lease: Duration,
+    /// Between two samples of the client.
+    pub sample_every: Duration,
+    /// Between two faults: a random time in this range.
+    pub fault_every: (Duration, Duration),
+    /// The client program (this binary).
+    pub client_exe: PathBuf,
+    /// Where the logs, tallies and report go.
+    pub out: PathBuf,
+}
+
+/// One look at the client process.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Since the client started.
+    pub at: Duration,
+    /// Resident memory, KiB.
+    pub rss_kib: u64,
+    /// Open file descriptors.
+    pub fds: u64,
+}
+
+/// One injected fault.
+#[derive(Clone, Debug)]
+pub struct Injected {
+    /// Since the client started.
+    pub at: Duration,
+    /// What was done to which server.
+    pub what: String,
+}
+
+/// What one backend went through.
+#[derive(Clone, Debug)]
+pub struct BackendResult {
+    /// The deployment.
+    pub backend: Deployment,
+    /// Whether it claims fencing.
+    pub fencing: bool,
+    /// The exclusive holders' sections, as the fenced resource saw them.
+    pub exclusive: Outcome,
+    /// Per kind of the family (see [`KINDS`]): done, failed, lost.
+    pub family: Vec<(String, [u64; 3])>,
+    /// Names still held after the client was done.
+    pub leftovers: Vec<String>,
+}
+
+/// A whole soak's result.
+#[derive(Clone, Debug)]
+pub struct SoakReport {
+    /// The client's samples.
+    pub samples: Vec<Sample>,
+    /// The faults.
+    pub faults: Vec<Injected>,
+    /// Per backend.
+    pub backends: Vec<BackendResult>,
+    /// Panics in the client process.
+    pub panics: u64,
+    /// Why the soak fails; empty when it passes.
+    pub problems: Vec<String>,
+}
+
+/// A server process the soak may pause or restart.
+#[derive(Clone, Copy, Debug)]
+struct FaultTarget {
+    deployment: Deployment,
+    index: usize,
+}
+
+impl FaultTarget {
+    fn label(self) -> String {
+        match self.deployment {
+            Deployment::Redlock3 => format!("redis-{}", self.index),
+            Deployment::PgLease => "postgres".to_owned(),
+            Deployment::MariaDbLease => "mariadb".to_owned(),
+            d => d.label().to_owned(),
+        }
+    }
+}
+
+/// The distinct server processes behind `backends`.
+fn fault_targets(backends: &[Deployment]) -> Vec<FaultTarget> {
+    let has = |wanted: &[Deployment]| backends.iter().any(|b| wanted.contains(b));
+    let mut targets = Vec::new();
+    let redis = if backends.contains(&Deployment::Redlock3) {
+        3
+    } else {
+        usize::from(backends.contains(&Deployment::Redis))
+    };
+    for index in 0..redis {
+        targets.push(FaultTarget {
+            deployment: Deployment::Redlock3,
+            index,
+        });
+    }
+    for (group, deployment) in [
+        (&[Deployment::Zk][..], Deployment::Zk),
+        (&[Deployment::Etcd][..], Deployment::Etcd),
+        (
+            &[
+                Deployment::PgLease,
+                Deployment::PgRow,
+                Deployment::PgAdvisory,
+            ][..],
+            Deployment::PgLease,
+        ),
+        (
+            &[
+                Deployment::MariaDbLease,
+                Deployment::MariaDbRow,
+                Deployment::MariaDbNamed,
+            ][..],
+            Deployment::MariaDbLease,
+        ),
+    ] {
+        if has(group) {
+            targets.push(FaultTarget {
+                deployment,
+                index: 0,
+            });
+        }
+    }
+    targets
+}
+
+/// Reads the resident memory (KiB) and open descriptors of process `pid`.
+pub fn sample_process(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    Some((rss, fds))
+}
+
+/// Growth of `values` (after the first minute) over the first minute's
+/// highest; `None` without samples on both sides.
+fn growth(samples: &[Sample], value: impl Fn(&Sample) -> u64) -> Option<(u64, u64, f64)> {
+    let base = samples
+        .iter()
+        .filter(|s| s.at <= FIRST_MINUTE)
+        .map(&value)
+        .max()?;
+    let later = samples
+        .iter()
+        .filter(|s| s.at > FIRST_MINUTE)
+        .map(&value)
+        .max()?;
+    Some((base, later, later as f64 / base.max(1) as f64 - 1.0))
+}
+
+/// Runs a soak; `Err` when it could not run at all (servers, the client).
+pub async fn soak(settings: &SoakSettings) -> Result<SoakReport, String> {
+    std::fs::create_dir_all(&settings.out)
+        .map_err(|e| format!("cannot create {}: {e}", settings.out.display()))?;
+    let servers = Servers::try_start(&settings.backends)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut resources = Vec::new();
+    let mut targets = Vec::new();
+    let mut fencing = Vec::new();
+    for &backend in &settings.backends {
+        let resource = Resource::start()
+            .await
+            .map_err(|e| format!("resource: {e}"))?;
+        let hosts: Vec<String> = servers
+            .addrs(backend)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let mut params = url_params(backend, settings.lease);
+        // The SQL modes share a server and the client uses the same names
+        // on each: a table per mode, as the docs ask of modes whose names
+        // may meet.
+        if let Some(mode) = backend.sql_mode()
+            && backend != Deployment::SqliteLease
+        {
+            params.push(("table", format!("soak_{mode}")));
+        }
+        let url = servers.url_with(backend, &hosts, &params);
+        let probe = tokio::time::timeout(Duration::from_secs(30), lockkit::connect(&url))
+            .await
+            .map_err(|_| format!("{backend}: connect hung"))?
+            .map_err(|e| format!("{backend}: connect: {e}"))?;
+        fencing.push(probe.capabilities().fencing);
+        targets.push(Target {
+            label: backend.label().to_owned(),
+            url,
+            resource: resource.addr(),
+        });
+        resources.push(resource);
+    }
+    let tallies_path = settings.out.join("tallies.txt");
+    let _ = std::fs::remove_file(&tallies_path);
+    let mut client = spawn_client(settings, &targets, &tallies_path).await?;
+    let (samples, faults) = drive(settings, &servers, &mut client).await;
+    let exit = wait_for_exit(&mut client, settings.lease * 3 + Duration::from_secs(120)).await;
+    let tallies = std::fs::read_to_string(&tallies_path).unwrap_or_default();
+
+    let mut problems = Vec::new();
+    if !exit {
+        problems.push(format!(
+            "the client did not exit cleanly; see {}",
+            client.log_path().display()
+        ));
+    }
+    let panics: u64 = tallies
+        .lines()
+        .find_map(|line| line.strip_prefix("client panics "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    if panics > 0 {
+        // Reported, not failed on: the one seen came from inside a driver
+        // (sqlx-mysql's row decoding) after MariaDB faults; see the README.
+        tracing::warn!(
+            "{panics} panics in the client; see {}",
+            client.log_path().display()
+        );
+    }
+    let mut backends = Vec::new();
+    for ((&backend, resource), fencing) in settings.backends.iter().zip(&resources).zip(fencing) {
+        let exclusive = check(&resource.trace(EXCLUSIVE_WORKERS));
+        let result = backend_result(backend, fencing, exclusive, &tallies);
+        problems.extend(backend_problems(&result));
+        backends.push(result);
+    }
+    for (what, value) in [
+        (
+            "resident memory",
+            (|s: &Sample| s.rss_kib) as fn(&Sample) -> u64,
+        ),
+        ("open descriptors", |s: &Sample| s.fds),
+    ] {
+        match growth(&samples, value) {
+            Some((base, later, grown)) if grown > GROWTH_LIMIT => problems.push(format!(
+                "the client's {what} grew from {base} (first minute) to {later}: {:+.1} %, over {:.0} %",
+                grown * 100.0,
+                GROWTH_LIMIT * 100.0
+            )),
+            Some(_) => {}
+            None => problems.push(format!(
+                "too few samples of the client's {what} to compare with its first minute"
+            )),
+        }
+    }
+    Ok(SoakReport {
+        samples,
+        faults,
+        backends,
+        panics,
+        problems,
+    })
+}
+
+async fn spawn_client(
+    settings: &SoakSettings,
+    targets: &[Target],
+    tallies: &Path,
+) -> Result<ServerProcess, String> {
+    let mut command = Command::new(&settings.client_exe);
+    command
+        .arg("soak-client")
+        .args(["--lease", &millis(settings.lease)])
+        .args(["--duration", &millis(settings.duration)])
+        .arg("--tallies")
+        .arg(tallies)
+        .env(
+            "RUST_LOG",
+            std::env::var("LOCKKIT_SOAK_CLIENT_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        // A backtrace's symbols would stay in the memory the soak watches;
+        // the client logs where a panic happened instead.
+        .env("RUST_BACKTRACE", "0");
+    for target in targets {
+        command.args(["--target", &target.to_arg()]);
+    }
+    let log = settings.out.join("client.log");
+    let _ = std::fs::remove_file(&log);
+    ServerProcess::spawn("soak client", &command, &log, &log)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Samples the client and injects faults until the duration is over.
+async fn drive(
+    settings: &SoakSettings,
+    servers: &Servers,
+    client: &mut ServerProcess,
+) -> (Vec<Sample>, Vec<Injected>) {
+    let targets = fault_targets(&settings.backends);
+    let start = Instant::now();
+    let end = start + settings.duration;
+    let quiet_from = end.checked_sub(QUIET_END).unwrap_or(start);
+    let fault_gap = || {
+        let (low, high) = settings.fault_every;
+        low + (high.saturating_sub(low)).mul_f64(fastrand::f64())
+    };
+    let mut next_sample = start + settings.sample_every;
+    let mut next_fault = start + fault_gap();
+    let mut samples = Vec::new();
+    let mut faults = Vec::new();
+    while Instant::now() < end && client.is_running() {
+        let fault_due = next_fault < quiet_from && !targets.is_empty();
+        let wake = if fault_due {
+            next_sample.min(next_fault)
+        } else {
+            next_sample
+        };
+        tokio::time::sleep_until(wake.min(end)).await;
+        let now = Instant::now();
+        if now >= next_sample {
+            if let Some((rss_kib, fds)) = sample_process(client.pid()) {
+                let sample = Sample {
+                    at: now - start,
+                    rss_kib,
+                    fds,
+                };
+                tracing::info!(?sample, "client");
+                samples.push(sample);
+            }
+            next_sample += settings.sample_every;
+        }
+        if fault_due && now >= next_fault {
+            let target = targets[fastrand::usize(..targets.len())];
+            let what = inject(servers, target).await;
+            tracing::info!("fault: {what}");
+            faults.push(Injected {
+                at: now - start,
+                what,
+            });
+            next_fault = Instant::now() + fault_gap();
+        }
+    }
+    (samples, faults)
+}
+
+/// Pauses a server for a while, or kills and restarts it.
+async fn inject(servers: &Servers, target: FaultTarget) -> String {
+    let server = servers.server(target.deployment, target.index);
+    let label = target.label();
+    if fastrand::bool() {
+        let pause = Duration::from_millis(fastrand::u64(500..2_500));
+        server.pause();
+        tokio::time::sleep(pause).await;
+        server.resume();
+        format!("{label} paused {} ms", pause.as_millis())
+    } else {
+        let down = Duration::from_millis(fastrand::u64(200..1_500));
+        server.kill();
+        tokio::time::sleep(down).await;
+        match server.try_restart().await {
+            Ok(()) => format!("{label} killed, restarted after {} ms", down.as_millis()),
+            Err(e) => format!("{label} killed; its restart failed: {e}"),
+        }
+    }
+}
+
+async fn wait_for_exit(client: &mut ServerProcess, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while client.is_running() {
+        if Instant::now() >= deadline {
+            client.kill();
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    client.exit_status().is_some_and(|status| status.success())
+}
+
+fn backend_result(
+    backend: Deployment,
+    fencing: bool,
+    exclusive: Outcome,
+    tallies: &str,
+) -> BackendResult {
+    let mine = tallies.lines().filter_map(|line| {
+        let (label, rest) = line.split_once(' ')?;
+        (label == backend.label()).then_some(rest)
+    });
+    let mut family = Vec::new();
+    let mut leftovers = Vec::new();
+    for line in mine {
+        if let Some(what) = line.strip_prefix("leftover ") {
+            leftovers.push(what.to_owned());
+            continue;
+        }
+        let mut fields = line.split_ascii_whitespace();
+        let Some(kind) = fields.next() else { continue };
+        let mut counts = [0; 3];
+        for count in &mut counts {
+            *count = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+        }
+        family.push((kind.to_owned(), counts));
+    }
+    BackendResult {
+        backend,
+        fencing,
+        exclusive,
+        family,
+        leftovers,
+    }
+}
+
+fn backend_problems(result: &BackendResult) -> Vec<String> {
+    let backend = result.backend;
+    let mut problems = Vec::new();
+    if result.fencing && result.exclusive.stale_accepted > 0 {
+        problems.push(format!(
+            "{backend}: claims fencing, yet the resource accepted {} stale writes",
+            result.exclusive.stale_accepted
+        ));
+    }
+    if result.exclusive.completed == 0 {
+        problems.push(format!("{backend}: no exclusive section completed"));
+    }
+    if result.family.is_empty() {
+        problems.push(format!("{backend}: the client wrote no tallies"));
+    }
+    for (kind, [done, failed, _]) in &result.family {
+        if *done == 0 && *failed > 0 {
+            problems.push(format!(
+                "{backend}: no {kind} round succeeded ({failed} failed)"
+            ));
+        }
+    }
+    for leftover in &result.leftovers {
+        problems.push(format!("{backend}: left behind: {leftover}"));
+    }
+    problems
+}
+
+impl SoakReport {
+    /// The summary: per backend, what was done, and the client's samples in
+    /// brief (what the README shows).
+    pub fn summary(&self, settings: &SoakSettings, command: &str) -> String {
+        let mut text = String::new();
+        let minutes = settings.duration.as_secs_f64() / 60.0;
+        let _ = writeln!(
+            text,
+            "Soak of {minutes:.0} min, lease {} ms, {} faults (a server paused 0.5–2.5 s, or killed and restarted), command `{command}`:\n",
+            settings.lease.as_millis(),
+            self.faults.len()
+        );
+        let _ = writeln!(
+            text,
+            "| backend | exclusive sections done / tried | stale writes accepted / rejected | {} | left behind |",
+            KINDS.join(" | ")
+        );
+        let _ = writeln!(text, "|{}", " --- |".repeat(KINDS.len() + 4));
+        for result in &self.backends {
+            let kinds: Vec<String> = KINDS
+                .iter()
+                .map(|kind| {
+                    result.family.iter().find(|(k, _)| k == kind).map_or_else(
+                        || "–".to_owned(),
+                        |(_, [done, failed, lost])| {
+                            format!("{done} ok, {failed} failed, {lost} lost")
+                        },
+                    )
+                })
+                .collect();
+            let stale = if result.fencing {
+                format!(
+                    "{} / {}",
+                    result.exclusive.stale_accepted, result.exclusive.stale_rejected
+                )
+            } else {
+                format!(
+                    "{} / {} (no fencing)",
+                    result.exclusive.stale_accepted, result.exclusive.stale_rejected
+                )
+            };
+            let _ = writeln!(
+                text,
+                "| {} | {} / {} | {stale} | {} | {} |",
+                result.backend,
+                result.exclusive.completed,
+                result.exclusive.attempted,
+                kinds.join(" | "),
+                if result.leftovers.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    result.leftovers.join(", ")
+                }
+            );
+        }
+        let _ = writeln!(text);
+        for (what, value) in [
+            (
+                "resident memory (KiB)",
+                (|s: &Sample| s.rss_kib) as fn(&Sample) -> u64,
+            ),
+            ("open descriptors", |s: &Sample| s.fds),
+        ] {
+            let last = self.samples.last().map(value).unwrap_or(0);
+            match growth(&self.samples, value) {
+                Some((base, later, grown)) => {
+                    let _ = writeln!(
+                        text,
+                        "Client {what}: first minute at most {base}, afterwards at most {later} ({:+.1} %), last {last}.",
+                        grown * 100.0
+                    );
+                }
+                None => {
+                    let _ = writeln!(text, "Client {what}: too few samples.");
+                }
+            }
+        }
+        let _ = writeln!(text, "Panics in the client: {}.", self.panics);
+        let _ = writeln!(
+            text,
+            "\n{}",
+            if self.problems.is_empty() {
+                "Verdict: passed.".to_owned()
+            } else {
+                format!("Verdict: FAILED: {}", self.problems.join("; "))
+            }
+        );
+        text
+    }
+
+    /// The whole report: the summary, every sample and every fault.
+    pub fn full(&self, settings: &SoakSettings, command: &str) -> String {
+        let mut text = format!("# Soak\n\n{}", self.summary(settings, command));
+        let _ = writeln!(
+            text,
+            "\n## Samples of the client\n\n| at | RSS (KiB) | descriptors |\n| --- | --- | --- |"
+        );
+        for sample in &self.samples {
+            let _ = writeln!(
+                text,
+                "| {} s | {} | {} |",
+                sample.at.as_secs(),
+                sample.rss_kib,
+                sample.fds
+            );
+        }
+        let _ = writeln!(text, "\n## Faults\n");
+        for fault in &self.faults {
+            let _ = writeln!(text, "- {} s: {}", fault.at.as_secs(), fault.what);
+        }
+        text
+    }
+}
