@@ -607,3 +607,77 @@ impl SoakReport {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(secs: u64, rss_kib: u64, fds: u64) -> Sample {
+        Sample {
+            at: Duration::from_secs(secs),
+            rss_kib,
+            fds,
+        }
+    }
+
+    #[test]
+    fn growth_is_measured_against_the_first_minutes_highest() {
+        let samples = [
+            sample(10, 100, 50),
+            sample(60, 120, 50),
+            sample(70, 125, 56),
+            sample(80, 110, 50),
+        ];
+        let (base, later, grown) = growth(&samples, |s| s.rss_kib).unwrap();
+        assert_eq!((base, later), (120, 125));
+        assert!((grown - 125.0 / 120.0 + 1.0).abs() < 1e-9);
+        let (_, _, fds) = growth(&samples, |s| s.fds).unwrap();
+        assert!(fds > GROWTH_LIMIT, "{fds}");
+        assert!(
+            growth(&samples[..2], |s| s.fds).is_none(),
+            "nothing after the first minute"
+        );
+    }
+
+    #[test]
+    fn tallies_are_read_per_backend() {
+        let tallies = "redis shared 10 1 0\nredis permit 5 0 2\nzk shared 3 0 0\n\
+                       client panics 0\nredis leftover soak-sem-1 (held)\n";
+        let result = backend_result(Deployment::Redis, true, Outcome::default(), tallies);
+        assert_eq!(
+            result.family,
+            vec![
+                ("shared".to_owned(), [10, 1, 0]),
+                ("permit".to_owned(), [5, 0, 2])
+            ]
+        );
+        assert_eq!(result.leftovers, vec!["soak-sem-1 (held)".to_owned()]);
+        let problems = backend_problems(&result);
+        assert!(
+            problems.iter().any(|p| p.contains("left behind")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("no exclusive section")),
+            "{problems:?}"
+        );
+        let none = backend_result(Deployment::Etcd, true, Outcome::default(), tallies);
+        assert!(
+            backend_problems(&none)
+                .iter()
+                .any(|p| p.contains("no tallies"))
+        );
+    }
+
+    #[test]
+    fn a_target_survives_its_command_line_form() {
+        let target = Target {
+            label: "mariadb-row".to_owned(),
+            url: "mysql://root@127.0.0.1:3306/lockkit?mode=row".to_owned(),
+            resource: "127.0.0.1:4000".parse().unwrap(),
+        };
+        let back = Target::parse(&target.to_arg()).unwrap();
+        assert_eq!((back.label, back.url), (target.label, target.url));
+        assert!(Target::parse("redis@nonsense").is_err());
+    }
+}

@@ -1,6 +1,6 @@
 //! The soak's client process: on every backend at once, the whole family of
 //! locks, again and again until its deadline. Exclusive holders write to the
-//! soak's fenced resource (they are [`worker`](crate::worker)s); readers and
+//! soak's fenced resource (each a [`crate::worker`]); readers and
 //! writers, semaphore permits, election candidates and short-lived names
 //! share one connection per backend and count what they did. The soak
 //! samples this process's memory and descriptors, so it does nothing else.
