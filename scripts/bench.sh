@@ -4,7 +4,9 @@
 # them):
 #
 #   1. the criterion suite `compare` (cycle, try_fail, handoff, raw_floor per
-#      backend) and its Markdown table, `etcd` (the etcd cycle paired with
+#      backend) and its Markdown table, `cycle_overhead` (the Redis and
+#      Redlock cycles over their raw floors, one client, blocks interleaved,
+#      7 runs on each runtime flavour), `etcd` (the etcd cycle paired with
 #      its raw floor, and the 16-way handoff, on both runtime flavours),
 #      then `family` (shared and permit
 #      cycles paired with the exclusive one, on both runtime flavours) and
@@ -28,6 +30,7 @@ mkdir -p "$out"
 backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,etcd,pg-lease,pg-row,pg-advisory,mariadb-lease,mariadb-row,mariadb-named,sqlite-lease}
 
 cargo bench -p lockkit-benches --bench compare
+cargo bench -p lockkit-benches --bench cycle_overhead
 cargo bench -p lockkit-benches --bench etcd
 cargo bench -p lockkit-benches --bench family
 cargo bench -p lockkit-benches --bench family_peers

@@ -517,7 +517,6 @@ impl RedisInstance {
                     .key(&keys.lock)
                     .key(&keys.writer_waiting)
                     .key(&keys.fence)
-                    .key(&keys.readers)
                     .arg(owner)
                     .arg(&keys.channel)
                     .arg(flag(notify))

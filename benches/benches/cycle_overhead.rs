@@ -1,0 +1,265 @@
+#![allow(clippy::print_stdout)]
+//! The exclusive cycle's fixed cost over the hand-written floor, measured the
+//! way an application meets it: one client in one process, on the two
+//! runtime flavours applications run (a current-thread runtime, and a
+//! multi-thread one with 4 workers on this 2-core machine).
+//!
+//! * raw floor: a redis-rs multiplexed connection per server, `SET k tok NX
+//!   PX 30000` then an `EVALSHA` compare-and-delete (on Redlock, each on
+//!   every instance at once);
+//! * lockkit: `try_acquire` (ttl 30 s, `auto_renew(false)`) then `release`,
+//!   through `lockkit::connect`, fencing tokens and release notifications
+//!   included.
+//!
+//! Each run interleaves blocks of 100 raw cycles and 100 lockkit cycles (20
+//! blocks after 2 warm-up blocks, the order alternating), and its ratio is
+//! the median of the blocks' lockkit/raw ratios; the verdict is on the
+//! median over 7 runs, with every run's ratio shown. The summary goes to
+//! `target/lockkit-bench/cycle-overhead-summary.md`
+//! (`scripts/readme-bench.sh cycle-overhead` copies it into the README).
+//!
+//! `cargo bench -p lockkit-benches --bench cycle_overhead`
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lockkit_benches::{Deployment, Limit, RAW_RELEASE, RunMode, Servers, save_summary};
+use lockkit_core::{DistributedLock, LockOptions};
+use redis::aio::MultiplexedConnection;
+use tokio::runtime::Runtime;
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Runs, blocks per run (after the warm-up blocks) and cycles per block.
+fn plan(mode: RunMode) -> (usize, usize, usize) {
+    match mode {
+        RunMode::Bench => (7, 20, 100),
+        RunMode::Quick => (2, 5, 50),
+        _ => (1, 1, 3),
+    }
+}
+
+const WARM_UP_BLOCKS: usize = 2;
+
+/// The backends measured, each with its target.
+const BACKENDS: [(Deployment, f64); 2] = [(Deployment::Redis, 1.10), (Deployment::Redlock3, 1.15)];
+
+fn main() {
+    let mode = RunMode::from_env();
+    if mode == RunMode::List {
+        return;
+    }
+    let boot = runtime("current_thread");
+    let deployments: Vec<Deployment> = BACKENDS.iter().map(|(d, _)| *d).collect();
+    let servers = boot.block_on(Servers::start(&deployments));
+    let (runs, blocks, per_block) = plan(mode);
+    let mut rows = Vec::new();
+    for (deployment, target) in BACKENDS {
+        for flavour in ["current_thread", "multi_thread"] {
+            let rt = runtime(flavour);
+            let mut fixture = rt.block_on(Fixture::new(&servers, deployment));
+            let measured: Vec<Run> = (0..runs)
+                .map(|_| rt.block_on(fixture.run(blocks, per_block)))
+                .collect();
+            for (i, run) in measured.iter().enumerate() {
+                println!(
+                    "{deployment} {flavour} run {i}: raw {:.1} µs, lockkit {:.1} µs, paired ratio {:.3}",
+                    run.raw_us, run.lockkit_us, run.ratio
+                );
+            }
+            rows.push(Row {
+                backend: deployment,
+                flavour,
+                target,
+                runs: measured,
+            });
+        }
+    }
+    save_summary(mode, "cycle-overhead", &summary(mode, &rows));
+}
+
+/// A runtime of the named flavour: a current-thread one, or a multi-thread
+/// one with 4 workers.
+fn runtime(flavour: &str) -> Runtime {
+    let mut builder = if flavour == "current_thread" {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(4);
+        builder
+    };
+    builder.enable_all().build().expect("a tokio runtime")
+}
+
+/// One client of each side, on the runtime that measures it.
+struct Fixture {
+    raw: Vec<MultiplexedConnection>,
+    script: redis::Script,
+    locks: std::sync::Arc<dyn DistributedLock>,
+    opts: LockOptions,
+    tokens: u64,
+}
+
+/// One run: the medians of the blocks' cycle times, and of their ratios.
+struct Run {
+    raw_us: f64,
+    lockkit_us: f64,
+    ratio: f64,
+}
+
+impl Fixture {
+    async fn new(servers: &Servers, deployment: Deployment) -> Fixture {
+        let script = redis::Script::new(RAW_RELEASE);
+        let mut raw = Vec::new();
+        for addr in servers.addrs(deployment) {
+            raw.push(raw_connection(addr, &script).await);
+        }
+        let locks = lockkit::connect(&servers.url(deployment))
+            .await
+            .expect("a lockkit client");
+        Fixture {
+            raw,
+            script,
+            locks,
+            opts: LockOptions::new().ttl(TTL).auto_renew(false),
+            tokens: 0,
+        }
+    }
+
+    async fn run(&mut self, blocks: usize, per_block: usize) -> Run {
+        let (mut raw, mut lockkit, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for block in 0..WARM_UP_BLOCKS + blocks {
+            // The order alternates, so that neither side always follows
+            // the other.
+            let (r, l) = if block % 2 == 0 {
+                let r = self.raw_block(per_block).await;
+                (r, self.lockkit_block(per_block).await)
+            } else {
+                let l = self.lockkit_block(per_block).await;
+                (self.raw_block(per_block).await, l)
+            };
+            if block >= WARM_UP_BLOCKS {
+                raw.push(r);
+                lockkit.push(l);
+                ratios.push(l / r);
+            }
+        }
+        Run {
+            raw_us: median(raw) * 1e6,
+            lockkit_us: median(lockkit) * 1e6,
+            ratio: median(ratios),
+        }
+    }
+
+    /// Seconds per raw cycle over `n` cycles.
+    async fn raw_block(&mut self, n: usize) -> f64 {
+        let started = Instant::now();
+        for _ in 0..n {
+            self.tokens += 1;
+            let token = format!("raw-{}", self.tokens);
+            let set = join_all(self.raw.iter().map(|conn| {
+                let mut conn = conn.clone();
+                let token = &token;
+                async move {
+                    redis::cmd("SET")
+                        .arg("bench:overhead:raw")
+                        .arg(token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async::<Option<String>>(&mut conn)
+                        .await
+                }
+            }))
+            .await;
+            assert!(
+                set.iter().all(|s| matches!(s, Ok(Some(_)))),
+                "raw SET NX: {set:?}"
+            );
+            let deleted = join_all(self.raw.iter().map(|conn| {
+                let mut conn = conn.clone();
+                let script = &self.script;
+                let token = &token;
+                async move {
+                    script
+                        .key("bench:overhead:raw")
+                        .arg(token)
+                        .invoke_async::<i64>(&mut conn)
+                        .await
+                }
+            }))
+            .await;
+            assert!(
+                deleted.iter().all(|d| matches!(d, Ok(1))),
+                "raw compare-and-delete: {deleted:?}"
+            );
+        }
+        started.elapsed().as_secs_f64() / n as f64
+    }
+
+    /// Seconds per lockkit cycle over `n` cycles.
+    async fn lockkit_block(&mut self, n: usize) -> f64 {
+        let started = Instant::now();
+        for _ in 0..n {
+            let guard = self
+                .locks
+                .try_acquire("bench:overhead:lockkit", &self.opts)
+                .await
+                .expect("try_acquire")
+                .expect("an uncontended lock");
+            guard.release().await.expect("release");
+        }
+        started.elapsed().as_secs_f64() / n as f64
+    }
+}
+
+async fn raw_connection(addr: SocketAddr, script: &redis::Script) -> MultiplexedConnection {
+    let client = redis::Client::open(format!("redis://{addr}")).expect("a redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a redis connection");
+    script
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    conn
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+struct Row {
+    backend: Deployment,
+    flavour: &'static str,
+    target: f64,
+    runs: Vec<Run>,
+}
+
+fn summary(mode: RunMode, rows: &[Row]) -> String {
+    let mut out = format!(
+        "## The exclusive cycle over its raw floor, one client ({} run)\n\n\
+         | backend | runtime | raw floor (median of run medians) | lockkit cycle | × floor, each run (paired) | median of runs | target |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+        mode.label()
+    );
+    for row in rows {
+        let each: Vec<String> = row.runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
+        let ratio = median(row.runs.iter().map(|r| r.ratio).collect());
+        let (ratio, verdict) = Limit::AtMost(row.target).judge(Some(ratio));
+        out.push_str(&format!(
+            "| {} | {} | {:.1} µs | {:.1} µs | {} | {ratio} | {verdict} |\n",
+            row.backend,
+            row.flavour.replace('_', "-"),
+            median(row.runs.iter().map(|r| r.raw_us).collect()),
+            median(row.runs.iter().map(|r| r.lockkit_us).collect()),
+            each.join(", "),
+        ));
+    }
+    out
+}
