@@ -50,29 +50,6 @@ pub enum Cut {
     },
 }
 
-/// Waits until `node` reports `role:<role>` (`master`, `slave`), and as a
-/// replica a live link to its master.
-async fn replication_role(node: &RedisServer, role: &str, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Ok(info) = node.command(&["INFO", "replication"]).await {
-            let field = |name: &str| {
-                info.lines()
-                    .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-                    .map(str::to_owned)
-            };
-            let linked = role == "master" || field("master_link_status").as_deref() == Some("up");
-            if field("role").as_deref() == Some(role) && linked {
-                return true;
-            }
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Fresh servers for one run of one deployment, and a proxy per worker and server.
 pub struct Testbed {
     deployment: Deployment,
@@ -255,14 +232,14 @@ impl Testbed {
                 let (master, replica) = (nodes[master], nodes[replica]);
                 master.kill();
                 replica.resume();
-                if !replication_role(replica, "master", timeout).await {
+                if !replica.wait_for_role("master", timeout).await {
                     return Err(format!(
                         "the replica {} was not promoted within {timeout:?}",
                         replica.addr()
                     ));
                 }
                 master.try_restart().await.map_err(server_error)?;
-                if !replication_role(master, "slave", timeout).await {
+                if !master.wait_for_role("slave", timeout).await {
                     return Err(format!(
                         "the old master {} did not rejoin as a replica within {timeout:?}",
                         master.addr()

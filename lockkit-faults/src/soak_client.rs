@@ -227,7 +227,7 @@ pub async fn run(plan: ClientPlan) -> std::io::Result<()> {
 /// What is still held on `target`'s names, seen from a fresh connection.
 async fn leftovers(target: &Target, lease: Duration) -> Vec<String> {
     let check_deadline = Instant::now() + SLACK * 3;
-    let Some(lock) = connect(&target.url, check_deadline).await else {
+    let Some(lock) = worker::connect_until(&target.url, check_deadline).await else {
         return vec!["(no connection for the check)".to_owned()];
     };
     let options = LockOptions::new().ttl(lease).no_wait();
@@ -256,24 +256,9 @@ async fn leftovers(target: &Target, lease: Duration) -> Vec<String> {
     left
 }
 
-/// Connects, retrying until the deadline (servers may be paused or down).
-async fn connect(url: &str, deadline: Instant) -> Option<Arc<dyn DistributedLock>> {
-    loop {
-        match tokio::time::timeout(SLACK, lockkit::connect(url)).await {
-            Ok(Ok(lock)) => return Some(lock),
-            Ok(Err(e)) => tracing::warn!("connect: {e}"),
-            Err(_) => tracing::warn!("connect: no answer within {SLACK:?}"),
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The family's tasks on one connection.
 async fn family(target: Target, lease: Duration, deadline: Instant, tallies: Arc<Tallies>) {
-    let Some(lock) = connect(&target.url, deadline).await else {
+    let Some(lock) = worker::connect_until(&target.url, deadline).await else {
         return;
     };
     let caps = lock.capabilities();

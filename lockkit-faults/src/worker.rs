@@ -6,9 +6,10 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockkit::{LockError, LockOptions};
+use lockkit::{DistributedLock, LockError, LockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -93,6 +94,26 @@ fn error_kind(error: &LockError) -> &'static str {
     }
 }
 
+/// A client of `url`, each attempt bounded by [`CONNECT_TIMEOUT`] and
+/// retried every 200 ms (servers may be paused or down); `None` once
+/// `deadline` has passed.
+pub(crate) async fn connect_until(
+    url: &str,
+    deadline: Instant,
+) -> Option<Arc<dyn DistributedLock>> {
+    loop {
+        match tokio::time::timeout(CONNECT_TIMEOUT, lockkit::connect(url)).await {
+            Ok(Ok(lock)) => return Some(lock),
+            Ok(Err(e)) => tracing::warn!("connect: {e}"),
+            Err(_) => tracing::warn!("connect: no answer within {CONNECT_TIMEOUT:?}"),
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Runs the worker until its deadline; an error means the resource is gone
 /// (the orchestrator ended), which also ends the worker.
 pub async fn run(plan: WorkerPlan) -> io::Result<()> {
@@ -105,16 +126,8 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
     };
     link.send(format!("hello {}", plan.client)).await?;
     let deadline = Instant::now() + plan.deadline;
-    let lock = loop {
-        match tokio::time::timeout(CONNECT_TIMEOUT, lockkit::connect(&plan.url)).await {
-            Ok(Ok(lock)) => break lock,
-            Ok(Err(e)) => tracing::warn!("connect: {e}"),
-            Err(_) => tracing::warn!("connect: no answer within {CONNECT_TIMEOUT:?}"),
-        }
-        if Instant::now() >= deadline {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let Some(lock) = connect_until(&plan.url, deadline).await else {
+        return Ok(());
     };
     let options = LockOptions::new().ttl(plan.ttl).wait_for(plan.wait);
     let writes = plan.writes.max(2);

@@ -241,16 +241,10 @@ async fn cluster_node_failure_is_unavailable_then_recovers() {
     );
 }
 
-/// Waits until `node` reports `role:<role>` in `INFO replication`.
+/// Waits (30 s at most) until `node` has `role`; a replica also its link up.
 async fn wait_for_role(node: &RedisServer, role: &str) {
-    let wanted = format!("role:{role}");
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            node.command(&["INFO", "replication"])
-                .await
-                .is_ok_and(|info| info.lines().any(|line| line.trim() == wanted))
-        })
-        .await,
+        node.wait_for_role(role, Duration::from_secs(30)).await,
         "{} did not become a {role} within 30 s",
         node.addr()
     );

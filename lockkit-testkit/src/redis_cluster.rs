@@ -140,22 +140,13 @@ impl RedisCluster {
         }
         let deadline = Instant::now() + READY_DEADLINE;
         for replica in &self.replicas {
-            loop {
-                let info = replica.command(&["INFO", "replication"]).await;
-                let up = info
-                    .as_deref()
-                    .is_ok_and(|info| info_field(info, "master_link_status") == Some("up"));
-                if up {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(ServerError::NotReady {
-                        what: format!("the Redis Cluster replica on {}", replica.addr()),
-                        waited: READY_DEADLINE,
-                        log_tail: replica.log_tail(20),
-                    });
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !replica.wait_for_role("slave", left).await {
+                return Err(ServerError::NotReady {
+                    what: format!("the Redis Cluster replica on {}", replica.addr()),
+                    waited: READY_DEADLINE,
+                    log_tail: replica.log_tail(20),
+                });
             }
         }
         Ok(())

@@ -182,6 +182,23 @@ impl RedisServer {
         redis_resp::command_with(self.addr(), self.options.password.as_deref(), args).await
     }
 
+    /// Whether the server reports the replication `role` (`"master"` or
+    /// `"slave"`, as `INFO replication` names them) within `timeout`; a
+    /// replica only once its link to the master is up too, so that it
+    /// replicates (and acknowledges `WAIT`) from then on. Asked every 50 ms.
+    pub async fn wait_for_role(&self, role: &str, timeout: Duration) -> bool {
+        crate::eventually(timeout, || async {
+            self.command(&["INFO", "replication"])
+                .await
+                .is_ok_and(|info| {
+                    redis_resp::info_field(&info, "role") == Some(role)
+                        && (role == "master"
+                            || redis_resp::info_field(&info, "master_link_status") == Some("up"))
+                })
+        })
+        .await
+    }
+
     /// How many live keys match the glob `pattern` (a key past its expiry is
     /// not counted, even before the server has removed it).
     pub async fn count_keys(&self, pattern: &str) -> Result<usize, io::Error> {
