@@ -21,14 +21,17 @@
 //! `cargo bench -p lockkit-benches --bench cycle_overhead`
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockkit_benches::{Deployment, Limit, RAW_RELEASE, RunMode, Servers, save_summary};
+use lockkit_benches::{
+    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RAW_RELEASE, RunMode, Servers,
+    save_summary,
+};
 use lockkit_core::{DistributedLock, LockOptions};
 use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
-use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -59,7 +62,7 @@ fn main() {
     for (deployment, target) in BACKENDS {
         for flavour in ["current_thread", "multi_thread"] {
             let rt = runtime(flavour);
-            let mut fixture = rt.block_on(Fixture::new(&servers, deployment));
+            let fixture = rt.block_on(Fixture::new(&servers, deployment));
             let measured: Vec<Run> = (0..runs)
                 .map(|_| rt.block_on(fixture.run(blocks, per_block)))
                 .collect();
@@ -93,13 +96,31 @@ fn runtime(flavour: &str) -> Runtime {
     builder.enable_all().build().expect("a tokio runtime")
 }
 
+/// The two cycles compared.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cycle {
+    Raw,
+    Lockkit,
+}
+
+impl CycleKind for Cycle {
+    const ALL: &'static [Cycle] = &[Cycle::Raw, Cycle::Lockkit];
+
+    fn bench(self) -> &'static str {
+        match self {
+            Cycle::Raw => "raw_floor",
+            Cycle::Lockkit => "lockkit_cycle",
+        }
+    }
+}
+
 /// One client of each side, on the runtime that measures it.
 struct Fixture {
     raw: Vec<MultiplexedConnection>,
     script: redis::Script,
     locks: std::sync::Arc<dyn DistributedLock>,
     opts: LockOptions,
-    tokens: u64,
+    tokens: AtomicU64,
 }
 
 /// One run: the medians of the blocks' cycle times, and of their ratios.
@@ -124,94 +145,84 @@ impl Fixture {
             script,
             locks,
             opts: LockOptions::new().ttl(TTL).auto_renew(false),
-            tokens: 0,
+            tokens: AtomicU64::new(0),
         }
     }
 
-    async fn run(&mut self, blocks: usize, per_block: usize) -> Run {
-        let (mut raw, mut lockkit, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        for block in 0..WARM_UP_BLOCKS + blocks {
-            // The order alternates, so that neither side always follows
-            // the other.
-            let (r, l) = if block % 2 == 0 {
-                let r = self.raw_block(per_block).await;
-                (r, self.lockkit_block(per_block).await)
-            } else {
-                let l = self.lockkit_block(per_block).await;
-                (self.raw_block(per_block).await, l)
-            };
-            if block >= WARM_UP_BLOCKS {
-                raw.push(r);
-                lockkit.push(l);
-                ratios.push(l / r);
+    /// Warm-up blocks (not counted), then `blocks` interleaved blocks of
+    /// `per_block` cycles of each side, the order alternating.
+    async fn run(&self, blocks: usize, per_block: usize) -> Run {
+        Interleaved::<Cycle>::measure(self, WARM_UP_BLOCKS, per_block).await;
+        let measured = Interleaved::<Cycle>::measure(self, blocks, per_block).await;
+        let us = |kind| measured.median(kind).expect("measured blocks") / 1e3;
+        Run {
+            raw_us: us(Cycle::Raw),
+            lockkit_us: us(Cycle::Lockkit),
+            ratio: measured
+                .paired_ratio(Cycle::Lockkit, Cycle::Raw)
+                .expect("measured blocks"),
+        }
+    }
+
+    /// `SET NX PX` on every server at once, then the compare-and-delete on
+    /// every server at once.
+    async fn raw_cycle(&self) {
+        let token = format!("raw-{}", self.tokens.fetch_add(1, Ordering::Relaxed));
+        let set = join_all(self.raw.iter().map(|conn| {
+            let mut conn = conn.clone();
+            let token = &token;
+            async move {
+                redis::cmd("SET")
+                    .arg("bench:overhead:raw")
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+            }
+        }))
+        .await;
+        assert!(
+            set.iter().all(|s| matches!(s, Ok(Some(_)))),
+            "raw SET NX: {set:?}"
+        );
+        let deleted = join_all(self.raw.iter().map(|conn| {
+            let mut conn = conn.clone();
+            let script = &self.script;
+            let token = &token;
+            async move {
+                script
+                    .key("bench:overhead:raw")
+                    .arg(token)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            }
+        }))
+        .await;
+        assert!(
+            deleted.iter().all(|d| matches!(d, Ok(1))),
+            "raw compare-and-delete: {deleted:?}"
+        );
+    }
+}
+
+impl CycleFixture for Fixture {
+    type Kind = Cycle;
+
+    async fn run(&self, kind: Cycle) {
+        match kind {
+            Cycle::Raw => self.raw_cycle().await,
+            Cycle::Lockkit => {
+                let guard = self
+                    .locks
+                    .try_acquire("bench:overhead:lockkit", &self.opts)
+                    .await
+                    .expect("try_acquire")
+                    .expect("an uncontended lock");
+                guard.release().await.expect("release");
             }
         }
-        Run {
-            raw_us: median(raw) * 1e6,
-            lockkit_us: median(lockkit) * 1e6,
-            ratio: median(ratios),
-        }
-    }
-
-    /// Seconds per raw cycle over `n` cycles.
-    async fn raw_block(&mut self, n: usize) -> f64 {
-        let started = Instant::now();
-        for _ in 0..n {
-            self.tokens += 1;
-            let token = format!("raw-{}", self.tokens);
-            let set = join_all(self.raw.iter().map(|conn| {
-                let mut conn = conn.clone();
-                let token = &token;
-                async move {
-                    redis::cmd("SET")
-                        .arg("bench:overhead:raw")
-                        .arg(token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL.as_millis() as u64)
-                        .query_async::<Option<String>>(&mut conn)
-                        .await
-                }
-            }))
-            .await;
-            assert!(
-                set.iter().all(|s| matches!(s, Ok(Some(_)))),
-                "raw SET NX: {set:?}"
-            );
-            let deleted = join_all(self.raw.iter().map(|conn| {
-                let mut conn = conn.clone();
-                let script = &self.script;
-                let token = &token;
-                async move {
-                    script
-                        .key("bench:overhead:raw")
-                        .arg(token)
-                        .invoke_async::<i64>(&mut conn)
-                        .await
-                }
-            }))
-            .await;
-            assert!(
-                deleted.iter().all(|d| matches!(d, Ok(1))),
-                "raw compare-and-delete: {deleted:?}"
-            );
-        }
-        started.elapsed().as_secs_f64() / n as f64
-    }
-
-    /// Seconds per lockkit cycle over `n` cycles.
-    async fn lockkit_block(&mut self, n: usize) -> f64 {
-        let started = Instant::now();
-        for _ in 0..n {
-            let guard = self
-                .locks
-                .try_acquire("bench:overhead:lockkit", &self.opts)
-                .await
-                .expect("try_acquire")
-                .expect("an uncontended lock");
-            guard.release().await.expect("release");
-        }
-        started.elapsed().as_secs_f64() / n as f64
     }
 }
 

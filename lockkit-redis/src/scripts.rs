@@ -15,16 +15,17 @@ use redis::Script;
 /// microseconds, not at 1. A counter is only ever removed once the clock has
 /// passed its value (`retire_fence` makes it expire just after its value, at
 /// once when the clock has passed it; its own expiry is never earlier), so a
-/// counter started afresh
-/// starts above every token drawn before. Holds while the server's clock
-/// does not go back. Exact in Lua's doubles (2^53 µs is 285 years).
+/// counter started afresh starts above every token drawn before. Holds while
+/// the server's clock does not go back. Exact in Lua's doubles (2^53 µs is
+/// 285 years).
 ///
 /// The counter expires with the lease it was drawn for (`keep_alive`
 /// extends it with the lease), so `status` can tell the holder's token and
 /// a crashed holder's counter goes with its lease. `draw_fence` returns the
 /// token and, for a counter that existed, the expiry it needs (the lease's
-/// end, and never before the token's time) and the clock in ms. `next_fence` never
-/// shortens the counter's life (other readers may hold longer leases);
+/// end, and never before the token's time) and the clock in ms.
+/// `next_fence` never shortens the counter's life (other readers may hold
+/// longer leases);
 /// `next_sole_fence`, for a holding nobody else shares (a writer: no live
 /// reader is left when it is granted), sets it outright, one command fewer
 /// in the exclusive cycle.

@@ -284,24 +284,14 @@ async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
         cycle().await;
     }
     let info = server.command(&["INFO", "commandstats"]).await.unwrap();
-    let calls = |name: &str| -> u64 {
-        info.split_whitespace()
-            .find_map(|part| part.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
     assert_eq!(
         evalsha_calls(&info),
         2 * CYCLES,
         "two round trips a cycle: {info}"
     );
-    let inside: u64 = info
-        .split_whitespace()
-        .filter_map(|part| part.strip_prefix("cmdstat_"))
-        .filter_map(|part| part.split(':').next())
-        .filter(|name| !matches!(*name, "evalsha" | "config|resetstat" | "info"))
-        .map(calls)
+    let inside: u64 = command_calls(&info)
+        .filter(|(name, _)| !matches!(*name, "evalsha" | "config|resetstat" | "info"))
+        .map(|(_, calls)| calls)
         .sum();
     assert!(
         inside <= 10 * CYCLES,
@@ -310,12 +300,18 @@ async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
     );
 }
 
+/// The calls of each command in an `INFO commandstats` reply.
+fn command_calls(info: &str) -> impl Iterator<Item = (&str, u64)> {
+    info.split_whitespace().filter_map(|part| {
+        let (name, rest) = part.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+        Some((name, rest.split(',').next()?.parse().ok()?))
+    })
+}
+
 fn evalsha_calls(info: &str) -> u64 {
-    info.split_whitespace()
-        .find_map(|part| part.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    command_calls(info)
+        .find(|(name, _)| *name == "evalsha")
+        .map_or(0, |(_, calls)| calls)
 }
 
 /// A waiter is woken by the release's pub/sub message, not by polling: with a
