@@ -15,7 +15,8 @@
 #      README;
 #   2. the seckill load generator on every backend, and rslock beside Redis;
 #   3. the scaling curves (contenders, keys) with their charts;
-#   4. the lease density of 100 000 auto-renewed Redis leases.
+#   4. the lease density of 1 000 000 auto-renewed Redis leases (renewals
+#      batched); scripts/readme-bench.sh density copies its table.
 #
 # Everything lands in target/lockkit-bench/ (summaries, JSON, SVG and PNG).
 # LOCKKIT_BENCH_BACKENDS=redis,zk limits steps 1-3 to some backends;

@@ -306,7 +306,8 @@ async fn a_held_lock_gives_75_after_the_wait_without_running_the_command() {
 #[tokio::test]
 async fn an_unavailable_backend_gives_69_without_its_password() {
     let dir = tempfile::tempdir().unwrap();
-    let port = lockkit_testkit::free_port();
+    let closed = lockkit_testkit::ClosedPort::reserve();
+    let port = closed.port();
     let url = format!("redis://:hunter2@127.0.0.1:{port}?connect_timeout=300ms");
     let start = Instant::now();
     let out = run(dir.path(), &["--url", &url, "exec", "job", "--", "true"]).await;

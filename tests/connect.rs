@@ -98,7 +98,8 @@ async fn redis_urls() {
         assert_invalid_url(bad, &err);
     }
     // A closed port: unavailable, quickly, and the password stays out of the error.
-    let port = lockkit_testkit::free_port();
+    let closed = lockkit_testkit::ClosedPort::reserve();
+    let port = closed.port();
     let url = format!("redis://:hunter2@127.0.0.1:{port}?connect_timeout=500ms");
     let start = std::time::Instant::now();
     let err = lockkit::connect(&url).await.unwrap_err();
@@ -143,7 +144,11 @@ async fn redis_cluster_and_sentinel_urls() {
         assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
     }
     // Nobody listens: unavailable within the connect timeout, secret-free.
-    let (a, b) = (lockkit_testkit::free_port(), lockkit_testkit::free_port());
+    let closed = [
+        lockkit_testkit::ClosedPort::reserve(),
+        lockkit_testkit::ClosedPort::reserve(),
+    ];
+    let (a, b) = (closed[0].port(), closed[1].port());
     for url in [
         format!("redis+cluster://:hunter2@127.0.0.1:{a},127.0.0.1:{b}?connect_timeout=500ms"),
         format!(

@@ -16,6 +16,7 @@ use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::{Keys, LeaseSet, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
+use crate::renewals::{Held, Renewal, Renewals};
 use crate::scripts::{SCRIPTS, SOURCES};
 use crate::sentinel::{Resolver, SentinelConnection};
 use crate::settings::{RedisConfig, ReplicaWait, Topology};
@@ -42,6 +43,8 @@ struct Inner {
     notifications: Arc<Notifications>,
     command_timeout: Duration,
     wait: Option<ReplicaWait>,
+    /// Batches renewals; none on a Cluster or with `WAIT` (see `renew`).
+    renewals: Option<Renewals>,
 }
 
 impl fmt::Debug for RedisInstance {
@@ -257,8 +260,17 @@ impl RedisInstance {
             config.command_timeout,
             config.subscription_linger,
         );
+        let renewals = match (&config.topology, config.wait) {
+            (Topology::Cluster { .. }, _) | (_, Some(_)) => None,
+            _ => Some(Renewals::new(
+                commands.clone(),
+                address.clone(),
+                config.command_timeout,
+            )),
+        };
         Ok(RedisInstance {
             inner: Arc::new(Inner {
+                renewals,
                 address,
                 mode: config.mode(),
                 commands,
@@ -459,21 +471,38 @@ impl RedisInstance {
 
     /// Extends `owner`'s lease to `ttl` from now; false if the key is not `owner`'s.
     pub async fn extend(&self, keys: &Keys, owner: &str, ttl: Duration) -> Result<bool> {
-        let mut invocation = SCRIPTS.extend.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .arg(owner)
-            .arg(ttl_millis(ttl));
-        self.renew(&keys.lock, invocation).await
+        self.renew(Renewal::new(
+            Held::Lock,
+            &keys.lock,
+            &keys.fence,
+            owner,
+            ttl_millis(ttl),
+        ))
+        .await
     }
 
-    /// Runs a renewal script. Where grants must reach replicas, so must
-    /// renewals (a replica promoted with the old expiry would free the lock
-    /// early): `WAIT` follows, and a renewal too few replicas acknowledged
-    /// is `Unavailable`, so that the guard's validity does not move (its
-    /// watchdog tries again while the lease lasts).
-    async fn renew(&self, key: &str, invocation: ScriptInvocation<'_>) -> Result<bool> {
+    /// Runs a renewal: batched with others (see [`crate::renewals`]) on a
+    /// single server or a Sentinel master; alone on a Redis Cluster (the
+    /// leases of a batch would span hash slots). Where grants must reach
+    /// replicas, so must renewals (a replica promoted with the old expiry
+    /// would free the lock early): they run alone, `WAIT` follows, and a
+    /// renewal too few replicas acknowledged is `Unavailable`, so that the
+    /// guard's validity does not move (its watchdog tries again while the
+    /// lease lasts).
+    async fn renew(&self, renewal: Renewal) -> Result<bool> {
+        if let Some(renewals) = &self.inner.renewals {
+            return renewals.renew(renewal).await;
+        }
+        let script = match renewal.held() {
+            Held::Lock => &SCRIPTS.extend,
+            Held::Member => &SCRIPTS.extend_member,
+        };
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(renewal.key())
+            .key(renewal.fence())
+            .arg(renewal.owner())
+            .arg(renewal.ttl_ms());
         let extended: i64 = match (self.inner.wait, &self.inner.acquire) {
             (Some(wait), Some(acquire)) => {
                 let mut conn = acquire.clone();
@@ -487,8 +516,11 @@ impl RedisInstance {
                 if extended == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX)
                 {
                     let message = format!(
-                        "key {key:?} on {}: renewal written but only {acknowledged} of {} replicas acknowledged within {:?}",
-                        self.inner.address, wait.replicas, wait.timeout
+                        "key {:?} on {}: renewal written but only {acknowledged} of {} replicas acknowledged within {:?}",
+                        renewal.key(),
+                        self.inner.address,
+                        wait.replicas,
+                        wait.timeout
                     );
                     tracing::warn!(redis.address = %self.inner.address, "{message}");
                     return Err(LockError::unavailable(BACKEND, message));
@@ -534,13 +566,14 @@ impl RedisInstance {
         owner: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut invocation = SCRIPTS.extend_member.prepare_invoke();
-        invocation
-            .key(set.set)
-            .key(set.fence)
-            .arg(owner)
-            .arg(ttl_millis(ttl));
-        self.renew(set.set, invocation).await
+        self.renew(Renewal::new(
+            Held::Member,
+            set.set,
+            set.fence,
+            owner,
+            ttl_millis(ttl),
+        ))
+        .await
     }
 
     /// Removes `owner`'s lease from the sorted set `set` and publishes on

@@ -10,6 +10,7 @@ mod holding;
 mod instance;
 mod keys;
 mod notifications;
+mod renewals;
 mod scripts;
 mod sentinel;
 mod settings;

@@ -94,6 +94,36 @@ end
     };
 }
 
+/// Renewing one lease: `extend_lock` of a lock key (if it holds `owner`,
+/// it and the fence counter last `ttl` ms more), `extend_member` of a
+/// member of a sorted set (if `owner`'s lease is live at `now`, it ends
+/// `ttl` ms after it, and the set and the counter last as long). Each
+/// returns 1 if extended, 0 if the lease is not `owner`'s. Needs
+/// `lease_sets!`.
+macro_rules! renewals {
+    () => {
+        r"
+local function extend_lock(key, fence, owner, ttl)
+  if redis.call('GET', key) == owner then
+    keep_alive(fence, ttl)
+    return redis.call('PEXPIRE', key, ttl)
+  end
+  return 0
+end
+local function extend_member(set, fence, owner, ttl, now)
+  local score = redis.call('ZSCORE', set, owner)
+  if score and tonumber(score) > now then
+    redis.call('ZADD', set, 'XX', now + ttl, owner)
+    keep_alive(set, ttl)
+    keep_alive(fence, ttl)
+    return 1
+  end
+  return 0
+end
+"
+    };
+}
+
 /// Adding `owner`'s lease to a sorted set of leases (readers, permits),
 /// ending `ttl` ms after `now`, and the grant's answer (with a token drawn
 /// from `fence_key` when `fencing` is "1"). Needs `fences!` and
@@ -198,17 +228,9 @@ return join(KEYS[1], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 /// lease was live and now ends ttl from now.
 const EXTEND_MEMBER: &str = concat!(
     lease_sets!(),
+    renewals!(),
     r"
-local now = now_ms()
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) > now then
-  local ttl = tonumber(ARGV[2])
-  redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[1])
-  keep_alive(KEYS[1], ttl)
-  keep_alive(KEYS[2], ttl)
-  return 1
-end
-return 0
+return extend_member(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), now_ms())
 "
 );
 
@@ -265,12 +287,34 @@ return {0, 0, fence, ''}
 /// ttl in ms. Returns 1 if extended.
 const EXTEND: &str = concat!(
     lease_sets!(),
+    renewals!(),
     r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  keep_alive(KEYS[2], tonumber(ARGV[2]))
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return extend_lock(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]))
+"
+);
+
+/// Many renewals in one call (see `crate::renewals`): for the i-th,
+/// KEYS[2i-1] its lock key or sorted set, KEYS[2i] its fence counter;
+/// ARGV[3i-2] "x" for a lock key or "m" for a member of a sorted set,
+/// ARGV[3i-1] owner token, ARGV[3i] ttl in ms. Returns one 1 (extended) or
+/// 0 per renewal, in order: each as `EXTEND` or `EXTEND_MEMBER` would.
+const EXTEND_MANY: &str = concat!(
+    lease_sets!(),
+    renewals!(),
+    r"
+local now = nil
+local extended = {}
+for i = 1, #KEYS / 2 do
+  local key, fence = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner, ttl = ARGV[3 * i - 1], tonumber(ARGV[3 * i])
+  if ARGV[3 * i - 2] == 'x' then
+    extended[i] = extend_lock(key, fence, owner, ttl)
+  else
+    now = now or now_ms()
+    extended[i] = extend_member(key, fence, owner, ttl, now)
+  end
 end
-return 0
+return extended
 "
 );
 
@@ -327,6 +371,7 @@ pub(crate) struct Scripts {
     pub(crate) acquire_permit: Script,
     pub(crate) extend: Script,
     pub(crate) extend_member: Script,
+    pub(crate) extend_many: Script,
     pub(crate) release: Script,
     pub(crate) release_member: Script,
     pub(crate) hand_over: Script,
@@ -339,6 +384,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire_permit: Script::new(ACQUIRE_PERMIT),
     extend: Script::new(EXTEND),
     extend_member: Script::new(EXTEND_MEMBER),
+    extend_many: Script::new(EXTEND_MANY),
     release: Script::new(RELEASE),
     release_member: Script::new(RELEASE_MEMBER),
     hand_over: Script::new(HAND_OVER),
@@ -346,12 +392,13 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 });
 
 /// The sources, for `SCRIPT LOAD` at connect time.
-pub(crate) const SOURCES: [&str; 9] = [
+pub(crate) const SOURCES: [&str; 10] = [
     ACQUIRE,
     ACQUIRE_SHARED,
     ACQUIRE_PERMIT,
     EXTEND,
     EXTEND_MEMBER,
+    EXTEND_MANY,
     RELEASE,
     RELEASE_MEMBER,
     HAND_OVER,

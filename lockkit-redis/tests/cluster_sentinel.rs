@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
+use lockkit_testkit::{ClosedPort, RedisCluster, RedisSentinels, RedisServer, eventually};
 use lockkit_testkit::{FaultControl, TestServer, waiter};
-use lockkit_testkit::{RedisCluster, RedisSentinels, RedisServer, eventually, free_port};
 use tokio::time::Instant;
 
 const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
@@ -612,7 +612,8 @@ async fn bad_cluster_and_sentinel_urls_are_invalid_and_secret_free() {
 
 #[tokio::test]
 async fn unreachable_cluster_and_sentinels_are_unavailable() {
-    let (p1, p2) = (free_port(), free_port());
+    let closed = [ClosedPort::reserve(), ClosedPort::reserve()];
+    let (p1, p2) = (closed[0].port(), closed[1].port());
     for url in [
         format!("redis+cluster://:topsecret@127.0.0.1:{p1},127.0.0.1:{p2}?connect_timeout=500ms"),
         format!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
-use lockkit_testkit::{FaultControl, TestServer, waiter};
+use lockkit_testkit::{ClosedPort, FaultControl, TestServer, waiter};
 use lockkit_testkit::{
     PythonPeer, RedisServer, TestCerts, assert_mutual_exclusion_with, free_port,
 };
@@ -158,7 +158,8 @@ async fn unresponsive_server_fails_within_connect_timeout() {
 /// Nothing listens: `Unavailable`, quickly.
 #[tokio::test]
 async fn closed_port_is_unavailable() {
-    let port = free_port();
+    let closed = ClosedPort::reserve();
+    let port = closed.port();
     let start = Instant::now();
     let err = lockkit_redis::connect(&format!("redis://127.0.0.1:{port}?connect_timeout=1s"))
         .await
@@ -298,6 +299,72 @@ async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
         "{} commands inside the scripts per cycle: {info}",
         inside as f64 / CYCLES as f64
     );
+}
+
+/// Renewals are batched: 200 held leases (half exclusive, half semaphore
+/// permits) renewed every 200 ms for a second go to the server in far fewer
+/// script calls than renewals, and every lease lives on (each renewal works
+/// as it would alone), also after the server lost its scripts. The scale
+/// of it is `lockkit-scale density`.
+#[tokio::test]
+async fn renewals_of_many_leases_share_round_trips() {
+    const LEASES: usize = 200;
+    let server = RedisServer::start().await;
+    let locks = connect(&server.url()).await;
+    let ttl = Duration::from_millis(600);
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        let opts = LockOptions::new().ttl(ttl).auto_renew(true);
+        let (name, opts) = if i % 2 == 0 {
+            (format!("batched/{i}"), opts)
+        } else {
+            ("batched-permits".to_owned(), opts.semaphore(LEASES as u32))
+        };
+        guards.push(locks.try_acquire(&name, &opts).await.unwrap().unwrap());
+    }
+    // The server's command counts over `period`, once no lease was lost in it.
+    let hold = |period: Duration| {
+        let (server, guards) = (&server, &guards);
+        async move {
+            server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+            tokio::time::sleep(period).await;
+            let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+            let lost: Vec<_> = guards
+                .iter()
+                .filter(|g| g.is_lost())
+                .map(|g| g.name())
+                .collect();
+            assert!(lost.is_empty(), "leases lost: {lost:?}");
+            info
+        }
+    };
+    let info = hold(Duration::from_secs(1)).await;
+    // Each lease renews every ttl / 3, and nothing else runs meanwhile: an
+    // exclusive renewal checks its owner with one GET, a permit's with one
+    // ZSCORE.
+    let renewals: u64 = command_calls(&info)
+        .filter(|(name, _)| matches!(*name, "get" | "zscore"))
+        .map(|(_, calls)| calls)
+        .sum();
+    let calls = evalsha_calls(&info);
+    assert!(
+        renewals >= 2 * LEASES as u64,
+        "{renewals} renewals in a second: {info}"
+    );
+    assert!(
+        calls * 4 <= renewals,
+        "{calls} script calls for {renewals} renewals: {info}"
+    );
+    // A server that lost its scripts (a restart) gets them again.
+    server.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+    let info = hold(Duration::from_millis(700)).await;
+    assert!(
+        command_calls(&info).any(|(name, calls)| name == "script|load" && calls > 0),
+        "{info}"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
 }
 
 /// The calls of each command in an `INFO commandstats` reply.

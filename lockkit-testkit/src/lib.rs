@@ -57,7 +57,7 @@ pub use lockkit_conformance::{Probe, spawn_contenders};
 pub use mariadb_server::{MariaDbServer, MariaDbServerBuilder};
 pub use poll::eventually;
 pub use postgres_server::{PostgresServer, PostgresServerBuilder};
-pub use process::{ProcessSlot, ServerError, ServerProcess, free_port};
+pub use process::{ClosedPort, ProcessSlot, ServerError, ServerProcess, free_port};
 pub use proxy::TcpProxy;
 pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
 pub use redis_cluster::RedisCluster;

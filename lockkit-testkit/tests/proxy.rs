@@ -132,7 +132,8 @@ async fn reset_closes_connections_and_refuse_turns_new_ones_away() {
 #[tokio::test]
 async fn dead_upstream_closes_the_client_connection() {
     // A port with nothing listening.
-    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, lockkit_testkit::free_port()));
+    let closed = lockkit_testkit::ClosedPort::reserve();
+    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, closed.port()));
     let proxy = TcpProxy::start(upstream).await.unwrap();
     let mut stream = connect(&proxy).await;
     let mut buffer = [0_u8; 8];

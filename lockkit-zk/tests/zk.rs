@@ -250,7 +250,8 @@ async fn digest_credentials_protect_the_nodes() {
 /// An ensemble that cannot be reached is `Unavailable` within the connect timeout.
 #[tokio::test]
 async fn unreachable_ensemble_is_unavailable() {
-    let port = lockkit_testkit::free_port();
+    let closed = lockkit_testkit::ClosedPort::reserve();
+    let port = closed.port();
     let start = Instant::now();
     let err = lockkit_zk::connect(&format!("zk://127.0.0.1:{port}/locks?connect_timeout=1s"))
         .await

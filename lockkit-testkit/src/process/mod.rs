@@ -30,8 +30,8 @@ mod tests;
 
 pub use error::ServerError;
 pub(crate) use procfs::*;
-pub use setup::free_port;
 pub(crate) use setup::*;
+pub use setup::{ClosedPort, free_port};
 pub use slot::ProcessSlot;
 pub(crate) use slot::*;
 pub use spawn::ServerProcess;

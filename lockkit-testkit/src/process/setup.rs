@@ -45,6 +45,42 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A port on 127.0.0.1 where nothing listens, and nothing will while this
+/// value lives: its socket is bound but never listens, so a connection is
+/// refused at once and no other process (another test's server) can take
+/// the port meanwhile, as it could one from [`free_port`].
+#[derive(Debug)]
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl ClosedPort {
+    /// Reserves one.
+    ///
+    /// # Panics
+    ///
+    /// If no socket can be bound on 127.0.0.1 (no loopback interface).
+    pub fn reserve() -> ClosedPort {
+        let bound = tokio::net::TcpSocket::new_v4().and_then(|socket| {
+            socket.bind((Ipv4Addr::LOCALHOST, 0).into())?;
+            let port = socket.local_addr()?.port();
+            Ok((socket, port))
+        });
+        let (socket, port) =
+            bound.unwrap_or_else(|e| panic!("cannot bind a socket on 127.0.0.1: {e}"));
+        ClosedPort {
+            _socket: socket,
+            port,
+        }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
 /// Finds an executable: `name` itself when it contains a `/`, otherwise the
 /// first executable file called `name` in a directory of `PATH`.
 pub(crate) fn find_binary(name: impl AsRef<OsStr>, hint: &str) -> Result<PathBuf, ServerError> {
