@@ -4,7 +4,8 @@
 # them):
 #
 #   1. the criterion suite `compare` (cycle, try_fail, handoff, raw_floor per
-#      backend) and its Markdown table, `cycle_overhead` (the Redis and
+#      backend, then paired rounds of those cycles with the shared and
+#      permit ones) with its Markdown table and chart, `cycle_overhead` (the Redis and
 #      Redlock cycles over their raw floors, one client, blocks interleaved,
 #      7 runs on each runtime flavour), `etcd` (the etcd cycle paired with
 #      its raw floor, and the 16-way handoff, on both runtime flavours),

@@ -7,7 +7,9 @@
 # replaces the text between `<!-- bench:<name>:start -->` and
 # `<!-- bench:<name>:end -->` with target/lockkit-bench/<name>-summary.md
 # (written by `cargo bench -p lockkit-benches --bench <bench>`; test-mode runs
-# write none). The summary's titles become bold lines.
+# write none). The summary's titles become bold lines. Its charts,
+# target/lockkit-bench/<name>-*.svg, are copied to docs/ (where the README
+# shows them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for name in "$@"; do
@@ -31,5 +33,8 @@ if start not in text or end not in text:
 a, b = text.index(start) + len(start), text.index(end)
 readme.write_text(text[:a] + "\n".join(lines) + "\n" + text[b:])
 print(f"README.md: {name} block replaced from {summary}")
+for chart in sorted(summary.parent.glob(f"{name}-*.svg")):
+    pathlib.Path("docs", chart.name).write_bytes(chart.read_bytes())
+    print(f"docs/{chart.name}: copied from {chart}")
 PY
 done

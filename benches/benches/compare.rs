@@ -18,22 +18,32 @@
 //!   server (the physical floor of that backend on this machine; see
 //!   `lockkit_benches::RawFloor`).
 //!
-//! At the end a compact Markdown table gives each backend's medians and its
-//! cycles' ratios to its own raw floor; it is printed and written to
-//! `target/lockkit-bench/compare-summary.md`. `LOCKKIT_BENCH_BACKENDS=redis,zk`
-//! limits the run to some backends; `LOCKKIT_BENCH_QUICK=1` shrinks it.
+//! Then, per backend, interleaved rounds (`lockkit_benches::Interleaved`:
+//! every kind in every round, the order rotated) of the raw floor, the
+//! cycle with auto-renew off and on, the shared (reader) and permit
+//! (semaphore of 4) cycles and the `try_acquire` of a held lock, so that
+//! each ratio is paired: the median over rounds of one kind's round mean ÷
+//! its base's in the same round.
+//!
+//! At the end a Markdown table gives each backend's medians and paired
+//! ratios (and criterion's handoff with its yardstick); it is printed and
+//! written to `target/lockkit-bench/compare-summary.md`, with a chart of
+//! the ratios beside it (`compare-ratios.svg` and `.png`).
+//! `LOCKKIT_BENCH_BACKENDS=redis,zk` limits the run to some backends;
+//! `LOCKKIT_BENCH_QUICK=1` shrinks it.
 //!
 //! Run with `cargo bench -p lockkit-benches --bench compare`, or
 //! `scripts/bench.sh` for this and the load generator's comparisons.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use criterion::{BenchmarkGroup, Criterion, measurement::WallTime};
 use lockkit_benches::{
-    Deployment, Estimates, HandoffDiag, HandoffProbe, Handoffs, RawFloor, RunMode, Servers,
-    configure_fast, connect, fmt_opt_ns, lockkit_cycle, runtime, save_summary, selected,
+    CycleFixture, CycleKind, Deployment, HandoffDiag, HandoffProbe, Handoffs, Interleaved,
+    RawFloor, RunMode, Servers, configure_fast, connect, fmt_opt_ns, lockkit_cycle, runtime,
+    save_summary, selected, target_dir,
 };
 use lockkit_core::{DistributedLock, LockGuard, LockOptions};
 use tokio::runtime::Runtime;
@@ -55,6 +65,8 @@ struct Names {
     held: &'static str,
     handoff: &'static str,
     raw: &'static str,
+    shared: &'static str,
+    permit: &'static str,
 }
 
 impl Names {
@@ -69,6 +81,8 @@ impl Names {
             held: name("held"),
             handoff: name("handoff"),
             raw: name("raw"),
+            shared: name("shared"),
+            permit: name("permit"),
         }
     }
 }
@@ -76,7 +90,6 @@ impl Names {
 fn main() {
     let mode = RunMode::from_env();
     let runtime = runtime();
-    let run_started = SystemTime::now();
     let backends = selected();
     let servers = runtime.block_on(Servers::start(&backends));
     let fixtures: Vec<Fixture> = backends
@@ -121,7 +134,19 @@ fn main() {
     if mode == RunMode::List {
         return;
     }
-    save_summary(mode, "compare", &summary(run_started, &fixtures, &handoffs));
+    let (rounds, per_round) = match mode {
+        // Thirteen backends, the slowest at about a millisecond a cycle.
+        RunMode::Bench => (15, 50),
+        _ => mode.interleaved_plan(),
+    };
+    let paired: Vec<Interleaved<Cycle>> = fixtures
+        .iter()
+        .map(|f| runtime.block_on(Interleaved::measure(f, rounds, per_round)))
+        .collect();
+    save_summary(mode, "compare", &summary(&fixtures, &paired, &handoffs));
+    if mode != RunMode::Test {
+        chart(&fixtures, &paired);
+    }
     // Clients end before their servers.
     runtime.block_on(async move {
         for f in fixtures {
@@ -158,20 +183,99 @@ impl Fixture {
             .await
             .expect("hold the try_fail lock");
         let raw = RawFloor::connect(servers, backend).await;
-        let opts = LockOptions::new().ttl(TTL);
         // Outside every measurement: first acquires create rows, nodes and
         // connections.
-        for _ in 0..3 {
-            lockkit_cycle(lock.as_ref(), names.cycle, &opts).await;
-            lockkit_cycle(lock.as_ref(), names.renew, &opts).await;
-            raw.cycle(names.raw).await;
-        }
-        Fixture {
+        let fixture = Fixture {
             backend,
             names,
             lock,
             held,
             raw,
+        };
+        for _ in 0..3 {
+            for &kind in Cycle::ALL {
+                fixture.run(kind).await;
+            }
+        }
+        fixture
+    }
+}
+
+impl Fixture {
+    /// Whether the backend has the kind of holding (MySQL named locks have
+    /// no shared side, for one): a kind it has not is skipped, and its
+    /// cells say so.
+    fn has(&self, kind: Cycle) -> bool {
+        let can = self.lock.capabilities();
+        match kind {
+            Cycle::Shared => can.shared,
+            Cycle::Permit => can.semaphore,
+            _ => true,
+        }
+    }
+}
+
+/// The kinds of the interleaved rounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cycle {
+    /// The raw floor's cycle.
+    Raw,
+    /// `acquire` + `release`, auto-renew off.
+    Exclusive,
+    /// The same with auto-renew on.
+    Renewed,
+    /// A shared (reader) holding's cycle.
+    Shared,
+    /// A permit's cycle, of a semaphore of 4.
+    Permit,
+    /// `try_acquire` of a lock another client holds.
+    TryHeld,
+}
+
+impl CycleKind for Cycle {
+    const ALL: &'static [Cycle] = &[
+        Cycle::Raw,
+        Cycle::Exclusive,
+        Cycle::Renewed,
+        Cycle::Shared,
+        Cycle::Permit,
+        Cycle::TryHeld,
+    ];
+
+    fn bench(self) -> &'static str {
+        match self {
+            Cycle::Raw => "raw",
+            Cycle::Exclusive => "exclusive",
+            Cycle::Renewed => "renewed",
+            Cycle::Shared => "shared",
+            Cycle::Permit => "permit",
+            Cycle::TryHeld => "try_held",
+        }
+    }
+}
+
+impl CycleFixture for Fixture {
+    type Kind = Cycle;
+
+    async fn run(&self, kind: Cycle) {
+        if !self.has(kind) {
+            return;
+        }
+        let (lock, names) = (self.lock.as_ref(), &self.names);
+        let opts = LockOptions::new().ttl(TTL).auto_renew(false);
+        match kind {
+            Cycle::Raw => self.raw.cycle(names.raw).await,
+            Cycle::Exclusive => lockkit_cycle(lock, names.cycle, &opts).await,
+            Cycle::Renewed => lockkit_cycle(lock, names.renew, &opts.auto_renew(true)).await,
+            Cycle::Shared => lockkit_cycle(lock, names.shared, &opts.shared()).await,
+            Cycle::Permit => lockkit_cycle(lock, names.permit, &opts.semaphore(4)).await,
+            Cycle::TryHeld => {
+                let got = lock
+                    .try_acquire(names.held, &opts.no_wait())
+                    .await
+                    .expect("try_acquire");
+                assert!(got.is_none(), "{}: took a held lock", self.backend);
+            }
         }
     }
 }
@@ -258,25 +362,32 @@ fn bench_handoff(
     .bench_as(c, runtime, "handoff", backend.label(), mode)
 }
 
-/// The table: per backend, the raw floor, both cycles with their ratio to
-/// the floor, `try_fail`, and the handoff with its yardstick.
-fn summary(run_started: SystemTime, fixtures: &[Fixture], handoffs: &[HandoffDiag]) -> String {
-    let estimates = Estimates::new(run_started);
-    let mut out = String::from(
-        "## lockkit's backends side by side\n\n\
-         Criterion's medians, measured one benchmark after another; each cycle's ratio is to its own backend's raw floor. \
-         The handoff is lockkit's, from the holder's `release()` call to the queued waiter's lock; its yardstick is one `status` call timed just before it (median of the pairs).\n\n\
-         | backend | raw floor | cycle | × floor | cycle, auto-renew on | × floor | try_acquire of a held lock | handoff | handoff ÷ one `status` |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+/// The table: per backend, the interleaved rounds' medians and paired
+/// ratios, and criterion's handoff with its yardstick.
+fn summary(
+    fixtures: &[Fixture],
+    paired: &[Interleaved<Cycle>],
+    handoffs: &[HandoffDiag],
+) -> String {
+    let rounds = paired.first().map_or(0, Interleaved::rounds);
+    let mut out = format!(
+        "## lockkit's backends side by side ({rounds} interleaved rounds per backend)\n\n\
+         Medians over interleaved rounds (every kind in every round, the order rotated); each ratio is paired: the median over rounds of the kind's round mean ÷ its base's in the same round. \
+         The base of the exclusive cycles and of the failed `try_acquire` is the backend's raw floor (the same lock cycle written by hand against the server; a failed try is one round trip where the floor's cycle is two on most servers); \
+         that of the shared and permit cycles is the exclusive cycle (— where the backend has no such holding). \
+         The handoff is criterion's median, from the holder's `release()` call to the queued waiter's lock, over one `status` call timed just before it (median of the pairs).\n\n\
+         | backend | raw floor | cycle | × floor | cycle, auto-renew on | × floor | shared cycle | × cycle | permit cycle | × cycle | try_acquire of a held lock | × floor | handoff | handoff ÷ one `status` |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    for (f, handoff) in fixtures.iter().zip(handoffs) {
-        let label = f.backend.label();
-        let floor = estimates.median("raw_floor", label);
-        let off = estimates.median("cycle", &format!("{label}/renew_off"));
-        let on = estimates.median("cycle", &format!("{label}/renew_on"));
-        let ratio = |x: Option<f64>| match (x, floor) {
-            (Some(x), Some(floor)) => format!("{:.2}", x / floor),
-            _ => "n/a".to_owned(),
+    for ((f, rounds), handoff) in fixtures.iter().zip(paired).zip(handoffs) {
+        let cell = |kind: Cycle, base: Cycle| {
+            if !f.has(kind) {
+                return "— | —".to_owned();
+            }
+            let ratio = rounds
+                .paired_ratio(kind, base)
+                .map_or_else(|| "n/a".to_owned(), |r| format!("{r:.2}"));
+            format!("{} | {ratio}", fmt_opt_ns(rounds.median(kind)))
         };
         let (handoff_median, handoff_ratio) = match handoff.paired_medians() {
             Some((h, y)) => (
@@ -287,22 +398,55 @@ fn summary(run_started: SystemTime, fixtures: &[Fixture], handoffs: &[HandoffDia
         };
         let _ = writeln!(
             out,
-            "| {label} | {} | {} | {} | {} | {} | {} | {handoff_median} | {handoff_ratio} |",
-            fmt_opt_ns(floor),
-            fmt_opt_ns(off),
-            ratio(off),
-            fmt_opt_ns(on),
-            ratio(on),
-            fmt_opt_ns(estimates.median("try_fail", label)),
+            "| {} | {} | {} | {} | {} | {} | {} | {handoff_median} | {handoff_ratio} |",
+            f.backend.label(),
+            fmt_opt_ns(rounds.median(Cycle::Raw)),
+            cell(Cycle::Exclusive, Cycle::Raw),
+            cell(Cycle::Renewed, Cycle::Raw),
+            cell(Cycle::Shared, Cycle::Exclusive),
+            cell(Cycle::Permit, Cycle::Exclusive),
+            cell(Cycle::TryHeld, Cycle::Raw),
         );
     }
-    if fixtures
-        .iter()
-        .all(|f| estimates.median("raw_floor", f.backend.label()).is_none())
-    {
-        out.push_str(
-            "\nNote: criterion wrote no fresh estimates (`--test`/`--list` mode or a filter).\n",
-        );
-    }
+    out.push_str(
+        "\n![The paired ratios per backend](docs/compare-ratios.svg)\n\n\
+         The chart shows the table's ratios: `target/lockkit-bench/compare-ratios.svg` (and `.png`) of the same run, copied to `docs/` by `scripts/readme-bench.sh compare`.\n",
+    );
     out
+}
+
+/// The paired ratios as grouped bars, one group per backend.
+fn chart(fixtures: &[Fixture], paired: &[Interleaved<Cycle>]) {
+    let series = [
+        "cycle ÷ raw floor",
+        "auto-renew on ÷ raw floor",
+        "shared ÷ cycle",
+        "permit ÷ cycle",
+    ];
+    let groups: Vec<_> = fixtures
+        .iter()
+        .zip(paired)
+        .map(|(f, rounds)| {
+            let ratios = [
+                (Cycle::Exclusive, Cycle::Raw),
+                (Cycle::Renewed, Cycle::Raw),
+                (Cycle::Shared, Cycle::Exclusive),
+                (Cycle::Permit, Cycle::Exclusive),
+            ]
+            .map(|(kind, base)| rounds.paired_ratio(kind, base).filter(|_| f.has(kind)));
+            (f.backend.label().to_owned(), ratios.to_vec())
+        })
+        .collect();
+    let stem = target_dir().join("lockkit-bench").join("compare-ratios");
+    match lockkit_benches::plot::bar_chart(
+        &stem,
+        "lockkit's cycles, paired ratios (log scale)",
+        "ratio",
+        &series,
+        &groups,
+        1.0,
+    ) {
+        Ok(()) => println!("chart written to {}.svg and .png", stem.display()),
+        Err(e) => println!("no chart: {e}"),
+    }
 }

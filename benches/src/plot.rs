@@ -1,10 +1,11 @@
-//! Line charts of benchmark curves, as SVG and PNG (plotters), with the
+//! Line and bar charts of benchmark results, as SVG and PNG (plotters), with the
 //! DejaVu Sans font from Debian's `fonts-dejavu-core` (installed by
 //! `scripts/install-services.sh`).
 
 use std::path::Path;
 use std::sync::OnceLock;
 
+use plotters::coord::CoordTranslate;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
@@ -121,6 +122,16 @@ where
             .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(failed)?;
     }
+    finish(&mut chart, &area, title)
+}
+
+/// Draws the legend in the upper right corner and presents the picture.
+fn finish<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+) -> Result<(), String> {
+    let failed = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{title}: {e:?}");
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
@@ -130,4 +141,120 @@ where
         .draw()
         .map_err(failed)?;
     area.present().map_err(failed)
+}
+
+/// One group of bars: its label and one value per bar series (`None`: no bar).
+pub type BarGroup = (String, Vec<Option<f64>>);
+
+/// Grouped bars over a log-scaled value axis, one group per entry of
+/// `groups` and one bar of each of `series` in it, with a dashed line at
+/// `reference` (e.g. 1 for ratios); written to `<stem>.svg` and `<stem>.png`.
+pub fn bar_chart(
+    stem: &Path,
+    title: &str,
+    y_label: &str,
+    series: &[&str],
+    groups: &[BarGroup],
+    reference: f64,
+) -> Result<(), String> {
+    font()?;
+    let values = groups.iter().flat_map(|(_, v)| v.iter().flatten().copied());
+    let (min, max) = values.fold((reference, reference), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if groups.is_empty() || min <= 0.0 {
+        return Err(format!("{title}: nothing to plot"));
+    }
+    // Room above the tallest bar for the legend.
+    let y = (min * 0.8..max * 2.5).log_scale();
+    let svg = stem.with_extension("svg");
+    let png = stem.with_extension("png");
+    let size = (160 + 90 * groups.len() as u32, 600);
+    let bars = Bars {
+        title,
+        y_label,
+        series,
+        groups,
+        reference,
+    };
+    bars.draw(SVGBackend::new(&svg, size).into_drawing_area(), y.clone())?;
+    bars.draw(BitMapBackend::new(&png, size).into_drawing_area(), y)
+}
+
+struct Bars<'a> {
+    title: &'a str,
+    y_label: &'a str,
+    series: &'a [&'a str],
+    groups: &'a [BarGroup],
+    reference: f64,
+}
+
+impl Bars<'_> {
+    fn draw<DB: DrawingBackend, Y>(
+        &self,
+        area: DrawingArea<DB, plotters::coord::Shift>,
+        y: Y,
+    ) -> Result<(), String>
+    where
+        Y: AsRangedCoord<Value = f64>,
+        Y::CoordDescType: ValueFormatter<f64>,
+    {
+        let failed = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{}: {e:?}", self.title);
+        area.fill(&WHITE).map_err(failed)?;
+        let n = self.groups.len();
+        let mut chart = ChartBuilder::on(&area)
+            .caption(self.title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(60)
+            .y_label_area_size(72)
+            .build_cartesian_2d(0.0..n as f64, y)
+            .map_err(failed)?;
+        let labels = |x: &f64| {
+            let i = x.floor() as usize;
+            match self.groups.get(i) {
+                Some((label, _)) if (x - i as f64 - 0.5).abs() < 1e-6 => label.clone(),
+                _ => String::new(),
+            }
+        };
+        let floor = chart.y_range().start;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&labels)
+            .y_desc(self.y_label)
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(failed)?;
+        let width = 0.8 / self.series.len().max(1) as f64;
+        for (s, name) in self.series.iter().enumerate() {
+            let color = Palette99::pick(s).to_rgba();
+            let bars = self
+                .groups
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (_, values))| {
+                    let value = (*values.get(s)?)?;
+                    let x0 = i as f64 + 0.1 + s as f64 * width;
+                    Some(Rectangle::new(
+                        [(x0, floor), (x0 + width * 0.9, value)],
+                        color.filled(),
+                    ))
+                });
+            chart
+                .draw_series(bars)
+                .map_err(failed)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled())
+                });
+        }
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0.0, self.reference), (n as f64, self.reference)],
+                6,
+                4,
+                BLACK.stroke_width(1),
+            ))
+            .map_err(failed)?;
+        finish(&mut chart, &area, self.title)
+    }
 }
