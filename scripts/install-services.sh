@@ -88,11 +88,13 @@ fi
 
 redis-server --version >&2
 python3 -c 'import redis; print("redis-py", redis.__version__)' >&2
-java -version 2>&1 | head -n 1 >&2
+# `sed -n 1p` reads all of its input: `head` may exit first and, under
+# pipefail, fail the script with the version command's SIGPIPE.
+java -version 2>&1 | sed -n 1p >&2
 java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.version.VersionInfoMain >&2
 python3 -c 'import kazoo.version; print("kazoo", kazoo.version.__version__)' >&2
 "$(postgres_bin_dir)/postgres" --version >&2
 mariadbd=$(command -v mariadbd || echo /usr/sbin/mariadbd)
 "$mariadbd" --version >&2
-etcd --version | head -n 1 >&2
+etcd --version | sed -n 1p >&2
 protoc --version >&2
