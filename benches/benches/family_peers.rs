@@ -16,6 +16,12 @@
 //! * Readers scaling: 16 tasks taking the read side of one name, each
 //!   holding it for 5 ms, against one task doing the same: critical sections
 //!   per second, on Redis and on Postgres `advisory` (target: at least 8 ×).
+//! * 16-way contention on one exclusive lock, each task on a connection of
+//!   its own: lockkit's clients, then `distributed-lock`'s
+//!   `RedisDistributedLock` and `PostgresDistributedLock` on the same
+//!   servers: critical sections per second, how often the lock went
+//!   straight back to the task that released it, the handoff waits and the
+//!   time queued in `acquire`.
 //!
 //! Every cycle is `acquire` + `release` of an uncontended name, auto-renew
 //! off on both sides; the ratios come from interleaved rounds. Run with
@@ -28,12 +34,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use distributed_lock::{
-    DistributedReaderWriterLock, DistributedSemaphore, LockHandle, PostgresLockProvider,
-    ReaderWriterLockProvider, RedisLockProvider, SemaphoreProvider,
+    DistributedReaderWriterLock, DistributedSemaphore, LockHandle, LockProvider,
+    PostgresLockProvider, ReaderWriterLockProvider, RedisLockProvider, SemaphoreProvider,
 };
 use lockkit_benches::{
-    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, bench_then_pair,
-    connect, fmt_opt_ns, lockkit_cycle, save_summary,
+    Contender, Contention, CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode,
+    Servers, bench_then_pair, connect, contention, fmt_duration, fmt_opt_ns, lockkit_cycle,
+    save_summary,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 use lockkit_testkit::{CuratorPeer, TestServer};
@@ -43,6 +50,8 @@ const TTL: Duration = Duration::from_secs(30);
 const PERMITS: u32 = 4;
 /// How long a reader holds the lock in the scaling runs.
 const SECTION: Duration = Duration::from_millis(5);
+/// Tasks of the contention runs.
+const CONTENDERS: usize = 16;
 
 fn lockkit_opts(kind: &str) -> LockOptions {
     let opts = LockOptions::new().ttl(TTL).auto_renew(false);
@@ -283,7 +292,22 @@ fn main() {
         .into_iter()
         .map(|d| (d, runtime.block_on(readers_scaling(&servers, d, mode))))
         .collect();
-    let summary = summary(mode, &redis_rounds, &pg_rounds, &zk_rounds, &scaling);
+    let contended: Vec<(Deployment, Contention, Contention)> =
+        [Deployment::Redis, Deployment::PgAdvisory]
+            .into_iter()
+            .map(|d| {
+                let (ours, theirs) = runtime.block_on(contended(&servers, d, mode));
+                (d, ours, theirs)
+            })
+            .collect();
+    let summary = summary(
+        mode,
+        &redis_rounds,
+        &pg_rounds,
+        &zk_rounds,
+        &scaling,
+        &contended,
+    );
     save_summary(mode, "family-peers", &summary);
     drop((redis, pg, zk));
     drop(servers);
@@ -293,6 +317,74 @@ async fn client(servers: &Servers, deployment: Deployment) -> Arc<dyn Distribute
     connect(servers, deployment)
         .await
         .unwrap_or_else(|e| panic!("{deployment} connects: {e}"))
+}
+
+/// `distributed-lock`'s exclusive lock of one name as a contender.
+struct Peer<L>(L);
+
+impl<L> Contender for Peer<L>
+where
+    L: distributed_lock::DistributedLock + 'static,
+    L::Handle: 'static,
+{
+    type Held = L::Handle;
+
+    async fn take(&self, _name: &'static str) -> Result<L::Handle, String> {
+        self.0.acquire(None).await.map_err(|e| e.to_string())
+    }
+
+    async fn give_back(&self, held: L::Handle) -> Result<(), String> {
+        held.release().await.map_err(|e| e.to_string())
+    }
+}
+
+/// [`CONTENDERS`] tasks loop acquire → release on one name, each on a
+/// connection of its own: lockkit's clients of `deployment`, then
+/// `distributed-lock`'s locks on the same server. Bounded in count and time.
+async fn contended(
+    servers: &Servers,
+    deployment: Deployment,
+    mode: RunMode,
+) -> (Contention, Contention) {
+    let (total, cap) = match mode {
+        RunMode::Bench => (2000, Duration::from_secs(60)),
+        _ => (100, Duration::from_secs(20)),
+    };
+    let name: &'static str = format!("bench-contended-{}", deployment.label()).leak();
+    let mut clients = Vec::new();
+    for _ in 0..CONTENDERS {
+        clients.push(client(servers, deployment).await);
+    }
+    let ours = contention(clients, name, total, cap).await;
+    println!("{deployment}, lockkit: {}", ours.describe());
+    let theirs = match deployment {
+        Deployment::Redis => {
+            let mut locks = Vec::new();
+            for _ in 0..CONTENDERS {
+                let provider = RedisLockProvider::builder()
+                    .url(servers.redis()[0].url())
+                    .build()
+                    .await
+                    .expect("distributed-lock connects to Redis");
+                locks.push(Peer(provider.create_lock(name)));
+            }
+            contention(locks, name, total, cap).await
+        }
+        _ => {
+            let mut locks = Vec::new();
+            for _ in 0..CONTENDERS {
+                let provider = PostgresLockProvider::builder()
+                    .connection_string(servers.pg().url())
+                    .build()
+                    .await
+                    .expect("distributed-lock connects to Postgres");
+                locks.push(Peer(provider.create_lock(name)));
+            }
+            contention(locks, name, total, cap).await
+        }
+    };
+    println!("{deployment}, distributed-lock: {}", theirs.describe());
+    (ours, theirs)
 }
 
 /// Critical sections per second of one reader and of 16 readers on one name.
@@ -354,6 +446,7 @@ fn summary(
     pg: &Interleaved<PgKind>,
     zk: &Interleaved<ZkKind>,
     scaling: &[(Deployment, Scaling)],
+    contended: &[(Deployment, Contention, Contention)],
 ) -> String {
     let mut out = format!(
         "## lockkit's readers, writers and semaphores against their peers ({} run)\n\n\
@@ -429,6 +522,37 @@ fn summary(
             s.one,
             s.sixteen
         );
+    }
+    let _ = write!(
+        out,
+        "\n{CONTENDERS} tasks on one exclusive lock, each on a connection of its own, looping acquire → release (no work inside), on the same server one library after the other. \
+         Straight back: consecutive critical sections by the same task. Handoff wait: from a holder's release returning to the next holder's acquire returning. Queued: time in `acquire` (of the attempt that succeeded). \
+         Failed attempts are retried at once and counted: `distributed-lock` 0.2's Redis `acquire` on a single server makes one attempt and fails with `Timeout` when the lock is held, whatever its timeout, so its callers loop.\n\n\
+         | server | client | critical sections/s | straight back | handoff wait p50 / p99 / max | queued p50 / p99 | failed attempts |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    let at = |d: Option<Duration>| d.map_or_else(|| "n/a".to_owned(), fmt_duration);
+    for (deployment, ours, theirs) in contended {
+        for (client, run) in [("lockkit", ours), ("distributed-lock 0.2", theirs)] {
+            let _ = writeln!(
+                out,
+                "| {} | {client} | {:.0}{} | {:.1} % | {} / {} / {} | {} / {} | {} |",
+                deployment.label(),
+                run.per_second(),
+                if run.capped() {
+                    " (stopped by the cap)"
+                } else {
+                    ""
+                },
+                100.0 * run.straight_back_rate(),
+                at(run.wait(50.0)),
+                at(run.wait(99.0)),
+                at(run.wait(100.0)),
+                at(run.queued(50.0)),
+                at(run.queued(99.0)),
+                run.errors(),
+            );
+        }
     }
     out
 }

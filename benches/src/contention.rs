@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, LockOptions};
+use lockkit_core::{DistributedLock, LockGuard, LockOptions};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
@@ -40,6 +40,35 @@ pub struct Contention {
     acquire_waits: Vec<Duration>,
 }
 
+/// What a contending task takes and gives back: a lockkit client, or a
+/// peer library's lock.
+pub trait Contender: Send + Sync + 'static {
+    /// A holding, ended by [`give_back`](Self::give_back).
+    type Held: Send + 'static;
+
+    /// Takes the lock `name`, waiting as long as it takes.
+    fn take(&self, name: &'static str) -> impl Future<Output = Result<Self::Held, String>> + Send;
+
+    /// Ends a holding.
+    fn give_back(&self, held: Self::Held) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+impl Contender for Arc<dyn DistributedLock> {
+    type Held = LockGuard;
+
+    async fn take(&self, name: &'static str) -> Result<LockGuard, String> {
+        let opts = LockOptions::new().ttl(TTL);
+        self.as_ref()
+            .acquire(name, &opts)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn give_back(&self, held: LockGuard) -> Result<(), String> {
+        held.release().await.map_err(|e| e.to_string())
+    }
+}
+
 /// One critical section of a contention run: the task, when its acquire
 /// returned, when its release returned, and how long its acquire call took.
 type Section = (usize, Instant, Instant, Duration);
@@ -47,14 +76,13 @@ type Section = (usize, Instant, Instant, Duration);
 /// One task per entry of `locks` (the same client several times, or a
 /// client each) loops acquire → release on `name` until `total` critical
 /// sections are done, or `cap` has passed.
-pub async fn contention(
-    locks: Vec<Arc<dyn DistributedLock>>,
+pub async fn contention<C: Contender>(
+    locks: Vec<C>,
     name: &'static str,
     total: usize,
     cap: Duration,
 ) -> Contention {
     let tasks = locks.len();
-    let opts = LockOptions::new().ttl(TTL);
     let records: Arc<Mutex<Vec<Section>>> = Arc::new(Mutex::new(Vec::with_capacity(total)));
     let taken = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
@@ -65,8 +93,7 @@ pub async fn contention(
     let started = Instant::now();
     let mut handles = Vec::with_capacity(tasks);
     for (task_id, locks) in locks.into_iter().enumerate() {
-        let (opts, records, taken, errors, done_tx) = (
-            opts.clone(),
+        let (records, taken, errors, done_tx) = (
             records.clone(),
             taken.clone(),
             errors.clone(),
@@ -79,7 +106,7 @@ pub async fn contention(
                 let guard = tokio::select! {
                     biased;
                     _ = stop.wait_for(|stop| *stop) => return,
-                    result = locks.acquire(name, &opts) => match result {
+                    result = locks.take(name) => match result {
                         Ok(guard) => guard,
                         Err(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
@@ -90,10 +117,10 @@ pub async fn contention(
                 let acquired_at = Instant::now();
                 let index = taken.fetch_add(1, Ordering::SeqCst);
                 if index >= total {
-                    let _ = guard.release().await;
+                    let _ = locks.give_back(guard).await;
                     return;
                 }
-                if guard.release().await.is_err() {
+                if locks.give_back(guard).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
                 }
                 let released_at = Instant::now();
@@ -174,6 +201,12 @@ impl Contention {
     /// The `p`-th percentile of the handoff waits.
     pub fn wait(&self, p: f64) -> Option<Duration> {
         percentile(&self.handoff_waits, p)
+    }
+
+    /// The `p`-th percentile of the time spent in `acquire` (queued behind
+    /// the other tasks), over every critical section.
+    pub fn queued(&self, p: f64) -> Option<Duration> {
+        percentile(&self.acquire_waits, p)
     }
 
     /// Whether the run ended by its time cap, short of its critical sections.

@@ -25,7 +25,7 @@ mod stock;
 mod zk_raw;
 
 pub use catalog::{Deployment, RawFloor, Servers, benched, connect, connect_patient, selected};
-pub use contention::{Contention, contention};
+pub use contention::{Contender, Contention, contention};
 pub use cycles::{
     CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
 };
