@@ -359,32 +359,48 @@ async fn contended(
     println!("{deployment}, lockkit: {}", ours.describe());
     let theirs = match deployment {
         Deployment::Redis => {
-            let mut locks = Vec::new();
-            for _ in 0..CONTENDERS {
-                let provider = RedisLockProvider::builder()
-                    .url(servers.redis()[0].url())
-                    .build()
-                    .await
-                    .expect("distributed-lock connects to Redis");
-                locks.push(Peer(provider.create_lock(name)));
-            }
-            contention(locks, name, total, cap).await
+            let url = servers.redis()[0].url();
+            peer_contention(name, total, cap, || {
+                RedisLockProvider::builder().url(url.clone()).build()
+            })
+            .await
         }
         _ => {
-            let mut locks = Vec::new();
-            for _ in 0..CONTENDERS {
-                let provider = PostgresLockProvider::builder()
-                    .connection_string(servers.pg().url())
+            let url = servers.pg().url();
+            peer_contention(name, total, cap, || {
+                PostgresLockProvider::builder()
+                    .connection_string(url.clone())
                     .build()
-                    .await
-                    .expect("distributed-lock connects to Postgres");
-                locks.push(Peer(provider.create_lock(name)));
-            }
-            contention(locks, name, total, cap).await
+            })
+            .await
         }
     };
     println!("{deployment}, distributed-lock: {}", theirs.describe());
     (ours, theirs)
+}
+
+/// [`CONTENDERS`] of `distributed-lock`'s locks of `name`, each from a
+/// provider (a connection) of its own made by `connect`, in a contention run.
+async fn peer_contention<P, F, E>(
+    name: &'static str,
+    total: usize,
+    cap: Duration,
+    connect: impl Fn() -> F,
+) -> Contention
+where
+    P: LockProvider,
+    P::Lock: 'static,
+    F: Future<Output = Result<P, E>>,
+    E: std::fmt::Display,
+{
+    let mut locks = Vec::new();
+    for _ in 0..CONTENDERS {
+        let provider = connect()
+            .await
+            .unwrap_or_else(|e| panic!("distributed-lock connects: {e}"));
+        locks.push(Peer(provider.create_lock(name)));
+    }
+    contention(locks, name, total, cap).await
 }
 
 /// Critical sections per second of one reader and of 16 readers on one name.

@@ -98,7 +98,7 @@ type Request = (Renewal, oneshot::Sender<Result<bool>>);
 /// The batching task of one instance, started on first use.
 pub(crate) struct Renewals {
     commands: Connection,
-    address: String,
+    address: Arc<str>,
     timeout: Duration,
     queue: Mutex<Option<mpsc::UnboundedSender<Request>>>,
 }
@@ -107,7 +107,7 @@ impl Renewals {
     pub(crate) fn new(commands: Connection, address: String, timeout: Duration) -> Renewals {
         Renewals {
             commands,
-            address,
+            address: Arc::from(address),
             timeout,
             queue: Mutex::new(None),
         }
@@ -151,7 +151,7 @@ impl Renewals {
                 tokio::spawn(batching(
                     requests,
                     self.commands.clone(),
-                    Arc::from(self.address.as_str()),
+                    self.address.clone(),
                     self.timeout,
                 ));
                 *queue = Some(sender.clone());
