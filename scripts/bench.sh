@@ -49,7 +49,13 @@ else
 fi
 
 # The headline scenario: one key, 1 000 tasks, 20 000 requests, stock 10 000.
-target/release/lockkit-load --start "$backends" "${load[@]}" --compare-rslock | tee "$out/load-summary.txt"
+target/release/lockkit-load --start "$backends" "${load[@]}" --compare-rslock \
+    --markdown "$out/seckill-summary.md" | tee "$out/load-summary.txt"
+# The same across 8 processes, with rslock and distributed-lock on the same
+# servers.
+target/release/lockkit-load --start redis,redlock5,pg-advisory,mariadb-named,zk "${load[@]}" \
+    --processes 8 --compare-rslock --compare-distributed-lock \
+    --markdown "$out/seckill-processes-summary.md" | tee "$out/load-processes-summary.txt"
 target/release/lockkit-scale curves --backends "$backends" "${curves[@]}"
 target/release/lockkit-scale density "${density[@]}"
 echo "bench.sh: results in $out" >&2

@@ -26,6 +26,8 @@ cargo test -p lockkit-benches --benches
 # The load generator and the scaling tool, tiny runs on the debug build: the
 # books must balance (exit status), and the charts must render.
 cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s --kind exclusive,shared,permits=3
+# Across processes, with the peers on the same servers (their books too).
+cargo run -q -p lockkit-benches --bin lockkit-load -- --start redis,pg-advisory -c 8 -n 200 --stock 100 --duration 30s --processes 2 --compare-rslock --compare-distributed-lock
 smoke_out=$(mktemp -d)
 cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
 rm -rf "$smoke_out"

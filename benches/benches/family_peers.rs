@@ -10,6 +10,9 @@
 //! * `peers_postgres/*`: lockkit's `advisory` mode (shared, exclusive)
 //!   against `distributed-lock`'s `PostgresDistributedReaderWriterLock`
 //!   (advisory locks too). `distributed-lock` has no Postgres semaphore.
+//! * `peers_mysql/*`: lockkit's MariaDB `named` mode (`GET_LOCK`) against
+//!   `distributed-lock`'s `MySqlDistributedLock` (`GET_LOCK` too), the
+//!   exclusive lock (neither has a named-lock reader side or semaphore).
 //! * `peers_zk/*`: lockkit's permit against Curator's
 //!   `InterProcessSemaphoreV2` (Debian's Curator 5.4 in a JVM beside the
 //!   bench, each cycle timed inside the JVM) on the same ZooKeeper.
@@ -18,8 +21,8 @@
 //!   per second, on Redis and on Postgres `advisory` (target: at least 8 ×).
 //! * 16-way contention on one exclusive lock, each task on a connection of
 //!   its own: lockkit's clients, then `distributed-lock`'s
-//!   `RedisDistributedLock` and `PostgresDistributedLock` on the same
-//!   servers: critical sections per second, how often the lock went
+//!   `RedisDistributedLock`, `PostgresDistributedLock` and
+//!   `MySqlDistributedLock` on the same servers: critical sections per second, how often the lock went
 //!   straight back to the task that released it, the handoff waits and the
 //!   time queued in `acquire`.
 //!
@@ -34,9 +37,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use distributed_lock::{
-    DistributedReaderWriterLock, DistributedSemaphore, LockHandle, LockProvider,
-    PostgresLockProvider, ReaderWriterLockProvider, RedisLockProvider, SemaphoreProvider,
+    DistributedLock as _, DistributedReaderWriterLock, DistributedSemaphore, LockHandle,
+    LockProvider, PostgresLockProvider, ReaderWriterLockProvider, RedisLockProvider,
+    SemaphoreProvider,
 };
+use distributed_lock_mysql::MySqlLockProvider;
 use lockkit_benches::{
     Contender, Contention, CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode,
     Servers, bench_then_pair, connect, contention, fmt_duration, fmt_opt_ns, lockkit_cycle,
@@ -52,6 +57,10 @@ const PERMITS: u32 = 4;
 const SECTION: Duration = Duration::from_millis(5);
 /// Tasks of the contention runs.
 const CONTENDERS: usize = 16;
+/// `distributed-lock`'s MySQL `acquire` without a timeout sends
+/// `GET_LOCK(name, -1.0)`, which MariaDB answers with NULL (an error to it),
+/// so its MySQL locks are given a wait; its other locks wait without one.
+const MYSQL_WAIT: Option<Duration> = Some(Duration::from_secs(30));
 
 fn lockkit_opts(kind: &str) -> LockOptions {
     let opts = LockOptions::new().ttl(TTL).auto_renew(false);
@@ -182,6 +191,50 @@ impl CycleFixture for PgPeers {
     }
 }
 
+/// The MySQL (MariaDB) comparison's kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MySqlKind {
+    Exclusive,
+    DlExclusive,
+}
+
+impl CycleKind for MySqlKind {
+    const ALL: &'static [MySqlKind] = &[MySqlKind::Exclusive, MySqlKind::DlExclusive];
+
+    fn bench(self) -> &'static str {
+        match self {
+            MySqlKind::Exclusive => "lockkit_exclusive",
+            MySqlKind::DlExclusive => "distributed_lock_exclusive",
+        }
+    }
+}
+
+struct MySqlPeers {
+    lock: Arc<dyn DistributedLock>,
+    dl: <MySqlLockProvider as LockProvider>::Lock,
+}
+
+impl CycleFixture for MySqlPeers {
+    type Kind = MySqlKind;
+
+    async fn run(&self, kind: MySqlKind) {
+        match kind {
+            MySqlKind::Exclusive => {
+                lockkit_cycle(
+                    self.lock.as_ref(),
+                    "peers-exclusive",
+                    &lockkit_opts("exclusive"),
+                )
+                .await
+            }
+            MySqlKind::DlExclusive => {
+                let handle = self.dl.acquire(MYSQL_WAIT).await.expect("dl mysql lock");
+                handle.release().await.expect("dl mysql release");
+            }
+        }
+    }
+}
+
 /// The ZooKeeper comparison's kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ZkKind {
@@ -228,10 +281,16 @@ impl CycleFixture for ZkPeers {
 fn main() {
     let mode = RunMode::from_env();
     let runtime = lockkit_benches::runtime();
-    let deployments = [Deployment::Redis, Deployment::PgAdvisory, Deployment::Zk];
+    let deployments = [
+        Deployment::Redis,
+        Deployment::PgAdvisory,
+        Deployment::MariaDbNamed,
+        Deployment::Zk,
+    ];
     let servers = runtime.block_on(Servers::start(&deployments));
     let redis_url = servers.redis()[0].url();
     let pg_url = servers.pg().url();
+    let my_url = servers.my().url();
 
     let redis = runtime.block_on(async {
         let provider = RedisLockProvider::builder()
@@ -256,6 +315,17 @@ fn main() {
             rw: provider.create_reader_writer_lock("dl-peers-rw"),
         }
     });
+    let my = runtime.block_on(async {
+        let provider = MySqlLockProvider::builder()
+            .connection_string(my_url.clone())
+            .build()
+            .await
+            .expect("distributed-lock connects to MariaDB");
+        MySqlPeers {
+            lock: client(&servers, Deployment::MariaDbNamed).await,
+            dl: provider.create_lock("dl-peers-exclusive"),
+        }
+    });
     let zk = runtime.block_on(async {
         let path = format!("/lockkit/{}/peers", lockkit_zk::SEMAPHORES);
         ZkPeers {
@@ -272,6 +342,9 @@ fn main() {
             for &kind in PgKind::ALL {
                 pg.run(kind).await;
             }
+            for &kind in MySqlKind::ALL {
+                my.run(kind).await;
+            }
             for &kind in ZkKind::ALL {
                 zk.run(kind).await;
             }
@@ -285,6 +358,9 @@ fn main() {
     else {
         return;
     };
+    let Some(((), my_rounds)) = bench_then_pair(&runtime, "peers_mysql", &my, mode, |_| ()) else {
+        return;
+    };
     let Some(((), zk_rounds)) = bench_then_pair(&runtime, "peers_zk", &zk, mode, |_| ()) else {
         return;
     };
@@ -292,24 +368,28 @@ fn main() {
         .into_iter()
         .map(|d| (d, runtime.block_on(readers_scaling(&servers, d, mode))))
         .collect();
-    let contended: Vec<(Deployment, Contention, Contention)> =
-        [Deployment::Redis, Deployment::PgAdvisory]
-            .into_iter()
-            .map(|d| {
-                let (ours, theirs) = runtime.block_on(contended(&servers, d, mode));
-                (d, ours, theirs)
-            })
-            .collect();
+    let contended: Vec<(Deployment, Contention, Contention)> = [
+        Deployment::Redis,
+        Deployment::PgAdvisory,
+        Deployment::MariaDbNamed,
+    ]
+    .into_iter()
+    .map(|d| {
+        let (ours, theirs) = runtime.block_on(contended(&servers, d, mode));
+        (d, ours, theirs)
+    })
+    .collect();
     let summary = summary(
         mode,
         &redis_rounds,
         &pg_rounds,
+        &my_rounds,
         &zk_rounds,
         &scaling,
         &contended,
     );
     save_summary(mode, "family-peers", &summary);
-    drop((redis, pg, zk));
+    drop((redis, pg, my, zk));
     drop(servers);
 }
 
@@ -319,8 +399,9 @@ async fn client(servers: &Servers, deployment: Deployment) -> Arc<dyn Distribute
         .unwrap_or_else(|e| panic!("{deployment} connects: {e}"))
 }
 
-/// `distributed-lock`'s exclusive lock of one name as a contender.
-struct Peer<L>(L);
+/// `distributed-lock`'s exclusive lock of one name as a contender, and the
+/// timeout its `acquire` is given.
+struct Peer<L>(L, Option<Duration>);
 
 impl<L> Contender for Peer<L>
 where
@@ -330,7 +411,7 @@ where
     type Held = L::Handle;
 
     async fn take(&self, _name: &'static str) -> Result<L::Handle, String> {
-        self.0.acquire(None).await.map_err(|e| e.to_string())
+        self.0.acquire(self.1).await.map_err(|e| e.to_string())
     }
 
     async fn give_back(&self, held: L::Handle) -> Result<(), String> {
@@ -360,14 +441,23 @@ async fn contended(
     let theirs = match deployment {
         Deployment::Redis => {
             let url = servers.redis()[0].url();
-            peer_contention(name, total, cap, || {
+            peer_contention(name, total, cap, None, || {
                 RedisLockProvider::builder().url(url.clone()).build()
+            })
+            .await
+        }
+        Deployment::MariaDbNamed => {
+            let url = servers.my().url();
+            peer_contention(name, total, cap, MYSQL_WAIT, || {
+                MySqlLockProvider::builder()
+                    .connection_string(url.clone())
+                    .build()
             })
             .await
         }
         _ => {
             let url = servers.pg().url();
-            peer_contention(name, total, cap, || {
+            peer_contention(name, total, cap, None, || {
                 PostgresLockProvider::builder()
                     .connection_string(url.clone())
                     .build()
@@ -385,6 +475,7 @@ async fn peer_contention<P, F, E>(
     name: &'static str,
     total: usize,
     cap: Duration,
+    wait: Option<Duration>,
     connect: impl Fn() -> F,
 ) -> Contention
 where
@@ -398,7 +489,7 @@ where
         let provider = connect()
             .await
             .unwrap_or_else(|e| panic!("distributed-lock connects: {e}"));
-        locks.push(Peer(provider.create_lock(name)));
+        locks.push(Peer(provider.create_lock(name), wait));
     }
     contention(locks, name, total, cap).await
 }
@@ -460,6 +551,7 @@ fn summary(
     mode: RunMode,
     redis: &Interleaved<RedisKind>,
     pg: &Interleaved<PgKind>,
+    my: &Interleaved<MySqlKind>,
     zk: &Interleaved<ZkKind>,
     scaling: &[(Deployment, Scaling)],
     contended: &[(Deployment, Contention, Contention)],
@@ -468,7 +560,7 @@ fn summary(
         "## lockkit's readers, writers and semaphores against their peers ({} run)\n\n\
          Uncontended `acquire` + `release`, auto-renew off on both sides, on the same server in the same run; \
          each ratio is the median over {} interleaved rounds of lockkit's round mean ÷ the peer's in the same round (below 1: lockkit is faster). \
-         Peers: the `distributed-lock` 0.2 crate (Redis, Postgres advisory locks) and Curator 5.4's `InterProcessSemaphoreV2` (ZooKeeper; its cycles timed inside its JVM).\n\n\
+         Peers: the `distributed-lock` 0.2 crate (Redis, Postgres advisory locks, MySQL `GET_LOCK` on MariaDB) and Curator 5.4's `InterProcessSemaphoreV2` (ZooKeeper; its cycles timed inside its JVM).\n\n\
          | server | primitive | lockkit | peer | lockkit ÷ peer |\n| --- | --- | --- | --- | --- |\n",
         mode.label(),
         redis.rounds(),
@@ -516,6 +608,13 @@ fn summary(
             pg.paired_ratio(ours, theirs),
         );
     }
+    row(
+        "MariaDB named (`GET_LOCK`)",
+        "exclusive lock",
+        my.median(MySqlKind::Exclusive),
+        my.median(MySqlKind::DlExclusive),
+        my.paired_ratio(MySqlKind::Exclusive, MySqlKind::DlExclusive),
+    );
     row(
         "ZooKeeper",
         "semaphore permit (vs Curator)",

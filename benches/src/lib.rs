@@ -31,7 +31,7 @@ pub use cycles::{
 };
 pub use etcd_raw::RawEtcd;
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
-pub use load::{LoadKind, Locker, Outcome, Scenario, Tally, run, run_tasks};
+pub use load::{Client, LoadKind, Locker, Outcome, PeerProvider, Scenario, Tally, run, run_tasks};
 pub use mode::{
     Limit, RunMode, configure_fast, criterion, flavours, judge_optional, runtime, save_summary,
     verdict,

@@ -17,11 +17,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use distributed_lock::{LockHandle, LockProvider, PostgresLockProvider, RedisLockProvider};
+use distributed_lock_mysql::MySqlLockProvider;
 use lockkit_core::{DistributedLock, FencingToken, LockError, LockOptions};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -109,8 +113,58 @@ impl FromStr for LoadKind {
     }
 }
 
-/// The lock under test: a lockkit client, or the `rslock` crate for
-/// comparison (no fencing tokens, its own retry loop).
+/// Which library takes the locks of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Client {
+    /// lockkit, on any backend.
+    #[default]
+    Lockkit,
+    /// The `rslock` 0.10 crate (Redis and Redlock URLs).
+    Rslock,
+    /// The `distributed-lock` 0.2 crate (Redis, Redlock, Postgres and MySQL
+    /// URLs).
+    DistributedLock,
+}
+
+impl Client {
+    /// The name `--client` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Client::Lockkit => "lockkit",
+            Client::Rslock => "rslock",
+            Client::DistributedLock => "distributed-lock",
+        }
+    }
+
+    /// The library and version, for reports.
+    pub fn library(self) -> &'static str {
+        match self {
+            Client::Lockkit => "lockkit",
+            Client::Rslock => "rslock 0.10",
+            Client::DistributedLock => "distributed-lock 0.2",
+        }
+    }
+}
+
+impl fmt::Display for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Client {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Client, String> {
+        [Client::Lockkit, Client::Rslock, Client::DistributedLock]
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("{s:?} is not a client: lockkit, rslock or distributed-lock"))
+    }
+}
+
+/// The lock under test: a lockkit client, or a peer crate for comparison
+/// (no fencing tokens, their own retries).
 #[derive(Clone)]
 pub enum Locker {
     /// Any lockkit backend.
@@ -118,6 +172,30 @@ pub enum Locker {
     /// `rslock` 0.10 with its default retries (3 tries, 0–200 ms apart),
     /// looped until the lock is taken or the run is over.
     Rslock(Arc<rslock::LockManager>),
+    /// `distributed-lock` 0.2's exclusive lock, looped until taken or the
+    /// run is over.
+    DistributedLock(PeerProvider),
+}
+
+/// A `distributed-lock` 0.2 provider: one per process, as its users hold.
+#[derive(Clone)]
+pub enum PeerProvider {
+    /// One Redis server, or Redlock over several.
+    Redis(Arc<RedisLockProvider>),
+    /// Postgres advisory locks.
+    Postgres(Arc<PostgresLockProvider>),
+    /// MySQL `GET_LOCK`.
+    MySql(Arc<MySqlLockProvider>),
+}
+
+impl fmt::Debug for PeerProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PeerProvider::Redis(_) => "PeerProvider::Redis",
+            PeerProvider::Postgres(_) => "PeerProvider::Postgres",
+            PeerProvider::MySql(_) => "PeerProvider::MySql",
+        })
+    }
 }
 
 impl fmt::Debug for Locker {
@@ -125,17 +203,87 @@ impl fmt::Debug for Locker {
         match self {
             Locker::Lockkit(lock) => write!(f, "Locker::Lockkit({lock:?})"),
             Locker::Rslock(_) => f.write_str("Locker::Rslock"),
+            Locker::DistributedLock(provider) => write!(f, "Locker::DistributedLock({provider:?})"),
         }
     }
 }
+
+/// A peer's release, made when its lock was taken and run when the holder
+/// lets go.
+type PeerRelease = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// A holding of a [`Locker`].
 enum Held {
     Lockkit(lockkit_core::LockGuard),
     Rslock(rslock::Lock),
+    Peer(PeerRelease),
+}
+
+/// The part of a URL before its query (lockkit's options, which the peers
+/// do not read).
+fn without_query(url: &str) -> &str {
+    url.split('?').next().unwrap_or(url)
+}
+
+/// The Redis master URLs behind a redis:// or redlock:// URL.
+fn redis_masters(url: &str) -> Option<Vec<String>> {
+    let url = without_query(url);
+    if url.starts_with("redis://") {
+        return Some(vec![url.to_owned()]);
+    }
+    let hosts = url.strip_prefix("redlock://")?;
+    Some(hosts.split(',').map(|h| format!("redis://{h}")).collect())
 }
 
 impl Locker {
+    /// The library behind it.
+    pub fn client(&self) -> Client {
+        match self {
+            Locker::Lockkit(_) => Client::Lockkit,
+            Locker::Rslock(_) => Client::Rslock,
+            Locker::DistributedLock(_) => Client::DistributedLock,
+        }
+    }
+
+    /// `client`'s locks on the servers of lockkit URL `url`; `Ok(None)` when
+    /// that library has no lock on that kind of server.
+    pub async fn connect(client: Client, url: &str) -> Result<Option<Locker>, String> {
+        let e = |e: distributed_lock::LockError| format!("{}: {e}", client.library());
+        Ok(Some(match client {
+            Client::Lockkit => {
+                Locker::Lockkit(lockkit::connect(url).await.map_err(|e| e.to_string())?)
+            }
+            Client::Rslock => match redis_masters(url) {
+                Some(masters) => Locker::Rslock(Arc::new(rslock::LockManager::new(masters))),
+                None => return Ok(None),
+            },
+            Client::DistributedLock => {
+                let plain = without_query(url);
+                let scheme = plain.split("://").next().unwrap_or("");
+                Locker::DistributedLock(match scheme {
+                    "redis" | "redlock" => {
+                        let masters = redis_masters(url).unwrap_or_default();
+                        let provider = RedisLockProvider::builder().urls(&masters).build();
+                        PeerProvider::Redis(Arc::new(provider.await.map_err(e)?))
+                    }
+                    "postgres" | "postgresql" => {
+                        let provider = PostgresLockProvider::builder()
+                            .connection_string(plain)
+                            .build();
+                        PeerProvider::Postgres(Arc::new(provider.await.map_err(e)?))
+                    }
+                    "mysql" | "mariadb" => {
+                        let provider = MySqlLockProvider::builder()
+                            .connection_string(plain.replacen("mariadb://", "mysql://", 1))
+                            .build();
+                        PeerProvider::MySql(Arc::new(provider.await.map_err(e)?))
+                    }
+                    _ => return Ok(None),
+                })
+            }
+        }))
+    }
+
     /// Waits for key `k`'s lock until `deadline`; `Ok(None)` when the wait
     /// ran out.
     async fn acquire(
@@ -158,9 +306,9 @@ impl Locker {
                     Err(e) => Err(e.to_string()),
                 }
             }
-            Locker::Rslock(_) if kind != LoadKind::Exclusive => {
-                Err(format!("rslock has no {kind} holdings"))
-            }
+            Locker::Rslock(_) | Locker::DistributedLock(_) if kind != LoadKind::Exclusive => Err(
+                format!("the peers are compared on the exclusive lock only, not {kind}"),
+            ),
             Locker::Rslock(manager) => {
                 let resource = format!("lockkit-load-rslock:{k}");
                 loop {
@@ -174,6 +322,21 @@ impl Locker {
                     }
                 }
             }
+            Locker::DistributedLock(provider) => {
+                let name = format!("lockkit-load-dl/{k}");
+                // Its Redis lock makes one attempt per `acquire` whatever
+                // the timeout (and spawns a timer task for one), so it gets
+                // none; its SQL locks wait on the server for the time left.
+                match provider {
+                    PeerProvider::Redis(p) => {
+                        peer_acquire(p.as_ref(), &name, deadline, false).await
+                    }
+                    PeerProvider::Postgres(p) => {
+                        peer_acquire(p.as_ref(), &name, deadline, true).await
+                    }
+                    PeerProvider::MySql(p) => peer_acquire(p.as_ref(), &name, deadline, true).await,
+                }
+            }
         }
     }
 
@@ -184,9 +347,40 @@ impl Locker {
                 manager.unlock(&lock).await;
                 Ok(())
             }
-            (Locker::Lockkit(_), Held::Rslock(_)) => {
-                unreachable!("an rslock holding of a lockkit locker")
+            (_, Held::Peer(release)) => release.await,
+            (_, Held::Rslock(_)) => Err("an rslock holding of another library's locker".into()),
+        }
+    }
+}
+
+/// Takes `name` with `distributed-lock`'s `provider`, trying again at once
+/// after each failed attempt until `deadline`; `wait`: whether each attempt
+/// is given the time left.
+async fn peer_acquire<P>(
+    provider: &P,
+    name: &str,
+    deadline: Instant,
+    wait: bool,
+) -> Result<Option<(Held, Option<FencingToken>)>, String>
+where
+    P: LockProvider,
+    <P::Lock as distributed_lock::DistributedLock>::Handle: Send + 'static,
+{
+    use distributed_lock::DistributedLock as _;
+    let lock = provider.create_lock(name);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        match lock.acquire(wait.then_some(left)).await {
+            Ok(handle) => {
+                let release: PeerRelease =
+                    Box::pin(async move { handle.release().await.map_err(|e| e.to_string()) });
+                return Ok(Some((Held::Peer(release), None)));
             }
+            Err(distributed_lock::LockError::Timeout(_)) => continue,
+            Err(e) => return Err(e.to_string()),
         }
     }
 }
@@ -429,8 +623,10 @@ async fn one_request(
 /// The outcome of a run: the tally, and what the stock says.
 #[derive(Debug)]
 pub struct Outcome {
-    /// What ran.
+    /// Where it ran (the backend).
     pub label: String,
+    /// The library that took the locks.
+    pub client: Client,
     /// The scenario.
     pub scenario: Scenario,
     /// Processes the tasks ran in.
@@ -528,9 +724,13 @@ impl Outcome {
         let ms = |d: Option<Duration>| d.map_or("n/a".to_owned(), fmt_duration);
         let (overlaps, gaps) = self.gaps();
         let mut out = format!(
-            "{} ({}): {} tasks{} on {} key(s), {} of {} requests in {:.2} s (cap {:?}); ttl {:?}\n\
+            "{}{} ({}): {} tasks{} on {} key(s), {} of {} requests in {:.2} s (cap {:?}); ttl {:?}\n\
              throughput: {:.0} critical sections/s\n\
              acquire latency: p50 {} / p90 {} / p99 {} / max {}\n",
+            match self.client {
+                Client::Lockkit => String::new(),
+                peer => format!("{} on ", peer.library()),
+            },
             self.label,
             s.kind,
             s.concurrency,
@@ -599,6 +799,7 @@ impl Outcome {
         let (overlaps, gaps) = self.gaps();
         json!({
             "label": self.label,
+            "client": self.client.name(),
             "kind": self.scenario.kind.to_string(),
             "most_holders": self.tally.most_holders,
             "concurrency": self.scenario.concurrency,
@@ -646,6 +847,7 @@ pub async fn run(
     let stock_after = stock.total(scenario.keys).await?;
     Ok(Outcome {
         label: label.to_owned(),
+        client: locker.client(),
         scenario: scenario.clone(),
         processes: 1,
         elapsed,
@@ -657,7 +859,32 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::LoadKind;
+    use super::{Client, LoadKind, redis_masters};
+
+    #[test]
+    fn clients_parse_and_print_back() {
+        for client in [Client::Lockkit, Client::Rslock, Client::DistributedLock] {
+            assert_eq!(client.name().parse::<Client>(), Ok(client));
+        }
+        let err = "redsync".parse::<Client>().unwrap_err();
+        assert!(err.contains("lockkit, rslock or distributed-lock"), "{err}");
+    }
+
+    #[test]
+    fn redis_masters_drop_lockkit_options() {
+        assert_eq!(
+            redis_masters("redis://127.0.0.1:6379/0?ttl=5s"),
+            Some(vec!["redis://127.0.0.1:6379/0".to_owned()])
+        );
+        assert_eq!(
+            redis_masters("redlock://127.0.0.1:1,127.0.0.1:2?ttl=5s"),
+            Some(vec![
+                "redis://127.0.0.1:1".to_owned(),
+                "redis://127.0.0.1:2".to_owned()
+            ])
+        );
+        assert_eq!(redis_masters("postgres://127.0.0.1/x"), None);
+    }
 
     #[test]
     fn kinds_parse_and_print_back() {

@@ -12,6 +12,10 @@
 //! ```sh
 //! # against servers started here by the testkit (loopback, killed at exit):
 //! cargo run --release -p lockkit-benches --bin lockkit-load -- --start redis --compare-rslock
+//! # in 8 processes, with rslock and distributed-lock on the same servers:
+//! cargo run --release -p lockkit-benches --bin lockkit-load -- \
+//!     --start redis,redlock5,pg-advisory,zk --processes 8 -c 64 \
+//!     --compare-rslock --compare-distributed-lock
 //! # against a server of your own (loopback only in lockkit's own runs):
 //! cargo run --release -p lockkit-benches --bin lockkit-load -- --url redis://127.0.0.1:6379
 //! # the exclusive lock, readers and permits on the same work, one run:
@@ -27,7 +31,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use lockkit_benches::{
-    Deployment, LoadKind, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks,
+    Client, Deployment, LoadKind, Locker, Outcome, Scenario, Servers, Stock, Tally, run, run_tasks,
 };
 use tokio::time::Instant;
 
@@ -67,10 +71,17 @@ struct Args {
     /// Run the tasks in this many OS processes (the stock is shared).
     #[arg(long, default_value_t = 1)]
     processes: usize,
-    /// Also run the same scenario with the `rslock` crate on the same Redis
-    /// server(s) (redis and redlock backends), in the same run.
+    /// Also run the same scenario (the exclusive lock) with the `rslock`
+    /// crate on the same Redis server(s) (redis and redlock backends), in
+    /// the same run and the same number of processes.
     #[arg(long)]
     compare_rslock: bool,
+    /// Also run the same scenario (the exclusive lock) with the
+    /// `distributed-lock` 0.2 crate on the same server(s) (redis, redlock,
+    /// Postgres and MySQL backends), in the same run and the same number of
+    /// processes.
+    #[arg(long)]
+    compare_distributed_lock: bool,
     /// What the tasks hold, one run per kind in this order (comma
     /// separated): exclusive (the seckill), shared, permits=N.
     #[arg(long, value_delimiter = ',', default_value = "exclusive")]
@@ -85,6 +96,9 @@ struct Args {
     /// Internal: run tasks only (no reset, no check) and print their tally.
     #[arg(long, hide = true)]
     worker: bool,
+    /// Internal: the library a worker's tasks use.
+    #[arg(long, hide = true, default_value = "lockkit")]
+    client: Client,
 }
 
 #[tokio::main]
@@ -159,19 +173,29 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The runs as a Markdown table: per backend and kind, throughput, acquire
-/// latency, most holders at once, and throughput against the exclusive run
-/// on the same backend (when there was one).
+/// The runs as a Markdown table: per backend, library and kind, throughput,
+/// acquire latency, most holders at once, oversold units, and throughput
+/// against lockkit's exclusive run on the same backend in as many processes
+/// (when there was one).
 fn markdown(outcomes: &[Outcome]) -> String {
-    let mut out = String::from(
-        "## The lock family under load\n\n\
-         | backend | kind | tasks | critical sections/s | × exclusive | acquire p50 | acquire p99 | most holders at once | books |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    let title = if outcomes
+        .iter()
+        .all(|o| o.scenario.kind == LoadKind::Exclusive)
+    {
+        "The seckill: a stock sold under the exclusive lock"
+    } else {
+        "The lock family under load"
+    };
+    let mut out = format!(
+        "## {title}\n\n\
+         | backend | library | kind | processes | tasks | critical sections/s | × lockkit exclusive | acquire p50 | acquire p99 | acquire max | most holders at once | oversold | books |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let us = |d: Option<Duration>| d.map_or("n/a".to_owned(), lockkit_benches::fmt_duration);
     for o in outcomes {
         let exclusive = outcomes.iter().find(|e| {
             e.label == o.label
+                && e.client == Client::Lockkit
                 && e.scenario.kind == LoadKind::Exclusive
                 && e.processes == o.processes
         });
@@ -180,22 +204,30 @@ fn markdown(outcomes: &[Outcome]) -> String {
             _ => "—".to_owned(),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
             o.label,
+            o.client.library(),
             o.scenario.kind,
+            o.processes,
             o.scenario.concurrency,
             o.throughput(),
             ratio,
             us(o.latency(50.0)),
             us(o.latency(99.0)),
+            us(o.latency(100.0)),
             o.tally.most_holders,
+            match o.scenario.kind {
+                LoadKind::Exclusive => o.oversold().to_string(),
+                _ => "—".to_owned(),
+            },
             if o.ok() { "OK" } else { "FAILED" },
         ));
     }
     out
 }
 
-/// The scenario on one URL, and on rslock too if asked and possible.
+/// The scenario on one URL with lockkit, each kind in turn, then with the
+/// peers asked for (the exclusive lock) where they have a lock for it.
 async fn run_url(
     args: &Args,
     label: &str,
@@ -203,46 +235,41 @@ async fn run_url(
     scenario: &Scenario,
 ) -> Result<Vec<Outcome>, String> {
     let stock = Arc::new(Stock::for_lock_url(url).await?);
-    let locks = connect(url).await?;
-    let mut outcomes = Vec::new();
-    for &kind in &args.kind {
-        let scenario = Scenario {
-            kind,
-            ..scenario.clone()
-        };
-        outcomes.push(if args.processes > 1 {
-            run_processes(args, label, url, &stock, &scenario).await?
-        } else {
-            run(label, &Locker::Lockkit(locks.clone()), &stock, &scenario).await?
-        });
-    }
-    if args.compare_rslock {
-        match redis_masters(url) {
-            Some(masters) => {
-                let manager = rslock::LockManager::new(masters);
-                let label = format!("rslock 0.10 on the same server(s) as {label}");
-                outcomes
-                    .push(run(&label, &Locker::Rslock(Arc::new(manager)), &stock, scenario).await?);
-            }
-            None => eprintln!("lockkit-load: {label}: no rslock comparison (it needs Redis)"),
+    let mut runs: Vec<(Client, Scenario)> = args
+        .kind
+        .iter()
+        .map(|&kind| {
+            let scenario = Scenario {
+                kind,
+                ..scenario.clone()
+            };
+            (Client::Lockkit, scenario)
+        })
+        .collect();
+    for (asked, peer) in [
+        (args.compare_rslock, Client::Rslock),
+        (args.compare_distributed_lock, Client::DistributedLock),
+    ] {
+        if asked {
+            runs.push((peer, scenario.clone()));
         }
     }
-    Ok(outcomes)
-}
-
-/// A lockkit client of `url`, as an application gets one.
-async fn connect(url: &str) -> Result<Arc<dyn lockkit_core::DistributedLock>, String> {
-    lockkit::connect(url).await.map_err(|e| e.to_string())
-}
-
-/// The Redis master URLs behind a redis:// or redlock:// URL.
-fn redis_masters(url: &str) -> Option<Vec<String>> {
-    let no_query = url.split('?').next()?;
-    if no_query.starts_with("redis://") {
-        return Some(vec![no_query.to_owned()]);
+    let mut outcomes = Vec::new();
+    for (client, scenario) in runs {
+        let Some(locker) = Locker::connect(client, url).await? else {
+            eprintln!(
+                "lockkit-load: {label}: {} has no lock for it",
+                client.library()
+            );
+            continue;
+        };
+        outcomes.push(if args.processes > 1 {
+            run_processes(args, label, url, client, &stock, &scenario).await?
+        } else {
+            run(label, &locker, &stock, &scenario).await?
+        });
     }
-    let hosts = no_query.strip_prefix("redlock://")?;
-    Some(hosts.split(',').map(|h| format!("redis://{h}")).collect())
+    Ok(outcomes)
 }
 
 /// The scenario's tasks spread over `args.processes` child processes of this
@@ -251,6 +278,7 @@ async fn run_processes(
     args: &Args,
     label: &str,
     url: &str,
+    client: Client,
     stock: &Arc<Stock>,
     scenario: &Scenario,
 ) -> Result<Outcome, String> {
@@ -263,7 +291,7 @@ async fn run_processes(
         .map(|i| {
             let share = |total: usize| total / n + usize::from(i < total % n);
             tokio::process::Command::new(&exe)
-                .args(["--worker", "--url", url])
+                .args(["--worker", "--url", url, "--client", client.name()])
                 .args([
                     "--concurrency",
                     &share(scenario.concurrency).max(1).to_string(),
@@ -296,6 +324,7 @@ async fn run_processes(
     let stock_after = stock.total(scenario.keys).await?;
     Ok(Outcome {
         label: label.to_owned(),
+        client,
         scenario: scenario.clone(),
         processes: n,
         elapsed,
@@ -320,14 +349,14 @@ async fn worker(args: &Args) -> ExitCode {
         kind: args.kind.first().copied().unwrap_or_default(),
     };
     let setup = async {
-        Ok::<_, String>((
-            Arc::new(Stock::for_lock_url(url).await?),
-            connect(url).await?,
-        ))
+        let locker = Locker::connect(args.client, url)
+            .await?
+            .ok_or_else(|| format!("{} has no lock for {url}", args.client))?;
+        Ok::<_, String>((Arc::new(Stock::for_lock_url(url).await?), locker))
     };
     match setup.await {
-        Ok((stock, locks)) => {
-            let tally = run_tasks(&Locker::Lockkit(locks), &stock, &scenario).await;
+        Ok((stock, locker)) => {
+            let tally = run_tasks(&locker, &stock, &scenario).await;
             println!("{}", tally.to_json());
             ExitCode::SUCCESS
         }
