@@ -19,6 +19,7 @@ mod cases;
 mod contention;
 mod elections;
 mod family;
+mod fifo;
 mod lock_sets;
 mod memory;
 mod storage;
@@ -27,6 +28,7 @@ pub use cases::*;
 pub use contention::{Probe, spawn_contenders};
 pub use elections::*;
 pub use family::*;
+pub use fifo::*;
 pub use lock_sets::*;
 pub use memory::{MemoryHarness, Wrap};
 pub use storage::*;
@@ -116,6 +118,7 @@ macro_rules! conformance_suite {
             connect_waits_for_a_starting_server,
             guard_reports_its_state,
             status_reports_the_holder,
+            fifo_backends_serve_waiters_in_order,
             local_handoffs_keep_exclusion_and_fencing,
             unsupported_kinds_are_refused,
             two_readers_hold_together,

@@ -80,35 +80,6 @@ async fn node_format_and_fencing_token() {
     assert!(nodes(&admin, "format").await.is_empty());
 }
 
-/// 20 waiters that queued in order get the lock in that order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_acquire_in_fifo_order() {
-    let server = ZkServer::start().await;
-    let admin = admin(&server).await;
-    let holder = connect(&server).await;
-    let held = holder.acquire("fifo", &opts()).await.unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..20 {
-        // A client each: the server's queue orders them.
-        let (waiter, order) = (connect(&server).await, order.clone());
-        tasks.push(tokio::spawn(async move {
-            let guard = waiter
-                .acquire("fifo", &opts().wait_for(Duration::from_secs(30)))
-                .await
-                .expect("waiter acquires");
-            order.lock().unwrap().push(i);
-            guard.release().await.expect("waiter releases");
-        }));
-        until_queued(&admin, "fifo", i + 2).await;
-    }
-    held.release().await.unwrap();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
-}
-
 /// With 50 waiting clients, one release wakes exactly one of them: each
 /// watches only its predecessor, so the release costs one re-read of the
 /// queue, not 50.
