@@ -24,6 +24,10 @@ fn readme_capabilities_table_is_current() {
         ("memory", lockkit::core::backend::MEMORY_CAPABILITIES),
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
         (
+            "redis, `fair=true`",
+            lockkit::redis::REDIS_FAIR_CAPABILITIES,
+        ),
+        (
             "redis cluster, sentinel (without `wait_replicas`)",
             lockkit::redis::REDIS_REPLICATED_CAPABILITIES,
         ),

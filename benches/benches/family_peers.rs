@@ -26,6 +26,12 @@
 //!   straight back to the task that released it, the handoff waits and the
 //!   time queued in `acquire`.
 //!
+//! * Fair Redis locks (`fair=true`): the uncontended exclusive cycle of a
+//!   fair client against a plain one's (target: at most 1.10 ×), and the
+//!   16-way contention run again with fair clients: no critical section
+//!   straight back to the task that just released while others wait, and a
+//!   queued waiter's p99 at most 2 × (16 × one plain cycle).
+//!
 //! Every cycle is `acquire` + `release` of an uncontended name, auto-renew
 //! off on both sides; the ratios come from interleaved rounds. Run with
 //! `cargo bench -p lockkit-benches --bench family_peers`; the summary is
@@ -77,6 +83,7 @@ enum RedisKind {
     Shared,
     DlRead,
     Exclusive,
+    FairExclusive,
     DlWrite,
     Permit,
     DlSemaphore,
@@ -87,6 +94,7 @@ impl CycleKind for RedisKind {
         RedisKind::Shared,
         RedisKind::DlRead,
         RedisKind::Exclusive,
+        RedisKind::FairExclusive,
         RedisKind::DlWrite,
         RedisKind::Permit,
         RedisKind::DlSemaphore,
@@ -97,6 +105,7 @@ impl CycleKind for RedisKind {
             RedisKind::Shared => "lockkit_shared",
             RedisKind::DlRead => "distributed_lock_read",
             RedisKind::Exclusive => "lockkit_exclusive",
+            RedisKind::FairExclusive => "lockkit_exclusive_fair",
             RedisKind::DlWrite => "distributed_lock_write",
             RedisKind::Permit => "lockkit_permit",
             RedisKind::DlSemaphore => "distributed_lock_semaphore",
@@ -106,6 +115,8 @@ impl CycleKind for RedisKind {
 
 struct RedisPeers {
     lock: Arc<dyn DistributedLock>,
+    /// A client with `fair=true`.
+    fair: Arc<dyn DistributedLock>,
     rw: distributed_lock::RedisDistributedReaderWriterLock,
     semaphore: distributed_lock::RedisDistributedSemaphore,
 }
@@ -119,6 +130,10 @@ impl CycleFixture for RedisPeers {
             RedisKind::Shared => lockkit_cycle(lock, "peers-shared", &lockkit_opts("shared")).await,
             RedisKind::Exclusive => {
                 lockkit_cycle(lock, "peers-exclusive", &lockkit_opts("exclusive")).await
+            }
+            RedisKind::FairExclusive => {
+                let fair = self.fair.as_ref();
+                lockkit_cycle(fair, "peers-exclusive-fair", &lockkit_opts("exclusive")).await
             }
             RedisKind::Permit => lockkit_cycle(lock, "peers-permit", &lockkit_opts("permit")).await,
             RedisKind::DlRead => {
@@ -300,6 +315,7 @@ fn main() {
             .expect("distributed-lock connects to Redis");
         RedisPeers {
             lock: client(&servers, Deployment::Redis).await,
+            fair: fair_client(&servers).await,
             rw: provider.create_reader_writer_lock("dl-peers-rw"),
             semaphore: provider.create_semaphore("dl-peers-semaphore", PERMITS),
         }
@@ -368,6 +384,7 @@ fn main() {
         .into_iter()
         .map(|d| (d, runtime.block_on(readers_scaling(&servers, d, mode))))
         .collect();
+    let fair_contended = runtime.block_on(fair_contention(&servers, mode));
     let contended: Vec<(Deployment, Contention, Contention)> = [
         Deployment::Redis,
         Deployment::PgAdvisory,
@@ -387,10 +404,23 @@ fn main() {
         &zk_rounds,
         &scaling,
         &contended,
-    );
+    ) + &fair_summary(&redis_rounds, &contended, &fair_contended);
     save_summary(mode, "family-peers", &summary);
     drop((redis, pg, my, zk));
     drop(servers);
+}
+
+/// A Redis client with `fair=true`.
+async fn fair_client(servers: &Servers) -> Arc<dyn DistributedLock> {
+    let addrs: Vec<String> = servers
+        .addrs(Deployment::Redis)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let url = servers.url_with(Deployment::Redis, &addrs, &[("fair", "true".to_owned())]);
+    lockkit::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("a fair Redis client connects: {e}"))
 }
 
 async fn client(servers: &Servers, deployment: Deployment) -> Arc<dyn DistributedLock> {
@@ -467,6 +497,22 @@ async fn contended(
     };
     println!("{deployment}, distributed-lock: {}", theirs.describe());
     (ours, theirs)
+}
+
+/// [`CONTENDERS`] tasks, each on a fair Redis client of its own, loop
+/// acquire → release on one name, as in [`contended`].
+async fn fair_contention(servers: &Servers, mode: RunMode) -> Contention {
+    let (total, cap) = match mode {
+        RunMode::Bench => (2000, Duration::from_secs(60)),
+        _ => (100, Duration::from_secs(20)),
+    };
+    let mut clients = Vec::new();
+    for _ in 0..CONTENDERS {
+        clients.push(fair_client(servers).await);
+    }
+    let run = contention(clients, "bench-contended-fair", total, cap).await;
+    println!("redis, lockkit fair: {}", run.describe());
+    run
 }
 
 /// [`CONTENDERS`] of `distributed-lock`'s locks of `name`, each from a
@@ -669,5 +715,62 @@ fn summary(
             );
         }
     }
+    out
+}
+
+/// The fair Redis lock's section of the summary: its uncontended cost, and
+/// the 16-way run against the plain one's.
+fn fair_summary(
+    redis: &Interleaved<RedisKind>,
+    contended: &[(Deployment, Contention, Contention)],
+    fair: &Contention,
+) -> String {
+    let mut out = String::new();
+    let at = |d: Option<Duration>| d.map_or_else(|| "n/a".to_owned(), fmt_duration);
+    let plain = redis.median(RedisKind::Exclusive);
+    let (cost, cost_target) = Limit::AtMost(1.10)
+        .judge(redis.paired_ratio(RedisKind::FairExclusive, RedisKind::Exclusive));
+    let _ = write!(
+        out,
+        "\nFair Redis locks (`fair=true`, waiters served in order across clients). Uncontended: the exclusive cycle of a fair client over a plain one's, paired in the rounds above. \
+         Contended: the {CONTENDERS}-task run above with fair clients; a grant straight back to the task that just released is one while {} others waited; the bound on a queued waiter's p99 is 2 × ({CONTENDERS} × the plain cycle).\n\n\
+         | measure | fair | plain | ratio or bound | target |\n| --- | --- | --- | --- | --- |\n",
+        CONTENDERS - 1
+    );
+    let _ = writeln!(
+        out,
+        "| uncontended cycle | {} | {} | {cost} | {cost_target} |",
+        fmt_opt_ns(redis.median(RedisKind::FairExclusive)),
+        fmt_opt_ns(plain),
+    );
+    let plain_run = contended
+        .iter()
+        .find(|(d, _, _)| *d == Deployment::Redis)
+        .map(|(_, ours, _)| ours);
+    let straight = |run: &Contention| format!("{:.1} %", 100.0 * run.straight_back_rate());
+    let _ = writeln!(
+        out,
+        "| grants straight back, 16 tasks | {} | {} | — | 0: {} |",
+        straight(fair),
+        plain_run.map_or_else(|| "n/a".to_owned(), straight),
+        lockkit_benches::verdict(fair.straight_back_rate() == 0.0),
+    );
+    let bound = plain.map(|ns| Duration::from_nanos((2.0 * CONTENDERS as f64 * ns) as u64));
+    let p99 = fair.queued(99.0);
+    let met = matches!((p99, bound), (Some(p), Some(b)) if p <= b);
+    let _ = writeln!(
+        out,
+        "| queued p99, 16 tasks | {} | {} | ≤ {} | {} |",
+        at(p99),
+        at(plain_run.and_then(|r| r.queued(99.0))),
+        at(bound),
+        lockkit_benches::verdict(met),
+    );
+    let _ = writeln!(
+        out,
+        "| critical sections/s, 16 tasks | {:.0} | {} | — | — |",
+        fair.per_second(),
+        plain_run.map_or_else(|| "n/a".to_owned(), |r| format!("{:.0}", r.per_second())),
+    );
     out
 }

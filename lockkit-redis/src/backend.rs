@@ -1,5 +1,6 @@
 //! The single-instance Redis backend.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::backend::{
@@ -26,6 +27,11 @@ pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::T
     .with_semaphore(true)
     .with_holder(true);
 
+/// What a fair Redis lock guarantees on one server (`fair=true`, see
+/// [`RedisLockBuilder::fair`](crate::RedisLockBuilder::fair)): waiters are
+/// served in order.
+pub const REDIS_FAIR_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_fifo(true);
+
 /// What the Redis backend guarantees in Redis Cluster and Sentinel mode
 /// without `wait_replicas`: no fencing (see [`RedisBackend::fences`]).
 pub const REDIS_REPLICATED_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_fencing(false);
@@ -35,6 +41,8 @@ pub const REDIS_REPLICATED_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_
 pub struct RedisBackend {
     instance: RedisInstance,
     prefix: String,
+    /// For a fair lock, the id this client waits under in the queues.
+    waiter: Option<Arc<str>>,
 }
 
 impl RedisBackend {
@@ -43,7 +51,20 @@ impl RedisBackend {
         RedisBackend {
             instance,
             prefix: prefix.into(),
+            waiter: None,
         }
+    }
+
+    /// The same backend, serving the waiters of exclusive locks in order
+    /// (see [`RedisLockBuilder::fair`](crate::RedisLockBuilder::fair)).
+    pub fn fair(mut self) -> Self {
+        self.waiter = Some(OwnerToken::new().as_str().into());
+        self
+    }
+
+    /// Whether waiters are served in order.
+    pub fn is_fair(&self) -> bool {
+        self.waiter.is_some()
     }
 
     /// The server connection.
@@ -87,7 +108,16 @@ impl LeaseBackend for RedisBackend {
     }
 
     fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
-        RedisKey::new(&self.prefix, name, kind, self.instance.is_cluster())
+        let cluster = self.instance.is_cluster();
+        match (&self.waiter, kind) {
+            (Some(waiter), LockKind::Exclusive) => Ok(RedisKey::Exclusive(Keys::fair(
+                &self.prefix,
+                name,
+                cluster,
+                waiter.clone(),
+            )?)),
+            _ => RedisKey::new(&self.prefix, name, kind, cluster),
+        }
     }
 
     /// Stored with the owner token (see [`RedisKey::with_holder`]).
@@ -96,11 +126,12 @@ impl LeaseBackend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        if self.fences() {
+        let caps = if self.fences() {
             REDIS_CAPABILITIES
         } else {
             REDIS_REPLICATED_CAPABILITIES
-        }
+        };
+        caps.with_fifo(self.is_fair())
     }
 
     async fn try_lock(
@@ -129,8 +160,9 @@ impl LeaseBackend for RedisBackend {
     /// Not while every grant must be acknowledged by replicas (`WAIT`): a
     /// hand-over is a grant too, and it is simpler to send every grant
     /// through the acquire script.
+    /// Nor in a fair lock, whose grants all go through the queue.
     fn can_hand_over(&self) -> bool {
-        self.instance.wait_for_replicas().is_none()
+        self.instance.wait_for_replicas().is_none() && !self.is_fair()
     }
 
     /// One script: the lease becomes `to`'s with a new fencing token. Only

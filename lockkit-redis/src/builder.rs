@@ -31,6 +31,7 @@ use crate::url::parse_url;
 /// | parameter | meaning | default |
 /// | --- | --- | --- |
 /// | `prefix` | key prefix; empty for plain keys that other libraries share | `lockkit:` |
+/// | `fair` | `true`: waiters of an exclusive lock are served in order across clients ([`fair`](RedisLockBuilder::fair)) | `false` |
 /// | `connect_timeout` | e.g. `500ms`, `2s` | 2 s |
 /// | `command_timeout` | per command | 1 s |
 /// | `ca_file` | PEM file of the CA that signed the server's certificate (`rediss://` only) | system roots |
@@ -61,19 +62,42 @@ use crate::url::parse_url;
 pub struct RedisLockBuilder {
     config: RedisConfig,
     prefix: String,
+    fair: bool,
 }
 
 impl RedisLockBuilder {
     /// Parses a `redis://`, `rediss://`, `redis+cluster://` or
     /// `redis+sentinel://` URL.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (config, prefix) = parse_url(url)?;
-        Ok(RedisLockBuilder { config, prefix })
+        let (config, lock) = parse_url(url)?;
+        Ok(RedisLockBuilder {
+            config,
+            prefix: lock.prefix,
+            fair: lock.fair,
+        })
     }
 
     /// The key prefix (default `lockkit:`). Empty: the lock key is the name itself.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Serves the waiters of an exclusive lock in the order they began to
+    /// wait, across clients (default: no order between clients; `fair=true`
+    /// in the URL). The server keeps a queue per name (two sorted sets beside
+    /// the lock key); only its head may take the lock, and a grant never goes
+    /// straight back to a client while others wait. Each client queues once,
+    /// its own tasks in line behind it (a lock is then not passed from one
+    /// task of the client to the next without going through the server).
+    /// A waiter keeps its place by asking again at least every second (a
+    /// release wakes it sooner); one that vanished holds up the line for
+    /// [`QUEUE_PLACE`](crate::QUEUE_PLACE) (2 s) at most. `try_acquire` does
+    /// not jump the queue: it fails while others wait. Readers and
+    /// semaphores are not queued. [`capabilities().fifo`](lockkit_core::Capabilities::fifo)
+    /// says so.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
         self
     }
 
@@ -143,6 +167,11 @@ impl RedisLockBuilder {
             check_timeout("the replica wait timeout", wait.timeout)?;
         }
         let instance = RedisInstance::connect(self.config).await?;
-        Ok(LeaseLock::new(RedisBackend::new(instance, self.prefix)))
+        let backend = RedisBackend::new(instance, self.prefix);
+        Ok(LeaseLock::new(if self.fair {
+            backend.fair()
+        } else {
+            backend
+        }))
     }
 }

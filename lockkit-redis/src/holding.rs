@@ -76,9 +76,13 @@ impl RedisKey {
         lockkit_core::backend::stored_owner(owner, holder)
     }
 
-    /// The channel that announces the releases that may let this holding in.
+    /// The channel that announces the releases that may let this holding in
+    /// (for a fair lock, this client's own: see [`Queue`](crate::Queue)).
     pub fn channel(&self) -> &str {
         match self {
+            RedisKey::Exclusive(Keys {
+                queue: Some(queue), ..
+            }) => &queue.channel,
             RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => &keys.channel,
             RedisKey::Permit { keys, .. } => &keys.channel,
         }

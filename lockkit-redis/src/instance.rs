@@ -14,7 +14,7 @@ use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Tl
 
 use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::keys::{Keys, LeaseSet, SemaphoreKeys};
+use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals};
 use crate::scripts::{SCRIPTS, SOURCES};
@@ -342,7 +342,11 @@ impl RedisInstance {
         fencing: bool,
         record_waiting: bool,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut invocation = SCRIPTS.acquire.prepare_invoke();
+        let script = match &keys.queue {
+            Some(_) => &SCRIPTS.acquire_fair,
+            None => &SCRIPTS.acquire,
+        };
+        let mut invocation = script.prepare_invoke();
         invocation
             .key(&keys.lock)
             .key(&keys.fence)
@@ -352,6 +356,13 @@ impl RedisInstance {
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
             .arg(flag(record_waiting));
+        if let Some(queue) = &keys.queue {
+            invocation
+                .key(&queue.order)
+                .key(&queue.deadlines)
+                .arg(&*queue.waiter)
+                .arg(ttl_millis(QUEUE_PLACE));
+        }
         let undo = async { self.release(keys, owner, true).await };
         self.grant(&keys.lock, invocation, fencing, undo).await
     }
@@ -541,19 +552,26 @@ impl RedisInstance {
     /// grant without it, so that contenders keep their random retry delays).
     pub async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
+        let script = match &keys.queue {
+            Some(_) => &SCRIPTS.release_fair,
+            None => &SCRIPTS.release,
+        };
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.writer_waiting)
+            .key(&keys.fence)
+            .arg(owner)
+            .arg(&keys.channel)
+            .arg(flag(notify));
+        if let Some(queue) = &keys.queue {
+            invocation
+                .key(&queue.order)
+                .key(&queue.deadlines)
+                .arg(&*queue.waiter);
+        }
         let released: i64 = self
-            .run(
-                "release",
-                SCRIPTS
-                    .release
-                    .key(&keys.lock)
-                    .key(&keys.writer_waiting)
-                    .key(&keys.fence)
-                    .arg(owner)
-                    .arg(&keys.channel)
-                    .arg(flag(notify))
-                    .invoke_async(&mut conn),
-            )
+            .run("release", invocation.invoke_async(&mut conn))
             .await?;
         Ok(released == 1)
     }

@@ -1,6 +1,7 @@
 //! How lock names map into the Redis keyspace.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockkit_core::backend::validate_name;
 use lockkit_core::{LockError, Result};
@@ -11,13 +12,37 @@ pub const DEFAULT_PREFIX: &str = "lockkit:";
 /// The suffixes of the keys derived from a lock key (`{<lock key>}:<suffix>`).
 /// None ends another one after a `:`, so derived keys of different kinds
 /// never collide.
-const DERIVED: [&str; 5] = [
+const DERIVED: [&str; 7] = [
     "fence",
     "readers",
     "writer-waiting",
     "semaphore",
     "semaphore-fence",
+    "queue",
+    "queue-deadlines",
 ];
+
+/// How long a waiter of a fair lock keeps its place in the queue without
+/// asking again; it asks at least twice as often. A waiter that vanished
+/// (its process died) holds up the line this long at most.
+pub const QUEUE_PLACE: Duration = Duration::from_secs(2);
+
+/// The waiting line of a fair lock (see
+/// [`RedisLockBuilder::fair`](crate::RedisLockBuilder::fair)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queue {
+    /// `{<prefix><name>}:queue`: waiter ids by arrival (server time, µs).
+    pub order: String,
+    /// `{<prefix><name>}:queue-deadlines`: waiter ids by the end of their
+    /// place (server time, ms).
+    pub deadlines: String,
+    /// The id this client waits under: one per client, whose tasks queue
+    /// among themselves first.
+    pub waiter: Arc<str>,
+    /// `{<prefix><name>}:released:<waiter>`: where this client hears that
+    /// its turn may have come (a release wakes the head of the queue only).
+    pub channel: String,
+}
 
 /// The Redis keys of one lock name.
 ///
@@ -32,6 +57,8 @@ const DERIVED: [&str; 5] = [
 /// * waiting writer: `{<prefix><name>}:writer-waiting`, the owner token of a
 ///   writer that waits for the readers to leave (new readers wait behind
 ///   it), with an expiry;
+/// * for a fair lock, the waiting line: `{<prefix><name>}:queue` and
+///   `{<prefix><name>}:queue-deadlines` ([`Queue`]);
 /// * release channel: `{<prefix><name>}:released`.
 ///
 /// Every key of a name hashes to the lock key's slot when the lock key has
@@ -57,6 +84,8 @@ pub struct Keys {
     /// The holder identity a holding of these keys records, if any (see
     /// [`RedisKey::with_holder`](crate::RedisKey::with_holder)).
     pub holder: Option<Arc<str>>,
+    /// The waiting line, for a fair lock.
+    pub queue: Option<Queue>,
 }
 
 impl Keys {
@@ -73,6 +102,21 @@ impl Keys {
     /// or one that starts with `{`).
     pub fn for_cluster(prefix: &str, name: &str) -> Result<Keys> {
         Layout::new(prefix, name, true).map(Layout::lock_keys)
+    }
+
+    /// The keys of a fair lock `name` under `prefix` (laid out for Redis
+    /// Cluster when `cluster`), whose client waits in its queue as `waiter`.
+    pub fn fair(prefix: &str, name: &str, cluster: bool, waiter: Arc<str>) -> Result<Keys> {
+        let layout = Layout::new(prefix, name, cluster)?;
+        let queue = Queue {
+            order: layout.derived("queue"),
+            deadlines: layout.derived("queue-deadlines"),
+            channel: format!("{}:{waiter}", layout.channel("released")),
+            waiter,
+        };
+        let mut keys = layout.lock_keys();
+        keys.queue = Some(queue);
+        Ok(keys)
     }
 }
 
@@ -202,6 +246,7 @@ impl Layout {
             channel: self.channel("released"),
             lock: self.lock,
             holder: None,
+            queue: None,
         }
     }
 

@@ -16,11 +16,16 @@ mod sentinel;
 mod settings;
 mod url;
 
-pub use backend::{REDIS_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock};
+pub use backend::{
+    REDIS_CAPABILITIES, REDIS_FAIR_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend,
+    RedisLock,
+};
 pub use builder::RedisLockBuilder;
 pub use holding::RedisKey;
 pub use instance::{Holder, Holdings, RedisInstance};
-pub use keys::{DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, SemaphoreKeys, holder_of};
+pub use keys::{
+    DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, holder_of,
+};
 pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
     DEFAULT_WAIT_TIMEOUT, RedisConfig,

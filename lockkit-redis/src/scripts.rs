@@ -143,6 +143,41 @@ end
     };
 }
 
+/// `take_lock()`: the exclusive attempt of [`ACQUIRE`], over its keys and
+/// arguments.
+macro_rules! take_lock {
+    () => {
+        r"
+local function take_lock()
+  local others = redis.call('EXISTS', KEYS[3], KEYS[4])
+  if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+    local now = now_ms()
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    if first[1] then
+      local wait = tonumber(first[2]) - now
+      if ARGV[4] == '1' then
+        redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+        wait = math.min(wait, math.floor(tonumber(ARGV[2]) / 2))
+      end
+      return {0, wait}
+    end
+  end
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if others > 0 then
+      redis.call('DEL', KEYS[4])
+    end
+    if ARGV[3] == '1' then
+      return {1, next_sole_fence(KEYS[2], ARGV[2])}
+    end
+    return {1, 0}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+"
+    };
+}
+
 /// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] waiting
 /// writer; ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
 /// fencing token, ARGV[4] "1" to record the caller as a waiting writer when
@@ -152,31 +187,61 @@ end
 const ACQUIRE: &str = concat!(
     fences!(),
     lease_sets!(),
+    take_lock!(),
+    "return take_lock()\n"
+);
+
+/// As [`ACQUIRE`], in the order the waiters queued: KEYS[5] the queue (a
+/// sorted set of waiter ids by arrival, server time in µs), KEYS[6] the
+/// queue's deadlines (waiter ids by the end of their place, in ms); ARGV[5]
+/// the caller's waiter id, ARGV[6] how long a place lasts without being
+/// asked for again (ms). Waiters whose place ran out leave the queue
+/// first. Only the head of the queue (or anyone, when it is empty) may
+/// take the lock; granted, it leaves the queue. With ARGV[4] = "1" (an
+/// acquire that waits) a caller that was refused joins the queue, or keeps
+/// its place there for ARGV[6] more, and is told to ask again within half
+/// of that.
+const ACQUIRE_FAIR: &str = concat!(
+    fences!(),
+    lease_sets!(),
+    take_lock!(),
     r"
-local others = redis.call('EXISTS', KEYS[3], KEYS[4])
-if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-  local now = now_ms()
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-  if first[1] then
-    local wait = tonumber(first[2]) - now
-    if ARGV[4] == '1' then
-      redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
-      wait = math.min(wait, math.floor(tonumber(ARGV[2]) / 2))
+local now = now_ms()
+local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)
+if #gone > 0 then
+  redis.call('ZREM', KEYS[5], unpack(gone))
+  redis.call('ZREM', KEYS[6], unpack(gone))
+end
+local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
+local result
+if head == nil or head == ARGV[5] then
+  result = take_lock()
+  if result[1] == 1 then
+    if head then
+      redis.call('ZREM', KEYS[5], ARGV[5])
+      redis.call('ZREM', KEYS[6], ARGV[5])
     end
-    return {0, wait}
+    return result
   end
+else
+  result = {0, redis.call('PTTL', KEYS[1])}
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if others > 0 then
-    redis.call('DEL', KEYS[4])
-  end
-  if ARGV[3] == '1' then
-    return {1, next_sole_fence(KEYS[2], ARGV[2])}
-  end
-  return {1, 0}
+if ARGV[4] ~= '1' then
+  return result
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local place = tonumber(ARGV[6])
+if not redis.call('ZSCORE', KEYS[5], ARGV[5]) then
+  redis.call('ZADD', KEYS[5], now_us(), ARGV[5])
+end
+redis.call('ZADD', KEYS[6], now + place, ARGV[5])
+redis.call('PEXPIRE', KEYS[5], place)
+redis.call('PEXPIRE', KEYS[6], place)
+local half = math.floor(place / 2)
+local wait = result[2]
+if wait < 0 or wait > half then
+  wait = half
+end
+return {0, wait}
 "
 );
 
@@ -318,6 +383,29 @@ return extended
 "
 );
 
+/// `release_lock()`: the body of [`RELEASE`], over its keys and arguments.
+macro_rules! release_lock {
+    () => {
+        r"
+local function release_lock()
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    retire_fence(KEYS[3])
+    if ARGV[3] == '1' then
+      redis.call('PUBLISH', ARGV[2], '')
+    end
+    return 1
+  end
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+    redis.call('PUBLISH', ARGV[2], '')
+  end
+  return 0
+end
+"
+    };
+}
+
 /// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter;
 /// ARGV[1] owner token, ARGV[2] release channel, ARGV[3]
 /// "1" to wake waiters. Deletes the key only if it holds our token and
@@ -328,22 +416,27 @@ return extended
 /// release if asked; otherwise removes the owner's record as a waiting
 /// writer, if it is there (and wakes the readers it kept waiting). Returns 1
 /// if released.
-const RELEASE: &str = concat!(
+const RELEASE: &str = concat!(fences!(), release_lock!(), "return release_lock()\n");
+
+/// As [`RELEASE`], and the caller's place in the queue of [`ACQUIRE_FAIR`]
+/// goes (an acquire that gave up leaves the queue): KEYS[4] the queue,
+/// KEYS[5] its deadlines, ARGV[4] the waiter id. A release (published when
+/// asked) or a place given up wakes the head of the queue on its own
+/// channel, `<release channel>:<waiter id>`, and no other waiter.
+const RELEASE_FAIR: &str = concat!(
     fences!(),
+    release_lock!(),
     r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  retire_fence(KEYS[3])
-  if ARGV[3] == '1' then
-    redis.call('PUBLISH', ARGV[2], '')
+local left = redis.call('ZREM', KEYS[4], ARGV[4])
+redis.call('ZREM', KEYS[5], ARGV[4])
+local released = release_lock()
+if (released == 1 and ARGV[3] == '1') or left == 1 then
+  local head = redis.call('ZRANGE', KEYS[4], 0, 0)[1]
+  if head then
+    redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
   end
-  return 1
 end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-  redis.call('PUBLISH', ARGV[2], '')
-end
-return 0
+return released
 "
 );
 
@@ -367,12 +460,14 @@ return -1
 
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
+    pub(crate) acquire_fair: Script,
     pub(crate) acquire_shared: Script,
     pub(crate) acquire_permit: Script,
     pub(crate) extend: Script,
     pub(crate) extend_member: Script,
     pub(crate) extend_many: Script,
     pub(crate) release: Script,
+    pub(crate) release_fair: Script,
     pub(crate) release_member: Script,
     pub(crate) hand_over: Script,
     pub(crate) status: Script,
@@ -380,26 +475,30 @@ pub(crate) struct Scripts {
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
+    acquire_fair: Script::new(ACQUIRE_FAIR),
     acquire_shared: Script::new(ACQUIRE_SHARED),
     acquire_permit: Script::new(ACQUIRE_PERMIT),
     extend: Script::new(EXTEND),
     extend_member: Script::new(EXTEND_MEMBER),
     extend_many: Script::new(EXTEND_MANY),
     release: Script::new(RELEASE),
+    release_fair: Script::new(RELEASE_FAIR),
     release_member: Script::new(RELEASE_MEMBER),
     hand_over: Script::new(HAND_OVER),
     status: Script::new(STATUS),
 });
 
 /// The sources, for `SCRIPT LOAD` at connect time.
-pub(crate) const SOURCES: [&str; 10] = [
+pub(crate) const SOURCES: [&str; 12] = [
     ACQUIRE,
+    ACQUIRE_FAIR,
     ACQUIRE_SHARED,
     ACQUIRE_PERMIT,
     EXTEND,
     EXTEND_MEMBER,
     EXTEND_MANY,
     RELEASE,
+    RELEASE_FAIR,
     RELEASE_MEMBER,
     HAND_OVER,
     STATUS,

@@ -25,11 +25,17 @@ impl RedisConfig {
     /// for the parameters). `prefix` belongs to a lock, not to a connection,
     /// and is refused here.
     pub fn from_url(url: &str) -> Result<RedisConfig> {
-        let (config, prefix) = parse_url(url)?;
-        if prefix != DEFAULT_PREFIX {
+        let (config, lock) = parse_url(url)?;
+        if lock.prefix != DEFAULT_PREFIX {
             return Err(LockError::invalid_url(
                 url,
                 "prefix is an option of the lock, not of the connection",
+            ));
+        }
+        if lock.fair {
+            return Err(LockError::invalid_url(
+                url,
+                "fair is an option of the lock, not of the connection",
             ));
         }
         Ok(config)
@@ -43,9 +49,19 @@ enum Form {
     Sentinel,
 }
 
+/// The options of the lock (not of the connection) a URL sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LockParams {
+    /// The key prefix.
+    pub(crate) prefix: String,
+    /// Whether waiters are served in order (`fair=true`).
+    pub(crate) fair: bool,
+}
+
 /// The query parameters every URL form shares.
 struct Params {
     prefix: String,
+    fair: bool,
     connect_timeout: Duration,
     command_timeout: Duration,
     protocol: Option<ProtocolVersion>,
@@ -63,6 +79,7 @@ impl Params {
     ) -> Result<Params> {
         let mut params = Params {
             prefix: DEFAULT_PREFIX.to_owned(),
+            fair: false,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             protocol: None,
@@ -74,6 +91,15 @@ impl Params {
         for (key, value) in pairs {
             match &*key {
                 "prefix" => params.prefix = value.into_owned(),
+                "fair" => {
+                    params.fair = match &*value {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        other => {
+                            return Err(bad(format!("fair={other:?} is not true or false")));
+                        }
+                    }
+                }
                 "connect_timeout" => {
                     params.connect_timeout = timeout_param(&key, &value).map_err(bad)?
                 }
@@ -111,13 +137,13 @@ impl Params {
                 other => {
                     let known = match form {
                         Form::Single => {
-                            "prefix, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout"
+                            "prefix, fair, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout"
                         }
                         Form::Cluster => {
-                            "prefix, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout"
+                            "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout"
                         }
                         Form::Sentinel => {
-                            "prefix, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
+                            "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
                         }
                     };
                     return Err(bad(format!("unknown parameter {other:?} (known: {known})")));
@@ -128,6 +154,13 @@ impl Params {
             return Err(bad("wait_timeout needs wait_replicas".into()));
         }
         Ok(params)
+    }
+
+    fn lock(&self) -> LockParams {
+        LockParams {
+            prefix: self.prefix.clone(),
+            fair: self.fair,
+        }
     }
 
     fn wait(&self) -> Option<ReplicaWait> {
@@ -142,7 +175,7 @@ impl Params {
 }
 
 /// Parses a redis URL into connection settings and the key prefix.
-pub(crate) fn parse_url(raw: &str) -> Result<(RedisConfig, String)> {
+pub(crate) fn parse_url(raw: &str) -> Result<(RedisConfig, LockParams)> {
     let shown = redact_url(raw);
     let bad = |reason: String| LockError::invalid_url(&shown, reason);
     let scheme = raw
@@ -159,7 +192,7 @@ fn parse_single(
     raw: &str,
     shown: String,
     bad: &dyn Fn(String) -> LockError,
-) -> Result<(RedisConfig, String)> {
+) -> Result<(RedisConfig, LockParams)> {
     let mut url = url::Url::parse(raw).map_err(|e| bad(e.to_string()))?;
     if !matches!(url.scheme(), "redis" | "rediss") {
         return Err(bad(format!(
@@ -181,6 +214,7 @@ fn parse_single(
         ));
     }
     let params = Params::parse(url.query_pairs(), Form::Single, bad)?;
+    let lock = params.lock();
     url.set_query(None);
     if params.tls_root_cert.is_some() && url.scheme() != "rediss" {
         return Err(bad("ca_file needs a rediss:// URL".into()));
@@ -203,7 +237,7 @@ fn parse_single(
         wait: params.wait(),
         tls_root_cert: params.tls_root_cert,
     };
-    Ok((config, params.prefix))
+    Ok((config, lock))
 }
 
 fn parse_multi_host(
@@ -211,7 +245,7 @@ fn parse_multi_host(
     shown: String,
     form: Form,
     bad: &dyn Fn(String) -> LockError,
-) -> Result<(RedisConfig, String)> {
+) -> Result<(RedisConfig, LockParams)> {
     let (scheme, default_port) = match form {
         Form::Sentinel => ("redis+sentinel", DEFAULT_SENTINEL_PORT),
         _ => ("redis+cluster", DEFAULT_PORT),
@@ -269,6 +303,7 @@ fn parse_multi_host(
     };
     let query_pairs = url::form_urlencoded::parse(parts.query.as_bytes());
     let params = Params::parse(query_pairs, form, bad)?;
+    let lock = params.lock();
 
     let mut settings = RedisConnectionInfo::default().set_db(db);
     if let Some(username) = &username {
@@ -324,7 +359,7 @@ fn parse_multi_host(
         wait: params.wait(),
         tls_root_cert: None,
     };
-    Ok((config, params.prefix))
+    Ok((config, lock))
 }
 
 #[cfg(test)]
@@ -337,7 +372,8 @@ mod tests {
             "redis://u:pw@127.0.0.1:7000/3?prefix=a%3Ab&connect_timeout=250ms&command_timeout=2s",
         )
         .unwrap();
-        assert_eq!(prefix, "a:b");
+        assert_eq!(prefix.prefix, "a:b");
+        assert!(!prefix.fair);
         assert_eq!(config.connect_timeout, Duration::from_millis(250));
         assert_eq!(config.command_timeout, Duration::from_secs(2));
         assert_eq!(config.address(), "127.0.0.1:7000");
@@ -346,8 +382,12 @@ mod tests {
         assert!(!format!("{config:?}").contains("pw@"));
         assert_eq!(config.mode(), "single");
         assert_eq!(config.wait, None);
-        assert_eq!(parse_url("redis://h?prefix=").unwrap().1, "");
-        assert_eq!(parse_url("redis://h").unwrap().1, DEFAULT_PREFIX);
+        assert_eq!(parse_url("redis://h?prefix=").unwrap().1.prefix, "");
+        assert_eq!(parse_url("redis://h").unwrap().1.prefix, DEFAULT_PREFIX);
+        assert!(parse_url("redis://h?fair=true").unwrap().1.fair);
+        assert!(!parse_url("redis://h?fair=false").unwrap().1.fair);
+        let err = parse_url("redis://h?fair=maybe").unwrap_err().to_string();
+        assert!(err.contains("not true or false"), "{err}");
         let (config, _) = parse_url("redis://h?protocol=resp3").unwrap();
         assert_eq!(
             config.info.redis_settings().protocol(),
@@ -382,7 +422,7 @@ mod tests {
             "redis+cluster://u:p%40w@127.0.0.1:7000,127.0.0.1:7001,[::1]:7002,other?prefix=x:&command_timeout=300ms",
         )
         .unwrap();
-        assert_eq!(prefix, "x:");
+        assert_eq!(prefix.prefix, "x:");
         assert_eq!(config.mode(), "cluster");
         assert_eq!(
             config.address(),
@@ -406,7 +446,7 @@ mod tests {
             "redis+sentinel://:datapw@s1,s2:26380,s3:26381/my%20master/2?sentinel_password=sentpw&connect_timeout=1s",
         )
         .unwrap();
-        assert_eq!(prefix, DEFAULT_PREFIX);
+        assert_eq!(prefix.prefix, DEFAULT_PREFIX);
         assert_eq!(config.mode(), "sentinel");
         assert_eq!(config.address(), "my master@s1:26379,s2:26380,s3:26381");
         assert_eq!(config.info.redis_settings().password(), Some("datapw"));

@@ -1,4 +1,5 @@
-//! The conformance suite against a real redis-server started by the testkit.
+//! The conformance suite against a real redis-server started by the testkit:
+//! `plain` locks, and `fair` ones (`fair=true`: waiters served in order).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,21 +11,23 @@ use lockkit_testkit::{DisposableServer, RedisServer};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-fn client_url(server: &RedisServer) -> String {
+fn client_url(server: &RedisServer, fair: bool) -> String {
     format!(
-        "{}?connect_timeout=500ms&command_timeout=500ms",
+        "{}?connect_timeout=500ms&command_timeout=500ms&fair={fair}",
         server.url()
     )
 }
 
 struct RedisHarness {
     server: RedisServer,
+    fair: bool,
 }
 
 impl RedisHarness {
-    async fn start() -> Self {
+    async fn start(fair: bool) -> Self {
         RedisHarness {
             server: RedisServer::start().await,
+            fair,
         }
     }
 }
@@ -33,7 +36,7 @@ impl RedisHarness {
 impl Harness for RedisHarness {
     async fn client(&self) -> Arc<dyn DistributedLock> {
         Arc::new(
-            lockkit_redis::connect(&client_url(&self.server))
+            lockkit_redis::connect(&client_url(&self.server, self.fair))
                 .await
                 .expect("connect"),
         )
@@ -47,7 +50,7 @@ impl Harness for RedisHarness {
 
     async fn disposable(&self) -> Box<dyn Disposable> {
         let server = RedisServer::start().await;
-        let url = client_url(&server);
+        let url = client_url(&server, self.fair);
         Box::new(DisposableServer::new(server, url, lockkit_redis::DRIVER))
     }
 
@@ -63,4 +66,10 @@ impl Harness for RedisHarness {
     }
 }
 
-lockkit_conformance::conformance_suite!(RedisHarness::start().await);
+mod plain {
+    lockkit_conformance::conformance_suite!(super::RedisHarness::start(false).await);
+}
+
+mod fair {
+    lockkit_conformance::conformance_suite!(super::RedisHarness::start(true).await);
+}

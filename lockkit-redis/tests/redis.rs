@@ -406,6 +406,64 @@ async fn waiter_is_woken_by_release_notification() {
     guard.release().await.unwrap();
 }
 
+/// A fair lock's queue: a waiter that vanished without leaving it (a
+/// process that died) holds up the line for its place's time at most
+/// (`QUEUE_PLACE`), and `try_acquire` does not jump the line meanwhile; the
+/// queue's keys are gone once it is empty.
+#[tokio::test]
+async fn a_vanished_waiter_holds_up_a_fair_lock_for_its_place_at_most() {
+    let server = RedisServer::start().await;
+    let locks = connect(&format!("{}?fair=true", server.url())).await;
+    assert!(locks.capabilities().fifo);
+    let (queue, deadlines) = (
+        "{lockkit:ghost-line}:queue",
+        "{lockkit:ghost-line}:queue-deadlines",
+    );
+    // A waiter of another client that queued and then died: its place runs
+    // out QUEUE_PLACE after its last attempt, as lockkit would have set it.
+    let place = lockkit_redis::QUEUE_PLACE.as_millis().to_string();
+    let queued = server
+        .command(&[
+            "EVAL",
+            "local t = redis.call('TIME') \
+             local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+             redis.call('ZADD', KEYS[1], 1, 'ghost') \
+             redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), 'ghost') \
+             return 1",
+            "2",
+            queue,
+            deadlines,
+            &place,
+        ])
+        .await
+        .unwrap();
+    assert_eq!(queued, "1");
+    let started = Instant::now();
+    assert!(
+        locks
+            .try_acquire("ghost-line", &opts())
+            .await
+            .unwrap()
+            .is_none(),
+        "try_acquire jumped the queue"
+    );
+    let guard = locks
+        .acquire("ghost-line", &opts().wait_for(Duration::from_secs(10)))
+        .await
+        .expect("the line moves once the ghost's place runs out");
+    let waited = started.elapsed();
+    assert!(
+        waited >= lockkit_redis::QUEUE_PLACE - Duration::from_millis(200)
+            && waited < lockkit_redis::QUEUE_PLACE + Duration::from_millis(1500),
+        "waited {waited:?} behind a vanished waiter"
+    );
+    guard.release().await.unwrap();
+    for key in [queue, deadlines] {
+        let exists = server.command(&["EXISTS", key]).await.unwrap();
+        assert_eq!(exists, "0", "{key} outlived its queue");
+    }
+}
+
 /// A waiter whose subscriber connection is killed (as a server restart or a
 /// proxy would) still hears the holder's release: the subscription is made
 /// again, and the wait goes on, well before its 10 s backoff.
