@@ -95,7 +95,9 @@ impl RedisLockBuilder {
     /// [`QUEUE_PLACE`](crate::QUEUE_PLACE) (2 s) at most. `try_acquire` does
     /// not jump the queue: it fails while others wait. Readers and
     /// semaphores are not queued. [`capabilities().fifo`](lockkit_core::Capabilities::fifo)
-    /// says so.
+    /// says so. Every client of a name must be fair for the order to hold:
+    /// a plain client (or another library) ignores the queue and may take
+    /// the lock whenever it is free.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
         self
