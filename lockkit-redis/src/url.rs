@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use lockkit_core::backend::{MultiHostUrl, host_list, redact_url, timeout_param};
+use lockkit_core::backend::{MultiHostUrl, bool_param, host_list, redact_url, timeout_param};
 use lockkit_core::{LockError, Result};
 use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
@@ -91,15 +91,7 @@ impl Params {
         for (key, value) in pairs {
             match &*key {
                 "prefix" => params.prefix = value.into_owned(),
-                "fair" => {
-                    params.fair = match &*value {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        other => {
-                            return Err(bad(format!("fair={other:?} is not true or false")));
-                        }
-                    }
-                }
+                "fair" => params.fair = bool_param(&key, &value).map_err(bad)?,
                 "connect_timeout" => {
                     params.connect_timeout = timeout_param(&key, &value).map_err(bad)?
                 }
@@ -387,7 +379,7 @@ mod tests {
         assert!(parse_url("redis://h?fair=true").unwrap().1.fair);
         assert!(!parse_url("redis://h?fair=false").unwrap().1.fair);
         let err = parse_url("redis://h?fair=maybe").unwrap_err().to_string();
-        assert!(err.contains("not true or false"), "{err}");
+        assert!(err.contains("must be true or false"), "{err}");
         let (config, _) = parse_url("redis://h?protocol=resp3").unwrap();
         assert_eq!(
             config.info.redis_settings().protocol(),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lockkit_core::backend::{check_timeout, redact_url, timeout_param};
+use lockkit_core::backend::{bool_param, check_timeout, redact_url, timeout_param};
 use lockkit_core::{LockError, Result};
 
 use crate::lock::SqlLock;
@@ -90,15 +90,7 @@ impl SqlLockBuilder {
                     builder.mode = value.parse().map_err(|e: LockError| bad(reason(e)))?;
                 }
                 "table" => builder.table = value.into_owned(),
-                "migrate" => {
-                    builder.migrate = match &*value {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        other => {
-                            return Err(bad(format!("migrate={other:?} must be true or false")));
-                        }
-                    }
-                }
+                "migrate" => builder.migrate = bool_param(&key, &value).map_err(bad)?,
                 "connect_timeout" => {
                     builder.connect_timeout = timeout_param(&key, &value).map_err(bad)?
                 }

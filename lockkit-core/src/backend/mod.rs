@@ -22,7 +22,7 @@
 //!   stored beside them ([`stored_owner`], [`holder_of`]), the acquire span
 //!   ([`traced_acquire`]), connecting to a server that is still starting
 //!   ([`connect_retrying`]), and URL helpers ([`MultiHostUrl`], [`host_list`],
-//!   [`timeout_param`], [`check_timeout`], [`redact_url`]).
+//!   [`timeout_param`], [`bool_param`], [`check_timeout`], [`redact_url`]).
 //!
 //! The conformance suite (the `lockkit-conformance` crate) checks a new
 //! backend against the contract every built-in backend keeps.
@@ -53,6 +53,7 @@ pub use queued::{QueueBackend, QueuedLock};
 pub use token::{HOLDER_SEPARATOR, OwnerToken, holder_of, stored_owner};
 pub use trace::traced_acquire;
 pub use url::{
-    MAX_TIMEOUT_PARAM, MultiHostUrl, check_timeout, host_list, redact_url, timeout_param,
+    MAX_TIMEOUT_PARAM, MultiHostUrl, bool_param, check_timeout, host_list, redact_url,
+    timeout_param,
 };
 pub use wait::{Attempt, DEADLINE_GRACE, Waiter, acquire_by_attempts};

@@ -28,6 +28,24 @@ pub fn timeout_param(key: &str, value: &str) -> Result<Duration, String> {
     Ok(parsed)
 }
 
+/// Parses a switch given in a URL's query (`fair=true`, `migrate=0`):
+/// `true`, `1` or `yes`, `false`, `0` or `no`; the message otherwise names
+/// `key`.
+///
+/// ```
+/// use lockkit_core::backend::bool_param;
+/// assert_eq!(bool_param("fair", "yes"), Ok(true));
+/// assert_eq!(bool_param("fair", "0"), Ok(false));
+/// assert!(bool_param("fair", "maybe").unwrap_err().contains("fair=\"maybe\""));
+/// ```
+pub fn bool_param(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        other => Err(format!("{key}={other:?} must be true or false")),
+    }
+}
+
 /// Checks a timeout set in a builder: positive and at most one hour, like
 /// [`timeout_param`]; `InvalidOptions` names `what`.
 ///
