@@ -100,6 +100,48 @@ pub struct ClientPlan {
     pub duration: Duration,
     /// Where the tallies go.
     pub tallies: PathBuf,
+    /// Where the client reports its live heap, if it can count it.
+    pub heap: Option<HeapReport>,
+}
+
+/// The client's live heap, reported through a file every [`HEAP_EVERY`]:
+/// the bytes its allocator has handed out and not yet got back, in KiB.
+/// Unlike resident memory, this falls back when a fault's backlog is
+/// freed, whatever the allocator keeps for later: a leak shows here.
+#[derive(Clone, Debug)]
+pub struct HeapReport {
+    /// The file, rewritten whole (written aside, then renamed).
+    pub file: PathBuf,
+    /// The process's live heap bytes (its global allocator's count).
+    pub live_bytes: fn() -> usize,
+}
+
+/// Between two reports of the live heap.
+pub const HEAP_EVERY: Duration = Duration::from_secs(1);
+
+impl HeapReport {
+    /// Writes the live heap now.
+    pub(crate) fn write(&self) -> std::io::Result<()> {
+        let aside = self.file.with_extension("new");
+        std::fs::write(&aside, format!("{}\n", (self.live_bytes)() / 1024))?;
+        std::fs::rename(&aside, &self.file)
+    }
+
+    /// Writes it every [`HEAP_EVERY`] until the task is dropped.
+    async fn keep_writing(self) {
+        let mut every = tokio::time::interval(HEAP_EVERY);
+        loop {
+            every.tick().await;
+            if let Err(e) = self.write() {
+                tracing::warn!("cannot write {}: {e}", self.file.display());
+            }
+        }
+    }
+}
+
+/// Reads what [`HeapReport`] wrote: the live heap in KiB.
+pub fn read_heap_kib(file: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 /// Counts of one kind of work on one backend.
@@ -170,6 +212,10 @@ fn count_panics() {
 /// Runs the client until its deadline, then writes the tallies.
 pub async fn run(plan: ClientPlan) -> std::io::Result<()> {
     count_panics();
+    let heap = plan
+        .heap
+        .clone()
+        .map(|heap| tokio::spawn(heap.keep_writing()));
     let started = Instant::now();
     let deadline = started + plan.duration;
     let mut tasks = JoinSet::new();
@@ -220,6 +266,9 @@ pub async fn run(plan: ClientPlan) -> std::io::Result<()> {
         for leftover in leftovers(target, plan.lease).await {
             let _ = writeln!(text, "{} leftover {leftover}", target.label);
         }
+    }
+    if let Some(heap) = heap {
+        heap.abort();
     }
     std::fs::write(&plan.tallies, text)
 }

@@ -15,14 +15,25 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use cap::Cap;
 use clap::{Parser, Subcommand};
 use lockkit_faults::deploy::Deployment;
 use lockkit_faults::report;
 use lockkit_faults::run::{RunResult, Settings, run};
 use lockkit_faults::scenario::{Scenario, scenarios_for, suite};
 use lockkit_faults::soak::{self, SoakSettings};
-use lockkit_faults::soak_client::{self, ClientPlan, Target};
+use lockkit_faults::soak_client::{self, ClientPlan, HeapReport, Target};
 use lockkit_faults::worker::{self, WorkerPlan};
+
+/// The system allocator, counted: the soak's client reports its live heap
+/// (what a leak would grow), which its resident memory does not show once
+/// a fault's backlog is freed and the allocator keeps the pages.
+#[global_allocator]
+static ALLOCATOR: Cap<std::alloc::System> = Cap::new(std::alloc::System, usize::MAX);
+
+fn live_heap_bytes() -> usize {
+    ALLOCATOR.allocated()
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,6 +91,9 @@ struct SoakClientArgs {
     duration: Duration,
     #[arg(long)]
     tallies: PathBuf,
+    /// Where to report the live heap.
+    #[arg(long)]
+    heap: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -206,6 +220,10 @@ async fn main() -> ExitCode {
                 lease: args.lease,
                 duration: args.duration,
                 tallies: args.tallies,
+                heap: args.heap.map(|file| HeapReport {
+                    file,
+                    live_bytes: live_heap_bytes,
+                }),
             };
             match soak_client::run(plan).await {
                 Ok(()) => ExitCode::SUCCESS,
