@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -73,13 +73,45 @@ enum Watchdog {
     Stopped,
 }
 
+/// A holding's lost signal: the reason, once there is one, and the futures
+/// of [`LockGuard::lost`] waiting for it. Kept apart from [`Shared`] so that
+/// those futures hold this alone, not the holding (its lease, its local
+/// slot). A `watch` channel would do the same at about five times the size
+/// (its nine `Notify`s), for every held lease.
+#[derive(Default)]
+struct LostSignal {
+    reason: Mutex<Option<LostReason>>,
+    waiters: Notify,
+}
+
+impl LostSignal {
+    fn reason(&self) -> Option<LostReason> {
+        *lock(&self.reason)
+    }
+
+    /// Resolves once there is a reason.
+    async fn wait(&self) -> LostReason {
+        loop {
+            let notified = self.waiters.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the reason is read, so that a loss marked
+            // in between still wakes this.
+            notified.as_mut().enable();
+            if let Some(reason) = self.reason() {
+                return reason;
+            }
+            notified.await;
+        }
+    }
+}
+
 struct Shared {
     name: Box<str>,
     watchdog: Mutex<Watchdog>,
     fencing: Option<FencingToken>,
     auto_renew: bool,
     lease: Arc<dyn Lease>,
-    lost: watch::Sender<Option<LostReason>>,
+    lost: Arc<LostSignal>,
     timing: Mutex<Timing>,
     /// Serialises extends (watchdog and user) and release, so that the last lease
     /// length applied on the server is the one recorded here.
@@ -90,7 +122,7 @@ struct Shared {
 
 impl Shared {
     fn lost_reason(&self) -> Option<LostReason> {
-        *self.lost.borrow()
+        self.lost.reason()
     }
 
     fn valid_until(&self) -> Instant {
@@ -198,17 +230,19 @@ impl Shared {
 
     /// Marks the holding lost; true if this call did it.
     fn mark_lost(&self, reason: LostReason) -> bool {
-        let first = self.lost.send_if_modified(|lost| {
+        let first = {
+            let mut lost = lock(&self.lost.reason);
             if lost.is_none() {
-                *lost = Some(reason);
-                // Counted before anyone waiting for the loss is woken.
+                // Counted before anyone waiting for the loss can see it.
                 crate::metrics::lost(self.lease.backend(), reason.label());
+                *lost = Some(reason);
                 true
             } else {
                 false
             }
-        });
+        };
         if first {
+            self.lost.waiters.notify_waiters();
             tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
             self.cancel_booking();
             self.free_slot();
@@ -301,7 +335,7 @@ impl LockGuard {
             fencing,
             auto_renew,
             lease,
-            lost: watch::Sender::new(None),
+            lost: Arc::default(),
             timing: Mutex::new(Timing {
                 ttl,
                 valid_until: sent_at + ttl - clock_drift(ttl),
@@ -367,19 +401,9 @@ impl LockGuard {
     /// resolves for a lease that is released normally. The future does not borrow
     /// the guard, so it can be spawned.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut lost = self.shared.lost.subscribe();
-        async move {
-            loop {
-                let current = *lost.borrow_and_update();
-                if let Some(reason) = current {
-                    return reason;
-                }
-                if lost.changed().await.is_err() {
-                    // The holding ended without a loss.
-                    return std::future::pending().await;
-                }
-            }
-        }
+        let lost = Arc::clone(&self.shared.lost);
+        // A holding that ends without a loss is never marked: this pends.
+        async move { lost.wait().await }
     }
 
     /// A handle through which the backend can report a loss it notices on its own
@@ -641,5 +665,65 @@ mod tests {
         );
         let delays = retry_backoff(Duration::from_millis(600)).delays_seeded(1);
         assert!(delays.take(50).all(|d| d <= Duration::from_millis(60)));
+    }
+
+    #[derive(Debug)]
+    struct Kept;
+
+    #[async_trait::async_trait]
+    impl Lease for Kept {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        async fn extend(&self, _ttl: Duration) -> Result<bool> {
+            Ok(true)
+        }
+        async fn release(&self) -> Result<bool> {
+            Ok(true)
+        }
+    }
+
+    fn guard() -> LockGuard {
+        LockGuard::new(
+            "signal",
+            Arc::new(Kept),
+            None,
+            Duration::from_secs(30),
+            Instant::now(),
+            false,
+        )
+    }
+
+    #[tokio::test]
+    async fn the_lost_signal_reaches_futures_made_before_and_after_the_loss() {
+        let guard = guard();
+        let before = tokio::spawn(guard.lost());
+        tokio::task::yield_now().await;
+        assert!(!before.is_finished());
+        assert!(guard.loss_notifier().mark_lost(LostReason::Revoked));
+        assert!(
+            !guard.loss_notifier().mark_lost(LostReason::Expired),
+            "marked once"
+        );
+        assert_eq!(before.await.unwrap(), LostReason::Revoked);
+        assert_eq!(guard.lost().await, LostReason::Revoked);
+        // A future made before the guard went still answers afterwards.
+        let kept = guard.lost();
+        drop(guard);
+        assert_eq!(kept.await, LostReason::Revoked);
+    }
+
+    #[tokio::test]
+    async fn a_released_holding_is_never_lost_and_its_future_holds_nothing_else() {
+        let guard = guard();
+        let lost = guard.lost();
+        let shared = Arc::downgrade(&guard.shared);
+        guard.release().await.unwrap();
+        assert!(
+            shared.upgrade().is_none(),
+            "the future keeps only the signal"
+        );
+        let outcome = tokio::time::timeout(Duration::from_millis(50), lost).await;
+        assert!(outcome.is_err(), "never resolves: {outcome:?}");
     }
 }

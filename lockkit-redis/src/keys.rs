@@ -84,8 +84,9 @@ pub struct Keys {
     /// The holder identity a holding of these keys records, if any (see
     /// [`RedisKey::with_holder`](crate::RedisKey::with_holder)).
     pub holder: Option<Arc<str>>,
-    /// The waiting line, for a fair lock.
-    pub queue: Option<Queue>,
+    /// The waiting line, for a fair lock (boxed: a held lease keeps its
+    /// keys, and most locks are not fair).
+    pub queue: Option<Box<Queue>>,
 }
 
 impl Keys {
@@ -115,7 +116,7 @@ impl Keys {
             waiter,
         };
         let mut keys = layout.lock_keys();
-        keys.queue = Some(queue);
+        keys.queue = Some(Box::new(queue));
         Ok(keys)
     }
 }

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::OwnedMutexGuard;
 
-type Slots = Arc<Mutex<HashMap<Box<str>, Arc<Queue>>>>;
+/// The queues by name; an entry's name is shared with its users' entries.
+type Slots = Arc<Mutex<HashMap<Arc<str>, Arc<Queue>>>>;
 
 /// A holding passed from one task of a client to the next, in a
 /// [`LocalHandle`]: whatever the backend needs to adopt it.
@@ -47,17 +48,17 @@ pub struct LocalQueue {
 impl LocalQueue {
     fn entry(&self, name: &str) -> SlotEntry {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let queue = match slots.get(name) {
-            Some(queue) => queue.clone(),
+        let (name, queue) = match slots.get_key_value(name) {
+            Some((name, queue)) => (name.clone(), queue.clone()),
             None => {
-                let queue = Arc::new(Queue::default());
-                slots.insert(name.into(), queue.clone());
-                queue
+                let (name, queue): (Arc<str>, _) = (name.into(), Arc::new(Queue::default()));
+                slots.insert(name.clone(), queue.clone());
+                (name, queue)
             }
         };
         SlotEntry {
             slots: self.slots.clone(),
-            name: name.into(),
+            name,
             queue,
         }
     }
@@ -104,7 +105,7 @@ impl Drop for Waiting<'_> {
 /// (dropping a baton nobody took, which releases it).
 struct SlotEntry {
     slots: Slots,
-    name: Box<str>,
+    name: Arc<str>,
     queue: Arc<Queue>,
 }
 
