@@ -89,6 +89,22 @@ impl LostSignal {
         *lock(&self.reason)
     }
 
+    /// Records `reason` unless there is one already, then wakes the
+    /// waiters; `first` runs before anyone can see the reason (the loss is
+    /// counted there). True if this call recorded it.
+    fn mark(&self, reason: LostReason, first: impl FnOnce()) -> bool {
+        {
+            let mut recorded = lock(&self.reason);
+            if recorded.is_some() {
+                return false;
+            }
+            first();
+            *recorded = Some(reason);
+        }
+        self.waiters.notify_waiters();
+        true
+    }
+
     /// Resolves once there is a reason.
     async fn wait(&self) -> LostReason {
         loop {
@@ -230,19 +246,10 @@ impl Shared {
 
     /// Marks the holding lost; true if this call did it.
     fn mark_lost(&self, reason: LostReason) -> bool {
-        let first = {
-            let mut lost = lock(&self.lost.reason);
-            if lost.is_none() {
-                // Counted before anyone waiting for the loss can see it.
-                crate::metrics::lost(self.lease.backend(), reason.label());
-                *lost = Some(reason);
-                true
-            } else {
-                false
-            }
-        };
+        let first = self.lost.mark(reason, || {
+            crate::metrics::lost(self.lease.backend(), reason.label());
+        });
         if first {
-            self.lost.waiters.notify_waiters();
             tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
             self.cancel_booking();
             self.free_slot();

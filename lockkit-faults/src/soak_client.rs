@@ -127,7 +127,7 @@ impl HeapReport {
         std::fs::rename(&aside, &self.file)
     }
 
-    /// Writes it every [`HEAP_EVERY`] until the task is dropped.
+    /// Writes it every [`HEAP_EVERY`] until its task is aborted.
     async fn keep_writing(self) {
         let mut every = tokio::time::interval(HEAP_EVERY);
         loop {
