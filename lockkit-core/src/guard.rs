@@ -1,16 +1,19 @@
 //! `LockGuard`: one holding of a lock, with its watchdog and lost signal.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::deferred::Booking;
+use crate::backend::deferred::{Booking, Due, Timer};
 use crate::backend::local_queue::LocalSlot;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
@@ -40,9 +43,11 @@ struct Timing {
 impl Timing {
     /// When the watchdog next has something to do: the next renewal (or its
     /// retry) when auto-renew is on, and in any case the end of the validity.
+    /// The renewal is put off to the next point of the renewal grid (see
+    /// [`on_renewal_grid`]); the expiry is not.
     fn next_wake(&self, auto_renew: bool) -> Instant {
         if auto_renew {
-            self.renew_due().min(self.valid_until)
+            on_renewal_grid(self.renew_due(), self.ttl).min(self.valid_until)
         } else {
             self.valid_until
         }
@@ -56,21 +61,85 @@ impl Timing {
     }
 }
 
+/// Renewals come due on a grid of points a hundredth of the TTL apart (1 to
+/// 10 ms), so that the renewals of many leases come due together and their
+/// watchdog steps start as one batch (see [`Step`]). A renewal is put off by
+/// less than one step of the grid, against the two thirds of the lease that
+/// are left when it is due.
+fn on_renewal_grid(at: Instant, ttl: Duration) -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    let step = (ttl / 100)
+        .clamp(Duration::from_millis(1), Duration::from_millis(10))
+        .as_nanos();
+    // Any fixed origin will do; an instant before it (another runtime's
+    // clock, paused in a test) is left as it is.
+    let origin = *ORIGIN.get_or_init(|| at);
+    let Some(since) = at.checked_duration_since(origin) else {
+        return at;
+    };
+    u64::try_from(since.as_nanos().div_ceil(step) * step)
+        .ok()
+        .and_then(|nanos| origin.checked_add(Duration::from_nanos(nanos)))
+        .unwrap_or(at)
+}
+
 /// Where a guard's watchdog stands. It has no task of its own while it waits:
 /// its next deadline is booked on the per-thread timer (see
-/// [`deferred`](crate::backend::deferred)), and each renewal or expiry runs in a
-/// short task spawned when it is due, which books the next deadline before
-/// it ends. A parked task per held lease would cost every holding about a
-/// kilobyte.
+/// [`deferred`](crate::backend::deferred)). The steps of the watchdogs due
+/// at one wake-up of that timer run together in one task (see [`Step`]);
+/// each books its next deadline before it ends. A parked task per held lease
+/// would cost every holding about a kilobyte, and a task per renewal a spawn,
+/// a schedule and a wake-up across threads, a hundred thousand times a second
+/// for a million leases.
 enum Watchdog {
     /// Nothing booked yet.
     Idle,
     /// The next deadline is booked.
-    Booked(Booking),
-    /// A renewal (or the expiry) is running in this task.
-    Running(AbortHandle),
+    Booked(Booking<Step>),
+    /// A renewal (or the expiry) is running; the waker of its batch task,
+    /// once it has been polled, to stop it.
+    Running(Option<Waker>),
     /// The holding ended (released, dropped or lost), or there is no runtime.
     Stopped,
+}
+
+/// A booked watchdog deadline.
+struct Step(Weak<Shared>);
+
+thread_local! {
+    static WATCHDOGS: RefCell<Option<Arc<Timer<Step>>>> = const { RefCell::new(None) };
+}
+
+impl Due for Step {
+    /// Runs the steps of the watchdogs still booked in one task, on the
+    /// runtime of the timer (that of the guards).
+    fn start(due: Vec<Step>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let steps: FuturesUnordered<_> = due
+            .into_iter()
+            .filter_map(|Step(weak)| weak.upgrade())
+            .filter(|shared| shared.begin_step())
+            .map(stoppable_step)
+            .collect();
+        if !steps.is_empty() {
+            runtime.spawn(steps.for_each(|()| std::future::ready(())));
+        }
+    }
+}
+
+/// A watchdog step that ends as soon as the holding ends (release, drop),
+/// dropping the renewal it may be waiting for, as an aborted task would.
+async fn stoppable_step(shared: Arc<Shared>) {
+    let mut step = std::pin::pin!(watchdog_step(shared.clone()));
+    std::future::poll_fn(|cx| {
+        if shared.stop_requested(cx) {
+            return Poll::Ready(());
+        }
+        step.as_mut().poll(cx)
+    })
+    .await;
 }
 
 /// A holding's lost signal: the reason, once there is one, and the futures
@@ -157,35 +226,50 @@ impl Shared {
         drop(lock(&self.slot).take());
     }
 
-    /// Books the watchdog's next deadline on `runtime`, unless the holding
-    /// has ended or a booking is in place already. Called when the guard is
-    /// made, and by each watchdog step before it ends.
-    fn schedule(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
+    /// Books the watchdog's next deadline on the current runtime, unless the
+    /// holding has ended or a booking is in place already. Called when the
+    /// guard is made, and by each watchdog step before it ends.
+    fn schedule(self: &Arc<Self>) {
         let mut state = lock(&self.watchdog);
         if matches!(*state, Watchdog::Stopped | Watchdog::Booked(_)) {
             return;
         }
         let wake = lock(&self.timing).next_wake(self.auto_renew);
-        let weak = Arc::downgrade(self);
-        let handle = runtime.clone();
         // Booked while the state is locked: a deadline that is already past
-        // fires on the timer task, whose `fire` waits for this to be recorded.
-        *state = match crate::backend::deferred::book(wake, move || {
-            if let Some(shared) = weak.upgrade() {
-                shared.fire(&handle);
-            }
-        }) {
+        // starts on the timer task, whose `begin_step` waits for this to be
+        // recorded.
+        *state = match crate::backend::deferred::book(&WATCHDOGS, wake, Step(Arc::downgrade(self)))
+        {
             Some(booking) => Watchdog::Booked(booking),
             None => Watchdog::Stopped,
         };
     }
 
-    /// A booked deadline has come: spawns the step that handles it.
-    fn fire(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
+    /// A booked deadline has come: true if its step is to run (the holding
+    /// has not ended meanwhile).
+    fn begin_step(&self) -> bool {
         let mut state = lock(&self.watchdog);
         if let Watchdog::Booked(_) = &*state {
-            let task = runtime.spawn(watchdog_step(self.clone(), runtime.clone()));
-            *state = Watchdog::Running(task.abort_handle());
+            *state = Watchdog::Running(None);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the running step is to stop (the holding ended); otherwise
+    /// keeps the waker that stops it.
+    fn stop_requested(&self, cx: &Context<'_>) -> bool {
+        let mut state = lock(&self.watchdog);
+        match &mut *state {
+            Watchdog::Stopped => true,
+            Watchdog::Running(waker) => {
+                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *waker = Some(cx.waker().clone());
+                }
+                false
+            }
+            Watchdog::Idle | Watchdog::Booked(_) => false,
         }
     }
 
@@ -205,8 +289,8 @@ impl Shared {
                 }
             }
         };
-        if rebook && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            self.schedule(&runtime);
+        if rebook {
+            self.schedule();
         }
     }
 
@@ -225,8 +309,8 @@ impl Shared {
             Watchdog::Booked(booking) => {
                 booking.cancel();
             }
-            Watchdog::Running(task) => task.abort(),
-            Watchdog::Idle | Watchdog::Stopped => {}
+            Watchdog::Running(Some(waker)) => waker.wake(),
+            Watchdog::Running(None) | Watchdog::Idle | Watchdog::Stopped => {}
         }
     }
 
@@ -286,8 +370,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One holding of a lock. Not `Clone`: there is exactly one guard per holding.
 ///
-/// * While the guard lives and `auto_renew` is on, a watchdog task extends the
-///   lease every `ttl / 3`. If renewal fails it keeps trying until the lease's
+/// * While the guard lives and `auto_renew` is on, a watchdog extends the
+///   lease about every `ttl / 3`. If renewal fails it keeps trying until the lease's
 ///   validity runs out, then marks the guard lost.
 /// * [`release`](Self::release) frees the lock with an atomic compare-and-delete:
 ///   it never removes someone else's lease.
@@ -355,7 +439,7 @@ impl LockGuard {
         // No task yet: the watchdog's first deadline (the first renewal, or
         // the expiry) is booked, and most holdings end before it.
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => shared.schedule(&runtime),
+            Ok(_) => shared.schedule(),
             Err(_) => {
                 *lock(&shared.watchdog) = Watchdog::Stopped;
                 tracing::warn!(lock.name = %name, "guard created outside a tokio runtime: no auto-renewal and no lost signal");
@@ -573,7 +657,7 @@ fn retry_backoff(ttl: Duration) -> crate::backoff::Backoff {
 /// otherwise renews the lease (when auto-renew is on) and books the next
 /// deadline. A failed renewal is retried, paced by the lease (see
 /// [`retry_backoff`]), until the validity runs out.
-async fn watchdog_step(shared: Arc<Shared>, runtime: tokio::runtime::Handle) {
+async fn watchdog_step(shared: Arc<Shared>) {
     if shared.lost_reason().is_some() {
         shared.stop_watchdog_quietly();
         return;
@@ -639,7 +723,7 @@ async fn watchdog_step(shared: Arc<Shared>, runtime: tokio::runtime::Handle) {
         }
     }
     shared.step_done();
-    shared.schedule(&runtime);
+    shared.schedule();
 }
 
 impl Shared {
@@ -672,6 +756,53 @@ mod tests {
         );
         let delays = retry_backoff(Duration::from_millis(600)).delays_seeded(1);
         assert!(delays.take(50).all(|d| d <= Duration::from_millis(60)));
+    }
+
+    #[test]
+    fn renewals_come_due_on_a_grid_and_expiries_do_not() {
+        let ttl = Duration::from_secs(30);
+        let step = Duration::from_millis(10);
+        let start = Instant::now();
+        let points: Vec<Instant> = (0..200u64)
+            .map(|i| {
+                let at = start + Duration::from_micros(i * 137);
+                let point = on_renewal_grid(at, ttl);
+                assert!(point >= at && point < at + step, "{i}");
+                point
+            })
+            .collect();
+        // 200 deadlines spread over 27 ms come due at four points at most.
+        let mut distinct = points.clone();
+        distinct.dedup();
+        assert!(distinct.len() <= 4, "{distinct:?}");
+        for pair in distinct.windows(2) {
+            assert_eq!(pair[1] - pair[0], step);
+        }
+        // A short lease has a fine grid (a hundredth of it, at least 1 ms).
+        let short = start + Duration::from_micros(2500);
+        assert!(
+            on_renewal_grid(short, Duration::from_millis(100)) < short + Duration::from_millis(1)
+        );
+
+        let timing = |renewed_at: Instant, valid_until: Instant| Timing {
+            ttl,
+            valid_until,
+            renewed_at,
+            retry: None,
+        };
+        let renewed_at = start + Duration::from_micros(1234);
+        let valid_until = renewed_at + ttl;
+        // Without auto-renew the watchdog wakes at the expiry, unmoved.
+        assert_eq!(
+            timing(renewed_at, valid_until).next_wake(false),
+            valid_until
+        );
+        let renew = timing(renewed_at, valid_until).next_wake(true);
+        assert!(renew >= renewed_at + ttl / 3 && renew < renewed_at + ttl / 3 + step);
+        // A renewal due at the very end of the validity does not put off
+        // the expiry.
+        let close = renewed_at + ttl / 3;
+        assert_eq!(timing(renewed_at, close).next_wake(true), close);
     }
 
     #[derive(Debug)]

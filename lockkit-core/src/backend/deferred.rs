@@ -1,42 +1,61 @@
-//! Deferred starts: run a closure at an instant, without a task of its own.
+//! Deferred starts: run something at an instant, without a task of its own.
 //!
 //! A guard's watchdog has nothing to do before its first renewal (a third of
 //! the TTL) or its expiry, and most holdings end well before either. Spawning
 //! a watchdog task for every guard would cost every acquire a cross-thread
 //! wake-up, which is more than a whole lock cycle on a fast backend. A guard
-//! therefore books its first deadline here, and its watchdog task is spawned
-//! only if the guard still holds when that deadline comes.
+//! therefore books its deadlines here, and its watchdog runs only if the
+//! guard still holds when a deadline comes.
 //!
 //! Bookings go to a timer task of the booking thread's runtime: one per
-//! thread, found through a thread-local, so that bookings never contend across
-//! threads and the timer runs on the clock of the runtime the guard was made
-//! in (paused time in tests included). Booking wakes the timer task only when
-//! the new deadline is earlier than the one it already sleeps until, so a
-//! stream of short holdings wakes it about once per TTL/3. A cancelled booking
-//! is removed at once, so the bookings held are those of live guards.
+//! thread and kind of booking, found through a thread-local, so that bookings
+//! never contend across threads and the timer runs on the clock of the
+//! runtime the guard was made in (paused time in tests included). Booking
+//! wakes the timer task only when the new deadline is earlier than the one it
+//! already sleeps until, so a stream of short holdings wakes it about once
+//! per TTL/3. A cancelled booking is removed at once, so the bookings held
+//! are those of live guards.
+//!
+//! The timer hands everything due at one wake-up to [`Due::start`] at once:
+//! the watchdogs of a million leases start a few hundred batches a second,
+//! not a hundred thousand tasks.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::thread::LocalKey;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// What a booking runs when its instant comes.
-type Start = Box<dyn FnOnce() + Send>;
+/// What a timer starts: everything due at one wake-up is started together.
+pub(crate) trait Due: Send + Sized + 'static {
+    /// Starts the bookings whose instant has come (on the timer task, or
+    /// while its runtime shuts down).
+    fn start(due: Vec<Self>);
+}
+
+/// A closure booked by [`spawn_at`].
+struct Call(Box<dyn FnOnce() + Send>);
+
+impl Due for Call {
+    fn start(due: Vec<Call>) {
+        for Call(start) in due {
+            start();
+        }
+    }
+}
 
 /// The bookings of one timer task.
-#[derive(Default)]
-struct Timer {
-    state: Mutex<State>,
+pub(crate) struct Timer<T> {
+    state: Mutex<State<T>>,
     wake: Notify,
 }
 
-#[derive(Default)]
-struct State {
-    bookings: BTreeMap<(Instant, u64), Start>,
+struct State<T> {
+    bookings: BTreeMap<(Instant, u64), T>,
     next_id: u64,
     /// What the timer task sleeps until: `None` while it waits for a booking.
     sleeping_until: Option<Instant>,
@@ -44,18 +63,36 @@ struct State {
     dead: bool,
 }
 
+impl<T> Default for Timer<T> {
+    fn default() -> Self {
+        Timer {
+            state: Mutex::new(State {
+                bookings: BTreeMap::new(),
+                next_id: 0,
+                sleeping_until: None,
+                dead: false,
+            }),
+            wake: Notify::new(),
+        }
+    }
+}
+
+/// The timer of each thread, for one kind of booking: a `thread_local!`
+/// of this type, passed to [`book`].
+pub(crate) type Timers<T> = LocalKey<RefCell<Option<Arc<Timer<T>>>>>;
+
 thread_local! {
-    static TIMER: RefCell<Option<Arc<Timer>>> = const { RefCell::new(None) };
+    static CALLS: RefCell<Option<Arc<Timer<Call>>>> = const { RefCell::new(None) };
 }
 
 /// A booking made by [`book`]; [`cancel`](Booking::cancel) it when its start
 /// is no longer wanted.
-pub(crate) struct Booking {
-    timer: Arc<Timer>,
+pub(crate) struct Booking<T> {
+    timer: Arc<Timer<T>>,
     key: (Instant, u64),
 }
 
-impl Booking {
+impl<T> Booking<T> {
     /// Removes the booking. True if it had not started yet (it never will).
     pub(crate) fn cancel(self) -> bool {
         lock(&self.timer.state).bookings.remove(&self.key).is_some()
@@ -63,7 +100,7 @@ impl Booking {
 }
 
 /// A task booked with [`spawn_at`], not spawned yet.
-pub struct ScheduledSpawn(Booking);
+pub struct ScheduledSpawn(Booking<Call>);
 
 impl fmt::Debug for ScheduledSpawn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -92,13 +129,15 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    book(at, move || drop(runtime.spawn(task))).map(ScheduledSpawn)
+    let start = Call(Box::new(move || drop(runtime.spawn(task))));
+    book(&CALLS, at, start).map(ScheduledSpawn)
 }
 
-/// Runs `start` at `at` (on the timer task of this thread's runtime), unless
-/// the booking is cancelled first. `None` outside a tokio runtime.
-pub(crate) fn book(at: Instant, start: impl FnOnce() + Send + 'static) -> Option<Booking> {
-    let timer = TIMER.with(|slot| {
+/// Starts `item` at `at` (on the timer task of this thread's runtime, for
+/// `timers`' kind), unless the booking is cancelled first. `None` outside a
+/// tokio runtime.
+pub(crate) fn book<T: Due>(timers: &'static Timers<T>, at: Instant, item: T) -> Option<Booking<T>> {
+    let timer = timers.with(|slot| {
         let mut slot = slot.borrow_mut();
         match &*slot {
             Some(timer) if !lock(&timer.state).dead => Some(timer.clone()),
@@ -115,7 +154,7 @@ pub(crate) fn book(at: Instant, start: impl FnOnce() + Send + 'static) -> Option
         let mut state = lock(&timer.state);
         let key = (at, state.next_id);
         state.next_id += 1;
-        state.bookings.insert(key, Box::new(start));
+        state.bookings.insert(key, item);
         let wake = state.sleeping_until.is_none_or(|until| at < until);
         if wake {
             // Until the task has looked again, nobody else needs to wake it.
@@ -131,7 +170,7 @@ pub(crate) fn book(at: Instant, start: impl FnOnce() + Send + 'static) -> Option
 
 /// The timer task: starts the bookings whose instant has come, then sleeps
 /// until the next one or until an earlier one is booked.
-async fn run(timer: Arc<Timer>) {
+async fn run<T: Due>(timer: Arc<Timer<T>>) {
     // Dropped when the runtime shuts down: later bookings go to a new task,
     // and the ones pending here start now (a start spawns on the runtime of
     // its own guard, if that one still runs).
@@ -146,8 +185,8 @@ async fn run(timer: Arc<Timer>) {
             state.sleeping_until = next;
             (due, next)
         };
-        for start in due.into_values() {
-            start();
+        if !due.is_empty() {
+            T::start(due.into_values().collect());
         }
         match next {
             Some(at) => {
@@ -161,17 +200,17 @@ async fn run(timer: Arc<Timer>) {
     }
 }
 
-struct OnDrop(Arc<Timer>);
+struct OnDrop<T: Due>(Arc<Timer<T>>);
 
-impl Drop for OnDrop {
+impl<T: Due> Drop for OnDrop<T> {
     fn drop(&mut self) {
         let pending = {
             let mut state = lock(&self.0.state);
             state.dead = true;
             std::mem::take(&mut state.bookings)
         };
-        for start in pending.into_values() {
-            start();
+        if !pending.is_empty() {
+            T::start(pending.into_values().collect());
         }
     }
 }
@@ -190,6 +229,44 @@ mod tests {
 
     use super::*;
 
+    fn call_at(at: Instant, start: impl FnOnce() + Send + 'static) -> Option<Booking<Call>> {
+        book(&CALLS, at, Call(Box::new(start)))
+    }
+
+    /// Records the size of each batch it is started in.
+    struct Counted(Arc<Mutex<Vec<usize>>>);
+
+    impl Due for Counted {
+        fn start(due: Vec<Counted>) {
+            if let Some(first) = due.first() {
+                lock(&first.0).push(due.len());
+            }
+        }
+    }
+
+    thread_local! {
+        static COUNTED: RefCell<Option<Arc<Timer<Counted>>>> = const { RefCell::new(None) };
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_due_at_one_wake_up_starts_together() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let at = Instant::now() + Duration::from_secs(1);
+        for _ in 0..3 {
+            book(&COUNTED, at, Counted(batches.clone())).unwrap();
+        }
+        let cancelled = book(&COUNTED, at, Counted(batches.clone())).unwrap();
+        book(
+            &COUNTED,
+            at + Duration::from_secs(1),
+            Counted(batches.clone()),
+        )
+        .unwrap();
+        assert!(cancelled.cancel());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(*lock(&batches), vec![3, 1]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn starts_at_its_instant_unless_cancelled() {
         let started = Arc::new(AtomicUsize::new(0));
@@ -200,10 +277,10 @@ mod tests {
                 started.fetch_add(1, Ordering::SeqCst);
             }
         };
-        let kept = book(at, count(&started)).unwrap();
-        let cancelled = book(at, count(&started)).unwrap();
+        let kept = call_at(at, count(&started)).unwrap();
+        let cancelled = call_at(at, count(&started)).unwrap();
         // An earlier booking made while the task sleeps wakes it.
-        let _early = book(at - Duration::from_secs(5), count(&started)).unwrap();
+        let _early = call_at(at - Duration::from_secs(5), count(&started)).unwrap();
         assert!(cancelled.cancel());
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert_eq!(started.load(Ordering::SeqCst), 0);
@@ -238,7 +315,7 @@ mod tests {
                 .unwrap();
             let started = started.clone();
             runtime.block_on(async move {
-                book(Instant::now() + Duration::from_secs(3600), move || {
+                call_at(Instant::now() + Duration::from_secs(3600), move || {
                     started.fetch_add(1, Ordering::SeqCst);
                 })
                 .unwrap();
@@ -246,6 +323,6 @@ mod tests {
             });
         }
         assert_eq!(started.load(Ordering::SeqCst), 2);
-        assert!(book(Instant::now(), || {}).is_none(), "no runtime");
+        assert!(call_at(Instant::now(), || {}).is_none(), "no runtime");
     }
 }

@@ -13,6 +13,8 @@
 //! together, so queueing them locally would only serialise them).
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -607,8 +609,18 @@ impl<B: LeaseBackend> Lease for HeldLease<B> {
         self.backend.backend_name()
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<bool> {
-        self.backend.extend(&self.key, &self.owner, ttl).await
+    /// The backend's own boxed future, not one boxed around it: one
+    /// allocation per renewal fewer (a million leases renew 100 000 times a
+    /// second).
+    fn extend<'a, 'b>(
+        &'a self,
+        ttl: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<bool>> + Send + 'b>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        self.backend.extend(&self.key, &self.owner, ttl)
     }
 
     async fn release(&self) -> Result<bool> {
