@@ -3,12 +3,13 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -71,16 +72,16 @@ fn on_renewal_grid(at: Instant, ttl: Duration) -> Instant {
     let step = (ttl / 100)
         .clamp(Duration::from_millis(1), Duration::from_millis(10))
         .as_nanos();
-    // Any fixed origin will do; an instant before it (another runtime's
-    // clock, paused in a test) is left as it is.
+    // Any fixed origin will do, and any instant is on its grid: later ones
+    // are rounded up from it, earlier ones (another runtime's clock, paused
+    // in a test) rounded down towards it.
     let origin = *ORIGIN.get_or_init(|| at);
-    let Some(since) = at.checked_duration_since(origin) else {
-        return at;
+    let nanos = |steps: u128| u64::try_from(steps * step).ok().map(Duration::from_nanos);
+    let point = match at.checked_duration_since(origin) {
+        Some(after) => nanos(after.as_nanos().div_ceil(step)).and_then(|d| origin.checked_add(d)),
+        None => nanos((origin - at).as_nanos() / step).and_then(|d| origin.checked_sub(d)),
     };
-    u64::try_from(since.as_nanos().div_ceil(step) * step)
-        .ok()
-        .and_then(|nanos| origin.checked_add(Duration::from_nanos(nanos)))
-        .unwrap_or(at)
+    point.unwrap_or(at)
 }
 
 /// Where a guard's watchdog stands. It has no task of its own while it waits:
@@ -131,15 +132,21 @@ impl Due for Step {
 
 /// A watchdog step that ends as soon as the holding ends (release, drop),
 /// dropping the renewal it may be waiting for, as an aborted task would.
+/// A step that panics (a backend's bug) ends its own holding, marked lost,
+/// and not the other steps of its batch.
 async fn stoppable_step(shared: Arc<Shared>) {
     let mut step = std::pin::pin!(watchdog_step(shared.clone()));
-    std::future::poll_fn(|cx| {
+    let stoppable = std::future::poll_fn(|cx| {
         if shared.stop_requested(cx) {
             return Poll::Ready(());
         }
         step.as_mut().poll(cx)
-    })
-    .await;
+    });
+    if AssertUnwindSafe(stoppable).catch_unwind().await.is_err() {
+        tracing::error!(lock.name = %shared.name, lock.backend = shared.lease.backend(), "the watchdog's step panicked; the holding is given up as lost");
+        shared.mark_lost(LostReason::RenewalFailed);
+        shared.stop_watchdog_quietly();
+    }
 }
 
 /// A holding's lost signal: the reason, once there is one, and the futures
@@ -778,6 +785,17 @@ mod tests {
         for pair in distinct.windows(2) {
             assert_eq!(pair[1] - pair[0], step);
         }
+        // Instants long before (or after) the grid's origin are on it too.
+        for far in [
+            start.checked_sub(Duration::from_secs(3600)),
+            start.checked_add(Duration::from_secs(3600)),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let point = on_renewal_grid(far, ttl);
+            assert!(point >= far && point < far + step);
+        }
         // A short lease has a fine grid (a hundredth of it, at least 1 ms).
         let short = start + Duration::from_micros(2500);
         assert!(
@@ -863,5 +881,53 @@ mod tests {
         );
         let outcome = tokio::time::timeout(Duration::from_millis(50), lost).await;
         assert!(outcome.is_err(), "never resolves: {outcome:?}");
+    }
+
+    /// Counts its renewals, or panics in them.
+    #[derive(Debug, Default)]
+    struct Renewing {
+        renewals: std::sync::atomic::AtomicUsize,
+        panics: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl Lease for Renewing {
+        fn backend(&self) -> &'static str {
+            "test"
+        }
+        async fn extend(&self, _ttl: Duration) -> Result<bool> {
+            assert!(!self.panics, "a backend's bug");
+            self.renewals
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(true)
+        }
+        async fn release(&self) -> Result<bool> {
+            Ok(true)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_renewal_loses_its_own_holding_and_no_other() {
+        let ttl = Duration::from_secs(30);
+        let sent = Instant::now();
+        let kept = Arc::new(Renewing::default());
+        let panicky = Arc::new(Renewing {
+            panics: true,
+            ..Renewing::default()
+        });
+        // Made at the same instant: their renewals are due in one batch.
+        let good = LockGuard::new("good", kept.clone(), None, ttl, sent, true);
+        let bad = LockGuard::new("bad", panicky, None, ttl, sent, true);
+        let reason = tokio::time::timeout(ttl / 3 + Duration::from_secs(1), bad.lost())
+            .await
+            .expect("the panicking holding is marked lost");
+        assert_eq!(reason, LostReason::RenewalFailed);
+        tokio::time::sleep(ttl).await;
+        assert!(!good.is_lost());
+        assert!(
+            kept.renewals.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+            "the other holding of the batch kept renewing"
+        );
+        good.release().await.unwrap();
     }
 }
