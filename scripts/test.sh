@@ -6,45 +6,57 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-services.sh
+# Each step says how long it took (CI's budget is 35 minutes on a fresh
+# machine; the log shows where they go).
+step() {
+    local started=$SECONDS
+    "$@"
+    echo "scripts/test.sh: $((SECONDS - started)) s: $*" >&2
+}
+
+tests() {
+    if cargo nextest --version >/dev/null 2>&1; then
+        cargo nextest run --workspace --all-features --no-fail-fast
+    else
+        cargo test --workspace --all-features --no-fail-fast --lib --bins --tests --examples
+    fi
+}
+
+step scripts/install-services.sh
 
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 # A fresh clone has nothing to reuse: the incremental cache would only add
 # gigabytes to the target directory.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --all-features --no-fail-fast
-else
-    cargo test --workspace --all-features --no-fail-fast --lib --bins --tests --examples
-fi
+step tests
 # nextest does not run doc tests.
-cargo test --workspace --all-features --doc
+step cargo test --workspace --all-features --doc
 # The benchmarks run once each (criterion's test mode) on the debug build, so
 # that a broken benchmark fails CI without a second, optimised build.
-cargo test -p lockkit-benches --benches
+step cargo test -p lockkit-benches --benches
 # The load generator and the scaling tool, tiny runs on the debug build: the
 # books must balance (exit status), and the charts must render.
-cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s --kind exclusive,shared,permits=3
+step cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s --kind exclusive,shared,permits=3
 # Across processes, with the peers on the same servers (their books too).
-cargo run -q -p lockkit-benches --bin lockkit-load -- --start redis,pg-advisory -c 8 -n 200 --stock 100 --duration 30s --processes 2 --compare-rslock --compare-distributed-lock
+step cargo run -q -p lockkit-benches --bin lockkit-load -- --start redis,pg-advisory -c 8 -n 200 --stock 100 --duration 30s --processes 2 --compare-rslock --compare-distributed-lock
 smoke_out=$(mktemp -d)
-cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
+step cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
 rm -rf "$smoke_out"
 # The fault-injection suite, short version: every scenario on every backend it
 # applies to, seconds each, against real servers. It fails when a run does not
 # go end to end or a backend that claims fencing lets a stale write through.
 # The full run is scripts/faults.sh.
-cargo run -q -p lockkit-faults -- run --short --out target/faults-short
+step cargo run -q -p lockkit-faults -- run --short --out target/faults-short
 # The soak, short form: two minutes of the mixed workload on every backend,
 # servers paused and restarted; fails on growth of the client's memory or
 # descriptors, an accepted stale write on a fencing backend, or a name left
 # held. The 30-minute run is scripts/soak.sh.
-cargo run -q -p lockkit-faults -- soak --minutes 2 --out target/soak-short
+step cargo run -q -p lockkit-faults -- soak --minutes 2 --out target/soak-short
 
-cargo clippy --workspace --all-targets --all-features -- -D warnings
-cargo clippy --workspace --all-targets --no-default-features -- -D warnings
-scripts/check-features.sh
-cargo fmt --all -- --check
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps
+step cargo clippy --workspace --all-targets --all-features -- -D warnings
+step cargo clippy --workspace --all-targets --no-default-features -- -D warnings
+step scripts/check-features.sh
+step cargo fmt --all -- --check
+RUSTDOCFLAGS="-D warnings" step cargo doc --workspace --all-features --no-deps
 echo "scripts/test.sh: all green" >&2
