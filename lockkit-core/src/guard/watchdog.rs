@@ -150,7 +150,7 @@ async fn stoppable_step(shared: Arc<Shared>) {
     if AssertUnwindSafe(stoppable).catch_unwind().await.is_err() {
         tracing::error!(lock.name = %shared.name, lock.backend = shared.lease.backend(), "the watchdog's step panicked; the holding is given up as lost");
         shared.mark_lost(LostReason::RenewalFailed);
-        shared.stop_watchdog_quietly();
+        shared.stop_watchdog();
     }
 }
 
@@ -232,7 +232,9 @@ impl Shared {
         }
     }
 
-    /// Stops the watchdog for good (the holding ends).
+    /// Stops the watchdog for good (the holding ends). A running step is
+    /// woken to end; a step that stops its own watchdog only wakes itself,
+    /// which is harmless.
     pub(super) fn stop_watchdog(&self) {
         match std::mem::replace(&mut *lock(&self.watchdog), Watchdog::Stopped) {
             Watchdog::Booked(booking) => {
@@ -273,7 +275,7 @@ fn retry_backoff(ttl: Duration) -> crate::backoff::Backoff {
 /// [`retry_backoff`]), until the validity runs out.
 async fn watchdog_step(shared: Arc<Shared>) {
     if shared.lost_reason().is_some() {
-        shared.stop_watchdog_quietly();
+        shared.stop_watchdog();
         return;
     }
     let (ttl, valid_until, renew_due) = {
@@ -293,13 +295,13 @@ async fn watchdog_step(shared: Arc<Shared>) {
             let _ops = shared.ops.lock().await;
             let _ = tokio::time::timeout(Duration::from_secs(5), shared.lease.release()).await;
         }
-        shared.stop_watchdog_quietly();
+        shared.stop_watchdog();
         return;
     }
     if shared.auto_renew && now >= renew_due {
         let ops = shared.ops.lock().await;
         if shared.lost_reason().is_some() {
-            shared.stop_watchdog_quietly();
+            shared.stop_watchdog();
             return;
         }
         let sent = Instant::now();
@@ -314,7 +316,7 @@ async fn watchdog_step(shared: Arc<Shared>) {
                 crate::metrics::renewal(shared.lease.backend(), "refused");
                 drop(ops);
                 shared.mark_lost(LostReason::Revoked);
-                shared.stop_watchdog_quietly();
+                shared.stop_watchdog();
                 return;
             }
             Ok(Err(error)) => {
@@ -338,16 +340,6 @@ async fn watchdog_step(shared: Arc<Shared>) {
     }
     shared.step_done();
     shared.schedule();
-}
-
-impl Shared {
-    /// The watchdog ends from inside its own step (no abort of itself).
-    fn stop_watchdog_quietly(&self) {
-        let mut state = lock(&self.watchdog);
-        if let Watchdog::Booked(booking) = std::mem::replace(&mut *state, Watchdog::Stopped) {
-            booking.cancel();
-        }
-    }
 }
 
 #[cfg(test)]
