@@ -33,26 +33,32 @@ step tests
 # nextest does not run doc tests.
 step cargo test --workspace --all-features --doc
 # The benchmarks run once each (criterion's test mode) on the debug build, so
-# that a broken benchmark fails CI without a second, optimised build.
-step cargo test -p lockkit-benches --benches
+# that a broken benchmark fails CI without a second, optimised build. Built
+# as the tests were (whole workspace, every feature), so that no dependency
+# is compiled a second time with other features; this also builds the
+# workspace's programs, which the steps below run from the target directory
+# (`cargo run -p` would compile them again for one package's features).
+step cargo test --workspace --all-features --bench '*'
+bin="${CARGO_TARGET_DIR:-target}/debug"
 # The load generator and the scaling tool, tiny runs on the debug build: the
 # books must balance (exit status), and the charts must render.
-step cargo run -q -p lockkit-benches --bin lockkit-load -- --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s --kind exclusive,shared,permits=3
+step "$bin/lockkit-load" --start memory,sqlite-lease,redis -c 16 -n 400 --stock 200 --duration 30s --kind exclusive,shared,permits=3
 # Across processes, with the peers on the same servers (their books too).
-step cargo run -q -p lockkit-benches --bin lockkit-load -- --start redis,pg-advisory -c 8 -n 200 --stock 100 --duration 30s --processes 2 --compare-rslock --compare-distributed-lock
+step "$bin/lockkit-load" --start redis,pg-advisory -c 8 -n 200 --stock 100 --duration 30s --processes 2 --compare-rslock --compare-distributed-lock
 smoke_out=$(mktemp -d)
-step cargo run -q -p lockkit-benches --bin lockkit-scale -- --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
+step "$bin/lockkit-scale" --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
 rm -rf "$smoke_out"
 # The fault-injection suite, short version: every scenario on every backend it
 # applies to, seconds each, against real servers. It fails when a run does not
 # go end to end or a backend that claims fencing lets a stale write through.
-# The full run is scripts/faults.sh.
-step cargo run -q -p lockkit-faults -- run --short --out target/faults-short
+# The full run is scripts/faults.sh. (The program was built with the tests:
+# lockkit-faults' own tests run it.)
+step "$bin/lockkit-faults" run --short --out target/faults-short
 # The soak, short form: two minutes of the mixed workload on every backend,
 # servers paused and restarted; fails on growth of the client's memory or
 # descriptors, an accepted stale write on a fencing backend, or a name left
 # held. The 30-minute run is scripts/soak.sh.
-step cargo run -q -p lockkit-faults -- soak --minutes 2 --out target/soak-short
+step "$bin/lockkit-faults" soak --minutes 2 --out target/soak-short
 
 step cargo clippy --workspace --all-targets --all-features -- -D warnings
 step cargo clippy --workspace --all-targets --no-default-features -- -D warnings

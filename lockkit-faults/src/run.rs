@@ -22,8 +22,15 @@ pub struct Settings {
     pub lease: Duration,
     /// Worker processes per run.
     pub clients: u32,
-    /// How long the workers go on after the faults are healed, in leases.
+    /// How long the workers go on after the faults are healed, in leases
+    /// (at most, with [`tail_sections`](Self::tail_sections)).
     pub tail_leases: u32,
+    /// Ends the tail early: one lease after the faults are healed at the
+    /// soonest, as soon as this many critical sections have completed
+    /// since (the short suite). `None`: the tail always lasts
+    /// `tail_leases`. Either way, a run in which no section completes
+    /// after the healing did not recover, and fails.
+    pub tail_sections: Option<u64>,
     /// The bound of one whole run.
     pub run_timeout: Duration,
     /// The worker program (this binary).
@@ -206,11 +213,39 @@ async fn stage(
         lock_name: &lock_name(slug),
     };
     scenario.inject(&mut stage).await?;
-    tokio::time::sleep(lease * settings.tail_leases).await;
+    tail(resource, lease, settings)
+        .await
+        .map_err(|e| format!("{e}; see {}", log_hint(&settings.log_dir, slug)))?;
     for worker in workers.iter_mut() {
         worker.kill();
     }
     Ok(())
+}
+
+/// The workers go on after the faults are healed: the whole tail, or with
+/// [`Settings::tail_sections`] until that many sections completed (after one
+/// lease at least, so that a holder resumed at the end of the faults has
+/// written). Fails if none completed.
+async fn tail(resource: &Resource, lease: Duration, settings: &Settings) -> Result<(), String> {
+    let healed = resource.completed();
+    let longest = lease * settings.tail_leases;
+    match settings.tail_sections {
+        Some(sections) => {
+            let shortest = lease.min(longest);
+            tokio::time::sleep(shortest).await;
+            resource
+                .wait_completed(healed + sections, longest - shortest)
+                .await;
+        }
+        None => tokio::time::sleep(longest).await,
+    }
+    if resource.completed() > healed {
+        Ok(())
+    } else {
+        Err(format!(
+            "no critical section completed within {longest:?} after the faults were healed"
+        ))
+    }
 }
 
 fn log_hint(dir: &Path, slug: &str) -> String {
