@@ -23,14 +23,14 @@ pub struct Settings {
     /// Worker processes per run.
     pub clients: u32,
     /// How long the workers go on after the faults are healed, in leases
-    /// (at most, with [`tail_sections`](Self::tail_sections)).
+    /// (at most, with [`cut_tail`](Self::cut_tail)).
     pub tail_leases: u32,
-    /// Ends the tail early: one lease after the faults are healed at the
-    /// soonest, as soon as this many critical sections have completed
-    /// since (the short suite). `None`: the tail always lasts
-    /// `tail_leases`. Either way, a run in which no section completes
-    /// after the healing did not recover, and fails.
-    pub tail_sections: Option<u64>,
+    /// Ends the tail as soon as every fault has recovered (a critical
+    /// section granted after its start completed), one lease after the
+    /// healing at the soonest (the short suite); otherwise the tail always
+    /// lasts `tail_leases`. Either way, a run with a fault that did not
+    /// recover fails.
+    pub cut_tail: bool,
     /// The bound of one whole run.
     pub run_timeout: Duration,
     /// The worker program (this binary).
@@ -223,27 +223,37 @@ async fn stage(
 }
 
 /// The workers go on after the faults are healed: the whole tail, or with
-/// [`Settings::tail_sections`] until that many sections completed (after one
-/// lease at least, so that a holder resumed at the end of the faults has
-/// written). Fails if none completed.
+/// [`Settings::cut_tail`] until every fault has recovered (after one lease
+/// at least, so that a holder resumed at the end of the faults has
+/// written). Fails if a fault did not recover.
 async fn tail(resource: &Resource, lease: Duration, settings: &Settings) -> Result<(), String> {
-    let healed = resource.completed();
     let longest = lease * settings.tail_leases;
-    match settings.tail_sections {
-        Some(sections) => {
-            let shortest = lease.min(longest);
-            tokio::time::sleep(shortest).await;
-            resource
-                .wait_completed(healed + sections, longest - shortest)
-                .await;
+    let recovered = || {
+        check(&resource.trace(settings.clients))
+            .recovery
+            .iter()
+            .all(Option::is_some)
+    };
+    if settings.cut_tail {
+        let shortest = lease.min(longest);
+        let deadline = tokio::time::Instant::now() + longest;
+        tokio::time::sleep(shortest).await;
+        loop {
+            let done = resource.completed();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if recovered() || !resource.wait_completed(done + 1, left).await {
+                break;
+            }
         }
-        None => tokio::time::sleep(longest).await,
+    } else {
+        tokio::time::sleep(longest).await;
     }
-    if resource.completed() > healed {
+    if recovered() {
         Ok(())
     } else {
         Err(format!(
-            "no critical section completed within {longest:?} after the faults were healed"
+            "a fault did not recover: no critical section granted after it completed \
+             within {longest:?} after the faults were healed"
         ))
     }
 }

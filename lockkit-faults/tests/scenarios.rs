@@ -16,7 +16,7 @@ fn settings(log_dir: PathBuf) -> Settings {
         lease,
         clients: 3,
         tail_leases: 2,
-        tail_sections: None,
+        cut_tail: false,
         run_timeout: Duration::from_secs(60),
         worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-faults")),
         log_dir,
