@@ -90,6 +90,11 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Every fault recovered (true when there was none).
+    pub fn recovered(&self) -> bool {
+        self.recovery.iter().all(Option::is_some)
+    }
+
     /// The longest recovery, `None` if some fault never recovered.
     pub fn worst_recovery(&self) -> Option<Micros> {
         self.recovery

@@ -1,5 +1,6 @@
 //! The report: a Markdown table of every run, a timeline per run, and the
-//! verdict (fencing backends accept no stale write; every run went end to end).
+//! verdict (fencing backends accept no stale write; every run went end to
+//! end, and recovered from each of its faults).
 
 use std::fmt::Write as _;
 use std::io;
@@ -16,6 +17,13 @@ pub fn problems(results: &[RunResult]) -> Vec<String> {
         if let Some(error) = &result.error {
             problems.push(format!(
                 "{}: did not run end to end: {error}",
+                result.slug()
+            ));
+        }
+        if result.error.is_none() && !result.outcome.recovered() {
+            problems.push(format!(
+                "{}: a fault did not recover: no critical section granted after it \
+                 completed before the run ended",
                 result.slug()
             ));
         }
@@ -137,7 +145,7 @@ pub fn write(
     out.push_str("\n## Verdict\n\n");
     if problems.is_empty() {
         out.push_str(
-            "Every run went end to end; no backend that claims fencing accepted a stale write.\n",
+            "Every run went end to end and recovered from its faults; no backend that claims fencing accepted a stale write.\n",
         );
     } else {
         for problem in problems {
@@ -145,4 +153,35 @@ pub fn write(
         }
     }
     std::fs::write(dir.join("report.md"), out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Outcome;
+    use crate::deploy::Deployment;
+    use crate::record::Trace;
+    use crate::scenario::Scenario;
+
+    fn result(recovery: Vec<Option<u64>>) -> RunResult {
+        RunResult {
+            backend: Deployment::Redis,
+            scenario: Scenario::ServerKilled,
+            fencing: true,
+            trace: Trace::default(),
+            outcome: Outcome {
+                recovery,
+                ..Outcome::default()
+            },
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_fault_that_did_not_recover_is_a_problem() {
+        assert!(problems(&[result(vec![Some(1_000)])]).is_empty());
+        let problems = problems(&[result(vec![Some(1_000), None])]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("did not recover"), "{problems:?}");
+    }
 }

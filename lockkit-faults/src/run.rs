@@ -28,8 +28,8 @@ pub struct Settings {
     /// Ends the tail as soon as every fault has recovered (a critical
     /// section granted after its start completed), one lease after the
     /// healing at the soonest (the short suite); otherwise the tail always
-    /// lasts `tail_leases`. Either way, a run with a fault that did not
-    /// recover fails.
+    /// lasts `tail_leases`. Either way, a fault that did not recover fails
+    /// the suite ([`problems`](crate::report::problems)).
     pub cut_tail: bool,
     /// The bound of one whole run.
     pub run_timeout: Duration,
@@ -213,9 +213,7 @@ async fn stage(
         lock_name: &lock_name(slug),
     };
     scenario.inject(&mut stage).await?;
-    tail(resource, lease, settings)
-        .await
-        .map_err(|e| format!("{e}; see {}", log_hint(&settings.log_dir, slug)))?;
+    tail(resource, lease, settings).await;
     for worker in workers.iter_mut() {
         worker.kill();
     }
@@ -225,36 +223,24 @@ async fn stage(
 /// The workers go on after the faults are healed: the whole tail, or with
 /// [`Settings::cut_tail`] until every fault has recovered (after one lease
 /// at least, so that a holder resumed at the end of the faults has
-/// written). Fails if a fault did not recover.
-async fn tail(resource: &Resource, lease: Duration, settings: &Settings) -> Result<(), String> {
+/// written). Whether they all did is the report's verdict
+/// ([`problems`](crate::report::problems)).
+async fn tail(resource: &Resource, lease: Duration, settings: &Settings) {
     let longest = lease * settings.tail_leases;
-    let recovered = || {
-        check(&resource.trace(settings.clients))
-            .recovery
-            .iter()
-            .all(Option::is_some)
-    };
-    if settings.cut_tail {
-        let shortest = lease.min(longest);
-        let deadline = tokio::time::Instant::now() + longest;
-        tokio::time::sleep(shortest).await;
-        loop {
-            let done = resource.completed();
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if recovered() || !resource.wait_completed(done + 1, left).await {
-                break;
-            }
-        }
-    } else {
+    if !settings.cut_tail {
         tokio::time::sleep(longest).await;
+        return;
     }
-    if recovered() {
-        Ok(())
-    } else {
-        Err(format!(
-            "a fault did not recover: no critical section granted after it completed \
-             within {longest:?} after the faults were healed"
-        ))
+    let shortest = lease.min(longest);
+    let deadline = tokio::time::Instant::now() + longest;
+    tokio::time::sleep(shortest).await;
+    loop {
+        let done = resource.completed();
+        let recovered = check(&resource.trace(settings.clients)).recovered();
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if recovered || !resource.wait_completed(done + 1, left).await {
+            return;
+        }
     }
 }
 

@@ -34,6 +34,7 @@ async fn paused_holder(backend: Deployment) -> RunResult {
     .await;
     assert_eq!(result.error, None, "{result:?}");
     assert_eq!(result.trace.faults.len(), 1);
+    assert!(result.outcome.recovered(), "{:?}", result.outcome);
     assert!(result.outcome.completed >= 2, "{:?}", result.outcome);
     result
 }
