@@ -1,5 +1,6 @@
 //! A single Redis server: `SET NX PX` leases renewed by a watchdog, fencing
-//! tokens from `INCR`, and the lease-lost signal around the guarded work.
+//! tokens from the server's clock and a counter, and the lease-lost signal
+//! around the guarded work.
 //!
 //! ```sh
 //! cargo run --example redis -- redis://127.0.0.1:6379

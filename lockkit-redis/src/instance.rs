@@ -325,8 +325,9 @@ impl RedisInstance {
         }
     }
 
-    /// `SET lock owner NX PX ttl` unless readers hold, and on success `INCR
-    /// fence` when `fencing`; on failure how long until a retry may succeed.
+    /// `SET lock owner NX PX ttl` unless readers hold, and on success a
+    /// fencing token drawn from the fence counter when `fencing` (see the
+    /// scripts); on failure how long until a retry may succeed.
     /// With `record_waiting`, a writer kept out by readers is recorded as
     /// waiting, so that new readers wait behind it (see [`Keys`]).
     ///

@@ -5,63 +5,88 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Fencing counters: one per lock name (writers and readers) and one per
-/// semaphore, each living only as long as it is needed, so that released
-/// names leave nothing behind.
-///
-/// `next_fence(key, ttl)` draws the next token. A counter that does not
-/// exist (new, cleaned up after a release, expired, or lost with a server
-/// that restarted without persistence) starts at the server's clock in
-/// microseconds, not at 1. A counter is only ever removed once the clock has
-/// passed its value (`retire_fence` makes it expire just after its value, at
-/// once when the clock has passed it; its own expiry is never earlier), so a
-/// counter started afresh starts above every token drawn before. Holds while
-/// the server's clock does not go back. Exact in Lua's doubles (2^53 µs is
-/// 285 years).
-///
-/// The counter expires with the lease it was drawn for (`keep_alive`
-/// extends it with the lease), so `status` can tell the holder's token and
-/// a crashed holder's counter goes with its lease. `draw_fence` returns the
-/// token and, for a counter that existed, the expiry it needs (the lease's
-/// end, and never before the token's time) and the clock in ms.
-/// `next_fence` never shortens the counter's life (other readers may hold
-/// longer leases);
-/// `next_sole_fence`, for a holding nobody else shares (a writer: no live
-/// reader is left when it is granted), sets it outright, one command fewer
-/// in the exclusive cycle.
-macro_rules! fences {
+/// The server's clock: `now_us()` in microseconds, `now_ms()` in
+/// milliseconds.
+macro_rules! clock {
     () => {
         r"
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"
+    };
+}
+
+/// Fencing counters: one per lock name (writers and readers) and one per
+/// semaphore, each living only as long as it is needed, so that released
+/// names leave nothing behind.
+///
+/// A counter never goes back, even across its own removal: a counter that
+/// does not exist (new, removed after a release, expired, or lost with a
+/// server that restarted without persistence) starts at the server's clock
+/// in microseconds, not at 1, and a counter is only removed once the clock
+/// has passed its value. Holds while the server's clock does not go back.
+/// Exact in Lua's doubles (2^53 µs is 285 years).
+///
+/// * Shared holdings (readers, permits) draw with `next_fence(key, ttl)`:
+///   `INCR`, starting at the clock when the counter is new. The counter
+///   expires with the longest lease drawn from it (`next_fence` never
+///   shortens its life; `keep_alive` extends it with the lease), and never
+///   before the clock has passed its value; the last holding to go retires
+///   it (`retire_fence` makes it expire just after its value, at once when
+///   the clock has passed it).
+/// * A holding nobody shares (a writer: no live reader is left when it is
+///   granted, and none joins while it holds) draws with
+///   `next_sole_fence(key, ttl)`, two commands (`TIME` and `SET … GET`,
+///   Redis 6.2 or later): the token is the clock itself, or one more than
+///   the counter's value if that is not below the clock (only if the clock
+///   went back: every draw is a script of its own, which takes longer than
+///   the clock's microsecond, and `INCR` draws start at the clock). The
+///   counter then holds the writer's token, which the clock has passed by
+///   the time the writer releases, so the release deletes the counter
+///   outright, in the same `DEL` as the lock key: a later draw starts
+///   above it.
+macro_rules! sole_fence {
+    () => {
+        r"
+local function next_sole_fence(key, ttl)
+  local n = now_us()
+  local last = redis.call('SET', key, string.format('%d', n), 'PX', ttl, 'GET')
+  last = last and tonumber(last)
+  if last and last >= n then
+    n = last + 1
+    redis.call('SET', key, string.format('%d', n), 'PX', ttl)
+  end
+  return n
+end
+"
+    };
+}
+
+/// The counters of shared holdings (see [`sole_fence!`]'s note). Needs
+/// `clock!`.
+macro_rules! fences {
+    () => {
+        r"
 local function past_fence_ms(n)
   return math.floor(n / 1000) + 2
 end
-local function draw_fence(key, ttl)
+local function next_fence(key, ttl)
   local n = redis.call('INCR', key)
   local now = now_us()
   if n == 1 then
     n = now
     redis.call('SET', key, string.format('%d', n), 'PX', ttl)
-    return n, nil
+    return n
   end
-  return n, math.max(math.floor(now / 1000) + tonumber(ttl), past_fence_ms(n)), math.floor(now / 1000)
-end
-local function next_fence(key, ttl)
-  local n, at, clock = draw_fence(key, ttl)
-  if at then
-    local left = redis.call('PTTL', key)
-    if left < 0 or left < at - clock then
-      redis.call('PEXPIREAT', key, at)
-    end
-  end
-  return n
-end
-local function next_sole_fence(key, ttl)
-  local n, at = draw_fence(key, ttl)
-  if at then
+  local at = math.max(math.floor(now / 1000) + tonumber(ttl), past_fence_ms(n))
+  local left = redis.call('PTTL', key)
+  if left < 0 or left < at - math.floor(now / 1000) then
     redis.call('PEXPIREAT', key, at)
   end
   return n
@@ -76,15 +101,11 @@ end
     };
 }
 
-/// The server's clock in ms, and keeping a sorted set of leases alive as
-/// long as its longest lease (so that an abandoned set expires).
+/// Keeping a sorted set of leases (or a counter) alive as long as its
+/// longest lease (so that an abandoned set expires).
 macro_rules! lease_sets {
     () => {
         r"
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local function keep_alive(key, ttl)
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
@@ -126,7 +147,7 @@ end
 
 /// Adding `owner`'s lease to a sorted set of leases (readers, permits),
 /// ending `ttl` ms after `now`, and the grant's answer (with a token drawn
-/// from `fence_key` when `fencing` is "1"). Needs `fences!` and
+/// from `fence_key` when `fencing` is "1"). Needs `clock!`, `fences!` and
 /// `lease_sets!`.
 macro_rules! join_set {
     () => {
@@ -185,8 +206,8 @@ end
 /// Returns {1, fencing token (0 without fencing)} when granted, {0, how long
 /// until a retry may succeed in ms (-1: never by itself)} when not.
 const ACQUIRE: &str = concat!(
-    fences!(),
-    lease_sets!(),
+    clock!(),
+    sole_fence!(),
     take_lock!(),
     "return take_lock()\n"
 );
@@ -202,8 +223,8 @@ const ACQUIRE: &str = concat!(
 /// its place there for ARGV[6] more, and is told to ask again within half
 /// of that.
 const ACQUIRE_FAIR: &str = concat!(
-    fences!(),
-    lease_sets!(),
+    clock!(),
+    sole_fence!(),
     take_lock!(),
     r"
 local now = now_ms()
@@ -250,6 +271,7 @@ return {0, wait}
 /// fencing token. A shared holding, unless a writer holds or waits.
 /// Returns as [`ACQUIRE`].
 const ACQUIRE_SHARED: &str = concat!(
+    clock!(),
     fences!(),
     lease_sets!(),
     join_set!(),
@@ -273,6 +295,7 @@ return join(KEYS[3], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 /// in ms, ARGV[3] "1" to draw a fencing token, ARGV[4] the number of
 /// permits. Expired permits are reclaimed first. Returns as [`ACQUIRE`].
 const ACQUIRE_PERMIT: &str = concat!(
+    clock!(),
     fences!(),
     lease_sets!(),
     join_set!(),
@@ -292,6 +315,7 @@ return join(KEYS[1], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 /// counter; ARGV[1] owner token, ARGV[2] ttl in ms. Returns 1 if the owner's
 /// lease was live and now ends ttl from now.
 const EXTEND_MEMBER: &str = concat!(
+    clock!(),
     lease_sets!(),
     renewals!(),
     r"
@@ -305,8 +329,8 @@ return extend_member(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), now_ms())
 /// waiters; the last holding to go retires the counter. Returns 1 if the
 /// lease was live.
 const RELEASE_MEMBER: &str = concat!(
+    clock!(),
     fences!(),
-    lease_sets!(),
     r"
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score then
@@ -329,7 +353,7 @@ return 0
 /// fencing token (-1: none), the stored value of one holding (the writer's,
 /// or the longest lease's member; "" when free)}.
 const STATUS: &str = concat!(
-    lease_sets!(),
+    clock!(),
     r"
 local fence = tonumber(redis.call('GET', KEYS[2])) or -1
 if ARGV[1] == '1' then
@@ -364,6 +388,7 @@ return extend_lock(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]))
 /// ARGV[3i-1] owner token, ARGV[3i] ttl in ms. Returns one 1 (extended) or
 /// 0 per renewal, in order: each as `EXTEND` or `EXTEND_MEMBER` would.
 const EXTEND_MANY: &str = concat!(
+    clock!(),
     lease_sets!(),
     renewals!(),
     r"
@@ -389,8 +414,7 @@ macro_rules! release_lock {
         r"
 local function release_lock()
   if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    retire_fence(KEYS[3])
+    redis.call('DEL', KEYS[1], KEYS[3])
     if ARGV[3] == '1' then
       redis.call('PUBLISH', ARGV[2], '')
     end
@@ -408,15 +432,15 @@ end
 
 /// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter;
 /// ARGV[1] owner token, ARGV[2] release channel, ARGV[3]
-/// "1" to wake waiters. Deletes the key only if it holds our token and
-/// retires the fence counter (no reader can hold while a writer does: a
-/// reader joins only while the lock key is absent, and a writer is granted
-/// only once no live reader is left; retiring early could only hide the
-/// token from `status`, never let a token go back), then publishes the
-/// release if asked; otherwise removes the owner's record as a waiting
+/// "1" to wake waiters. Deletes the key only if it holds our token, and the
+/// fence counter with it (its value is our token, drawn by
+/// `next_sole_fence`: no reader can hold while a writer does, as a reader
+/// joins only while the lock key is absent and a writer is granted only
+/// once no live reader is left), then publishes the release if asked;
+/// otherwise removes the owner's record as a waiting
 /// writer, if it is there (and wakes the readers it kept waiting). Returns 1
 /// if released.
-const RELEASE: &str = concat!(fences!(), release_lock!(), "return release_lock()\n");
+const RELEASE: &str = concat!(release_lock!(), "return release_lock()\n");
 
 /// As [`RELEASE`], and the caller's place in the queue of [`ACQUIRE_FAIR`]
 /// goes (an acquire that gave up leaves the queue): KEYS[4] the queue,
@@ -424,7 +448,6 @@ const RELEASE: &str = concat!(fences!(), release_lock!(), "return release_lock()
 /// asked) or a place given up wakes the head of the queue on its own
 /// channel, `<release channel>:<waiter id>`, and no other waiter.
 const RELEASE_FAIR: &str = concat!(
-    fences!(),
     release_lock!(),
     r"
 local left = redis.call('ZREM', KEYS[4], ARGV[4])
@@ -445,7 +468,8 @@ return released
 /// Passes the lease from one owner to the next (a local handoff): returns the
 /// new fencing token (0 without fencing), or -1 if the lease was not ARGV[1]'s.
 const HAND_OVER: &str = concat!(
-    fences!(),
+    clock!(),
+    sole_fence!(),
     r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])

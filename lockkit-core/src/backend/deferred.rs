@@ -61,6 +61,9 @@ struct State<T> {
     sleeping_until: Option<Instant>,
     /// The task is gone (its runtime shut down): book with a new one.
     dead: bool,
+    /// How many times the task looked at the bookings.
+    #[cfg(test)]
+    looks: u64,
 }
 
 impl<T> Default for Timer<T> {
@@ -71,6 +74,8 @@ impl<T> Default for Timer<T> {
                 next_id: 0,
                 sleeping_until: None,
                 dead: false,
+                #[cfg(test)]
+                looks: 0,
             }),
             wake: Notify::new(),
         }
@@ -178,10 +183,25 @@ async fn run<T: Due>(timer: Arc<Timer<T>>) {
     loop {
         let (due, next) = {
             let mut state = lock(&timer.state);
+            #[cfg(test)]
+            {
+                state.looks += 1;
+            }
             let now = Instant::now();
             let later = state.bookings.split_off(&(now, u64::MAX));
             let due = std::mem::replace(&mut state.bookings, later);
-            let next = state.bookings.keys().next().map(|&(at, _)| at);
+            // With nothing booked, the task keeps the instant it slept
+            // toward, if that is still to come: the bookings of holdings
+            // that end before their deadline are cancelled before the task
+            // looks again, and forgetting the instant would make the next
+            // such booking (later than it) wake the task, once per holding.
+            // Looking again at that instant costs one wake-up.
+            let next = state
+                .bookings
+                .keys()
+                .next()
+                .map(|&(at, _)| at)
+                .or(state.sleeping_until.filter(|&until| until > now));
             state.sleeping_until = next;
             (due, next)
         };
@@ -265,6 +285,30 @@ mod tests {
         assert!(cancelled.cancel());
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(*lock(&batches), vec![3, 1]);
+    }
+
+    /// Holdings that end long before their deadline: each books a start a
+    /// little later than the last and cancels it before the task looks at
+    /// the bookings. The task wakes for the first one only.
+    #[tokio::test(start_paused = true)]
+    async fn short_holdings_do_not_wake_the_task_each() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let mut timer = None;
+        for i in 0..100 {
+            let booking = book(
+                &COUNTED,
+                Instant::now() + Duration::from_secs(10) + Duration::from_millis(i),
+                Counted(batches.clone()),
+            )
+            .unwrap();
+            timer.get_or_insert_with(|| booking.timer.clone());
+            assert!(booking.cancel());
+            tokio::task::yield_now().await;
+        }
+        let looks = lock(&timer.unwrap().state).looks;
+        assert!(looks <= 2, "the task looked {looks} times");
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(lock(&batches).is_empty(), "nothing started");
     }
 
     #[tokio::test(start_paused = true)]
