@@ -699,8 +699,8 @@ pub async fn connect_waits_for_a_starting_server(h: &dyn Harness) {
     });
     assert!(took < connect_timeout, "took {took:?}");
     // Once every member is up, the client serves. A client of a cluster
-    // may still meet a member's old connection once (etcd-client's
-    // balancer reconnects it lazily): that is `Unavailable`, and it passes.
+    // may still meet a member's broken connection once: that is
+    // `Unavailable`, and it passes.
     let name = unique("starting");
     let until = Instant::now() + Duration::from_secs(10);
     let guard = loop {

@@ -15,7 +15,7 @@ use lockkit_core::{LockError, Result};
 use tokio::time::Instant;
 
 use crate::deletions::{Deletes, Deletions};
-use crate::error::{BACKEND, map_error};
+use crate::error::{BACKEND, RESEND_PAUSE, map_error, never_sent};
 use crate::leases::LeasePool;
 use crate::settings::{EtcdSettings, EtcdTls, KEEP_ALIVE_INTERVAL};
 
@@ -99,13 +99,11 @@ impl Etcd {
                     leases: Arc::default(),
                 };
                 let probe = GetOptions::new().with_count_only();
-                etcd.bounded(
-                    "reach the cluster",
-                    left,
-                    etcd.client
-                        .kv_client()
-                        .get(etcd.settings.prefix.clone(), Some(probe)),
-                )
+                etcd.bounded("reach the cluster", left, || {
+                    let (mut kv, prefix) = (etcd.client.kv_client(), etcd.settings.prefix.clone());
+                    let probe = probe.clone();
+                    async move { kv.get(prefix, Some(probe)).await }
+                })
                 .await?;
                 Ok(etcd)
             }
@@ -120,28 +118,47 @@ impl Etcd {
         &self.settings.prefix
     }
 
-    /// Runs one request, bounded by `limit`.
-    async fn bounded<T>(
+    /// Runs one request made by `request`, bounded by `limit`. A request
+    /// that never left (its member's connection could not be opened, as
+    /// after a member restarted: `etcd-client` reconnects lazily) is sent
+    /// again, after a short pause, while `limit` allows; any other failure
+    /// is told at once.
+    async fn bounded<T, F>(
         &self,
         what: &str,
         limit: Duration,
-        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(limit, request).await {
-            Ok(answer) => answer.map_err(|e| map_error(what, e)),
-            Err(_) => Err(LockError::unavailable(
-                BACKEND,
-                format!("{what}: no answer within {limit:?}"),
-            )),
+        mut request: impl FnMut() -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, request()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(error))
+                    if never_sent(&error) && Instant::now() + RESEND_PAUSE < deadline =>
+                {
+                    tracing::debug!(what, %error, "the request was not sent; sending it again");
+                    tokio::time::sleep(RESEND_PAUSE).await;
+                }
+                Ok(Err(error)) => return Err(map_error(what, error)),
+                Err(_) => {
+                    return Err(LockError::unavailable(
+                        BACKEND,
+                        format!("{what}: no answer within {limit:?}"),
+                    ));
+                }
+            }
         }
     }
 
-    /// Runs one request, bounded by the command timeout.
-    async fn timed<T>(
-        &self,
-        what: &str,
-        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
+    /// Runs one request made by `request`, bounded by the command timeout.
+    async fn timed<T, F>(&self, what: &str, request: impl FnMut() -> F) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
         self.bounded(what, self.settings.command_timeout, request)
             .await
     }
@@ -199,10 +216,10 @@ impl Etcd {
     pub(crate) async fn grant(&self, ttl: Duration) -> Result<i64> {
         let seconds = i64::try_from(whole_seconds(ttl).as_secs()).unwrap_or(i64::MAX);
         let granted = self
-            .timed(
-                "grant a lease",
-                self.client.lease_client().grant(seconds, None),
-            )
+            .timed("grant a lease", || {
+                let mut leases = self.client.lease_client();
+                async move { leases.grant(seconds, None).await }
+            })
             .await?;
         Ok(granted.id())
     }
@@ -210,7 +227,10 @@ impl Etcd {
     /// Revokes `lease` (and deletes its keys); `false` if it was gone.
     pub(crate) async fn revoke(&self, lease: i64) -> Result<bool> {
         match self
-            .timed("revoke the lease", self.client.lease_client().revoke(lease))
+            .timed("revoke the lease", || {
+                let mut leases = self.client.lease_client();
+                async move { leases.revoke(lease).await }
+            })
             .await
         {
             Ok(_) => Ok(true),
@@ -225,28 +245,22 @@ impl Etcd {
     /// or was revoked (an answer of TTL 0, or etcd-client's "lease not
     /// found").
     pub(crate) async fn keep_alive(&self, lease: i64) -> Result<Option<Duration>> {
-        let once = async {
-            let (mut keeper, mut stream) = self.client.lease_client().keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        let answer = match tokio::time::timeout(self.settings.command_timeout, once).await {
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(message)))
-                if message.contains("lease not found") =>
-            {
-                return Ok(None);
-            }
-            Ok(answer) => answer.map_err(|e| map_error("keep the lease alive", e))?,
-            Err(_) => {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    format!(
-                        "keep the lease alive: no answer within {:?}",
-                        self.settings.command_timeout
-                    ),
-                ));
+        let once = || async {
+            let answer = async {
+                let (mut keeper, mut stream) = self.client.lease_client().keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                stream.message().await
+            };
+            match answer.await {
+                Err(etcd_client::Error::LeaseKeepAliveError(message))
+                    if message.contains("lease not found") =>
+                {
+                    Ok(None)
+                }
+                answer => answer,
             }
         };
+        let answer = self.timed("keep the lease alive", once).await?;
         Ok(answer
             .filter(|a| a.ttl() > 0)
             .map(|a| Duration::from_secs(a.ttl().max(0) as u64)))
@@ -255,16 +269,20 @@ impl Etcd {
     /// The remaining TTL of `lease`, `None` once it is gone.
     pub(crate) async fn lease_ttl(&self, lease: i64) -> Result<Option<Duration>> {
         let answer = self
-            .timed(
-                "read the lease",
-                self.client.lease_client().time_to_live(lease, None),
-            )
+            .timed("read the lease", || {
+                let mut leases = self.client.lease_client();
+                async move { leases.time_to_live(lease, None).await }
+            })
             .await?;
         Ok((answer.ttl() >= 0).then(|| Duration::from_secs(answer.ttl() as u64)))
     }
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
-        self.timed(what, self.client.kv_client().txn(txn)).await
+        self.timed(what, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     pub(crate) async fn get(
@@ -273,8 +291,12 @@ impl Etcd {
         key: impl Into<Vec<u8>>,
         options: GetOptions,
     ) -> Result<GetResponse> {
-        self.timed(what, self.client.kv_client().get(key, Some(options)))
-            .await
+        let key = key.into();
+        self.timed(what, || {
+            let (mut kv, key, options) = (self.client.kv_client(), key.clone(), options.clone());
+            async move { kv.get(key, Some(options)).await }
+        })
+        .await
     }
 
     /// A wait for the deletions of the keys under `dir`, told by the

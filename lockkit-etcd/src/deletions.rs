@@ -24,7 +24,7 @@ use lockkit_core::{LockError, Result};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::error::{BACKEND, map_error};
+use crate::error::{BACKEND, RESEND_PAUSE, map_error, never_sent};
 
 /// How long the watch outlives its last waiter: at least this, at most
 /// twice this.
@@ -278,11 +278,22 @@ async fn open(client: &Client, watched: &str) -> std::result::Result<WatchStream
     let options = WatchOptions::new()
         .with_prefix()
         .with_filters([WatchFilterType::NoPut]);
-    let mut stream = client
-        .watch_client()
-        .watch(watched, Some(options))
-        .await
-        .map_err(|e| map_error(WATCH, e).to_string())?;
+    // A watch sent to a member that cannot be reached is sent again (the
+    // caller bounds the wait).
+    let mut stream = loop {
+        match client
+            .watch_client()
+            .watch(watched, Some(options.clone()))
+            .await
+        {
+            Ok(stream) => break stream,
+            Err(error) if never_sent(&error) => {
+                tracing::debug!(%error, "the watch was not sent; sending it again");
+                tokio::time::sleep(RESEND_PAUSE).await;
+            }
+            Err(error) => return Err(map_error(WATCH, error).to_string()),
+        }
+    };
     loop {
         match stream.message().await {
             Ok(Some(message)) if message.created() => return Ok(stream),

@@ -1,5 +1,7 @@
 //! The backend's name, and etcd's errors as `LockError`s.
 
+use std::time::Duration;
+
 use lockkit_core::LockError;
 
 /// The backend's name in logs and errors.
@@ -31,6 +33,23 @@ pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
     }
 }
 
+/// The pause before a request that was never sent is sent again.
+pub(crate) const RESEND_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether `error` says that the request never reached a member: the
+/// connection to it could not be opened (tonic's status for that is
+/// `Unavailable` with the connector's message, see `tonic::ConnectError`).
+/// Such a request can be sent again whatever it does.
+pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable
+                && status.message().starts_with("tcp connect error")
+        }
+        _ => false,
+    }
+}
+
 /// `error` and its sources, `: `-separated (tonic's transport error says
 /// only "transport error"; the cause is in its sources).
 fn with_causes(error: &dyn std::error::Error) -> String {
@@ -42,4 +61,31 @@ fn with_causes(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_failed_connect_counts_as_never_sent() {
+        let status =
+            |code, message: &str| etcd_client::Error::GRpcStatus(tonic::Status::new(code, message));
+        assert!(never_sent(&status(
+            tonic::Code::Unavailable,
+            "tcp connect error"
+        )));
+        // Reached a member, which answered: sending again is not known to be safe.
+        assert!(!never_sent(&status(
+            tonic::Code::Unavailable,
+            "etcdserver: no leader"
+        )));
+        assert!(!never_sent(&status(
+            tonic::Code::Unknown,
+            "tcp connect error"
+        )));
+        assert!(!never_sent(&etcd_client::Error::InvalidArgs(
+            "tcp connect error".into()
+        )));
+    }
 }
