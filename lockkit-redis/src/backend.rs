@@ -12,6 +12,7 @@ use crate::error::BACKEND;
 use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::Keys;
+use crate::renewals::Renewing;
 
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;
@@ -147,8 +148,21 @@ impl LeaseBackend for RedisBackend {
             .await
     }
 
-    async fn extend(&self, key: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.instance.extend_holding(key, owner.as_str(), ttl).await
+    /// The instance's own boxed future, not one boxed around it: the future
+    /// of a batched renewal is then its answer's channel alone.
+    fn extend<'s, 'k, 'o, 'f>(
+        &'s self,
+        key: &'k RedisKey,
+        owner: &'o OwnerToken,
+        ttl: Duration,
+    ) -> Renewing<'f>
+    where
+        's: 'f,
+        'k: 'f,
+        'o: 'f,
+        Self: 'f,
+    {
+        self.instance.extend_holding(key, owner.as_str(), ttl)
     }
 
     async fn release(&self, key: &RedisKey, owner: &OwnerToken) -> Result<bool> {

@@ -10,6 +10,7 @@ use lockkit_core::{FencingToken, LockKind, Result};
 
 use crate::instance::{Holdings, RedisInstance};
 use crate::keys::{Keys, SemaphoreKeys};
+use crate::renewals::Renewing;
 
 /// A holding's keys in Redis: which side of a reader-writer lock, or which
 /// semaphore.
@@ -115,14 +116,14 @@ impl RedisInstance {
 
     /// Makes `owner`'s holding `key` end `ttl` from now; false if it is not
     /// `owner`'s (any more).
-    pub async fn extend_holding(&self, key: &RedisKey, owner: &str, ttl: Duration) -> Result<bool> {
+    /// The renewal is sent (or queued for its batch) before the future is
+    /// polled.
+    pub fn extend_holding(&self, key: &RedisKey, owner: &str, ttl: Duration) -> Renewing<'_> {
         let owner = &key.stored(owner);
         match key {
-            RedisKey::Exclusive(keys) => self.extend(keys, owner, ttl).await,
-            RedisKey::Shared(keys) => self.extend_member(keys.reader_set(), owner, ttl).await,
-            RedisKey::Permit { keys, .. } => {
-                self.extend_member(keys.permit_set(), owner, ttl).await
-            }
+            RedisKey::Exclusive(keys) => self.extend(keys, owner, ttl),
+            RedisKey::Shared(keys) => self.extend_member(keys.reader_set(), owner, ttl),
+            RedisKey::Permit { keys, .. } => self.extend_member(keys.permit_set(), owner, ttl),
         }
     }
 

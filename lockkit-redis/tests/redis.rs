@@ -318,15 +318,48 @@ async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
         2 * CYCLES,
         "two round trips a cycle: {info}"
     );
-    let inside: u64 = command_calls(&info)
-        .filter(|(name, _)| !matches!(*name, "evalsha" | "config|resetstat" | "info"))
-        .map(|(_, calls)| calls)
-        .sum();
+    let inside = calls_inside_scripts(&info);
     assert!(
         inside <= 7 * CYCLES,
         "{} commands inside the scripts per cycle: {info}",
         inside as f64 / CYCLES as f64
     );
+}
+
+/// A renewal of an exclusive lease runs three commands on the server: the
+/// read of the lock key and the new expiry of it and of its fence counter
+/// (renewals are what the server spends most on when a client holds many
+/// leases; see `lockkit-scale density`).
+#[tokio::test]
+async fn a_renewal_runs_three_commands_on_the_server() {
+    const RENEWALS: u64 = 20;
+    let server = RedisServer::start().await;
+    let locks = connect(&server.url()).await;
+    let ttl = Duration::from_secs(30);
+    let short = Duration::from_secs(2);
+    let guard = locks
+        .try_acquire("renewed", &opts().ttl(short).auto_renew(false))
+        .await
+        .unwrap()
+        .unwrap();
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    for _ in 0..RENEWALS {
+        guard.extend(ttl).await.unwrap();
+    }
+    let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+    assert_eq!(evalsha_calls(&info), RENEWALS, "{info}");
+    let inside = calls_inside_scripts(&info);
+    assert_eq!(inside, 3 * RENEWALS, "commands inside the scripts: {info}");
+    let left: i64 = server
+        .command(&["PTTL", "{lockkit:renewed}:fence"])
+        .await
+        .map(|answer| answer.trim().parse().unwrap_or(-3))
+        .unwrap();
+    assert!(
+        left > 20_000,
+        "the fence counter lives as long as the lock: {left} ms"
+    );
+    guard.release().await.unwrap();
 }
 
 /// Renewals are batched: 200 held leases (half exclusive, half semaphore
@@ -405,6 +438,15 @@ fn command_calls(info: &str) -> impl Iterator<Item = (&str, u64)> {
         let (name, rest) = part.strip_prefix("cmdstat_")?.split_once(":calls=")?;
         Some((name, rest.split(',').next()?.parse().ok()?))
     })
+}
+
+/// The commands the scripts ran: every command counted but `EVALSHA`
+/// itself and the test's own `CONFIG RESETSTAT` and `INFO`.
+fn calls_inside_scripts(info: &str) -> u64 {
+    command_calls(info)
+        .filter(|(name, _)| !matches!(*name, "evalsha" | "config|resetstat" | "info"))
+        .map(|(_, calls)| calls)
+        .sum()
 }
 
 fn evalsha_calls(info: &str) -> u64 {

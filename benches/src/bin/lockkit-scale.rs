@@ -8,7 +8,10 @@
 //!   and PNG) under `target/lockkit-bench/`.
 //! * `density`: 1 000 000 held, auto-renewed Redis leases in one process:
 //!   resident memory per lease, renewals and round trips per second (the
-//!   renewals are batched), client CPU, and that none was lost.
+//!   renewals are batched), client CPU, and that none was lost. The heap
+//!   the program holds is counted apart from what the allocator keeps from
+//!   the system: the binary's global allocator is the system's, wrapped by
+//!   `cap`, which counts the bytes in use (one atomic add per allocation).
 //!
 //! ```sh
 //! cargo run --release -p lockkit-benches --bin lockkit-scale -- curves
@@ -29,6 +32,10 @@ use lockkit_benches::{
 };
 use lockkit_core::{DistributedLock, LockOptions};
 use tokio::time::Instant;
+
+/// The system allocator, counting the bytes in use (no limit is set).
+#[global_allocator]
+static ALLOCATOR: cap::Cap<std::alloc::System> = cap::Cap::new(std::alloc::System, usize::MAX);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -371,7 +378,7 @@ async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<
         .await
         .map_err(|e| e.to_string())?;
     warm.release().await.map_err(|e| e.to_string())?;
-    let baseline = resident_bytes()?;
+    let (baseline, heap_baseline) = (resident_bytes()?, ALLOCATOR.allocated());
 
     let started = Instant::now();
     let opts = LockOptions::new().ttl(ttl).auto_renew(true);
@@ -406,7 +413,7 @@ async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<
     let period = ttl / 3;
     let first_renewals = held_at + period + Duration::from_secs(2);
     tokio::time::sleep_until(first_renewals).await;
-    let resident = resident_bytes()?;
+    let (resident, heap) = (resident_bytes()?, ALLOCATOR.allocated());
     let (calls_from, cpu_from, window_from) = (
         server_counts(&mut admin).await?,
         cpu_time()?,
@@ -455,6 +462,7 @@ async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<
     let release_time = released.elapsed();
 
     let per_lease = resident.saturating_sub(baseline) as f64 / leases as f64;
+    let heap_per_lease = heap.saturating_sub(heap_baseline) as f64 / leases as f64;
     let per_s = |n: u64| n as f64 / window.as_secs_f64();
     let round_trips_per_s = per_s(calls_to.calls - calls_from.calls);
     let renewals_per_s = per_s(calls_to.renewals - calls_from.renewals);
@@ -470,6 +478,7 @@ async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<
          | measurement | value | target |\n| --- | --- | --- |\n\
          | leases taken (64 tasks) | {leases} in {:.1} s | — |\n\
          | resident memory per held lease (RSS growth / leases, after the first renewals) | {per_lease:.0} bytes | ≤ {MAX_BYTES_PER_LEASE:.0}: {} |\n\
+         | heap in use per held lease (the allocator's count of live bytes, same moment) | {heap_per_lease:.0} bytes | — |\n\
          | renewals per second (the server's `GET`s over one renewal period, {:.1} s) | {renewals_per_s:.0} (expected {expected:.0}: one per lease per ttl/3) | — |\n\
          | round trips per second (the server's script calls, same period) | {round_trips_per_s:.0} ({:.0} renewals each) | — |\n\
          | client CPU during the hold | {:.0} % of one core | ≤ {:.0} %: {} |\n\
