@@ -15,7 +15,7 @@ use lockkit_core::{LockError, Result};
 use tokio::time::Instant;
 
 use crate::deletions::{Deletes, Deletions};
-use crate::error::{BACKEND, RESEND_PAUSE, map_error, never_sent};
+use crate::error::{BACKEND, map_error, resend_unsent};
 use crate::leases::LeasePool;
 use crate::settings::{EtcdSettings, EtcdTls, KEEP_ALIVE_INTERVAL};
 
@@ -127,30 +127,19 @@ impl Etcd {
         &self,
         what: &str,
         limit: Duration,
-        mut request: impl FnMut() -> F,
+        request: impl FnMut() -> F,
     ) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, request()).await {
-                Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(error))
-                    if never_sent(&error) && Instant::now() + RESEND_PAUSE < deadline =>
-                {
-                    tracing::debug!(what, %error, "the request was not sent; sending it again");
-                    tokio::time::sleep(RESEND_PAUSE).await;
-                }
-                Ok(Err(error)) => return Err(map_error(what, error)),
-                Err(_) => {
-                    return Err(LockError::unavailable(
-                        BACKEND,
-                        format!("{what}: no answer within {limit:?}"),
-                    ));
-                }
-            }
+        match tokio::time::timeout(limit, resend_unsent(what, Some(deadline), request)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => Err(map_error(what, error)),
+            Err(_) => Err(LockError::unavailable(
+                BACKEND,
+                format!("{what}: no answer within {limit:?}"),
+            )),
         }
     }
 

@@ -24,7 +24,7 @@ use lockkit_core::{LockError, Result};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::error::{BACKEND, RESEND_PAUSE, map_error, never_sent};
+use crate::error::{BACKEND, map_error, resend_unsent};
 
 /// How long the watch outlives its last waiter: at least this, at most
 /// twice this.
@@ -280,20 +280,13 @@ async fn open(client: &Client, watched: &str) -> std::result::Result<WatchStream
         .with_filters([WatchFilterType::NoPut]);
     // A watch sent to a member that cannot be reached is sent again (the
     // caller bounds the wait).
-    let mut stream = loop {
-        match client
-            .watch_client()
-            .watch(watched, Some(options.clone()))
-            .await
-        {
-            Ok(stream) => break stream,
-            Err(error) if never_sent(&error) => {
-                tracing::debug!(%error, "the watch was not sent; sending it again");
-                tokio::time::sleep(RESEND_PAUSE).await;
-            }
-            Err(error) => return Err(map_error(WATCH, error).to_string()),
-        }
-    };
+    let mut stream = resend_unsent(WATCH, None, || {
+        let mut watcher = client.watch_client();
+        let options = options.clone();
+        async move { watcher.watch(watched, Some(options)).await }
+    })
+    .await
+    .map_err(|error| map_error(WATCH, error).to_string())?;
     loop {
         match stream.message().await {
             Ok(Some(message)) if message.created() => return Ok(stream),

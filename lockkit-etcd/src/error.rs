@@ -1,8 +1,10 @@
 //! The backend's name, and etcd's errors as `LockError`s.
 
+use std::future::Future;
 use std::time::Duration;
 
 use lockkit_core::LockError;
+use tokio::time::Instant;
 
 /// The backend's name in logs and errors.
 pub(crate) const BACKEND: &str = "etcd";
@@ -35,6 +37,33 @@ pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
 
 /// The pause before a request that was never sent is sent again.
 pub(crate) const RESEND_PAUSE: Duration = Duration::from_millis(50);
+
+/// Runs the request `request` makes, and makes it again (after
+/// [`RESEND_PAUSE`]) while it fails without having been sent
+/// ([`never_sent`]) and the pause ends before `deadline` (with none, the
+/// caller bounds the whole). Any other answer is returned as it is, so that a
+/// request that may have reached the server is never repeated.
+pub(crate) async fn resend_unsent<T, F>(
+    what: &str,
+    deadline: Option<Instant>,
+    mut request: impl FnMut() -> F,
+) -> Result<T, etcd_client::Error>
+where
+    F: Future<Output = Result<T, etcd_client::Error>>,
+{
+    loop {
+        match request().await {
+            Err(error)
+                if never_sent(&error)
+                    && deadline.is_none_or(|end| Instant::now() + RESEND_PAUSE < end) =>
+            {
+                tracing::debug!(what, %error, "the request was not sent; sending it again");
+                tokio::time::sleep(RESEND_PAUSE).await;
+            }
+            answer => return answer,
+        }
+    }
+}
 
 /// Whether `error` says that the request never reached a member: the
 /// connection to it could not be opened (tonic's status for that is

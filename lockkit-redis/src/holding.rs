@@ -116,6 +116,7 @@ impl RedisInstance {
 
     /// Makes `owner`'s holding `key` end `ttl` from now; false if it is not
     /// `owner`'s (any more).
+    ///
     /// The renewal is sent (or queued for its batch) before the future is
     /// polled.
     pub fn extend_holding(&self, key: &RedisKey, owner: &str, ttl: Duration) -> Renewing<'_> {

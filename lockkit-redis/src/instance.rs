@@ -503,10 +503,10 @@ impl RedisInstance {
     ///
     /// The renewal is built, and a batched one queued, before the future is
     /// polled: the future of a batched renewal holds only its answer's
-    /// channel (40 bytes, against 1 728 when it was one `async fn` with
-    /// the path below inline; both measured with `size_of_val`). Those futures are what a client
-    /// holding a million leases keeps in flight while the server falls
-    /// behind (see `lockkit-scale density`).
+    /// channel (40 bytes, against 1 728 when it was one `async fn` with the
+    /// path below inline; both measured with `size_of_val`). Those futures
+    /// are what a client holding a million leases keeps in flight while the
+    /// server falls behind (see `lockkit-scale density`).
     fn renew(&self, renewal: Renewal) -> Renewing<'_> {
         match &self.inner.renewals {
             Some(renewals) => renewals.renew(renewal),
