@@ -203,18 +203,21 @@ impl LeaseBackend for RedisBackend {
         )
     }
 
-    /// One script reads the lock key's `PTTL`, the live readers (or permits)
-    /// and the fence counter. The token reported is the last one drawn for
-    /// the name: the holder's (or the latest reader's), unless the key was
-    /// set by a client that draws none (redis-py, redsync).
+    /// One script reads the lock key's `PTTL`, the live readers (or permits),
+    /// the fence counter and, for a fair lock, its queue. The token reported
+    /// is the last one drawn for the name: the holder's (or the latest
+    /// reader's), unless the key was set by a client that draws none
+    /// (redis-py, redsync). The waiters are counted only where the server
+    /// queues them (a fair lock): one per waiting client.
     async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
         let holdings = self.instance.holdings_of(key).await?;
         if holdings.count == 0 {
-            return Ok(LockStatus::free());
+            return Ok(LockStatus::free().with_waiters(holdings.waiters));
         }
         Ok(LockStatus::held()
             .with_remaining(Some(holdings.remaining))
             .with_holders(Some(holdings.count))
+            .with_waiters(holdings.waiters)
             .with_holder(holdings.holder)
             .with_fencing_token(
                 holdings

@@ -144,10 +144,13 @@ impl RedisInstance {
     pub async fn holdings_of(&self, key: &RedisKey) -> Result<Holdings> {
         match key {
             RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => {
-                self.holdings(Some(&keys.lock), &keys.fence, &keys.readers)
+                let queue = keys.queue.as_ref().map(|queue| queue.deadlines.as_str());
+                self.holdings(Some(&keys.lock), &keys.fence, &keys.readers, queue)
                     .await
             }
-            RedisKey::Permit { keys, .. } => self.holdings(None, &keys.fence, &keys.permits).await,
+            RedisKey::Permit { keys, .. } => {
+                self.holdings(None, &keys.fence, &keys.permits, None).await
+            }
         }
     }
 

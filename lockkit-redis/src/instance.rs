@@ -627,21 +627,28 @@ impl RedisInstance {
     }
 
     /// The holdings of a reader-writer lock (`lock` its lock key, `set` its
-    /// readers) or of a semaphore (`lock` `None`, `set` its permits), read
-    /// in one script.
-    pub async fn holdings(&self, lock: Option<&str>, fence: &str, set: &str) -> Result<Holdings> {
+    /// readers) or of a semaphore (`lock` `None`, `set` its permits), and
+    /// for a fair lock the waiters of `queue` (its deadlines key), read in
+    /// one script.
+    pub async fn holdings(
+        &self,
+        lock: Option<&str>,
+        fence: &str,
+        set: &str,
+        queue: Option<&str>,
+    ) -> Result<Holdings> {
         let mut conn = self.inner.commands.clone();
-        let (count, remaining, fence, stored): (i64, i64, i64, String) = self
-            .run(
-                "read the holdings",
-                SCRIPTS
-                    .status
-                    .key(lock.unwrap_or(set))
-                    .key(fence)
-                    .key(set)
-                    .arg(flag(lock.is_some()))
-                    .invoke_async(&mut conn),
-            )
+        let mut invocation = SCRIPTS.status.prepare_invoke();
+        invocation
+            .key(lock.unwrap_or(set))
+            .key(fence)
+            .key(set)
+            .arg(flag(lock.is_some()));
+        if let Some(queue) = queue {
+            invocation.key(queue);
+        }
+        let (count, remaining, fence, stored, queued): (i64, i64, i64, String, i64) = self
+            .run("read the holdings", invocation.invoke_async(&mut conn))
             .await?;
         Ok(Holdings {
             count: usize::try_from(count).unwrap_or(0),
@@ -651,6 +658,7 @@ impl RedisInstance {
             },
             fence: u64::try_from(fence).ok(),
             holder: crate::keys::holder_of(&stored).map(str::to_owned),
+            waiters: usize::try_from(queued).ok(),
         })
     }
 
@@ -794,6 +802,10 @@ pub struct Holdings {
     pub fence: Option<u64>,
     /// The holder identity one of them recorded, if any.
     pub holder: Option<String>,
+    /// For a fair lock, the clients whose place in its queue is live (the
+    /// tasks of one client queue among themselves behind one place); `None`
+    /// for other names.
+    pub waiters: Option<usize>,
 }
 
 /// A script's boolean argument.

@@ -353,28 +353,34 @@ return 0
 "
 );
 
-/// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] sorted set of leases;
+/// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] sorted set of leases,
+/// and for a fair lock KEYS[4] its queue's deadlines (see [`ACQUIRE_FAIR`]);
 /// ARGV[1] "1" if KEYS[1] is a lock key to check (not for a semaphore).
 /// Returns {holders, remaining ms of the longest lease (-1: no expiry), last
 /// fencing token (-1: none), the stored value of one holding (the writer's,
-/// or the longest lease's member; "" when free)}.
+/// or the longest lease's member; "" when free), the waiters whose place in
+/// the queue is live (-1: no queue)}.
 const STATUS: &str = concat!(
     clock!(),
     r"
 local fence = tonumber(redis.call('GET', KEYS[2])) or -1
+local now = now_ms()
+local queued = -1
+if KEYS[4] then
+  queued = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+end
 if ARGV[1] == '1' then
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl ~= -2 then
-    return {1, pttl, fence, redis.call('GET', KEYS[1])}
+    return {1, pttl, fence, redis.call('GET', KEYS[1]), queued}
   end
 end
-local now = now_ms()
 local n = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
 if n > 0 then
   local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-  return {n, tonumber(last[2]) - now, fence, last[1]}
+  return {n, tonumber(last[2]) - now, fence, last[1], queued}
 end
-return {0, 0, fence, ''}
+return {0, 0, fence, '', queued}
 "
 );
 
