@@ -202,7 +202,7 @@ struct Layout {
 impl Layout {
     fn new(prefix: &str, name: &str, cluster: bool) -> Result<Layout> {
         validate_name(name)?;
-        let lock = format!("{prefix}{name}");
+        let lock = [prefix, name].concat();
         let refuse = |what: &str| LockError::InvalidName {
             name: format!("{name:?}"),
             reason: format!("with the key prefix {prefix:?} its key would be {what}"),
@@ -210,7 +210,9 @@ impl Layout {
         // Another name's derived keys are `{<prefix><other>}:<suffix>`;
         // refuse names whose lock key has that shape (possible only with an
         // empty prefix, or one made of braces).
-        if lock.starts_with(&format!("{{{prefix}"))
+        if lock
+            .strip_prefix('{')
+            .is_some_and(|rest| rest.starts_with(prefix))
             && let Some(suffix) = DERIVED.iter().find(|s| lock.ends_with(&format!("}}:{s}")))
         {
             return Err(refuse(&format!("the {suffix} key of another lock")));
@@ -228,15 +230,18 @@ impl Layout {
         Ok(Layout { lock, tag })
     }
 
+    // Keys are joined with `concat`, which allocates their exact length
+    // once: a held lease keeps them (`format!` grows its buffer as it
+    // writes, to up to twice the length).
     fn derived(&self, suffix: &str) -> String {
         match &self.tag {
-            None => format!("{{{}}}:{suffix}", self.lock),
-            Some(tag) => format!("{{{tag}}}:{suffix}:{}", self.lock),
+            None => ["{", &self.lock, "}:", suffix].concat(),
+            Some(tag) => ["{", tag, "}:", suffix, ":", &self.lock].concat(),
         }
     }
 
     fn channel(&self, suffix: &str) -> String {
-        format!("{{{}}}:{suffix}", self.lock)
+        ["{", &self.lock, "}:", suffix].concat()
     }
 
     fn lock_keys(self) -> Keys {
