@@ -508,6 +508,55 @@ pub async fn cancelled_acquires_leak_no_lease(h: &dyn Harness) {
     guard.release().await.unwrap();
 }
 
+/// An `acquire` given up while the server does not answer is undone once
+/// the server is back: the lock is free well before the lease's TTL, and the
+/// clients that gave up go on working. One client has used the lock before
+/// the outage (its request goes out whole, and the server may grant it when
+/// it wakes), the other has only asked for a status (its first acquire may
+/// be given up halfway through a connection's preparations).
+pub async fn acquire_given_up_in_an_outage_is_undone(h: &dyn Harness) {
+    let mut server = h.disposable().await;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(server.connect().await.expect("connect"));
+    }
+    let [warm, cold, probe] = &clients[..] else {
+        unreachable!("three clients")
+    };
+    let ttl = Duration::from_secs(60);
+    let names = [unique("given-up-warm"), unique("given-up-cold")];
+    must_acquire(warm.as_ref(), &unique("warm-up"), &opts(ttl))
+        .await
+        .release()
+        .await
+        .expect("release");
+    cold.status(&names[1])
+        .await
+        .expect("status before the outage");
+    server.pause().await;
+    for (client, name) in [warm, cold].into_iter().zip(&names) {
+        let given_up = tokio::time::timeout(ms(500), client.acquire(name, &opts(ttl))).await;
+        match given_up {
+            // Given up in flight, or refused as unavailable: both are fine.
+            Err(_) => {}
+            Ok(Err(e)) => assert!(e.is_temporary(), "acquire in the outage failed with {e}"),
+            Ok(Ok(_)) => panic!("{name}: acquire granted while the server was frozen"),
+        }
+    }
+    server.resume().await;
+    let start = Instant::now();
+    for (client, name) in [warm, cold].into_iter().zip(&names) {
+        let guard = probe
+            .acquire(name, &opts(ttl).wait_for(Duration::from_secs(15)))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the acquire given up in the outage holds: {e}"));
+        guard.release().await.expect("release");
+        let again = must_acquire(client.as_ref(), name, &opts(ttl)).await;
+        again.release().await.expect("release");
+    }
+    assert!(start.elapsed() < ttl / 2, "{:?}", start.elapsed());
+}
+
 /// Dropping a guard without `release` frees the lock within a second.
 pub async fn dropped_guard_releases_promptly(h: &dyn Harness) {
     let (a, b) = (h.client().await, h.client().await);

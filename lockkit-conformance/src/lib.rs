@@ -110,6 +110,7 @@ macro_rules! conformance_suite {
             no_wait_gives_timeout_at_once,
             no_overlap_under_contention,
             cancelled_acquires_leak_no_lease,
+            acquire_given_up_in_an_outage_is_undone,
             dropped_guard_releases_promptly,
             invalid_names_rejected,
             invalid_options_rejected,

@@ -44,7 +44,11 @@ pub trait DistributedLock: Send + Sync + Debug {
 
     /// Waits as `opts` says; `Err(LockError::Timeout { .. })` once the wait is over.
     ///
-    /// Cancellation-safe: dropping the future at any await point leaks no lease.
+    /// Cancellation-safe: dropping the future at any await point leaks no
+    /// lease. lockkit's backends take back an attempt dropped in flight in
+    /// the background, and while the server does not answer (an outage, in
+    /// which the attempt may still land) they keep trying until it answers
+    /// or the lease would have run out by itself.
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
         acquire_by_attempts(
             name,

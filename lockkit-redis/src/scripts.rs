@@ -364,10 +364,9 @@ const STATUS: &str = concat!(
     clock!(),
     r"
 local fence = tonumber(redis.call('GET', KEYS[2])) or -1
-local now = now_ms()
 local queued = -1
 if KEYS[4] then
-  queued = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  queued = redis.call('ZCOUNT', KEYS[4], '(' .. now_ms(), '+inf')
 end
 if ARGV[1] == '1' then
   local pttl = redis.call('PTTL', KEYS[1])
@@ -375,6 +374,7 @@ if ARGV[1] == '1' then
     return {1, pttl, fence, redis.call('GET', KEYS[1]), queued}
   end
 end
+local now = now_ms()
 local n = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
 if n > 0 then
   local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')

@@ -61,6 +61,16 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     /// What `lease` mode guarantees on this database.
     const CAPABILITIES: Capabilities;
 
+    /// Readies `conn` for [`acquire`](Self::acquire) without taking
+    /// anything. It runs before the upsert's undo is armed, so that an
+    /// upsert given up midway was being executed, never prepared: an undo
+    /// that runs after a prepare given up midway would read that prepare's
+    /// answer as its own. Nothing by default (sqlx's Postgres and SQLite
+    /// drivers keep their place after a prepare given up).
+    fn ready_acquire<'c>(&'c self, _conn: &'c mut Conn<Self>) -> Answer<'c, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// The lease upsert: the new fence when taken, the holder's remaining
     /// lease when not.
     fn acquire<'c>(
@@ -206,8 +216,8 @@ impl<D: LeaseDialect> Rows<D> {
     /// its answer: the dialect's release, on the acquire's own connection.
     fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
         let (dialect, owner) = (self.dialect.clone(), owner.to_owned());
-        Undo::new(&self.settings, name, move |mut conn, name| async move {
-            dialect.release(&mut conn, &name, &owner).await.map(drop)
+        Undo::new(&self.settings, name, move |conn, name| {
+            Box::pin(async move { dialect.release(conn, &name, &owner).await.map(drop) })
         })
     }
 
@@ -224,10 +234,14 @@ impl<D: LeaseDialect> Rows<D> {
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        loan.undo_with(self.undo_acquire(name, owner));
+        let undo = self.undo_acquire(name, owner);
         let answer = self
             .settings
-            .timed(self.dialect.acquire(&mut loan, name, owner, ttl))
+            .timed(async {
+                self.dialect.ready_acquire(&mut loan).await?;
+                loan.undo_with(undo);
+                self.dialect.acquire(&mut loan, name, owner, ttl).await
+            })
             .await;
         loan.finish(&self.settings, "acquire", answer)
     }

@@ -471,6 +471,15 @@ impl LeaseDialect for MyLease {
     type Db = sqlx::MySql;
     const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
+    /// Prepares the upsert, at no cost once the connection has it cached:
+    /// sqlx-mysql does not keep track of a prepare it gave up.
+    fn ready_acquire<'c>(&'c self, conn: &'c mut MySqlConnection) -> Answer<'c, ()> {
+        Box::pin(async move {
+            let sql = sqlx::SqlSafeStr::into_sql_str(q(&self.sql.acquire));
+            sqlx::Executor::prepare(conn, sql).await.map(drop)
+        })
+    }
+
     fn acquire<'c>(
         &'c self,
         conn: &'c mut MySqlConnection,

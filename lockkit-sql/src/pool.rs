@@ -18,6 +18,16 @@
 //! dropped, or the command timeout ran out), the undo runs on the *same*
 //! connection, after the abandoned statement, so it sees whatever that
 //! statement did. A cleanup sent on another connection could overtake it.
+//!
+//! Otherwise a connection whose statement was given up midway is closed,
+//! never lent again, and so is one whose undo did not succeed: a driver
+//! cannot always find its place in the answers after a statement it gave
+//! up. sqlx-mysql, given up while it prepares a statement, leaves the
+//! prepare's answer unread, and sqlx's test of a returned connection (a
+//! ping) can take that answer's first packet for its own; the next
+//! statement then reads the rest as its answer. (A statement with an undo
+//! is therefore prepared before its undo is armed: see
+//! `LeaseDialect::ready_acquire`.)
 
 use std::fmt;
 use std::future::Future;
@@ -121,14 +131,17 @@ impl<DB: Database> Drop for KeptPool<DB> {
     }
 }
 
-/// The future of an [`Undo`].
-type UndoFuture = Pin<Box<dyn Future<Output = sqlx::Result<()>> + Send>>;
+/// The future of an [`Undo`], on the connection it borrows.
+pub(crate) type UndoFuture<'c> = Pin<Box<dyn Future<Output = sqlx::Result<()>> + Send + 'c>>;
+
+/// What an [`Undo`] runs, given the connection and the lock's name.
+type UndoRun<DB> =
+    Box<dyn for<'c> FnOnce(&'c mut PoolConnection<DB>, String) -> UndoFuture<'c> + Send>;
 
 /// What undoes a statement that was abandoned before it answered; it runs on
 /// the statement's own connection, after it (see the module docs).
 pub(crate) struct Undo<DB: Database> {
-    /// Given the connection and the lock's name.
-    run: Box<dyn FnOnce(PoolConnection<DB>, String) -> UndoFuture + Send>,
+    run: UndoRun<DB>,
     timeout: Duration,
     lock: String,
 }
@@ -144,20 +157,21 @@ impl<DB: Database> fmt::Debug for Undo<DB> {
 impl<DB: Database> Undo<DB> {
     /// `run` undoes the statement about lock `lock`, given the connection
     /// and that name; bounded by the command timeout.
-    pub(crate) fn new<F, Fut>(settings: &Settings, lock: &str, run: F) -> Self
-    where
-        F: FnOnce(PoolConnection<DB>, String) -> Fut + Send + 'static,
-        Fut: Future<Output = sqlx::Result<()>> + Send + 'static,
-    {
+    pub(crate) fn new(
+        settings: &Settings,
+        lock: &str,
+        run: impl for<'c> FnOnce(&'c mut PoolConnection<DB>, String) -> UndoFuture<'c> + Send + 'static,
+    ) -> Self {
         Undo {
-            run: Box::new(move |conn, lock| Box::pin(run(conn, lock))),
+            run: Box::new(run),
             timeout: settings.command_timeout,
             lock: lock.to_owned(),
         }
     }
 
-    /// Runs in a task of its own on `conn` (which then goes back to sqlx's
-    /// pool). Outside a runtime nothing can run: the connection is closed,
+    /// Runs in a task of its own on `conn`, which then goes back to sqlx's
+    /// pool if the undo succeeded and is closed if not (it may be out of
+    /// step). Outside a runtime nothing can run: the connection is closed,
     /// and whatever the statement took ends with its TTL.
     fn spawn(self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -168,20 +182,32 @@ impl<DB: Database> Undo<DB> {
         runtime.spawn(async move {
             // The connection is still this loan's until the undo is done.
             let _permit = permit;
-            let lock = self.lock;
-            match tokio::time::timeout(self.timeout, (self.run)(conn, lock.clone())).await {
-                Ok(Ok(())) => tracing::debug!(lock.name = %lock, "undid an abandoned acquire"),
+            let (lock, mut conn) = (self.lock, conn);
+            let undone =
+                tokio::time::timeout(self.timeout, (self.run)(&mut conn, lock.clone())).await;
+            match undone {
+                Ok(Ok(())) => {
+                    tracing::debug!(lock.name = %lock, "undid an abandoned acquire");
+                    return;
+                }
                 Ok(Err(error)) => tracing::warn!(lock.name = %lock, %error, "could not undo an abandoned acquire; its lease ends with its TTL"),
                 Err(_) => tracing::warn!(lock.name = %lock, "undoing an abandoned acquire timed out; its lease ends with its TTL"),
             }
+            close_abandoned(conn);
         });
     }
 }
 
+/// Closes a connection whose statement was given up midway, without
+/// giving it back to sqlx's pool (see the module docs); the pool may open
+/// another in its place.
+fn close_abandoned<DB: Database>(conn: PoolConnection<DB>) {
+    drop(conn.detach());
+}
+
 /// A connection lent out by a [`KeptPool`]. Dropped without
 /// [`finish`](Loan::finish) (its statement was cancelled midway), it runs its
-/// [`Undo`] if it has one, and goes back to sqlx's pool, which waits for the
-/// statement's answer and tests it.
+/// [`Undo`] if it has one, and is closed if not.
 #[derive(Debug)]
 pub(crate) struct Loan<'a, DB: Database> {
     kept: &'a KeptPool<DB>,
@@ -193,8 +219,10 @@ pub(crate) struct Loan<'a, DB: Database> {
 
 impl<DB: Database> Drop for Loan<'_, DB> {
     fn drop(&mut self) {
-        if let (Some(conn), Some(undo)) = (self.conn.take(), self.undo.take()) {
-            undo.spawn(conn, self.permit.take());
+        match (self.conn.take(), self.undo.take()) {
+            (Some(conn), Some(undo)) => undo.spawn(conn, self.permit.take()),
+            (Some(conn), None) => close_abandoned(conn),
+            (None, _) => {}
         }
     }
 }
@@ -236,10 +264,12 @@ impl<DB: Database> Loan<'_, DB> {
                 Err(settings.error(what, error))
             }
             Err(_) => {
-                // The undo, and sqlx's pool, wait for the late answer.
+                // The undo waits for the late answer; without one the
+                // connection is closed.
                 match (conn, self.undo.take()) {
                     (Some(conn), Some(undo)) => undo.spawn(conn, self.permit.take()),
-                    (conn, _) => drop(conn),
+                    (Some(conn), None) => close_abandoned(conn),
+                    (None, _) => {}
                 }
                 Err(settings.timed_out(what))
             }

@@ -487,13 +487,41 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
             return;
         };
         let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
+        let until = self.sent + self.ttl.clamp(MIN_CLEANUP_RETRIES, MAX_CLEANUP_RETRIES);
         runtime.spawn(async move {
-            if let Err(error) = backend.release(&key, &owner).await {
-                tracing::warn!(lock.key = ?key, %error, "could not release an interrupted acquire; its lease ends with its TTL");
+            let mut pause = FIRST_CLEANUP_PAUSE;
+            loop {
+                match backend.release(&key, &owner).await {
+                    Ok(_) => return,
+                    Err(error) if error.is_temporary() && Instant::now() + pause < until => {
+                        tracing::debug!(lock.key = ?key, %error, ?pause, "could not release an interrupted acquire yet; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(LAST_CLEANUP_PAUSE);
+                    }
+                    Err(error) => {
+                        tracing::warn!(lock.key = ?key, %error, "could not release an interrupted acquire; its lease ends with its TTL");
+                        return;
+                    }
+                }
             }
         });
     }
 }
+
+/// The release of an interrupted acquire that fails for a reason that may
+/// pass (a server that does not answer yet, whose late answer may still
+/// grant the lease) is tried again, after pauses from the first to the last
+/// of these (doubling), until the lease would have run out by itself: for
+/// at least [`MIN_CLEANUP_RETRIES`] and at most [`MAX_CLEANUP_RETRIES`]
+/// (the task keeps the client's connections; a longer lease left behind
+/// then ends with its TTL).
+const FIRST_CLEANUP_PAUSE: Duration = Duration::from_millis(50);
+/// See [`FIRST_CLEANUP_PAUSE`].
+const LAST_CLEANUP_PAUSE: Duration = Duration::from_secs(1);
+/// See [`FIRST_CLEANUP_PAUSE`].
+const MIN_CLEANUP_RETRIES: Duration = Duration::from_secs(10);
+/// See [`FIRST_CLEANUP_PAUSE`].
+const MAX_CLEANUP_RETRIES: Duration = Duration::from_secs(120);
 
 /// The lease behind a guard from a [`LeaseLock`].
 struct HeldLease<B: LeaseBackend> {
