@@ -2,7 +2,8 @@
 //! fairly instead of racing each other on the wire.
 //!
 //! Only the head of a name's local queue talks to the backend; the others wait
-//! on a `tokio::sync::Mutex`, which hands over in FIFO order. A task that
+//! for the queue's one permit (a `tokio::sync::Semaphore`, which hands it over
+//! in FIFO order). A task that
 //! releases and at once asks again therefore queues behind the tasks that were
 //! already waiting, and the local handoff costs no backend round trip beyond
 //! the next holder's own acquire.
@@ -12,8 +13,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use tokio::sync::OwnedMutexGuard;
-
 /// The queues by name; an entry's name is shared with its users' entries.
 type Slots = Arc<Mutex<HashMap<Arc<str>, Arc<Queue>>>>;
 
@@ -21,20 +20,38 @@ type Slots = Arc<Mutex<HashMap<Arc<str>, Arc<Queue>>>>;
 /// [`LocalHandle`]: whatever the backend needs to adopt it.
 pub type Baton = Box<dyn Any + Send>;
 
-/// One name's queue inside a client.
-#[derive(Default)]
+/// One name's queue inside a client. A client holding many names keeps
+/// one per name, so it is a single allocation.
 struct Queue {
-    /// Whose turn it is: a FIFO mutex.
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Whose turn it is: one permit, taken by the turn (and forgotten) and
+    /// added back when the turn ends ([`LocalSlot`]'s drop). Never closed.
+    turn: tokio::sync::Semaphore,
     /// Tasks waiting for their turn.
     waiting: AtomicUsize,
-    /// A holding left by the previous turn for the next one.
-    baton: Mutex<Option<Baton>>,
     /// Consecutive turns that passed the holding on without releasing it.
     passes: AtomicU32,
+    handover: Mutex<Handover>,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            turn: tokio::sync::Semaphore::new(1),
+            waiting: AtomicUsize::new(0),
+            passes: AtomicU32::new(0),
+            handover: Mutex::default(),
+        }
+    }
+}
+
+/// What one turn leaves for the next.
+#[derive(Default)]
+struct Handover {
+    /// A holding left by the previous turn for the next one.
+    baton: Option<Baton>,
     /// When the last turn ended while tasks waited: where the next turn's
     /// hand-over started (for the handoff metric).
-    ended: Mutex<Option<tokio::time::Instant>>,
+    ended: Option<tokio::time::Instant>,
 }
 
 /// A per-name FIFO of the tasks of one client (see the module docs): only the
@@ -67,16 +84,20 @@ impl LocalQueue {
     pub async fn enter(&self, name: &str) -> LocalSlot {
         let entry = self.entry(name);
         let waiting = Waiting::new(&entry.queue);
-        let turn = entry.queue.turn.clone().lock_owned().await;
+        // Never closed, so never an error; the permit is the turn's until
+        // the slot's drop adds it back (nothing awaits in between).
+        if let Ok(permit) = entry.queue.turn.acquire().await {
+            permit.forget();
+        }
         drop(waiting);
-        LocalSlot { _turn: turn, entry }
+        LocalSlot { entry }
     }
 
     /// Takes this client's turn on `name` if nobody else in the client has it.
     pub fn try_enter(&self, name: &str) -> Option<LocalSlot> {
         let entry = self.entry(name);
-        let turn = entry.queue.turn.clone().try_lock_owned().ok()?;
-        Some(LocalSlot { _turn: turn, entry })
+        entry.queue.turn.try_acquire().ok()?.forget();
+        Some(LocalSlot { entry })
     }
 
     #[cfg(test)]
@@ -126,10 +147,9 @@ impl Drop for SlotEntry {
     }
 }
 
-/// This client's turn on a name. Field order matters: the turn is given up
+/// This client's turn on a name: the queue's permit, given back by its drop
 /// before the entry checks whether the queue can be removed.
 pub struct LocalSlot {
-    _turn: OwnedMutexGuard<()>,
     entry: SlotEntry,
 }
 
@@ -148,22 +168,18 @@ impl LocalSlot {
     /// When the previous turn ended, if this turn waited for it: the start
     /// of a hand-over inside the client. Taken once.
     pub fn take_handoff_start(&self) -> Option<tokio::time::Instant> {
-        self.entry
-            .queue
-            .ended
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        self.entry.queue.handover().ended.take()
     }
 }
 
 impl Drop for LocalSlot {
-    /// Notes when the turn ended if a task waits for the next one (the
-    /// fields drop afterwards, the turn first).
+    /// Notes when the turn ended if a task waits for the next one, and
+    /// gives the turn to it (the entry drops afterwards).
     fn drop(&mut self) {
         let queue = &self.entry.queue;
-        let mut ended = queue.ended.lock().unwrap_or_else(|p| p.into_inner());
-        *ended = (queue.waiting.load(Ordering::SeqCst) > 0).then(tokio::time::Instant::now);
+        queue.handover().ended =
+            (queue.waiting.load(Ordering::SeqCst) > 0).then(tokio::time::Instant::now);
+        queue.turn.add_permits(1);
     }
 }
 
@@ -185,8 +201,12 @@ impl std::fmt::Debug for Queue {
 }
 
 impl Queue {
+    fn handover(&self) -> std::sync::MutexGuard<'_, Handover> {
+        self.handover.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn take_baton(&self) -> Option<Baton> {
-        self.baton.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.handover().baton.take()
     }
 }
 
@@ -224,11 +244,7 @@ impl LocalHandle {
         let Some(queue) = self.0.upgrade() else {
             return;
         };
-        let old = queue
-            .baton
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(baton);
+        let old = queue.handover().baton.replace(baton);
         drop(old);
     }
 
