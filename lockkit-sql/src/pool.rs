@@ -175,7 +175,7 @@ impl<DB: Database> Undo<DB> {
     /// and whatever the statement took ends with its TTL.
     fn spawn(self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            drop(conn.detach());
+            close_abandoned(conn);
             tracing::warn!(lock.name = %self.lock, "an abandoned acquire cannot be undone outside a runtime; its lease ends with its TTL");
             return;
         };
@@ -219,15 +219,22 @@ pub(crate) struct Loan<'a, DB: Database> {
 
 impl<DB: Database> Drop for Loan<'_, DB> {
     fn drop(&mut self) {
-        match (self.conn.take(), self.undo.take()) {
+        let conn = self.conn.take();
+        self.give_up(conn);
+    }
+}
+
+impl<DB: Database> Loan<'_, DB> {
+    /// The loan's statement was given up before it answered: its undo runs
+    /// on `conn` if it has one, and `conn` is closed if not.
+    fn give_up(&mut self, conn: Option<PoolConnection<DB>>) {
+        match (conn, self.undo.take()) {
             (Some(conn), Some(undo)) => undo.spawn(conn, self.permit.take()),
             (Some(conn), None) => close_abandoned(conn),
             (None, _) => {}
         }
     }
-}
 
-impl<DB: Database> Loan<'_, DB> {
     /// Sets what undoes this loan's statement if it is abandoned.
     pub(crate) fn undo_with(&mut self, undo: Undo<DB>) {
         self.undo = Some(undo);
@@ -264,13 +271,8 @@ impl<DB: Database> Loan<'_, DB> {
                 Err(settings.error(what, error))
             }
             Err(_) => {
-                // The undo waits for the late answer; without one the
-                // connection is closed.
-                match (conn, self.undo.take()) {
-                    (Some(conn), Some(undo)) => undo.spawn(conn, self.permit.take()),
-                    (Some(conn), None) => close_abandoned(conn),
-                    (None, _) => {}
-                }
+                // The undo waits for the late answer.
+                self.give_up(conn);
                 Err(settings.timed_out(what))
             }
         }

@@ -25,6 +25,7 @@ use crate::backend::notify::ReleaseWatch;
 use crate::backend::token::OwnerToken;
 use crate::backend::trace::traced_acquire;
 use crate::backend::wait::{Attempt, Waiter};
+use crate::backoff::Backoff;
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
@@ -489,14 +490,14 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
         let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
         let until = self.sent + self.ttl.clamp(MIN_CLEANUP_RETRIES, MAX_CLEANUP_RETRIES);
         runtime.spawn(async move {
-            let mut pause = FIRST_CLEANUP_PAUSE;
+            let mut pauses = CLEANUP_BACKOFF.delays();
             loop {
+                let pause = pauses.next().unwrap_or(CLEANUP_BACKOFF.max());
                 match backend.release(&key, &owner).await {
                     Ok(_) => return,
                     Err(error) if error.is_temporary() && Instant::now() + pause < until => {
                         tracing::debug!(lock.key = ?key, %error, ?pause, "could not release an interrupted acquire yet; trying again");
                         tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(LAST_CLEANUP_PAUSE);
                     }
                     Err(error) => {
                         tracing::warn!(lock.key = ?key, %error, "could not release an interrupted acquire; its lease ends with its TTL");
@@ -510,17 +511,15 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
 
 /// The release of an interrupted acquire that fails for a reason that may
 /// pass (a server that does not answer yet, whose late answer may still
-/// grant the lease) is tried again, after pauses from the first to the last
-/// of these (doubling), until the lease would have run out by itself: for
-/// at least [`MIN_CLEANUP_RETRIES`] and at most [`MAX_CLEANUP_RETRIES`]
-/// (the task keeps the client's connections; a longer lease left behind
-/// then ends with its TTL).
-const FIRST_CLEANUP_PAUSE: Duration = Duration::from_millis(50);
-/// See [`FIRST_CLEANUP_PAUSE`].
-const LAST_CLEANUP_PAUSE: Duration = Duration::from_secs(1);
-/// See [`FIRST_CLEANUP_PAUSE`].
+/// grant the lease) is tried again, after the shared [`Backoff`]'s pauses
+/// (from 50 ms, doubling up to 1 s), until the lease would have run out by
+/// itself: for at least [`MIN_CLEANUP_RETRIES`] and at most
+/// [`MAX_CLEANUP_RETRIES`] (the task keeps the client's connections; a
+/// longer lease left behind then ends with its TTL).
+const CLEANUP_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+/// See [`CLEANUP_BACKOFF`].
 const MIN_CLEANUP_RETRIES: Duration = Duration::from_secs(10);
-/// See [`FIRST_CLEANUP_PAUSE`].
+/// See [`CLEANUP_BACKOFF`].
 const MAX_CLEANUP_RETRIES: Duration = Duration::from_secs(120);
 
 /// The lease behind a guard from a [`LeaseLock`].
