@@ -304,24 +304,30 @@ impl RedisInstance {
         self.inner.wait.map(|w| (w.replicas, w.timeout))
     }
 
-    async fn run<T>(
-        &self,
-        what: &str,
-        call: impl Future<Output = std::result::Result<T, RedisError>>,
-    ) -> Result<T> {
+    /// `call` bounded by the command timeout. Plain functions returning the
+    /// future, not `async fn`s: each async layer would keep its own copy of
+    /// `call`, and a lock operation's future (boxed once a call) would grow
+    /// by the script call's size at every layer.
+    fn run<'s, T>(
+        &'s self,
+        what: &'s str,
+        call: impl Future<Output = std::result::Result<T, RedisError>> + 's,
+    ) -> impl Future<Output = Result<T>> + 's {
         self.run_within(what, self.inner.command_timeout, call)
-            .await
     }
 
-    async fn run_within<T>(
-        &self,
-        what: &str,
+    fn run_within<'s, T>(
+        &'s self,
+        what: &'s str,
         limit: Duration,
-        call: impl Future<Output = std::result::Result<T, RedisError>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(limit, call).await {
-            Ok(result) => result.map_err(|e| map_error(&self.inner.address, what, e)),
-            Err(_) => Err(timed_out(&self.inner.address, what, limit)),
+        call: impl Future<Output = std::result::Result<T, RedisError>> + 's,
+    ) -> impl Future<Output = Result<T>> + 's {
+        let bounded = tokio::time::timeout(limit, call);
+        async move {
+            match bounded.await {
+                Ok(result) => result.map_err(|e| map_error(&self.inner.address, what, e)),
+                Err(_) => Err(timed_out(&self.inner.address, what, limit)),
+            }
         }
     }
 
@@ -364,7 +370,7 @@ impl RedisInstance {
                 .arg(&*queue.waiter)
                 .arg(ttl_millis(QUEUE_PLACE));
         }
-        let undo = async { self.release(keys, owner, true).await };
+        let undo = || self.release(keys, owner, true);
         self.grant(&keys.lock, invocation, fencing, undo).await
     }
 
@@ -386,7 +392,7 @@ impl RedisInstance {
             .arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing));
-        let undo = async { self.release_member(keys.reader_set(), owner).await };
+        let undo = || self.release_member(keys.reader_set(), owner);
         self.grant(&keys.readers, invocation, fencing, undo).await
     }
 
@@ -408,34 +414,26 @@ impl RedisInstance {
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
             .arg(permits);
-        let undo = async { self.release_member(keys.permit_set(), owner).await };
+        let undo = || self.release_member(keys.permit_set(), owner);
         self.grant(&keys.permits, invocation, fencing, undo).await
     }
 
     /// Runs a grant script (followed by `WAIT` where grants must reach
-    /// replicas; `undo` takes back a grant they did not acknowledge) and
+    /// replicas; `undo()` takes back a grant they did not acknowledge) and
     /// reads its answer.
     async fn grant(
         &self,
         key: &str,
         invocation: ScriptInvocation<'_>,
         fencing: bool,
-        undo: impl Future<Output = Result<bool>>,
+        undo: impl AsyncFnOnce() -> Result<bool>,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let (granted, value): (i64, i64) = match (self.inner.wait, &self.inner.acquire) {
+            // Boxed, and the undo made only when needed: the replicated
+            // grant's future (the undo's included) is several times the
+            // plain one's, and would make every grant's future as large.
             (Some(wait), Some(acquire)) => {
-                let mut conn = acquire.clone();
-                let ((granted, value), acknowledged) = self
-                    .run_within(
-                        "acquire and wait for the replicas",
-                        self.inner.command_timeout + wait.timeout,
-                        script_and_wait(&mut conn, &invocation, wait),
-                    )
-                    .await?;
-                if granted == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
-                    return Err(self.not_replicated(key, undo, acknowledged, wait).await);
-                }
-                (granted, value)
+                Box::pin(self.grant_replicated(key, acquire, &invocation, wait, undo)).await?
             }
             _ => {
                 let mut conn = self.inner.commands.clone();
@@ -456,6 +454,30 @@ impl RedisInstance {
                 },
             }
         })
+    }
+
+    /// The grant script and `WAIT` on the connection `acquire`; a grant
+    /// too few replicas acknowledged is undone and fails.
+    async fn grant_replicated(
+        &self,
+        key: &str,
+        acquire: &Connection,
+        invocation: &ScriptInvocation<'_>,
+        wait: ReplicaWait,
+        undo: impl AsyncFnOnce() -> Result<bool>,
+    ) -> Result<(i64, i64)> {
+        let mut conn = acquire.clone();
+        let ((granted, value), acknowledged) = self
+            .run_within(
+                "acquire and wait for the replicas",
+                self.inner.command_timeout + wait.timeout,
+                script_and_wait(&mut conn, invocation, wait),
+            )
+            .await?;
+        if granted == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
+            return Err(self.not_replicated(key, undo(), acknowledged, wait).await);
+        }
+        Ok((granted, value))
     }
 
     /// After a grant that too few replicas acknowledged: releases it again
