@@ -25,24 +25,60 @@ pub(crate) const PORT_RETRIES: usize = 3;
 
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago.
 ///
-/// Binds `127.0.0.1:0`, reads the port the kernel chose and drops the
-/// listener. Another process may take the port before the server binds it, so
+/// The port is drawn at random below the kernel's range of ephemeral ports
+/// (`net.ipv4.ip_local_port_range`) and checked by binding it: a port in
+/// that range can be taken by any outgoing connection (or a client's
+/// connection to itself) while its server is down for a test and
+/// restarted on it, and the tests make connections by the thousand. Where
+/// the range leaves no room below it, the kernel chooses (`127.0.0.1:0`).
+/// Another process may still take the port before the server binds it, so
 /// callers retry on "address already in use". Within this process the same
 /// port is never returned twice, so servers started concurrently (and ports
 /// kept for a restart) do not collide with each other.
 pub fn free_port() -> u16 {
     static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let handed_out = HANDED_OUT.get_or_init(|| Mutex::new(HashSet::new()));
+    let below = ephemeral_ports_start();
+    // Draws left before the kernel chooses: a machine whose ports below
+    // the range are nearly all taken still gets one.
+    let mut draws = if below > FIRST_TEST_PORT + 1000 {
+        1000
+    } else {
+        0
+    };
     loop {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|listener| listener.local_addr())
-            .map(|addr| addr.port())
-            .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"));
+        let port = if draws > 0 {
+            draws -= 1;
+            let port = fastrand::u16(FIRST_TEST_PORT..below);
+            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err() {
+                continue;
+            }
+            port
+        } else {
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|listener| listener.local_addr())
+                .map(|addr| addr.port())
+                .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"))
+        };
         let mut handed_out = handed_out.lock().unwrap_or_else(PoisonError::into_inner);
         if handed_out.insert(port) {
             return port;
         }
     }
+}
+
+/// The lowest port [`free_port`] draws: above the well-known ports and
+/// those of services installed on the machine (5432, 3306, 6379, 2181,
+/// 2379…).
+const FIRST_TEST_PORT: u16 = 10_000;
+
+/// The first port of the kernel's ephemeral range (32768 when it cannot be
+/// read).
+pub(crate) fn ephemeral_ports_start() -> u16 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A port on 127.0.0.1 where nothing listens, and nothing will while this

@@ -46,3 +46,24 @@ fn file_name_part_keeps_only_safe_characters() {
         "10.11.19-MariaDB-0+deb12u1_x_y"
     );
 }
+
+#[test]
+fn free_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_twice() {
+    let below = ephemeral_ports_start();
+    assert!(
+        below > 11_000,
+        "this machine's ephemeral range starts at {below}"
+    );
+    let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+    for &port in &ports {
+        assert!(
+            (10_000..below).contains(&port),
+            "port {port} is not in 10000..{below}"
+        );
+        // Free when handed out: a server can bind it.
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            .unwrap_or_else(|e| panic!("port {port} is taken: {e}"));
+    }
+    let distinct: std::collections::HashSet<_> = ports.iter().collect();
+    assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+}
