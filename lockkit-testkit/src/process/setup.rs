@@ -41,7 +41,7 @@ pub fn free_port() -> u16 {
     let below = ephemeral_ports_start();
     // Draws left before the kernel chooses: a machine whose ports below
     // the range are nearly all taken still gets one.
-    let mut draws = if below > FIRST_TEST_PORT + 1000 {
+    let mut draws = if below > FIRST_TEST_PORT + MIN_TEST_PORTS {
         1000
     } else {
         0
@@ -70,15 +70,22 @@ pub fn free_port() -> u16 {
 /// The lowest port [`free_port`] draws: above the well-known ports and
 /// those of services installed on the machine (5432, 3306, 6379, 2181,
 /// 2379…).
-const FIRST_TEST_PORT: u16 = 10_000;
+pub(crate) const FIRST_TEST_PORT: u16 = 10_000;
+
+/// How many ports [`free_port`] needs between [`FIRST_TEST_PORT`] and the
+/// ephemeral range to draw from them.
+pub(crate) const MIN_TEST_PORTS: u16 = 1000;
 
 /// The first port of the kernel's ephemeral range (32768 when it cannot be
-/// read).
+/// read), read once.
 pub(crate) fn ephemeral_ports_start() -> u16 {
-    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768)
+    static START: OnceLock<u16> = OnceLock::new();
+    *START.get_or_init(|| {
+        fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse().ok())
+            .unwrap_or(32_768)
+    })
 }
 
 /// A port on 127.0.0.1 where nothing listens, and nothing will while this

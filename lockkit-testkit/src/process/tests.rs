@@ -51,14 +51,14 @@ fn file_name_part_keeps_only_safe_characters() {
 fn free_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_twice() {
     let below = ephemeral_ports_start();
     assert!(
-        below > 11_000,
+        below > FIRST_TEST_PORT + MIN_TEST_PORTS,
         "this machine's ephemeral range starts at {below}"
     );
     let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
     for &port in &ports {
         assert!(
-            (10_000..below).contains(&port),
-            "port {port} is not in 10000..{below}"
+            (FIRST_TEST_PORT..below).contains(&port),
+            "port {port} is not in {FIRST_TEST_PORT}..{below}"
         );
         // Free when handed out: a server can bind it.
         std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
