@@ -192,17 +192,30 @@ impl PgSql {
             )
             .into(),
             // The row, unless someone holds it (`SKIP LOCKED` passes over
-            // it then, and does not wait).
+            // it then, and does not wait) or holds or waits for its gate
+            // (see `row_lock`): the releasing transaction's end hands the
+            // gate to the first waiter at once, but that waiter locks the
+            // row only once it runs, and a row deleted meanwhile would send
+            // it to the back of the queue to make the row again.
             row_release: format!(
-                "DELETE FROM {table} WHERE name IN \
-                 (SELECT name FROM {table} WHERE name = $1 FOR UPDATE SKIP LOCKED)"
+                "WITH g AS MATERIALIZED (SELECT 1 WHERE pg_try_advisory_xact_lock($2::int4, $3::int4)) \
+                 DELETE FROM {table} WHERE name IN \
+                 (SELECT t.name FROM {table} AS t, g WHERE t.name = $1 FOR UPDATE OF t SKIP LOCKED)"
             )
             .into(),
             // Held: the row exists but cannot be locked. A free row is
-            // locked for the instant of this statement only.
+            // locked for the instant of this statement only. Waiters: those
+            // queued for the name's gate (see `row_lock`), which `pg_locks`
+            // shows with the gate's two halves as `classid`/`objid`, and
+            // `objsubid` 2.
             row_status: format!(
                 "WITH free AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE SKIP LOCKED) \
-                 SELECT EXISTS (SELECT 1 FROM {table} WHERE name = $1) AND NOT EXISTS (SELECT 1 FROM free)"
+                 SELECT EXISTS (SELECT 1 FROM {table} WHERE name = $1) AND NOT EXISTS (SELECT 1 FROM free), \
+                 (SELECT count(*) FROM pg_locks \
+                  WHERE locktype = 'advisory' AND objsubid = 2 AND NOT granted \
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                    AND classid = (($2::int4)::bigint & 4294967295)::oid \
+                    AND objid = (($3::int4)::bigint & 4294967295)::oid)"
             )
             .into(),
             channel: format!("lockkit_{table}"),
@@ -821,13 +834,17 @@ impl PgSession {
         Ok(token)
     }
 
-    /// Whether `name`'s row exists and cannot be locked.
-    async fn row_held(&self, name: &str) -> Result<bool> {
+    /// Whether `name`'s row exists and cannot be locked, and how many wait
+    /// for its gate.
+    async fn row_status(&self, name: &str) -> Result<(bool, i64)> {
+        let gate = advisory_key(name);
         self.settings
             .bounded(
                 "read the lock's status",
-                sqlx::query_scalar(q(&self.sql.row_status))
+                sqlx::query_as(q(&self.sql.row_status))
                     .bind(name)
+                    .bind((gate >> 32) as i32)
+                    .bind(gate as i32)
                     .fetch_one(&self.pool),
             )
             .await
@@ -871,9 +888,12 @@ impl RowLocking for PgSession {
     }
 
     fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
+        let gate = advisory_key(name);
         Box::pin(
             sqlx::query(q(&self.sql.row_release))
                 .bind(name)
+                .bind((gate >> 32) as i32)
+                .bind(gate as i32)
                 .execute(&mut conn.conn)
                 .map_ok(drop),
         )
@@ -1016,7 +1036,8 @@ impl SessionDb for PgSession {
     }
 
     /// Advisory: `pg_locks`, which also counts the waiters. Row: whether the
-    /// row exists and cannot be locked (`FOR UPDATE SKIP LOCKED`).
+    /// row exists and cannot be locked (`FOR UPDATE SKIP LOCKED`), and the
+    /// waiters queued for its gate in `pg_locks`.
     async fn status(&self, key: &PgKey) -> Result<LockStatus> {
         let what = "read the lock's status";
         match key {
@@ -1032,15 +1053,14 @@ impl SessionDb for PgSession {
                     .fetch_one(&self.pool);
                 Ok(advisory_status(self.settings.bounded(what, counts).await?))
             }
-            PgKey::Row { name, .. } => Ok(if self.row_held(name).await? {
-                LockStatus::held()
-            } else {
-                LockStatus::free()
+            PgKey::Row { name, .. } => Ok(match self.row_status(name).await? {
+                (true, waiting) => LockStatus::held().with_waiters(Some(waiting.max(0) as usize)),
+                (false, _) => LockStatus::free(),
             }),
             PgKey::RowSlots { slots, .. } => {
                 let mut holders = 0;
                 for slot in slots {
-                    holders += usize::from(self.row_held(slot).await?);
+                    holders += usize::from(self.row_status(slot).await?.0);
                 }
                 Ok(match holders {
                     0 => LockStatus::free(),

@@ -427,3 +427,84 @@ async fn waiter_is_woken_after_its_listen_connection_is_terminated() {
     );
     guard.release().await.unwrap();
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to a backend of the test's own server.
+fn signal_backend(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}: {status}");
+}
+
+/// Continues a stopped backend however the test ends.
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal_backend(self.0, "CONT");
+    }
+}
+
+/// `row` mode: a release hands the name's gate to the first waiter at once,
+/// but that waiter locks the row only once its backend runs. The releasing
+/// client's clean-up of the row must leave it to that waiter even when the
+/// waiter is slow to run (here: its backend stopped); deleting it sent the
+/// waiter, finding no row, to the back of the queue to make it again, behind
+/// a waiter that came later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_release_leaves_the_row_to_a_waiter_handed_the_gate() {
+    let server = PostgresServer::start().await;
+    let name = "handed-the-gate";
+    let holder = connect(&server, Mode::Row).await.unwrap();
+    let guard = holder.acquire(name, &opts()).await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let until_waiting = async |count: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while holder.status(name).await.unwrap().waiters < Some(count) {
+            assert!(Instant::now() < deadline, "waiter {count} never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let mut waiters = Vec::new();
+    let mut stopped = None;
+    for i in 0..2 {
+        let client = connect(&server, Mode::Row).await.unwrap();
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let wait = opts().wait_for(Duration::from_secs(20));
+            let guard = client.acquire(name, &wait).await?;
+            order.lock().unwrap().push(i);
+            guard.release().await.map(drop)
+        }));
+        until_waiting(i + 1).await;
+        if i == 0 {
+            let pid = server
+                .psql(
+                    "SELECT pid FROM pg_locks \
+                     WHERE locktype = 'advisory' AND objsubid = 2 AND NOT granted",
+                )
+                .await
+                .unwrap();
+            let pid = pid.trim().parse().expect("one waiting backend");
+            signal_backend(pid, "STOP");
+            stopped = Some(Stopped(pid));
+        }
+    }
+    guard.release().await.unwrap();
+    let rows = format!("SELECT count(*) FROM lockkit_locks WHERE name = '{name}'");
+    let left = server.psql(&rows).await.unwrap();
+    drop(stopped);
+    assert_eq!(
+        left.trim(),
+        "1",
+        "the row was deleted under the first waiter"
+    );
+    for waiter in waiters {
+        waiter
+            .await
+            .expect("a waiter task")
+            .expect("a waiter's lock");
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1], "the waiters' order");
+}

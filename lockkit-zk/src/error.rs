@@ -5,11 +5,19 @@ use zookeeper_client::Error as ZkError;
 
 pub(crate) const BACKEND: &str = "zookeeper";
 
-/// Whether `error` is the connection itself failing (reset, broken pipe):
-/// the client hands a request pending on a dropped connection the socket's
-/// I/O error instead of `ConnectionLoss`, but it means the same.
+/// Whether `error` is the connection itself failing (reset, broken pipe, a
+/// server gone silent): zookeeper-client hands the requests pending on a
+/// connection it drops the reason it dropped it, which is `ConnectionLoss`,
+/// the socket's I/O error, or (0.11) a message of its own without a source
+/// ("no response from connection in …", "encounter writable server …");
+/// all mean the same.
 pub(crate) fn is_connection_failure(error: &ZkError) -> bool {
     if matches!(error, ZkError::ConnectionLoss) {
+        return true;
+    }
+    if let ZkError::Custom(custom) = error
+        && std::error::Error::source(custom).is_none()
+    {
         return true;
     }
     let mut cause = std::error::Error::source(error);

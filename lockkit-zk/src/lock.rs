@@ -19,6 +19,9 @@ use crate::path::{
 };
 use crate::session::{RequestError, Session, Sessions};
 
+/// How often one acquire joins the queue again after its session ended.
+const SESSION_RETRIES: u32 = 3;
+
 /// What the ZooKeeper backend guarantees.
 pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Session)
     .with_fencing(true)
@@ -244,15 +247,15 @@ impl ZkBackend {
     #[allow(clippy::too_many_arguments)]
     async fn lock_permit(
         &self,
+        session: Arc<Session>,
         name: &str,
         dir: &str,
-        owner: &OwnerToken,
         permits: u32,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
-        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let owner = OwnerToken::new();
         let mutex_dir = format!("{dir}/locks");
         let Some((_, mut mutex, _)) = self
             .queue(
@@ -495,40 +498,25 @@ impl Removal {
     }
 }
 
-#[lockkit_core::async_trait]
-impl QueueBackend for ZkBackend {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        ZK_CAPABILITIES
-    }
-
-    fn check_name(&self, name: &str) -> Result<()> {
-        lock_dir(&self.sessions.settings.root, name).map(drop)
-    }
-
-    /// Each waiter watches one node: a writer its predecessor, a reader the
-    /// nearest writer before it, so a release wakes only those it lets in,
-    /// in FIFO order. A permit is Curator `InterProcessSemaphoreV2`'s recipe.
-    async fn lock(
+impl ZkBackend {
+    /// One acquire in `session`: a permit, or a place in the lock's queue.
+    async fn lock_in(
         &self,
+        session: Arc<Session>,
         name: &str,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
         let root = &self.sessions.settings.root;
-        let owner = OwnerToken::new();
         if let LockKind::Semaphore { permits } = opts.kind() {
             let dir = semaphore_dir(root, name)?;
             return self
-                .lock_permit(name, &dir, &owner, permits, opts, waiter, no_wait)
+                .lock_permit(session, name, &dir, permits, opts, waiter, no_wait)
                 .await;
         }
         let dir = lock_dir(root, name)?;
-        let session = waiter.until_deadline(self.sessions.session()).await??;
+        let owner = OwnerToken::new();
         let (prefix, shared) = match opts.kind() {
             LockKind::Shared => (reader_prefix(owner.as_str()), true),
             _ => (node_prefix(owner.as_str()), false),
@@ -549,6 +537,57 @@ impl QueueBackend for ZkBackend {
         };
         let twins = queued.granted();
         Ok(Some(self.guard(name, session, node, twins, opts, sent)))
+    }
+}
+
+#[lockkit_core::async_trait]
+impl QueueBackend for ZkBackend {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        ZK_CAPABILITIES
+    }
+
+    fn check_name(&self, name: &str) -> Result<()> {
+        lock_dir(&self.sessions.settings.root, name).map(drop)
+    }
+
+    /// Each waiter watches one node: a writer its predecessor, a reader the
+    /// nearest writer before it, so a release wakes only those it lets in,
+    /// in FIFO order. A permit is Curator `InterProcessSemaphoreV2`'s recipe.
+    ///
+    /// A session that ends while the acquire waits (the servers expired it
+    /// in an outage) took its nodes with it, so nothing is held or queued:
+    /// the acquire joins the queue again in a new session, at most three
+    /// times, while its wait lasts.
+    async fn lock(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        waiter: &mut Waiter<'_>,
+        no_wait: bool,
+    ) -> Result<Option<LockGuard>> {
+        let mut retries = 0;
+        loop {
+            let session = waiter.until_deadline(self.sessions.session()).await??;
+            match self
+                .lock_in(session.clone(), name, opts, waiter, no_wait)
+                .await
+            {
+                Err(error)
+                    if session.has_ended()
+                        && !no_wait
+                        && !waiter.is_over()
+                        && retries < SESSION_RETRIES =>
+                {
+                    retries += 1;
+                    tracing::info!(%error, lock.name = name, "the zookeeper session ended while acquiring; queuing again in a new session");
+                }
+                answer => return answer,
+            }
+        }
     }
 
     /// The contenders under the lock's node: the first holds the lock (its

@@ -183,8 +183,12 @@ impl Session {
             .collect()
     }
 
+    /// Ends the session once (its state watcher, or a request answered
+    /// "session expired", whichever tells first).
     fn end(&self, state: SessionState) {
-        self.ended.store(true, Ordering::SeqCst);
+        if self.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let lost = self.lose_holdings();
         tracing::warn!(
             ?state,
@@ -250,7 +254,14 @@ impl Session {
     ) -> std::result::Result<T, RequestError> {
         match tokio::time::timeout(self.command_timeout, request).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(RequestError::Server(what.to_owned(), error)),
+            Ok(Err(error)) => {
+                // The client may answer so before its state watcher says so:
+                // the session is over now, for the next acquire too.
+                if error == zookeeper_client::Error::SessionExpired {
+                    self.end(SessionState::Expired);
+                }
+                Err(RequestError::Server(what.to_owned(), error))
+            }
             Err(_) => Err(RequestError::TimedOut(
                 what.to_owned(),
                 self.command_timeout,

@@ -189,6 +189,53 @@ async fn session_expiry_fires_lost_and_frees_the_lock() {
     again.release().await.unwrap();
 }
 
+/// A waiter whose session the server expires in an outage lost its place in
+/// the queue with it, and nothing else: the acquire joins the queue again in
+/// a new session and gets the lock once the holder (whose longer session
+/// outlived the outage) lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_expired_queues_again_in_a_new_session() {
+    let server = ZkServer::start().await;
+    let holder = lockkit_zk::connect(&url(&server, "&session_timeout=20s"))
+        .await
+        .expect("connect the holder");
+    let waiter = connect(&server).await;
+    let first_session = waiter.backend().session_id().await.unwrap();
+    let guard = holder.acquire("requeue", &opts()).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let granted = waiter
+            .acquire("requeue", &opts().wait_for(Duration::from_secs(30)))
+            .await;
+        (waiter, granted)
+    });
+    let admin = admin(&server).await;
+    until_queued(&admin, "requeue", 2).await;
+    drop(admin);
+    // Twice the waiter's 2 s session timeout: the server expires its session
+    // when it runs again, and removes its node.
+    server.pause();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    server.resume();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter gave up: {:?}",
+        waiting.await
+    );
+    guard
+        .release()
+        .await
+        .expect("the holder's session outlived the outage");
+    let (waiter, granted) = waiting.await.expect("the waiting task");
+    let granted = granted.expect("the waiter queued again and got the lock");
+    let second_session = waiter.backend().session_id().await.unwrap();
+    assert_ne!(
+        first_session, second_session,
+        "the waiter's session outlived a 4 s outage of a 2 s timeout"
+    );
+    granted.release().await.unwrap();
+}
+
 /// With credentials, lock nodes can be changed only with the same
 /// credentials: anonymous clients and wrong passwords get a typed error, and
 /// nobody else can delete the holder's node.
