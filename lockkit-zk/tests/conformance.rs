@@ -66,13 +66,17 @@ impl Harness for ZkHarness {
     /// The nodes of the lock and semaphore directories whose names start
     /// with `prefix`, with their children. A released lock's directory is a
     /// container node, which the server removes once it is empty (every
-    /// second in the testkit's servers): waits up to 5 s for that.
+    /// second in the testkit's servers; a semaphore's directory only once
+    /// its `locks` and `leases` containers are gone, a check later): waits
+    /// up to 15 s for that, as a server loaded by the other tests deletes
+    /// thousands of containers slowly (a run with 5 s failed once, after
+    /// 9 s, most likely on this).
     async fn stored_entries(&self, prefix: &str) -> usize {
         let admin = zookeeper_client::Client::connect(&self.server.connect_string())
             .await
             .expect("admin session");
         let encoded = lockkit_zk::encode_name(prefix);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             let mut count = 0;
             for parent in [
