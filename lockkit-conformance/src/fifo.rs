@@ -62,8 +62,9 @@ pub async fn fifo_backends_serve_waiters_in_order(h: &dyn Harness) {
 }
 
 /// Returns once `n` waiters queue on `name`, where `status` counts them;
-/// after [`QUEUE_PAUSE`] where it does not.
-async fn until_queued(lock: &dyn DistributedLock, name: &str, n: usize) {
+/// after a pause of 500 ms where it does not. Panics if they do not within
+/// 10 s.
+pub async fn until_queued(lock: &dyn DistributedLock, name: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let waiters = lock.status(name).await.ok().and_then(|s| s.waiters);

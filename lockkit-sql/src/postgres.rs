@@ -305,6 +305,13 @@ fn row_lock(table: &str, seq: &str, side: Side, no_wait: bool) -> Arc<str> {
     .into()
 }
 
+/// The two 32-bit halves of `name`'s gate key (see [`row_lock`]), bound as
+/// the `$2`, `$3` of the statements that take or look at the gate.
+fn gate_halves(name: &str) -> (i32, i32) {
+    let gate = advisory_key(name);
+    ((gate >> 32) as i32, gate as i32)
+}
+
 /// `pg_advisory_lock<side>($1)` (`side` "" or "_shared") drawing a token
 /// from `seq`; MATERIALIZED: the token is drawn only once the lock is
 /// granted.
@@ -837,14 +844,14 @@ impl PgSession {
     /// Whether `name`'s row exists and cannot be locked, and how many wait
     /// for its gate.
     async fn row_status(&self, name: &str) -> Result<(bool, i64)> {
-        let gate = advisory_key(name);
+        let (high, low) = gate_halves(name);
         self.settings
             .bounded(
                 "read the lock's status",
                 sqlx::query_as(q(&self.sql.row_status))
                     .bind(name)
-                    .bind((gate >> 32) as i32)
-                    .bind(gate as i32)
+                    .bind(high)
+                    .bind(low)
                     .fetch_one(&self.pool),
             )
             .await
@@ -872,12 +879,12 @@ impl RowLocking for PgSession {
             (true, false) => &self.sql.row_lock_shared,
             (true, true) => &self.sql.row_try_shared,
         };
-        let gate = advisory_key(name);
+        let (high, low) = gate_halves(name);
         Box::pin(
             sqlx::query_scalar(q(statement))
                 .bind(name)
-                .bind((gate >> 32) as i32)
-                .bind(gate as i32)
+                .bind(high)
+                .bind(low)
                 .fetch_optional(&mut conn.conn),
         )
     }
@@ -888,12 +895,12 @@ impl RowLocking for PgSession {
     }
 
     fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> RowAnswer<'c, ()> {
-        let gate = advisory_key(name);
+        let (high, low) = gate_halves(name);
         Box::pin(
             sqlx::query(q(&self.sql.row_release))
                 .bind(name)
-                .bind((gate >> 32) as i32)
-                .bind(gate as i32)
+                .bind(high)
+                .bind(low)
                 .execute(&mut conn.conn)
                 .map_ok(drop),
         )

@@ -459,13 +459,6 @@ async fn row_release_leaves_the_row_to_a_waiter_handed_the_gate() {
     let holder = connect(&server, Mode::Row).await.unwrap();
     let guard = holder.acquire(name, &opts()).await.unwrap();
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let until_waiting = async |count: usize| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while holder.status(name).await.unwrap().waiters < Some(count) {
-            assert!(Instant::now() < deadline, "waiter {count} never queued");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
     let mut waiters = Vec::new();
     let mut stopped = None;
     for i in 0..2 {
@@ -477,7 +470,7 @@ async fn row_release_leaves_the_row_to_a_waiter_handed_the_gate() {
             order.lock().unwrap().push(i);
             guard.release().await.map(drop)
         }));
-        until_waiting(i + 1).await;
+        lockkit_conformance::until_queued(holder.as_ref(), name, i + 1).await;
         if i == 0 {
             let pid = server
                 .psql(
