@@ -10,14 +10,14 @@ use lockkit_core::backend::{Attempt, connect_retrying};
 use lockkit_core::{FencingToken, LockError, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{Client, ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, TlsCertificates};
+use redis::{Client, RedisError, TlsCertificates};
 
 use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
-use crate::scripts::{SCRIPTS, SOURCES};
+use crate::scripts::{Call, SCRIPTS, SOURCES, is_no_script};
 use crate::sentinel::{Resolver, SentinelConnection};
 use crate::settings::{RedisConfig, ReplicaWait, Topology};
 
@@ -353,25 +353,21 @@ impl RedisInstance {
             Some(_) => &SCRIPTS.acquire_fair,
             None => &SCRIPTS.acquire,
         };
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.readers)
-            .key(&keys.writer_waiting)
-            .arg(owner)
+        let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
+        let queue_keys = keys.queue.iter().flat_map(|q| [&q.order, &q.deadlines]);
+        let mut call = Call::new(
+            script,
+            lock_keys.into_iter().chain(queue_keys).map(String::as_str),
+        );
+        call.arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
             .arg(flag(record_waiting));
         if let Some(queue) = &keys.queue {
-            invocation
-                .key(&queue.order)
-                .key(&queue.deadlines)
-                .arg(&*queue.waiter)
-                .arg(ttl_millis(QUEUE_PLACE));
+            call.arg(&*queue.waiter).arg(ttl_millis(QUEUE_PLACE));
         }
         let undo = || self.release(keys, owner, true);
-        self.grant(&keys.lock, invocation, fencing, undo).await
+        self.grant(&keys.lock, call, fencing, undo).await
     }
 
     /// A shared holding of `keys`' name for `owner`, unless a writer holds
@@ -383,17 +379,13 @@ impl RedisInstance {
         ttl: Duration,
         fencing: bool,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut invocation = SCRIPTS.acquire_shared.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.readers)
-            .key(&keys.writer_waiting)
-            .arg(owner)
-            .arg(ttl_millis(ttl))
-            .arg(flag(fencing));
+        let mut call = Call::new(
+            &SCRIPTS.acquire_shared,
+            [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting].map(String::as_str),
+        );
+        call.arg(owner).arg(ttl_millis(ttl)).arg(flag(fencing));
         let undo = || self.release_member(keys.reader_set(), owner);
-        self.grant(&keys.readers, invocation, fencing, undo).await
+        self.grant(&keys.readers, call, fencing, undo).await
     }
 
     /// One of `permits` permits of the semaphore `keys` for `owner`, after
@@ -406,16 +398,16 @@ impl RedisInstance {
         fencing: bool,
         permits: u32,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut invocation = SCRIPTS.acquire_permit.prepare_invoke();
-        invocation
-            .key(&keys.permits)
-            .key(&keys.fence)
-            .arg(owner)
+        let mut call = Call::new(
+            &SCRIPTS.acquire_permit,
+            [&keys.permits, &keys.fence].map(String::as_str),
+        );
+        call.arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
             .arg(permits);
         let undo = || self.release_member(keys.permit_set(), owner);
-        self.grant(&keys.permits, invocation, fencing, undo).await
+        self.grant(&keys.permits, call, fencing, undo).await
     }
 
     /// Runs a grant script (followed by `WAIT` where grants must reach
@@ -424,36 +416,23 @@ impl RedisInstance {
     async fn grant(
         &self,
         key: &str,
-        invocation: ScriptInvocation<'_>,
+        call: Call,
         fencing: bool,
         undo: impl AsyncFnOnce() -> Result<bool>,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let (granted, value): (i64, i64) = match (self.inner.wait, &self.inner.acquire) {
+        let answer: i64 = match (self.inner.wait, &self.inner.acquire) {
             // Boxed, and the undo made only when needed: the replicated
             // grant's future (the undo's included) is several times the
             // plain one's, and would make every grant's future as large.
             (Some(wait), Some(acquire)) => {
-                Box::pin(self.grant_replicated(key, acquire, &invocation, wait, undo)).await?
+                Box::pin(self.grant_replicated(key, acquire, &call, wait, undo)).await?
             }
             _ => {
                 let mut conn = self.inner.commands.clone();
-                self.run("acquire", invocation.invoke_async(&mut conn))
-                    .await?
+                self.run("acquire", call.invoke(&mut conn)).await?
             }
         };
-        Ok(if granted == 1 {
-            Attempt::Acquired(fencing.then(|| FencingToken::new(value.max(0) as u64)))
-        } else {
-            Attempt::Busy {
-                retry_after: match value {
-                    // The key has no expiry: someone set it by hand.
-                    -1 => None,
-                    // Gone since the check: retry at once.
-                    ..=-2 => Some(Duration::ZERO),
-                    ms => Some(Duration::from_millis(ms as u64)),
-                },
-            }
-        })
+        Ok(grant_answer(answer, fencing))
     }
 
     /// The grant script and `WAIT` on the connection `acquire`; a grant
@@ -462,22 +441,22 @@ impl RedisInstance {
         &self,
         key: &str,
         acquire: &Connection,
-        invocation: &ScriptInvocation<'_>,
+        call: &Call,
         wait: ReplicaWait,
         undo: impl AsyncFnOnce() -> Result<bool>,
-    ) -> Result<(i64, i64)> {
+    ) -> Result<i64> {
         let mut conn = acquire.clone();
-        let ((granted, value), acknowledged) = self
+        let (answer, acknowledged) = self
             .run_within(
                 "acquire and wait for the replicas",
                 self.inner.command_timeout + wait.timeout,
-                script_and_wait(&mut conn, invocation, wait),
+                script_and_wait(&mut conn, call, wait),
             )
             .await?;
-        if granted == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
+        if answer >= 0 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX) {
             return Err(self.not_replicated(key, undo(), acknowledged, wait).await);
         }
-        Ok((granted, value))
+        Ok(answer)
     }
 
     /// After a grant that too few replicas acknowledged: releases it again
@@ -543,12 +522,8 @@ impl RedisInstance {
             Held::Lock => &SCRIPTS.extend,
             Held::Member => &SCRIPTS.extend_member,
         };
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(renewal.key())
-            .key(renewal.fence())
-            .arg(renewal.owner())
-            .arg(renewal.ttl_ms());
+        let mut call = Call::new(script, [renewal.key(), renewal.fence()]);
+        call.arg(renewal.owner()).arg(renewal.ttl_ms());
         let extended: i64 = match (self.inner.wait, &self.inner.acquire) {
             (Some(wait), Some(acquire)) => {
                 let mut conn = acquire.clone();
@@ -556,7 +531,7 @@ impl RedisInstance {
                     .run_within(
                         "extend and wait for the replicas",
                         self.inner.command_timeout + wait.timeout,
-                        script_and_wait(&mut conn, &invocation, wait),
+                        script_and_wait(&mut conn, &call, wait),
                     )
                     .await?;
                 if extended == 1 && acknowledged < i64::try_from(wait.replicas).unwrap_or(i64::MAX)
@@ -575,8 +550,7 @@ impl RedisInstance {
             }
             _ => {
                 let mut conn = self.inner.commands.clone();
-                self.run("extend", invocation.invoke_async(&mut conn))
-                    .await?
+                self.run("extend", call.invoke(&mut conn)).await?
             }
         };
         Ok(extended == 1)
@@ -591,23 +565,17 @@ impl RedisInstance {
             Some(_) => &SCRIPTS.release_fair,
             None => &SCRIPTS.release,
         };
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .key(&keys.writer_waiting)
-            .key(&keys.fence)
-            .arg(owner)
-            .arg(&keys.channel)
-            .arg(flag(notify));
+        let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
+        let queue_keys = keys.queue.iter().flat_map(|q| [&q.order, &q.deadlines]);
+        let mut call = Call::new(
+            script,
+            lock_keys.into_iter().chain(queue_keys).map(String::as_str),
+        );
+        call.arg(owner).arg(&keys.channel).arg(flag(notify));
         if let Some(queue) = &keys.queue {
-            invocation
-                .key(&queue.order)
-                .key(&queue.deadlines)
-                .arg(&*queue.waiter);
+            call.arg(&*queue.waiter);
         }
-        let released: i64 = self
-            .run("release", invocation.invoke_async(&mut conn))
-            .await?;
+        let released: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok(released == 1)
     }
 
@@ -632,19 +600,12 @@ impl RedisInstance {
     /// its channel; false if it had none (or it had run out).
     pub async fn release_member(&self, set: LeaseSet<'_>, owner: &str) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
-        let released: i64 = self
-            .run(
-                "release",
-                SCRIPTS
-                    .release_member
-                    .key(set.set)
-                    .key(set.fence)
-                    .key(set.lock.unwrap_or(set.set))
-                    .arg(owner)
-                    .arg(set.channel)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
+        let mut call = Call::new(
+            &SCRIPTS.release_member,
+            [set.set, set.fence, set.lock.unwrap_or(set.set)],
+        );
+        call.arg(owner).arg(set.channel);
+        let released: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok(released == 1)
     }
 
@@ -660,17 +621,13 @@ impl RedisInstance {
         queue: Option<&str>,
     ) -> Result<Holdings> {
         let mut conn = self.inner.commands.clone();
-        let mut invocation = SCRIPTS.status.prepare_invoke();
-        invocation
-            .key(lock.unwrap_or(set))
-            .key(fence)
-            .key(set)
-            .arg(flag(lock.is_some()));
-        if let Some(queue) = queue {
-            invocation.key(queue);
-        }
+        let mut call = Call::new(
+            &SCRIPTS.status,
+            [lock.unwrap_or(set), fence, set].into_iter().chain(queue),
+        );
+        call.arg(flag(lock.is_some()));
         let (count, remaining, fence, stored, queued): (i64, i64, i64, String, i64) = self
-            .run("read the holdings", invocation.invoke_async(&mut conn))
+            .run("read the holdings", call.invoke(&mut conn))
             .await?;
         Ok(Holdings {
             count: usize::try_from(count).unwrap_or(0),
@@ -697,19 +654,16 @@ impl RedisInstance {
         fencing: bool,
     ) -> Result<Option<u64>> {
         let mut conn = self.inner.commands.clone();
+        let mut call = Call::new(
+            &SCRIPTS.hand_over,
+            [&keys.lock, &keys.fence].map(String::as_str),
+        );
+        call.arg(from)
+            .arg(to)
+            .arg(ttl_millis(ttl))
+            .arg(flag(fencing));
         let token: i64 = self
-            .run(
-                "hand the lease over",
-                SCRIPTS
-                    .hand_over
-                    .key(&keys.lock)
-                    .key(&keys.fence)
-                    .arg(from)
-                    .arg(to)
-                    .arg(ttl_millis(ttl))
-                    .arg(flag(fencing))
-                    .invoke_async(&mut conn),
-            )
+            .run("hand the lease over", call.invoke(&mut conn))
             .await?;
         Ok(u64::try_from(token).ok())
     }
@@ -782,17 +736,17 @@ impl RedisInstance {
 /// connection's writes); the script is loaded on `NOSCRIPT`.
 async fn script_and_wait<T: redis::FromRedisValue>(
     conn: &mut Connection,
-    invocation: &ScriptInvocation<'_>,
+    call: &Call,
     wait: ReplicaWait,
 ) -> std::result::Result<(T, i64), RedisError> {
     let mut pipe = redis::pipe();
-    pipe.invoke_script(invocation)
+    pipe.add_command(call.cmd().clone())
         .cmd("WAIT")
         .arg(wait.replicas)
         .arg(ttl_millis(wait.timeout));
     match pipe.query_async(conn).await {
-        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            invocation.load_async(conn).await?;
+        Err(error) if is_no_script(&error) => {
+            call.load(conn).await?;
             pipe.query_async(conn).await
         }
         other => other,
@@ -830,6 +784,23 @@ pub struct Holdings {
     pub waiters: Option<usize>,
 }
 
+/// What a grant script's answer says (see `ACQUIRE` in `crate::scripts`):
+/// granted with its token when not negative, else refused, `-3 - w` with w
+/// the wait in ms before a retry (-1: the holding has no expiry, someone
+/// set it by hand; -2: it went since the check, retry at once).
+fn grant_answer(answer: i64, fencing: bool) -> Attempt<Option<FencingToken>> {
+    if answer >= 0 {
+        return Attempt::Acquired(fencing.then(|| FencingToken::new(answer as u64)));
+    }
+    Attempt::Busy {
+        retry_after: match (-3_i64).saturating_sub(answer) {
+            -1 => None,
+            ..=-2 => Some(Duration::ZERO),
+            ms => Some(Duration::from_millis(ms as u64)),
+        },
+    }
+}
+
 /// A script's boolean argument.
 fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
@@ -837,4 +808,32 @@ fn flag(on: bool) -> &'static str {
 
 fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_answers_read_back_as_the_scripts_write_them() {
+        let token = |answer| match grant_answer(answer, true) {
+            Attempt::Acquired(token) => token.map(FencingToken::get),
+            Attempt::Busy { .. } => panic!("{answer} is a grant"),
+        };
+        let wait = |answer| match grant_answer(answer, true) {
+            Attempt::Busy { retry_after } => retry_after,
+            Attempt::Acquired(_) => panic!("{answer} is a refusal"),
+        };
+        assert_eq!(token(1_764_000_000_000_000), Some(1_764_000_000_000_000));
+        assert!(matches!(grant_answer(0, false), Attempt::Acquired(None)));
+        // -3 - w for a wait of w ms; -1 (no expiry) and -2 (gone) as PTTL says.
+        assert_eq!(wait(-3), Some(Duration::ZERO));
+        assert_eq!(wait(-3 - 250), Some(Duration::from_millis(250)));
+        assert_eq!(wait(-2), None);
+        assert_eq!(wait(-1), Some(Duration::ZERO));
+        assert_eq!(
+            wait(i64::MIN),
+            Some(Duration::from_millis(i64::MAX as u64 - 2))
+        );
+    }
 }

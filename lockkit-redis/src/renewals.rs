@@ -24,12 +24,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::{LockError, Result};
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::RedisError;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::connection::Connection;
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::scripts::SCRIPTS;
+use crate::scripts::{Call, SCRIPTS};
 
 /// How long a batch waits for more renewals after its first.
 pub(crate) const LINGER: Duration = Duration::from_millis(2);
@@ -244,19 +244,14 @@ async fn send(batch: Vec<Request>, mut commands: Connection, address: &str, time
     }
 }
 
-/// One `EVALSHA` of `EXTEND_MANY` for the batch, built as one command (a
-/// script invocation would allocate every argument apart), loading the
-/// script first if the server lost it (a restart).
+/// One `EVALSHA` of `EXTEND_MANY` for the batch (a [`Call`]: one command,
+/// the script loaded first if the server lost it).
 async fn extend_many(
     batch: &[Request],
     commands: &mut Connection,
 ) -> std::result::Result<Vec<i64>, RedisError> {
-    let script = &SCRIPTS.extend_many;
-    let mut call = redis::cmd("EVALSHA");
-    call.arg(script.get_hash()).arg(2 * batch.len());
-    for (renewal, _) in batch {
-        call.arg(renewal.key()).arg(renewal.fence());
-    }
+    let keys = batch.iter().flat_map(|(r, _)| [r.key(), r.fence()]);
+    let mut call = Call::new(&SCRIPTS.extend_many, keys);
     for (renewal, _) in batch {
         let held = match renewal.held() {
             Held::Lock => "x",
@@ -264,13 +259,7 @@ async fn extend_many(
         };
         call.arg(held).arg(renewal.owner()).arg(renewal.ttl_ms());
     }
-    match call.query_async(commands).await {
-        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(commands).await?;
-            call.query_async(commands).await
-        }
-        result => result,
-    }
+    call.invoke(commands).await
 }
 
 /// The same failure for another renewal of a failed batch (without the

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
 /// The server's clock: `now_us()` in microseconds, `now_ms()` in
 /// milliseconds.
@@ -162,9 +162,9 @@ local function join(set, owner, now, ttl, fence_key, fencing)
   redis.call('ZADD', set, now + ttl, owner)
   keep_alive(set, ttl)
   if fencing == '1' then
-    return {1, next_fence(fence_key, ttl)}
+    return next_fence(fence_key, ttl)
   end
-  return {1, 0}
+  return 0
 end
 "
     };
@@ -187,7 +187,7 @@ local function take_lock()
         redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
         wait = math.min(wait, math.floor(tonumber(ARGV[2]) / 2))
       end
-      return {0, wait}
+      return -3 - wait
     end
   end
   if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -195,11 +195,11 @@ local function take_lock()
       redis.call('DEL', KEYS[4])
     end
     if ARGV[3] == '1' then
-      return {1, next_sole_fence(KEYS[2], ARGV[2])}
+      return next_sole_fence(KEYS[2], ARGV[2])
     end
-    return {1, 0}
+    return 0
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  return -3 - redis.call('PTTL', KEYS[1])
 end
 "
     };
@@ -209,8 +209,12 @@ end
 /// writer; ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
 /// fencing token, ARGV[4] "1" to record the caller as a waiting writer when
 /// readers hold.
-/// Returns {1, fencing token (0 without fencing)} when granted, {0, how long
-/// until a retry may succeed in ms (-1: never by itself)} when not.
+/// Returns one integer, not a table (a table reply costs the server a Lua
+/// table and the client an array to parse, on every acquire): when
+/// granted, the fencing token (0 without fencing; a token is at least 1),
+/// else `-3 - w`, w being how long until a retry may succeed in ms (-1:
+/// never by itself; -2: the holding went meanwhile, retry at once), so that
+/// every refusal is negative. See `crate::instance::grant_answer`.
 const ACQUIRE: &str = concat!(
     clock!(),
     sole_fence!(),
@@ -243,7 +247,7 @@ local head = redis.call('ZRANGE', KEYS[5], 0, 0)[1]
 local result
 if head == nil or head == ARGV[5] then
   result = take_lock()
-  if result[1] == 1 then
+  if result >= 0 then
     if head then
       redis.call('ZREM', KEYS[5], ARGV[5])
       redis.call('ZREM', KEYS[6], ARGV[5])
@@ -251,7 +255,7 @@ if head == nil or head == ARGV[5] then
     return result
   end
 else
-  result = {0, redis.call('PTTL', KEYS[1])}
+  result = -3 - redis.call('PTTL', KEYS[1])
 end
 if ARGV[4] ~= '1' then
   return result
@@ -264,11 +268,11 @@ redis.call('ZADD', KEYS[6], now + place, ARGV[5])
 redis.call('PEXPIRE', KEYS[5], place)
 redis.call('PEXPIRE', KEYS[6], place)
 local half = math.floor(place / 2)
-local wait = result[2]
+local wait = -3 - result
 if wait < 0 or wait > half then
   wait = half
 end
-return {0, wait}
+return -3 - wait
 "
 );
 
@@ -284,11 +288,11 @@ const ACQUIRE_SHARED: &str = concat!(
     r"
 local held = redis.call('PTTL', KEYS[1])
 if held ~= -2 then
-  return {0, held}
+  return -3 - held
 end
 local waiting = redis.call('PTTL', KEYS[4])
 if waiting ~= -2 then
-  return {0, waiting}
+  return -3 - waiting
 end
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
@@ -311,7 +315,7 @@ local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {0, tonumber(first[2]) - now}
+  return -3 - (tonumber(first[2]) - now)
 end
 return join(KEYS[1], ARGV[1], now, ttl, KEYS[2], ARGV[3])
 "
@@ -539,3 +543,72 @@ pub(crate) const SOURCES: [&str; 12] = [
     HAND_OVER,
     STATUS,
 ];
+
+/// One call of a script, written straight into one `EVALSHA` command: the
+/// keys (their count before them) when the call is made, then the
+/// arguments. redis-rs's `ScriptInvocation` allocates each key and argument
+/// apart and copies them into a command when invoked: about ten allocations
+/// more for each acquire and release.
+pub(crate) struct Call {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl Call {
+    /// `script` over `keys` (`KEYS[1]`, `KEYS[2]`, …, in order).
+    pub(crate) fn new<'k>(
+        script: &'static Script,
+        keys: impl IntoIterator<Item = &'k str, IntoIter: Clone>,
+    ) -> Self {
+        let keys = keys.into_iter();
+        let count = keys.clone().count();
+        // Room for the usual call (the command, the hash, the key count,
+        // up to six keys and six arguments), so that the buffers do not
+        // grow while it is written.
+        let mut cmd = Cmd::with_capacity(16, 384);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(count);
+        for key in keys {
+            cmd.arg(key);
+        }
+        Self { script, cmd }
+    }
+
+    /// Adds the next argument (`ARGV[1]`, `ARGV[2]`, …).
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The `EVALSHA` command, for a pipeline.
+    pub(crate) fn cmd(&self) -> &Cmd {
+        &self.cmd
+    }
+
+    /// Loads the script (`SCRIPT LOAD`), as after a `NOSCRIPT` answer.
+    pub(crate) async fn load(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<String> {
+        self.script.load_async(conn).await
+    }
+
+    /// Runs the call, loading the script first if the server does not have
+    /// it (a restart, a failover to a replica that never saw it).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(error) if is_no_script(&error) => {
+                self.load(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            result => result,
+        }
+    }
+}
+
+/// Whether the server answered `NOSCRIPT`: it does not have the script.
+pub(crate) fn is_no_script(error: &redis::RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
