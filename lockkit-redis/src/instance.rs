@@ -354,11 +354,7 @@ impl RedisInstance {
             None => &SCRIPTS.acquire,
         };
         let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
-        let queue_keys = keys.queue.iter().flat_map(|q| [&q.order, &q.deadlines]);
-        let mut call = Call::new(
-            script,
-            lock_keys.into_iter().chain(queue_keys).map(String::as_str),
-        );
+        let mut call = Call::new(script, and_queue_keys(lock_keys, keys));
         call.arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
@@ -566,11 +562,7 @@ impl RedisInstance {
             None => &SCRIPTS.release,
         };
         let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
-        let queue_keys = keys.queue.iter().flat_map(|q| [&q.order, &q.deadlines]);
-        let mut call = Call::new(
-            script,
-            lock_keys.into_iter().chain(queue_keys).map(String::as_str),
-        );
+        let mut call = Call::new(script, and_queue_keys(lock_keys, keys));
         call.arg(owner).arg(&keys.channel).arg(flag(notify));
         if let Some(queue) = &keys.queue {
             call.arg(&*queue.waiter);
@@ -782,6 +774,16 @@ pub struct Holdings {
     /// tasks of one client queue among themselves behind one place); `None`
     /// for other names.
     pub waiters: Option<usize>,
+}
+
+/// `lock_keys`, then for a fair lock its queue's two keys (order, then
+/// deadlines), as the fair scripts take them after the plain ones.
+fn and_queue_keys<'k, const N: usize>(
+    lock_keys: [&'k String; N],
+    keys: &'k Keys,
+) -> impl Iterator<Item = &'k str> + Clone {
+    let queue_keys = keys.queue.iter().flat_map(|q| [&q.order, &q.deadlines]);
+    lock_keys.into_iter().chain(queue_keys).map(String::as_str)
 }
 
 /// What a grant script's answer says (see `ACQUIRE` in `crate::scripts`):
