@@ -40,6 +40,16 @@ use crate::url::parse_url;
 /// | `wait_timeout` | how long that `WAIT` may take | 1 s |
 /// | `sentinel_password` | password of the sentinels (`redis+sentinel://` only) | none |
 ///
+/// Connections: commands go over one multiplexed connection (redis-rs's,
+/// which reconnects by itself). On a single server over plain TCP with
+/// RESP2 (`redis://`, the default protocol), a second connection opens
+/// beside it on first use: a request that finds it free runs on it
+/// straight from the calling task, without the hand-offs to and from the
+/// multiplexed connection's driver task, which is what a lone caller's
+/// round trip mostly costs on the client; a request that finds it busy
+/// takes the multiplexed one. A waiter adds the subscriber connection that
+/// release notifications arrive on.
+///
 /// ```
 /// use std::time::Duration;
 /// use lockkit_redis::RedisLockBuilder;

@@ -2,17 +2,20 @@
 //! Sentinel-monitored master, behind redis-rs' `ConnectionLike` so that
 //! scripts and pipelines run the same way on each.
 
+use std::sync::Arc;
+
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use crate::direct::{Direct, Route};
 use crate::sentinel::SentinelConnection;
 
 /// A connection in one of the three modes. Clones share the connection.
 #[derive(Clone)]
 pub(crate) enum Connection {
     /// One server; reconnects by itself.
-    Single(ConnectionManager),
+    Single(Single),
     /// A Redis Cluster; commands go to the master of their key's slot.
     Cluster(ClusterConnection),
     /// The current master of a Sentinel deployment.
@@ -47,5 +50,54 @@ impl ConnectionLike for Connection {
             Connection::Cluster(conn) => conn.get_db(),
             Connection::Sentinel(conn) => conn.get_db(),
         }
+    }
+}
+
+/// One server: a multiplexed connection that reconnects by itself, and
+/// beside it, where it may be used, a [`Direct`] one that single commands
+/// take when it is free. Pipelines always go over the multiplexed one.
+#[derive(Clone)]
+pub(crate) struct Single {
+    manager: ConnectionManager,
+    direct: Option<Arc<Direct>>,
+}
+
+impl Single {
+    pub(crate) fn new(manager: ConnectionManager, direct: Option<Arc<Direct>>) -> Single {
+        Single { manager, direct }
+    }
+}
+
+impl ConnectionLike for Single {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let Some(direct) = &self.direct else {
+            return self.manager.req_packed_command(cmd);
+        };
+        match direct.route() {
+            Route::Direct(lease) => Box::pin(lease.request(cmd)),
+            Route::Queue => {
+                let direct = direct.clone();
+                Box::pin(async move {
+                    match direct.queue().await {
+                        Some(lease) => lease.request(cmd).await,
+                        None => self.manager.req_packed_command(cmd).await,
+                    }
+                })
+            }
+            Route::Multiplexed => self.manager.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.manager.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.manager.get_db()
     }
 }

@@ -12,7 +12,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, RedisError, TlsCertificates};
 
-use crate::connection::Connection;
+use crate::connection::{Connection, Single};
+use crate::direct::Direct;
 use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
@@ -83,6 +84,17 @@ fn manager_config(config: &RedisConfig, response_timeout: Duration) -> Connectio
         .set_max_delay(Duration::from_millis(200))
 }
 
+/// A single server's command connection: `manager`, and a direct one
+/// beside it where it may be used (see [`Direct`]).
+fn single(config: &RedisConfig, manager: ConnectionManager) -> Connection {
+    let direct = Direct::new(
+        &config.info,
+        config.tls_root_cert.is_some(),
+        config.connect_timeout,
+    );
+    Connection::Single(Single::new(manager, direct))
+}
+
 /// The same `info` speaking RESP3 (for the subscriber).
 fn resp3(info: &redis::ConnectionInfo) -> redis::ConnectionInfo {
     info.clone().set_redis_settings(
@@ -127,7 +139,7 @@ async fn open(
             )
             .await
             .map_err(|e| map_error(&address, "connect", e))?;
-            Ok(Connection::Single(manager))
+            Ok(single(config, manager))
         }
     }
 }
@@ -222,7 +234,8 @@ impl RedisInstance {
         )
         .map_err(|e| map_error(&config.address(), "set up the connection", e))?;
         let acquire = match config.wait {
-            Some(wait) => Some(Connection::Single(
+            Some(wait) => Some(single(
+                &config,
                 ConnectionManager::new_lazy_with_config(
                     client,
                     manager_config(&config, config.command_timeout + wait.timeout),
@@ -231,7 +244,7 @@ impl RedisInstance {
             )),
             None => None,
         };
-        Self::build(&config, Connection::Single(commands), acquire, None)
+        Self::build(&config, single(&config, commands), acquire, None)
     }
 
     fn build(

@@ -5,6 +5,7 @@ use lockkit_core::backend::{Driver, boxed_connect};
 mod backend;
 mod builder;
 mod connection;
+mod direct;
 mod error;
 mod holding;
 mod instance;

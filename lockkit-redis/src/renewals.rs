@@ -276,6 +276,8 @@ fn copy_of(error: &LockError) -> LockError {
 mod tests {
     use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+    use crate::connection::Single;
+
     use super::*;
 
     /// What a client keeps per renewal that the server has not answered
@@ -293,7 +295,7 @@ mod tests {
         )
         .unwrap();
         let renewals = Renewals::new(
-            Connection::Single(connection),
+            Connection::Single(Single::new(connection, None)),
             "127.0.0.1:1".to_owned(),
             Duration::from_secs(1),
         );

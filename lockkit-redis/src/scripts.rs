@@ -53,9 +53,23 @@ end
 ///   above it.
 macro_rules! sole_fence {
     () => {
+        concat!(
+            "local function next_sole_fence(key, ttl)\n",
+            sole_fence_body!(),
+            "end\n"
+        )
+    };
+}
+
+/// The body of `next_sole_fence(key, ttl)` (see [`sole_fence!`]), to be
+/// written out where `key` and `ttl` are set: a script's main chunk
+/// creates a closure for every local function it defines, each time it
+/// runs, so the hot scripts ([`ACQUIRE`], [`RELEASE`]) define none.
+macro_rules! sole_fence_body {
+    () => {
         r"
-local function next_sole_fence(key, ttl)
-  local n = now_us()
+  local t = redis.call('TIME')
+  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local last = redis.call('SET', key, string.format('%d', n), 'PX', ttl, 'GET')
   last = last and tonumber(last)
   if last and last >= n then
@@ -63,7 +77,6 @@ local function next_sole_fence(key, ttl)
     redis.call('SET', key, string.format('%d', n), 'PX', ttl)
   end
   return n
-end
 "
     };
 }
@@ -174,34 +187,46 @@ end
 /// arguments.
 macro_rules! take_lock {
     () => {
-        r"
-local function take_lock()
-  local others = redis.call('EXISTS', KEYS[3], KEYS[4])
-  if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-    local now = now_ms()
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-    if first[1] then
-      local wait = tonumber(first[2]) - now
-      if ARGV[4] == '1' then
-        redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
-        wait = math.min(wait, math.floor(tonumber(ARGV[2]) / 2))
-      end
-      return -3 - wait
+        concat!("local function take_lock()\n", take_lock_body!(), "end\n")
+    };
+}
+
+/// The body of `take_lock()`, which is all of [`ACQUIRE`] (see
+/// [`sole_fence_body!`]).
+macro_rules! take_lock_body {
+    () => {
+        concat!(
+            r"
+local others = redis.call('EXISTS', KEYS[3], KEYS[4])
+if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if first[1] then
+    local wait = tonumber(first[2]) - now
+    if ARGV[4] == '1' then
+      redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+      wait = math.min(wait, math.floor(tonumber(ARGV[2]) / 2))
     end
+    return -3 - wait
   end
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    if others > 0 then
-      redis.call('DEL', KEYS[4])
-    end
-    if ARGV[3] == '1' then
-      return next_sole_fence(KEYS[2], ARGV[2])
-    end
-    return 0
-  end
-  return -3 - redis.call('PTTL', KEYS[1])
 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if others > 0 then
+    redis.call('DEL', KEYS[4])
+  end
+  if ARGV[3] == '1' then
+    local key, ttl = KEYS[2], ARGV[2]
+",
+            sole_fence_body!(),
+            r"
+  end
+  return 0
+end
+return -3 - redis.call('PTTL', KEYS[1])
 "
+        )
     };
 }
 
@@ -215,12 +240,7 @@ end
 /// else `-3 - w`, w being how long until a retry may succeed in ms (-1:
 /// never by itself; -2: the holding went meanwhile, retry at once), so that
 /// every refusal is negative. See `crate::instance::grant_answer`.
-const ACQUIRE: &str = concat!(
-    clock!(),
-    sole_fence!(),
-    take_lock!(),
-    "return take_lock()\n"
-);
+const ACQUIRE: &str = take_lock_body!();
 
 /// As [`ACQUIRE`], in the order the waiters queued: KEYS[5] the queue (a
 /// sorted set of waiter ids by arrival, server time in µs), KEYS[6] the
@@ -234,7 +254,6 @@ const ACQUIRE: &str = concat!(
 /// of that.
 const ACQUIRE_FAIR: &str = concat!(
     clock!(),
-    sole_fence!(),
     take_lock!(),
     r"
 local now = now_ms()
@@ -424,24 +443,35 @@ return extended
 "
 );
 
-/// `release_lock()`: the body of [`RELEASE`], over its keys and arguments.
+/// `release_lock()`: [`RELEASE`] as a function, over its keys and
+/// arguments.
 macro_rules! release_lock {
     () => {
+        concat!(
+            "local function release_lock()\n",
+            release_lock_body!(),
+            "end\n"
+        )
+    };
+}
+
+/// The body of `release_lock()`, which is all of [`RELEASE`] (see
+/// [`sole_fence_body!`]).
+macro_rules! release_lock_body {
+    () => {
         r"
-local function release_lock()
-  if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('DEL', KEYS[1], KEYS[3])
-    if ARGV[3] == '1' then
-      redis.call('PUBLISH', ARGV[2], '')
-    end
-    return 1
-  end
-  if redis.call('GET', KEYS[2]) == ARGV[1] then
-    redis.call('DEL', KEYS[2])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[3])
+  if ARGV[3] == '1' then
     redis.call('PUBLISH', ARGV[2], '')
   end
-  return 0
+  return 1
 end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  redis.call('PUBLISH', ARGV[2], '')
+end
+return 0
 "
     };
 }
@@ -456,7 +486,7 @@ end
 /// otherwise removes the owner's record as a waiting
 /// writer, if it is there (and wakes the readers it kept waiting). Returns 1
 /// if released.
-const RELEASE: &str = concat!(release_lock!(), "return release_lock()\n");
+const RELEASE: &str = release_lock_body!();
 
 /// As [`RELEASE`], and the caller's place in the queue of [`ACQUIRE_FAIR`]
 /// goes (an acquire that gave up leaves the queue): KEYS[4] the queue,
@@ -484,7 +514,6 @@ return released
 /// Passes the lease from one owner to the next (a local handoff): returns the
 /// new fencing token (0 without fencing), or -1 if the lease was not ARGV[1]'s.
 const HAND_OVER: &str = concat!(
-    clock!(),
     sole_fence!(),
     r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then

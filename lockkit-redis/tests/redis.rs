@@ -136,6 +136,71 @@ async fn paused_server_gives_unavailable_within_command_timeout() {
     }
 }
 
+/// Once a client's direct connection is open, single commands take it (see
+/// the Redis section of the README): it authenticates and selects the
+/// URL's database as the multiplexed one does. An acquire cut off by its
+/// timeout leaves its reply owed on that connection, and what follows (the
+/// release of the interrupted acquire) goes after it, as on one
+/// connection: once the server answers again the name is free, long
+/// before the lease's 30 s, and the same two connections serve on.
+#[tokio::test]
+async fn single_commands_take_a_direct_connection() {
+    let server = RedisServer::builder().password("direct-pw").start().await;
+    let locks = connect(&format!("{}/3?command_timeout=300ms", server.url())).await;
+    let opts = opts().auto_renew(false);
+    let cycle = |name: &'static str| {
+        let locks = &locks;
+        let opts = &opts;
+        async move {
+            match locks.try_acquire(name, opts).await? {
+                Some(guard) => guard.release().await.map(|()| true),
+                None => Ok(false),
+            }
+        }
+    };
+    // The clients in database 3, by id: lockkit's (the tests' own
+    // `command` connection is in database 0).
+    let clients = || async {
+        let list = server.command(&["CLIENT", "LIST"]).await.unwrap();
+        let mut ids: Vec<String> = list
+            .lines()
+            .filter(|line| line.split(' ').any(|field| field == "db=3"))
+            .filter_map(|line| line.split(' ').next())
+            .map(str::to_owned)
+            .collect();
+        ids.sort();
+        ids
+    };
+    // The multiplexed connection and, opened beside it, the direct one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        assert!(cycle("direct").await.unwrap());
+        let ids = clients().await;
+        if ids.len() == 2 {
+            break ids;
+        }
+        assert!(Instant::now() < deadline, "clients in db 3: {ids:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let paused = Instant::now();
+    server.command(&["CLIENT", "PAUSE", "800"]).await.unwrap();
+    let err = cycle("cut-off").await.unwrap_err();
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    tokio::time::sleep_until(paused + Duration::from_millis(900)).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !cycle("cut-off").await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the interrupted acquire's lease is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..20 {
+        assert!(cycle("direct").await.unwrap());
+    }
+    assert_eq!(clients().await, before, "the same two connections");
+}
+
 /// Connecting to a server that accepts TCP but never answers fails within the
 /// connect timeout.
 #[tokio::test]
