@@ -50,7 +50,11 @@ const MAX_DEPTH: usize = 16;
 /// The direct connection to one server, shared by the clones of its
 /// multiplexed one.
 pub(crate) struct Direct {
-    /// `host:port`, as the multiplexed connection dials it.
+    /// The server, as the multiplexed connection dials it (an IPv6 host
+    /// without brackets).
+    host: String,
+    port: u16,
+    /// `host:port`, for the logs.
     addr: String,
     /// `AUTH` and `SELECT` as needed: the connection's first requests.
     hello: Vec<Cmd>,
@@ -118,13 +122,10 @@ impl Direct {
             select.arg(settings.db());
             hello.push(select);
         }
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host.clone()
-        };
         Some(Arc::new(Direct {
-            addr: format!("{host}:{port}"),
+            host: host.clone(),
+            port: *port,
+            addr: info.addr().to_string(),
             hello,
             connect_timeout,
             stream: Arc::new(tokio::sync::Mutex::new(None)),
@@ -145,26 +146,22 @@ impl Direct {
         let Ok(mut guard) = self.stream.clone().try_lock_owned() else {
             return Route::Multiplexed;
         };
-        match guard.as_ref() {
-            Some(stream) if stream.owed > 0 || stream.is_quiet() => Route::Direct(Lease {
+        if let Some(stream) = guard.as_ref()
+            && (stream.owed > 0 || stream.is_quiet())
+        {
+            return Route::Direct(Lease {
                 direct: self.clone(),
                 guard,
                 phase: Phase::Writing,
-            }),
-            Some(_) => {
-                // Closed by the server (a restart, an idle timeout).
-                tracing::debug!(redis.address = %self.addr, "direct connection closed by the server");
-                *guard = None;
-                drop(guard);
-                self.reopen(Instant::now());
-                Route::Multiplexed
-            }
-            None => {
-                drop(guard);
-                self.reopen(Instant::now());
-                Route::Multiplexed
-            }
+            });
         }
+        if guard.take().is_some() {
+            // Closed by the server (a restart, an idle timeout).
+            tracing::debug!(redis.address = %self.addr, "direct connection closed by the server");
+        }
+        drop(guard);
+        self.reopen();
+        Route::Multiplexed
     }
 
     /// The connection once the requests ahead are done, if it is open.
@@ -179,15 +176,14 @@ impl Direct {
     }
 
     /// Starts opening the connection, unless an opening runs or the last
-    /// failed less than [`RETRY_AFTER`] ago. A failure moves the next
-    /// opening to `retry` at the earliest.
-    fn reopen(self: &Arc<Self>, now: Instant) {
+    /// failed less than [`RETRY_AFTER`] ago.
+    fn reopen(self: &Arc<Self>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         {
             let mut opening = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
-            if opening.running || now < opening.next {
+            if opening.running || Instant::now() < opening.next {
                 return;
             }
             opening.running = true;
@@ -214,7 +210,7 @@ impl Direct {
     }
 
     async fn dial(&self) -> RedisResult<Stream> {
-        let tcp = TcpStream::connect(&self.addr).await?;
+        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
         tcp.set_nodelay(true)?;
         let mut stream = Stream {
             tcp,
@@ -262,7 +258,7 @@ impl Drop for Opener {
 }
 
 /// How far a request got.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Phase {
     Writing,
     Sent,

@@ -5,20 +5,31 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
+/// A `TIME` reply `t` in microseconds: a Lua expression.
+macro_rules! time_us {
+    () => {
+        "(tonumber(t[1]) * 1000000 + tonumber(t[2]))"
+    };
+}
+
+/// A `TIME` reply `t` in milliseconds: a Lua expression.
+macro_rules! time_ms {
+    () => {
+        "(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))"
+    };
+}
+
 /// The server's clock: `now_us()` in microseconds, `now_ms()` in
-/// milliseconds.
+/// milliseconds. The hot scripts read it inline (see [`sole_fence_body!`]).
 macro_rules! clock {
     () => {
-        r"
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-"
+        concat!(
+            "local function now_us()\n  local t = redis.call('TIME')\n  return ",
+            time_us!(),
+            "\nend\nlocal function now_ms()\n  local t = redis.call('TIME')\n  return ",
+            time_ms!(),
+            "\nend\n"
+        )
     };
 }
 
@@ -67,9 +78,12 @@ macro_rules! sole_fence {
 /// runs, so the hot scripts ([`ACQUIRE`], [`RELEASE`]) define none.
 macro_rules! sole_fence_body {
     () => {
-        r"
+        concat!(
+            "
   local t = redis.call('TIME')
-  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local n = ",
+            time_us!(),
+            r"
   local last = redis.call('SET', key, string.format('%d', n), 'PX', ttl, 'GET')
   last = last and tonumber(last)
   if last and last >= n then
@@ -78,6 +92,7 @@ macro_rules! sole_fence_body {
   end
   return n
 "
+        )
     };
 }
 
@@ -200,7 +215,9 @@ macro_rules! take_lock_body {
 local others = redis.call('EXISTS', KEYS[3], KEYS[4])
 if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = ",
+            time_ms!(),
+            r"
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if first[1] then
