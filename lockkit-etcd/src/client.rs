@@ -15,7 +15,7 @@ use lockkit_core::{LockError, Result};
 use tokio::time::Instant;
 
 use crate::deletions::{Deletes, Deletions};
-use crate::error::{BACKEND, map_error, resend_unsent};
+use crate::error::{BACKEND, Resend, map_error, resend};
 use crate::leases::LeasePool;
 use crate::settings::{EtcdSettings, EtcdTls, KEEP_ALIVE_INTERVAL};
 
@@ -99,7 +99,7 @@ impl Etcd {
                     leases: Arc::default(),
                 };
                 let probe = GetOptions::new().with_count_only();
-                etcd.bounded("reach the cluster", left, || {
+                etcd.bounded("reach the cluster", left, Resend::Repeatable, || {
                     let (mut kv, prefix) = (etcd.client.kv_client(), etcd.settings.prefix.clone());
                     let probe = probe.clone();
                     async move { kv.get(prefix, Some(probe)).await }
@@ -120,20 +120,22 @@ impl Etcd {
 
     /// Runs one request made by `request`, bounded by `limit`. A request
     /// that never left (its member's connection could not be opened, as
-    /// after a member restarted: `etcd-client` reconnects lazily) is sent
+    /// after a member restarted: `etcd-client` reconnects lazily), or with
+    /// [`Resend::Repeatable`] one whose connection broke under it, is sent
     /// again, after a short pause, while `limit` allows; any other failure
     /// is told at once.
     async fn bounded<T, F>(
         &self,
         what: &str,
         limit: Duration,
+        which: Resend,
         request: impl FnMut() -> F,
     ) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + limit;
-        match tokio::time::timeout(limit, resend_unsent(what, Some(deadline), request)).await {
+        match tokio::time::timeout(limit, resend(what, Some(deadline), which, request)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(error)) => Err(map_error(what, error)),
             Err(_) => Err(LockError::unavailable(
@@ -144,11 +146,11 @@ impl Etcd {
     }
 
     /// Runs one request made by `request`, bounded by the command timeout.
-    async fn timed<T, F>(&self, what: &str, request: impl FnMut() -> F) -> Result<T>
+    async fn timed<T, F>(&self, what: &str, which: Resend, request: impl FnMut() -> F) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        self.bounded(what, self.settings.command_timeout, request)
+        self.bounded(what, self.settings.command_timeout, which, request)
             .await
     }
 
@@ -205,7 +207,7 @@ impl Etcd {
     pub(crate) async fn grant(&self, ttl: Duration) -> Result<i64> {
         let seconds = i64::try_from(whole_seconds(ttl).as_secs()).unwrap_or(i64::MAX);
         let granted = self
-            .timed("grant a lease", || {
+            .timed("grant a lease", Resend::Unsent, || {
                 let mut leases = self.client.lease_client();
                 async move { leases.grant(seconds, None).await }
             })
@@ -216,7 +218,7 @@ impl Etcd {
     /// Revokes `lease` (and deletes its keys); `false` if it was gone.
     pub(crate) async fn revoke(&self, lease: i64) -> Result<bool> {
         match self
-            .timed("revoke the lease", || {
+            .timed("revoke the lease", Resend::Unsent, || {
                 let mut leases = self.client.lease_client();
                 async move { leases.revoke(lease).await }
             })
@@ -249,7 +251,9 @@ impl Etcd {
                 answer => answer,
             }
         };
-        let answer = self.timed("keep the lease alive", once).await?;
+        let answer = self
+            .timed("keep the lease alive", Resend::Repeatable, once)
+            .await?;
         Ok(answer
             .filter(|a| a.ttl() > 0)
             .map(|a| Duration::from_secs(a.ttl().max(0) as u64)))
@@ -258,7 +262,7 @@ impl Etcd {
     /// The remaining TTL of `lease`, `None` once it is gone.
     pub(crate) async fn lease_ttl(&self, lease: i64) -> Result<Option<Duration>> {
         let answer = self
-            .timed("read the lease", || {
+            .timed("read the lease", Resend::Repeatable, || {
                 let mut leases = self.client.lease_client();
                 async move { leases.time_to_live(lease, None).await }
             })
@@ -267,7 +271,7 @@ impl Etcd {
     }
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
-        self.timed(what, || {
+        self.timed(what, Resend::Unsent, || {
             let (mut kv, txn) = (self.client.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         })
@@ -281,7 +285,7 @@ impl Etcd {
         options: GetOptions,
     ) -> Result<GetResponse> {
         let key = key.into();
-        self.timed(what, || {
+        self.timed(what, Resend::Repeatable, || {
             let (mut kv, key, options) = (self.client.kv_client(), key.clone(), options.clone());
             async move { kv.get(key, Some(options)).await }
         })

@@ -24,7 +24,7 @@ use lockkit_core::{LockError, Result};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::error::{BACKEND, map_error, resend_unsent};
+use crate::error::{BACKEND, Resend, map_error, resend};
 
 /// How long the watch outlives its last waiter: at least this, at most
 /// twice this.
@@ -278,9 +278,9 @@ async fn open(client: &Client, watched: &str) -> std::result::Result<WatchStream
     let options = WatchOptions::new()
         .with_prefix()
         .with_filters([WatchFilterType::NoPut]);
-    // A watch sent to a member that cannot be reached is sent again (the
-    // caller bounds the wait).
-    let mut stream = resend_unsent(WATCH, None, || {
+    // A watch sent to a member that cannot be reached, or whose connection
+    // breaks, is sent again (the caller bounds the wait).
+    let mut stream = resend(WATCH, None, Resend::Repeatable, || {
         let mut watcher = client.watch_client();
         let options = options.clone();
         async move { watcher.watch(watched, Some(options)).await }

@@ -38,14 +38,26 @@ pub(crate) fn map_error(what: &str, error: etcd_client::Error) -> LockError {
 /// The pause before a request that was never sent is sent again.
 pub(crate) const RESEND_PAUSE: Duration = Duration::from_millis(50);
 
+/// Which failed requests [`resend`] sends again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Only those that were never sent ([`never_sent`]): a request that
+    /// may have reached the server is never repeated.
+    Unsent,
+    /// Also those whose connection broke under them ([`broke_off`]): for
+    /// requests that may safely be applied twice (reads, watches, lease
+    /// keep-alives).
+    Repeatable,
+}
+
 /// Runs the request `request` makes, and makes it again (after
-/// [`RESEND_PAUSE`]) while it fails without having been sent
-/// ([`never_sent`]) and the pause ends before `deadline` (with none, the
-/// caller bounds the whole). Any other answer is returned as it is, so that a
-/// request that may have reached the server is never repeated.
-pub(crate) async fn resend_unsent<T, F>(
+/// [`RESEND_PAUSE`]) while it fails in a way `which` allows and the pause
+/// ends before `deadline` (with none, the caller bounds the whole). Any
+/// other answer is returned as it is.
+pub(crate) async fn resend<T, F>(
     what: &str,
     deadline: Option<Instant>,
+    which: Resend,
     mut request: impl FnMut() -> F,
 ) -> Result<T, etcd_client::Error>
 where
@@ -54,10 +66,10 @@ where
     loop {
         match request().await {
             Err(error)
-                if never_sent(&error)
+                if (never_sent(&error) || (which == Resend::Repeatable && broke_off(&error)))
                     && deadline.is_none_or(|end| Instant::now() + RESEND_PAUSE < end) =>
             {
-                tracing::debug!(what, %error, "the request was not sent; sending it again");
+                tracing::debug!(what, %error, "the request failed in transit; sending it again");
                 tokio::time::sleep(RESEND_PAUSE).await;
             }
             answer => return answer,
@@ -74,6 +86,21 @@ pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
         etcd_client::Error::GRpcStatus(status) => {
             status.code() == tonic::Code::Unavailable
                 && status.message().starts_with("tcp connect error")
+        }
+        _ => false,
+    }
+}
+
+/// Whether `error` says that the connection to the member failed, before
+/// or after the request reached it (a member killed under an open
+/// connection: tonic's "transport error", code `Unknown`, with the cause as
+/// its source).
+pub(crate) fn broke_off(error: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match error {
+        E::TransportError(_) | E::IoError(_) => true,
+        E::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some()
         }
         _ => false,
     }
@@ -116,5 +143,29 @@ mod tests {
         assert!(!never_sent(&etcd_client::Error::InvalidArgs(
             "tcp connect error".into()
         )));
+    }
+
+    #[test]
+    fn a_broken_connection_is_not_a_server_answer() {
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        )));
+        assert_eq!(broken.code(), tonic::Code::Unknown);
+        assert!(broke_off(&etcd_client::Error::GRpcStatus(broken)));
+        assert!(broke_off(&etcd_client::Error::IoError(
+            std::io::ErrorKind::ConnectionReset.into()
+        )));
+        // The server's own answers.
+        for (code, message) in [
+            (tonic::Code::Unknown, "etcdserver: request timed out"),
+            (tonic::Code::Unavailable, "etcdserver: no leader"),
+            (
+                tonic::Code::NotFound,
+                "etcdserver: requested lease not found",
+            ),
+        ] {
+            let status = etcd_client::Error::GRpcStatus(tonic::Status::new(code, message));
+            assert!(!broke_off(&status), "{message}");
+        }
     }
 }

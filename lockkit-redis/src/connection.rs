@@ -78,23 +78,41 @@ impl ConnectionLike for Single {
             Route::Queue => {
                 let direct = direct.clone();
                 Box::pin(async move {
-                    match direct.queue().await {
-                        Some(lease) => lease.request(cmd).await,
-                        None => self.manager.req_packed_command(cmd).await,
+                    if let Some(lease) = direct.clone().queue().await {
+                        if !direct.multiplexed_owes() {
+                            return lease.request(cmd).await;
+                        }
+                        // Behind requests cut off on both connections.
+                        lease.settle().await;
                     }
+                    let ticket = direct.ticket();
+                    ticket.run(self.manager.req_packed_command(cmd)).await
                 })
             }
-            Route::Multiplexed => self.manager.req_packed_command(cmd),
+            Route::Multiplexed(ticket) => {
+                Box::pin(ticket.run(self.manager.req_packed_command(cmd)))
+            }
         }
     }
 
+    /// Over the multiplexed connection, after the direct one's owed
+    /// replies.
     fn req_packed_commands<'a>(
         &'a mut self,
         pipeline: &'a Pipeline,
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        self.manager.req_packed_commands(pipeline, offset, count)
+        let Some(direct) = self.direct.clone() else {
+            return self.manager.req_packed_commands(pipeline, offset, count);
+        };
+        Box::pin(async move {
+            direct.settle().await;
+            let ticket = direct.ticket();
+            ticket
+                .run(self.manager.req_packed_commands(pipeline, offset, count))
+                .await
+        })
     }
 
     fn get_db(&self) -> i64 {

@@ -18,6 +18,13 @@
 //! request cut off while being written, a failed one, or one too many owed
 //! replies close the connection.
 //!
+//! The same holds the other way round: a request cut off on the multiplexed
+//! connection may still be sent and answered there, so until a request sent
+//! there after it has been answered, new requests take the multiplexed
+//! connection too (see [`Ticket`]). A request that has to follow cut-off
+//! requests on both connections first reads the direct one's owed replies,
+//! then takes the multiplexed one.
+//!
 //! The connection opens in the background the first time a request finds
 //! none (or finds it closed by the server), no sooner than [`RETRY_AFTER`]
 //! after a failed opening.
@@ -28,7 +35,7 @@
 //! connection alone.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -63,6 +70,11 @@ pub(crate) struct Direct {
     stream: Arc<tokio::sync::Mutex<Option<Stream>>>,
     /// Set while the connection owes replies to cut-off requests.
     owes: AtomicBool,
+    /// The number of the last request cut off on the multiplexed connection
+    /// while no request sent there after it has been answered; 0 when none.
+    multiplexed_owes: AtomicU64,
+    /// Requests cut off on the multiplexed connection so far.
+    multiplexed_cuts: AtomicU64,
     opening: Mutex<Opening>,
 }
 
@@ -90,7 +102,7 @@ pub(crate) enum Route {
     /// it owes replies.
     Queue,
     /// Over the multiplexed connection.
-    Multiplexed,
+    Multiplexed(Ticket),
 }
 
 impl Direct {
@@ -130,6 +142,8 @@ impl Direct {
             connect_timeout,
             stream: Arc::new(tokio::sync::Mutex::new(None)),
             owes: AtomicBool::new(false),
+            multiplexed_owes: AtomicU64::new(0),
+            multiplexed_cuts: AtomicU64::new(0),
             opening: Mutex::new(Opening {
                 running: false,
                 next: Instant::now(),
@@ -143,8 +157,11 @@ impl Direct {
         if self.owes.load(Ordering::Acquire) {
             return Route::Queue;
         }
+        if self.multiplexed_owes() {
+            return Route::Multiplexed(self.ticket());
+        }
         let Ok(mut guard) = self.stream.clone().try_lock_owned() else {
-            return Route::Multiplexed;
+            return Route::Multiplexed(self.ticket());
         };
         if let Some(stream) = guard.as_ref()
             && (stream.owed > 0 || stream.is_quiet())
@@ -161,7 +178,33 @@ impl Direct {
         }
         drop(guard);
         self.reopen();
-        Route::Multiplexed
+        Route::Multiplexed(self.ticket())
+    }
+
+    /// Whether a request cut off on the multiplexed connection may still be
+    /// answered there.
+    pub(crate) fn multiplexed_owes(&self) -> bool {
+        self.multiplexed_owes.load(Ordering::Acquire) != 0
+    }
+
+    /// The ticket of a request about to go over the multiplexed connection.
+    pub(crate) fn ticket(self: &Arc<Self>) -> Ticket {
+        Ticket {
+            direct: self.clone(),
+            after: self.multiplexed_owes.load(Ordering::Acquire),
+            done: false,
+        }
+    }
+
+    /// Waits for the requests owed replies on the direct connection, if
+    /// it owes any, to be answered: what is sent next over the multiplexed
+    /// connection then reaches the server after them.
+    pub(crate) async fn settle(self: &Arc<Self>) {
+        if self.owes.load(Ordering::Acquire)
+            && let Some(lease) = self.clone().queue().await
+        {
+            lease.settle().await;
+        }
     }
 
     /// The connection once the requests ahead are done, if it is open.
@@ -279,12 +322,17 @@ impl Lease {
     /// Sends `cmd` and reads its reply (after the replies owed).
     pub(crate) async fn request(mut self, cmd: &Cmd) -> RedisResult<Value> {
         let result = self.exchange(cmd).await;
-        self.phase = if result.is_ok() {
-            Phase::Answered
-        } else {
-            Phase::Failed
-        };
+        self.finish(&result);
         result
+    }
+
+    /// Reads the replies owed and gives the connection back.
+    pub(crate) async fn settle(mut self) {
+        let result = match self.guard.as_mut() {
+            Some(stream) => stream.read_owed().await,
+            None => Ok(()),
+        };
+        self.finish(&result);
     }
 
     async fn exchange(&mut self, cmd: &Cmd) -> RedisResult<Value> {
@@ -293,11 +341,16 @@ impl Lease {
         };
         stream.write(cmd).await?;
         self.phase = Phase::Sent;
-        while stream.owed > 0 {
-            stream.read_reply().await?;
-            stream.owed -= 1;
-        }
+        stream.read_owed().await?;
         stream.read_reply().await
+    }
+
+    fn finish<T>(&mut self, result: &RedisResult<T>) {
+        self.phase = if result.is_ok() {
+            Phase::Answered
+        } else {
+            Phase::Failed
+        };
     }
 }
 
@@ -320,6 +373,47 @@ impl Drop for Lease {
     }
 }
 
+/// A request over the multiplexed connection, numbered by the cut-off
+/// request it follows (0 for none). [`done`](Ticket::done) when its reply
+/// (or error) is in, it tells that the cut-off requests sent before it have
+/// been answered or dropped; dropped before that, it was cut off itself.
+pub(crate) struct Ticket {
+    direct: Arc<Direct>,
+    after: u64,
+    done: bool,
+}
+
+impl Ticket {
+    /// Runs `request`, the one this ticket is for.
+    pub(crate) async fn run<T>(self, request: impl Future<Output = T>) -> T {
+        let answer = request.await;
+        self.done();
+        answer
+    }
+
+    fn done(mut self) {
+        self.done = true;
+        if self.after != 0 {
+            // Unless another request was cut off since.
+            let _ = self.direct.multiplexed_owes.compare_exchange(
+                self.after,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            let cut = self.direct.multiplexed_cuts.fetch_add(1, Ordering::Relaxed) + 1;
+            self.direct.multiplexed_owes.store(cut, Ordering::Release);
+        }
+    }
+}
+
 impl Stream {
     /// Whether nothing has arrived since the last reply: not the end of
     /// the stream, an error or stray bytes. Costs no system call unless
@@ -339,6 +433,15 @@ impl Stream {
     async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         self.write(cmd).await?;
         self.read_reply().await
+    }
+
+    /// Reads (and drops) the replies owed to cut-off requests.
+    async fn read_owed(&mut self) -> RedisResult<()> {
+        while self.owed > 0 {
+            self.read_reply().await?;
+            self.owed -= 1;
+        }
+        Ok(())
     }
 
     /// Reads the next whole reply.
@@ -434,6 +537,48 @@ fn reply_end(buf: &[u8], at: usize, depth: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn direct() -> Arc<Direct> {
+        let info: ConnectionInfo = "redis://127.0.0.1:1/".parse().unwrap();
+        Direct::new(&info, false, Duration::from_secs(1)).unwrap()
+    }
+
+    /// Whether the next request goes over the multiplexed connection; it
+    /// is answered.
+    fn goes_multiplexed(direct: &Arc<Direct>) -> bool {
+        match direct.route() {
+            Route::Multiplexed(ticket) => {
+                ticket.done();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A request cut off on the multiplexed connection keeps the next ones
+    /// there until one sent after it is answered; one sent before it, or
+    /// one that follows an earlier cut, does not end that.
+    #[test]
+    fn a_cut_off_multiplexed_request_keeps_the_next_ones_behind_it() {
+        let direct = direct();
+        let before = direct.ticket();
+        drop(direct.ticket());
+        assert!(direct.multiplexed_owes());
+        let after = direct.ticket();
+        before.done();
+        assert!(direct.multiplexed_owes(), "answered before the cut");
+        let cut_again = direct.ticket();
+        drop(direct.ticket());
+        after.done();
+        assert!(
+            direct.multiplexed_owes(),
+            "another request was cut off since"
+        );
+        cut_again.done();
+        assert!(direct.multiplexed_owes());
+        assert!(goes_multiplexed(&direct));
+        assert!(!direct.multiplexed_owes());
+    }
 
     #[test]
     fn a_reply_ends_where_its_last_part_does() {

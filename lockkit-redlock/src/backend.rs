@@ -382,10 +382,13 @@ impl LeaseBackend for RedlockBackend {
             .filter(|(i, _)| silent.contains(i))
             .collect();
         let yes = votes.count(granted);
+        // Known before the outcome, so that a release after this call was
+        // cut off (rolling back, below) waits for them as well.
+        if !late.is_empty() {
+            self.in_flight()
+                .insert(owner.as_str().to_owned(), late.clone());
+        }
         if yes >= quorum {
-            if !late.is_empty() {
-                self.in_flight().insert(owner.as_str().to_owned(), late);
-            }
             // Redlock has no safe fencing token.
             return Ok(Attempt::Acquired(None));
         }
@@ -405,6 +408,7 @@ impl LeaseBackend for RedlockBackend {
             },
         )
         .await;
+        self.in_flight().remove(owner.as_str());
         let answered = votes.answers.len();
         if answered < quorum {
             return Err(no_quorum(answered, yes, total, quorum, &votes.failures));
