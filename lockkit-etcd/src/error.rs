@@ -79,14 +79,18 @@ where
 
 /// Whether `error` says that the request never reached a member: the
 /// connection to it could not be opened (tonic's status for that is
-/// `Unavailable` with the connector's message, see `tonic::ConnectError`).
+/// `Unavailable` with the connector's message, see `tonic::ConnectError`),
+/// or it closed while the request still waited to be written (hyper's
+/// "operation was canceled", which tonic reports as `Cancelled`; the
+/// server's own cancellations say "context canceled").
 /// Such a request can be sent again whatever it does.
 pub(crate) fn never_sent(error: &etcd_client::Error) -> bool {
     match error {
-        etcd_client::Error::GRpcStatus(status) => {
-            status.code() == tonic::Code::Unavailable
-                && status.message().starts_with("tcp connect error")
-        }
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            tonic::Code::Unavailable => status.message().starts_with("tcp connect error"),
+            tonic::Code::Cancelled => status.message().starts_with("operation was canceled"),
+            _ => false,
+        },
         _ => false,
     }
 }
@@ -139,6 +143,16 @@ mod tests {
         assert!(!never_sent(&status(
             tonic::Code::Unknown,
             "tcp connect error"
+        )));
+        // hyper's answer for a request its closed connection never wrote.
+        assert!(never_sent(&status(
+            tonic::Code::Cancelled,
+            "operation was canceled"
+        )));
+        // etcd's own: the server gave up on the request.
+        assert!(!never_sent(&status(
+            tonic::Code::Cancelled,
+            "context canceled"
         )));
         assert!(!never_sent(&etcd_client::Error::InvalidArgs(
             "tcp connect error".into()

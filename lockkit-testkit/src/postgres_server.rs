@@ -49,6 +49,10 @@ const SETTINGS: &[(&str, &str)] = &[
     ("fsync", "off"),
     ("max_connections", "200"),
     ("shared_buffers", "16MB"),
+    // Dynamic shared memory as files in the data directory, which goes with
+    // the server's temporary directory: POSIX segments (Debian's default)
+    // are left in /dev/shm by every killed server, and hold memory there.
+    ("dynamic_shared_memory_type", "mmap"),
 ];
 
 /// The watcher's script (`$1`: the data directory). `read` returns at the
@@ -244,7 +248,8 @@ async fn template(
 /// on a free port, with its own temporary directory (`data/`, the data
 /// directory, which also holds the Unix socket; `postgres.log`, the server's
 /// output). Superuser `postgres`, no password (`trust`), database
-/// `postgres`; `fsync=off`, `max_connections=200`, `shared_buffers=16MB`.
+/// `postgres`; `fsync=off`, `max_connections=200`, `shared_buffers=16MB`,
+/// `dynamic_shared_memory_type=mmap`.
 ///
 /// The server is killed when the `PostgresServer` is dropped, and also when
 /// the test process dies (even if the server lives in a static, and even if

@@ -20,8 +20,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::process::{
-    ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
-    within,
+    ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
+    retry_on_taken_port, within,
 };
 use crate::server::{FaultControl, TestServer};
 
@@ -243,7 +243,10 @@ impl ZkServer {
     }
 
     fn create(launcher: Launcher, role: Role, port: u16) -> Result<Self, ServerError> {
-        let dir = temp_dir("lockkit-zk-", "ZooKeeper")?;
+        // ZooKeeper syncs its transaction log before it answers a write (a
+        // session's creation included): on a disk the other tests keep
+        // busy, a sync can outlast the conformance suite's 1 s timeouts.
+        let dir = memory_temp_dir("lockkit-zk-", "ZooKeeper")?;
         let server = Self {
             port,
             role,
