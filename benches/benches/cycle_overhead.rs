@@ -62,7 +62,7 @@ fn main() {
     for (deployment, target) in BACKENDS {
         for flavour in ["current_thread", "multi_thread"] {
             let rt = runtime(flavour);
-            let fixture = rt.block_on(Fixture::new(&servers, deployment));
+            let fixture = rt.block_on(Fixture::new(&servers, deployment, flavour));
             let measured: Vec<Run> = (0..runs)
                 .map(|_| rt.block_on(fixture.run(blocks, per_block)))
                 .collect();
@@ -121,6 +121,7 @@ struct Fixture {
     locks: std::sync::Arc<dyn DistributedLock>,
     opts: LockOptions,
     tokens: AtomicU64,
+    name: String,
 }
 
 /// One run: the medians of the blocks' cycle times, and of their ratios.
@@ -131,7 +132,12 @@ struct Run {
 }
 
 impl Fixture {
-    async fn new(servers: &Servers, deployment: Deployment) -> Fixture {
+    /// A client of each side. The lock's name is the flavour's: a release
+    /// that Redlock decided on a quorum finishes on the last instance in
+    /// the background, and the runtime before this one was dropped with
+    /// its last such delete unsent (the key then stays on that instance for
+    /// its 30 s lease).
+    async fn new(servers: &Servers, deployment: Deployment, flavour: &str) -> Fixture {
         let script = redis::Script::new(RAW_RELEASE);
         let mut raw = Vec::new();
         for addr in servers.addrs(deployment) {
@@ -146,6 +152,7 @@ impl Fixture {
             locks,
             opts: LockOptions::new().ttl(TTL).auto_renew(false),
             tokens: AtomicU64::new(0),
+            name: format!("bench:overhead:lockkit:{flavour}"),
         }
     }
 
@@ -216,7 +223,7 @@ impl CycleFixture for Fixture {
             Cycle::Lockkit => {
                 let guard = self
                     .locks
-                    .try_acquire("bench:overhead:lockkit", &self.opts)
+                    .try_acquire(&self.name, &self.opts)
                     .await
                     .expect("try_acquire")
                     .expect("an uncontended lock");

@@ -1,7 +1,6 @@
 //! The Redlock backend.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use lockkit_redis::{Keys, RedisInstance, RedisKey, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
-use crate::quorum::{Votes, ask, finished};
+use crate::quorum::{Stragglers, Votes, ask, finished, tracked};
 
 /// How many times a status read is made while its answers leave the
 /// lock's state open (an instance slower than the instance timeout).
@@ -51,6 +50,8 @@ pub struct RedlockBackend {
     /// answered when it was granted. Its release to those instances waits for
     /// them, so that a late `SET` can never land after the `DEL`.
     in_flight: Mutex<HashMap<String, InFlight>>,
+    /// The requests left running in the background, by instance.
+    stragglers: Stragglers,
 }
 
 impl RedlockBackend {
@@ -61,12 +62,14 @@ impl RedlockBackend {
         instance_timeout: Option<Duration>,
     ) -> Self {
         let quorum = instances.len() / 2 + 1;
+        let stragglers = Stragglers::new(instances.len());
         RedlockBackend {
             instances,
             prefix: prefix.into(),
             quorum,
             instance_timeout,
             in_flight: Mutex::default(),
+            stragglers,
         }
     }
 
@@ -141,6 +144,7 @@ impl RedlockBackend {
         let (keys, owner) = (keys.clone(), owner.clone());
         ask(
             &self.instances,
+            &self.stragglers,
             which,
             self.instance_timeout(None),
             |index, instance| {
@@ -169,6 +173,7 @@ impl RedlockBackend {
         let keys = keys.clone();
         let votes = ask(
             &self.instances,
+            &self.stragglers,
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
@@ -234,6 +239,7 @@ impl RedlockBackend {
         let key = keys.clone();
         let votes = ask(
             &self.instances,
+            &self.stragglers,
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
@@ -305,17 +311,6 @@ fn request<Fut>(
     move |_, instance| op(instance, keys.clone(), owner.clone())
 }
 
-/// Wraps `request` so that the returned receiver fires when it has finished.
-fn tracked<T>(request: impl Future<Output = T>) -> (impl Future<Output = T>, watch::Receiver<()>) {
-    let (done, finished) = watch::channel(());
-    let request = async move {
-        let answer = request.await;
-        drop(done);
-        answer
-    };
-    (request, finished)
-}
-
 #[lockkit_core::async_trait]
 impl LeaseBackend for RedlockBackend {
     type Key = RedisKey;
@@ -360,6 +355,7 @@ impl LeaseBackend for RedlockBackend {
             let (keys, owner) = (keys.clone(), owner.clone());
             ask(
                 &self.instances,
+                &self.stragglers,
                 self.all(),
                 self.instance_timeout(Some(ttl)),
                 |index, instance| {
@@ -432,6 +428,7 @@ impl LeaseBackend for RedlockBackend {
         let quorum = self.quorum_for(keys);
         let votes = ask(
             &self.instances,
+            &self.stragglers,
             self.all(),
             self.instance_timeout(Some(ttl)),
             request(keys, owner, move |instance, keys, owner| async move {

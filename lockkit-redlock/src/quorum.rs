@@ -1,6 +1,7 @@
 //! Sending one request to every instance in parallel and counting the answers.
 
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -46,11 +47,62 @@ pub(crate) async fn finished(mut done: watch::Receiver<()>) {
     while done.changed().await.is_ok() {}
 }
 
+/// Wraps `request` so that the returned receiver fires when it has finished.
+pub(crate) fn tracked<T>(
+    request: impl Future<Output = T>,
+) -> (impl Future<Output = T>, watch::Receiver<()>) {
+    let (done, finished) = watch::channel(());
+    let request = async move {
+        let answer = request.await;
+        drop(done);
+        answer
+    };
+    (request, finished)
+}
+
+/// By instance: the last request that [`ask`] left to finish in the
+/// background, until it has finished.
+///
+/// A client's two connections to an instance (lockkit-redis's direct one
+/// and redis-rs's multiplexed one) do not keep requests in the order they
+/// were issued: a request that finds the direct connection busy with one
+/// that was issued earlier takes the other and can reach the server first.
+/// Where the earlier one is still awaited, that is two concurrent requests;
+/// where `ask` returned without it (a release decided by a quorum, its
+/// delete to the last instance still on the way), the caller's next request
+/// to that instance (the next acquire of the same key) would overtake it
+/// and find the old holding there.
+#[derive(Debug)]
+pub(crate) struct Stragglers(Vec<Mutex<Option<watch::Receiver<()>>>>);
+
+impl Stragglers {
+    /// No request in the background on any of `instances`.
+    pub(crate) fn new(instances: usize) -> Self {
+        Stragglers((0..instances).map(|_| Mutex::new(None)).collect())
+    }
+
+    fn slot(&self, index: usize) -> std::sync::MutexGuard<'_, Option<watch::Receiver<()>>> {
+        self.0[index].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The request still running in the background on instance `index`.
+    fn running(&self, index: usize) -> Option<watch::Receiver<()>> {
+        let mut slot = self.slot(index);
+        if slot
+            .as_ref()
+            .is_some_and(|done| done.has_changed().is_err())
+        {
+            *slot = None;
+        }
+        slot.clone()
+    }
+}
+
 /// Sends `request` to the given instances at once and collects the answers
 /// that arrive within `timeout`, until all are in or `decided` says the rest
 /// cannot change the outcome.
 ///
-/// Two properties keep requests to one instance in program order and make
+/// Three properties keep requests to one instance in program order and make
 /// sure each one is sent:
 ///
 /// * every request is first polled here, in the caller's task, which queues it
@@ -59,9 +111,15 @@ pub(crate) async fn finished(mut done: watch::Receiver<()>) {
 ///   and a release would silently never reach a slow instance): `timeout`
 ///   bounds how long this waits for answers, and requests still pending then
 ///   are driven to completion by a background task, bounded only by the
-///   instance's own command timeout.
+///   instance's own command timeout;
+/// * a request to an instance where such a background request is still
+///   running (see [`Stragglers`]) is sent once that one has finished, or
+///   after `timeout` (an instance that slow does not answer in time anyway,
+///   and a frozen one must not make a chain of requests each waiting for the
+///   one before).
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
+    stragglers: &Stragglers,
     which: impl IntoIterator<Item = usize>,
     timeout: Duration,
     request: F,
@@ -74,10 +132,20 @@ where
 {
     let mut request = request;
     let asked: Vec<usize> = which.into_iter().collect();
+    let mut done = Vec::with_capacity(asked.len());
     let mut pending: FuturesUnordered<_> = asked
         .iter()
         .map(|&index| {
+            let before = stragglers.running(index);
             let answer = request(index, instances[index].clone());
+            let (answer, finished_here) = tracked(async move {
+                if let Some(before) = before {
+                    // Bounded: see above.
+                    let _ = tokio::time::timeout(timeout, finished(before)).await;
+                }
+                answer.await
+            });
+            done.push((index, finished_here));
             async move { (index, answer.await) }
         })
         .collect();
@@ -120,6 +188,11 @@ where
     if !pending.is_empty()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {
+        for (index, finished_here) in done {
+            if !heard.contains(&index) {
+                *stragglers.slot(index) = Some(finished_here);
+            }
+        }
         runtime.spawn(async move { while pending.next().await.is_some() {} });
     }
     votes

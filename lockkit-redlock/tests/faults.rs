@@ -9,7 +9,7 @@ use std::time::Duration;
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
 use lockkit_redlock::RedlockLock;
 use lockkit_testkit::{FaultControl, TestServer};
-use lockkit_testkit::{Probe, RedisServer, spawn_contenders};
+use lockkit_testkit::{Probe, RedisServer, TcpProxy, spawn_contenders};
 use tokio::time::Instant;
 
 async fn servers(n: usize) -> Vec<RedisServer> {
@@ -314,6 +314,72 @@ async fn releases_reach_every_instance() {
             Instant::now() < deadline,
             "released locks still held on some instances: {left:?}"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A release is decided by a quorum; its delete to the last instance may
+/// still be on the way when the next acquire of the same key (from the same
+/// client) asks that instance. That acquire's request goes after the
+/// delete, although it cannot share its connection (the delete keeps the
+/// direct one busy, so the acquire would take the multiplexed one): here the
+/// delete is held 300 ms on the way and the acquire's request is not, and
+/// the third instance still ends up holding the new lease instead of
+/// refusing it (the old holding there) and then losing the old one.
+#[tokio::test]
+async fn an_acquire_does_not_overtake_the_release_before_it() {
+    let servers = servers(3).await;
+    let proxy = TcpProxy::start(servers[2].addr()).await.expect("a proxy");
+    let url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},{}?connect_timeout=500ms&instance_timeout=1s",
+        servers[0].port(),
+        servers[1].port(),
+        proxy.addr()
+    );
+    let locks = lockkit_redlock::connect(&url).await.expect("connect");
+    let o = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .auto_renew(false);
+    for round in 0..3 {
+        let name = format!("overtake-{round}");
+        let first = locks.try_acquire(&name, &o).await.unwrap().expect("free");
+        // The third instance's grant may come after the quorum's.
+        held_everywhere(&servers, &name, &format!("round {round}: the first lease")).await;
+        proxy.set_delay(Duration::from_millis(300));
+        first.release().await.unwrap();
+        // The proxy takes its delay when it forwards a chunk: let it take
+        // the delete's before the next request goes through undelayed.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        proxy.set_delay(Duration::ZERO);
+        let second = locks.try_acquire(&name, &o).await.unwrap();
+        let second = second.unwrap_or_else(|| panic!("round {round}: the second acquire"));
+        held_everywhere(
+            &servers,
+            &name,
+            &format!(
+                "round {round}: the third instance lost the new lease to the old one's release"
+            ),
+        )
+        .await;
+        second.release().await.unwrap();
+    }
+}
+
+/// Waits (up to 3 s) until every instance holds `name` for the same holder
+/// (its owner token, the value of the lock's key).
+async fn held_everywhere(servers: &[RedisServer], name: &str, what: &str) {
+    let key = format!("lockkit:{name}");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut tokens = Vec::with_capacity(servers.len());
+        for server in servers {
+            tokens.push(server.command(&["GET", &key]).await.ok());
+        }
+        let held = tokens[0].as_deref().is_some_and(|token| token != "(nil)");
+        if held && tokens.iter().all(|token| *token == tokens[0]) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {tokens:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
