@@ -141,10 +141,12 @@ impl RedlockBackend {
         notify: bool,
         decided: impl Fn(&Votes<bool>) -> bool,
     ) -> Votes<bool> {
+        let lock = keys.channel().to_owned();
         let (keys, owner) = (keys.clone(), owner.clone());
         ask(
             &self.instances,
             &self.stragglers,
+            &lock,
             which,
             self.instance_timeout(None),
             |index, instance| {
@@ -170,10 +172,12 @@ impl RedlockBackend {
     /// The status of the lock key when a quorum agree on one writer;
     /// `None` when no writer holds (readers may).
     async fn writer_status(&self, keys: &Keys, quorum: usize) -> Result<Option<LockStatus>> {
+        let lock = keys.channel.clone();
         let keys = keys.clone();
         let votes = ask(
             &self.instances,
             &self.stragglers,
+            &lock,
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
@@ -240,6 +244,7 @@ impl RedlockBackend {
         let votes = ask(
             &self.instances,
             &self.stragglers,
+            keys.channel(),
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
@@ -356,6 +361,7 @@ impl LeaseBackend for RedlockBackend {
             ask(
                 &self.instances,
                 &self.stragglers,
+                keys.channel(),
                 self.all(),
                 self.instance_timeout(Some(ttl)),
                 |index, instance| {
@@ -429,6 +435,7 @@ impl LeaseBackend for RedlockBackend {
         let votes = ask(
             &self.instances,
             &self.stragglers,
+            keys.channel(),
             self.all(),
             self.instance_timeout(Some(ttl)),
             request(keys, owner, move |instance, keys, owner| async move {

@@ -61,7 +61,7 @@ pub(crate) fn tracked<T>(
 }
 
 /// By instance: the last request that [`ask`] left to finish in the
-/// background, until it has finished.
+/// background, with the lock it was about, until it has finished.
 ///
 /// A client's two connections to an instance (lockkit-redis's direct one
 /// and redis-rs's multiplexed one) do not keep requests in the order they
@@ -70,10 +70,20 @@ pub(crate) fn tracked<T>(
 /// Where the earlier one is still awaited, that is two concurrent requests;
 /// where `ask` returned without it (a release decided by a quorum, its
 /// delete to the last instance still on the way), the caller's next request
-/// to that instance (the next acquire of the same key) would overtake it
-/// and find the old holding there.
+/// about the same lock to that instance (the next acquire) would overtake
+/// it and find the old holding there. One slot per instance keeps this
+/// bounded whatever the number of names; a second lock's straggler there
+/// replaces the first's (both are then seldom still running).
 #[derive(Debug)]
-pub(crate) struct Stragglers(Vec<Mutex<Option<watch::Receiver<()>>>>);
+pub(crate) struct Stragglers(Vec<Mutex<Option<Straggler>>>);
+
+/// A request left running in the background, and its lock's channel (one
+/// per lock or semaphore name, whatever the kind).
+#[derive(Debug)]
+struct Straggler {
+    lock: String,
+    done: watch::Receiver<()>,
+}
 
 impl Stragglers {
     /// No request in the background on any of `instances`.
@@ -81,20 +91,23 @@ impl Stragglers {
         Stragglers((0..instances).map(|_| Mutex::new(None)).collect())
     }
 
-    fn slot(&self, index: usize) -> std::sync::MutexGuard<'_, Option<watch::Receiver<()>>> {
+    fn slot(&self, index: usize) -> std::sync::MutexGuard<'_, Option<Straggler>> {
         self.0[index].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The request still running in the background on instance `index`.
-    fn running(&self, index: usize) -> Option<watch::Receiver<()>> {
+    /// The request about `lock` still running in the background on
+    /// instance `index`.
+    fn running(&self, index: usize, lock: &str) -> Option<watch::Receiver<()>> {
         let mut slot = self.slot(index);
         if slot
             .as_ref()
-            .is_some_and(|done| done.has_changed().is_err())
+            .is_some_and(|straggler| straggler.done.has_changed().is_err())
         {
             *slot = None;
         }
-        slot.clone()
+        slot.as_ref()
+            .filter(|straggler| straggler.lock == lock)
+            .map(|straggler| straggler.done.clone())
     }
 }
 
@@ -112,14 +125,16 @@ impl Stragglers {
 ///   bounds how long this waits for answers, and requests still pending then
 ///   are driven to completion by a background task, bounded only by the
 ///   instance's own command timeout;
-/// * a request to an instance where such a background request is still
-///   running (see [`Stragglers`]) is sent once that one has finished, or
+/// * a request to an instance where such a background request about the
+///   same `lock` (its channel) is still running (see [`Stragglers`]) is sent
+///   once that one has finished, or
 ///   after `timeout` (an instance that slow does not answer in time anyway,
 ///   and a frozen one must not make a chain of requests each waiting for the
 ///   one before).
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
     stragglers: &Stragglers,
+    lock: &str,
     which: impl IntoIterator<Item = usize>,
     timeout: Duration,
     request: F,
@@ -136,7 +151,7 @@ where
     let mut pending: FuturesUnordered<_> = asked
         .iter()
         .map(|&index| {
-            let before = stragglers.running(index);
+            let before = stragglers.running(index, lock);
             let answer = request(index, instances[index].clone());
             let (answer, finished_here) = tracked(async move {
                 if let Some(before) = before {
@@ -190,7 +205,10 @@ where
     {
         for (index, finished_here) in done {
             if !heard.contains(&index) {
-                *stragglers.slot(index) = Some(finished_here);
+                *stragglers.slot(index) = Some(Straggler {
+                    lock: lock.to_owned(),
+                    done: finished_here,
+                });
             }
         }
         runtime.spawn(async move { while pending.next().await.is_some() {} });
