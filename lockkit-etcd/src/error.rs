@@ -128,32 +128,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_failed_connect_counts_as_never_sent() {
-        let status =
-            |code, message: &str| etcd_client::Error::GRpcStatus(tonic::Status::new(code, message));
-        assert!(never_sent(&status(
-            tonic::Code::Unavailable,
-            "tcp connect error"
-        )));
-        // Reached a member, which answered: sending again is not known to be safe.
-        assert!(!never_sent(&status(
-            tonic::Code::Unavailable,
-            "etcdserver: no leader"
-        )));
-        assert!(!never_sent(&status(
-            tonic::Code::Unknown,
-            "tcp connect error"
-        )));
-        // hyper's answer for a request its closed connection never wrote.
-        assert!(never_sent(&status(
-            tonic::Code::Cancelled,
-            "operation was canceled"
-        )));
-        // etcd's own: the server gave up on the request.
-        assert!(!never_sent(&status(
-            tonic::Code::Cancelled,
-            "context canceled"
-        )));
+    fn only_requests_no_member_got_count_as_never_sent() {
+        use tonic::Code;
+        for (code, message, unsent) in [
+            (Code::Unavailable, "tcp connect error", true),
+            // hyper's answer for a request its closed connection never wrote.
+            (Code::Cancelled, "operation was canceled", true),
+            // Reached a member, which answered: sending again is not known
+            // to be safe.
+            (Code::Unavailable, "etcdserver: no leader", false),
+            (Code::Unknown, "tcp connect error", false),
+            // etcd's own: the server gave up on the request.
+            (Code::Cancelled, "context canceled", false),
+        ] {
+            let status = etcd_client::Error::GRpcStatus(tonic::Status::new(code, message));
+            assert_eq!(never_sent(&status), unsent, "{code:?} {message:?}");
+        }
         assert!(!never_sent(&etcd_client::Error::InvalidArgs(
             "tcp connect error".into()
         )));

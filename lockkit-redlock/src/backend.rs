@@ -13,7 +13,7 @@ use lockkit_redis::{Keys, RedisInstance, RedisKey, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
-use crate::quorum::{Stragglers, Votes, ask, finished, tracked};
+use crate::quorum::{Stragglers, Votes, ask, finished};
 
 /// How many times a status read is made while its answers leave the
 /// lock's state open (an instance slower than the instance timeout).
@@ -141,12 +141,11 @@ impl RedlockBackend {
         notify: bool,
         decided: impl Fn(&Votes<bool>) -> bool,
     ) -> Votes<bool> {
-        let lock = keys.channel().to_owned();
         let (keys, owner) = (keys.clone(), owner.clone());
         ask(
             &self.instances,
             &self.stragglers,
-            &lock,
+            keys.channel(),
             which,
             self.instance_timeout(None),
             |index, instance| {
@@ -172,16 +171,15 @@ impl RedlockBackend {
     /// The status of the lock key when a quorum agree on one writer;
     /// `None` when no writer holds (readers may).
     async fn writer_status(&self, keys: &Keys, quorum: usize) -> Result<Option<LockStatus>> {
-        let lock = keys.channel.clone();
-        let keys = keys.clone();
+        let owned = keys.clone();
         let votes = ask(
             &self.instances,
             &self.stragglers,
-            &lock,
+            &keys.channel,
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
-                let keys = keys.clone();
+                let keys = owned.clone();
                 async move { instance.holder(&keys).await }
             },
             |_| false,
@@ -355,34 +353,22 @@ impl LeaseBackend for RedlockBackend {
         let quorum = self.quorum_for(keys);
         let record_waiting = intent == Intent::Wait;
         let total = self.instances.len();
-        let mut done = Vec::with_capacity(total);
-        let votes = {
-            let (keys, owner) = (keys.clone(), owner.clone());
-            ask(
-                &self.instances,
-                &self.stragglers,
-                keys.channel(),
-                self.all(),
-                self.instance_timeout(Some(ttl)),
-                |index, instance| {
-                    let (keys, owner) = (keys.clone(), owner.clone());
-                    let (request, finished) = tracked(async move {
-                        instance
-                            .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
-                            .await
-                    });
-                    done.push((index, finished));
-                    request
-                },
-                |votes| votes.count(granted) >= quorum,
-            )
-            .await
-        };
+        let mut votes = ask(
+            &self.instances,
+            &self.stragglers,
+            keys.channel(),
+            self.all(),
+            self.instance_timeout(Some(ttl)),
+            request(keys, owner, move |instance, keys, owner| async move {
+                instance
+                    .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
+                    .await
+            }),
+            |votes| votes.count(granted) >= quorum,
+        )
+        .await;
         let silent = votes.silent(total);
-        let late: InFlight = done
-            .into_iter()
-            .filter(|(i, _)| silent.contains(i))
-            .collect();
+        let late: InFlight = std::mem::take(&mut votes.late);
         let yes = votes.count(granted);
         // Known before the outcome, so that a release after this call was
         // cut off (rolling back, below) waits for them as well.

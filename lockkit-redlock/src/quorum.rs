@@ -16,6 +16,9 @@ use tokio::sync::watch;
 pub(crate) struct Votes<T> {
     pub(crate) answers: Vec<(usize, T)>,
     pub(crate) failures: Vec<String>,
+    /// By instance, the requests still running (in the background) when
+    /// [`ask`] returned, each with a signal that fires when it has finished.
+    pub(crate) late: Vec<(usize, watch::Receiver<()>)>,
 }
 
 impl<T> Votes<T> {
@@ -48,9 +51,7 @@ pub(crate) async fn finished(mut done: watch::Receiver<()>) {
 }
 
 /// Wraps `request` so that the returned receiver fires when it has finished.
-pub(crate) fn tracked<T>(
-    request: impl Future<Output = T>,
-) -> (impl Future<Output = T>, watch::Receiver<()>) {
+fn tracked<T>(request: impl Future<Output = T>) -> (impl Future<Output = T>, watch::Receiver<()>) {
     let (done, finished) = watch::channel(());
     let request = async move {
         let answer = request.await;
@@ -127,10 +128,9 @@ impl Stragglers {
 ///   instance's own command timeout;
 /// * a request to an instance where such a background request about the
 ///   same `lock` (its channel) is still running (see [`Stragglers`]) is sent
-///   once that one has finished, or
-///   after `timeout` (an instance that slow does not answer in time anyway,
-///   and a frozen one must not make a chain of requests each waiting for the
-///   one before).
+///   once that one has finished, or after `timeout` (an instance that slow
+///   does not answer in time anyway, and a frozen one must not make a chain
+///   of requests each waiting for the one before).
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
     stragglers: &Stragglers,
@@ -167,6 +167,7 @@ where
     let mut votes = Votes {
         answers: Vec::with_capacity(asked.len()),
         failures: Vec::new(),
+        late: Vec::new(),
     };
     let mut heard = Vec::with_capacity(asked.len());
     let deadline = tokio::time::sleep(timeout);
@@ -203,13 +204,15 @@ where
     if !pending.is_empty()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {
-        for (index, finished_here) in done {
-            if !heard.contains(&index) {
-                *stragglers.slot(index) = Some(Straggler {
-                    lock: lock.to_owned(),
-                    done: finished_here,
-                });
-            }
+        votes.late = done
+            .into_iter()
+            .filter(|(index, _)| !heard.contains(index))
+            .collect();
+        for (index, finished_here) in &votes.late {
+            *stragglers.slot(*index) = Some(Straggler {
+                lock: lock.to_owned(),
+                done: finished_here.clone(),
+            });
         }
         runtime.spawn(async move { while pending.next().await.is_some() {} });
     }
