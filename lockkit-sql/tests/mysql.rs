@@ -173,8 +173,7 @@ async fn named_killed_holder() {
 /// (1 s, or a third of the TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loss_detection_after_kills() {
-    common::loss_detection_after_kills::<MariaDbServer>(Mode::Row).await;
-    common::loss_detection_after_kills::<MariaDbServer>(Mode::Named).await;
+    common::loss_detection_after_kills::<MariaDbServer>("mariadb", &[Mode::Row, Mode::Named]).await;
 }
 
 /// A cancelled `GET_LOCK` wait is killed on the server.

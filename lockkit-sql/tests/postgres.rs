@@ -103,8 +103,8 @@ async fn row_terminated_holder() {
 /// it (1 s, or a third of the TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loss_detection_after_kills() {
-    common::loss_detection_after_kills::<PostgresServer>(Mode::Advisory).await;
-    common::loss_detection_after_kills::<PostgresServer>(Mode::Row).await;
+    common::loss_detection_after_kills::<PostgresServer>("postgres", &[Mode::Advisory, Mode::Row])
+        .await;
 }
 
 /// A new client connects (and checks the schema) while a lock is held,

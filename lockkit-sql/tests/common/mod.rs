@@ -2,6 +2,7 @@
 //! [`SqlServer`] says how to start, fault and inspect one; the rest (the
 //! conformance harness and the session-mode cases) is written once.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,45 +147,83 @@ pub(crate) async fn killed_holder<S: SqlServer>(mode: Mode) {
 
 /// How long after a server-side kill of the holder's connection its lost
 /// signal fires, with the default liveness period (1 s, or a third of the
-/// TTL when that is shorter): at most that period after the kill. The kill
-/// comes at a random point of the period; the time is counted from before
-/// the kill is sent (through the server's own client, a process started for
-/// it), so it is an upper bound. Prints the figures (`--no-capture`).
+/// TTL when that is shorter), in each of `modes` of the server called
+/// `database`: at most that period after the kill. The kill comes at a
+/// random point of the period, through the server's own client (a process
+/// started for it, more than one for MariaDB), so its moment is known only
+/// between when it was asked for and when it was done; both times are
+/// reported, and the check holds the later one, which the client's start
+/// and the machine's load cannot inflate, to the period plus
+/// `SCHEDULING`. Prints the figures (`--no-capture`) and writes them,
+/// as a table, to `target/lockkit-bench/loss-detection-<database>-summary.md`
+/// (for the README, by `scripts/readme-bench.sh`).
 #[allow(clippy::print_stdout, reason = "prints its figures for people")]
-pub(crate) async fn loss_detection_after_kills<S: SqlServer>(mode: Mode) {
-    /// What starting the server's own client and the kill may add.
-    const KILL_COST: Duration = Duration::from_millis(400);
-    let server = S::start().await;
-    let url = format!("{}?mode={mode}&connect_timeout=1s", server.url());
-    let locks = lockkit_sql::connect(&url).await.expect("connect");
-    for (ttl, period) in [
+pub(crate) async fn loss_detection_after_kills<S: SqlServer>(database: &str, modes: &[Mode]) {
+    /// What a busy machine may add to the liveness check's own tick and
+    /// round trip.
+    const SCHEDULING: Duration = Duration::from_millis(300);
+    let periods = [
         (Duration::from_secs(30), Duration::from_secs(1)),
         (Duration::from_millis(1500), Duration::from_millis(500)),
-    ] {
-        let mut seen = Vec::new();
-        for sample in 0..3 {
-            let name = format!("detect-{mode}-{}-{sample}", ttl.as_millis());
-            let guard = locks
-                .acquire(&name, &LockOptions::new().ttl(ttl))
-                .await
-                .expect("acquire");
-            let lost = guard.lost();
-            tokio::time::sleep(period.mul_f64(fastrand::f64())).await;
-            let killed = Instant::now();
-            server.revoke(mode, &name).await;
-            let reason = tokio::time::timeout(period + KILL_COST + Duration::from_secs(2), lost)
-                .await
-                .expect("the lost signal fires");
-            seen.push(killed.elapsed());
-            assert_eq!(reason, LostReason::ConnectionLost);
+    ];
+    let server = S::start().await;
+    let mut table = String::from(
+        "| mode | TTL 30 s (check every 1 s) | TTL 1.5 s (check every 500 ms) |\n\
+         | --- | --- | --- |\n",
+    );
+    for &mode in modes {
+        let url = format!("{}?mode={mode}&connect_timeout=1s", server.url());
+        let locks = lockkit_sql::connect(&url).await.expect("connect");
+        let mut cells = Vec::new();
+        for (ttl, period) in periods {
+            let mut seen = Vec::new();
+            for sample in 0..3 {
+                let name = format!("detect-{mode}-{}-{sample}", ttl.as_millis());
+                let guard = locks
+                    .acquire(&name, &LockOptions::new().ttl(ttl))
+                    .await
+                    .expect("acquire");
+                let lost = guard.lost();
+                tokio::time::sleep(period.mul_f64(fastrand::f64())).await;
+                let asked = Instant::now();
+                server.revoke(mode, &name).await;
+                let done = Instant::now();
+                let reason = tokio::time::timeout(period + Duration::from_secs(5), lost)
+                    .await
+                    .expect("the lost signal fires");
+                assert_eq!(reason, LostReason::ConnectionLost);
+                seen.push((done.elapsed(), asked.elapsed()));
+            }
+            println!(
+                "loss detection, {database} {mode}, ttl {ttl:?}: {seen:?} \
+                 (after the kill was done, after it was asked for)"
+            );
+            let worst = seen.iter().map(|&(after_done, _)| after_done).max();
+            assert!(
+                worst.unwrap_or_default() <= period + SCHEDULING,
+                "{database} {mode}, ttl {ttl:?}: the lost signal came {worst:?} after the kill \
+                 was done (period {period:?}); all (after done, after asked): {seen:?}"
+            );
+            let millis = |d: Duration| d.as_millis();
+            cells.push(
+                seen.iter()
+                    .map(|&(lo, hi)| format!("{}–{}", millis(lo), millis(hi)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + " ms",
+            );
         }
-        println!("loss detection, {mode}, ttl {ttl:?}: {seen:?} after the kill was sent");
-        let worst = seen.iter().max().copied().unwrap_or_default();
-        assert!(
-            worst <= period + KILL_COST,
-            "{mode}, ttl {ttl:?}: the lost signal came {worst:?} after the kill (period {period:?})"
-        );
+        table += &format!("| {database} {mode} | {} |\n", cells.join(" | "));
     }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target directory")
+        .join("lockkit-bench");
+    let path = dir.join(format!("loss-detection-{database}-summary.md"));
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&path, &table))
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    println!("{table}written to {}", path.display());
 }
 
 /// An acquire cancelled while the server waits leaves no waiting statement
