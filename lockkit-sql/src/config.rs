@@ -26,7 +26,7 @@ use crate::settings::{
 /// | `mode` | `lease`, `row` (Postgres, MySQL), `advisory` (Postgres), `named` (MySQL) | `lease` |
 /// | `table` | the lock table (a plain identifier) | `lockkit_locks` |
 /// | `migrate` | create the table on connect (`true`/`false`) | `true` |
-/// | `connect_timeout` | to open a connection | 5 s |
+/// | `connect_timeout` | to open a connection; apart, to check or create the lock table | 5 s |
 /// | `command_timeout` | per statement that does not wait for a lock | 5 s |
 /// | `liveness` | how often a session lock's connection is checked | 1 s |
 /// | `max_connections` | size of the shared pool | 10 |

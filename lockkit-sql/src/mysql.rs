@@ -349,7 +349,7 @@ pub(crate) async fn migrate(
 ) -> Result<()> {
     let mut conn = settings.connecting("connect", options.connect()).await?;
     settings
-        .bounded("create the lock table", async {
+        .migrating(async {
             let mut in_place = true;
             for probe in &sql.migrated {
                 let answer = sqlx::query(AssertSqlSafe(probe.as_str()))

@@ -342,7 +342,7 @@ pub(crate) async fn migrate(
 ) -> Result<()> {
     let mut conn = settings.connecting("connect", options.connect()).await?;
     settings
-        .bounded("create the lock table", async {
+        .migrating(async {
             let mut tx = conn.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(advisory_key("lockkit migrate"))

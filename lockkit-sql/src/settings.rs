@@ -311,14 +311,37 @@ impl Settings {
     }
 
     /// Runs a statement bounded by the command timeout.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) async fn bounded<T>(
         &self,
         what: &str,
         statement: impl Future<Output = sqlx::Result<T>>,
     ) -> Result<T> {
-        match tokio::time::timeout(self.command_timeout, statement).await {
+        self.within(self.command_timeout, what, statement).await
+    }
+
+    /// Runs the statements that check or create the lock table, part of
+    /// `connect`, bounded by the connect timeout: on a fresh database they
+    /// create tables, which syncs files, so they may take far longer than
+    /// a lock's statement (the command timeout is often set short, to
+    /// notice an outage well inside a lease).
+    pub(crate) async fn migrating<T>(
+        &self,
+        statements: impl Future<Output = sqlx::Result<T>>,
+    ) -> Result<T> {
+        self.within(self.connect_timeout, "create the lock table", statements)
+            .await
+    }
+
+    async fn within<T>(
+        &self,
+        limit: Duration,
+        what: &str,
+        statement: impl Future<Output = sqlx::Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(limit, statement).await {
             Ok(result) => result.map_err(|e| self.error(what, e)),
-            Err(_) => Err(self.timed_out(what)),
+            Err(_) => Err(timed_out(self.backend, &self.address, what, limit)),
         }
     }
 

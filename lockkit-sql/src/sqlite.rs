@@ -157,10 +157,7 @@ pub(crate) async fn migrate(
         .connecting("open the database", options.connect())
         .await?;
     settings
-        .bounded(
-            "create the lock table",
-            sqlx::raw_sql(AssertSqlSafe(sql.migrate.as_str())).execute(&mut conn),
-        )
+        .migrating(sqlx::raw_sql(AssertSqlSafe(sql.migrate.as_str())).execute(&mut conn))
         .await
         .map(|_| ())
 }
