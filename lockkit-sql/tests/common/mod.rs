@@ -204,10 +204,9 @@ pub(crate) async fn loss_detection_after_kills<S: SqlServer>(database: &str, mod
                 "{database} {mode}, ttl {ttl:?}: the lost signal came {worst:?} after the kill \
                  was done (period {period:?}); all (after done, after asked): {seen:?}"
             );
-            let millis = |d: Duration| d.as_millis();
             cells.push(
                 seen.iter()
-                    .map(|&(lo, hi)| format!("{}–{}", millis(lo), millis(hi)))
+                    .map(|&(lo, hi)| format!("{}–{}", lo.as_millis(), hi.as_millis()))
                     .collect::<Vec<_>>()
                     .join(", ")
                     + " ms",
