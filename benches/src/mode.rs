@@ -163,10 +163,29 @@ pub fn save_summary(mode: RunMode, name: &str, summary: &str) {
     }
     let dir = crate::target_dir().join("lockkit-bench");
     let path = dir.join(format!("{name}-summary.md"));
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, summary)) {
+    let stamped = format!(
+        "{}\n\n{summary}",
+        lockkit_testkit::stamp::stamp(&bench_command())
+    );
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, stamped)) {
         Ok(()) => println!("summary written to {}", path.display()),
         Err(e) => println!("could not write {}: {e}", path.display()),
     }
+}
+
+/// The command that runs this benchmark: cargo names a bench executable
+/// `<bench>-<hash>`.
+fn bench_command() -> String {
+    let exe = std::env::current_exe().ok();
+    let stem = exe
+        .as_deref()
+        .and_then(std::path::Path::file_stem)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bench = stem
+        .rsplit_once('-')
+        .map_or(stem.as_str(), |(bench, _)| bench);
+    format!("cargo bench -p lockkit-benches --bench {bench}")
 }
 
 /// criterion, configured from the command line, with its HTML charts when

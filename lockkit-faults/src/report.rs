@@ -127,6 +127,7 @@ pub fn write(
         )?;
     }
     let mut out = String::new();
+    let _ = writeln!(out, "{}\n", lockkit_testkit::stamp::stamp(command));
     let _ = writeln!(out, "# lockkit fault-injection report\n");
     let _ = writeln!(
         out,

@@ -18,6 +18,8 @@
 //!   command (the fault suite's workers) dying with the test process, and
 //!   its [`pause`](ServerProcess::pause) freezes a *client* (SIGSTOP), the
 //!   GC pause of the fencing literature.
+//! * [`stamp`]: the first line of every generated report (command, date,
+//!   commit, machine).
 //! * [`catalog`]: the deployments the benchmarks and the fault suite run on
 //!   (name, servers to start, lockkit URL), in one place.
 //! * [`TestServer`] and [`FaultControl`], the two traits every server above
@@ -44,6 +46,7 @@ mod redis_resp;
 mod redis_sentinel;
 mod redis_server;
 mod server;
+pub mod stamp;
 pub mod waiter;
 mod zk_server;
 

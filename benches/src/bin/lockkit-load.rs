@@ -161,7 +161,14 @@ async fn main() -> ExitCode {
         }
     }
     if let Some(path) = &args.markdown
-        && let Err(e) = std::fs::write(path, markdown(&all))
+        && let Err(e) = std::fs::write(
+            path,
+            format!(
+                "{}\n\n{}",
+                lockkit_testkit::stamp::stamp(&lockkit_testkit::stamp::this_command()),
+                markdown(&all)
+            ),
+        )
     {
         eprintln!("lockkit-load: write {}: {e}", path.display());
         return ExitCode::from(2);

@@ -264,7 +264,7 @@ async fn curves(
     }
     let summary = curves_table(&points, &backends, contenders, keys);
     println!("{summary}");
-    std::fs::write(dir.join("scaling-summary.md"), &summary).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("scaling-summary.md"), stamped(&summary)).map_err(|e| e.to_string())?;
     println!(
         "written to {}: scaling-summary.md, scaling.json, scaling-*.svg/png",
         dir.display()
@@ -525,6 +525,14 @@ async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<
     );
     println!("{summary}");
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join(DENSITY_SUMMARY), &summary).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(DENSITY_SUMMARY), stamped(&summary)).map_err(|e| e.to_string())?;
     Ok(pass)
+}
+
+/// `summary` under the stamp of this run (`scripts/reports.sh` copies it).
+fn stamped(summary: &str) -> String {
+    format!(
+        "{}\n\n{summary}",
+        lockkit_testkit::stamp::stamp(&lockkit_testkit::stamp::this_command())
+    )
 }

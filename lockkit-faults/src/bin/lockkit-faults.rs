@@ -286,14 +286,13 @@ async fn run_soak(args: SoakArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let command = command
-        .rsplit_once("/lockkit-faults")
-        .map_or(command.clone(), |(_, rest)| format!("lockkit-faults{rest}"));
-    let summary = report.summary(&settings, &command);
+    let command = lockkit_testkit::stamp::this_command();
+    let stamp = lockkit_testkit::stamp::stamp(&command);
+    let summary = format!("{stamp}\n\n{}", report.summary(&settings, &command));
     let _ = std::io::stdout().write_all(summary.as_bytes());
     let path = args.out.join("soak.md");
-    if let Err(e) = std::fs::write(&path, report.full(&settings, &command)) {
+    let full = format!("{stamp}\n\n{}", report.full(&settings, &command));
+    if let Err(e) = std::fs::write(&path, full) {
         tracing::error!("cannot write {}: {e}", path.display());
         return ExitCode::FAILURE;
     }
@@ -414,7 +413,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
     if !leftovers.is_empty() {
         problems.push(format!("processes left behind: {leftovers:?}"));
     }
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let command = lockkit_testkit::stamp::this_command();
     if let Err(e) = report::write(&args.out, &results, &settings, &command, &problems) {
         tracing::error!("cannot write the report into {}: {e}", args.out.display());
         return ExitCode::FAILURE;

@@ -156,7 +156,7 @@ pub(crate) async fn killed_holder<S: SqlServer>(mode: Mode) {
 /// and the machine's load cannot inflate, to the period plus
 /// `SCHEDULING`. Prints the figures (`--no-capture`) and writes them,
 /// as a table, to `target/lockkit-bench/loss-detection-<database>-summary.md`
-/// (for the README, by `scripts/readme-bench.sh`).
+/// (for the reports, by `scripts/reports.sh`).
 #[allow(clippy::print_stdout, reason = "prints its figures for people")]
 pub(crate) async fn loss_detection_after_kills<S: SqlServer>(database: &str, modes: &[Mode]) {
     /// What a busy machine may add to the liveness check's own tick and
@@ -220,7 +220,11 @@ pub(crate) async fn loss_detection_after_kills<S: SqlServer>(database: &str, mod
         .join("lockkit-bench");
     let path = dir.join(format!("loss-detection-{database}-summary.md"));
     std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&path, &table))
+        .and_then(|()| {
+            let command = "cargo nextest run -p lockkit-sql --all-features -E 'test(loss_detection)' --no-capture";
+            let stamp = lockkit_testkit::stamp::stamp(command);
+            std::fs::write(&path, format!("{stamp}\n\n{table}"))
+        })
         .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     println!("{table}written to {}", path.display());
 }
