@@ -3,8 +3,9 @@
 //! over in a later term. An observer prints every hand-over.
 //!
 //! Here the candidates are tasks with their own clients; in production they
-//! are processes on different machines with the same URL. The backend must
-//! record holder identities (memory, Redis, Redlock, ZooKeeper).
+//! are processes on different machines with the same URL. Any backend
+//! works: every built-in one records holder identities, which `leader()`
+//! reads back.
 //!
 //! ```sh
 //! cargo run --example leader                            # in-process memory://

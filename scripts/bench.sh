@@ -12,12 +12,12 @@
 #      then `family` (shared and permit
 #      cycles paired with the exclusive one, on both runtime flavours) and
 #      `family_peers` (against distributed-lock 0.2 and Curator, and 16
-#      readers scaling); scripts/readme-bench.sh copies those two into the
-#      README;
+#      readers scaling); scripts/reports.sh makes each summary a page of
+#      docs/reports/;
 #   2. the seckill load generator on every backend, and rslock beside Redis;
 #   3. the scaling curves (contenders, keys) with their charts;
 #   4. the lease density of 1 000 000 auto-renewed Redis leases (renewals
-#      batched); scripts/readme-bench.sh density copies its table.
+#      batched); `scripts/reports.sh density` makes its page.
 #
 # Everything lands in target/lockkit-bench/ (summaries, JSON, SVG and PNG).
 # LOCKKIT_BENCH_BACKENDS=redis,zk limits steps 1-3 to some backends;

@@ -8,11 +8,11 @@
 # still held after the client is done. Writes DIR/soak.md.
 #
 #   scripts/soak.sh [MINUTES] [more lockkit-faults soak options…]
-#   e.g. scripts/soak.sh 30     (the README's figures; about 32 minutes)
+#   e.g. scripts/soak.sh 30     (the soak report; about 32 minutes)
 #        scripts/soak.sh 2 --backends redis,zk
 #
 # A run of 30 minutes or more also writes target/lockkit-bench/soak-summary.md,
-# which `scripts/readme-bench.sh soak` copies into the README.
+# which `scripts/reports.sh soak` makes the page docs/reports/soak.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes="${1:-30}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing, then runs every
 # test against real servers (started by lockkit-testkit on loopback ports), the
-# doc tests, clippy on every target and feature (and the facade with each
-# feature on its own), rustfmt and rustdoc.
+# doc tests (the README's and the guide's samples among them), clippy on every
+# target and feature (and the facade with each feature on its own), the
+# packaging of every publishable crate, rustfmt and rustdoc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,6 +64,8 @@ step "$bin/lockkit-faults" soak --minutes 2 --out target/soak-short
 step cargo clippy --workspace --all-targets --all-features -- -D warnings
 step cargo clippy --workspace --all-targets --no-default-features -- -D warnings
 step scripts/check-features.sh
+# Every publishable crate, packaged and built from its package alone.
+step scripts/package.sh
 step cargo fmt --all -- --check
 RUSTDOCFLAGS="-D warnings" step cargo doc --workspace --all-features --no-deps
 echo "scripts/test.sh: all green" >&2

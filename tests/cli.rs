@@ -624,6 +624,51 @@ async fn shared_execs_run_together_and_permits_bound_them_on_redis() {
     }
 }
 
+/// A permit is seen whichever slot it took: SQL lease mode keeps each permit
+/// in one of `permits` slots, picked at random (`status --semaphore` once
+/// looked at the first slot alone, and called a held semaphore free).
+#[tokio::test]
+async fn status_sees_a_permit_in_any_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let locks = lockkit::connect(&url).await.unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(20)).semaphore(8);
+    let mut permits = Vec::new();
+    for _ in 0..3 {
+        permits.push(locks.acquire("transcoders", &opts).await.unwrap());
+    }
+    for args in [
+        &[
+            "--url",
+            &url,
+            "status",
+            "transcoders",
+            "--semaphore",
+            "--json",
+        ][..],
+        &[
+            "--url",
+            &url,
+            "status",
+            "transcoders",
+            "--permits",
+            "8",
+            "--json",
+        ][..],
+    ] {
+        let out = run(dir.path(), args).await;
+        let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(
+            (json["held"].as_bool(), json["holders"].as_u64()),
+            (Some(true), Some(3)),
+            "{args:?}: {json}"
+        );
+    }
+    for permit in permits {
+        permit.release().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_kind_the_backend_cannot_hold_gives_69_and_runs_nothing() {
     let dir = tempfile::tempdir().unwrap();

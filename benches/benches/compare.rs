@@ -411,7 +411,7 @@ fn summary(
     }
     out.push_str(
         "\n![The paired ratios per backend](docs/compare-ratios.svg)\n\n\
-         The chart shows the table's ratios: `target/lockkit-bench/compare-ratios.svg` (and `.png`) of the same run, copied to `docs/` by `scripts/readme-bench.sh compare`.\n",
+         The chart shows the table's ratios: `target/lockkit-bench/compare-ratios.svg` (and `.png`) of the same run, copied beside the report by `scripts/reports.sh compare`.\n",
     );
     out
 }

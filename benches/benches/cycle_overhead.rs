@@ -16,7 +16,7 @@
 //! the median of the blocks' lockkit/raw ratios; the verdict is on the
 //! median over 7 runs, with every run's ratio shown. The summary goes to
 //! `target/lockkit-bench/cycle-overhead-summary.md`
-//! (`scripts/readme-bench.sh cycle-overhead` copies it into the README).
+//! (`scripts/reports.sh cycle-overhead` makes it a page of docs/reports/).
 //!
 //! `cargo bench -p lockkit-benches --bench cycle_overhead`
 

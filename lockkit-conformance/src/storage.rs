@@ -63,7 +63,7 @@ pub async fn released_names_leave_bounded_storage(h: &dyn Harness) {
         done.expect("a task taking names panicked");
     }
     let left = h.stored_entries(&prefix).await;
-    // Shown with `--no-capture`, for the README's figures (the test
+    // Shown with `--no-capture`, for a reader of the run (the test
     // harness captures it otherwise).
     println!("bounded storage: {left} entries left after {DISTINCT_NAMES} names");
     assert!(

@@ -113,7 +113,7 @@ impl Capabilities {
         self
     }
 
-    /// A Markdown table with one row per `(backend, capabilities)` pair, as the README shows it.
+    /// A Markdown table with one row per `(backend, capabilities)` pair, as the guide's "Choosing a backend" shows it.
     ///
     /// ```
     /// use lockkit_core::{Capabilities, ReleaseOnCrash};

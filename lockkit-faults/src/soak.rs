@@ -390,7 +390,7 @@ pub async fn soak(settings: &SoakSettings) -> Result<SoakReport, String> {
         .unwrap_or(0);
     if panics > 0 {
         // Reported, not failed on: the one seen came from inside a driver
-        // (sqlx-mysql's row decoding) after MariaDB faults; see the README.
+        // (sqlx-mysql's row decoding) after MariaDB faults; see docs/design/sql-connections.md.
         tracing::warn!(
             "{panics} panics in the client; see {}",
             client.log_path().display()
@@ -605,7 +605,7 @@ fn backend_problems(result: &BackendResult) -> Vec<String> {
 
 impl SoakReport {
     /// The summary: per backend, what was done, and the client's samples in
-    /// brief (what the README shows).
+    /// brief (the soak report's page).
     pub fn summary(&self, settings: &SoakSettings, command: &str) -> String {
         let mut text = String::new();
         let minutes = settings.duration.as_secs_f64() / 60.0;

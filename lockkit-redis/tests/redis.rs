@@ -137,7 +137,7 @@ async fn paused_server_gives_unavailable_within_command_timeout() {
 }
 
 /// Once a client's direct connection is open, single commands take it (see
-/// the Redis section of the README): it authenticates and selects the
+/// docs/design/redis-cycle.md): it authenticates and selects the
 /// URL's database as the multiplexed one does. An acquire cut off by its
 /// timeout leaves its reply owed on that connection, and what follows (the
 /// release of the interrupted acquire) goes after it, as on one
@@ -358,9 +358,9 @@ async fn a_writer_draws_above_a_counter_ahead_of_the_clock() {
 /// glue, not the command), so the uncontended, fenced cycle is held to one
 /// script per round trip and at most seven commands inside them (`EXISTS`,
 /// `SET NX`, `TIME`, `SET … GET` to take it; `GET`, `DEL`, `PUBLISH` to
-/// let it go). It ran seventeen once, then ten; what each cut saved is in
-/// the README's "Where it goes"
-/// (`cargo run --release -p lockkit-benches --example cycle_split`).
+/// let it go). It ran seventeen once, then ten; docs/design/redis-cycle.md
+/// says why each command costs, and `cargo run --release -p lockkit-benches
+/// --example cycle_split` measures where the cycle's time goes.
 #[tokio::test]
 async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
     const CYCLES: u64 = 20;

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a database feature the crate only parses URLs (and answers
 // `BackendNotCompiled`); the statement plumbing is then unused.
 #![cfg_attr(

@@ -72,7 +72,7 @@ struct SoakArgs {
     /// Where the report, tallies and client log go.
     #[arg(long, default_value = "target/soak")]
     out: PathBuf,
-    /// Also write the summary (the README's block) to this file.
+    /// Also write the summary (the soak report's page) to this file.
     #[arg(long)]
     summary: Option<PathBuf>,
     /// The lease (TTL, ZooKeeper session timeout).

@@ -166,6 +166,12 @@ pub(crate) struct StatusArgs {
     #[arg(long)]
     pub(crate) semaphore: bool,
 
+    /// The semaphore's number of permits, as its users pass it to `exec
+    /// --permits` (implies `--semaphore`). Backends that keep a semaphore's
+    /// permits in slots look only at this many; without it, at up to 256.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) permits: Option<u32>,
+
     /// Print one JSON object instead of a line of text.
     #[arg(long)]
     pub(crate) json: bool,

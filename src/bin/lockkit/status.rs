@@ -5,14 +5,27 @@ use lockkit::LockKind;
 use crate::args::StatusArgs;
 use crate::exit::{Exit, report};
 
+/// The most permits a slotted semaphore has (`lockkit::sql::MAX_SLOT_PERMITS`;
+/// a unit test keeps the two equal where the SQL backends are compiled in).
+const SLOTS_WITHOUT_A_COUNT: u32 = 256;
+
 pub(crate) async fn run(url: &str, args: StatusArgs) -> Exit {
     let locks = match lockkit::connect(url).await {
         Ok(locks) => locks,
         Err(error) => return report("connect", &error),
     };
-    let (kind, what) = if args.semaphore {
-        // Any number of permits: a status does not depend on it.
-        (LockKind::Semaphore { permits: 1 }, "semaphore")
+    let (kind, what) = if let Some(permits) = args.permits {
+        (LockKind::Semaphore { permits }, "semaphore")
+    } else if args.semaphore {
+        // Backends that keep permits in slots (the SQL modes) look at the
+        // first `permits` slots: without a count, at every slot any backend
+        // allows, so that a permit held in a later one is seen.
+        (
+            LockKind::Semaphore {
+                permits: SLOTS_WITHOUT_A_COUNT,
+            },
+            "semaphore",
+        )
     } else {
         (LockKind::Exclusive, "lock")
     };
@@ -39,4 +52,12 @@ pub(crate) async fn run(url: &str, args: StatusArgs) -> Exit {
         println!("{}: {status}", args.name);
     }
     Exit::Child(0)
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+mod tests {
+    #[test]
+    fn a_status_without_a_count_looks_at_every_slot() {
+        assert_eq!(super::SLOTS_WITHOUT_A_COUNT, lockkit::sql::MAX_SLOT_PERMITS);
+    }
 }

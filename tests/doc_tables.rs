@@ -1,6 +1,8 @@
-//! The README's backend table is generated from the backends' `Capabilities`.
-//! It lists every backend, so the check needs them all compiled in (CI runs
-//! with `--all-features`).
+//! The guide's tables that come from the code: the capability table of
+//! "Choosing a backend" is generated from the backends' `Capabilities`, and
+//! its URL table lists every scheme with its cargo feature. They list every
+//! backend, so the checks need them all compiled in (CI runs with
+//! `--all-features`).
 #![cfg(all(
     feature = "redis",
     feature = "redlock",
@@ -19,7 +21,7 @@ fn sql(mode: Mode, database: Database) -> lockkit::Capabilities {
 }
 
 #[test]
-fn readme_capabilities_table_is_current() {
+fn the_guides_capability_table_is_current() {
     let rows = [
         ("memory", lockkit::core::backend::MEMORY_CAPABILITIES),
         ("redis", lockkit::redis::REDIS_CAPABILITIES),
@@ -44,7 +46,7 @@ fn readme_capabilities_table_is_current() {
     ];
     let table = lockkit::Capabilities::markdown_table(&rows);
 
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../docs/guide/choosing-a-backend.md");
     let start = readme
         .find("<!-- capabilities:start -->\n")
         .expect("start marker")
@@ -55,15 +57,15 @@ fn readme_capabilities_table_is_current() {
     assert_eq!(
         &readme[start..end],
         table,
-        "README.md's capability table is out of date; replace it with:\n{table}"
+        "docs/guide/choosing-a-backend.md's capability table is out of date; replace it with:\n{table}"
     );
 }
 
-/// The schemes of the README's URL table and of `connect`'s doc table, with
+/// The schemes of the guide's URL table and of `connect`'s doc table, with
 /// their cargo features, are the backends' own (`lockkit::known_schemes`,
 /// checked against each driver by a unit test).
 #[test]
-fn readme_and_connect_docs_list_every_scheme() {
+fn the_guide_and_connect_docs_list_every_scheme() {
     let registry = lockkit::Registry::builtin();
     let expected: Vec<(String, String)> = lockkit::known_schemes()
         .map(|scheme| {
@@ -76,7 +78,7 @@ fn readme_and_connect_docs_list_every_scheme() {
         .collect();
     for (doc, header) in [
         (
-            include_str!("../README.md"),
+            include_str!("../docs/guide/choosing-a-backend.md"),
             "| URL | backend | cargo feature |",
         ),
         (
