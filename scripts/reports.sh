@@ -35,6 +35,7 @@ mkdir -p docs/reports
 for name in "${names[@]}"; do
     python3 - "$name" "$from" "$faults_dir" <<'PY'
 import pathlib
+import re
 import shutil
 import sys
 
@@ -69,6 +70,12 @@ if name == "faults":
 for chart in sorted(source.parent.glob(f"{name}-*.svg")):
     shutil.copyfile(chart, pathlib.Path("docs/reports", chart.name))
     print(f"docs/reports/{chart.name}: copied from {chart}")
+    # The page sits beside its charts: a link to a chart by any other path
+    # (a tool that wrote one for another place) points at the copy.
+    text = out.read_text()
+    fixed = re.sub(r"\]\([^)]*/" + re.escape(chart.name) + r"\)", "](" + chart.name + ")", text)
+    if fixed != text:
+        out.write_text(fixed)
 PY
 done
 # The index lists every page with the stamp it carries.

@@ -234,6 +234,7 @@ async fn run(sample: &Sample, servers: &Servers) -> Result<(), String> {
 }
 
 #[tokio::test]
+#[allow(clippy::print_stdout, reason = "the count is for a reader of the run")]
 async fn every_console_sample_runs_as_shown() {
     let samples: Vec<Sample> = documents().iter().flat_map(|f| samples(f)).collect();
     let commands: usize = samples.iter().map(|s| s.commands.len()).sum();

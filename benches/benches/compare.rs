@@ -410,7 +410,7 @@ fn summary(
         );
     }
     out.push_str(
-        "\n![The paired ratios per backend](docs/compare-ratios.svg)\n\n\
+        "\n![The paired ratios per backend](compare-ratios.svg)\n\n\
          The chart shows the table's ratios: `target/lockkit-bench/compare-ratios.svg` (and `.png`) of the same run, copied beside the report by `scripts/reports.sh compare`.\n",
     );
     out

@@ -79,9 +79,11 @@ pub trait DistributedLock: Send + Sync + Debug {
 
     /// Like [`status`](Self::status), for a kind of holding: `Exclusive` and
     /// `Shared` both ask about the reader-writer lock `name` (`holders`
-    /// counts its readers while they hold it), `Semaphore { .. }` about the
-    /// semaphore `name` (`holders` counts the permits held; the `permits`
-    /// given do not matter). The default answers about the lock and says
+    /// counts its readers while they hold it), `Semaphore { permits }` about
+    /// the semaphore `name` (`holders` counts the permits held). Pass the
+    /// semaphore's own `permits`: backends that keep permits in numbered
+    /// slots (the SQL modes) look at that many slots, and would miss a permit
+    /// held in a later one. The default answers about the lock and says
     /// [`LockError::Unsupported`] for a semaphore.
     async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
         match kind {
@@ -93,9 +95,11 @@ pub trait DistributedLock: Send + Sync + Debug {
         }
     }
 
-    /// Hook for the provided `acquire`: one attempt that says how long the holder
-    /// keeps the lock. The default calls [`try_acquire`](Self::try_acquire) and
-    /// reports no expiry.
+    /// Hook for the provided `acquire`, for backend implementors: one attempt
+    /// that says how long the holder keeps the lock. The default calls
+    /// [`try_acquire`](Self::try_acquire) and reports no expiry. Applications
+    /// call `try_acquire` or `acquire` instead; like `lockkit_core::backend`,
+    /// this hook is less stable than the rest of the trait.
     async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
         Ok(match self.try_acquire(name, opts).await? {
             Some(guard) => Attempt::Acquired(guard),
@@ -103,8 +107,11 @@ pub trait DistributedLock: Send + Sync + Debug {
         })
     }
 
-    /// Hook for the provided `acquire`: a subscription to release notifications
-    /// of `name`. The default has none, so waiting relies on backoff alone.
+    /// Hook for the provided `acquire`, for backend implementors: a
+    /// subscription to release notifications of `name`. The default has none,
+    /// so waiting relies on backoff alone. Applications do not call it; like
+    /// `lockkit_core::backend`, this hook is less stable than the rest of the
+    /// trait.
     async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
         let _ = name;
         Ok(ReleaseWatch::none())
@@ -114,9 +121,13 @@ pub trait DistributedLock: Send + Sync + Debug {
 /// The trait object type, as applications hold it: `Arc<DynDistributedLock>`.
 pub type DynDistributedLock = dyn DistributedLock;
 
+/// Implements the trait for smart pointers by forwarding every method. The
+/// lint makes a method added to the trait later, and not forwarded here, a
+/// compile error instead of a silent fall back to its default.
 macro_rules! forward_impl {
     ($($ptr:ty),*) => {$(
         #[async_trait::async_trait]
+        #[deny(clippy::missing_trait_methods)]
         impl<T: DistributedLock + ?Sized> DistributedLock for $ptr {
             async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
                 (**self).try_acquire(name, opts).await

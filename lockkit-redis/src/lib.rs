@@ -4,7 +4,7 @@
 use lockkit_core::backend::{Driver, boxed_connect};
 
 mod backend;
-mod builder;
+mod config;
 mod connection;
 mod direct;
 mod error;
@@ -22,7 +22,7 @@ pub use backend::{
     REDIS_CAPABILITIES, REDIS_FAIR_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend,
     RedisLock,
 };
-pub use builder::RedisLockBuilder;
+pub use config::RedisLockBuilder;
 pub use holding::RedisKey;
 pub use instance::{Holder, Holdings, RedisInstance};
 pub use keys::{

@@ -87,7 +87,9 @@ pub(crate) fn is_connection_error(error: &sqlx::Error) -> bool {
     }
 }
 
-fn is_auth_error(error: &sqlx::Error) -> bool {
+/// Whether the server refused the credentials (PostgreSQL 28P01/28000,
+/// MySQL/MariaDB 1044, 1045, 1698).
+pub(crate) fn is_auth_error(error: &sqlx::Error) -> bool {
     let Some(db) = error.as_database_error() else {
         return false;
     };

@@ -247,10 +247,17 @@ impl PgSql {
 /// such an insert is drawn after every earlier grant of the name committed
 /// (an insert's values are computed before it finds out whether the row is
 /// there, and a grant and release by others may come between). Its key is
-/// the pair (`GATE_CLASS`, `hashtext(name)`): a key space apart from
-/// `advisory` mode's 64-bit keys; a collision with another name's gate or
-/// `row` mode's only makes one statement wait for another.
+/// the pair (1818979429, `hashtext(name)`), where 1818979429 is the bytes
+/// `lkle` ("lockkit lease") read as a big-endian `i32` ([`GATE_CLASS`]): a
+/// key space apart from `advisory` mode's 64-bit keys; a collision with
+/// another name's gate or `row` mode's only makes one statement wait for
+/// another.
 const GATE: &str = "g AS MATERIALIZED (SELECT pg_advisory_xact_lock(1818979429, hashtext($1)))";
+
+/// The first half of a lease gate's key (written out in [`GATE`], whose
+/// text must be a literal; a unit test keeps the two equal).
+#[cfg(test)]
+const GATE_CLASS: i32 = i32::from_be_bytes(*b"lkle");
 
 /// The prefix of a reader group's owner (see the `lease` module).
 const GROUP: &str = "(chr(1) || 'r')";
@@ -1104,5 +1111,18 @@ fn advisory_status((granted, waiting): (i64, i64)) -> LockStatus {
             .with_waiters(Some(waiting.max(0) as usize))
     } else {
         LockStatus::free()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_gate_class_is_the_one_written_out_in_the_gate() {
+        assert_eq!(super::GATE_CLASS, 1_818_979_429);
+        assert!(
+            super::GATE.contains(&format!("pg_advisory_xact_lock({}, ", super::GATE_CLASS)),
+            "{}",
+            super::GATE
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use lockkit_core::backend::connect_retrying;
 use lockkit_core::{Capabilities, LockError, ReleaseOnCrash, Result};
 
-use crate::error::{map_error, timed_out};
+use crate::error::{is_auth_error, map_error, timed_out};
 
 /// Default time to open a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -370,19 +370,23 @@ impl Settings {
     ) -> Result<T> {
         match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(error)) => Err(match self.error(what, error) {
-                // Any failure to connect means the database cannot serve.
-                LockError::Backend {
-                    backend,
-                    message,
-                    source,
-                } if !message.contains("authentication failed") => LockError::Unavailable {
-                    backend,
-                    message,
-                    source,
-                },
-                other => other,
-            }),
+            Ok(Err(error)) => {
+                // A wrong password stays what it is; any other failure to
+                // connect means the database cannot serve.
+                let refused = is_auth_error(&error);
+                Err(match self.error(what, error) {
+                    LockError::Backend {
+                        backend,
+                        message,
+                        source,
+                    } if !refused => LockError::Unavailable {
+                        backend,
+                        message,
+                        source,
+                    },
+                    other => other,
+                })
+            }
             Err(_) => Err(timed_out(
                 self.backend,
                 &self.address,

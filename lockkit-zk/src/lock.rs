@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockkit_core::backend::{Lease, OwnerToken, QueueBackend, QueuedLock, Waiter};
 use lockkit_core::{
-    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
+    Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
     ReleaseOnCrash, Result,
 };
 use tokio::time::Instant;
@@ -21,6 +21,22 @@ use crate::session::{RequestError, Session, Sessions};
 
 /// How often one acquire joins the queue again after its session ended.
 const SESSION_RETRIES: u32 = 3;
+
+/// How often a lock node's create is sent before the acquire fails: a create
+/// whose outcome is unknown (the connection dropped) is looked up by its
+/// owner before it is sent again.
+const CREATE_ATTEMPTS: u32 = 4;
+
+/// How often `status` lists a lock's queue: the head may leave between the
+/// listing and the read of its data.
+const STATUS_LISTINGS: u32 = 3;
+
+/// Between the retries of a request a waiter makes while its session lives
+/// (jittered, never past the wait's deadline).
+const WAITING_RETRY: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+
+/// Between the retries of a lock node's delete while its session lives.
+const DELETE_RETRY: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
 
 /// What the ZooKeeper backend guarantees.
 pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Session)
@@ -101,7 +117,7 @@ impl ZkBackend {
         let acls = session.acls();
         let options = CreateMode::EphemeralSequential.with_acls(acls);
         let mut in_doubt = false;
-        for _ in 0..4 {
+        for _ in 0..CREATE_ATTEMPTS {
             match session
                 .run(
                     "create the lock node",
@@ -169,22 +185,25 @@ impl ZkBackend {
         }
     }
 
-    /// Joins the queue under `dir` with a node `<prefix><sequence>` and waits
-    /// until that node may hold: first in the queue, or (`shared`) with no
-    /// writer's node before it. The node, its still-armed place in the queue
-    /// (dropped, it removes the node), and when the holding was seen; `None`
-    /// (and the node removed) when the wait ended first.
-    #[allow(clippy::too_many_arguments)]
+    /// Joins the queue under `contender.dir` with a node
+    /// `<prefix><sequence>` and waits until that node may hold: first in the
+    /// queue, or (`shared`) with no writer's node before it. The node, its
+    /// still-armed place in the queue (dropped, it removes the node), and when
+    /// the holding was seen; `None` (and the node removed) when the wait ended
+    /// first.
     async fn queue(
         &self,
         session: &Arc<Session>,
-        dir: &str,
-        prefix: &str,
-        data: &[u8],
-        shared: bool,
+        contender: Contender<'_>,
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<(Node, Queued, Instant)>> {
+        let Contender {
+            dir,
+            prefix,
+            data,
+            shared,
+        } = contender;
         // Armed before the create is sent: an acquire dropped while it is in
         // flight still removes whatever node it produced.
         let mut queued = Queued::new(session.clone(), dir, prefix);
@@ -244,29 +263,29 @@ impl ZkBackend {
     /// (watching the leases) until there are at most `permits` of them, then
     /// let the mutex go. The lease node is the permit; its `czxid` is the
     /// fencing token.
-    #[allow(clippy::too_many_arguments)]
     async fn lock_permit(
         &self,
         session: Arc<Session>,
-        name: &str,
-        dir: &str,
-        permits: u32,
-        opts: &LockOptions,
+        permit: Permit<'_>,
         waiter: &mut Waiter<'_>,
         no_wait: bool,
     ) -> Result<Option<LockGuard>> {
+        let Permit {
+            name,
+            dir,
+            permits,
+            opts,
+        } = permit;
         let owner = OwnerToken::new();
         let mutex_dir = format!("{dir}/locks");
+        let mutex_contender = Contender {
+            dir: &mutex_dir,
+            prefix: &node_prefix(owner.as_str()),
+            data: &[],
+            shared: false,
+        };
         let Some((_, mut mutex, _)) = self
-            .queue(
-                &session,
-                &mutex_dir,
-                &node_prefix(owner.as_str()),
-                &[],
-                false,
-                waiter,
-                no_wait,
-            )
+            .queue(&session, mutex_contender, waiter, no_wait)
             .await?
         else {
             return Ok(None);
@@ -349,19 +368,38 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::result::Result<T, RequestError>>,
 {
-    let mut delay = Duration::from_millis(10);
+    let mut delays = WAITING_RETRY.delays();
     loop {
         match request().await {
             Ok(value) => return Ok(value),
             Err(error) if error.outcome_unknown() && !session.has_ended() && !waiter.is_over() => {
                 tracing::debug!(?error, "zookeeper request failed while waiting; retrying");
-                let wake = Instant::now() + delay;
+                let wake = Instant::now() + delays.next().unwrap_or(WAITING_RETRY.max());
                 tokio::time::sleep_until(waiter.deadline().map_or(wake, |d| d.min(wake))).await;
-                delay = (delay * 2).min(Duration::from_millis(500));
             }
             Err(error) => return Err(error.into()),
         }
     }
+}
+
+/// A node about to join a queue: under `dir`, named `<prefix><sequence>`,
+/// holding `data`; `shared` for a reader, which waits only for the writers
+/// before it.
+#[derive(Clone, Copy, Debug)]
+struct Contender<'a> {
+    dir: &'a str,
+    prefix: &'a str,
+    data: &'a [u8],
+    shared: bool,
+}
+
+/// One permit of the semaphore `name`, whose nodes live under `dir`.
+#[derive(Clone, Copy, Debug)]
+struct Permit<'a> {
+    name: &'a str,
+    dir: &'a str,
+    permits: u32,
+    opts: &'a LockOptions,
 }
 
 /// Our lock node.
@@ -480,7 +518,7 @@ impl Removal {
             }
         }
         for path in paths {
-            let mut delay = Duration::from_millis(20);
+            let mut delays = DELETE_RETRY.delays();
             while !session.has_ended() {
                 match session
                     .run("delete the lock node", session.client.delete(&path, None))
@@ -489,8 +527,7 @@ impl Removal {
                     Ok(()) | Err(RequestError::Server(_, ZkError::NoNode)) => break,
                     Err(error) => {
                         tracing::warn!(zk.path = %path, ?error, "could not delete a lock node; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(1));
+                        tokio::time::sleep(delays.next().unwrap_or(DELETE_RETRY.max())).await;
                     }
                 }
             }
@@ -512,7 +549,17 @@ impl ZkBackend {
         if let LockKind::Semaphore { permits } = opts.kind() {
             let dir = semaphore_dir(root, name)?;
             return self
-                .lock_permit(session, name, &dir, permits, opts, waiter, no_wait)
+                .lock_permit(
+                    session,
+                    Permit {
+                        name,
+                        dir: &dir,
+                        permits,
+                        opts,
+                    },
+                    waiter,
+                    no_wait,
+                )
                 .await;
         }
         let dir = lock_dir(root, name)?;
@@ -521,17 +568,14 @@ impl ZkBackend {
             LockKind::Shared => (reader_prefix(owner.as_str()), true),
             _ => (node_prefix(owner.as_str()), false),
         };
-        let Some((node, mut queued, sent)) = self
-            .queue(
-                &session,
-                &dir,
-                &prefix,
-                holder_data(opts),
-                shared,
-                waiter,
-                no_wait,
-            )
-            .await?
+        let contender = Contender {
+            dir: &dir,
+            prefix: &prefix,
+            data: holder_data(opts),
+            shared,
+        };
+        let Some((node, mut queued, sent)) =
+            self.queue(&session, contender, waiter, no_wait).await?
         else {
             return Ok(None);
         };
@@ -622,7 +666,7 @@ impl QueueBackend for ZkBackend {
         }
         let dir = lock_dir(root, name)?;
         // The head may leave between the listing and its stat: look again.
-        for _ in 0..3 {
+        for _ in 0..STATUS_LISTINGS {
             let children = match self.try_list(&session, &dir).await {
                 Ok(children) => children,
                 Err(RequestError::Server(_, ZkError::NoNode)) => return Ok(LockStatus::free()),

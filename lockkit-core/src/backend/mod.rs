@@ -26,6 +26,17 @@
 //!
 //! The conformance suite (the `lockkit-conformance` crate) checks a new
 //! backend against the contract every built-in backend keeps.
+//!
+//! # Stability
+//!
+//! This module is far less stable than the application API
+//! ([`DistributedLock`](crate::DistributedLock), [`LockOptions`](crate::LockOptions),
+//! [`LockGuard`](crate::LockGuard), [`LockError`](crate::LockError)): it
+//! follows the built-in backends' needs, and while lockkit is 0.x any minor
+//! release may change it (the changelog says how). So may the trait's
+//! implementor hooks, [`attempt`](crate::DistributedLock::attempt) and
+//! [`watch_releases`](crate::DistributedLock::watch_releases). A backend
+//! outside this workspace should pin lockkit's minor version.
 
 mod connect;
 pub(crate) mod deferred;
