@@ -87,7 +87,7 @@ impl RedisBackend {
     /// holder's writes through. The fault suite shows it (`lockkit-faults`,
     /// scenario `failover`).
     pub fn fences(&self) -> bool {
-        self.instance.mode() == "single" || self.instance.wait_for_replicas().is_some()
+        self.instance.is_single() || self.instance.wait_for_replicas().is_some()
     }
 
     /// The Redis keys of the lock `name` ([`Keys::for_cluster`] in Redis Cluster).

@@ -39,6 +39,7 @@ use crate::url::parse_url;
 /// | `wait_replicas` | `WAIT` for this many replicas after every grant (see [`wait_for_replicas`](Self::wait_for_replicas)) | off |
 /// | `wait_timeout` | how long that `WAIT` may take | 1 s |
 /// | `sentinel_password` | password of the sentinels (`redis+sentinel://` only) | none |
+/// | `direct` | `false`: every command over the multiplexed connection, no direct connection beside it ([`direct_connection`](Self::direct_connection); `redis://` only) | `true` |
 ///
 /// Connections: commands go over one multiplexed connection (redis-rs's,
 /// which reconnects by itself). On a single server over plain TCP with
@@ -110,6 +111,17 @@ impl RedisLockBuilder {
     /// the lock whenever it is free.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
+        self
+    }
+
+    /// Whether single commands may take a direct connection beside the
+    /// multiplexed one (default true; used on one server over plain TCP
+    /// with RESP2 only). The calling task then writes a request and reads
+    /// its reply itself, without the hand-offs to and from redis-rs's driver
+    /// task; `false` sends every command over the multiplexed connection, as
+    /// redis-rs alone would, for a user who suspects the direct path.
+    pub fn direct_connection(mut self, on: bool) -> Self {
+        self.config.direct = on;
         self
     }
 

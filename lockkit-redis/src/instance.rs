@@ -20,7 +20,7 @@ use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
 use crate::scripts::{Call, SCRIPTS, SOURCES, is_no_script};
 use crate::sentinel::{Resolver, SentinelConnection};
-use crate::settings::{RedisConfig, ReplicaWait, Topology};
+use crate::settings::{Reach, RedisConfig, ReplicaWait, Topology};
 
 /// A connection to one Redis deployment — a single server, a Redis Cluster,
 /// or the master that Redis Sentinel names — with the lock operations as
@@ -36,7 +36,7 @@ pub struct RedisInstance {
 
 struct Inner {
     address: String,
-    mode: &'static str,
+    reach: Reach,
     commands: Connection,
     /// With `WAIT`: the connection that acquires (and waits) on, so that a
     /// `WAIT` never holds up renewals and releases on `commands`.
@@ -52,7 +52,7 @@ impl fmt::Debug for RedisInstance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisInstance")
             .field("address", &self.inner.address)
-            .field("mode", &self.inner.mode)
+            .field("mode", &self.inner.reach.name())
             .field("command_timeout", &self.inner.command_timeout)
             .field("wait_for_replicas", &self.inner.wait)
             .finish_non_exhaustive()
@@ -87,11 +87,16 @@ fn manager_config(config: &RedisConfig, response_timeout: Duration) -> Connectio
 /// A single server's command connection: `manager`, and a direct one
 /// beside it where it may be used (see [`Direct`]).
 fn single(config: &RedisConfig, manager: ConnectionManager) -> Connection {
-    let direct = Direct::new(
-        &config.info,
-        config.tls_root_cert.is_some(),
-        config.connect_timeout,
-    );
+    let direct = config
+        .direct
+        .then(|| {
+            Direct::new(
+                &config.info,
+                config.tls_root_cert.is_some(),
+                config.connect_timeout,
+            )
+        })
+        .flatten();
     Connection::Single(Single::new(manager, direct))
 }
 
@@ -285,7 +290,7 @@ impl RedisInstance {
             inner: Arc::new(Inner {
                 renewals,
                 address,
-                mode: config.mode(),
+                reach: config.reach(),
                 commands,
                 acquire,
                 notifications,
@@ -303,13 +308,18 @@ impl RedisInstance {
 
     /// `"single"`, `"cluster"` or `"sentinel"`; see [`RedisConfig::mode`].
     pub fn mode(&self) -> &'static str {
-        self.inner.mode
+        self.inner.reach.name()
+    }
+
+    /// Whether this is one server (not a Cluster, not behind Sentinel).
+    pub fn is_single(&self) -> bool {
+        self.inner.reach == Reach::Single
     }
 
     /// Whether this is a Redis Cluster (whose keys must be
     /// [`Keys::for_cluster`]).
     pub fn is_cluster(&self) -> bool {
-        self.inner.mode == "cluster"
+        self.inner.reach == Reach::Cluster
     }
 
     /// The `WAIT` after every grant, if set: replicas and timeout.
@@ -636,10 +646,7 @@ impl RedisInstance {
             .await?;
         Ok(Holdings {
             count: usize::try_from(count).unwrap_or(0),
-            remaining: match remaining {
-                -1 => Duration::MAX,
-                ms => Duration::from_millis(ms.max(0) as u64),
-            },
+            remaining: remaining_of(remaining).unwrap_or_default(),
             fence: u64::try_from(fence).ok(),
             holder: crate::keys::holder_of(&stored).map(str::to_owned),
             waiters: usize::try_from(queued).ok(),
@@ -693,11 +700,7 @@ impl RedisInstance {
                 redis::cmd("PTTL").arg(&keys.lock).query_async(&mut conn),
             )
             .await?;
-        Ok(match pttl {
-            ..=-2 => None,
-            -1 => Some(Duration::MAX),
-            ms => Some(Duration::from_millis(ms as u64)),
-        })
+        Ok(remaining_of(pttl))
     }
 
     /// Who holds the lock, read in one `MULTI`/`EXEC` (`GET` and `PTTL` of
@@ -720,10 +723,9 @@ impl RedisInstance {
             .await?;
         Ok(owner.map(|owner| Holder {
             owner,
-            remaining: match pttl {
-                -1 => Duration::MAX,
-                ms => Duration::from_millis(ms.max(0) as u64),
-            },
+            // The key was read with its value, so it exists: a -2 from a
+            // key that expired between the two reads is no time left.
+            remaining: remaining_of(pttl).unwrap_or_default(),
             fence,
         }))
     }
@@ -733,6 +735,17 @@ impl RedisInstance {
         let mut conn = self.inner.commands.clone();
         self.run("ping", redis::cmd("PING").query_async::<()>(&mut conn))
             .await
+    }
+}
+
+/// A key's remaining time, from `PTTL`'s answer in milliseconds: `None`
+/// for a key that does not exist (-2), `Duration::MAX` for one without
+/// expiry (-1).
+fn remaining_of(pttl: i64) -> Option<Duration> {
+    match pttl {
+        ..=-2 => None,
+        -1 => Some(Duration::MAX),
+        ms => Some(Duration::from_millis(ms.unsigned_abs())),
     }
 }
 

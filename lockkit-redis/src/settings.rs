@@ -16,6 +16,29 @@ pub const DEFAULT_SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
 /// (`wait_replicas` without `wait_timeout`).
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How a client reaches its servers: the kind of [`Topology`], kept by a
+/// connected instance that no longer needs the addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// One server.
+    Single,
+    /// A Redis Cluster.
+    Cluster,
+    /// The master Sentinel names.
+    Sentinel,
+}
+
+impl Reach {
+    /// `"single"`, `"cluster"` or `"sentinel"`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Reach::Single => "single",
+            Reach::Cluster => "cluster",
+            Reach::Sentinel => "sentinel",
+        }
+    }
+}
+
 /// How the server that holds the locks is reached.
 #[derive(Clone)]
 pub(crate) enum Topology {
@@ -62,6 +85,9 @@ pub struct RedisConfig {
     pub(crate) subscription_linger: Duration,
     pub(crate) tls_root_cert: Option<Vec<u8>>,
     pub(crate) wait: Option<ReplicaWait>,
+    /// Whether single commands may take a direct connection beside the
+    /// multiplexed one (one server over plain TCP with RESP2 only).
+    pub(crate) direct: bool,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -74,6 +100,7 @@ impl fmt::Debug for RedisConfig {
             .field("subscription_linger", &self.subscription_linger)
             .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "set"))
             .field("wait_for_replicas", &self.wait)
+            .field("direct", &self.direct)
             .finish()
     }
 }
@@ -105,10 +132,15 @@ impl RedisConfig {
 
     /// `"single"`, `"cluster"` or `"sentinel"`: how the servers are reached.
     pub fn mode(&self) -> &'static str {
+        self.reach().name()
+    }
+
+    /// How the servers are reached, without the addresses.
+    pub(crate) fn reach(&self) -> Reach {
         match self.topology {
-            Topology::Single => "single",
-            Topology::Cluster { .. } => "cluster",
-            Topology::Sentinel { .. } => "sentinel",
+            Topology::Single => Reach::Single,
+            Topology::Cluster { .. } => Reach::Cluster,
+            Topology::Sentinel { .. } => Reach::Sentinel,
         }
     }
 

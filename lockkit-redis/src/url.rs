@@ -69,6 +69,7 @@ struct Params {
     wait_replicas: Option<usize>,
     wait_timeout: Option<Duration>,
     sentinel_password: Option<String>,
+    direct: bool,
 }
 
 impl Params {
@@ -87,6 +88,7 @@ impl Params {
             wait_replicas: None,
             wait_timeout: None,
             sentinel_password: None,
+            direct: true,
         };
         for (key, value) in pairs {
             match &*key {
@@ -126,10 +128,13 @@ impl Params {
                 "sentinel_password" if form == Form::Sentinel => {
                     params.sentinel_password = Some(value.into_owned())
                 }
+                "direct" if form == Form::Single => {
+                    params.direct = bool_param(&key, &value).map_err(bad)?
+                }
                 other => {
                     let known = match form {
                         Form::Single => {
-                            "prefix, fair, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout"
+                            "prefix, fair, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout, direct"
                         }
                         Form::Cluster => {
                             "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout"
@@ -228,6 +233,7 @@ fn parse_single(
         subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
         wait: params.wait(),
         tls_root_cert: params.tls_root_cert,
+        direct: params.direct,
     };
     Ok((config, lock))
 }
@@ -350,6 +356,7 @@ fn parse_multi_host(
         subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
         wait: params.wait(),
         tls_root_cert: None,
+        direct: false,
     };
     Ok((config, lock))
 }

@@ -201,6 +201,46 @@ async fn single_commands_take_a_direct_connection() {
     assert_eq!(clients().await, before, "the same two connections");
 }
 
+/// `direct=false` keeps every command on the multiplexed connection: the
+/// cycles after which a default client has opened its direct connection
+/// beside it (and more) leave a `direct=false` client with one.
+#[tokio::test]
+async fn direct_false_keeps_one_command_connection() {
+    let server = RedisServer::start().await;
+    let clients_in = |db: &'static str| {
+        let server = &server;
+        async move {
+            let list = server.command(&["CLIENT", "LIST"]).await.unwrap();
+            list.lines()
+                .filter(|line| line.split(' ').any(|field| field == db))
+                .count()
+        }
+    };
+    async fn cycle(locks: &RedisLock) {
+        let opts = opts().auto_renew(false);
+        let guard = locks.try_acquire("direct-or-not", &opts).await.unwrap();
+        guard.expect("free").release().await.unwrap();
+    }
+    let default = connect(&format!("{}/5", server.url())).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut cycles = 0;
+    while clients_in("db=5").await < 2 {
+        assert!(Instant::now() < deadline, "no direct connection opened");
+        cycle(&default).await;
+        cycles += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let multiplexed_only = connect(&format!("{}/6?direct=false", server.url())).await;
+    for _ in 0..cycles + 50 {
+        cycle(&multiplexed_only).await;
+    }
+    assert_eq!(
+        clients_in("db=6").await,
+        1,
+        "direct=false opened a second connection"
+    );
+}
+
 /// Connecting to a server that accepts TCP but never answers fails within the
 /// connect timeout.
 #[tokio::test]

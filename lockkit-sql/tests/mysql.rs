@@ -205,6 +205,29 @@ async fn named_lock_interoperates_with_get_lock() {
     drop(plain);
 }
 
+/// A refused login is told as such, at once: the server's error code (1045)
+/// makes it `Backend`, without the connect retries an unreachable server
+/// gets, and the password is in no message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_refused_at_once() {
+    let server = MariaDbServer::start().await;
+    let url = server
+        .url()
+        .replacen("mysql://root@", "mysql://root:not-the-password@", 1)
+        + "?connect_timeout=30s";
+    let error = tokio::time::timeout(Duration::from_secs(20), lockkit_sql::connect(&url))
+        .await
+        .expect("a refused login ends before the connect timeout")
+        .expect_err("a wrong password is refused");
+    let text = error.to_string();
+    assert!(
+        matches!(error, lockkit_core::LockError::Backend { .. }),
+        "{error:?}"
+    );
+    assert!(text.contains("authentication failed"), "{text}");
+    assert!(!text.contains("not-the-password"), "{text}");
+}
+
 /// Mixed-case and long names take the hashed `LK#` form, and stay distinct.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_locks_keep_case_and_length() {
