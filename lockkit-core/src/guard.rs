@@ -23,7 +23,7 @@ use watchdog::{Timing, Watchdog};
 #[async_trait::async_trait]
 pub trait Lease: Send + Sync + fmt::Debug + 'static {
     /// The backend's name for logs, e.g. `"redis"`.
-    fn backend(&self) -> &'static str;
+    fn backend_name(&self) -> &'static str;
     /// Makes the lease end `ttl` from now. `Ok(false)`: the lease is no longer ours.
     async fn extend(&self, ttl: Duration) -> Result<bool>;
     /// Releases the lease if it is still ours. `Ok(false)`: it was not (anymore).
@@ -113,10 +113,10 @@ impl Shared {
     /// Marks the holding lost; true if this call did it.
     fn mark_lost(&self, reason: LostReason) -> bool {
         let first = self.lost.mark(reason, || {
-            crate::metrics::lost(self.lease.backend(), reason.label());
+            crate::metrics::lost(self.lease.backend_name(), reason.label());
         });
         if first {
-            tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend(), %reason, "lock lost");
+            tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend_name(), %reason, "lock lost");
             self.cancel_booking();
             self.free_slot();
         }
@@ -232,7 +232,7 @@ impl LockGuard {
     /// the holding ends (released, dropped or lost). For backend implementors.
     pub fn attach_slot(&self, slot: LocalSlot) {
         if let Some(since) = slot.take_handoff_start() {
-            crate::metrics::handoff(self.shared.lease.backend(), since.elapsed());
+            crate::metrics::handoff(self.shared.lease.backend_name(), since.elapsed());
         }
         let mut held = lock(&self.shared.slot);
         // Checked under the slot lock, which `mark_lost` takes after setting
@@ -288,7 +288,7 @@ impl LockGuard {
         let span = tracing::debug_span!(
             "lockkit.extend",
             lock.name = %self.shared.name,
-            lock.backend = self.shared.lease.backend(),
+            lock.backend = self.shared.lease.backend_name(),
             outcome = tracing::field::Empty,
         );
         let result = self.shared.extend(ttl).instrument(span.clone()).await;
@@ -304,7 +304,7 @@ impl LockGuard {
         let span = tracing::debug_span!(
             "lockkit.release",
             lock.name = %shared.name,
-            lock.backend = shared.lease.backend(),
+            lock.backend = shared.lease.backend_name(),
             outcome = tracing::field::Empty,
         );
         let result = async {
@@ -391,7 +391,7 @@ impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("name", &self.shared.name)
-            .field("backend", &self.shared.lease.backend())
+            .field("backend", &self.shared.lease.backend_name())
             .field("fencing_token", &self.shared.fencing)
             .field("valid_until", &self.shared.valid_until())
             .field("lost", &self.shared.lost_reason())
@@ -430,7 +430,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Lease for Kept {
-        fn backend(&self) -> &'static str {
+        fn backend_name(&self) -> &'static str {
             "test"
         }
         async fn extend(&self, _ttl: Duration) -> Result<bool> {

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::lease::{Handover, Intent, LeaseBackend, LeaseLock};
+use crate::backend::lease::{Handover, LeaseBackend, LeaseLock};
 use crate::backend::notify::{NotifyHub, ReleaseWatch};
 use crate::backend::token::OwnerToken;
 use crate::backend::wait::Attempt;
+use crate::backend::wait::Intent;
 use crate::backend::{ConnectFuture, Driver, boxed_connect};
 use crate::capabilities::{Capabilities, ReleaseOnCrash};
 use crate::error::{LockError, Result};

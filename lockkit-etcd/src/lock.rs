@@ -9,7 +9,9 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use lockkit_core::backend::{Lease, LossNotifier, QueueBackend, QueuedLock, Waiter, validate_name};
+use lockkit_core::backend::{
+    Intent, Lease, LossNotifier, QueueBackend, QueuedLock, Waiter, validate_name,
+};
 use lockkit_core::{
     Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
     ReleaseOnCrash, Result,
@@ -338,7 +340,7 @@ impl EtcdBackend {
 
 #[lockkit_core::async_trait]
 impl QueueBackend for EtcdBackend {
-    fn backend(&self) -> &'static str {
+    fn backend_name(&self) -> &'static str {
         BACKEND
     }
 
@@ -359,7 +361,7 @@ impl QueueBackend for EtcdBackend {
         name: &str,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<LockGuard>> {
         let plan = Plan::of(opts.kind());
         let dir = plan.dir(self.etcd.prefix(), name)?;
@@ -391,7 +393,7 @@ impl QueueBackend for EtcdBackend {
         let answer = self.etcd.txn("create the lock key", txn).await?;
         let (mine, contenders) = created_and_contenders(name, &answer)?;
         if !plan.holds(&dir, mine, &contenders) {
-            if no_wait || waiter.is_over() {
+            if intent == Intent::Try || waiter.is_over() {
                 revoker.revoke().await;
                 return Ok(None);
             }
@@ -517,7 +519,7 @@ struct EtcdLease {
 
 #[lockkit_core::async_trait]
 impl Lease for EtcdLease {
-    fn backend(&self) -> &'static str {
+    fn backend_name(&self) -> &'static str {
         BACKEND
     }
 

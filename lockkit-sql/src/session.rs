@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    DEADLINE_GRACE, Lease, LossNotifier, OwnerToken, QueueBackend, Waiter, stored_owner,
+    DEADLINE_GRACE, Intent, Lease, LossNotifier, OwnerToken, QueueBackend, Waiter, stored_owner,
     validate_name,
 };
 use lockkit_core::{
@@ -87,7 +87,7 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
     fn key(&self, name: &str, kind: LockKind) -> Result<Self::Key>;
 
     /// The backend name for logs and errors.
-    fn backend(&self) -> &'static str {
+    fn backend_name(&self) -> &'static str {
         self.settings().backend
     }
 
@@ -209,8 +209,8 @@ impl<D: SessionDb> SessionLock<D> {
     }
 
     /// How long the server may wait in the next statement.
-    fn server_wait(waiter: &Waiter<'_>, try_only: bool) -> ServerWait {
-        if try_only {
+    fn server_wait(waiter: &Waiter<'_>, intent: Intent) -> ServerWait {
+        if intent == Intent::Try {
             return ServerWait::NoWait;
         }
         match waiter.deadline() {
@@ -233,9 +233,9 @@ impl<D: SessionDb> SessionLock<D> {
         checkout: &mut Checkout<D>,
         key: &D::Key,
         waiter: &Waiter<'_>,
-        try_only: bool,
+        intent: Intent,
     ) -> Result<Locked> {
-        let wait = Self::server_wait(waiter, try_only);
+        let wait = Self::server_wait(waiter, intent);
         let statement = self.conns.db.lock(checkout.conn(), key, wait);
         match (wait, waiter.deadline()) {
             (ServerWait::For(_), Some(deadline)) => {
@@ -251,8 +251,8 @@ impl<D: SessionDb> SessionLock<D> {
 
 #[lockkit_core::async_trait]
 impl<D: SessionDb> QueueBackend for SessionLock<D> {
-    fn backend(&self) -> &'static str {
-        self.conns.db.backend()
+    fn backend_name(&self) -> &'static str {
+        self.conns.db.backend_name()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -271,7 +271,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         name: &str,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<LockGuard>> {
         let db = &self.conns.db;
         let key = db.key(name, opts.kind())?;
@@ -282,9 +282,9 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
             None => (Checkout::new(&self.conns, db.connect().await?), false),
         };
         let fencing = loop {
-            match self.lock_once(&mut checkout, &key, waiter, no_wait).await {
+            match self.lock_once(&mut checkout, &key, waiter, intent).await {
                 Ok(Locked::Granted(fencing)) => break fencing,
-                Ok(Locked::Busy) if no_wait || waiter.is_over() => {
+                Ok(Locked::Busy) if intent == Intent::Try || waiter.is_over() => {
                     self.conns.put_back(checkout.finish());
                     return Ok(None);
                 }
@@ -376,7 +376,7 @@ impl<D: SessionDb> SessionLock<D> {
             Err(_) => {
                 self.give_up(checkout);
                 Err(LockError::backend(
-                    self.conns.db.backend(),
+                    self.conns.db.backend_name(),
                     "the task writing the holder's identity ended without an answer",
                 ))
             }
@@ -452,13 +452,13 @@ impl<D: SessionDb> SessionLease<D> {
                 false
             }
             Ok(Err(error)) => {
-                tracing::warn!(backend = db.backend(), %error, "the connection holding a lock failed its liveness check");
+                tracing::warn!(backend = db.backend_name(), %error, "the connection holding a lock failed its liveness check");
                 checkout.close();
                 self.mark_lost(LostReason::ConnectionLost);
                 false
             }
             Err(_) => {
-                tracing::warn!(backend = db.backend(), ttl = ?self.ttl, "the connection holding a lock did not answer within the ttl");
+                tracing::warn!(backend = db.backend_name(), ttl = ?self.ttl, "the connection holding a lock did not answer within the ttl");
                 drop(checkout);
                 self.mark_lost(LostReason::ConnectionLost);
                 false
@@ -469,8 +469,8 @@ impl<D: SessionDb> SessionLease<D> {
 
 #[lockkit_core::async_trait]
 impl<D: SessionDb> Lease for SessionLease<D> {
-    fn backend(&self) -> &'static str {
-        self.conns.db.backend()
+    fn backend_name(&self) -> &'static str {
+        self.conns.db.backend_name()
     }
 
     /// The server keeps a session lock as long as the connection lives; the
@@ -489,7 +489,7 @@ impl<D: SessionDb> Lease for SessionLease<D> {
             if let (true, Some(identity)) = (held, &this.identity)
                 && let Err(error) = this.records.record(&identity.row, &identity.owner, ttl).await
             {
-                tracing::warn!(backend = this.conns.db.backend(), %error, "could not renew the holder's identity record");
+                tracing::warn!(backend = this.conns.db.backend_name(), %error, "could not renew the holder's identity record");
             }
             held
         })
@@ -519,7 +519,7 @@ impl<D: SessionDb> Lease for SessionLease<D> {
             if let Some(identity) = &self.identity
                 && let Err(error) = self.records.forget(&identity.row, &identity.owner).await
             {
-                tracing::warn!(backend = db.backend(), %error, "could not delete the holder's identity record; it ends with its TTL");
+                tracing::warn!(backend = db.backend_name(), %error, "could not delete the holder's identity record; it ends with its TTL");
             }
         };
         let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key));
@@ -540,12 +540,12 @@ impl<D: SessionDb> Lease for SessionLease<D> {
                 Ok(false)
             }
             Ok(Err(error)) => {
-                tracing::warn!(backend = db.backend(), %error, "unlock failed; closing the connection, which releases the lock");
+                tracing::warn!(backend = db.backend_name(), %error, "unlock failed; closing the connection, which releases the lock");
                 Ok(true)
             }
             Err(_) => {
                 tracing::warn!(
-                    backend = db.backend(),
+                    backend = db.backend_name(),
                     ?limit,
                     "unlock got no answer; closing the connection, which releases the lock"
                 );

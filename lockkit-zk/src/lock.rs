@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockkit_core::backend::{Lease, OwnerToken, QueueBackend, QueuedLock, Waiter};
+use lockkit_core::backend::{Intent, Lease, OwnerToken, QueueBackend, QueuedLock, Waiter};
 use lockkit_core::{
     Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
     ReleaseOnCrash, Result,
@@ -196,7 +196,7 @@ impl ZkBackend {
         session: &Arc<Session>,
         contender: Contender<'_>,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<(Node, Queued, Instant)>> {
         let Contender {
             dir,
@@ -235,7 +235,7 @@ impl ZkBackend {
             let Some((_, blocker)) = blocker else {
                 return Ok(Some((node, queued, sent)));
             };
-            if no_wait || waiter.is_over() {
+            if intent == Intent::Try || waiter.is_over() {
                 queued.leave().await;
                 return Ok(None);
             }
@@ -268,7 +268,7 @@ impl ZkBackend {
         session: Arc<Session>,
         permit: Permit<'_>,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<LockGuard>> {
         let Permit {
             name,
@@ -285,7 +285,7 @@ impl ZkBackend {
             shared: false,
         };
         let Some((_, mut mutex, _)) = self
-            .queue(&session, mutex_contender, waiter, no_wait)
+            .queue(&session, mutex_contender, waiter, intent)
             .await?
         else {
             return Ok(None);
@@ -316,7 +316,7 @@ impl ZkBackend {
             if children.len() <= permits as usize {
                 break Some(sent);
             }
-            if no_wait
+            if intent == Intent::Try
                 || waiter.is_over()
                 || waiter.until_deadline(watcher.changed()).await.is_err()
             {
@@ -543,7 +543,7 @@ impl ZkBackend {
         name: &str,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<LockGuard>> {
         let root = &self.sessions.settings.root;
         if let LockKind::Semaphore { permits } = opts.kind() {
@@ -558,7 +558,7 @@ impl ZkBackend {
                         opts,
                     },
                     waiter,
-                    no_wait,
+                    intent,
                 )
                 .await;
         }
@@ -575,7 +575,7 @@ impl ZkBackend {
             shared,
         };
         let Some((node, mut queued, sent)) =
-            self.queue(&session, contender, waiter, no_wait).await?
+            self.queue(&session, contender, waiter, intent).await?
         else {
             return Ok(None);
         };
@@ -586,7 +586,7 @@ impl ZkBackend {
 
 #[lockkit_core::async_trait]
 impl QueueBackend for ZkBackend {
-    fn backend(&self) -> &'static str {
+    fn backend_name(&self) -> &'static str {
         BACKEND
     }
 
@@ -611,18 +611,18 @@ impl QueueBackend for ZkBackend {
         name: &str,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<LockGuard>> {
         let mut retries = 0;
         loop {
             let session = waiter.until_deadline(self.sessions.session()).await??;
             match self
-                .lock_in(session.clone(), name, opts, waiter, no_wait)
+                .lock_in(session.clone(), name, opts, waiter, intent)
                 .await
             {
                 Err(error)
                     if session.has_ended()
-                        && !no_wait
+                        && intent == Intent::Wait
                         && !waiter.is_over()
                         && retries < SESSION_RETRIES =>
                 {
@@ -753,7 +753,7 @@ impl ZkLease {
 
 #[lockkit_core::async_trait]
 impl Lease for ZkLease {
-    fn backend(&self) -> &'static str {
+    fn backend_name(&self) -> &'static str {
         BACKEND
     }
 

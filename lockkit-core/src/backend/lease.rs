@@ -24,7 +24,7 @@ use crate::backend::local_queue::{LocalHandle, LocalQueue, LocalSlot};
 use crate::backend::notify::ReleaseWatch;
 use crate::backend::token::OwnerToken;
 use crate::backend::trace::traced_acquire;
-use crate::backend::wait::{Attempt, Waiter};
+use crate::backend::wait::{Attempt, Intent, Waiter};
 use crate::backoff::Backoff;
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
@@ -140,16 +140,6 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// Whether an attempt is part of an acquisition that waits; see
-/// [`LeaseBackend::try_lock`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Intent {
-    /// `try_acquire`, or `acquire` without a wait: busy is the final answer.
-    Try,
-    /// An `acquire` that waits and tries again while busy.
-    Wait,
-}
-
 /// The answer of [`LeaseBackend::hand_over`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handover {
@@ -253,10 +243,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
             guard.attach_slot(slot.expect("entered"));
             return Ok(guard);
         }
-        let intent = match opts.wait() {
-            Wait::NoWait => Intent::Try,
-            _ => Intent::Wait,
-        };
+        let intent = Intent::of(opts.wait());
         let mut grant = Grant::new(&self.backend, name, key, opts);
         let mut watch = None;
         loop {
@@ -632,7 +619,7 @@ impl<B: LeaseBackend> fmt::Debug for HeldLease<B> {
 
 #[async_trait::async_trait]
 impl<B: LeaseBackend> Lease for HeldLease<B> {
-    fn backend(&self) -> &'static str {
+    fn backend_name(&self) -> &'static str {
         self.backend.backend_name()
     }
 

@@ -57,7 +57,7 @@ pub use crate::options::{check_ttl, clock_drift};
 pub use connect::{CONNECT_BACKOFF, connect_retrying};
 pub use deferred::{ScheduledSpawn, spawn_at};
 pub use driver::{ConnectFn, ConnectFuture, Driver, boxed_connect};
-pub use lease::{Handover, Intent, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
+pub use lease::{Handover, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
 pub use local_queue::{Baton, LocalHandle, LocalQueue, LocalSlot};
 pub use notify::{NotifyHub, ReleaseWatch};
 pub use queued::{QueueBackend, QueuedLock};
@@ -67,4 +67,4 @@ pub use url::{
     MAX_TIMEOUT_PARAM, MultiHostUrl, bool_param, check_timeout, host_list, redact_url,
     timeout_param,
 };
-pub use wait::{Attempt, DEADLINE_GRACE, Waiter, acquire_by_attempts};
+pub use wait::{Attempt, DEADLINE_GRACE, Intent, Waiter, acquire_by_attempts};

@@ -4,12 +4,12 @@ use std::fmt;
 
 use crate::backend::local_queue::LocalQueue;
 use crate::backend::trace::traced_acquire;
-use crate::backend::wait::Waiter;
+use crate::backend::wait::{Intent, Waiter};
 use crate::capabilities::Capabilities;
-use crate::error::{LockError, Result};
+use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lock::DistributedLock;
-use crate::options::{LockKind, LockOptions, Wait};
+use crate::options::{LockKind, LockOptions};
 use crate::status::LockStatus;
 
 /// The primitive of a backend whose server keeps the queue of waiters
@@ -23,7 +23,7 @@ use crate::status::LockStatus;
 #[async_trait::async_trait]
 pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// The backend's name for logs and errors, e.g. `"zookeeper"`.
-    fn backend(&self) -> &'static str;
+    fn backend_name(&self) -> &'static str;
 
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
@@ -32,17 +32,18 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// [`validate_name`](crate::backend::validate_name).
     fn check_name(&self, name: &str) -> Result<()>;
 
-    /// Takes `name` for this caller. With `no_wait`, one try: `Ok(None)` when
-    /// someone else holds it, and nothing of the try is left behind. Otherwise
-    /// it waits in the server's queue within `waiter`'s deadline, and gives up
-    /// with `Ok(None)` or `Err(Timeout)` when the deadline passes. The future
-    /// may be dropped at any await point and must then leave nothing held.
+    /// Takes `name` for this caller. With [`Intent::Try`], one try: `Ok(None)`
+    /// when someone else holds it, and nothing of the try is left behind.
+    /// With [`Intent::Wait`] it waits in the server's queue within `waiter`'s
+    /// deadline, and gives up with `Ok(None)` or `Err(Timeout)` when the
+    /// deadline passes. The future may be dropped at any await point and must
+    /// then leave nothing held.
     async fn lock(
         &self,
         name: &str,
         opts: &LockOptions,
         waiter: &mut Waiter<'_>,
-        no_wait: bool,
+        intent: Intent,
     ) -> Result<Option<LockGuard>>;
 
     /// See [`DistributedLock::status_of`]; only called with kinds the
@@ -78,50 +79,51 @@ impl<B: QueueBackend> QueuedLock<B> {
         &self.backend
     }
 
+    /// Takes `name` as `intent` says, within `waiter`'s deadline: the local
+    /// queue of this client first (for an exclusive holding), then the
+    /// server's. `Ok(None)` when it was not taken.
     async fn acquire_inner(
         &self,
         name: &str,
         opts: &LockOptions,
-        try_only: bool,
+        waiter: &mut Waiter<'_>,
+        intent: Intent,
     ) -> Result<Option<LockGuard>> {
         self.backend.check_name(name)?;
         opts.validate()?;
-        opts.check_supported(self.backend.backend(), &self.backend.capabilities())?;
-        let mut waiter = Waiter::new(name, opts);
-        let no_wait = try_only || opts.wait() == Wait::NoWait;
+        opts.check_supported(self.backend.backend_name(), &self.backend.capabilities())?;
         let slot = if opts.kind() != LockKind::Exclusive {
             None
-        } else if no_wait {
-            match self.local.try_enter(name) {
-                Some(slot) => Some(slot),
-                None if try_only => return Ok(None),
-                None => return Err(waiter.timeout_error()),
-            }
         } else {
-            Some(waiter.until_deadline(self.local.enter(name)).await?)
-        };
-        crate::metrics::attempt(self.backend.backend());
-        match self.backend.lock(name, opts, &mut waiter, no_wait).await? {
-            Some(guard) => {
-                if let Some(slot) = slot {
-                    guard.attach_slot(slot);
-                }
-                Ok(Some(guard))
+            match intent {
+                Intent::Try => match self.local.try_enter(name) {
+                    Some(slot) => Some(slot),
+                    None => return Ok(None),
+                },
+                Intent::Wait => Some(waiter.until_deadline(self.local.enter(name)).await?),
             }
-            None if try_only => Ok(None),
-            None => Err(waiter.timeout_error()),
+        };
+        crate::metrics::attempt(self.backend.backend_name());
+        let guard = self.backend.lock(name, opts, waiter, intent).await?;
+        if let (Some(guard), Some(slot)) = (&guard, slot) {
+            guard.attach_slot(slot);
         }
+        Ok(guard)
     }
 }
 
 #[async_trait::async_trait]
 impl<B: QueueBackend> DistributedLock for QueuedLock<B> {
     async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        let attempt = self.acquire_inner(name, opts, true);
+        let attempt = async {
+            let mut waiter = Waiter::new(name, opts);
+            self.acquire_inner(name, opts, &mut waiter, Intent::Try)
+                .await
+        };
         traced_acquire(
             "try_acquire",
             name,
-            self.backend.backend(),
+            self.backend.backend_name(),
             attempt,
             Option::is_some,
         )
@@ -132,14 +134,19 @@ impl<B: QueueBackend> DistributedLock for QueuedLock<B> {
     /// same `Timeout` semantics as every backend.
     async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
         let acquire = async {
-            self.acquire_inner(name, opts, false).await?.ok_or_else(|| {
-                LockError::backend(
-                    self.backend.backend(),
-                    "acquire ended without a lock and without an error",
-                )
-            })
+            let mut waiter = Waiter::new(name, opts);
+            self.acquire_inner(name, opts, &mut waiter, Intent::of(opts.wait()))
+                .await?
+                .ok_or_else(|| waiter.timeout_error())
         };
-        traced_acquire("acquire", name, self.backend.backend(), acquire, |_| true).await
+        traced_acquire(
+            "acquire",
+            name,
+            self.backend.backend_name(),
+            acquire,
+            |_| true,
+        )
+        .await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -154,7 +161,7 @@ impl<B: QueueBackend> DistributedLock for QueuedLock<B> {
         self.backend.check_name(name)?;
         let opts = LockOptions::of_kind(kind);
         opts.validate()?;
-        opts.check_supported(self.backend.backend(), &self.backend.capabilities())?;
+        opts.check_supported(self.backend.backend_name(), &self.backend.capabilities())?;
         self.backend.status(name, kind).await
     }
 }

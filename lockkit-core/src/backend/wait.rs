@@ -11,6 +11,30 @@ use crate::backoff::Delays;
 use crate::error::{LockError, Result};
 use crate::options::{LockOptions, Wait};
 
+/// One try, or a wait: what an acquisition asks of a backend. The one word
+/// for it in every engine and backend ([`LeaseBackend::try_lock`](crate::backend::LeaseBackend::try_lock),
+/// [`QueueBackend::lock`](crate::backend::QueueBackend::lock)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intent {
+    /// `try_acquire`, or `acquire` without a wait: busy is the final answer,
+    /// and nothing of the try is left behind.
+    Try,
+    /// An `acquire` that waits (in the server's queue, or trying again) while
+    /// busy, within the waiter's deadline.
+    Wait,
+}
+
+impl Intent {
+    /// What an `acquire` with this wait asks: one try for
+    /// [`Wait::NoWait`], a wait otherwise.
+    pub fn of(wait: Wait) -> Intent {
+        match wait {
+            Wait::NoWait => Intent::Try,
+            _ => Intent::Wait,
+        }
+    }
+}
+
 /// How long an attempt that started before the deadline may run past it.
 /// Together with the final attempt this keeps `Timeout` within `wait + 100 ms`.
 pub const DEADLINE_GRACE: Duration = Duration::from_millis(50);

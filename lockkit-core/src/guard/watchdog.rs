@@ -148,7 +148,7 @@ async fn stoppable_step(shared: Arc<Shared>) {
         step.as_mut().poll(cx)
     });
     if AssertUnwindSafe(stoppable).catch_unwind().await.is_err() {
-        tracing::error!(lock.name = %shared.name, lock.backend = shared.lease.backend(), "the watchdog's step panicked; the holding is given up as lost");
+        tracing::error!(lock.name = %shared.name, lock.backend = shared.lease.backend_name(), "the watchdog's step panicked; the holding is given up as lost");
         shared.mark_lost(LostReason::RenewalFailed);
         shared.stop_watchdog();
     }
@@ -308,19 +308,19 @@ async fn watchdog_step(shared: Arc<Shared>) {
         let budget = valid_until.saturating_duration_since(sent);
         match tokio::time::timeout(budget, shared.lease.extend(ttl)).await {
             Ok(Ok(true)) => {
-                crate::metrics::renewal(shared.lease.backend(), "renewed");
+                crate::metrics::renewal(shared.lease.backend_name(), "renewed");
                 shared.record_extension(sent, ttl);
                 tracing::trace!(lock.name = %shared.name, "lease renewed");
             }
             Ok(Ok(false)) => {
-                crate::metrics::renewal(shared.lease.backend(), "refused");
+                crate::metrics::renewal(shared.lease.backend_name(), "refused");
                 drop(ops);
                 shared.mark_lost(LostReason::Revoked);
                 shared.stop_watchdog();
                 return;
             }
             Ok(Err(error)) => {
-                crate::metrics::renewal(shared.lease.backend(), "failed");
+                crate::metrics::renewal(shared.lease.backend_name(), "failed");
                 let mut timing = lock(&shared.timing);
                 let mut delays = timing
                     .retry
@@ -332,7 +332,7 @@ async fn watchdog_step(shared: Arc<Shared>) {
                 tracing::warn!(lock.name = %shared.name, %error, "lease renewal failed; retrying until the lease runs out");
             }
             Err(_elapsed) => {
-                crate::metrics::renewal(shared.lease.backend(), "failed");
+                crate::metrics::renewal(shared.lease.backend_name(), "failed");
                 // The validity ran out while the renewal was in flight; the
                 // next step marks the guard lost.
             }
@@ -433,7 +433,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Lease for Renewing {
-        fn backend(&self) -> &'static str {
+        fn backend_name(&self) -> &'static str {
             "test"
         }
         async fn extend(&self, _ttl: Duration) -> Result<bool> {
