@@ -163,10 +163,7 @@ pub fn save_summary(mode: RunMode, name: &str, summary: &str) {
     }
     let dir = crate::target_dir().join("lockkit-bench");
     let path = dir.join(format!("{name}-summary.md"));
-    let stamped = format!(
-        "{}\n\n{summary}",
-        lockkit_testkit::stamp::stamp(&bench_command())
-    );
+    let stamped = lockkit_testkit::stamp::stamped(&bench_command(), summary);
     match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, stamped)) {
         Ok(()) => println!("summary written to {}", path.display()),
         Err(e) => println!("could not write {}: {e}", path.display()),

@@ -30,6 +30,12 @@ pub fn stamp(command: &str) -> String {
     )
 }
 
+/// `body` under the stamp of `command`: the stamp line, a blank line, then
+/// `body`, as every generated summary starts.
+pub fn stamped(command: &str, body: &str) -> String {
+    format!("{}\n\n{body}", stamp(command))
+}
+
 /// The command line this process was started with, its program named by
 /// file name only (`lockkit-load --start redis -c 16`), for [`stamp`].
 /// Arguments with spaces or shell characters are single-quoted.

@@ -163,10 +163,9 @@ async fn main() -> ExitCode {
     if let Some(path) = &args.markdown
         && let Err(e) = std::fs::write(
             path,
-            format!(
-                "{}\n\n{}",
-                lockkit_testkit::stamp::stamp(&lockkit_testkit::stamp::this_command()),
-                markdown(&all)
+            lockkit_testkit::stamp::stamped(
+                &lockkit_testkit::stamp::this_command(),
+                &markdown(&all),
             ),
         )
     {

@@ -531,8 +531,5 @@ async fn density(dir: &std::path::Path, leases: usize, ttl: Duration) -> Result<
 
 /// `summary` under the stamp of this run (`scripts/reports.sh` copies it).
 fn stamped(summary: &str) -> String {
-    format!(
-        "{}\n\n{summary}",
-        lockkit_testkit::stamp::stamp(&lockkit_testkit::stamp::this_command())
-    )
+    lockkit_testkit::stamp::stamped(&lockkit_testkit::stamp::this_command(), summary)
 }

@@ -287,6 +287,7 @@ async fn run_soak(args: SoakArgs) -> ExitCode {
         }
     };
     let command = lockkit_testkit::stamp::this_command();
+    // One stamp for both: the summary and the full report are one run's.
     let stamp = lockkit_testkit::stamp::stamp(&command);
     let summary = format!("{stamp}\n\n{}", report.summary(&settings, &command));
     let _ = std::io::stdout().write_all(summary.as_bytes());

@@ -222,8 +222,7 @@ pub(crate) async fn loss_detection_after_kills<S: SqlServer>(database: &str, mod
     std::fs::create_dir_all(&dir)
         .and_then(|()| {
             let command = "cargo nextest run -p lockkit-sql --all-features -E 'test(loss_detection)' --no-capture";
-            let stamp = lockkit_testkit::stamp::stamp(command);
-            std::fs::write(&path, format!("{stamp}\n\n{table}"))
+            std::fs::write(&path, lockkit_testkit::stamp::stamped(command, &table))
         })
         .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     println!("{table}written to {}", path.display());
