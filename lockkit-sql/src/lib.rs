@@ -23,8 +23,6 @@ mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-mod row_lock;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod session;
 mod settings;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

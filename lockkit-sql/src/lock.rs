@@ -1,18 +1,12 @@
 //! `SqlLock`: one client of one database in one mode.
 
 use std::fmt;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use std::str::FromStr;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use std::sync::Arc;
 
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{
     Capabilities, DistributedLock, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
 };
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use crate::pool::KeptPool;
 use crate::settings::{Database, Mode, Settings, SqlConfig};
 
 /// A lock client on one SQL database, in one [`Mode`].
@@ -25,34 +19,22 @@ pub struct SqlLock {
     table: String,
     redacted_url: String,
     settings: Settings,
-    admin: Admin,
+    migrator: Box<dyn Migrator>,
     inner: Box<dyn DistributedLock>,
 }
 
-/// Where `migrate` connects (on a connection of its own, so that it never
-/// waits for one of the pool's).
-enum Admin {
-    #[cfg(feature = "postgres")]
-    Postgres(
-        Box<sqlx::postgres::PgConnectOptions>,
-        Arc<crate::postgres::PgSql>,
-    ),
-    #[cfg(feature = "mysql")]
-    MySql(
-        Box<sqlx::mysql::MySqlConnectOptions>,
-        Arc<crate::mysql::MySql>,
-    ),
-    #[cfg(feature = "sqlite")]
-    Sqlite(
-        Box<sqlx::sqlite::SqliteConnectOptions>,
-        Arc<crate::sqlite::SqliteSql>,
-        /// Holds an in-memory database open.
-        #[allow(dead_code, reason = "held, never read")]
-        Option<sqlx::SqliteConnection>,
-    ),
-    /// Never built: keeps the enum inhabited-looking without any feature.
-    #[allow(dead_code)]
-    None,
+/// A database's schema: what `migrate` creates, on a connection of its
+/// own (so that it never waits for one of the pool's).
+#[lockkit_core::async_trait]
+pub(crate) trait Migrator: Send + Sync {
+    /// Creates the lock table (and the fencing counter) if missing.
+    async fn migrate(&self, settings: &Settings) -> Result<()>;
+}
+
+/// A client a dialect opened: its schema and its lock.
+pub(crate) struct Opened {
+    pub(crate) migrator: Box<dyn Migrator>,
+    pub(crate) lock: Box<dyn DistributedLock>,
 }
 
 impl fmt::Debug for SqlLock {
@@ -93,19 +75,7 @@ impl SqlLock {
     /// Idempotent, and safe to run from many clients at once. `connect` runs
     /// it unless the URL says `migrate=false`.
     pub async fn migrate(&self) -> Result<()> {
-        let s = &self.settings;
-        match &self.admin {
-            #[cfg(feature = "postgres")]
-            Admin::Postgres(options, sql) => crate::postgres::migrate(options, sql, s).await,
-            #[cfg(feature = "mysql")]
-            Admin::MySql(options, sql) => crate::mysql::migrate(options, sql, s).await,
-            #[cfg(feature = "sqlite")]
-            Admin::Sqlite(options, sql, _) => crate::sqlite::migrate(options, sql, s).await,
-            Admin::None => {
-                let _ = s;
-                Ok(())
-            }
-        }
+        self.migrator.migrate(&self.settings).await
     }
 
     // Without any database feature, everything after the match is unreachable.
@@ -115,13 +85,13 @@ impl SqlLock {
     )]
     pub(crate) async fn open(config: SqlConfig) -> Result<SqlLock> {
         let settings = config.settings();
-        let (admin, inner) = match config.database {
+        let opened: Opened = match config.database {
             #[cfg(feature = "postgres")]
-            Database::Postgres => open_postgres(&config, &settings).await?,
+            Database::Postgres => crate::postgres::open(&config, &settings).await?,
             #[cfg(feature = "mysql")]
-            Database::MySql => open_mysql(&config, &settings).await?,
+            Database::MySql => crate::mysql::open(&config, &settings).await?,
             #[cfg(feature = "sqlite")]
-            Database::Sqlite => open_sqlite(&config, &settings).await?,
+            Database::Sqlite => crate::sqlite::open(&config, &settings).await?,
             #[allow(unreachable_patterns)]
             other => {
                 return Err(LockError::BackendNotCompiled {
@@ -136,8 +106,8 @@ impl SqlLock {
             table: config.table.clone(),
             redacted_url: config.redacted_url.clone(),
             settings,
-            admin,
-            inner,
+            migrator: opened.migrator,
+            inner: opened.lock,
         };
         if config.migrate {
             lock.migrate().await?;
@@ -147,200 +117,10 @@ impl SqlLock {
     }
 }
 
-#[cfg(feature = "postgres")]
-async fn open_postgres(
-    config: &SqlConfig,
-    settings: &Settings,
-) -> Result<(Admin, Box<dyn DistributedLock>)> {
-    use crate::postgres::{PgNotifications, PgSession, PgSessionMode, PgSql};
-    use sqlx::ConnectOptions as _;
-    let options = sqlx::postgres::PgConnectOptions::from_str(&config.driver_url)
-        .map_err(|e| config.invalid_url(e))?
-        .application_name("lockkit");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.connect_timeout)
-        .test_before_acquire(false)
-        .connect_lazy_with(options.clone());
-    // Eager, on a connection of its own: sqlx's pool would retry a refused
-    // connection until its timeout and then report only that it timed out.
-    close(
-        settings
-            .first_connection("connect", || options.connect())
-            .await?,
-    )
-    .await;
-    let sql = Arc::new(PgSql::new(&config.table));
-    let admin = Admin::Postgres(Box::new(options.clone()), sql.clone());
-    let inner: Box<dyn DistributedLock> = match config.mode {
-        Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
-            crate::lease::LeaseRows::new(
-                crate::postgres::PgLease {
-                    sql,
-                    notifications: PgNotifications::new(options),
-                },
-                KeptPool::new(pool),
-                settings.clone(),
-            ),
-        )),
-        mode => {
-            // Identity records are lease rows; no one waits for them.
-            let records = Arc::new(crate::lease::LeaseRows::new(
-                crate::postgres::PgLease {
-                    sql: sql.clone(),
-                    notifications: PgNotifications::new(options.clone()),
-                },
-                KeptPool::new(pool.clone()),
-                settings.clone(),
-            ));
-            Box::new(lockkit_core::backend::QueuedLock::new(
-                crate::session::SessionLock::new(
-                    PgSession {
-                        options,
-                        pool,
-                        sql,
-                        mode: if mode == Mode::Row {
-                            PgSessionMode::Row
-                        } else {
-                            PgSessionMode::Advisory
-                        },
-                        settings: settings.clone(),
-                    },
-                    records,
-                ),
-            ))
-        }
-    };
-    Ok((admin, inner))
-}
-
-#[cfg(feature = "mysql")]
-async fn open_mysql(
-    config: &SqlConfig,
-    settings: &Settings,
-) -> Result<(Admin, Box<dyn DistributedLock>)> {
-    use crate::mysql::{FenceSource, MySql, MySqlSession, MySqlSessionMode};
-    use sqlx::ConnectOptions as _;
-    let options = sqlx::mysql::MySqlConnectOptions::from_str(&config.driver_url)
-        .map_err(|e| config.invalid_url(e))?;
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.connect_timeout)
-        .test_before_acquire(false)
-        .connect_lazy_with(options.clone());
-    // Eager, on a connection of its own (see `open_postgres`).
-    let mut conn = settings
-        .first_connection("connect", || options.connect())
-        .await?;
-    let version: String = settings
-        .bounded(
-            "read the server version",
-            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut conn),
-        )
-        .await?;
-    close(conn).await;
-    let fence_source = match config.mysql_counter_fencing {
-        true => FenceSource::Counter,
-        false => FenceSource::for_version(&version),
-    };
-    tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
-    let sql = Arc::new(MySql::new(&config.table, fence_source));
-    let admin = Admin::MySql(Box::new(options.clone()), sql.clone());
-    let inner: Box<dyn DistributedLock> = match config.mode {
-        Mode::Lease => Box::new(lockkit_core::backend::LeaseLock::new(
-            crate::lease::LeaseRows::new(
-                crate::mysql::MyLease { sql },
-                KeptPool::new(pool),
-                settings.clone(),
-            ),
-        )),
-        mode => {
-            let records = Arc::new(crate::lease::LeaseRows::new(
-                crate::mysql::MyLease { sql: sql.clone() },
-                KeptPool::new(pool.clone()),
-                settings.clone(),
-            ));
-            Box::new(lockkit_core::backend::QueuedLock::new(
-                crate::session::SessionLock::new(
-                    MySqlSession {
-                        options,
-                        pool,
-                        sql,
-                        mode: if mode == Mode::Row {
-                            MySqlSessionMode::Row
-                        } else {
-                            MySqlSessionMode::Named
-                        },
-                        settings: settings.clone(),
-                    },
-                    records,
-                ),
-            ))
-        }
-    };
-    Ok((admin, inner))
-}
-
 /// Closes a connection politely, without waiting long for the server.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-async fn close(conn: impl sqlx::Connection) {
+pub(crate) async fn close(conn: impl sqlx::Connection) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn.close()).await;
-}
-
-#[cfg(feature = "sqlite")]
-async fn open_sqlite(
-    config: &SqlConfig,
-    settings: &Settings,
-) -> Result<(Admin, Box<dyn DistributedLock>)> {
-    use sqlx::ConnectOptions as _;
-    use sqlx::sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-    };
-    let in_memory = config.driver_url == "sqlite://:memory:";
-    let mut options = SqliteConnectOptions::from_str(&config.driver_url)
-        .map_err(|e| config.invalid_url(e))?
-        .create_if_missing(true)
-        .busy_timeout(config.command_timeout);
-    if !in_memory {
-        options = options
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal);
-    }
-    // An in-memory database lives as long as one of its connections: the
-    // keeper holds it open for the client's lifetime. (Not a pool minimum:
-    // that needs a runtime to drop the client.)
-    let keeper = if in_memory {
-        Some(
-            settings
-                .first_connection("open the database", || options.connect())
-                .await?,
-        )
-    } else {
-        None
-    };
-    let pool = SqlitePoolOptions::new()
-        .max_connections(config.max_connections)
-        .acquire_timeout(config.connect_timeout)
-        .test_before_acquire(false)
-        .min_connections(0)
-        .idle_timeout(Some(std::time::Duration::from_secs(600)))
-        .max_lifetime(Some(std::time::Duration::from_secs(1800)))
-        .connect_lazy_with(options.clone());
-    drop(
-        settings
-            .first_connection("open the database", || pool.acquire())
-            .await?,
-    );
-    let sql = Arc::new(crate::sqlite::SqliteSql::new(&config.table));
-    let admin = Admin::Sqlite(Box::new(options), sql.clone(), keeper);
-    let inner = Box::new(lockkit_core::backend::LeaseLock::new(
-        crate::lease::LeaseRows::new(
-            crate::sqlite::SqliteLease { sql },
-            KeptPool::new(pool),
-            settings.clone(),
-        ),
-    ));
-    Ok((admin, inner))
 }
 
 #[lockkit_core::async_trait]

@@ -1,25 +1,149 @@
-//! Small helpers shared by the databases' statement code.
+//! Running a dialect's statements: their text, their bound values, and the
+//! future of their answer. Every dialect binds through [`bind`], so that a
+//! statement's call site reads as its text and its values in order.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::AssertSqlSafe;
+use futures_util::future::BoxFuture;
+use sqlx::query::{Query, QueryAs, QueryScalar};
+use sqlx::{AssertSqlSafe, Database, Encode, FromRow, Type};
 
-/// A prepared statement's text, built once from a validated table name (see
-/// [`validate_table`](crate::validate_table)); lock names are bound
-/// parameters, never part of it.
-pub(crate) fn q(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+/// The answer of one statement on one connection.
+pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
+
+/// A statement's text, built once from a validated table name (see
+/// [`validate_table`](crate::validate_table)) and so safe to send as it is;
+/// lock names are bound values, never part of it.
+pub(crate) fn trusted(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
     AssertSqlSafe(sql.clone())
+}
+
+/// One value a statement binds, in the type its column has.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Value<'a> {
+    Text(&'a str),
+    /// A text that may be `NULL`.
+    MaybeText(Option<&'a str>),
+    /// Bytes, for MySQL's `VARBINARY` name column.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Bytes(&'a [u8]),
+    Int(i64),
+    /// Seconds, for MySQL's `GET_LOCK`.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Float(f64),
+}
+
+/// The databases that bind every [`Value`].
+pub(crate) trait Binds: Database {
+    /// `query` with `value` bound next.
+    fn bind_value<'q, Q: Bind<'q, Self>>(query: Q, value: Value<'q>) -> Q;
+}
+
+impl<DB> Binds for DB
+where
+    DB: Database,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB> + Type<DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    i64: for<'a> Encode<'a, DB> + Type<DB>,
+    f64: for<'a> Encode<'a, DB> + Type<DB>,
+{
+    fn bind_value<'q, Q: Bind<'q, DB>>(query: Q, value: Value<'q>) -> Q {
+        match value {
+            Value::Text(text) => query.bind_one(text),
+            Value::MaybeText(text) => query.bind_one(text),
+            Value::Bytes(bytes) => query.bind_one(bytes),
+            Value::Int(n) => query.bind_one(n),
+            Value::Float(x) => query.bind_one(x),
+        }
+    }
+}
+
+/// A query that takes bound values (sqlx's three kinds). (sqlx keeps an
+/// encoding error and reports it when the statement runs.)
+pub(crate) trait Bind<'q, DB: Database>: Sized {
+    fn bind_one<T: 'q + Encode<'q, DB> + Type<DB>>(self, value: T) -> Self;
+
+    /// `values`, in order.
+    fn bind_all(self, values: &[Value<'q>]) -> Self
+    where
+        DB: Binds,
+    {
+        values
+            .iter()
+            .fold(self, |query, value| DB::bind_value(query, *value))
+    }
+}
+
+impl<'q, DB: Database> Bind<'q, DB> for Query<'q, DB, DB::Arguments> {
+    fn bind_one<T: 'q + Encode<'q, DB> + Type<DB>>(self, value: T) -> Self {
+        self.bind(value)
+    }
+}
+
+impl<'q, DB: Database, O> Bind<'q, DB> for QueryAs<'q, DB, O, DB::Arguments> {
+    fn bind_one<T: 'q + Encode<'q, DB> + Type<DB>>(self, value: T) -> Self {
+        self.bind(value)
+    }
+}
+
+impl<'q, DB: Database, O> Bind<'q, DB> for QueryScalar<'q, DB, O, DB::Arguments> {
+    fn bind_one<T: 'q + Encode<'q, DB> + Type<DB>>(self, value: T) -> Self {
+        self.bind(value)
+    }
+}
+
+/// The statement `sql` with `values` bound, for `execute`.
+pub(crate) fn bound<'q, DB: Binds>(
+    sql: &Arc<str>,
+    values: &[Value<'q>],
+) -> Query<'q, DB, DB::Arguments> {
+    sqlx::query(trusted(sql)).bind_all(values)
+}
+
+/// The statement `sql` with `values` bound, answering one column.
+pub(crate) fn bound_scalar<'q, DB: Binds, O>(
+    sql: &Arc<str>,
+    values: &[Value<'q>],
+) -> QueryScalar<'q, DB, O, DB::Arguments>
+where
+    (O,): for<'r> FromRow<'r, DB::Row>,
+{
+    sqlx::query_scalar(trusted(sql)).bind_all(values)
+}
+
+/// The statement `sql` with `values` bound, answering rows of `O`.
+pub(crate) fn bound_rows<'q, DB: Binds, O>(
+    sql: &Arc<str>,
+    values: &[Value<'q>],
+) -> QueryAs<'q, DB, O, DB::Arguments>
+where
+    O: for<'r> FromRow<'r, DB::Row>,
+{
+    sqlx::query_as(trusted(sql)).bind_all(values)
+}
+
+/// A duration in whole milliseconds.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn whole_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A duration as the whole milliseconds a statement binds.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+pub(crate) fn millis(d: Duration) -> Value<'static> {
+    Value::Int(whole_millis(d))
 }
 
 /// A duration as the whole microseconds a statement binds.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+pub(crate) fn micros(d: Duration) -> Value<'static> {
+    Value::Int(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// A remaining time in milliseconds as a server answered it (never
+/// negative).
+pub(crate) fn remaining_ms(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
 }

@@ -25,6 +25,10 @@
 //! [`holder_row_name`]) if no live reader has it, and gives it up when it
 //! leaves: the group shows one of its readers' identities.
 
+mod reader;
+mod records;
+mod rows;
+
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -36,20 +40,19 @@ use lockkit_core::backend::{
     Attempt, Handover, Intent, LeaseBackend, OwnerToken, ReleaseWatch, holder_of, stored_owner,
     validate_name,
 };
-use lockkit_core::{Capabilities, FencingToken, LockError, LockKind, LockStatus, Result};
-use tokio::sync::oneshot;
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 
-use crate::error::is_deadlock;
 use crate::names::check_slot_permits;
-use crate::pool::{KeptPool, Undo};
+use crate::pool::KeptPool;
 use crate::settings::Settings;
-use crate::slots::SlotPlan;
+use crate::statement::{Answer, Binds, remaining_ms};
+
+use records::waiting_row_name;
+pub(crate) use records::{IdentityRecords, holder_row_name, permit_row_name};
+use rows::Rows;
 
 /// A database connection of dialect `D`.
 pub(crate) type Conn<D> = <<D as LeaseDialect>::Db as sqlx::Database>::Connection;
-
-/// The answer of one statement on one connection.
-pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
 
 /// One database's lease statements: their SQL text, binds and how their
 /// answers read, each run on the connection it is given. [`LeaseRows`] does
@@ -57,7 +60,7 @@ pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
 /// timeout, errors, and undoing an acquire that was abandoned.
 pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     /// The sqlx database.
-    type Db: sqlx::Database;
+    type Db: Binds;
     /// What `lease` mode guarantees on this database.
     const CAPABILITIES: Capabilities;
 
@@ -174,8 +177,26 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// A live lease row: its fence, remaining milliseconds and owner.
-pub(crate) type LiveRow = (i64, i64, Option<String>);
+/// A live lease row.
+#[derive(Debug)]
+pub(crate) struct LiveRow {
+    pub(crate) fence: i64,
+    /// Until it expires, by the server's clock.
+    pub(crate) remaining: Duration,
+    /// A writer's stored owner, or a reader group (see [`group_size`]).
+    pub(crate) owner: Option<String>,
+}
+
+impl From<(i64, i64, Option<String>)> for LiveRow {
+    /// A status statement's answer: fence, remaining milliseconds, owner.
+    fn from((fence, remaining, owner): (i64, i64, Option<String>)) -> Self {
+        LiveRow {
+            fence,
+            remaining: remaining_ms(remaining),
+            owner,
+        }
+    }
+}
 
 /// The number of readers in the group that a row's `owner` stands for
 /// (`\x01r<epoch>:<count>`); `None` for a writer's token.
@@ -199,384 +220,6 @@ impl<D: LeaseDialect> LeaseRows<D> {
                 settings,
             }),
         }
-    }
-}
-
-/// The statements of `lease` mode, each on a kept connection under the
-/// command timeout.
-#[derive(Debug)]
-struct Rows<D: LeaseDialect> {
-    dialect: Arc<D>,
-    pool: KeptPool<D::Db>,
-    settings: Settings,
-}
-
-impl<D: LeaseDialect> Rows<D> {
-    /// What releases the lease if an acquire by `owner` is abandoned before
-    /// its answer: the dialect's release, on the acquire's own connection.
-    fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
-        let (dialect, owner) = (self.dialect.clone(), owner.to_owned());
-        Undo::new(&self.settings, name, move |conn, name| {
-            Box::pin(async move { dialect.release(conn, &name, &owner).await.map(drop) })
-        })
-    }
-
-    /// Cancellation-safe without a task per attempt: if the upsert is
-    /// abandoned before it answers, a release runs after it on the same
-    /// connection (see [`Undo`]), so it cannot overtake a statement that may
-    /// still take the lease. (SQLite's statements run on a worker thread
-    /// that a dropped future does not stop; the release queues behind it
-    /// there too.)
-    async fn acquire_row(
-        &self,
-        name: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let undo = self.undo_acquire(name, owner);
-        let answer = self
-            .settings
-            .timed(async {
-                self.dialect.ready_acquire(&mut loan).await?;
-                loan.undo_with(undo);
-                self.dialect.acquire(&mut loan, name, owner, ttl).await
-            })
-            .await;
-        loan.finish(&self.settings, "acquire", answer)
-    }
-
-    async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.extend(&mut loan, name, owner, ttl))
-            .await;
-        loan.finish(&self.settings, "extend", answer)
-    }
-
-    async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.release(&mut loan, name, owner))
-            .await;
-        loan.finish(&self.settings, "release", answer)
-    }
-
-    /// The live lease on row `name`.
-    async fn row_status(&self, name: &str) -> Result<Option<LiveRow>> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.status(&mut loan, name))
-            .await;
-        loan.finish(&self.settings, "read the lock's status", answer)
-    }
-
-    /// A permit: each slot's row tried once, as [`SlotPlan`] orders them,
-    /// with the lease upsert; busy, with the soonest expiry, when all are
-    /// held.
-    async fn acquire_permit(
-        &self,
-        slots: &[String],
-        taken: &AtomicUsize,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let mut soonest: Option<Duration> = None;
-        for slot in SlotPlan::new(slots.len()).order() {
-            match self.acquire_row(&slots[slot], owner, ttl).await? {
-                Attempt::Acquired(fence) => {
-                    taken.store(slot, Ordering::SeqCst);
-                    return Ok(Attempt::Acquired(fence));
-                }
-                Attempt::Busy { retry_after } => {
-                    soonest = match (soonest, retry_after) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-            }
-        }
-        Ok(Attempt::Busy {
-            retry_after: soonest,
-        })
-    }
-
-    /// A writer's attempt: the lease upsert. Busy while waiting, it records
-    /// the writer as waiting (so that new readers hold back) and tries again
-    /// within `ttl / 2`, before the record runs out; granted, it deletes the
-    /// record (each attempt has an owner of its own, so whoever's it is, as
-    /// a writer's grant does on Redis).
-    async fn acquire_writer(
-        &self,
-        name: &str,
-        waiting: &AtomicBool,
-        owner: &str,
-        ttl: Duration,
-        intent: Intent,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let answer = self.acquire_row(name, owner, ttl).await?;
-        match answer {
-            Attempt::Busy { retry_after } if intent == Intent::Wait => {
-                // Set first: a record made by an abandoned attempt is withdrawn too.
-                waiting.store(true, Ordering::SeqCst);
-                self.mark_waiting(name, owner, ttl).await?;
-                let half = ttl / 2;
-                Ok(Attempt::Busy {
-                    retry_after: Some(retry_after.map_or(half, |r| r.min(half))),
-                })
-            }
-            Attempt::Acquired(_) if waiting.swap(false, Ordering::SeqCst) => {
-                if let Err(error) = self.unmark_waiting(name, None).await {
-                    tracing::warn!(lock.name = %name, %error, "could not withdraw a granted writer's waiting record; it ends with its TTL");
-                }
-                Ok(answer)
-            }
-            answer => Ok(answer),
-        }
-    }
-
-    async fn mark_waiting(&self, name: &str, owner: &str, ttl: Duration) -> Result<()> {
-        self.write_record(
-            &waiting_row_name(name),
-            owner,
-            ttl,
-            "record a waiting writer",
-        )
-        .await
-    }
-
-    async fn unmark_waiting(&self, name: &str, owner: Option<&str>) -> Result<()> {
-        let waiting = waiting_row_name(name);
-        self.delete_record(name, &waiting, owner, "withdraw a waiting writer")
-            .await
-    }
-
-    /// Writes `owner` into the record row `row` for `ttl`, in place of any
-    /// earlier one (a waiting writer's record, or a holder's identity).
-    async fn write_record(&self, row: &str, owner: &str, ttl: Duration, what: &str) -> Result<()> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.mark_waiting(&mut loan, row, owner, ttl))
-            .await;
-        loan.finish(&self.settings, what, answer)
-    }
-
-    /// Deletes the record row `row` if it is `owner`'s (anyone's with
-    /// `None`); on Postgres, wakes the waiters of `name`.
-    async fn delete_record(
-        &self,
-        name: &str,
-        row: &str,
-        owner: Option<&str>,
-        what: &str,
-    ) -> Result<()> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.unmark_waiting(&mut loan, name, row, owner))
-            .await;
-        loan.finish(&self.settings, what, answer)
-    }
-
-    /// One reader's attempt, as its own statement. A deadlock victim's
-    /// statement did nothing (the server rolled it back): it runs again, up
-    /// to three times in all (InnoDB picks victims among readers that race
-    /// for the same rows).
-    async fn share_row(
-        &self,
-        name: &str,
-        waiting: &str,
-        ttl: Duration,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        const WHAT: &str = "acquire a shared lease";
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let mut loan = self.pool.lend(&self.settings).await?;
-            let answer = self
-                .settings
-                .timed(self.dialect.share(&mut loan, name, waiting, ttl))
-                .await;
-            if tries < 3 && matches!(&answer, Ok(Err(error)) if is_deadlock(error)) {
-                tracing::debug!(lock.name = %name, "shared lease attempt chosen as a deadlock victim; running it again");
-                let _ = loan.finish(&self.settings, WHAT, answer);
-                continue;
-            }
-            return loan.finish(&self.settings, WHAT, answer);
-        }
-    }
-
-    async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.extend_share(&mut loan, name, token, ttl))
-            .await;
-        loan.finish(&self.settings, "extend a shared lease", answer)
-    }
-
-    async fn leave(&self, name: &str, token: i64) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.leave(&mut loan, name, token))
-            .await;
-        loan.finish(&self.settings, "release a shared lease", answer)
-    }
-}
-
-/// Identity records: lease rows that say who holds a lock whose holding has
-/// no place for it (a session lock; see [`holder_row_name`]). The record's
-/// owner is [`stored_owner`]'s value; its lease follows the holding's.
-#[lockkit_core::async_trait]
-// Only the session modes write records; SQLite alone reads them.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
-pub(crate) trait IdentityRecords: Send + Sync + fmt::Debug + 'static {
-    /// Writes `owner` into the record `row` for `ttl`, in place of any
-    /// earlier record (a crashed holder's, whose lease may still run).
-    async fn record(&self, row: &str, owner: &str, ttl: Duration) -> Result<()>;
-    /// Deletes the record `row` if it is still `owner`'s.
-    async fn forget(&self, row: &str, owner: &str) -> Result<()>;
-    /// The holder identity in the live record `row`, if any.
-    async fn read(&self, row: &str) -> Result<Option<String>>;
-}
-
-/// The same upsert and conditional delete as a waiting writer's record,
-/// on a row of its own.
-#[lockkit_core::async_trait]
-impl<D: LeaseDialect> IdentityRecords for LeaseRows<D> {
-    async fn record(&self, row: &str, owner: &str, ttl: Duration) -> Result<()> {
-        self.rows
-            .write_record(row, owner, ttl, "record the holder's identity")
-            .await
-    }
-
-    async fn forget(&self, row: &str, owner: &str) -> Result<()> {
-        self.rows
-            .delete_record(row, row, Some(owner), "delete the holder's identity")
-            .await
-    }
-
-    async fn read(&self, row: &str) -> Result<Option<String>> {
-        let record = self.rows.row_status(row).await?;
-        Ok(record.and_then(|(_, _, owner)| holder_of(&owner?).map(str::to_owned)))
-    }
-}
-
-/// A reader's token that no caller has taken yet: dropped, the reader
-/// leaves its group (and gives up the identity record it took, if any).
-struct Joined<D: LeaseDialect> {
-    rows: Arc<Rows<D>>,
-    name: String,
-    token: Option<i64>,
-    /// The identity record's row and stored owner, if this reader took it.
-    record: Option<(String, String)>,
-}
-
-impl<D: LeaseDialect> Joined<D> {
-    fn take(mut self) -> (i64, bool) {
-        (
-            self.token.take().unwrap_or_default(),
-            self.record.take().is_some(),
-        )
-    }
-}
-
-impl<D: LeaseDialect> Drop for Joined<D> {
-    fn drop(&mut self) {
-        let Some(token) = self.token.take() else {
-            return;
-        };
-        let (rows, name) = (self.rows.clone(), std::mem::take(&mut self.name));
-        let record = self.record.take();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(lock.name = %name, "an abandoned shared acquire cannot be undone outside a runtime; its group ends with its TTL");
-            return;
-        };
-        runtime.spawn(async move {
-            if let Some((row, owner)) = record {
-                let _ = rows.release_row(&row, &owner).await;
-            }
-            match rows.leave(&name, token).await {
-                Ok(_) => tracing::debug!(lock.name = %name, "undid an abandoned shared acquire"),
-                Err(error) => tracing::warn!(lock.name = %name, %error, "could not undo an abandoned shared acquire; its group ends with its TTL"),
-            }
-        });
-    }
-}
-
-/// What a reader's attempt answers its caller.
-enum Shared<D: LeaseDialect> {
-    Joined(Joined<D>),
-    Busy(Option<Duration>),
-}
-
-impl<D: LeaseDialect> LeaseRows<D> {
-    /// A reader's attempt, cancellation-safe: the statement runs in a task
-    /// of its own, and a token its caller no longer takes leaves the group
-    /// (a reader has no owner of its own in the row to undo by).
-    /// A reader that records an identity (`record`: the record's row and
-    /// the stored owner) then takes the record if no live reader has it.
-    async fn acquire_reader(
-        &self,
-        name: &str,
-        waiting: &str,
-        slot: &AtomicU64,
-        ttl: Duration,
-        record: Option<(&str, &str)>,
-        recorded: &AtomicBool,
-    ) -> Result<Attempt<Option<FencingToken>>> {
-        let (tx, rx) = oneshot::channel();
-        let (rows, name, waiting) = (self.rows.clone(), name.to_owned(), waiting.to_owned());
-        let record = record.map(|(row, owner)| (row.to_owned(), owner.to_owned()));
-        tokio::spawn(async move {
-            let answer = match rows.share_row(&name, &waiting, ttl).await {
-                Ok(Attempt::Acquired(token)) => {
-                    let mut joined = Joined {
-                        rows: rows.clone(),
-                        name,
-                        token: Some(token.map_or(0, |t| t.get() as i64)),
-                        record: None,
-                    };
-                    match record {
-                        Some((row, owner)) => match rows.acquire_row(&row, &owner, ttl).await {
-                            Ok(taken) => {
-                                if matches!(taken, Attempt::Acquired(_)) {
-                                    joined.record = Some((row, owner));
-                                }
-                                Ok(Shared::Joined(joined))
-                            }
-                            // Dropped, `joined` leaves the group.
-                            Err(error) => Err(error),
-                        },
-                        None => Ok(Shared::Joined(joined)),
-                    }
-                }
-                Ok(Attempt::Busy { retry_after }) => Ok(Shared::Busy(retry_after)),
-                Err(error) => Err(error),
-            };
-            // Undelivered, a `Joined` drops here or in the channel and leaves.
-            let _ = tx.send(answer);
-        });
-        let answer = rx.await.map_err(|_| {
-            LockError::backend(
-                self.rows.settings.backend,
-                "a shared acquire's statement task ended without an answer",
-            )
-        })??;
-        Ok(match answer {
-            Shared::Joined(joined) => {
-                let (token, took_record) = joined.take();
-                recorded.store(took_record, Ordering::SeqCst);
-                slot.store(token as u64, Ordering::SeqCst);
-                Attempt::Acquired(Some(FencingToken::new(token as u64)))
-            }
-            Shared::Busy(retry_after) => Attempt::Busy { retry_after },
-        })
     }
 }
 
@@ -627,40 +270,6 @@ impl Holding {
                 slots.get(taken.load(Ordering::SeqCst)).map(String::as_str)
             }
         }
-    }
-}
-
-/// A row beside the lock's own for `name`: `\x01<role>:` and 40 hex digits
-/// of the SHA-256 of the name. Lock names cannot contain `\x01`, so these
-/// rows are apart from every lock's row, and they fit every database's
-/// name column.
-fn side_row_name(role: &str, name: &str) -> String {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(name.as_bytes());
-    let hex: String = digest[..20].iter().map(|b| format!("{b:02x}")).collect();
-    format!("\u{1}{role}:{hex}")
-}
-
-/// The lease row of permit slot `slot` (0-based) of the semaphore `name`:
-/// `\x01permit:<hash>:<slot>` (see [`side_row_name`]).
-pub(crate) fn permit_row_name(name: &str, slot: u32) -> String {
-    format!("{}:{slot}", side_row_name("permit", name))
-}
-
-/// The row where a writer waiting for `name` records itself:
-/// `\x01waiting:<hash>`.
-pub(crate) fn waiting_row_name(name: &str) -> String {
-    side_row_name("waiting", name)
-}
-
-/// The row that records the identity of a holder of `name` where the
-/// holding itself has no place for it (a reader group in `lease` mode, a
-/// session lock): `\x01holder:<hash>`, or `\x01holders:<hash>` for the
-/// semaphore `name`.
-pub(crate) fn holder_row_name(name: &str, kind: LockKind) -> String {
-    match kind {
-        LockKind::Semaphore { .. } => side_row_name("holders", name),
-        _ => side_row_name("holder", name),
     }
 }
 
@@ -855,11 +464,12 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
             Holding::Lock { name, .. } | Holding::Shared { name, .. } => std::slice::from_ref(name),
             Holding::Permit { slots, .. } => slots,
         };
-        let (mut holders, mut last, mut holder) = (0, None::<(i64, i64)>, None);
+        let (mut holders, mut last, mut holder) = (0, None::<(i64, Duration)>, None);
         let mut group = None;
         for row in rows {
-            if let Some((fence, left_ms, owner)) = self.rows.row_status(row).await? {
-                let owner = owner.unwrap_or_default();
+            if let Some(live) = self.rows.row_status(row).await? {
+                let (fence, remaining) = (live.fence, live.remaining);
+                let owner = live.owner.unwrap_or_default();
                 match group_size(&owner) {
                     Some(readers) => {
                         holders += readers;
@@ -868,16 +478,18 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
                     None => holders += 1,
                 }
                 holder = holder.or_else(|| holder_of(&owner).map(str::to_owned));
-                last = Some(last.map_or((fence, left_ms), |(f, l)| (f.max(fence), l.max(left_ms))));
+                last = Some(last.map_or((fence, remaining), |(f, r)| {
+                    (f.max(fence), r.max(remaining))
+                }));
             }
         }
         if let Some(name) = group {
             holder = self.read(&holder_row_name(name, LockKind::Shared)).await?;
         }
         Ok(match last {
-            Some((fence, left_ms)) => {
+            Some((fence, remaining)) => {
                 let status = LockStatus::held()
-                    .with_remaining(Some(Duration::from_millis(left_ms.max(0) as u64)))
+                    .with_remaining(Some(remaining))
                     .with_holders(Some(holders))
                     .with_holder(holder);
                 match &key.holding {

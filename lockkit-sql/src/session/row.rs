@@ -1,34 +1,46 @@
-//! The row-lock loop of `row` mode, written once for every database that
-//! has it: each database says how to begin and roll back, its locking
-//! `SELECT`, how to create a missing row, and what a grant still needs.
+//! `row` mode, written once for every database that has it: a lock is a
+//! locking `SELECT` of the name's row in a transaction that stays open
+//! while it is held. Each database gives its statements ([`RowLocking`]);
+//! [`RowSession`] is the [`SessionDb`] of the mode on any of them.
 
-use futures_util::future::BoxFuture;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lockkit_core::backend::Intent;
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::{Database, Executor};
 
+use super::{Locked, ServerWait, SessionDb};
 use crate::error::{is_deadlock, is_lock_busy};
+use crate::lease::permit_row_name;
+use crate::names::check_slot_permits;
+use crate::settings::Settings;
+use crate::slots::SlotPlan;
+use crate::statement::Answer;
 
-/// One statement's answer on a connection.
-pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
-
-/// One database's statements of `row` mode.
-pub(crate) trait RowLocking: Sync {
+/// One database's statements of `row` mode, on the dedicated connections
+/// of its session modes.
+pub(crate) trait RowLocking: SessionDb {
     /// The sqlx database.
     type Db: Database;
-    /// A dedicated connection.
-    type Conn: Send;
+    /// What `row` mode guarantees on this database.
+    const CAPABILITIES: Capabilities;
 
     /// The sqlx connection of a dedicated connection.
     fn connection(conn: &mut Self::Conn) -> &mut <Self::Db as Database>::Connection;
 
-    /// The locking `SELECT` of `name`'s row (`FOR UPDATE`, or `FOR UPDATE
-    /// NOWAIT` with `no_wait`; the share-mode lock with `shared`, where the
-    /// mode claims shared holdings): `Some(token)` once granted, `None` when
-    /// the row does not exist, a "lock busy" error when the wait ended.
+    /// Sets how long the server waits for a row lock on `conn` (nothing
+    /// for [`ServerWait::NoWait`]: the statement says `NOWAIT`).
+    fn set_wait<'c>(&'c self, conn: &'c mut Self::Conn, wait: ServerWait) -> Answer<'c, ()>;
+
+    /// The locking `SELECT` of `name`'s row (`FOR UPDATE`, `NOWAIT` for
+    /// [`Intent::Try`]; the share-mode lock with `shared`, where the mode
+    /// claims shared holdings): `Some(token)` once granted, `None` when the
+    /// row does not exist, a "lock busy" error when the wait ended.
     fn select<'c>(
         &'c self,
         conn: &'c mut Self::Conn,
         name: &'c str,
-        no_wait: bool,
+        intent: Intent,
         shared: bool,
     ) -> Answer<'c, Option<i64>>;
 
@@ -68,16 +80,172 @@ pub(crate) trait RowLocking: Sync {
         let _ = conn;
         Box::pin(std::future::ready(Ok(token)))
     }
+
+    /// Whether `name`'s row exists and cannot be locked, asked on a pooled
+    /// connection without waiting, and how many wait for it where the
+    /// server can tell.
+    fn row_state<'c>(&'c self, name: &'c str) -> Answer<'c, (bool, Option<usize>)>;
+}
+
+/// The key of a holding in `row` mode.
+#[derive(Debug)]
+pub(crate) enum RowKey {
+    /// The row's name, and whether the lock is the share lock.
+    Row { name: String, shared: bool },
+    /// The rows of a semaphore's permit slots (see [`permit_row_name`]),
+    /// and the slot taken, once granted.
+    Slots {
+        slots: Vec<String>,
+        taken: AtomicUsize,
+    },
+}
+
+/// `row` mode on the database whose statements `R` gives.
+#[derive(Debug)]
+pub(crate) struct RowSession<R>(pub(crate) R);
+
+#[lockkit_core::async_trait]
+impl<R: RowLocking> SessionDb for RowSession<R>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    type Conn = R::Conn;
+    type Key = RowKey;
+
+    fn settings(&self) -> &Settings {
+        self.0.settings()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        R::CAPABILITIES
+    }
+
+    fn key(&self, name: &str, kind: LockKind) -> Result<RowKey> {
+        Ok(match kind {
+            LockKind::Semaphore { permits } => {
+                check_slot_permits(self.settings().backend, permits)?;
+                RowKey::Slots {
+                    slots: (0..permits)
+                        .map(|slot| permit_row_name(name, slot))
+                        .collect(),
+                    taken: AtomicUsize::new(0),
+                }
+            }
+            kind => RowKey::Row {
+                name: name.to_owned(),
+                shared: kind == LockKind::Shared,
+            },
+        })
+    }
+
+    async fn connect(&self) -> Result<R::Conn> {
+        self.0.connect().await
+    }
+
+    async fn lock(&self, conn: &mut R::Conn, key: &RowKey, wait: ServerWait) -> Result<Locked> {
+        let locking = &self.0;
+        let locked = match key {
+            RowKey::Slots { slots, taken } => {
+                lock_slot_row(locking, conn, slots, taken, wait).await
+            }
+            RowKey::Row { name, shared } => match locking.set_wait(conn, wait).await {
+                Ok(()) => lock_row(locking, conn, name, wait.intent(), *shared).await,
+                Err(error) => Err(error),
+            },
+        };
+        match locked {
+            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence as u64))),
+            Ok(None) => Ok(Locked::Busy),
+            Err(error) => Err(self.settings().error("lock", error)),
+        }
+    }
+
+    async fn unlock(&self, conn: &mut R::Conn, key: &RowKey) -> Result<bool> {
+        let name = match key {
+            RowKey::Row { name, .. } => name,
+            RowKey::Slots { slots, taken } => &slots[taken.load(Ordering::SeqCst)],
+        };
+        unlock_row(&self.0, conn, name)
+            .await
+            .map_err(|error| self.settings().error("unlock", error))
+    }
+
+    async fn ping(&self, conn: &mut R::Conn, _key: &RowKey) -> Result<bool> {
+        sqlx::raw_sql("SELECT 1")
+            .execute(R::connection(conn))
+            .await
+            .map(|_| true)
+            .map_err(|error| self.settings().error("liveness check", error))
+    }
+
+    /// Whether the row exists and cannot be locked (`FOR UPDATE SKIP
+    /// LOCKED`), and its waiters where the server tells; a semaphore: how
+    /// many of its slot rows are held.
+    async fn status(&self, key: &RowKey) -> Result<LockStatus> {
+        let settings = self.settings();
+        let state = async |name: &str| {
+            let asked = self.0.row_state(name);
+            settings.bounded("read the lock's status", asked).await
+        };
+        match key {
+            RowKey::Row { name, .. } => Ok(match state(name).await? {
+                (true, waiting) => LockStatus::held().with_waiters(waiting),
+                (false, _) => LockStatus::free(),
+            }),
+            RowKey::Slots { slots, .. } => {
+                let mut holders = 0;
+                for slot in slots {
+                    holders += usize::from(state(slot).await?.0);
+                }
+                Ok(match holders {
+                    0 => LockStatus::free(),
+                    n => LockStatus::held().with_holders(Some(n)),
+                })
+            }
+        }
+    }
+
+    fn abandon(&self, conn: R::Conn) {
+        self.0.abandon(conn);
+    }
+}
+
+/// A permit: a free slot row if there is one, otherwise a wait on one slot
+/// for a slice, as [`SlotPlan`] says.
+async fn lock_slot_row<R: RowLocking>(
+    locking: &R,
+    conn: &mut R::Conn,
+    slots: &[String],
+    taken: &AtomicUsize,
+    wait: ServerWait,
+) -> sqlx::Result<Option<i64>>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    let plan = SlotPlan::new(slots.len());
+    if let Some((slot, token)) = lock_free_slot(locking, conn, slots, plan.first()).await? {
+        taken.store(slot, Ordering::SeqCst);
+        return Ok(Some(token));
+    }
+    let (slot, Some(slice)) = (plan.first(), wait.slice()) else {
+        return Ok(None);
+    };
+    locking.set_wait(conn, slice).await?;
+    let token = lock_row(locking, conn, &slots[slot], Intent::Wait, false).await?;
+    if token.is_some() {
+        taken.store(slot, Ordering::SeqCst);
+    }
+    Ok(token)
 }
 
 /// Locks `name`'s row in a transaction that stays open while the lock is
 /// held: the fencing token when granted, `None` when busy (rolled back). A
 /// name without a row gets one, and a second try.
-pub(crate) async fn lock_row<R: RowLocking>(
+async fn lock_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
     name: &str,
-    no_wait: bool,
+    intent: Intent,
     shared: bool,
 ) -> sqlx::Result<Option<i64>>
 where
@@ -91,7 +259,7 @@ where
         } else {
             run::<R>(conn, "BEGIN").await?;
         }
-        match locking.select(conn, name, no_wait, shared).await {
+        match locking.select(conn, name, intent, shared).await {
             Ok(Some(token)) => {
                 return match locking.granted(conn, token).await {
                     Ok(token) => Ok(Some(token)),
@@ -160,7 +328,7 @@ const VANISHED_LIMIT: usize = 64;
 /// the lock to the next waiter at once, then the row's clean-up (see
 /// [`RowLocking::delete_if_free`]). A failed clean-up leaves the row, which
 /// serves the name's next holder.
-pub(crate) async fn unlock_row<R: RowLocking>(
+async fn unlock_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
     name: &str,
@@ -176,12 +344,12 @@ where
 }
 
 /// Locks a free permit slot of a semaphore's rows (`slots`, see
-/// [`permit_row_name`](crate::lease::permit_row_name)) in a transaction that
+/// [`permit_row_name`]) in a transaction that
 /// stays open while the permit is held: the slot's index and the token, or
 /// `None` when every slot is held (rolled back). The slot `first` is tried
 /// alone first (a point lookup, and clients spread over the slots), then
 /// all of them. Missing slot rows are created, and the slots tried again.
-pub(crate) async fn lock_free_slot<R: RowLocking>(
+async fn lock_free_slot<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
     slots: &[String],

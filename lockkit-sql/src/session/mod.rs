@@ -13,22 +13,28 @@
 //! [`IdentityRecords`], after the grant, renewed with the holding and
 //! deleted at its release).
 
+mod holding;
+mod row;
+
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    DEADLINE_GRACE, Intent, Lease, LossNotifier, OwnerToken, QueueBackend, Waiter, stored_owner,
-    validate_name,
+    DEADLINE_GRACE, Intent, OwnerToken, QueueBackend, Waiter, stored_owner, validate_name,
 };
 use lockkit_core::{
-    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
-    LostReason, Result,
+    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
 };
 use tokio::time::Instant;
 
 use crate::lease::{IdentityRecords, holder_row_name};
 use crate::settings::{SESSION_CAPABILITIES, Settings};
+use crate::slots::SlotPlan;
+use crate::statement::Answer;
+use holding::{Identity, SessionLease, schedule_liveness};
+pub(crate) use row::{RowLocking, RowSession};
 
 /// How long the server may wait for a lock in one statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +52,14 @@ pub(crate) enum ServerWait {
 const SLOT_WAIT: Duration = Duration::from_millis(100);
 
 impl ServerWait {
+    /// Whether the statement may wait at all.
+    pub(crate) fn intent(self) -> Intent {
+        match self {
+            ServerWait::NoWait => Intent::Try,
+            ServerWait::For(_) | ServerWait::Forever => Intent::Wait,
+        }
+    }
+
     /// The wait on one permit slot within this one: at most [`SLOT_WAIT`];
     /// `None` when the caller does not wait.
     pub(crate) fn slice(self) -> Option<ServerWait> {
@@ -55,6 +69,49 @@ impl ServerWait {
             ServerWait::Forever => Some(ServerWait::For(SLOT_WAIT)),
         }
     }
+}
+
+/// A session mode whose semaphore is permit slots the server locks one by
+/// one (advisory keys, `GET_LOCK` names).
+pub(crate) trait SlotLocks: SessionDb {
+    /// A permit slot's lock.
+    type Slot: Sync;
+
+    /// Locks `slot` on `conn`, waiting as `wait` says: the fencing token
+    /// when granted, `None` when busy.
+    fn lock_slot<'c>(
+        &'c self,
+        conn: &'c mut Self::Conn,
+        slot: &'c Self::Slot,
+        wait: ServerWait,
+    ) -> Answer<'c, Option<u64>>;
+}
+
+/// A permit: each of `slots` tried once without waiting, as a [`SlotPlan`]
+/// orders them, then one wait of a [`ServerWait::slice`] on the first. The
+/// slot granted goes into `taken`.
+pub(crate) async fn lock_any_slot<D: SlotLocks>(
+    db: &D,
+    conn: &mut D::Conn,
+    slots: &[D::Slot],
+    taken: &AtomicUsize,
+    wait: ServerWait,
+) -> sqlx::Result<Option<u64>> {
+    let plan = SlotPlan::new(slots.len());
+    for slot in plan.order() {
+        if let Some(token) = db.lock_slot(conn, &slots[slot], ServerWait::NoWait).await? {
+            taken.store(slot, Ordering::SeqCst);
+            return Ok(Some(token));
+        }
+    }
+    let (slot, Some(slice)) = (plan.first(), wait.slice()) else {
+        return Ok(None);
+    };
+    let token = db.lock_slot(conn, &slots[slot], slice).await?;
+    if token.is_some() {
+        taken.store(slot, Ordering::SeqCst);
+    }
+    Ok(token)
 }
 
 /// What the answer of a lock statement says.
@@ -390,188 +447,4 @@ impl<D: SessionDb> SessionLock<D> {
             self.conns.db.abandon(conn);
         }
     }
-}
-
-/// A holding's identity record: its row and the stored owner.
-#[derive(Debug)]
-struct Identity {
-    row: String,
-    owner: String,
-}
-
-/// The dedicated connection behind a guard.
-struct SessionLease<D: SessionDb> {
-    this: Weak<SessionLease<D>>,
-    conns: Arc<Connections<D>>,
-    records: Arc<dyn IdentityRecords>,
-    /// The identity record, if the holding records one.
-    identity: Option<Identity>,
-    key: D::Key,
-    /// `None` once released or lost.
-    conn: tokio::sync::Mutex<Option<D::Conn>>,
-    notifier: OnceLock<LossNotifier>,
-    ttl: Duration,
-    /// The liveness task, until its first check (see [`schedule_liveness`]).
-    liveness: Mutex<Option<lockkit_core::backend::ScheduledSpawn>>,
-}
-
-impl<D: SessionDb> fmt::Debug for SessionLease<D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SessionLease")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<D: SessionDb> SessionLease<D> {
-    fn mark_lost(&self, reason: LostReason) {
-        if let Some(notifier) = self.notifier.get() {
-            notifier.mark_lost(reason);
-        }
-    }
-
-    /// The liveness query; `false` (and the guard marked lost) once the lock
-    /// is gone. Bounded by the TTL: a connection that cannot answer within
-    /// the lease's whole length is given up.
-    async fn check(&self) -> bool {
-        let mut slot = self.conn.lock().await;
-        let Some(conn) = slot.take() else {
-            return false;
-        };
-        let mut checkout = Checkout::new(&self.conns, conn);
-        let db = &self.conns.db;
-        let outcome = tokio::time::timeout(self.ttl, db.ping(checkout.conn(), &self.key)).await;
-        match outcome {
-            Ok(Ok(true)) => {
-                *slot = Some(checkout.finish());
-                true
-            }
-            Ok(Ok(false)) => {
-                checkout.close();
-                self.mark_lost(LostReason::Revoked);
-                false
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(backend = db.backend_name(), %error, "the connection holding a lock failed its liveness check");
-                checkout.close();
-                self.mark_lost(LostReason::ConnectionLost);
-                false
-            }
-            Err(_) => {
-                tracing::warn!(backend = db.backend_name(), ttl = ?self.ttl, "the connection holding a lock did not answer within the ttl");
-                drop(checkout);
-                self.mark_lost(LostReason::ConnectionLost);
-                false
-            }
-        }
-    }
-}
-
-#[lockkit_core::async_trait]
-impl<D: SessionDb> Lease for SessionLease<D> {
-    fn backend_name(&self) -> &'static str {
-        self.conns.db.backend_name()
-    }
-
-    /// The server keeps a session lock as long as the connection lives; the
-    /// TTL is the client's bound. Extending checks that the connection still
-    /// holds the lock, and renews the identity record for `ttl`.
-    ///
-    /// The check runs in a task of its own: the watchdog gives up waiting
-    /// for it when the validity runs out, and dropping a check in the middle
-    /// of its query would leave the connection in an unknown state.
-    async fn extend(&self, ttl: Duration) -> Result<bool> {
-        let Some(this) = self.this.upgrade() else {
-            return Ok(false);
-        };
-        Ok(tokio::spawn(async move {
-            let held = this.check().await;
-            if let (true, Some(identity)) = (held, &this.identity)
-                && let Err(error) = this.records.record(&identity.row, &identity.owner, ttl).await
-            {
-                tracing::warn!(backend = this.conns.db.backend_name(), %error, "could not renew the holder's identity record");
-            }
-            held
-        })
-        .await
-        .unwrap_or(false))
-    }
-
-    async fn release(&self) -> Result<bool> {
-        if let Some(liveness) = self
-            .liveness
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            liveness.cancel();
-        }
-        let mut slot = self.conn.lock().await;
-        let Some(conn) = slot.take() else {
-            return Ok(false);
-        };
-        let mut checkout = Checkout::new(&self.conns, conn);
-        let db = &self.conns.db;
-        let limit = db.settings().command_timeout;
-        // The identity record goes at the same time, on a pooled connection:
-        // it is deleted only while it is still this holding's.
-        let forget = async {
-            if let Some(identity) = &self.identity
-                && let Err(error) = self.records.forget(&identity.row, &identity.owner).await
-            {
-                tracing::warn!(backend = db.backend_name(), %error, "could not delete the holder's identity record; it ends with its TTL");
-            }
-        };
-        let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key));
-        let (unlocked, ()) = tokio::join!(unlock, forget);
-        match unlocked {
-            Ok(Ok(true)) => {
-                self.conns.put_back(checkout.finish());
-                Ok(true)
-            }
-            Ok(Ok(false)) => {
-                checkout.close();
-                Ok(false)
-            }
-            Ok(Err(LockError::Unavailable { .. })) => {
-                // The connection is gone, and the server dropped its locks with it.
-                checkout.close();
-                self.mark_lost(LostReason::ConnectionLost);
-                Ok(false)
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(backend = db.backend_name(), %error, "unlock failed; closing the connection, which releases the lock");
-                Ok(true)
-            }
-            Err(_) => {
-                tracing::warn!(
-                    backend = db.backend_name(),
-                    ?limit,
-                    "unlock got no answer; closing the connection, which releases the lock"
-                );
-                Ok(true)
-            }
-        }
-    }
-}
-
-/// Checks the held lock's connection every `interval` until it is released
-/// or lost, so that a dropped connection marks the guard lost even when
-/// auto-renew is off. The task is spawned only when the first check is due
-/// ([`lockkit_core::backend::spawn_at`]): a holding released sooner costs no task.
-fn schedule_liveness<D: SessionDb>(lease: &Arc<SessionLease<D>>, interval: Duration) {
-    let interval = interval.max(Duration::from_millis(10));
-    let weak = Arc::downgrade(lease);
-    let checks = async move {
-        loop {
-            let Some(lease) = weak.upgrade() else { return };
-            if !lease.check().await {
-                return;
-            }
-            drop(lease);
-            tokio::time::sleep(interval).await;
-        }
-    };
-    let scheduled = lockkit_core::backend::spawn_at(Instant::now() + interval, checks);
-    *lease.liveness.lock().unwrap_or_else(|p| p.into_inner()) = scheduled;
 }

@@ -1,0 +1,248 @@
+//! The statements of `lease` mode run one by one: a kept connection, the
+//! command timeout, the error mapping, and an abandoned acquire's undo.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockkit_core::backend::{Attempt, Intent};
+use lockkit_core::{FencingToken, Result};
+
+use super::{LeaseDialect, LiveRow, waiting_row_name};
+use crate::error::is_deadlock;
+use crate::pool::{KeptPool, Undo};
+use crate::settings::Settings;
+use crate::slots::SlotPlan;
+
+/// The statements of `lease` mode, each on a kept connection under the
+/// command timeout.
+#[derive(Debug)]
+pub(super) struct Rows<D: LeaseDialect> {
+    pub(super) dialect: Arc<D>,
+    pub(super) pool: KeptPool<D::Db>,
+    pub(super) settings: Settings,
+}
+
+impl<D: LeaseDialect> Rows<D> {
+    /// What releases the lease if an acquire by `owner` is abandoned before
+    /// its answer: the dialect's release, on the acquire's own connection.
+    fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
+        let (dialect, owner) = (self.dialect.clone(), owner.to_owned());
+        Undo::new(&self.settings, name, move |conn, name| {
+            Box::pin(async move { dialect.release(conn, &name, &owner).await.map(drop) })
+        })
+    }
+
+    /// Cancellation-safe without a task per attempt: if the upsert is
+    /// abandoned before it answers, a release runs after it on the same
+    /// connection (see [`Undo`]), so it cannot overtake a statement that may
+    /// still take the lease. (SQLite's statements run on a worker thread
+    /// that a dropped future does not stop; the release queues behind it
+    /// there too.)
+    pub(super) async fn acquire_row(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let undo = self.undo_acquire(name, owner);
+        let answer = self
+            .settings
+            .timed(async {
+                self.dialect.ready_acquire(&mut loan).await?;
+                loan.undo_with(undo);
+                self.dialect.acquire(&mut loan, name, owner, ttl).await
+            })
+            .await;
+        loan.finish(&self.settings, "acquire", answer)
+    }
+
+    pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.extend(&mut loan, name, owner, ttl))
+            .await;
+        loan.finish(&self.settings, "extend", answer)
+    }
+
+    pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.release(&mut loan, name, owner))
+            .await;
+        loan.finish(&self.settings, "release", answer)
+    }
+
+    /// The live lease on row `name`.
+    pub(super) async fn row_status(&self, name: &str) -> Result<Option<LiveRow>> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.status(&mut loan, name))
+            .await;
+        loan.finish(&self.settings, "read the lock's status", answer)
+    }
+
+    /// A permit: each slot's row tried once, as [`SlotPlan`] orders them,
+    /// with the lease upsert; busy, with the soonest expiry, when all are
+    /// held.
+    pub(super) async fn acquire_permit(
+        &self,
+        slots: &[String],
+        taken: &AtomicUsize,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let mut soonest: Option<Duration> = None;
+        for slot in SlotPlan::new(slots.len()).order() {
+            match self.acquire_row(&slots[slot], owner, ttl).await? {
+                Attempt::Acquired(fence) => {
+                    taken.store(slot, Ordering::SeqCst);
+                    return Ok(Attempt::Acquired(fence));
+                }
+                Attempt::Busy { retry_after } => {
+                    soonest = match (soonest, retry_after) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        Ok(Attempt::Busy {
+            retry_after: soonest,
+        })
+    }
+
+    /// A writer's attempt: the lease upsert. Busy while waiting, it records
+    /// the writer as waiting (so that new readers hold back) and tries again
+    /// within `ttl / 2`, before the record runs out; granted, it deletes the
+    /// record (each attempt has an owner of its own, so whoever's it is, as
+    /// a writer's grant does on Redis).
+    pub(super) async fn acquire_writer(
+        &self,
+        name: &str,
+        waiting: &AtomicBool,
+        owner: &str,
+        ttl: Duration,
+        intent: Intent,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        let answer = self.acquire_row(name, owner, ttl).await?;
+        match answer {
+            Attempt::Busy { retry_after } if intent == Intent::Wait => {
+                // Set first: a record made by an abandoned attempt is withdrawn too.
+                waiting.store(true, Ordering::SeqCst);
+                self.mark_waiting(name, owner, ttl).await?;
+                let half = ttl / 2;
+                Ok(Attempt::Busy {
+                    retry_after: Some(retry_after.map_or(half, |r| r.min(half))),
+                })
+            }
+            Attempt::Acquired(_) if waiting.swap(false, Ordering::SeqCst) => {
+                if let Err(error) = self.unmark_waiting(name, None).await {
+                    tracing::warn!(lock.name = %name, %error, "could not withdraw a granted writer's waiting record; it ends with its TTL");
+                }
+                Ok(answer)
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    pub(super) async fn mark_waiting(&self, name: &str, owner: &str, ttl: Duration) -> Result<()> {
+        self.write_record(
+            &waiting_row_name(name),
+            owner,
+            ttl,
+            "record a waiting writer",
+        )
+        .await
+    }
+
+    pub(super) async fn unmark_waiting(&self, name: &str, owner: Option<&str>) -> Result<()> {
+        let waiting = waiting_row_name(name);
+        self.delete_record(name, &waiting, owner, "withdraw a waiting writer")
+            .await
+    }
+
+    /// Writes `owner` into the record row `row` for `ttl`, in place of any
+    /// earlier one (a waiting writer's record, or a holder's identity).
+    pub(super) async fn write_record(
+        &self,
+        row: &str,
+        owner: &str,
+        ttl: Duration,
+        what: &str,
+    ) -> Result<()> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.mark_waiting(&mut loan, row, owner, ttl))
+            .await;
+        loan.finish(&self.settings, what, answer)
+    }
+
+    /// Deletes the record row `row` if it is `owner`'s (anyone's with
+    /// `None`); on Postgres, wakes the waiters of `name`.
+    pub(super) async fn delete_record(
+        &self,
+        name: &str,
+        row: &str,
+        owner: Option<&str>,
+        what: &str,
+    ) -> Result<()> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.unmark_waiting(&mut loan, name, row, owner))
+            .await;
+        loan.finish(&self.settings, what, answer)
+    }
+
+    /// One reader's attempt, as its own statement. A deadlock victim's
+    /// statement did nothing (the server rolled it back): it runs again, up
+    /// to three times in all (InnoDB picks victims among readers that race
+    /// for the same rows).
+    pub(super) async fn share_row(
+        &self,
+        name: &str,
+        waiting: &str,
+        ttl: Duration,
+    ) -> Result<Attempt<Option<FencingToken>>> {
+        const WHAT: &str = "acquire a shared lease";
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut loan = self.pool.lend(&self.settings).await?;
+            let answer = self
+                .settings
+                .timed(self.dialect.share(&mut loan, name, waiting, ttl))
+                .await;
+            if tries < 3 && matches!(&answer, Ok(Err(error)) if is_deadlock(error)) {
+                tracing::debug!(lock.name = %name, "shared lease attempt chosen as a deadlock victim; running it again");
+                let _ = loan.finish(&self.settings, WHAT, answer);
+                continue;
+            }
+            return loan.finish(&self.settings, WHAT, answer);
+        }
+    }
+
+    pub(super) async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.extend_share(&mut loan, name, token, ttl))
+            .await;
+        loan.finish(&self.settings, "extend a shared lease", answer)
+    }
+
+    pub(super) async fn leave(&self, name: &str, token: i64) -> Result<bool> {
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.leave(&mut loan, name, token))
+            .await;
+        loan.finish(&self.settings, "release a shared lease", answer)
+    }
+}

@@ -1,0 +1,83 @@
+//! MySQL and MariaDB: lease rows, `SELECT … FOR UPDATE` row locks, and
+//! `GET_LOCK` named locks.
+//!
+//! [`open`] connects a client; [`statements`] holds every SQL text of a lock
+//! table, [`migration`] creates it, [`lease`] runs `lease` mode on it, and
+//! [`session`] and [`row`] the session modes.
+
+mod lease;
+mod migration;
+mod row;
+mod session;
+mod statements;
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use lockkit_core::backend::{LeaseLock, QueuedLock};
+use lockkit_core::{DistributedLock, Result};
+use sqlx::ConnectOptions as _;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+
+use crate::lease::LeaseRows;
+use crate::lock::{Opened, close};
+use crate::pool::KeptPool;
+use crate::session::{RowSession, SessionLock};
+use crate::settings::{Mode, Settings, SqlConfig};
+use lease::MyLease;
+use migration::MyMigrator;
+use session::MySqlSession;
+use statements::{FenceSource, MySql};
+
+/// Connects a client to the database of `config`, in its mode.
+pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Opened> {
+    let options =
+        MySqlConnectOptions::from_str(&config.driver_url).map_err(|e| config.invalid_url(e))?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(options.clone());
+    // Eager, on a connection of its own (see the Postgres `open`).
+    let mut conn = settings
+        .first_connection("connect", || options.connect())
+        .await?;
+    let version: String = settings
+        .bounded(
+            "read the server version",
+            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut conn),
+        )
+        .await?;
+    close(conn).await;
+    let fence_source = match config.mysql_counter_fencing {
+        true => FenceSource::Counter,
+        false => FenceSource::for_version(&version),
+    };
+    tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
+    let sql = Arc::new(MySql::new(&config.table, fence_source));
+    // Lease rows: the lock itself in `lease` mode, the holder identities
+    // (no one waits for them) in the session modes.
+    let rows = LeaseRows::new(
+        MyLease { sql: sql.clone() },
+        KeptPool::new(pool.clone()),
+        settings.clone(),
+    );
+    let session = MySqlSession {
+        options: options.clone(),
+        pool,
+        sql: sql.clone(),
+        settings: settings.clone(),
+    };
+    let lock: Box<dyn DistributedLock> = match config.mode {
+        Mode::Lease => Box::new(LeaseLock::new(rows)),
+        Mode::Row => Box::new(QueuedLock::new(SessionLock::new(
+            RowSession(session),
+            Arc::new(rows),
+        ))),
+        _ => Box::new(QueuedLock::new(SessionLock::new(session, Arc::new(rows)))),
+    };
+    Ok(Opened {
+        migrator: Box::new(MyMigrator { options, sql }),
+        lock,
+    })
+}

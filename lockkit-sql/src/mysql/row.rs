@@ -1,0 +1,160 @@
+//! `row` mode's statements on MySQL and MariaDB.
+
+use futures_util::TryFutureExt as _;
+use lockkit_core::Capabilities;
+use lockkit_core::backend::Intent;
+use sqlx::AssertSqlSafe;
+
+use super::session::{MyConn, MySqlSession};
+use super::statements::FenceSource;
+use crate::session::{RowLocking, ServerWait};
+use crate::settings::MYSQL_ROW_CAPABILITIES;
+use crate::statement::{Answer, Value::Bytes, bound, bound_scalar};
+
+/// `n` comma-separated placeholders.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+impl RowLocking for MySqlSession {
+    type Db = sqlx::MySql;
+    const CAPABILITIES: Capabilities = MYSQL_ROW_CAPABILITIES;
+
+    fn connection(conn: &mut MyConn) -> &mut sqlx::MySqlConnection {
+        &mut conn.conn
+    }
+
+    fn set_wait<'c>(&'c self, conn: &'c mut MyConn, wait: ServerWait) -> Answer<'c, ()> {
+        Box::pin(self.set_lock_wait(conn, wait))
+    }
+
+    fn select<'c>(
+        &'c self,
+        conn: &'c mut MyConn,
+        name: &'c str,
+        intent: Intent,
+        shared: bool,
+    ) -> Answer<'c, Option<i64>> {
+        let sql = &self.sql;
+        let statement = match (shared, intent) {
+            (false, Intent::Try) => &sql.row_try,
+            (false, Intent::Wait) => &sql.row_lock,
+            (true, Intent::Try) => &sql.row_try_shared,
+            (true, Intent::Wait) => &sql.row_lock_shared,
+        };
+        let query = bound_scalar(statement, &[Bytes(name.as_bytes())]);
+        Box::pin(query.fetch_optional(&mut conn.conn))
+    }
+
+    fn delete_if_free<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
+        let query = bound(&self.sql.row_delete, &[Bytes(name.as_bytes())]);
+        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
+    }
+
+    /// The upsert waits for a holder's row lock, so a plain (consistent)
+    /// read, which waits for none, first finds out whether the row is
+    /// missing.
+    fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
+        Box::pin(async move {
+            let found: Option<i32> = bound_scalar(&self.sql.row_exists, &[Bytes(name.as_bytes())])
+                .fetch_optional(&self.pool)
+                .await?;
+            if found.is_none() {
+                self.ensure_row(name).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
+        let query = bound(&self.sql.ensure_row, &[Bytes(name.as_bytes())]);
+        Box::pin(query.execute(&self.pool).map_ok(drop))
+    }
+
+    /// The `IN` list has one placeholder per slot (at most
+    /// [`MAX_SLOT_PERMITS`](crate::MAX_SLOT_PERMITS)).
+    fn select_free<'c>(
+        &'c self,
+        conn: &'c mut MyConn,
+        names: &'c [String],
+    ) -> Answer<'c, Option<(String, i64)>> {
+        Box::pin(async move {
+            let sql = (self.sql.row_free_slot).replace("{slots}", &placeholders(names.len()));
+            let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(AssertSqlSafe(sql));
+            for name in names {
+                query = query.bind(name.as_bytes());
+            }
+            let row = query.fetch_optional(&mut conn.conn).await?;
+            row.map(|(name, token)| {
+                String::from_utf8(name)
+                    .map(|name| (name, token))
+                    .map_err(|error| sqlx::Error::Decode(Box::new(error)))
+            })
+            .transpose()
+        })
+    }
+
+    /// Only the rows missing from a plain read: InnoDB's duplicate check of
+    /// an `INSERT` waits for the row lock of a held slot.
+    fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()> {
+        Box::pin(async move {
+            let sql = (self.sql.rows_present).replace("{slots}", &placeholders(names.len()));
+            let mut present = sqlx::query_scalar::<_, Vec<u8>>(AssertSqlSafe(sql));
+            for name in names {
+                present = present.bind(name.as_bytes());
+            }
+            let present = present.fetch_all(&self.pool).await?;
+            let missing: Vec<&String> = names
+                .iter()
+                .filter(|name| !present.iter().any(|p| p == name.as_bytes()))
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let rows = vec!["(?, NULL, 0, '1000-01-01 00:00:00')"; missing.len()].join(", ");
+            let sql = self.sql.ensure_rows.replace("{rows}", &rows);
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for name in missing {
+                query = query.bind(name.as_bytes());
+            }
+            query.execute(&self.pool).await.map(drop)
+        })
+    }
+
+    /// With a sequence the `SELECT` drew the token. With the counter it is
+    /// drawn now, on the pool, so the counter's row lock is not held for
+    /// the whole holding and a rollback cannot undo it.
+    fn granted<'c>(&'c self, _conn: &'c mut MyConn, token: i64) -> Answer<'c, i64> {
+        Box::pin(async move {
+            match self.sql.fence_source {
+                FenceSource::Sequence => Ok(token),
+                FenceSource::Counter => {
+                    let mut conn = self.pool.acquire().await?;
+                    self.next_fence(&mut conn).await.map(|n| n as i64)
+                }
+            }
+        })
+    }
+
+    /// Whether the row exists and cannot be locked (`FOR UPDATE SKIP
+    /// LOCKED`, MySQL 8 / MariaDB 10.6), in a transaction rolled back at
+    /// once; the server does not tell the waiters.
+    fn row_state<'c>(&'c self, name: &'c str) -> Answer<'c, (bool, Option<usize>)> {
+        let name = [Bytes(name.as_bytes())];
+        Box::pin(async move {
+            let mut tx = self.pool.begin().await?;
+            let free: Option<i32> = bound_scalar(&self.sql.row_free, &name)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let held = match free {
+                Some(_) => false,
+                None => bound_scalar::<_, i32>(&self.sql.row_exists, &name)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .is_some(),
+            };
+            tx.rollback().await?;
+            Ok((held, None))
+        })
+    }
+}

@@ -1,0 +1,393 @@
+//! Every SQL text of one lock table on MySQL and MariaDB, built once from
+//! its validated name and where the server draws tokens from.
+
+use std::sync::Arc;
+
+/// The prefix of a reader group's owner (see the `lease` module).
+const GROUP: &str = "CONCAT(CHAR(1), 'r')";
+
+/// The reader count in a group's `owner`.
+const COUNT: &str = "CAST(SUBSTRING_INDEX(owner, ':', -1) AS UNSIGNED)";
+
+/// Whether the row is a reader group that started at or before the bound
+/// token.
+const IN_GROUP: &str = "LEFT(owner, 2) = CONCAT(CHAR(1), 'r') \
+    AND CAST(SUBSTRING(SUBSTRING_INDEX(owner, ':', 1), 3) AS UNSIGNED) <= ?";
+
+/// Added to the holder's remaining lease (in µs) to tell a busy answer from
+/// a fencing token in `LAST_INSERT_ID` (tokens stay far below it).
+pub(super) const BUSY_FLAG: u64 = 1 << 62;
+
+/// The server-side wait of an `acquire` that waits forever: a year.
+pub(super) const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Where `row` and `named` mode draw their fencing tokens from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FenceSource {
+    /// A MariaDB `SEQUENCE` (10.3+), drawn inside the lock statement itself
+    /// once the lock is granted: no rollback undoes `NEXTVAL`.
+    Sequence,
+    /// A one-row counter table bumped by an autocommitted `UPDATE` after the
+    /// grant (MySQL, which has no sequences).
+    Counter,
+}
+
+impl FenceSource {
+    /// Sequences on MariaDB 10.3 and later, from `SELECT VERSION()`;
+    /// otherwise the counter.
+    pub(super) fn for_version(version: &str) -> FenceSource {
+        let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
+        let (major, minor) = (numbers.next().flatten(), numbers.next().flatten());
+        match (version.contains("MariaDB"), major, minor) {
+            (true, Some(major), Some(minor)) if (major, minor) >= (10, 3) => FenceSource::Sequence,
+            _ => FenceSource::Counter,
+        }
+    }
+}
+
+/// The statements of one lock table, built once from the validated table name.
+#[derive(Debug)]
+pub(super) struct MySql {
+    pub(super) acquire: Arc<str>,
+    pub(super) extend: Arc<str>,
+    pub(super) release: Arc<str>,
+    pub(super) status: Arc<str>,
+    pub(super) hand_over: Arc<str>,
+    pub(super) share: Arc<str>,
+    pub(super) extend_share: Arc<str>,
+    pub(super) leave: Arc<str>,
+    pub(super) leave_last: Option<Arc<str>>,
+    pub(super) mark_waiting: Arc<str>,
+    pub(super) unmark_waiting: Arc<str>,
+    pub(super) ensure_row: Arc<str>,
+    pub(super) row_lock: Arc<str>,
+    pub(super) row_try: Arc<str>,
+    pub(super) row_lock_shared: Arc<str>,
+    pub(super) row_try_shared: Arc<str>,
+    pub(super) row_free: Arc<str>,
+    pub(super) row_delete: Arc<str>,
+    pub(super) row_exists: Arc<str>,
+    /// With `{slots}` to replace by one placeholder per slot.
+    pub(super) row_free_slot: String,
+    /// With `{slots}` to replace by one placeholder per slot.
+    pub(super) rows_present: String,
+    /// With `{rows}` to replace by one `VALUES` row per name.
+    pub(super) ensure_rows: String,
+    pub(super) named_lock: Arc<str>,
+    /// `Counter` only: the `UPDATE` that draws a token.
+    pub(super) next_fence: Arc<str>,
+    pub(super) fence_source: FenceSource,
+    /// Queries that each answer a row only when the schema is in place.
+    pub(super) migrated: Vec<String>,
+    pub(super) migrate: Vec<String>,
+    /// `Sequence` only: the highest token stored in the table, and the
+    /// sequence to raise to it (a table of an earlier version kept a token
+    /// per row, counted apart from the sequence).
+    pub(super) sequence_floor: Option<(String, String)>,
+}
+
+impl MySql {
+    /// `table` must have passed [`validate_table`](crate::validate_table).
+    pub(super) fn new(table: &str, fence_source: FenceSource) -> Self {
+        let counter = format!("{table}_fence");
+        let seq = format!("{table}_fence_seq");
+        let gate = format!("{table}_gate");
+        let lease = LeaseTokens::new(fence_source, table, &seq, &gate);
+        // The token is computed only for a granted lock: a row is returned
+        // (and its select list evaluated) once its lock is granted, and CASE
+        // evaluates NEXTVAL only when GET_LOCK answered 1.
+        let (row_token, named_lock) = match fence_source {
+            FenceSource::Sequence => (
+                format!("NEXTVAL({seq})"),
+                format!(
+                    "SELECT CAST(CASE GET_LOCK(?, ?) WHEN 1 THEN NEXTVAL({seq}) WHEN 0 THEN 0 END AS SIGNED)"
+                ),
+            ),
+            FenceSource::Counter => (
+                "0".to_owned(),
+                "SELECT CAST(GET_LOCK(?, ?) AS SIGNED)".to_owned(),
+            ),
+        };
+        // Plain reads: they wait for no lock a holder may keep. (A `CREATE …
+        // IF NOT EXISTS` of an existing table waits for the metadata lock of
+        // every open transaction that used it, such as a row-mode holder's.)
+        let mut migrated = vec![format!("SELECT COUNT(*) FROM {table} WHERE 1 = 0")];
+        migrated.push(match fence_source {
+            FenceSource::Sequence => format!("SELECT COUNT(*) FROM {seq} WHERE 1 = 0"),
+            FenceSource::Counter => format!("SELECT n FROM {counter} WHERE id = 1"),
+        });
+        if fence_source == FenceSource::Sequence {
+            migrated.push(format!("SELECT 1 FROM {gate} WHERE id = {}", GATES - 1));
+        }
+        // The owner column holds an owner token and a holder identity (36 +
+        // 1 + at most 255 bytes); tables made before identities were stored
+        // had VARCHAR(64), and are widened.
+        migrated.push(format!(
+            "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() \
+             AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'owner' \
+             AND CHARACTER_MAXIMUM_LENGTH >= {OWNER_CHARS}"
+        ));
+        let owner_column =
+            format!("owner VARCHAR({OWNER_CHARS}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL");
+        let mut migrate = vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                    name VARBINARY(255) NOT NULL PRIMARY KEY, \
+                    {owner_column}, \
+                    fence BIGINT UNSIGNED NOT NULL, \
+                    expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+            ),
+            format!("ALTER TABLE {table} MODIFY {owner_column}"),
+        ];
+        match fence_source {
+            FenceSource::Sequence => migrate.extend([
+                format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {gate} (\
+                        id SMALLINT UNSIGNED NOT NULL PRIMARY KEY) ENGINE=InnoDB"
+                ),
+                format!(
+                    "INSERT IGNORE INTO {gate} (id) VALUES {}",
+                    (0..GATES)
+                        .map(|id| format!("({id})"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ]),
+            FenceSource::Counter => migrate.extend([
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {counter} (\
+                        id TINYINT UNSIGNED NOT NULL PRIMARY KEY, \
+                        n BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+                ),
+                format!(
+                    "INSERT INTO {counter} (id, n) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id"
+                ),
+            ]),
+        }
+        // One statement, and the row stays locked while it runs. The answer
+        // comes back in LAST_INSERT_ID (in the OK packet, as MySQL has no
+        // RETURNING): the new fence when the lease was free or expired,
+        // BUSY_FLAG + the holder's remaining µs otherwise. Every condition
+        // reads `expires_at`, which is assigned last.
+        let LeaseTokens {
+            first,
+            next,
+            hand_over: handed,
+            release,
+            leave_last,
+        } = &lease;
+        MySql {
+            acquire: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, {first}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                   owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+                   fence = IF(expires_at <= UTC_TIMESTAMP(6), {next}, \
+                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
+                   expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            release: format!("{release} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)")
+                .into(),
+            // The new fence comes back in LAST_INSERT_ID; `expires_at` is
+            // assigned last (later assignments see earlier ones).
+            hand_over: format!(
+                "UPDATE {table} SET owner = ?, fence = {handed}, \
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            status: format!(
+                "SELECT CAST(fence AS SIGNED), \
+                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED), \
+                        owner \
+                 FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            // Readers: see the `lease` module. As in `acquire`, the answer
+            // comes back in LAST_INSERT_ID, and the assignments run in
+            // order: `fence` first decides (and the other two read the
+            // decision back from LAST_INSERT_ID(), below BUSY_FLAG when the
+            // reader joined); `owner` then sees the new fence, which is a
+            // new group's epoch (a new row's group starts at its token, read
+            // back the same way: the values are computed in order). While a
+            // writer waits, the `SELECT` has no row: nothing is inserted or
+            // updated (no row affected) and `LAST_INSERT_ID` is left as it
+            // was. Binds: name, name (the gate), ttl, the waiting record's
+            // row three times.
+            share: format!(
+                "INSERT INTO {table} (name, fence, owner, expires_at) \
+                 SELECT ?, {first}, CONCAT({GROUP}, LAST_INSERT_ID(), ':1'), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 FROM DUAL WHERE NOT EXISTS \
+                     (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                      WHERE w.expires_at > UTC_TIMESTAMP(6)) \
+                 ON DUPLICATE KEY UPDATE \
+                   fence = IF((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
+                         (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                          WHERE w.expires_at > UTC_TIMESTAMP(6)), \
+                       {next}, \
+                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
+                           IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
+                                   FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
+                   owner = IF(LAST_INSERT_ID() < {BUSY_FLAG}, \
+                       IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence, ':1'), \
+                          CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
+                   expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
+            )
+            .into(),
+            extend_share: format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
+            )
+            .into(),
+            // `expires_at` first: both assignments read the old `owner`.
+            leave: format!(
+                "UPDATE {table} \
+                 SET expires_at = IF({COUNT} > 1, expires_at, UTC_TIMESTAMP(6)), \
+                     owner = IF({COUNT} > 1, CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} - 1), NULL) \
+                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
+            )
+            .into(),
+            leave_last: leave_last.as_deref().map(Arc::from),
+            mark_waiting: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
+            )
+            .into(),
+            unmark_waiting: format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)").into(),
+            ensure_row: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
+            )
+            .into(),
+            row_lock: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE"
+            )
+            .into(),
+            row_try: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE NOWAIT"
+            )
+            .into(),
+            // MariaDB spells the share lock `LOCK IN SHARE MODE` (with
+            // NOWAIT); MySQL 8, whose tokens come from the counter, `FOR SHARE`.
+            row_lock_shared: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {share}",
+                share = share_clause(fence_source, false)
+            )
+            .into(),
+            row_try_shared: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {share}",
+                share = share_clause(fence_source, true)
+            )
+            .into(),
+            row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
+            // The row, unless someone holds it (`SKIP LOCKED` passes over
+            // it then, and does not wait); the derived table is MariaDB's
+            // way to read the table a `DELETE` deletes from.
+            row_delete: format!(
+                "DELETE t FROM {table} AS t JOIN \
+                 (SELECT name FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED) AS free USING (name)"
+            )
+            .into(),
+            row_exists: format!("SELECT 1 FROM {table} WHERE name = ?").into(),
+            row_free_slot: format!(
+                "SELECT name, CAST({row_token} AS SIGNED) FROM {table} \
+                 WHERE name IN ({{slots}}) LIMIT 1 FOR UPDATE SKIP LOCKED"
+            ),
+            rows_present: format!("SELECT name FROM {table} WHERE name IN ({{slots}})"),
+            ensure_rows: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES {{rows}} \
+                 ON DUPLICATE KEY UPDATE name = name"
+            ),
+            named_lock: named_lock.into(),
+            // The classic sequence of MySQL's manual; committed at once, so
+            // no rollback can undo it.
+            next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
+                .into(),
+            fence_source,
+            migrated,
+            migrate,
+            sequence_floor: (fence_source == FenceSource::Sequence).then(|| {
+                (format!("SELECT CAST(COALESCE(MAX(fence), 0) AS SIGNED) FROM {table}"), seq)
+            }),
+        }
+    }
+}
+
+/// How many gate rows a lock table has (see [`LeaseTokens`]).
+const GATES: u32 = 64;
+
+/// How `lease` mode draws tokens, and what a release leaves.
+///
+/// With a `SEQUENCE` (MariaDB), every token comes from it and released rows
+/// are deleted, so names leave nothing behind. A grant's statement first
+/// locks one of [`GATES`] gate rows (the name's, by `CRC32`) until it ends,
+/// then draws: an insert computes its values before it learns whether the
+/// row exists, and without the gate a grant and release of the same name by
+/// others could come between a drawn token and the insert, which would
+/// then store a token below theirs.
+///
+/// With the counter (MySQL), a row keeps its name's last token and counts
+/// on from it, so released rows stay (a name's first token is 1). The gate's
+/// bind is taken and ignored, so that both bind alike.
+struct LeaseTokens {
+    /// A new row's token, set as `LAST_INSERT_ID`; binds the name.
+    first: String,
+    /// The token of a row taken over, set as `LAST_INSERT_ID`.
+    next: String,
+    /// The token of a hand-over, set as `LAST_INSERT_ID`.
+    hand_over: String,
+    /// A release's statement up to its `WHERE`.
+    release: String,
+    /// Where rows are deleted: the last reader's leave (binds as `leave`),
+    /// tried first; `leave` then counts a group down.
+    leave_last: Option<String>,
+}
+
+impl LeaseTokens {
+    fn new(source: FenceSource, table: &str, seq: &str, gate: &str) -> LeaseTokens {
+        match source {
+            FenceSource::Sequence => LeaseTokens {
+                first: format!(
+                    "LAST_INSERT_ID((SELECT NEXTVAL({seq}) FROM {gate} \
+                     WHERE id = CRC32(?) % {GATES} FOR UPDATE))"
+                ),
+                next: "LAST_INSERT_ID(VALUES(fence))".to_owned(),
+                hand_over: format!("LAST_INSERT_ID(NEXTVAL({seq}))"),
+                release: format!("DELETE FROM {table}"),
+                leave_last: Some(format!(
+                    "DELETE FROM {table} \
+                     WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP} AND {COUNT} = 1"
+                )),
+            },
+            FenceSource::Counter => LeaseTokens {
+                first: "LAST_INSERT_ID(1 + 0 * CRC32(?))".to_owned(),
+                next: "LAST_INSERT_ID(fence + 1)".to_owned(),
+                hand_over: "LAST_INSERT_ID(fence + 1)".to_owned(),
+                release: format!("UPDATE {table} SET owner = NULL, expires_at = UTC_TIMESTAMP(6)"),
+                leave_last: None,
+            },
+        }
+    }
+}
+
+/// The width of the owner column, in characters: an owner token, the
+/// separator and a holder identity of at most 255 bytes.
+const OWNER_CHARS: usize = 320;
+
+/// The share-lock clause of a locking read.
+fn share_clause(fence_source: FenceSource, no_wait: bool) -> &'static str {
+    match (fence_source, no_wait) {
+        (FenceSource::Sequence, false) => "LOCK IN SHARE MODE",
+        (FenceSource::Sequence, true) => "LOCK IN SHARE MODE NOWAIT",
+        (FenceSource::Counter, false) => "FOR SHARE",
+        (FenceSource::Counter, true) => "FOR SHARE NOWAIT",
+    }
+}

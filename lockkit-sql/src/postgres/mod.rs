@@ -1,0 +1,81 @@
+//! PostgreSQL: lease rows woken by `LISTEN/NOTIFY`, `SELECT … FOR UPDATE` row
+//! locks, and `pg_advisory_lock` session locks.
+//!
+//! [`open`] connects a client; [`statements`] holds every SQL text of a lock
+//! table, [`migration`] creates it, [`lease`] runs `lease` mode on it,
+//! [`notify`] wakes its waiters, and [`session`] holds the session modes.
+
+mod lease;
+mod migration;
+mod notify;
+mod row;
+mod session;
+mod statements;
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use lockkit_core::backend::{LeaseLock, QueuedLock};
+use lockkit_core::{DistributedLock, Result};
+use sqlx::ConnectOptions as _;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::lease::LeaseRows;
+use crate::lock::{Opened, close};
+use crate::pool::KeptPool;
+use crate::session::{RowSession, SessionLock};
+use crate::settings::{Mode, Settings, SqlConfig};
+use lease::PgLease;
+use migration::PgMigrator;
+use notify::PgNotifications;
+use session::PgSession;
+use statements::PgSql;
+
+/// Connects a client to the database of `config`, in its mode.
+pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Opened> {
+    let options = PgConnectOptions::from_str(&config.driver_url)
+        .map_err(|e| config.invalid_url(e))?
+        .application_name("lockkit");
+    let pool = PgPoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
+        .test_before_acquire(false)
+        .connect_lazy_with(options.clone());
+    // Eager, on a connection of its own: sqlx's pool would retry a refused
+    // connection until its timeout and then report only that it timed out.
+    close(
+        settings
+            .first_connection("connect", || options.connect())
+            .await?,
+    )
+    .await;
+    let sql = Arc::new(PgSql::new(&config.table));
+    // Lease rows: the lock itself in `lease` mode, the holder identities
+    // (no one waits for them) in the session modes.
+    let rows = LeaseRows::new(
+        PgLease {
+            sql: sql.clone(),
+            notifications: PgNotifications::new(options.clone()),
+        },
+        KeptPool::new(pool.clone()),
+        settings.clone(),
+    );
+    let session = PgSession {
+        options: options.clone(),
+        pool,
+        sql: sql.clone(),
+        settings: settings.clone(),
+    };
+    let lock: Box<dyn DistributedLock> = match config.mode {
+        Mode::Lease => Box::new(LeaseLock::new(rows)),
+        Mode::Row => Box::new(QueuedLock::new(SessionLock::new(
+            RowSession(session),
+            Arc::new(rows),
+        ))),
+        _ => Box::new(QueuedLock::new(SessionLock::new(session, Arc::new(rows)))),
+    };
+    Ok(Opened {
+        migrator: Box::new(PgMigrator { options, sql }),
+        lock,
+    })
+}

@@ -1,0 +1,87 @@
+//! `row` mode's statements on PostgreSQL: the name's gate, then its row.
+
+use futures_util::TryFutureExt as _;
+use lockkit_core::Capabilities;
+use lockkit_core::backend::Intent;
+use sqlx::Postgres;
+
+use super::session::{PgConn, PgSession};
+use super::statements::gate_halves;
+use crate::session::{RowLocking, ServerWait};
+use crate::settings::PG_ROW_CAPABILITIES;
+use crate::statement::{Answer, Value::Int, Value::Text, bound, bound_rows, bound_scalar, trusted};
+
+impl RowLocking for PgSession {
+    type Db = Postgres;
+    const CAPABILITIES: Capabilities = PG_ROW_CAPABILITIES;
+
+    fn connection(conn: &mut PgConn) -> &mut sqlx::PgConnection {
+        &mut conn.conn
+    }
+
+    fn set_wait<'c>(&'c self, conn: &'c mut PgConn, wait: ServerWait) -> Answer<'c, ()> {
+        Box::pin(self.set_lock_timeout(conn, wait))
+    }
+
+    fn select<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        name: &'c str,
+        intent: Intent,
+        shared: bool,
+    ) -> Answer<'c, Option<i64>> {
+        let sql = &self.sql;
+        let statement = match (shared, intent) {
+            (false, Intent::Wait) => &sql.row_lock,
+            (false, Intent::Try) => &sql.row_try,
+            (true, Intent::Wait) => &sql.row_lock_shared,
+            (true, Intent::Try) => &sql.row_try_shared,
+        };
+        let (high, low) = gate_halves(name);
+        let values = [Text(name), Int(high.into()), Int(low.into())];
+        Box::pin(bound_scalar(statement, &values).fetch_optional(&mut conn.conn))
+    }
+
+    /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
+    fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
+        self.ensure_row(name)
+    }
+
+    fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> Answer<'c, ()> {
+        let (high, low) = gate_halves(name);
+        let values = [Text(name), Int(high.into()), Int(low.into())];
+        let query = bound(&self.sql.row_release, &values);
+        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
+    }
+
+    fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
+        let query = bound(&self.sql.ensure_row, &[Text(name)]);
+        Box::pin(query.execute(&self.pool).map_ok(drop))
+    }
+
+    fn select_free<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        names: &'c [String],
+    ) -> Answer<'c, Option<(String, i64)>> {
+        let query = sqlx::query_as(trusted(&self.sql.row_free_slot)).bind(names);
+        Box::pin(query.fetch_optional(&mut conn.conn))
+    }
+
+    fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()> {
+        let query = sqlx::query(trusted(&self.sql.ensure_rows)).bind(names);
+        Box::pin(query.execute(&self.pool).map_ok(drop))
+    }
+
+    /// And the waiters queued for its gate.
+    fn row_state<'c>(&'c self, name: &'c str) -> Answer<'c, (bool, Option<usize>)> {
+        let (high, low) = gate_halves(name);
+        let values = [Text(name), Int(high.into()), Int(low.into())];
+        let query = bound_rows::<_, (bool, i64)>(&self.sql.row_status, &values);
+        Box::pin(
+            query
+                .fetch_one(&self.pool)
+                .map_ok(|(held, waiting)| (held, Some(waiting.max(0) as usize))),
+        )
+    }
+}

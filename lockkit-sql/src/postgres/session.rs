@@ -1,0 +1,250 @@
+//! The session modes on PostgreSQL: their dedicated connections, and
+//! `advisory` mode (`pg_advisory_lock` on the name's 64-bit key).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lockkit_core::backend::Intent;
+use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{AssertSqlSafe, ConnectOptions as _, PgConnection};
+
+use super::statements::PgSql;
+use crate::error::is_lock_busy;
+use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
+use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
+use crate::settings::{ADVISORY_CAPABILITIES, Settings};
+use crate::statement::{Answer, Value::Int, bound_scalar, whole_millis};
+
+/// How often a waiting session-lock statement checks that its client is still
+/// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
+/// acquire closes its connection, and the server then drops the wait.
+const CLIENT_CHECK: &str = "SET client_connection_check_interval = '100ms'";
+
+/// Postgres session locks on dedicated connections: `advisory` mode, and
+/// the connections of `row` mode (see the `row` module).
+#[derive(Debug)]
+pub(super) struct PgSession {
+    pub(super) options: PgConnectOptions,
+    pub(super) pool: PgPool,
+    pub(super) sql: Arc<PgSql>,
+    pub(super) settings: Settings,
+}
+
+/// A dedicated connection and the `lock_timeout` currently set on it.
+pub(super) struct PgConn {
+    pub(super) conn: PgConnection,
+    lock_timeout_ms: Option<i64>,
+}
+
+/// The key of a holding in `advisory` mode.
+#[derive(Debug)]
+pub(super) enum PgKey {
+    Exclusive(i64),
+    Shared(i64),
+    /// The permit slots of a semaphore, and the slot taken (its key), once
+    /// granted.
+    Slots {
+        slots: Vec<i64>,
+        taken: AtomicUsize,
+    },
+}
+
+impl PgSession {
+    /// Sets the session's `lock_timeout` (0: wait forever) if it differs.
+    pub(super) async fn set_lock_timeout(
+        &self,
+        conn: &mut PgConn,
+        wait: ServerWait,
+    ) -> sqlx::Result<()> {
+        let ms = match wait {
+            ServerWait::NoWait => return Ok(()),
+            // lock_timeout = 0 disables the timeout, so never round down to it.
+            ServerWait::For(left) => whole_millis(left).max(1),
+            ServerWait::Forever => 0,
+        };
+        if conn.lock_timeout_ms != Some(ms) {
+            conn.lock_timeout_ms = None;
+            // An integer we formatted ourselves: no name is in this SQL.
+            sqlx::raw_sql(AssertSqlSafe(format!("SET lock_timeout = {ms}")))
+                .execute(&mut conn.conn)
+                .await?;
+            conn.lock_timeout_ms = Some(ms);
+        }
+        Ok(())
+    }
+
+    async fn lock_advisory(
+        &self,
+        conn: &mut PgConn,
+        key: i64,
+        shared: bool,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        let sql = &self.sql;
+        let statement = match (shared, wait.intent()) {
+            (false, Intent::Try) => &sql.advisory_try,
+            (false, Intent::Wait) => &sql.advisory_lock,
+            (true, Intent::Try) => &sql.advisory_try_shared,
+            (true, Intent::Wait) => &sql.advisory_lock_shared,
+        };
+        self.set_lock_timeout(conn, wait).await?;
+        // A try answers NULL when busy; a wait, `lock_not_available`.
+        match bound_scalar(statement, &[Int(key)])
+            .fetch_one(&mut conn.conn)
+            .await
+        {
+            Ok(fence) => Ok(fence),
+            Err(error) if is_lock_busy(&error) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+impl SlotLocks for PgSession {
+    type Slot = i64;
+
+    fn lock_slot<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        slot: &'c i64,
+        wait: ServerWait,
+    ) -> Answer<'c, Option<u64>> {
+        Box::pin(async move {
+            let token = self.lock_advisory(conn, *slot, false, wait).await?;
+            Ok(token.map(|t| t as u64))
+        })
+    }
+}
+
+#[lockkit_core::async_trait]
+impl SessionDb for PgSession {
+    type Conn = PgConn;
+    type Key = PgKey;
+
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        ADVISORY_CAPABILITIES
+    }
+
+    fn key(&self, name: &str, kind: LockKind) -> Result<PgKey> {
+        Ok(match kind {
+            LockKind::Shared => PgKey::Shared(advisory_key(name)),
+            LockKind::Semaphore { permits } => {
+                check_slot_permits(self.settings.backend, permits)?;
+                PgKey::Slots {
+                    slots: (0..permits)
+                        .map(|slot| semaphore_slot_key(name, slot))
+                        .collect(),
+                    taken: AtomicUsize::new(0),
+                }
+            }
+            _ => PgKey::Exclusive(advisory_key(name)),
+        })
+    }
+
+    async fn connect(&self) -> Result<PgConn> {
+        let mut conn = self
+            .settings
+            .connecting("open a lock connection", self.options.connect())
+            .await?;
+        // Best effort: servers before Postgres 14 do not have the setting.
+        if let Err(error) = sqlx::raw_sql(CLIENT_CHECK).execute(&mut conn).await {
+            tracing::debug!(%error, "client_connection_check_interval is not available; a cancelled wait ends when its lock is granted");
+        }
+        Ok(PgConn {
+            conn,
+            lock_timeout_ms: None,
+        })
+    }
+
+    async fn lock(&self, conn: &mut PgConn, key: &PgKey, wait: ServerWait) -> Result<Locked> {
+        let locked = match key {
+            PgKey::Exclusive(key) => self.lock_advisory(conn, *key, false, wait).await,
+            PgKey::Shared(key) => self.lock_advisory(conn, *key, true, wait).await,
+            PgKey::Slots { slots, taken } => lock_any_slot(self, conn, slots, taken, wait)
+                .await
+                .map(|token| token.map(|t| t as i64)),
+        };
+        match locked {
+            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence as u64))),
+            Ok(None) => Ok(Locked::Busy),
+            Err(error) => Err(self.settings.error("lock", error)),
+        }
+    }
+
+    async fn unlock(&self, conn: &mut PgConn, key: &PgKey) -> Result<bool> {
+        let (statement, key) = match key {
+            PgKey::Exclusive(key) => ("SELECT pg_advisory_unlock($1)", *key),
+            PgKey::Shared(key) => ("SELECT pg_advisory_unlock_shared($1)", *key),
+            PgKey::Slots { slots, taken } => (
+                "SELECT pg_advisory_unlock($1)",
+                slots[taken.load(Ordering::SeqCst)],
+            ),
+        };
+        sqlx::query_scalar(statement)
+            .bind(key)
+            .fetch_one(&mut conn.conn)
+            .await
+            .map_err(|error| self.settings.error("unlock", error))
+    }
+
+    async fn ping(&self, conn: &mut PgConn, _key: &PgKey) -> Result<bool> {
+        sqlx::raw_sql("SELECT 1")
+            .execute(&mut conn.conn)
+            .await
+            .map(|_| true)
+            .map_err(|error| self.settings.error("liveness check", error))
+    }
+
+    /// `pg_locks`, which also counts the waiters.
+    async fn status(&self, key: &PgKey) -> Result<LockStatus> {
+        let counts = match key {
+            PgKey::Exclusive(key) | PgKey::Shared(key) => sqlx::query_as(ADVISORY_STATUS)
+                .bind(*key)
+                .fetch_one(&self.pool),
+            PgKey::Slots { slots, .. } => sqlx::query_as(ADVISORY_SLOTS_STATUS)
+                .bind(slots)
+                .fetch_one(&self.pool),
+        };
+        let (granted, waiting): (i64, i64) = self
+            .settings
+            .bounded("read the lock's status", counts)
+            .await?;
+        Ok(if granted > 0 {
+            LockStatus::held()
+                .with_holders(Some(granted as usize))
+                .with_waiters(Some(waiting.max(0) as usize))
+        } else {
+            LockStatus::free()
+        })
+    }
+
+    fn abandon(&self, conn: PgConn) {
+        // Closing the socket ends the session and its locks; a wait still in
+        // progress is dropped by the client connection check.
+        drop(conn);
+    }
+}
+
+/// Holders and waiters of an advisory lock on a 64-bit key in this database
+/// (`pg_locks` shows the key's high and low halves as `classid`/`objid`, and
+/// `objsubid` 1).
+const ADVISORY_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+     FROM pg_locks \
+     WHERE locktype = 'advisory' AND objsubid = 1 \
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND classid = (($1::bigint >> 32) & 4294967295)::oid \
+       AND objid = ($1::bigint & 4294967295)::oid";
+
+/// Holders and waiters of advisory locks on any of the 64-bit keys `$1`
+/// (the permit slots of a semaphore).
+const ADVISORY_SLOTS_STATUS: &str = "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+     FROM pg_locks \
+     WHERE locktype = 'advisory' AND objsubid = 1 \
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND (classid, objid) IN \
+           (SELECT ((k >> 32) & 4294967295)::oid, (k & 4294967295)::oid FROM unnest($1::bigint[]) AS k)";

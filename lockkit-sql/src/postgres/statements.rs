@@ -1,0 +1,326 @@
+//! Every SQL text of one lock table on PostgreSQL, built once from its
+//! validated name.
+
+use std::sync::Arc;
+
+use crate::names::advisory_key;
+
+/// The statements of one lock table, built once from the validated table name.
+#[derive(Debug)]
+pub(super) struct PgSql {
+    pub(super) acquire: Arc<str>,
+    pub(super) extend: Arc<str>,
+    pub(super) release: Arc<str>,
+    pub(super) status: Arc<str>,
+    pub(super) hand_over: Arc<str>,
+    pub(super) share: Arc<str>,
+    pub(super) extend_share: Arc<str>,
+    pub(super) leave: Arc<str>,
+    pub(super) mark_waiting: Arc<str>,
+    pub(super) unmark_waiting: Arc<str>,
+    pub(super) ensure_row: Arc<str>,
+    pub(super) advisory_lock: Arc<str>,
+    pub(super) advisory_try: Arc<str>,
+    pub(super) advisory_lock_shared: Arc<str>,
+    pub(super) advisory_try_shared: Arc<str>,
+    pub(super) row_lock: Arc<str>,
+    pub(super) row_try: Arc<str>,
+    pub(super) row_lock_shared: Arc<str>,
+    pub(super) row_try_shared: Arc<str>,
+    pub(super) row_free_slot: Arc<str>,
+    pub(super) ensure_rows: Arc<str>,
+    pub(super) row_release: Arc<str>,
+    pub(super) row_status: Arc<str>,
+    /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
+    pub(super) channel: String,
+    pub(super) migrate: Vec<String>,
+}
+
+impl PgSql {
+    /// The `LISTEN/NOTIFY` channel of releases.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// `table` must have passed [`validate_table`](crate::validate_table).
+    pub(super) fn new(table: &str) -> Self {
+        let seq = format!("{table}_fence_seq");
+        PgSql {
+            acquire: format!(
+                "WITH {GATE}, \
+                 taken AS (\
+                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                    SELECT $1, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond' FROM g \
+                    ON CONFLICT (name) DO UPDATE \
+                        SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
+                        WHERE l.expires_at <= now() \
+                    RETURNING l.fence) \
+                 SELECT (SELECT fence FROM taken), \
+                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
+                         FROM {table} WHERE name = $1)"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now()"
+            )
+            .into(),
+            release: format!(
+                "DELETE FROM {table} \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING pg_notify($3, $1)::text"
+            )
+            .into(),
+            hand_over: format!(
+                "UPDATE {table} SET owner = $3, fence = nextval('{seq}'), \
+                     expires_at = now() + $4::bigint * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING fence"
+            )
+            .into(),
+            status: format!(
+                "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint, owner \
+                 FROM {table} WHERE name = $1 AND expires_at > now()"
+            )
+            .into(),
+            // Readers: see the `lease` module. `$3`: the waiting record's row.
+            share: format!(
+                "WITH {GATE}, \
+                 d AS MATERIALIZED (SELECT nextval('{seq}') AS f FROM g), \
+                 joined AS (\
+                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                    SELECT $1, {GROUP} || d.f || ':1', d.f, now() + $2::bigint * interval '1 millisecond' FROM d \
+                    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $3 AND expires_at > now()) \
+                    ON CONFLICT (name) DO UPDATE \
+                        SET owner = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner \
+                                ELSE split_part(l.owner, ':', 1) || ':' || ({COUNT} + 1) END, \
+                            fence = EXCLUDED.fence, \
+                            expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
+                        WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} \
+                    RETURNING l.fence) \
+                 SELECT (SELECT fence FROM joined), \
+                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (MAX(expires_at) - now())) * 1000))::bigint \
+                         FROM {table} WHERE name IN ($1, $3))",
+                COUNT = group_count("l.owner"),
+            )
+            .into(),
+            extend_share: format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, now() + $3::bigint * interval '1 millisecond') \
+                 WHERE name = $1 AND expires_at > now() AND {IN_GROUP}",
+                IN_GROUP = in_group("$2"),
+            )
+            .into(),
+            // The group's row, locked first (its latest version), then
+            // counted down, or deleted with its last reader.
+            leave: format!(
+                "WITH cur AS MATERIALIZED (\
+                    SELECT name, {COUNT} AS n FROM {table} \
+                    WHERE name = $1 AND expires_at > now() AND {IN_GROUP} FOR UPDATE), \
+                 fewer AS (\
+                    UPDATE {table} AS t SET owner = split_part(t.owner, ':', 1) || ':' || (cur.n - 1) \
+                    FROM cur WHERE t.name = cur.name AND cur.n > 1 RETURNING NULL::text AS woken), \
+                 gone AS (\
+                    DELETE FROM {table} AS t USING cur WHERE t.name = cur.name AND cur.n <= 1 \
+                    RETURNING pg_notify($3, $1)::text AS woken) \
+                 SELECT woken FROM fewer UNION ALL SELECT woken FROM gone",
+                COUNT = group_count("owner"),
+                IN_GROUP = in_group("$2"),
+            )
+            .into(),
+            mark_waiting: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES ($1, $2, 0, now() + $3::bigint * interval '1 millisecond') \
+                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+            )
+            .into(),
+            unmark_waiting: format!(
+                "DELETE FROM {table} WHERE name = $1 AND owner = COALESCE($2, owner) RETURNING pg_notify($3, $4)::text"
+            )
+            .into(),
+            ensure_row: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
+                 ON CONFLICT (name) DO NOTHING"
+            )
+            .into(),
+            // The same sequence for both sides: readers' and writers' tokens
+            // are one order.
+            advisory_lock: advisory_lock(&seq, ""),
+            advisory_try: advisory_try(&seq, ""),
+            advisory_lock_shared: advisory_lock(&seq, "_shared"),
+            advisory_try_shared: advisory_try(&seq, "_shared"),
+            row_lock: row_lock(table, &seq, Side::Writer, false),
+            row_try: row_lock(table, &seq, Side::Writer, true),
+            row_lock_shared: row_lock(table, &seq, Side::Reader, false),
+            row_try_shared: row_lock(table, &seq, Side::Reader, true),
+            // A permit: the first slot row no one holds. MATERIALIZED: the
+            // token is drawn for the locked row only.
+            row_free_slot: format!(
+                "WITH l AS MATERIALIZED (\
+                    SELECT name FROM {table} WHERE name = ANY($1) LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 SELECT name, nextval('{seq}') FROM l"
+            )
+            .into(),
+            ensure_rows: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 SELECT n, NULL, 0, '-infinity' FROM unnest($1::text[]) AS n ON CONFLICT (name) DO NOTHING"
+            )
+            .into(),
+            // The row, unless someone holds it (`SKIP LOCKED` passes over
+            // it then, and does not wait) or holds or waits for its gate
+            // (see `row_lock`): the releasing transaction's end hands the
+            // gate to the first waiter at once, but that waiter locks the
+            // row only once it runs, and a row deleted meanwhile would send
+            // it to the back of the queue to make the row again.
+            row_release: format!(
+                "WITH g AS MATERIALIZED (SELECT 1 WHERE pg_try_advisory_xact_lock($2::int4, $3::int4)) \
+                 DELETE FROM {table} WHERE name IN \
+                 (SELECT t.name FROM {table} AS t, g WHERE t.name = $1 FOR UPDATE OF t SKIP LOCKED)"
+            )
+            .into(),
+            // Held: the row exists but cannot be locked. A free row is
+            // locked for the instant of this statement only. Waiters: those
+            // queued for the name's gate (see `row_lock`), which `pg_locks`
+            // shows with the gate's two halves as `classid`/`objid`, and
+            // `objsubid` 2.
+            row_status: format!(
+                "WITH free AS MATERIALIZED (SELECT 1 FROM {table} WHERE name = $1 FOR UPDATE SKIP LOCKED) \
+                 SELECT EXISTS (SELECT 1 FROM {table} WHERE name = $1) AND NOT EXISTS (SELECT 1 FROM free), \
+                 (SELECT count(*) FROM pg_locks \
+                  WHERE locktype = 'advisory' AND objsubid = 2 AND NOT granted \
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                    AND classid = (($2::int4)::bigint & 4294967295)::oid \
+                    AND objid = (($3::int4)::bigint & 4294967295)::oid)"
+            )
+            .into(),
+            channel: format!("lockkit_{table}"),
+            migrate: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (\
+                        name text COLLATE \"C\" PRIMARY KEY, \
+                        owner text, \
+                        fence bigint NOT NULL, \
+                        expires_at timestamptz NOT NULL)"
+                ),
+                format!("CREATE SEQUENCE IF NOT EXISTS {seq}"),
+                // A table of an earlier version kept a token per row,
+                // counted apart from the sequence: raise the sequence above
+                // them (only ever up).
+                format!(
+                    "SELECT setval('{seq}', x.m) FROM (SELECT MAX(fence) AS m FROM {table}) AS x, {seq} AS s \
+                     WHERE x.m > s.last_value"
+                ),
+            ],
+        }
+    }
+}
+
+/// A lease grant's *gate*: a transaction-scoped advisory lock on the name,
+/// taken before its fencing token is drawn and held until the statement's
+/// transaction ends. Released names' rows are deleted, so a grant may
+/// insert a name's row afresh; the gate makes sure that a token drawn for
+/// such an insert is drawn after every earlier grant of the name committed
+/// (an insert's values are computed before it finds out whether the row is
+/// there, and a grant and release by others may come between). Its key is
+/// the pair (1818979429, `hashtext(name)`), where 1818979429 is the bytes
+/// `lkle` ("lockkit lease") read as a big-endian `i32` ([`GATE_CLASS`]): a
+/// key space apart from `advisory` mode's 64-bit keys; a collision with
+/// another name's gate or `row` mode's only makes one statement wait for
+/// another.
+const GATE: &str = "g AS MATERIALIZED (SELECT pg_advisory_xact_lock(1818979429, hashtext($1)))";
+
+/// The first half of a lease gate's key (written out in [`GATE`], whose
+/// text must be a literal; a unit test keeps the two equal).
+#[cfg(test)]
+const GATE_CLASS: i32 = i32::from_be_bytes(*b"lkle");
+
+/// The prefix of a reader group's owner (see the `lease` module).
+const GROUP: &str = "(chr(1) || 'r')";
+
+/// The reader count in a group's owner `column`.
+fn group_count(column: &str) -> String {
+    format!("split_part({column}, ':', 2)::bigint")
+}
+
+/// Whether the row is a reader group that started at or before `token`.
+fn in_group(token: &str) -> String {
+    format!(
+        "CASE WHEN left(owner, 2) = {GROUP} \
+         THEN substr(split_part(owner, ':', 1), 3)::bigint <= {token} ELSE false END"
+    )
+}
+
+/// A side of `row` mode's reader-writer lock.
+#[derive(Clone, Copy)]
+enum Side {
+    Writer,
+    Reader,
+}
+
+/// `row` mode's locking statement: first the name's *gate*, a
+/// transaction-scoped advisory lock on the two 32-bit halves (`$2`, `$3`) of
+/// [`advisory_key`] (a key space apart from `advisory` mode's 64-bit keys),
+/// exclusive for a writer and shared for a reader; then the row, `FOR
+/// UPDATE` or `FOR SHARE`, and a token from `seq`. The row locks exclude;
+/// the gate queues: Postgres' lock manager puts a new shared request behind
+/// a waiting exclusive one, which row locks alone do not (a `FOR SHARE`
+/// joins the current share-lockers even past a waiting `FOR UPDATE`). With
+/// `no_wait`, the gate waits at most 1 ms (`lock_timeout`, for this
+/// transaction only) and the row not at all: both end in `lock_not_available`.
+fn row_lock(table: &str, seq: &str, side: Side, no_wait: bool) -> Arc<str> {
+    let (gate, rows) = match side {
+        Side::Writer => ("pg_advisory_xact_lock", "FOR UPDATE OF t"),
+        Side::Reader => ("pg_advisory_xact_lock_shared", "FOR SHARE OF t"),
+    };
+    let (limit, nowait) = match no_wait {
+        true => (
+            "(SELECT set_config('lock_timeout', '1', true)) IS NOT NULL",
+            " NOWAIT",
+        ),
+        false => ("true", ""),
+    };
+    format!(
+        "WITH g AS MATERIALIZED (SELECT {gate}($2::int4, $3::int4) WHERE {limit}), \
+              l AS MATERIALIZED (SELECT 1 FROM {table} AS t, g WHERE t.name = $1 {rows}{nowait}) \
+         SELECT nextval('{seq}') FROM l"
+    )
+    .into()
+}
+
+/// The two 32-bit halves of `name`'s gate key (see [`row_lock`]), bound as
+/// the `$2`, `$3` of the statements that take or look at the gate.
+pub(super) fn gate_halves(name: &str) -> (i32, i32) {
+    let gate = advisory_key(name);
+    ((gate >> 32) as i32, gate as i32)
+}
+
+/// `pg_advisory_lock<side>($1)` (`side` "" or "_shared") drawing a token
+/// from `seq`; MATERIALIZED: the token is drawn only once the lock is
+/// granted.
+fn advisory_lock(seq: &str, side: &str) -> Arc<str> {
+    format!(
+        "WITH l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1)) SELECT nextval('{seq}') FROM l"
+    )
+    .into()
+}
+
+/// `pg_try_advisory_lock<side>($1)`, a token from `seq` only if granted.
+fn advisory_try(seq: &str, side: &str) -> Arc<str> {
+    format!(
+        "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok) \
+         SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
+    )
+    .into()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_gate_class_is_the_one_written_out_in_the_gate() {
+        assert_eq!(super::GATE_CLASS, 1_818_979_429);
+        assert!(
+            super::GATE.contains(&format!("pg_advisory_xact_lock({}, ", super::GATE_CLASS)),
+            "{}",
+            super::GATE
+        );
+    }
+}

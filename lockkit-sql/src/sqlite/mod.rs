@@ -1,0 +1,78 @@
+//! SQLite: lease rows in a database file shared by the processes of one host.
+//!
+//! [`open`] connects a client; [`statements`] holds every SQL text of a lock
+//! table, [`migration`] creates it, and [`lease`] runs `lease` mode on it.
+
+mod lease;
+mod migration;
+mod statements;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockkit_core::Result;
+use lockkit_core::backend::LeaseLock;
+use sqlx::ConnectOptions as _;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use crate::lease::LeaseRows;
+use crate::lock::Opened;
+use crate::pool::KeptPool;
+use crate::settings::{Settings, SqlConfig};
+use lease::SqliteLease;
+use migration::SqliteMigrator;
+use statements::SqliteSql;
+
+/// Connects a client to the database of `config` (`lease` mode).
+pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Opened> {
+    let in_memory = config.driver_url == "sqlite://:memory:";
+    let mut options = SqliteConnectOptions::from_str(&config.driver_url)
+        .map_err(|e| config.invalid_url(e))?
+        .create_if_missing(true)
+        .busy_timeout(config.command_timeout);
+    if !in_memory {
+        options = options
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+    }
+    // An in-memory database lives as long as one of its connections: the
+    // keeper holds it open for the client's lifetime. (Not a pool minimum:
+    // that needs a runtime to drop the client.)
+    let keeper = if in_memory {
+        Some(
+            settings
+                .first_connection("open the database", || options.connect())
+                .await?,
+        )
+    } else {
+        None
+    };
+    let pool = SqlitePoolOptions::new()
+        .max_connections(config.max_connections)
+        .acquire_timeout(config.connect_timeout)
+        .test_before_acquire(false)
+        .min_connections(0)
+        .idle_timeout(Some(Duration::from_secs(600)))
+        .max_lifetime(Some(Duration::from_secs(1800)))
+        .connect_lazy_with(options.clone());
+    drop(
+        settings
+            .first_connection("open the database", || pool.acquire())
+            .await?,
+    );
+    let sql = Arc::new(SqliteSql::new(&config.table));
+    let lock = LeaseLock::new(LeaseRows::new(
+        SqliteLease { sql: sql.clone() },
+        KeptPool::new(pool),
+        settings.clone(),
+    ));
+    Ok(Opened {
+        migrator: Box::new(SqliteMigrator {
+            options,
+            sql,
+            keeper,
+        }),
+        lock: Box::new(lock),
+    })
+}

@@ -1,0 +1,139 @@
+//! Every SQL text of one lock table on SQLite, built once from its
+//! validated name.
+
+use std::sync::Arc;
+
+/// Milliseconds since the Unix epoch by SQLite's clock, stable within one
+/// statement.
+const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+/// The statements of one lock table, built once from the validated table name.
+#[derive(Debug)]
+pub(super) struct SqliteSql {
+    pub(super) acquire: Arc<str>,
+    pub(super) remaining: Arc<str>,
+    pub(super) status: Arc<str>,
+    pub(super) hand_over: Arc<str>,
+    pub(super) extend: Arc<str>,
+    pub(super) release: Arc<str>,
+    pub(super) share: Arc<str>,
+    pub(super) share_remaining: Arc<str>,
+    pub(super) extend_share: Arc<str>,
+    pub(super) leave: Arc<str>,
+    pub(super) leave_last: Arc<str>,
+    pub(super) mark_waiting: Arc<str>,
+    pub(super) unmark_waiting: Arc<str>,
+    pub(super) migrate: String,
+}
+
+/// The prefix of a reader group's owner (see the `lease` module).
+const GROUP: &str = "(char(1) || 'r')";
+
+/// The reader count in a group's `owner`.
+const COUNT: &str = "CAST(substr(owner, instr(owner, ':') + 1) AS INTEGER)";
+
+/// Whether the row is a reader group that started at or before `?2`.
+const IN_GROUP: &str = "substr(owner, 1, 2) = (char(1) || 'r') \
+    AND CAST(substr(owner, 3, instr(owner, ':') - 3) AS INTEGER) <= ?2";
+
+impl SqliteSql {
+    /// `table` must have passed [`validate_table`](crate::validate_table).
+    ///
+    /// Released rows are deleted. Tokens come from the table's high-water
+    /// mark, `<table>_fence`, which triggers raise to every token stored:
+    /// the next token is one above it, so a name's row made afresh still
+    /// counts on from every earlier token. (SQLite runs one write at a
+    /// time, and a statement's read and write are one step.)
+    pub(super) fn new(table: &str) -> Self {
+        let fence = format!("{table}_fence");
+        let next = format!("(SELECT n + 1 FROM {fence} WHERE id = 1)");
+        SqliteSql {
+            acquire: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, {next}, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE \
+                     SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
+                     WHERE expires_at <= {NOW_MS} \
+                 RETURNING fence"
+            )
+            .into(),
+            remaining: format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1")
+                .into(),
+            hand_over: format!(
+                "UPDATE {table} SET owner = ?3, fence = {next}, expires_at = {NOW_MS} + ?4 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
+                 RETURNING fence"
+            )
+            .into(),
+            status: format!(
+                "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
+            )
+            .into(),
+            // Readers: see the `lease` module. `?3`: the waiting record's row.
+            share: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 SELECT ?1, {GROUP} || t.f || ':1', t.f, {NOW_MS} + ?2 FROM (SELECT {next} AS f) AS t \
+                 WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?3 AND expires_at > {NOW_MS}) \
+                 ON CONFLICT (name) DO UPDATE \
+                     SET owner = CASE WHEN expires_at <= {NOW_MS} THEN excluded.owner \
+                             ELSE substr(owner, 1, instr(owner, ':')) || ({COUNT} + 1) END, \
+                         fence = excluded.fence, \
+                         expires_at = MAX(expires_at, excluded.expires_at) \
+                     WHERE expires_at <= {NOW_MS} OR substr(owner, 1, 2) = {GROUP} \
+                 RETURNING fence"
+            )
+            .into(),
+            share_remaining: format!(
+                "SELECT MAX(0, MAX(expires_at) - {NOW_MS}) FROM {table} WHERE name IN (?1, ?2)"
+            )
+            .into(),
+            extend_share: format!(
+                "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
+                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+            )
+            .into(),
+            leave_last: format!(
+                "DELETE FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP} AND {COUNT} = 1"
+            )
+            .into(),
+            leave: format!(
+                "UPDATE {table} \
+                 SET owner = CASE WHEN {COUNT} > 1 THEN substr(owner, 1, instr(owner, ':')) || ({COUNT} - 1) END, \
+                     expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE {NOW_MS} END \
+                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+            )
+            .into(),
+            mark_waiting: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 0, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+            )
+            .into(),
+            unmark_waiting: format!("DELETE FROM {table} WHERE name = ?1 AND owner = COALESCE(?2, owner)").into(),
+            extend: format!(
+                "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+            )
+            .into(),
+            release: format!(
+                "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+            )
+            .into(),
+            // The high-water mark starts at the highest token stored (a
+            // table of an earlier version keeps a token per row).
+            migrate: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                    name TEXT NOT NULL PRIMARY KEY, \
+                    owner TEXT, \
+                    fence INTEGER NOT NULL, \
+                    expires_at INTEGER NOT NULL); \
+                 CREATE TABLE IF NOT EXISTS {fence} (\
+                    id INTEGER NOT NULL PRIMARY KEY CHECK (id = 1), \
+                    n INTEGER NOT NULL); \
+                 INSERT OR IGNORE INTO {fence} (id, n) SELECT 1, COALESCE(MAX(fence), 0) FROM {table}; \
+                 CREATE TRIGGER IF NOT EXISTS {table}_fence_insert AFTER INSERT ON {table} \
+                 BEGIN UPDATE {fence} SET n = MAX(n, NEW.fence) WHERE id = 1; END; \
+                 CREATE TRIGGER IF NOT EXISTS {table}_fence_update AFTER UPDATE OF fence ON {table} \
+                 BEGIN UPDATE {fence} SET n = MAX(n, NEW.fence) WHERE id = 1; END;"
+            ),
+        }
+    }
+}
