@@ -6,15 +6,27 @@
 //! They use lockkit-sql's default lock table, `lockkit_locks`, created by its
 //! `migrate()`, with names of their own.
 //!
-//! The statements are written out here rather than taken from lockkit-sql:
-//! they are what a careful user would write by hand, and a change to
-//! lockkit's statements that costs a round trip shows up as a ratio.
+//! The `lease` cycles send lockkit-sql's own statements
+//! ([`lockkit_sql::lease_statements`]), so that they measure the engine
+//! and cannot drift from what it sends. The session modes' statements are
+//! written out here: the same guarantee as a careful user would write it by
+//! hand (a row lock with its token, an advisory or named lock with its
+//! token), so that a statement of lockkit's that costs a round trip more
+//! shows up as a ratio.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::{Connection, MySqlConnection, PgConnection, SqliteConnection};
+use lockkit_sql::{Database, LeaseStatements};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, PgConnection, SqliteConnection};
 use tokio::sync::Mutex;
+
+/// lockkit's `lease` statements on its default table, so that a raw floor
+/// sends what lockkit sends.
+fn lease_statements(database: Database) -> LeaseStatements {
+    lockkit_sql::lease_statements(database, lockkit_sql::DEFAULT_TABLE)
+        .expect("the lease statements of the default table")
+}
 
 /// The lease of every raw acquire, as lockkit's cycles use.
 pub const RAW_TTL: Duration = Duration::from_secs(30);
@@ -75,28 +87,11 @@ probe_queries!(RawSqlite);
 #[derive(Debug)]
 pub struct RawPg {
     conn: Mutex<PgConnection>,
+    /// lockkit's own lease statements, sent by hand.
+    lease: LeaseStatements,
     owners: Owners,
 }
 
-/// lockkit's lease upsert: behind the name's gate (a transaction-scoped
-/// advisory lock), takes a free or expired row (or makes it) with a token
-/// from the sequence and returns it, or the holder's remaining milliseconds.
-const PG_LEASE_ACQUIRE: &str = "WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock(1818979429, hashtext($1))), \
- taken AS (\
-    INSERT INTO lockkit_locks AS l (name, owner, fence, expires_at) \
-    SELECT $1, $2, nextval('lockkit_locks_fence_seq'), now() + $3::bigint * interval '1 millisecond' FROM g \
-    ON CONFLICT (name) DO UPDATE \
-        SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
-        WHERE l.expires_at <= now() \
-    RETURNING l.fence) \
- SELECT (SELECT fence FROM taken), \
-        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
-         FROM lockkit_locks WHERE name = $1)";
-/// lockkit's lease release (the row goes), with the `NOTIFY` that wakes
-/// the waiters.
-const PG_LEASE_RELEASE: &str = "DELETE FROM lockkit_locks \
-    WHERE name = $1 AND owner = $2 AND expires_at > now() \
-    RETURNING pg_notify($3, $1)::text";
 const PG_ROW_LOCK: &str = "WITH l AS MATERIALIZED (SELECT 1 FROM lockkit_locks WHERE name = $1 FOR UPDATE) \
     SELECT nextval('lockkit_locks_fence_seq') FROM l";
 /// The row of a name, made if missing (a released name has none).
@@ -116,6 +111,7 @@ impl RawPg {
             .expect("a Postgres connection");
         RawPg {
             conn: Mutex::new(conn),
+            lease: lease_statements(Database::Postgres),
             owners: Owners::default(),
         }
     }
@@ -124,15 +120,16 @@ impl RawPg {
     pub async fn lease_cycle(&self, name: &str) {
         let owner = self.owners.next();
         let mut conn = self.conn.lock().await;
-        let (fence, _): (Option<i64>, Option<i64>) = sqlx::query_as(PG_LEASE_ACQUIRE)
-            .bind(name)
-            .bind(&owner)
-            .bind(millis(RAW_TTL))
-            .fetch_one(&mut *conn)
-            .await
-            .expect("lease upsert");
+        let (fence, _): (Option<i64>, Option<i64>) =
+            sqlx::query_as(AssertSqlSafe(self.lease.acquire.as_str()))
+                .bind(name)
+                .bind(&owner)
+                .bind(millis(RAW_TTL))
+                .fetch_one(&mut *conn)
+                .await
+                .expect("lease upsert");
         assert!(fence.is_some(), "raw lease: {name:?} was not free");
-        let released = sqlx::query(PG_LEASE_RELEASE)
+        let released = sqlx::query(AssertSqlSafe(self.lease.release.as_str()))
             .bind(name)
             .bind(&owner)
             .bind("lockkit_lockkit_locks")
@@ -196,21 +193,11 @@ impl RawPg {
 #[derive(Debug)]
 pub struct RawMy {
     conn: Mutex<MySqlConnection>,
+    /// lockkit's own lease statements, sent by hand.
+    lease: LeaseStatements,
     owners: Owners,
 }
 
-/// lockkit's lease upsert, its token drawn behind the name's gate row; the
-/// answer comes back in `LAST_INSERT_ID`.
-const MY_LEASE_ACQUIRE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
-    VALUES (?, ?, LAST_INSERT_ID((SELECT NEXTVAL(lockkit_locks_fence_seq) FROM lockkit_locks_gate \
-        WHERE id = CRC32(?) % 64 FOR UPDATE)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-    ON DUPLICATE KEY UPDATE \
-      owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-      fence = IF(expires_at <= UTC_TIMESTAMP(6), LAST_INSERT_ID(VALUES(fence)), \
-          IF(LAST_INSERT_ID(4611686018427387904 + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
-      expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)";
-const MY_LEASE_RELEASE: &str = "DELETE FROM lockkit_locks \
-    WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)";
 /// The row of a name, made if missing (a released name has none); waits
 /// for a holder's lock as the locking read would.
 const MY_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
@@ -238,6 +225,7 @@ impl RawMy {
             .expect("innodb_lock_wait_timeout");
         RawMy {
             conn: Mutex::new(conn),
+            lease: lease_statements(Database::MySql),
             owners: Owners::default(),
         }
     }
@@ -246,7 +234,7 @@ impl RawMy {
     pub async fn lease_cycle(&self, name: &str) {
         let owner = self.owners.next();
         let mut conn = self.conn.lock().await;
-        let done = sqlx::query(MY_LEASE_ACQUIRE)
+        let done = sqlx::query(AssertSqlSafe(self.lease.acquire.as_str()))
             .bind(name.as_bytes())
             .bind(&owner)
             .bind(name.as_bytes())
@@ -259,7 +247,7 @@ impl RawMy {
             fence > 0 && fence < 1 << 62,
             "raw lease: {name:?} was not free"
         );
-        let released = sqlx::query(MY_LEASE_RELEASE)
+        let released = sqlx::query(AssertSqlSafe(self.lease.release.as_str()))
             .bind(name.as_bytes())
             .bind(&owner)
             .execute(&mut *conn)
@@ -323,29 +311,10 @@ impl RawMy {
 #[derive(Debug)]
 pub struct RawSqlite {
     conn: Mutex<SqliteConnection>,
+    /// lockkit's own lease statements, sent by hand.
+    lease: LeaseStatements,
     owners: Owners,
 }
-
-/// Milliseconds since the Unix epoch by SQLite's clock, as lockkit computes it.
-macro_rules! sqlite_now_ms {
-    () => {
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
-    };
-}
-const SQLITE_LEASE_ACQUIRE: &str = concat!(
-    "INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES (?1, ?2, \
-     (SELECT n + 1 FROM lockkit_locks_fence WHERE id = 1), ",
-    sqlite_now_ms!(),
-    " + ?3) ON CONFLICT (name) DO UPDATE \
-     SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
-     WHERE expires_at <= ",
-    sqlite_now_ms!(),
-    " RETURNING fence"
-);
-const SQLITE_LEASE_RELEASE: &str = concat!(
-    "DELETE FROM lockkit_locks WHERE name = ?1 AND owner = ?2 AND expires_at > ",
-    sqlite_now_ms!()
-);
 
 impl RawSqlite {
     /// A connection to the database file at `path` (which lockkit has
@@ -363,6 +332,7 @@ impl RawSqlite {
             .expect("an SQLite connection");
         RawSqlite {
             conn: Mutex::new(conn),
+            lease: lease_statements(Database::Sqlite),
             owners: Owners::default(),
         }
     }
@@ -371,7 +341,7 @@ impl RawSqlite {
     pub async fn lease_cycle(&self, name: &str) {
         let owner = self.owners.next();
         let mut conn = self.conn.lock().await;
-        let fence: Option<i64> = sqlx::query_scalar(SQLITE_LEASE_ACQUIRE)
+        let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.lease.acquire.as_str()))
             .bind(name)
             .bind(&owner)
             .bind(millis(RAW_TTL))
@@ -379,7 +349,7 @@ impl RawSqlite {
             .await
             .expect("lease upsert");
         assert!(fence.is_some(), "raw lease: {name:?} was not free");
-        let released = sqlx::query(SQLITE_LEASE_RELEASE)
+        let released = sqlx::query(AssertSqlSafe(self.lease.release.as_str()))
             .bind(name)
             .bind(&owner)
             .execute(&mut *conn)

@@ -45,6 +45,46 @@ pub use settings::{
     POLLED_LEASE_CAPABILITIES, SESSION_CAPABILITIES,
 };
 
+/// The two statements of a `lease` cycle on a lock table, as `lease` mode
+/// sends them.
+///
+/// For benchmarks that send lockkit's own statements by hand, to measure
+/// what the engine adds; not part of the stable API. On MySQL/MariaDB, the
+/// texts of MariaDB 10.3 and later (tokens from a `SEQUENCE`).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct LeaseStatements {
+    /// The upsert (binds as `lease` mode binds it).
+    pub acquire: String,
+    /// The owner-conditional release.
+    pub release: String,
+}
+
+/// The [`LeaseStatements`] of `table` on `database`.
+#[doc(hidden)]
+pub fn lease_statements(database: Database, table: &str) -> lockkit_core::Result<LeaseStatements> {
+    validate_table(table)?;
+    let (acquire, release) = match database {
+        #[cfg(feature = "postgres")]
+        Database::Postgres => postgres::lease_statements(table),
+        #[cfg(feature = "mysql")]
+        Database::MySql => mysql::lease_statements(table),
+        #[cfg(feature = "sqlite")]
+        Database::Sqlite => sqlite::lease_statements(table),
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(lockkit_core::LockError::BackendNotCompiled {
+                scheme: other.to_string(),
+                feature: other.feature(),
+            });
+        }
+    };
+    Ok(LeaseStatements {
+        acquire: acquire.to_string(),
+        release: release.to_string(),
+    })
+}
+
 /// Connects to the database of a SQL URL; see [`SqlLockBuilder`] for the
 /// forms and parameters.
 pub async fn connect(url: &str) -> lockkit_core::Result<SqlLock> {

@@ -29,6 +29,13 @@ use migration::MyMigrator;
 use session::MySqlSession;
 use statements::{FenceSource, MySql};
 
+/// The upsert and release of `lease` mode on `table` (see
+/// [`lease_statements`](crate::lease_statements)).
+pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
+    let sql = MySql::new(table, FenceSource::Sequence);
+    (sql.acquire, sql.release)
+}
+
 /// Connects a client to the database of `config`, in its mode.
 pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Opened> {
     let options =

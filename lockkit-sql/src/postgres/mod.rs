@@ -31,6 +31,13 @@ use notify::PgNotifications;
 use session::PgSession;
 use statements::PgSql;
 
+/// The upsert and release of `lease` mode on `table` (see
+/// [`lease_statements`](crate::lease_statements)).
+pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
+    let sql = PgSql::new(table);
+    (sql.acquire, sql.release)
+}
+
 /// Connects a client to the database of `config`, in its mode.
 pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Opened> {
     let options = PgConnectOptions::from_str(&config.driver_url)

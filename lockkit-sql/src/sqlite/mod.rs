@@ -24,6 +24,13 @@ use lease::SqliteLease;
 use migration::SqliteMigrator;
 use statements::SqliteSql;
 
+/// The upsert and release of `lease` mode on `table` (see
+/// [`lease_statements`](crate::lease_statements)).
+pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
+    let sql = SqliteSql::new(table);
+    (sql.acquire, sql.release)
+}
+
 /// Connects a client to the database of `config` (`lease` mode).
 pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Opened> {
     let in_memory = config.driver_url == "sqlite://:memory:";
