@@ -3,13 +3,18 @@
 //! scripts and pipelines run the same way on each.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use lockkit_core::{LockError, Result};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Client, Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
 
 use crate::direct::{Direct, Route};
-use crate::sentinel::SentinelConnection;
+use crate::error::map_error;
+use crate::sentinel::{Resolver, SentinelConnection};
+use crate::settings::{RedisConfig, Topology};
 
 /// A connection in one of the three modes. Clones share the connection.
 #[derive(Clone)]
@@ -117,5 +122,98 @@ impl ConnectionLike for Single {
 
     fn get_db(&self) -> i64 {
         self.manager.get_db()
+    }
+}
+
+pub(crate) fn client_for(config: &RedisConfig, info: redis::ConnectionInfo) -> Result<Client> {
+    let result = match &config.tls_root_cert {
+        Some(pem) => Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        ),
+        None => Client::open(info),
+    };
+    result.map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))
+}
+
+/// Reconnection settings: few, quick retries, so that a command on a dead
+/// server fails within its own timeout instead of waiting out a long backoff.
+pub(crate) fn manager_config(
+    config: &RedisConfig,
+    response_timeout: Duration,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(200))
+}
+
+/// A single server's command connection: `manager`, and a direct one
+/// beside it where it may be used (see [`Direct`]).
+pub(crate) fn single(config: &RedisConfig, manager: ConnectionManager) -> Connection {
+    let direct = config
+        .direct
+        .then(|| {
+            Direct::new(
+                &config.info,
+                config.tls_root_cert.is_some(),
+                config.connect_timeout,
+            )
+        })
+        .flatten();
+    Connection::Single(Single::new(manager, direct))
+}
+
+/// The same `info` speaking RESP3 (for the subscriber).
+pub(crate) fn resp3(info: &redis::ConnectionInfo) -> redis::ConnectionInfo {
+    info.clone().set_redis_settings(
+        info.redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3),
+    )
+}
+
+/// Opens a command connection whose replies may take `response_timeout`.
+/// Single server and Cluster connect here; Sentinel on first use.
+pub(crate) async fn open(
+    config: &RedisConfig,
+    resolver: Option<&Arc<Resolver>>,
+    response_timeout: Duration,
+) -> Result<Connection> {
+    let address = config.address();
+    match (&config.topology, resolver) {
+        (Topology::Cluster { nodes }, _) => {
+            let client = ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(response_timeout)
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(200)
+                .build()
+                .map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))?;
+            let conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| map_error(&address, "connect", e))?;
+            Ok(Connection::Cluster(conn))
+        }
+        (Topology::Sentinel { .. }, Some(resolver)) => Ok(Connection::Sentinel(
+            SentinelConnection::new(resolver.clone(), config.connect_timeout, response_timeout),
+        )),
+        _ => {
+            let client = client_for(config, config.info.clone())?;
+            let manager = ConnectionManager::new_with_config(
+                client,
+                manager_config(config, response_timeout),
+            )
+            .await
+            .map_err(|e| map_error(&address, "connect", e))?;
+            Ok(single(config, manager))
+        }
     }
 }

@@ -8,9 +8,10 @@ use std::time::Duration;
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{FencingToken, LockKind, Result};
 
-use crate::instance::{Holdings, RedisInstance};
+use crate::instance::{RedisInstance, flag, remaining_of};
 use crate::keys::{Keys, SemaphoreKeys};
 use crate::renewals::Renewing;
+use crate::scripts::{Call, SCRIPTS};
 
 /// A holding's keys in Redis: which side of a reader-writer lock, or which
 /// semaphore.
@@ -91,6 +92,62 @@ impl RedisKey {
 }
 
 impl RedisInstance {
+    /// The holdings of a reader-writer lock (`lock` its lock key, `set` its
+    /// readers) or of a semaphore (`lock` `None`, `set` its permits), and
+    /// for a fair lock the waiters of `queue` (its deadlines key), read in
+    /// one script.
+    pub(crate) async fn holdings(
+        &self,
+        lock: Option<&str>,
+        fence: &str,
+        set: &str,
+        queue: Option<&str>,
+    ) -> Result<Holdings> {
+        let mut conn = self.commands();
+        let mut call = Call::new(
+            &SCRIPTS.status,
+            [lock.unwrap_or(set), fence, set].into_iter().chain(queue),
+        );
+        call.arg(flag(lock.is_some()));
+        let (count, remaining, fence, stored, queued): (i64, i64, i64, String, i64) = self
+            .run("read the holdings", call.invoke(&mut conn))
+            .await?;
+        Ok(Holdings {
+            count: usize::try_from(count).unwrap_or(0),
+            remaining: remaining_of(remaining).unwrap_or_default(),
+            fence: u64::try_from(fence).ok(),
+            holder: crate::keys::holder_of(&stored).map(str::to_owned),
+            waiters: usize::try_from(queued).ok(),
+        })
+    }
+
+    /// Who holds the lock, read in one `MULTI`/`EXEC` (`GET` and `PTTL` of
+    /// the lock key, `GET` of the fence counter); `None` if it is free.
+    pub(crate) async fn holder(&self, keys: &Keys) -> Result<Option<Holder>> {
+        let mut conn = self.commands();
+        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = self
+            .run(
+                "read the lock's holder",
+                redis::pipe()
+                    .atomic()
+                    .cmd("GET")
+                    .arg(&keys.lock)
+                    .cmd("PTTL")
+                    .arg(&keys.lock)
+                    .cmd("GET")
+                    .arg(&keys.fence)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(owner.map(|owner| Holder {
+            owner,
+            // The key was read with its value, so it exists: a -2 from a
+            // key that expired between the two reads is no time left.
+            remaining: remaining_of(pttl).unwrap_or_default(),
+            fence,
+        }))
+    }
+
     /// One attempt at the holding `key` for `owner`: [`try_lock`](Self::try_lock),
     /// [`try_share`](Self::try_share) or [`try_permit`](Self::try_permit).
     pub async fn try_hold(
@@ -154,8 +211,48 @@ impl RedisInstance {
         }
     }
 
+    /// Who holds `key`'s lock as a writer, read in one `MULTI`/`EXEC`;
+    /// `None` if no writer does (readers and permits have no one holder).
+    pub async fn writer_of(&self, key: &RedisKey) -> Result<Option<Holder>> {
+        match key {
+            RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => self.holder(keys).await,
+            RedisKey::Permit { .. } => Ok(None),
+        }
+    }
+
     /// Release notifications that may let `key` in.
     pub async fn watch_holding(&self, key: &RedisKey) -> ReleaseWatch {
         self.watch_channel(key.channel()).await
     }
+}
+
+/// The holder of a lock as one Redis server sees it; see
+/// [`RedisInstance::writer_of`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The lock key's value: the holder's owner token.
+    pub owner: String,
+    /// The lock key's remaining TTL (`Duration::MAX` for a key without one).
+    pub remaining: Duration,
+    /// The fence counter: the last fencing token drawn for the name, if any.
+    pub fence: Option<u64>,
+}
+
+/// What a reader-writer lock's or a semaphore's holdings are; see
+/// [`RedisInstance::holdings_of`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holdings {
+    /// How many: 1 for a writer, else the live readers or permits.
+    pub count: usize,
+    /// How long the longest of them still runs (`Duration::MAX` for a lock
+    /// key without expiry).
+    pub remaining: Duration,
+    /// The last fencing token drawn for the name, if any.
+    pub fence: Option<u64>,
+    /// The holder identity one of them recorded, if any.
+    pub holder: Option<String>,
+    /// For a fair lock, the clients whose place in its queue is live (the
+    /// tasks of one client queue among themselves behind one place); `None`
+    /// for other names.
+    pub waiters: Option<usize>,
 }

@@ -8,18 +8,16 @@ use std::time::Duration;
 
 use lockkit_core::backend::{Attempt, connect_retrying};
 use lockkit_core::{FencingToken, LockError, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::{Client, RedisError, TlsCertificates};
+use redis::RedisError;
+use redis::aio::ConnectionManager;
 
-use crate::connection::{Connection, Single};
-use crate::direct::Direct;
+use crate::connection::{Connection, client_for, manager_config, open, resp3, single};
 use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
 use crate::scripts::{Call, SCRIPTS, SOURCES, is_no_script};
-use crate::sentinel::{Resolver, SentinelConnection};
+use crate::sentinel::Resolver;
 use crate::settings::{Reach, RedisConfig, ReplicaWait, Topology};
 
 /// A connection to one Redis deployment — a single server, a Redis Cluster,
@@ -56,96 +54,6 @@ impl fmt::Debug for RedisInstance {
             .field("command_timeout", &self.inner.command_timeout)
             .field("wait_for_replicas", &self.inner.wait)
             .finish_non_exhaustive()
-    }
-}
-
-fn client_for(config: &RedisConfig, info: redis::ConnectionInfo) -> Result<Client> {
-    let result = match &config.tls_root_cert {
-        Some(pem) => Client::build_with_tls(
-            info,
-            TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            },
-        ),
-        None => Client::open(info),
-    };
-    result.map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))
-}
-
-/// Reconnection settings: few, quick retries, so that a command on a dead
-/// server fails within its own timeout instead of waiting out a long backoff.
-fn manager_config(config: &RedisConfig, response_timeout: Duration) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(Some(response_timeout))
-        .set_number_of_retries(2)
-        .set_min_delay(Duration::from_millis(10))
-        .set_max_delay(Duration::from_millis(200))
-}
-
-/// A single server's command connection: `manager`, and a direct one
-/// beside it where it may be used (see [`Direct`]).
-fn single(config: &RedisConfig, manager: ConnectionManager) -> Connection {
-    let direct = config
-        .direct
-        .then(|| {
-            Direct::new(
-                &config.info,
-                config.tls_root_cert.is_some(),
-                config.connect_timeout,
-            )
-        })
-        .flatten();
-    Connection::Single(Single::new(manager, direct))
-}
-
-/// The same `info` speaking RESP3 (for the subscriber).
-fn resp3(info: &redis::ConnectionInfo) -> redis::ConnectionInfo {
-    info.clone().set_redis_settings(
-        info.redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3),
-    )
-}
-
-/// Opens a command connection whose replies may take `response_timeout`.
-/// Single server and Cluster connect here; Sentinel on first use.
-async fn open(
-    config: &RedisConfig,
-    resolver: Option<&Arc<Resolver>>,
-    response_timeout: Duration,
-) -> Result<Connection> {
-    let address = config.address();
-    match (&config.topology, resolver) {
-        (Topology::Cluster { nodes }, _) => {
-            let client = ClusterClientBuilder::new(nodes.clone())
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(response_timeout)
-                .retries(2)
-                .min_retry_wait(10)
-                .max_retry_wait(200)
-                .build()
-                .map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))?;
-            let conn = client
-                .get_async_connection()
-                .await
-                .map_err(|e| map_error(&address, "connect", e))?;
-            Ok(Connection::Cluster(conn))
-        }
-        (Topology::Sentinel { .. }, Some(resolver)) => Ok(Connection::Sentinel(
-            SentinelConnection::new(resolver.clone(), config.connect_timeout, response_timeout),
-        )),
-        _ => {
-            let client = client_for(config, config.info.clone())?;
-            let manager = ConnectionManager::new_with_config(
-                client,
-                manager_config(config, response_timeout),
-            )
-            .await
-            .map_err(|e| map_error(&address, "connect", e))?;
-            Ok(single(config, manager))
-        }
     }
 }
 
@@ -327,11 +235,16 @@ impl RedisInstance {
         self.inner.wait.map(|w| (w.replicas, w.timeout))
     }
 
+    /// A clone of the command connection.
+    pub(crate) fn commands(&self) -> Connection {
+        self.inner.commands.clone()
+    }
+
     /// `call` bounded by the command timeout. Plain functions returning the
     /// future, not `async fn`s: each async layer would keep its own copy of
     /// `call`, and a lock operation's future (boxed once a call) would grow
     /// by the script call's size at every layer.
-    fn run<'s, T>(
+    pub(crate) fn run<'s, T>(
         &'s self,
         what: &'s str,
         call: impl Future<Output = std::result::Result<T, RedisError>> + 's,
@@ -364,7 +277,7 @@ impl RedisInstance {
     /// `WAIT` follows on the same connection; when too few replicas
     /// acknowledge, the lock is released again and the attempt fails with
     /// `LockError::Unavailable`.
-    pub async fn try_lock(
+    pub(crate) async fn try_lock(
         &self,
         keys: &Keys,
         owner: &str,
@@ -391,7 +304,7 @@ impl RedisInstance {
 
     /// A shared holding of `keys`' name for `owner`, unless a writer holds
     /// it or waits for it; as [`try_lock`](Self::try_lock) otherwise.
-    pub async fn try_share(
+    pub(crate) async fn try_share(
         &self,
         keys: &Keys,
         owner: &str,
@@ -409,7 +322,7 @@ impl RedisInstance {
 
     /// One of `permits` permits of the semaphore `keys` for `owner`, after
     /// reclaiming expired ones; as [`try_lock`](Self::try_lock) otherwise.
-    pub async fn try_permit(
+    pub(crate) async fn try_permit(
         &self,
         keys: &SemaphoreKeys,
         owner: &str,
@@ -578,7 +491,7 @@ impl RedisInstance {
     /// Deletes the key if it is `owner`'s; false if it was not. With `notify`,
     /// a release is published to wake waiters (Redlock rolls back a partial
     /// grant without it, so that contenders keep their random retry delays).
-    pub async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
+    pub(crate) async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let script = match &keys.queue {
             Some(_) => &SCRIPTS.release_fair,
@@ -613,7 +526,7 @@ impl RedisInstance {
 
     /// Removes `owner`'s lease from the sorted set `set` and publishes on
     /// its channel; false if it had none (or it had run out).
-    pub async fn release_member(&self, set: LeaseSet<'_>, owner: &str) -> Result<bool> {
+    pub(crate) async fn release_member(&self, set: LeaseSet<'_>, owner: &str) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let mut call = Call::new(
             &SCRIPTS.release_member,
@@ -624,40 +537,11 @@ impl RedisInstance {
         Ok(released == 1)
     }
 
-    /// The holdings of a reader-writer lock (`lock` its lock key, `set` its
-    /// readers) or of a semaphore (`lock` `None`, `set` its permits), and
-    /// for a fair lock the waiters of `queue` (its deadlines key), read in
-    /// one script.
-    pub async fn holdings(
-        &self,
-        lock: Option<&str>,
-        fence: &str,
-        set: &str,
-        queue: Option<&str>,
-    ) -> Result<Holdings> {
-        let mut conn = self.inner.commands.clone();
-        let mut call = Call::new(
-            &SCRIPTS.status,
-            [lock.unwrap_or(set), fence, set].into_iter().chain(queue),
-        );
-        call.arg(flag(lock.is_some()));
-        let (count, remaining, fence, stored, queued): (i64, i64, i64, String, i64) = self
-            .run("read the holdings", call.invoke(&mut conn))
-            .await?;
-        Ok(Holdings {
-            count: usize::try_from(count).unwrap_or(0),
-            remaining: remaining_of(remaining).unwrap_or_default(),
-            fence: u64::try_from(fence).ok(),
-            holder: crate::keys::holder_of(&stored).map(str::to_owned),
-            waiters: usize::try_from(queued).ok(),
-        })
-    }
-
     /// Passes `from`'s lease to `to` for `ttl` from now, drawing a new
     /// fencing token when `fencing`: `Ok(None)` if the lease was not `from`'s,
     /// else the token (0 without fencing). No release is published: the lock
     /// never comes free.
-    pub async fn hand_over(
+    pub(crate) async fn hand_over(
         &self,
         keys: &Keys,
         from: &str,
@@ -680,54 +564,9 @@ impl RedisInstance {
         Ok(u64::try_from(token).ok())
     }
 
-    /// Subscribes to the release channel of `keys` (shared by all waiters of
-    /// this instance). Falls back to no notifications if the subscription fails.
-    pub async fn watch(&self, keys: &Keys) -> lockkit_core::backend::ReleaseWatch {
-        self.watch_channel(&keys.channel).await
-    }
-
     /// Subscribes to a release channel (of a lock or a semaphore).
-    pub async fn watch_channel(&self, channel: &str) -> lockkit_core::backend::ReleaseWatch {
+    pub(crate) async fn watch_channel(&self, channel: &str) -> lockkit_core::backend::ReleaseWatch {
         self.inner.notifications.watch(channel).await
-    }
-
-    /// The remaining TTL of the lock key in ms (`PTTL`): `None` if the lock is free.
-    pub async fn holder_ttl(&self, keys: &Keys) -> Result<Option<Duration>> {
-        let mut conn = self.inner.commands.clone();
-        let pttl: i64 = self
-            .run(
-                "pttl",
-                redis::cmd("PTTL").arg(&keys.lock).query_async(&mut conn),
-            )
-            .await?;
-        Ok(remaining_of(pttl))
-    }
-
-    /// Who holds the lock, read in one `MULTI`/`EXEC` (`GET` and `PTTL` of
-    /// the lock key, `GET` of the fence counter); `None` if it is free.
-    pub async fn holder(&self, keys: &Keys) -> Result<Option<Holder>> {
-        let mut conn = self.inner.commands.clone();
-        let (owner, pttl, fence): (Option<String>, i64, Option<u64>) = self
-            .run(
-                "read the lock's holder",
-                redis::pipe()
-                    .atomic()
-                    .cmd("GET")
-                    .arg(&keys.lock)
-                    .cmd("PTTL")
-                    .arg(&keys.lock)
-                    .cmd("GET")
-                    .arg(&keys.fence)
-                    .query_async(&mut conn),
-            )
-            .await?;
-        Ok(owner.map(|owner| Holder {
-            owner,
-            // The key was read with its value, so it exists: a -2 from a
-            // key that expired between the two reads is no time left.
-            remaining: remaining_of(pttl).unwrap_or_default(),
-            fence,
-        }))
     }
 
     /// Round trip of one `PING`, for benchmarks and health checks.
@@ -741,7 +580,7 @@ impl RedisInstance {
 /// A key's remaining time, from `PTTL`'s answer in milliseconds: `None`
 /// for a key that does not exist (-2), `Duration::MAX` for one without
 /// expiry (-1).
-fn remaining_of(pttl: i64) -> Option<Duration> {
+pub(crate) fn remaining_of(pttl: i64) -> Option<Duration> {
     match pttl {
         ..=-2 => None,
         -1 => Some(Duration::MAX),
@@ -769,37 +608,6 @@ async fn script_and_wait<T: redis::FromRedisValue>(
         }
         other => other,
     }
-}
-
-/// The holder of a lock as one Redis server sees it; see
-/// [`RedisInstance::holder`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    /// The lock key's value: the holder's owner token.
-    pub owner: String,
-    /// The lock key's remaining TTL (`Duration::MAX` for a key without one).
-    pub remaining: Duration,
-    /// The fence counter: the last fencing token drawn for the name, if any.
-    pub fence: Option<u64>,
-}
-
-/// What a reader-writer lock's or a semaphore's holdings are; see
-/// [`RedisInstance::holdings`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holdings {
-    /// How many: 1 for a writer, else the live readers or permits.
-    pub count: usize,
-    /// How long the longest of them still runs (`Duration::MAX` for a lock
-    /// key without expiry).
-    pub remaining: Duration,
-    /// The last fencing token drawn for the name, if any.
-    pub fence: Option<u64>,
-    /// The holder identity one of them recorded, if any.
-    pub holder: Option<String>,
-    /// For a fair lock, the clients whose place in its queue is live (the
-    /// tasks of one client queue among themselves behind one place); `None`
-    /// for other names.
-    pub waiters: Option<usize>,
 }
 
 /// `lock_keys`, then for a fair lock its queue's two keys (order, then
@@ -830,7 +638,7 @@ fn grant_answer(answer: i64, fencing: bool) -> Attempt<Option<FencingToken>> {
 }
 
 /// A script's boolean argument.
-fn flag(on: bool) -> &'static str {
+pub(crate) fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 

@@ -23,8 +23,8 @@ pub use backend::{
     RedisLock,
 };
 pub use config::RedisLockBuilder;
-pub use holding::RedisKey;
-pub use instance::{Holder, Holdings, RedisInstance};
+pub use holding::{Holder, Holdings, RedisKey};
+pub use instance::RedisInstance;
 pub use keys::{
     DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, holder_of,
 };

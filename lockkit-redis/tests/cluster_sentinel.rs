@@ -14,15 +14,9 @@ use tokio::time::Instant;
 
 const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
 
-fn opts() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(30))
-}
+mod common;
 
-async fn connect(url: &str) -> RedisLock {
-    lockkit_redis::connect(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}"))
-}
+use common::{connect, opts};
 
 fn key(name: &str) -> String {
     format!("{DEFAULT_PREFIX}{name}")

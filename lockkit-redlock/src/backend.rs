@@ -9,7 +9,7 @@ use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
 };
-use lockkit_redis::{Keys, RedisInstance, RedisKey, holder_of};
+use lockkit_redis::{RedisInstance, RedisKey, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
@@ -170,17 +170,17 @@ impl RedlockBackend {
 
     /// The status of the lock key when a quorum agree on one writer;
     /// `None` when no writer holds (readers may).
-    async fn writer_status(&self, keys: &Keys, quorum: usize) -> Result<Option<LockStatus>> {
-        let owned = keys.clone();
+    async fn writer_status(&self, key: &RedisKey, quorum: usize) -> Result<Option<LockStatus>> {
+        let owned = key.clone();
         let votes = ask(
             &self.instances,
             &self.stragglers,
-            &keys.channel,
+            key.channel(),
             self.all(),
             self.instance_timeout(None),
             move |_, instance| {
-                let keys = owned.clone();
-                async move { instance.holder(&keys).await }
+                let key = owned.clone();
+                async move { instance.writer_of(&key).await }
             },
             |_| false,
         )
@@ -233,8 +233,8 @@ impl RedlockBackend {
     /// One read of the status (see `status`).
     async fn read_status(&self, keys: &RedisKey) -> Result<LockStatus> {
         let quorum = self.quorum_for(keys);
-        if let RedisKey::Exclusive(lock) = keys
-            && let Some(status) = self.writer_status(lock, quorum).await?
+        if let RedisKey::Exclusive(_) = keys
+            && let Some(status) = self.writer_status(keys, quorum).await?
         {
             return Ok(status);
         }

@@ -62,9 +62,14 @@ pub struct LeaseStatements {
 
 /// The [`LeaseStatements`] of `table` on `database`.
 #[doc(hidden)]
+// Without any database feature, everything after the match is unreachable.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unreachable_code)
+)]
 pub fn lease_statements(database: Database, table: &str) -> lockkit_core::Result<LeaseStatements> {
     validate_table(table)?;
-    let (acquire, release) = match database {
+    let (acquire, release): (std::sync::Arc<str>, std::sync::Arc<str>) = match database {
         #[cfg(feature = "postgres")]
         Database::Postgres => postgres::lease_statements(table),
         #[cfg(feature = "mysql")]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use sqlx::query::{Query, QueryAs, QueryScalar};
-use sqlx::{AssertSqlSafe, Database, Encode, FromRow, Type};
+use sqlx::{AssertSqlSafe, Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 /// The answer of one statement on one connection.
 pub(crate) type Answer<'c, T> = BoxFuture<'c, sqlx::Result<T>>;
@@ -146,4 +146,76 @@ pub(crate) fn micros(d: Duration) -> Value<'static> {
 /// negative).
 pub(crate) fn remaining_ms(ms: i64) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
+}
+
+/// The rows a statement changed (on MySQL: found, as sqlx asks for).
+pub(crate) trait Changed {
+    fn changed(&self) -> u64;
+}
+
+#[cfg(feature = "postgres")]
+impl Changed for sqlx::postgres::PgQueryResult {
+    fn changed(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Changed for sqlx::mysql::MySqlQueryResult {
+    fn changed(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Changed for sqlx::sqlite::SqliteQueryResult {
+    fn changed(&self) -> u64 {
+        self.rows_affected()
+    }
+}
+
+/// A live row as a status statement answers it: fence, remaining
+/// milliseconds, owner.
+pub(crate) type LiveColumns = (i64, i64, Option<String>);
+
+/// The databases on whose connections the engines run a dialect's
+/// statements without knowing the database.
+pub(crate) trait Runs: Binds {
+    /// Runs `sql` with `values`: the rows it changed.
+    fn changed<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &Arc<str>,
+        values: &[Value<'c>],
+    ) -> Answer<'c, u64>;
+
+    /// Runs `sql` with `values`: its one row of [`LiveColumns`], if any.
+    fn live<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &Arc<str>,
+        values: &[Value<'c>],
+    ) -> Answer<'c, Option<LiveColumns>>;
+}
+
+impl<DB> Runs for DB
+where
+    DB: Binds<Arguments: IntoArguments<DB>, QueryResult: Changed>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    LiveColumns: for<'r> FromRow<'r, DB::Row>,
+{
+    fn changed<'c>(
+        conn: &'c mut DB::Connection,
+        sql: &Arc<str>,
+        values: &[Value<'c>],
+    ) -> Answer<'c, u64> {
+        let query = bound::<DB>(sql, values);
+        Box::pin(async move { query.execute(conn).await.map(|done| done.changed()) })
+    }
+
+    fn live<'c>(
+        conn: &'c mut DB::Connection,
+        sql: &Arc<str>,
+        values: &[Value<'c>],
+    ) -> Answer<'c, Option<LiveColumns>> {
+        Box::pin(bound_rows::<DB, LiveColumns>(sql, values).fetch_optional(conn))
+    }
 }

@@ -5,7 +5,9 @@ use lockkit_core::backend::{Driver, boxed_connect};
 
 mod config;
 mod error;
+mod lease;
 mod lock;
+mod node;
 mod path;
 mod session;
 mod settings;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockkit_core::backend::{Intent, Lease, OwnerToken, QueueBackend, QueuedLock, Waiter};
+use lockkit_core::backend::{Intent, OwnerToken, QueueBackend, QueuedLock, Waiter};
 use lockkit_core::{
     Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
     ReleaseOnCrash, Result,
@@ -13,6 +13,8 @@ use tokio::time::Instant;
 use zookeeper_client::{CreateMode, Error as ZkError};
 
 use crate::error::BACKEND;
+use crate::lease::ZkLease;
+use crate::node::{Node, Queued};
 use crate::path::{
     contenders, is_reader, lease_prefix, lock_dir, node_prefix, reader_prefix, semaphore_dir,
     sequence,
@@ -34,9 +36,6 @@ const STATUS_LISTINGS: u32 = 3;
 /// Between the retries of a request a waiter makes while its session lives
 /// (jittered, never past the wait's deadline).
 const WAITING_RETRY: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-
-/// Between the retries of a lock node's delete while its session lives.
-const DELETE_RETRY: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
 
 /// What the ZooKeeper backend guarantees.
 pub const ZK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Session)
@@ -402,139 +401,6 @@ struct Permit<'a> {
     opts: &'a LockOptions,
 }
 
-/// Our lock node.
-#[derive(Debug)]
-struct Node {
-    path: String,
-    name: String,
-    czxid: i64,
-    /// A create was retried after an unknown outcome: a second node of ours
-    /// may exist, and leaving must remove it too.
-    in_doubt: bool,
-}
-
-/// Our place in the queue until the lock is granted: unless granted, it is
-/// removed when the attempt ends — at once on timeout, in the background if
-/// the acquire future is dropped. Before the node's path is known (the create
-/// is in flight, or its outcome was lost), every node with our owner prefix is
-/// removed; ZooKeeper answers one session's requests in order, so the cleanup
-/// sees the create.
-struct Queued {
-    session: Arc<Session>,
-    dir: String,
-    prefix: String,
-    path: Option<String>,
-    in_doubt: bool,
-    armed: bool,
-}
-
-impl Queued {
-    fn new(session: Arc<Session>, dir: &str, prefix: &str) -> Self {
-        Queued {
-            session,
-            dir: dir.to_owned(),
-            prefix: prefix.to_owned(),
-            path: None,
-            in_doubt: true,
-            armed: true,
-        }
-    }
-
-    fn created(&mut self, node: &Node) {
-        self.path = Some(node.path.clone());
-        self.in_doubt = node.in_doubt;
-    }
-
-    /// The lock is ours; returns the owner prefix if a twin node may exist.
-    fn granted(&mut self) -> Option<String> {
-        self.armed = false;
-        self.in_doubt.then(|| self.prefix.clone())
-    }
-
-    fn cleanup(&mut self) -> Option<Removal> {
-        if !std::mem::take(&mut self.armed) {
-            return None;
-        }
-        let prefix = (self.in_doubt || self.path.is_none()).then(|| self.prefix.clone());
-        Some(Removal {
-            session: self.session.clone(),
-            dir: self.dir.clone(),
-            path: self.path.take(),
-            prefix,
-        })
-    }
-
-    async fn leave(&mut self) {
-        if let Some(removal) = self.cleanup() {
-            removal.run().await;
-        }
-    }
-}
-
-impl Drop for Queued {
-    fn drop(&mut self) {
-        if let Some(removal) = self.cleanup()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(removal.run());
-        }
-    }
-}
-
-/// Nodes of ours to delete: `path`, and with `prefix` every other node whose
-/// name starts with it.
-struct Removal {
-    session: Arc<Session>,
-    dir: String,
-    path: Option<String>,
-    prefix: Option<String>,
-}
-
-impl Removal {
-    /// Deletes the nodes, retrying until they are gone or the session has
-    /// ended: a node left behind would hold up the whole queue until the
-    /// session expires.
-    async fn run(self) {
-        let Removal {
-            session,
-            dir,
-            path,
-            prefix,
-        } = self;
-        let mut paths: Vec<String> = path.into_iter().collect();
-        if let Some(prefix) = prefix
-            && let Ok(children) = session
-                .run(
-                    "list the lock's contenders",
-                    session.client.list_children(&dir),
-                )
-                .await
-        {
-            for child in children.into_iter().filter(|c| c.starts_with(&prefix)) {
-                let child = format!("{dir}/{child}");
-                if !paths.contains(&child) {
-                    paths.push(child);
-                }
-            }
-        }
-        for path in paths {
-            let mut delays = DELETE_RETRY.delays();
-            while !session.has_ended() {
-                match session
-                    .run("delete the lock node", session.client.delete(&path, None))
-                    .await
-                {
-                    Ok(()) | Err(RequestError::Server(_, ZkError::NoNode)) => break,
-                    Err(error) => {
-                        tracing::warn!(zk.path = %path, ?error, "could not delete a lock node; retrying");
-                        tokio::time::sleep(delays.next().unwrap_or(DELETE_RETRY.max())).await;
-                    }
-                }
-            }
-        }
-    }
-}
-
 impl ZkBackend {
     /// One acquire in `session`: a permit, or a place in the lock's queue.
     async fn lock_in(
@@ -728,79 +594,6 @@ impl ZkBackend {
         {
             Ok((data, _)) => Ok(identity(&data)),
             Err(RequestError::Server(_, ZkError::NoNode)) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
-    }
-}
-
-/// The lock node behind a guard.
-#[derive(Debug)]
-struct ZkLease {
-    session: Arc<Session>,
-    path: String,
-    /// The owner prefix, when a retried create may have left a twin node.
-    twins: Option<String>,
-}
-
-impl ZkLease {
-    fn dir(&self) -> String {
-        self.path
-            .rsplit_once('/')
-            .map_or("", |(dir, _)| dir)
-            .to_owned()
-    }
-}
-
-#[lockkit_core::async_trait]
-impl Lease for ZkLease {
-    fn backend_name(&self) -> &'static str {
-        BACKEND
-    }
-
-    /// Re-validates that our node still exists in our session (ZooKeeper keeps
-    /// the lock as long as the session lives; the TTL is the client's bound).
-    async fn extend(&self, _ttl: Duration) -> Result<bool> {
-        if self.session.has_ended() {
-            return Ok(false);
-        }
-        let stat = self
-            .session
-            .run(
-                "check the lock node",
-                self.session.client.check_stat(&self.path),
-            )
-            .await?;
-        Ok(stat.is_some_and(|stat| stat.ephemeral_owner == self.session.client.session_id().0))
-    }
-
-    async fn release(&self) -> Result<bool> {
-        self.session.forget(&self.path);
-        if self.session.has_ended() {
-            return Ok(false);
-        }
-        let deleted = self
-            .session
-            .run(
-                "delete the lock node",
-                self.session.client.delete(&self.path, None),
-            )
-            .await;
-        if self.twins.is_some() || deleted.is_err() {
-            // Twins, or a failed delete: keep at it in the background, as a
-            // node left behind would block the queue.
-            tokio::spawn(
-                Removal {
-                    session: self.session.clone(),
-                    dir: self.dir(),
-                    path: Some(self.path.clone()),
-                    prefix: self.twins.clone(),
-                }
-                .run(),
-            );
-        }
-        match deleted {
-            Ok(()) => Ok(true),
-            Err(RequestError::Server(_, ZkError::NoNode)) => Ok(false),
             Err(error) => Err(error.into()),
         }
     }

@@ -28,6 +28,7 @@
 mod reader;
 mod records;
 mod rows;
+mod statements;
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,24 +46,40 @@ use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use crate::names::check_slot_permits;
 use crate::pool::KeptPool;
 use crate::settings::Settings;
-use crate::statement::{Answer, Binds, remaining_ms};
+use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
 use records::waiting_row_name;
 pub(crate) use records::{IdentityRecords, holder_row_name, permit_row_name};
 use rows::Rows;
+pub(crate) use statements::{LeaseSql, LeaseStatements, Param};
 
 /// A database connection of dialect `D`.
 pub(crate) type Conn<D> = <<D as LeaseDialect>::Db as sqlx::Database>::Connection;
 
-/// One database's lease statements: their SQL text, binds and how their
-/// answers read, each run on the connection it is given. [`LeaseRows`] does
-/// the rest, the same on every database: kept connections, the command
-/// timeout, errors, and undoing an acquire that was abandoned.
+/// One database's lease statements. The ones whose answers read alike
+/// everywhere are data ([`LeaseStatements`]: a text and its parameters);
+/// the grants, whose answers each database gives its own way, are
+/// methods. [`LeaseRows`] does the rest, the same on every database: binding,
+/// kept connections, the command timeout, errors, and undoing an acquire
+/// that was abandoned.
 pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     /// The sqlx database.
-    type Db: Binds;
+    type Db: Runs;
     /// What `lease` mode guarantees on this database.
     const CAPABILITIES: Capabilities;
+
+    /// The statements of [`LeaseStatements`].
+    fn statements(&self) -> &LeaseStatements;
+
+    /// How a row's name binds (text, by default).
+    fn name_value(name: &str) -> Value<'_> {
+        Value::Text(name)
+    }
+
+    /// How a lease binds (whole milliseconds, by default).
+    fn ttl_value(ttl: Duration) -> Value<'static> {
+        millis(ttl)
+    }
 
     /// Readies `conn` for [`acquire`](Self::acquire) without taking
     /// anything. It runs before the upsert's undo is armed, so that an
@@ -84,23 +101,6 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Answer<'c, Attempt<Option<FencingToken>>>;
 
-    /// Owner-conditional extension; `false`: not `owner`'s.
-    fn extend<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, bool>;
-
-    /// Owner-conditional release; `false`: not `owner`'s.
-    fn release<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        owner: &'c str,
-    ) -> Answer<'c, bool>;
-
     /// Owner-conditional pass of the live lease from `from` to `to` for
     /// `ttl`, with the fence bumped: the new fence, or `None` when the lease
     /// was not `from`'s.
@@ -112,11 +112,6 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         to: &'c str,
         ttl: Duration,
     ) -> Answer<'c, Option<i64>>;
-
-    /// The live lease on `name`, if any: its fence, remaining milliseconds
-    /// and owner (a writer's token, or a reader group, see [`group_size`]).
-    fn status<'c>(&'c self, conn: &'c mut Conn<Self>, name: &'c str)
-    -> Answer<'c, Option<LiveRow>>;
 
     /// A reader joins the group holding `name`'s row, or starts one on a
     /// free row, unless a writer holds it or the record `waiting` (see
@@ -130,44 +125,6 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         waiting: &'c str,
         ttl: Duration,
     ) -> Answer<'c, Attempt<Option<FencingToken>>>;
-
-    /// Moves the group's expiry to at least `ttl` from now if the reader
-    /// with `token` is still in it (the live group started at or before
-    /// `token`); `false` otherwise.
-    fn extend_share<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        token: i64,
-        ttl: Duration,
-    ) -> Answer<'c, bool>;
-
-    /// The reader with `token` leaves its group; the last one out frees the
-    /// row (and, on Postgres, wakes its waiters). `false`: not in the live
-    /// group.
-    fn leave<'c>(&'c self, conn: &'c mut Conn<Self>, name: &'c str, token: i64)
-    -> Answer<'c, bool>;
-
-    /// Records `owner` as the writer waiting for `name` in the row
-    /// `waiting`, for `ttl`, in place of any earlier record.
-    fn mark_waiting<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        waiting: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, ()>;
-
-    /// Deletes the record in the row `waiting` if it is `owner`'s (any
-    /// writer's with `None`), and, on Postgres, wakes the readers waiting
-    /// for `name`.
-    fn unmark_waiting<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        waiting: &'c str,
-        owner: Option<&'c str>,
-    ) -> Answer<'c, ()>;
 
     /// Release notifications of `name`; none by default (waiters back off,
     /// never past the holder's expiry).
@@ -187,9 +144,8 @@ pub(crate) struct LiveRow {
     pub(crate) owner: Option<String>,
 }
 
-impl From<(i64, i64, Option<String>)> for LiveRow {
-    /// A status statement's answer: fence, remaining milliseconds, owner.
-    fn from((fence, remaining, owner): (i64, i64, Option<String>)) -> Self {
+impl From<LiveColumns> for LiveRow {
+    fn from((fence, remaining, owner): LiveColumns) -> Self {
         LiveRow {
             fence,
             remaining: remaining_ms(remaining),

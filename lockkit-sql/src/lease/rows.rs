@@ -8,11 +8,31 @@ use std::time::Duration;
 use lockkit_core::backend::{Attempt, Intent};
 use lockkit_core::{FencingToken, Result};
 
-use super::{LeaseDialect, LiveRow, waiting_row_name};
+use super::statements::Args;
+use super::{LeaseDialect, LeaseSql, LeaseStatements, LiveRow, Param, waiting_row_name};
 use crate::error::is_deadlock;
 use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
 use crate::slots::SlotPlan;
+use crate::statement::{Runs as _, Value};
+
+/// The values of `sql`'s parameters, from `args`, bound as dialect `D`
+/// binds them.
+fn values<'a, D: LeaseDialect>(
+    statements: &'a LeaseStatements,
+    sql: &LeaseSql,
+    args: Args<'a>,
+) -> Vec<Value<'a>> {
+    let param = |param: &Param| match param {
+        Param::Name => D::name_value(args.name),
+        Param::Owner => Value::MaybeText(args.owner),
+        Param::Token => Value::Int(args.token),
+        Param::Ttl => D::ttl_value(args.ttl),
+        Param::Woken => Value::Text(args.woken),
+        Param::Channel => Value::Text(&statements.channel),
+    };
+    sql.params.iter().map(param).collect()
+}
 
 /// The statements of `lease` mode, each on a kept connection under the
 /// command timeout.
@@ -29,7 +49,18 @@ impl<D: LeaseDialect> Rows<D> {
     fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
         let (dialect, owner) = (self.dialect.clone(), owner.to_owned());
         Undo::new(&self.settings, name, move |conn, name| {
-            Box::pin(async move { dialect.release(conn, &name, &owner).await.map(drop) })
+            Box::pin(async move {
+                let statements = dialect.statements();
+                let args = Args {
+                    name: &name,
+                    owner: Some(&owner),
+                    ..Args::default()
+                };
+                let values = values::<D>(statements, &statements.release, args);
+                D::Db::changed(conn, &statements.release.text, &values)
+                    .await
+                    .map(drop)
+            })
         })
     }
 
@@ -58,32 +89,54 @@ impl<D: LeaseDialect> Rows<D> {
         loan.finish(&self.settings, "acquire", answer)
     }
 
-    pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
+    /// Runs one of the [`LeaseStatements`] on a kept connection under the
+    /// command timeout: the rows it changed.
+    async fn changed(&self, what: &str, sql: &LeaseSql, args: Args<'_>) -> Result<u64> {
+        let values = values::<D>(self.dialect.statements(), sql, args);
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(self.dialect.extend(&mut loan, name, owner, ttl))
+            .timed(D::Db::changed(&mut loan, &sql.text, &values))
             .await;
-        loan.finish(&self.settings, "extend", answer)
+        loan.finish(&self.settings, what, answer)
+    }
+
+    pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
+        let args = Args {
+            name,
+            owner: Some(owner),
+            ttl,
+            ..Args::default()
+        };
+        let extend = &self.dialect.statements().extend;
+        Ok(self.changed("extend", extend, args).await? >= 1)
     }
 
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.release(&mut loan, name, owner))
-            .await;
-        loan.finish(&self.settings, "release", answer)
+        let args = Args {
+            name,
+            owner: Some(owner),
+            ..Args::default()
+        };
+        let release = &self.dialect.statements().release;
+        Ok(self.changed("release", release, args).await? >= 1)
     }
 
     /// The live lease on row `name`.
     pub(super) async fn row_status(&self, name: &str) -> Result<Option<LiveRow>> {
+        let statements = self.dialect.statements();
+        let args = Args {
+            name,
+            ..Args::default()
+        };
+        let values = values::<D>(statements, &statements.status, args);
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(self.dialect.status(&mut loan, name))
+            .timed(D::Db::live(&mut loan, &statements.status.text, &values))
             .await;
-        loan.finish(&self.settings, "read the lock's status", answer)
+        let live = loan.finish(&self.settings, "read the lock's status", answer)?;
+        Ok(live.map(LiveRow::from))
     }
 
     /// A permit: each slot's row tried once, as [`SlotPlan`] orders them,
@@ -175,12 +228,14 @@ impl<D: LeaseDialect> Rows<D> {
         ttl: Duration,
         what: &str,
     ) -> Result<()> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.mark_waiting(&mut loan, row, owner, ttl))
-            .await;
-        loan.finish(&self.settings, what, answer)
+        let args = Args {
+            name: row,
+            owner: Some(owner),
+            ttl,
+            ..Args::default()
+        };
+        let record = &self.dialect.statements().record;
+        self.changed(what, record, args).await.map(drop)
     }
 
     /// Deletes the record row `row` if it is `owner`'s (anyone's with
@@ -192,12 +247,14 @@ impl<D: LeaseDialect> Rows<D> {
         owner: Option<&str>,
         what: &str,
     ) -> Result<()> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.unmark_waiting(&mut loan, name, row, owner))
-            .await;
-        loan.finish(&self.settings, what, answer)
+        let args = Args {
+            name: row,
+            owner,
+            woken: name,
+            ..Args::default()
+        };
+        let forget = &self.dialect.statements().forget;
+        self.changed(what, forget, args).await.map(drop)
     }
 
     /// One reader's attempt, as its own statement. A deadlock victim's
@@ -229,20 +286,28 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     pub(super) async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.extend_share(&mut loan, name, token, ttl))
-            .await;
-        loan.finish(&self.settings, "extend a shared lease", answer)
+        let args = Args {
+            name,
+            token,
+            ttl,
+            ..Args::default()
+        };
+        let extend = &self.dialect.statements().extend_share;
+        Ok(self.changed("extend a shared lease", extend, args).await? >= 1)
     }
 
+    /// The statements of a leave in order, until one changes a row.
     pub(super) async fn leave(&self, name: &str, token: i64) -> Result<bool> {
-        let mut loan = self.pool.lend(&self.settings).await?;
-        let answer = self
-            .settings
-            .timed(self.dialect.leave(&mut loan, name, token))
-            .await;
-        loan.finish(&self.settings, "release a shared lease", answer)
+        let args = Args {
+            name,
+            token,
+            ..Args::default()
+        };
+        for leave in &self.dialect.statements().leave {
+            if self.changed("release a shared lease", leave, args).await? >= 1 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }

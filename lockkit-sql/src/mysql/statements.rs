@@ -3,6 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::lease::Param::{Name, Owner, Token, Ttl};
+use crate::lease::{LeaseSql, LeaseStatements};
+
 /// The prefix of a reader group's owner (see the `lease` module).
 const GROUP: &str = "CONCAT(CHAR(1), 'r')";
 
@@ -48,17 +51,11 @@ impl FenceSource {
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
 pub(super) struct MySql {
+    /// The statements the lease engine runs as they are.
+    pub(super) lease: LeaseStatements,
     pub(super) acquire: Arc<str>,
-    pub(super) extend: Arc<str>,
-    pub(super) release: Arc<str>,
-    pub(super) status: Arc<str>,
     pub(super) hand_over: Arc<str>,
     pub(super) share: Arc<str>,
-    pub(super) extend_share: Arc<str>,
-    pub(super) leave: Arc<str>,
-    pub(super) leave_last: Option<Arc<str>>,
-    pub(super) mark_waiting: Arc<str>,
-    pub(super) unmark_waiting: Arc<str>,
     pub(super) ensure_row: Arc<str>,
     pub(super) row_lock: Arc<str>,
     pub(super) row_try: Arc<str>,
@@ -178,6 +175,39 @@ impl MySql {
             leave_last,
         } = &lease;
         MySql {
+            lease: LeaseStatements {
+                extend: LeaseSql::new(format!(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            ), &[Ttl, Name, Owner]),
+                release: LeaseSql::new(format!("{release} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"), &[Name, Owner]),
+                status: LeaseSql::new(format!(
+                "SELECT CAST(fence AS SIGNED), \
+                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED), \
+                        owner \
+                 FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
+            ), &[Name]),
+                extend_share: LeaseSql::new(format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
+            ), &[Ttl, Name, Token]),
+                // The last reader deletes the row where rows are deleted
+                // (tried first); `expires_at` first: both assignments read
+                // the old `owner`.
+                leave: leave_last.iter().map(|last| LeaseSql::new(last.clone(), &[Name, Token])).chain([LeaseSql::new(format!(
+                "UPDATE {table} \
+                 SET expires_at = IF({COUNT} > 1, expires_at, UTC_TIMESTAMP(6)), \
+                     owner = IF({COUNT} > 1, CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} - 1), NULL) \
+                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
+            ), &[Name, Token])]).collect(),
+                record: LeaseSql::new(format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
+            ), &[Name, Owner, Ttl]),
+                forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)"), &[Name, Owner]),
+                channel: String::new(),
+            },
             acquire: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, ?, {first}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
@@ -188,26 +218,12 @@ impl MySql {
                    expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
             )
             .into(),
-            extend: format!(
-                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
-            )
-            .into(),
-            release: format!("{release} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)")
-                .into(),
             // The new fence comes back in LAST_INSERT_ID; `expires_at` is
             // assigned last (later assignments see earlier ones).
             hand_over: format!(
                 "UPDATE {table} SET owner = ?, fence = {handed}, \
                      expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
-            )
-            .into(),
-            status: format!(
-                "SELECT CAST(fence AS SIGNED), \
-                        CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED), \
-                        owner \
-                 FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
             )
             .into(),
             // Readers: see the `lease` module. As in `acquire`, the answer
@@ -241,27 +257,6 @@ impl MySql {
                    expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
             )
             .into(),
-            extend_share: format!(
-                "UPDATE {table} SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
-            )
-            .into(),
-            // `expires_at` first: both assignments read the old `owner`.
-            leave: format!(
-                "UPDATE {table} \
-                 SET expires_at = IF({COUNT} > 1, expires_at, UTC_TIMESTAMP(6)), \
-                     owner = IF({COUNT} > 1, CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} - 1), NULL) \
-                 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) AND {IN_GROUP}"
-            )
-            .into(),
-            leave_last: leave_last.as_deref().map(Arc::from),
-            mark_waiting: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
-            )
-            .into(),
-            unmark_waiting: format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)").into(),
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"

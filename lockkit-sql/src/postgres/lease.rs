@@ -11,12 +11,9 @@ use sqlx::{PgConnection, Postgres};
 
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{LeaseDialect, LiveRow};
+use crate::lease::{LeaseDialect, LeaseStatements};
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{
-    Answer, Value::Int, Value::MaybeText, Value::Text, bound, bound_rows, bound_scalar, millis,
-    remaining_ms,
-};
+use crate::statement::{Answer, Value::Text, bound_rows, bound_scalar, millis, remaining_ms};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
@@ -39,6 +36,10 @@ impl LeaseDialect for PgLease {
     type Db = Postgres;
     const CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES;
 
+    fn statements(&self) -> &LeaseStatements {
+        &self.sql.lease
+    }
+
     fn acquire<'c>(
         &'c self,
         conn: &'c mut PgConnection,
@@ -48,28 +49,6 @@ impl LeaseDialect for PgLease {
     ) -> Answer<'c, Attempt<Option<FencingToken>>> {
         let query = bound_rows(&self.sql.acquire, &[Text(name), Text(owner), millis(ttl)]);
         Box::pin(query.fetch_one(conn).map_ok(granted))
-    }
-
-    fn extend<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, bool> {
-        let query = bound(&self.sql.extend, &[Text(name), Text(owner), millis(ttl)]);
-        Box::pin(query.execute(conn).map_ok(|done| done.rows_affected() == 1))
-    }
-
-    fn release<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        owner: &'c str,
-    ) -> Answer<'c, bool> {
-        let values = [Text(name), Text(owner), Text(&self.sql.channel)];
-        let query = bound(&self.sql.release, &values);
-        Box::pin(query.fetch_all(conn).map_ok(|rows| rows.len() == 1))
     }
 
     fn hand_over<'c>(
@@ -84,19 +63,6 @@ impl LeaseDialect for PgLease {
         Box::pin(bound_scalar(&self.sql.hand_over, &values).fetch_optional(conn))
     }
 
-    fn status<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-    ) -> Answer<'c, Option<LiveRow>> {
-        let query = bound_rows::<_, (i64, i64, Option<String>)>(&self.sql.status, &[Text(name)]);
-        Box::pin(
-            query
-                .fetch_optional(conn)
-                .map_ok(|row| row.map(LiveRow::from)),
-        )
-    }
-
     fn share<'c>(
         &'c self,
         conn: &'c mut PgConnection,
@@ -106,63 +72,6 @@ impl LeaseDialect for PgLease {
     ) -> Answer<'c, Attempt<Option<FencingToken>>> {
         let query = bound_rows(&self.sql.share, &[Text(name), millis(ttl), Text(waiting)]);
         Box::pin(query.fetch_one(conn).map_ok(granted))
-    }
-
-    fn extend_share<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        token: i64,
-        ttl: Duration,
-    ) -> Answer<'c, bool> {
-        let query = bound(
-            &self.sql.extend_share,
-            &[Text(name), Int(token), millis(ttl)],
-        );
-        Box::pin(query.execute(conn).map_ok(|done| done.rows_affected() == 1))
-    }
-
-    fn leave<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        token: i64,
-    ) -> Answer<'c, bool> {
-        let values = [Text(name), Int(token), Text(&self.sql.channel)];
-        let query = bound(&self.sql.leave, &values);
-        Box::pin(query.fetch_all(conn).map_ok(|rows| rows.len() == 1))
-    }
-
-    fn mark_waiting<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        waiting: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, ()> {
-        let values = [Text(waiting), Text(owner), millis(ttl)];
-        Box::pin(
-            bound(&self.sql.mark_waiting, &values)
-                .execute(conn)
-                .map_ok(drop),
-        )
-    }
-
-    fn unmark_waiting<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        waiting: &'c str,
-        owner: Option<&'c str>,
-    ) -> Answer<'c, ()> {
-        let values = [
-            Text(waiting),
-            MaybeText(owner),
-            Text(&self.sql.channel),
-            Text(name),
-        ];
-        let query = bound(&self.sql.unmark_waiting, &values);
-        Box::pin(query.fetch_all(conn).map_ok(drop))
     }
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {

@@ -3,21 +3,18 @@
 
 use std::sync::Arc;
 
+use crate::lease::Param::{Channel, Name, Owner, Token, Ttl, Woken};
+use crate::lease::{LeaseSql, LeaseStatements};
 use crate::names::advisory_key;
 
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
 pub(super) struct PgSql {
+    /// The statements the lease engine runs as they are.
+    pub(super) lease: LeaseStatements,
     pub(super) acquire: Arc<str>,
-    pub(super) extend: Arc<str>,
-    pub(super) release: Arc<str>,
-    pub(super) status: Arc<str>,
     pub(super) hand_over: Arc<str>,
     pub(super) share: Arc<str>,
-    pub(super) extend_share: Arc<str>,
-    pub(super) leave: Arc<str>,
-    pub(super) mark_waiting: Arc<str>,
-    pub(super) unmark_waiting: Arc<str>,
     pub(super) ensure_row: Arc<str>,
     pub(super) advisory_lock: Arc<str>,
     pub(super) advisory_try: Arc<str>,
@@ -31,21 +28,64 @@ pub(super) struct PgSql {
     pub(super) ensure_rows: Arc<str>,
     pub(super) row_release: Arc<str>,
     pub(super) row_status: Arc<str>,
-    /// The `LISTEN/NOTIFY` channel of releases: `lockkit_<table>`.
-    pub(super) channel: String,
     pub(super) migrate: Vec<String>,
 }
 
 impl PgSql {
     /// The `LISTEN/NOTIFY` channel of releases.
     pub(super) fn channel(&self) -> &str {
-        &self.channel
+        &self.lease.channel
     }
 
     /// `table` must have passed [`validate_table`](crate::validate_table).
     pub(super) fn new(table: &str) -> Self {
         let seq = format!("{table}_fence_seq");
         PgSql {
+            lease: LeaseStatements {
+                extend: LeaseSql::new(format!(
+                "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now()"
+            ), &[Name, Owner, Ttl]),
+                release: LeaseSql::new(format!(
+                "DELETE FROM {table} \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING pg_notify($3, $1)::text"
+            ), &[Name, Owner, Channel]),
+                status: LeaseSql::new(format!(
+                "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint, owner \
+                 FROM {table} WHERE name = $1 AND expires_at > now()"
+            ), &[Name]),
+                extend_share: LeaseSql::new(format!(
+                "UPDATE {table} SET expires_at = GREATEST(expires_at, now() + $3::bigint * interval '1 millisecond') \
+                 WHERE name = $1 AND expires_at > now() AND {IN_GROUP}",
+                IN_GROUP = in_group("$2"),
+            ), &[Name, Token, Ttl]),
+                // The group's row, locked first (its latest version), then
+                // counted down, or deleted with its last reader.
+                leave: vec![LeaseSql::new(format!(
+                "WITH cur AS MATERIALIZED (\
+                    SELECT name, {COUNT} AS n FROM {table} \
+                    WHERE name = $1 AND expires_at > now() AND {IN_GROUP} FOR UPDATE), \
+                 fewer AS (\
+                    UPDATE {table} AS t SET owner = split_part(t.owner, ':', 1) || ':' || (cur.n - 1) \
+                    FROM cur WHERE t.name = cur.name AND cur.n > 1 RETURNING NULL::text AS woken), \
+                 gone AS (\
+                    DELETE FROM {table} AS t USING cur WHERE t.name = cur.name AND cur.n <= 1 \
+                    RETURNING pg_notify($3, $1)::text AS woken) \
+                 SELECT woken FROM fewer UNION ALL SELECT woken FROM gone",
+                COUNT = group_count("owner"),
+                IN_GROUP = in_group("$2"),
+            ), &[Name, Token, Channel])],
+                record: LeaseSql::new(format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES ($1, $2, 0, now() + $3::bigint * interval '1 millisecond') \
+                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+            ), &[Name, Owner, Ttl]),
+                forget: LeaseSql::new(format!(
+                "DELETE FROM {table} WHERE name = $1 AND owner = COALESCE($2, owner) RETURNING pg_notify($3, $4)::text"
+            ), &[Name, Owner, Channel, Woken]),
+                channel: format!("lockkit_{table}"),
+            },
             acquire: format!(
                 "WITH {GATE}, \
                  taken AS (\
@@ -60,27 +100,11 @@ impl PgSql {
                          FROM {table} WHERE name = $1)"
             )
             .into(),
-            extend: format!(
-                "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond' \
-                 WHERE name = $1 AND owner = $2 AND expires_at > now()"
-            )
-            .into(),
-            release: format!(
-                "DELETE FROM {table} \
-                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
-                 RETURNING pg_notify($3, $1)::text"
-            )
-            .into(),
             hand_over: format!(
                 "UPDATE {table} SET owner = $3, fence = nextval('{seq}'), \
                      expires_at = now() + $4::bigint * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING fence"
-            )
-            .into(),
-            status: format!(
-                "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint, owner \
-                 FROM {table} WHERE name = $1 AND expires_at > now()"
             )
             .into(),
             // Readers: see the `lease` module. `$3`: the waiting record's row.
@@ -102,39 +126,6 @@ impl PgSql {
                         (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (MAX(expires_at) - now())) * 1000))::bigint \
                          FROM {table} WHERE name IN ($1, $3))",
                 COUNT = group_count("l.owner"),
-            )
-            .into(),
-            extend_share: format!(
-                "UPDATE {table} SET expires_at = GREATEST(expires_at, now() + $3::bigint * interval '1 millisecond') \
-                 WHERE name = $1 AND expires_at > now() AND {IN_GROUP}",
-                IN_GROUP = in_group("$2"),
-            )
-            .into(),
-            // The group's row, locked first (its latest version), then
-            // counted down, or deleted with its last reader.
-            leave: format!(
-                "WITH cur AS MATERIALIZED (\
-                    SELECT name, {COUNT} AS n FROM {table} \
-                    WHERE name = $1 AND expires_at > now() AND {IN_GROUP} FOR UPDATE), \
-                 fewer AS (\
-                    UPDATE {table} AS t SET owner = split_part(t.owner, ':', 1) || ':' || (cur.n - 1) \
-                    FROM cur WHERE t.name = cur.name AND cur.n > 1 RETURNING NULL::text AS woken), \
-                 gone AS (\
-                    DELETE FROM {table} AS t USING cur WHERE t.name = cur.name AND cur.n <= 1 \
-                    RETURNING pg_notify($3, $1)::text AS woken) \
-                 SELECT woken FROM fewer UNION ALL SELECT woken FROM gone",
-                COUNT = group_count("owner"),
-                IN_GROUP = in_group("$2"),
-            )
-            .into(),
-            mark_waiting: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES ($1, $2, 0, now() + $3::bigint * interval '1 millisecond') \
-                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
-            )
-            .into(),
-            unmark_waiting: format!(
-                "DELETE FROM {table} WHERE name = $1 AND owner = COALESCE($2, owner) RETURNING pg_notify($3, $4)::text"
             )
             .into(),
             ensure_row: format!(
@@ -192,7 +183,6 @@ impl PgSql {
                     AND objid = (($3::int4)::bigint & 4294967295)::oid)"
             )
             .into(),
-            channel: format!("lockkit_{table}"),
             migrate: vec![
                 format!(
                     "CREATE TABLE IF NOT EXISTS {table} (\

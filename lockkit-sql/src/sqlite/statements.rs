@@ -3,6 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::lease::Param::{Name, Owner, Token, Ttl};
+use crate::lease::{LeaseSql, LeaseStatements};
+
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
 /// statement.
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
@@ -10,19 +13,13 @@ const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGE
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
 pub(super) struct SqliteSql {
+    /// The statements the lease engine runs as they are.
+    pub(super) lease: LeaseStatements,
     pub(super) acquire: Arc<str>,
     pub(super) remaining: Arc<str>,
-    pub(super) status: Arc<str>,
     pub(super) hand_over: Arc<str>,
-    pub(super) extend: Arc<str>,
-    pub(super) release: Arc<str>,
     pub(super) share: Arc<str>,
     pub(super) share_remaining: Arc<str>,
-    pub(super) extend_share: Arc<str>,
-    pub(super) leave: Arc<str>,
-    pub(super) leave_last: Arc<str>,
-    pub(super) mark_waiting: Arc<str>,
-    pub(super) unmark_waiting: Arc<str>,
     pub(super) migrate: String,
 }
 
@@ -48,6 +45,40 @@ impl SqliteSql {
         let fence = format!("{table}_fence");
         let next = format!("(SELECT n + 1 FROM {fence} WHERE id = 1)");
         SqliteSql {
+            lease: LeaseStatements {
+                extend: LeaseSql::new(format!(
+                "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+            ), &[Name, Owner, Ttl]),
+                release: LeaseSql::new(format!(
+                "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+            ), &[Name, Owner]),
+                status: LeaseSql::new(format!(
+                "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
+            ), &[Name]),
+                extend_share: LeaseSql::new(format!(
+                "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
+                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+            ), &[Name, Token, Ttl]),
+                // The last reader deletes the row; the others count it down.
+                leave: vec![
+                    LeaseSql::new(format!(
+                        "DELETE FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP} AND {COUNT} = 1"
+                    ), &[Name, Token]),
+                    LeaseSql::new(format!(
+                        "UPDATE {table} \
+                         SET owner = CASE WHEN {COUNT} > 1 THEN substr(owner, 1, instr(owner, ':')) || ({COUNT} - 1) END, \
+                             expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE {NOW_MS} END \
+                         WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+                    ), &[Name, Token]),
+                ],
+                record: LeaseSql::new(format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 0, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+            ), &[Name, Owner, Ttl]),
+                forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ?1 AND owner = COALESCE(?2, owner)"), &[Name, Owner]),
+                channel: String::new(),
+            },
             acquire: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, {next}, {NOW_MS} + ?3) \
                  ON CONFLICT (name) DO UPDATE \
@@ -62,10 +93,6 @@ impl SqliteSql {
                 "UPDATE {table} SET owner = ?3, fence = {next}, expires_at = {NOW_MS} + ?4 \
                  WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
                  RETURNING fence"
-            )
-            .into(),
-            status: format!(
-                "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
             )
             .into(),
             // Readers: see the `lease` module. `?3`: the waiting record's row.
@@ -84,37 +111,6 @@ impl SqliteSql {
             .into(),
             share_remaining: format!(
                 "SELECT MAX(0, MAX(expires_at) - {NOW_MS}) FROM {table} WHERE name IN (?1, ?2)"
-            )
-            .into(),
-            extend_share: format!(
-                "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
-                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
-            )
-            .into(),
-            leave_last: format!(
-                "DELETE FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP} AND {COUNT} = 1"
-            )
-            .into(),
-            leave: format!(
-                "UPDATE {table} \
-                 SET owner = CASE WHEN {COUNT} > 1 THEN substr(owner, 1, instr(owner, ':')) || ({COUNT} - 1) END, \
-                     expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE {NOW_MS} END \
-                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
-            )
-            .into(),
-            mark_waiting: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 0, {NOW_MS} + ?3) \
-                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
-            )
-            .into(),
-            unmark_waiting: format!("DELETE FROM {table} WHERE name = ?1 AND owner = COALESCE(?2, owner)").into(),
-            extend: format!(
-                "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
-                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
-            )
-            .into(),
-            release: format!(
-                "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
             )
             .into(),
             // The high-water mark starts at the highest token stored (a

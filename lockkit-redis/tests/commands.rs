@@ -1,0 +1,205 @@
+//! What a lock operation costs the server, counted by the server itself
+//! (`INFO commandstats`) against a real redis-server: the commands of an
+//! exclusive cycle, of a renewal, the round trips renewals share, and a
+//! waiter woken by a release rather than by polling.
+
+use std::time::Duration;
+
+use lockkit_core::{DistributedLock, LockOptions};
+use lockkit_testkit::{RedisServer, TestServer, waiter};
+
+mod common;
+
+use common::{connect, opts};
+
+/// The exclusive cycle's fixed cost on the server: every command a Lua
+/// script runs costs about as much as a command of its own (the script's
+/// glue, not the command), so the uncontended, fenced cycle is held to one
+/// script per round trip and at most seven commands inside them (`EXISTS`,
+/// `SET NX`, `TIME`, `SET … GET` to take it; `GET`, `DEL`, `PUBLISH` to
+/// let it go). It ran seventeen once, then ten; docs/design/redis-cycle.md
+/// says why each command costs, and `cargo run --release -p lockkit-benches
+/// --example cycle_split` measures where the cycle's time goes.
+#[tokio::test]
+async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
+    const CYCLES: u64 = 20;
+    let server = RedisServer::start().await;
+    let locks = connect(&server.url()).await;
+    let opts = opts().auto_renew(false);
+    let cycle = || async {
+        let guard = locks.try_acquire("counted", &opts).await.unwrap().unwrap();
+        assert!(guard.fencing_token().is_some());
+        guard.release().await.unwrap();
+    };
+    cycle().await;
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    for _ in 0..CYCLES {
+        cycle().await;
+    }
+    let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+    assert_eq!(
+        evalsha_calls(&info),
+        2 * CYCLES,
+        "two round trips a cycle: {info}"
+    );
+    let inside = calls_inside_scripts(&info);
+    assert!(
+        inside <= 7 * CYCLES,
+        "{} commands inside the scripts per cycle: {info}",
+        inside as f64 / CYCLES as f64
+    );
+}
+
+/// A renewal of an exclusive lease runs three commands on the server: the
+/// read of the lock key and the new expiry of it and of its fence counter
+/// (renewals are what the server spends most on when a client holds many
+/// leases; see `lockkit-scale density`).
+#[tokio::test]
+async fn a_renewal_runs_three_commands_on_the_server() {
+    const RENEWALS: u64 = 20;
+    let server = RedisServer::start().await;
+    let locks = connect(&server.url()).await;
+    let ttl = Duration::from_secs(30);
+    let short = Duration::from_secs(2);
+    let guard = locks
+        .try_acquire("renewed", &opts().ttl(short).auto_renew(false))
+        .await
+        .unwrap()
+        .unwrap();
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    for _ in 0..RENEWALS {
+        guard.extend(ttl).await.unwrap();
+    }
+    let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+    assert_eq!(evalsha_calls(&info), RENEWALS, "{info}");
+    let inside = calls_inside_scripts(&info);
+    assert_eq!(inside, 3 * RENEWALS, "commands inside the scripts: {info}");
+    let left: i64 = server
+        .command(&["PTTL", "{lockkit:renewed}:fence"])
+        .await
+        .map(|answer| answer.trim().parse().unwrap_or(-3))
+        .unwrap();
+    assert!(
+        left > 20_000,
+        "the fence counter lives as long as the lock: {left} ms"
+    );
+    guard.release().await.unwrap();
+}
+
+/// Renewals are batched: 200 held leases (half exclusive, half semaphore
+/// permits) renewed every 200 ms for a second go to the server in far fewer
+/// script calls than renewals, and every lease lives on (each renewal works
+/// as it would alone), also after the server lost its scripts. The scale
+/// of it is `lockkit-scale density`.
+#[tokio::test]
+async fn renewals_of_many_leases_share_round_trips() {
+    const LEASES: usize = 200;
+    let server = RedisServer::start().await;
+    let locks = connect(&server.url()).await;
+    let ttl = Duration::from_millis(600);
+    let mut guards = Vec::new();
+    for i in 0..LEASES {
+        let opts = LockOptions::new().ttl(ttl).auto_renew(true);
+        let (name, opts) = if i % 2 == 0 {
+            (format!("batched/{i}"), opts)
+        } else {
+            ("batched-permits".to_owned(), opts.semaphore(LEASES as u32))
+        };
+        guards.push(locks.try_acquire(&name, &opts).await.unwrap().unwrap());
+    }
+    // The server's command counts over `period`, once no lease was lost in
+    // it; with `flush_scripts`, the server forgets its scripts once the
+    // counts are reset (so that the reload falls within the period).
+    let hold = |period: Duration, flush_scripts: bool| {
+        let (server, guards) = (&server, &guards);
+        async move {
+            server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+            if flush_scripts {
+                server.command(&["SCRIPT", "FLUSH"]).await.unwrap();
+            }
+            tokio::time::sleep(period).await;
+            let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+            let lost: Vec<_> = guards
+                .iter()
+                .filter(|g| g.is_lost())
+                .map(|g| g.name())
+                .collect();
+            assert!(lost.is_empty(), "leases lost: {lost:?}");
+            info
+        }
+    };
+    let info = hold(Duration::from_secs(1), false).await;
+    // Each lease renews every ttl / 3, and nothing else runs meanwhile: an
+    // exclusive renewal checks its owner with one GET, a permit's with one
+    // ZSCORE.
+    let renewals: u64 = command_calls(&info)
+        .filter(|(name, _)| matches!(*name, "get" | "zscore"))
+        .map(|(_, calls)| calls)
+        .sum();
+    let calls = evalsha_calls(&info);
+    assert!(
+        renewals >= 2 * LEASES as u64,
+        "{renewals} renewals in a second: {info}"
+    );
+    assert!(
+        calls * 4 <= renewals,
+        "{calls} script calls for {renewals} renewals: {info}"
+    );
+    // A server that lost its scripts (a restart) gets them again.
+    let info = hold(Duration::from_millis(700), true).await;
+    assert!(
+        command_calls(&info).any(|(name, calls)| name == "script|load" && calls > 0),
+        "{info}"
+    );
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+/// The calls of each command in an `INFO commandstats` reply.
+fn command_calls(info: &str) -> impl Iterator<Item = (&str, u64)> {
+    info.split_whitespace().filter_map(|part| {
+        let (name, rest) = part.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+        Some((name, rest.split(',').next()?.parse().ok()?))
+    })
+}
+
+/// The commands the scripts ran: every command counted but `EVALSHA`
+/// itself and the test's own `CONFIG RESETSTAT` and `INFO`.
+fn calls_inside_scripts(info: &str) -> u64 {
+    command_calls(info)
+        .filter(|(name, _)| !matches!(*name, "evalsha" | "config|resetstat" | "info"))
+        .map(|(_, calls)| calls)
+        .sum()
+}
+
+fn evalsha_calls(info: &str) -> u64 {
+    command_calls(info)
+        .find(|(name, _)| *name == "evalsha")
+        .map_or(0, |(_, calls)| calls)
+}
+
+/// A waiter is woken by the release's pub/sub message, not by polling: with a
+/// 10 s backoff it still gets the lock at once, after only a handful of attempts.
+#[tokio::test]
+async fn waiter_is_woken_by_release_notification() {
+    let server = RedisServer::start().await;
+    let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
+    let held = holder.acquire("notified", &opts()).await.unwrap();
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    let task = waiter::spawn_patient_acquire(waiter, "notified");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (guard, handoff) = waiter::hand_over(held, task).await;
+    assert!(
+        handoff < Duration::from_millis(500),
+        "handoff took {handoff:?}"
+    );
+    let calls = evalsha_calls(&server.command(&["INFO", "commandstats"]).await.unwrap());
+    // first try, the try right after subscribing, the holder's release, the
+    // try after the notification (+1 if a jittered delay happened to be short)
+    assert!(
+        (4..=6).contains(&calls),
+        "{calls} script calls: the waiter polled"
+    );
+    guard.release().await.unwrap();
+}
