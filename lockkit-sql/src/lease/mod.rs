@@ -51,7 +51,10 @@ use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 use records::waiting_row_name;
 pub(crate) use records::{IdentityRecords, holder_row_name, permit_row_name};
 use rows::Rows;
-pub(crate) use statements::{LeaseSql, LeaseStatements, Param};
+pub(crate) use statements::{Args, Ask, Grant, LeaseSql, LeaseStatements, Param};
+
+/// A grant's answer: a fencing token, or busy with how long to wait.
+pub(crate) type Granted = Attempt<Option<FencingToken>>;
 
 /// A database connection of dialect `D`.
 pub(crate) type Conn<D> = <<D as LeaseDialect>::Db as sqlx::Database>::Connection;
@@ -81,7 +84,7 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         millis(ttl)
     }
 
-    /// Readies `conn` for [`acquire`](Self::acquire) without taking
+    /// Readies `conn` for a writer's [`grant`](Self::grant) without taking
     /// anything. It runs before the upsert's undo is armed, so that an
     /// upsert given up midway was being executed, never prepared: an undo
     /// that runs after a prepare given up midway would read that prepare's
@@ -91,40 +94,14 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    /// The lease upsert: the new fence when taken, the holder's remaining
-    /// lease when not.
-    fn acquire<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Attempt<Option<FencingToken>>>;
+    /// Runs a grant's statement ([`LeaseStatements::grant`]): the new
+    /// fence when granted, else how long what stands in the way still runs.
+    fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted>;
 
-    /// Owner-conditional pass of the live lease from `from` to `to` for
-    /// `ttl`, with the fence bumped: the new fence, or `None` when the lease
-    /// was not `from`'s.
-    fn hand_over<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        from: &'c str,
-        to: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Option<i64>>;
-
-    /// A reader joins the group holding `name`'s row, or starts one on a
-    /// free row, unless a writer holds it or the record `waiting` (see
-    /// [`waiting_row_name`]) is live: the reader's own token (the row's
-    /// fence, bumped), or the longer of the row's and the record's remaining
-    /// lease. The group's expiry becomes the later of its own and `ttl`.
-    fn share<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        name: &'c str,
-        waiting: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Attempt<Option<FencingToken>>>;
+    /// Runs [`LeaseStatements::hand_over`]: the new fence, or `None` when
+    /// the lease was not the owner's.
+    fn hand_over<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>)
+    -> Answer<'c, Option<i64>>;
 
     /// Release notifications of `name`; none by default (waiters back off,
     /// never past the holder's expiry).
@@ -396,12 +373,13 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         };
         let rows = &self.rows;
         let mut loan = rows.pool.lend(&rows.settings).await?;
+        let args = Args {
+            to: to.as_str(),
+            ..Args::of(name).owner(from.as_str()).ttl(ttl)
+        };
         let answer = rows
             .settings
-            .timed(
-                rows.dialect
-                    .hand_over(&mut loan, name, from.as_str(), to.as_str(), ttl),
-            )
+            .timed(rows.dialect.hand_over(&mut loan, args))
             .await;
         Ok(
             match loan.finish(&rows.settings, "hand the lease over", answer)? {

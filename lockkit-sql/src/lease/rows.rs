@@ -8,31 +8,12 @@ use std::time::Duration;
 use lockkit_core::backend::{Attempt, Intent};
 use lockkit_core::{FencingToken, Result};
 
-use super::statements::Args;
-use super::{LeaseDialect, LeaseSql, LeaseStatements, LiveRow, Param, waiting_row_name};
+use super::{Args, Ask, Grant, LeaseDialect, LeaseSql, LiveRow, waiting_row_name};
 use crate::error::is_deadlock;
 use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
 use crate::slots::SlotPlan;
-use crate::statement::{Runs as _, Value};
-
-/// The values of `sql`'s parameters, from `args`, bound as dialect `D`
-/// binds them.
-fn values<'a, D: LeaseDialect>(
-    statements: &'a LeaseStatements,
-    sql: &LeaseSql,
-    args: Args<'a>,
-) -> Vec<Value<'a>> {
-    let param = |param: &Param| match param {
-        Param::Name => D::name_value(args.name),
-        Param::Owner => Value::MaybeText(args.owner),
-        Param::Token => Value::Int(args.token),
-        Param::Ttl => D::ttl_value(args.ttl),
-        Param::Woken => Value::Text(args.woken),
-        Param::Channel => Value::Text(&statements.channel),
-    };
-    sql.params.iter().map(param).collect()
-}
+use crate::statement::Runs as _;
 
 /// The statements of `lease` mode, each on a kept connection under the
 /// command timeout.
@@ -51,12 +32,8 @@ impl<D: LeaseDialect> Rows<D> {
         Undo::new(&self.settings, name, move |conn, name| {
             Box::pin(async move {
                 let statements = dialect.statements();
-                let args = Args {
-                    name: &name,
-                    owner: Some(&owner),
-                    ..Args::default()
-                };
-                let values = values::<D>(statements, &statements.release, args);
+                let args = Args::of(&name).owner(&owner);
+                let values = statements.values::<D>(&statements.release, args);
                 D::Db::changed(conn, &statements.release.text, &values)
                     .await
                     .map(drop)
@@ -83,7 +60,12 @@ impl<D: LeaseDialect> Rows<D> {
             .timed(async {
                 self.dialect.ready_acquire(&mut loan).await?;
                 loan.undo_with(undo);
-                self.dialect.acquire(&mut loan, name, owner, ttl).await
+                let args = Args::of(name).owner(owner).ttl(ttl);
+                let ask = Ask {
+                    grant: Grant::Acquire,
+                    args,
+                };
+                self.dialect.grant(&mut loan, ask).await
             })
             .await;
         loan.finish(&self.settings, "acquire", answer)
@@ -92,7 +74,7 @@ impl<D: LeaseDialect> Rows<D> {
     /// Runs one of the [`LeaseStatements`] on a kept connection under the
     /// command timeout: the rows it changed.
     async fn changed(&self, what: &str, sql: &LeaseSql, args: Args<'_>) -> Result<u64> {
-        let values = values::<D>(self.dialect.statements(), sql, args);
+        let values = self.dialect.statements().values::<D>(sql, args);
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
@@ -102,34 +84,21 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
-        let args = Args {
-            name,
-            owner: Some(owner),
-            ttl,
-            ..Args::default()
-        };
+        let args = Args::of(name).owner(owner).ttl(ttl);
         let extend = &self.dialect.statements().extend;
         Ok(self.changed("extend", extend, args).await? >= 1)
     }
 
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
-        let args = Args {
-            name,
-            owner: Some(owner),
-            ..Args::default()
-        };
         let release = &self.dialect.statements().release;
+        let args = Args::of(name).owner(owner);
         Ok(self.changed("release", release, args).await? >= 1)
     }
 
     /// The live lease on row `name`.
     pub(super) async fn row_status(&self, name: &str) -> Result<Option<LiveRow>> {
         let statements = self.dialect.statements();
-        let args = Args {
-            name,
-            ..Args::default()
-        };
-        let values = values::<D>(statements, &statements.status, args);
+        let values = statements.values::<D>(&statements.status, Args::of(name));
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
@@ -228,12 +197,7 @@ impl<D: LeaseDialect> Rows<D> {
         ttl: Duration,
         what: &str,
     ) -> Result<()> {
-        let args = Args {
-            name: row,
-            owner: Some(owner),
-            ttl,
-            ..Args::default()
-        };
+        let args = Args::of(row).owner(owner).ttl(ttl);
         let record = &self.dialect.statements().record;
         self.changed(what, record, args).await.map(drop)
     }
@@ -248,10 +212,9 @@ impl<D: LeaseDialect> Rows<D> {
         what: &str,
     ) -> Result<()> {
         let args = Args {
-            name: row,
             owner,
             woken: name,
-            ..Args::default()
+            ..Args::of(row)
         };
         let forget = &self.dialect.statements().forget;
         self.changed(what, forget, args).await.map(drop)
@@ -268,13 +231,20 @@ impl<D: LeaseDialect> Rows<D> {
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         const WHAT: &str = "acquire a shared lease";
+        let ask = Ask {
+            grant: Grant::Share,
+            args: Args {
+                waiting,
+                ..Args::of(name).ttl(ttl)
+            },
+        };
         let mut tries = 0;
         loop {
             tries += 1;
             let mut loan = self.pool.lend(&self.settings).await?;
             let answer = self
                 .settings
-                .timed(self.dialect.share(&mut loan, name, waiting, ttl))
+                .timed(self.dialect.grant(&mut loan, ask))
                 .await;
             if tries < 3 && matches!(&answer, Ok(Err(error)) if is_deadlock(error)) {
                 tracing::debug!(lock.name = %name, "shared lease attempt chosen as a deadlock victim; running it again");
@@ -286,23 +256,14 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     pub(super) async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
-        let args = Args {
-            name,
-            token,
-            ttl,
-            ..Args::default()
-        };
+        let args = Args::of(name).token(token).ttl(ttl);
         let extend = &self.dialect.statements().extend_share;
         Ok(self.changed("extend a shared lease", extend, args).await? >= 1)
     }
 
     /// The statements of a leave in order, until one changes a row.
     pub(super) async fn leave(&self, name: &str, token: i64) -> Result<bool> {
-        let args = Args {
-            name,
-            token,
-            ..Args::default()
-        };
+        let args = Args::of(name).token(token);
         for leave in &self.dialect.statements().leave {
             if self.changed("release a shared lease", leave, args).await? >= 1 {
                 return Ok(true);

@@ -7,16 +7,15 @@ use std::time::Duration;
 use futures_util::TryFutureExt as _;
 use lockkit_core::backend::Attempt;
 use lockkit_core::{Capabilities, FencingToken};
-use sqlx::MySqlConnection;
 
 use super::statements::{BUSY_FLAG, MySql};
-use crate::lease::{LeaseDialect, LeaseStatements};
+use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::POLLED_LEASE_CAPABILITIES;
-use crate::statement::{Answer, Value, Value::Bytes, Value::Text, bound, micros, trusted};
+use crate::statement::{Answer, Value, bound, micros, trusted};
 
 /// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
 /// [`BUSY_FLAG`] plus the remaining wait in µs.
-fn upsert_answer(answer: u64) -> sqlx::Result<Attempt<Option<FencingToken>>> {
+fn upsert_answer(answer: u64) -> sqlx::Result<Granted> {
     if answer >= BUSY_FLAG {
         Ok(Attempt::Busy {
             retry_after: Some(Duration::from_micros(answer - BUSY_FLAG)),
@@ -44,79 +43,50 @@ impl LeaseDialect for MyLease {
         &self.sql.lease
     }
 
+    /// Names are `VARBINARY`.
     fn name_value(name: &str) -> Value<'_> {
-        Bytes(name.as_bytes())
+        Value::Bytes(name.as_bytes())
     }
 
+    /// `INTERVAL … MICROSECOND`.
     fn ttl_value(ttl: Duration) -> Value<'static> {
         micros(ttl)
     }
 
     /// Prepares the upsert, at no cost once the connection has it cached:
     /// sqlx-mysql does not keep track of a prepare it gave up.
-    fn ready_acquire<'c>(&'c self, conn: &'c mut MySqlConnection) -> Answer<'c, ()> {
-        let sql = sqlx::SqlSafeStr::into_sql_str(trusted(&self.sql.acquire));
+    fn ready_acquire<'c>(&'c self, conn: &'c mut Conn<Self>) -> Answer<'c, ()> {
+        let sql = sqlx::SqlSafeStr::into_sql_str(trusted(&self.sql.lease.acquire.text));
         Box::pin(sqlx::Executor::prepare(conn, sql).map_ok(drop))
     }
 
-    fn acquire<'c>(
-        &'c self,
-        conn: &'c mut MySqlConnection,
-        name: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
-        let name = name.as_bytes();
-        let values = [Bytes(name), Text(owner), Bytes(name), micros(ttl)];
-        let query = bound(&self.sql.acquire, &values);
-        Box::pin(
-            query
-                .execute(conn)
-                .and_then(|done| async move { upsert_answer(done.last_insert_id()) }),
-        )
-    }
-
-    fn hand_over<'c>(
-        &'c self,
-        conn: &'c mut MySqlConnection,
-        name: &'c str,
-        from: &'c str,
-        to: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Option<i64>> {
-        let values = [Text(to), micros(ttl), Bytes(name.as_bytes()), Text(from)];
-        let query = bound(&self.sql.hand_over, &values);
-        // 1 matched row when it was `from`'s; the new fence in LAST_INSERT_ID.
-        Box::pin(
-            query
-                .execute(conn)
-                .map_ok(|done| (done.rows_affected() == 1).then(|| done.last_insert_id() as i64)),
-        )
-    }
-
-    fn share<'c>(
-        &'c self,
-        conn: &'c mut MySqlConnection,
-        name: &'c str,
-        waiting: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
-        let (name, waiting) = (name.as_bytes(), waiting.as_bytes());
-        let values = [
-            Bytes(name),
-            Bytes(name),
-            micros(ttl),
-            Bytes(waiting),
-            Bytes(waiting),
-            Bytes(waiting),
-        ];
-        let query = bound(&self.sql.share, &values);
-        Box::pin(query.execute(conn).and_then(|done| async move {
-            if done.rows_affected() == 0 {
-                // A writer waits (see the statement).
+    /// While a writer waits, a reader's upsert changes no row (see the
+    /// statement): busy, with no time to wait.
+    fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted> {
+        let sql = self.sql.lease.grant(ask.grant);
+        let values = self.sql.lease.values::<Self>(sql, ask.args);
+        let query = bound(&sql.text, &values);
+        Box::pin(query.execute(conn).and_then(move |done| async move {
+            if ask.grant == Grant::Share && done.rows_affected() == 0 {
                 return Ok(Attempt::Busy { retry_after: None });
             }
             upsert_answer(done.last_insert_id())
         }))
+    }
+
+    /// One matched row when it was the owner's; the new fence in
+    /// `LAST_INSERT_ID`.
+    fn hand_over<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        args: Args<'c>,
+    ) -> Answer<'c, Option<i64>> {
+        let sql = &self.sql.lease.hand_over;
+        let values = self.sql.lease.values::<Self>(sql, args);
+        Box::pin(
+            bound(&sql.text, &values)
+                .execute(conn)
+                .map_ok(|done| (done.rows_affected() == 1).then(|| done.last_insert_id() as i64)),
+        )
     }
 }

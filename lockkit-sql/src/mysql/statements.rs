@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::lease::Param::{Name, Owner, Token, Ttl};
+use crate::lease::Param::{Name, Owner, To, Token, Ttl, Waiting};
 use crate::lease::{LeaseSql, LeaseStatements};
 
 /// The prefix of a reader group's owner (see the `lease` module).
@@ -53,9 +53,6 @@ impl FenceSource {
 pub(super) struct MySql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    pub(super) acquire: Arc<str>,
-    pub(super) hand_over: Arc<str>,
-    pub(super) share: Arc<str>,
     pub(super) ensure_row: Arc<str>,
     pub(super) row_lock: Arc<str>,
     pub(super) row_try: Arc<str>,
@@ -176,6 +173,52 @@ impl MySql {
         } = &lease;
         MySql {
             lease: LeaseStatements {
+                // The new fence comes back in LAST_INSERT_ID; `expires_at` is
+                // assigned last (later assignments see earlier ones).
+                hand_over: LeaseSql::new(format!(
+                "UPDATE {table} SET owner = ?, fence = {handed}, \
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
+            ), &[To, Ttl, Name, Owner]),
+                acquire: LeaseSql::new(format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, {first}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                   owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
+                   fence = IF(expires_at <= UTC_TIMESTAMP(6), {next}, \
+                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
+                   expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
+            ), &[Name, Owner, Name, Ttl]),
+                // Readers: see the `lease` module. As in `acquire`, the answer
+                // comes back in LAST_INSERT_ID, and the assignments run in
+                // order: `fence` first decides (and the other two read the
+                // decision back from LAST_INSERT_ID(), below BUSY_FLAG when the
+                // reader joined); `owner` then sees the new fence, which is a
+                // new group's epoch (a new row's group starts at its token, read
+                // back the same way: the values are computed in order). While a
+                // writer waits, the `SELECT` has no row: nothing is inserted or
+                // updated (no row affected) and `LAST_INSERT_ID` is left as it
+                // was. Binds: name, name (the gate), ttl, the waiting record's
+                // row three times.
+                share: LeaseSql::new(format!(
+                "INSERT INTO {table} (name, fence, owner, expires_at) \
+                 SELECT ?, {first}, CONCAT({GROUP}, LAST_INSERT_ID(), ':1'), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                 FROM DUAL WHERE NOT EXISTS \
+                     (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                      WHERE w.expires_at > UTC_TIMESTAMP(6)) \
+                 ON DUPLICATE KEY UPDATE \
+                   fence = IF((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
+                         (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
+                          WHERE w.expires_at > UTC_TIMESTAMP(6)), \
+                       {next}, \
+                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
+                           IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
+                                   FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
+                   owner = IF(LAST_INSERT_ID() < {BUSY_FLAG}, \
+                       IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence, ':1'), \
+                          CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
+                   expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
+            ), &[Name, Name, Ttl, Waiting, Waiting, Waiting]),
                 extend: LeaseSql::new(format!(
                 "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
@@ -208,55 +251,7 @@ impl MySql {
                 forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)"), &[Name, Owner]),
                 channel: String::new(),
             },
-            acquire: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, {first}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE \
-                   owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-                   fence = IF(expires_at <= UTC_TIMESTAMP(6), {next}, \
-                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
-                   expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
-            )
-            .into(),
-            // The new fence comes back in LAST_INSERT_ID; `expires_at` is
-            // assigned last (later assignments see earlier ones).
-            hand_over: format!(
-                "UPDATE {table} SET owner = ?, fence = {handed}, \
-                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
-            )
-            .into(),
-            // Readers: see the `lease` module. As in `acquire`, the answer
-            // comes back in LAST_INSERT_ID, and the assignments run in
-            // order: `fence` first decides (and the other two read the
-            // decision back from LAST_INSERT_ID(), below BUSY_FLAG when the
-            // reader joined); `owner` then sees the new fence, which is a
-            // new group's epoch (a new row's group starts at its token, read
-            // back the same way: the values are computed in order). While a
-            // writer waits, the `SELECT` has no row: nothing is inserted or
-            // updated (no row affected) and `LAST_INSERT_ID` is left as it
-            // was. Binds: name, name (the gate), ttl, the waiting record's
-            // row three times.
-            share: format!(
-                "INSERT INTO {table} (name, fence, owner, expires_at) \
-                 SELECT ?, {first}, CONCAT({GROUP}, LAST_INSERT_ID(), ':1'), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                 FROM DUAL WHERE NOT EXISTS \
-                     (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
-                      WHERE w.expires_at > UTC_TIMESTAMP(6)) \
-                 ON DUPLICATE KEY UPDATE \
-                   fence = IF((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
-                         (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
-                          WHERE w.expires_at > UTC_TIMESTAMP(6)), \
-                       {next}, \
-                       IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), \
-                           IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
-                                   FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
-                   owner = IF(LAST_INSERT_ID() < {BUSY_FLAG}, \
-                       IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence, ':1'), \
-                          CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
-                   expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
-            )
-            .into(),
+
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"

@@ -1,19 +1,19 @@
-//! `lease` mode on PostgreSQL, woken by `LISTEN/NOTIFY`.
+//! `lease` mode on PostgreSQL, woken by `LISTEN/NOTIFY`: a grant answers
+//! one row, the new fence or the remaining lease of what stands in the way.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::TryFutureExt as _;
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken};
-use sqlx::{PgConnection, Postgres};
+use sqlx::Postgres;
 
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{LeaseDialect, LeaseStatements};
+use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Value::Text, bound_rows, bound_scalar, millis, remaining_ms};
+use crate::statement::{Answer, bound_rows, bound_scalar, remaining_ms};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
@@ -22,8 +22,9 @@ pub(super) struct PgLease {
     pub(super) notifications: PgNotifications,
 }
 
-/// A grant's answer: the new fence, or the holder's remaining milliseconds.
-fn granted((fence, remaining): (Option<i64>, Option<i64>)) -> Attempt<Option<FencingToken>> {
+/// A grant's answer: the new fence, or the remaining milliseconds of what
+/// stands in the way.
+fn granted((fence, remaining): (Option<i64>, Option<i64>)) -> Granted {
     match fence {
         Some(fence) => Attempt::Acquired(Some(FencingToken::new(fence as u64))),
         None => Attempt::Busy {
@@ -40,38 +41,24 @@ impl LeaseDialect for PgLease {
         &self.sql.lease
     }
 
-    fn acquire<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        owner: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
-        let query = bound_rows(&self.sql.acquire, &[Text(name), Text(owner), millis(ttl)]);
-        Box::pin(query.fetch_one(conn).map_ok(granted))
+    fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted> {
+        let sql = self.sql.lease.grant(ask.grant);
+        let values = self.sql.lease.values::<Self>(sql, ask.args);
+        Box::pin(
+            bound_rows(&sql.text, &values)
+                .fetch_one(conn)
+                .map_ok(granted),
+        )
     }
 
     fn hand_over<'c>(
         &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        from: &'c str,
-        to: &'c str,
-        ttl: Duration,
+        conn: &'c mut Conn<Self>,
+        args: Args<'c>,
     ) -> Answer<'c, Option<i64>> {
-        let values = [Text(name), Text(from), Text(to), millis(ttl)];
-        Box::pin(bound_scalar(&self.sql.hand_over, &values).fetch_optional(conn))
-    }
-
-    fn share<'c>(
-        &'c self,
-        conn: &'c mut PgConnection,
-        name: &'c str,
-        waiting: &'c str,
-        ttl: Duration,
-    ) -> Answer<'c, Attempt<Option<FencingToken>>> {
-        let query = bound_rows(&self.sql.share, &[Text(name), millis(ttl), Text(waiting)]);
-        Box::pin(query.fetch_one(conn).map_ok(granted))
+        let sql = &self.sql.lease.hand_over;
+        let values = self.sql.lease.values::<Self>(sql, args);
+        Box::pin(bound_scalar(&sql.text, &values).fetch_optional(conn))
     }
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::lease::Param::{Channel, Name, Owner, Token, Ttl, Woken};
+use crate::lease::Param::{Channel, Name, Owner, To, Token, Ttl, Waiting, Woken};
 use crate::lease::{LeaseSql, LeaseStatements};
 use crate::names::advisory_key;
 
@@ -12,9 +12,6 @@ use crate::names::advisory_key;
 pub(super) struct PgSql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    pub(super) acquire: Arc<str>,
-    pub(super) hand_over: Arc<str>,
-    pub(super) share: Arc<str>,
     pub(super) ensure_row: Arc<str>,
     pub(super) advisory_lock: Arc<str>,
     pub(super) advisory_try: Arc<str>,
@@ -42,6 +39,45 @@ impl PgSql {
         let seq = format!("{table}_fence_seq");
         PgSql {
             lease: LeaseStatements {
+                acquire: LeaseSql::new(format!(
+                "WITH {GATE}, \
+                 taken AS (\
+                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                    SELECT $1, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond' FROM g \
+                    ON CONFLICT (name) DO UPDATE \
+                        SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
+                        WHERE l.expires_at <= now() \
+                    RETURNING l.fence) \
+                 SELECT (SELECT fence FROM taken), \
+                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
+                         FROM {table} WHERE name = $1)"
+            ), &[Name, Owner, Ttl]),
+                hand_over: LeaseSql::new(format!(
+                "UPDATE {table} SET owner = $3, fence = nextval('{seq}'), \
+                     expires_at = now() + $4::bigint * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                 RETURNING fence"
+            ), &[Name, Owner, To, Ttl]),
+                // Readers: see the `lease` module. `$3`: the waiting record's row.
+                share: LeaseSql::new(format!(
+                "WITH {GATE}, \
+                 d AS MATERIALIZED (SELECT nextval('{seq}') AS f FROM g), \
+                 joined AS (\
+                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                    SELECT $1, {GROUP} || d.f || ':1', d.f, now() + $2::bigint * interval '1 millisecond' FROM d \
+                    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $3 AND expires_at > now()) \
+                    ON CONFLICT (name) DO UPDATE \
+                        SET owner = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner \
+                                ELSE split_part(l.owner, ':', 1) || ':' || ({COUNT} + 1) END, \
+                            fence = EXCLUDED.fence, \
+                            expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
+                        WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} \
+                    RETURNING l.fence) \
+                 SELECT (SELECT fence FROM joined), \
+                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (MAX(expires_at) - now())) * 1000))::bigint \
+                         FROM {table} WHERE name IN ($1, $3))",
+                COUNT = group_count("l.owner"),
+            ), &[Name, Ttl, Waiting]),
                 extend: LeaseSql::new(format!(
                 "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires_at > now()"
@@ -86,48 +122,6 @@ impl PgSql {
             ), &[Name, Owner, Channel, Woken]),
                 channel: format!("lockkit_{table}"),
             },
-            acquire: format!(
-                "WITH {GATE}, \
-                 taken AS (\
-                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
-                    SELECT $1, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond' FROM g \
-                    ON CONFLICT (name) DO UPDATE \
-                        SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
-                        WHERE l.expires_at <= now() \
-                    RETURNING l.fence) \
-                 SELECT (SELECT fence FROM taken), \
-                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
-                         FROM {table} WHERE name = $1)"
-            )
-            .into(),
-            hand_over: format!(
-                "UPDATE {table} SET owner = $3, fence = nextval('{seq}'), \
-                     expires_at = now() + $4::bigint * interval '1 millisecond' \
-                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
-                 RETURNING fence"
-            )
-            .into(),
-            // Readers: see the `lease` module. `$3`: the waiting record's row.
-            share: format!(
-                "WITH {GATE}, \
-                 d AS MATERIALIZED (SELECT nextval('{seq}') AS f FROM g), \
-                 joined AS (\
-                    INSERT INTO {table} AS l (name, owner, fence, expires_at) \
-                    SELECT $1, {GROUP} || d.f || ':1', d.f, now() + $2::bigint * interval '1 millisecond' FROM d \
-                    WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $3 AND expires_at > now()) \
-                    ON CONFLICT (name) DO UPDATE \
-                        SET owner = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner \
-                                ELSE split_part(l.owner, ':', 1) || ':' || ({COUNT} + 1) END, \
-                            fence = EXCLUDED.fence, \
-                            expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
-                        WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} \
-                    RETURNING l.fence) \
-                 SELECT (SELECT fence FROM joined), \
-                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (MAX(expires_at) - now())) * 1000))::bigint \
-                         FROM {table} WHERE name IN ($1, $3))",
-                COUNT = group_count("l.owner"),
-            )
-            .into(),
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
                  ON CONFLICT (name) DO NOTHING"

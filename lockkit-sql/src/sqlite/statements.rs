@@ -1,9 +1,7 @@
 //! Every SQL text of one lock table on SQLite, built once from its
 //! validated name.
 
-use std::sync::Arc;
-
-use crate::lease::Param::{Name, Owner, Token, Ttl};
+use crate::lease::Param::{Name, Owner, To, Token, Ttl, Waiting};
 use crate::lease::{LeaseSql, LeaseStatements};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
@@ -15,11 +13,11 @@ const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGE
 pub(super) struct SqliteSql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    pub(super) acquire: Arc<str>,
-    pub(super) remaining: Arc<str>,
-    pub(super) hand_over: Arc<str>,
-    pub(super) share: Arc<str>,
-    pub(super) share_remaining: Arc<str>,
+    /// After a writer's upsert that did not grant: the holder's remaining lease.
+    pub(super) remaining: LeaseSql,
+    /// After a reader's upsert that did not grant: the longer of the
+    /// row's and the waiting record's remaining lease.
+    pub(super) share_remaining: LeaseSql,
     pub(super) migrate: String,
 }
 
@@ -46,58 +44,28 @@ impl SqliteSql {
         let next = format!("(SELECT n + 1 FROM {fence} WHERE id = 1)");
         SqliteSql {
             lease: LeaseStatements {
-                extend: LeaseSql::new(format!(
-                "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
-                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
-            ), &[Name, Owner, Ttl]),
-                release: LeaseSql::new(format!(
-                "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
-            ), &[Name, Owner]),
-                status: LeaseSql::new(format!(
-                "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
-            ), &[Name]),
-                extend_share: LeaseSql::new(format!(
-                "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
-                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
-            ), &[Name, Token, Ttl]),
-                // The last reader deletes the row; the others count it down.
-                leave: vec![
-                    LeaseSql::new(format!(
-                        "DELETE FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP} AND {COUNT} = 1"
-                    ), &[Name, Token]),
-                    LeaseSql::new(format!(
-                        "UPDATE {table} \
-                         SET owner = CASE WHEN {COUNT} > 1 THEN substr(owner, 1, instr(owner, ':')) || ({COUNT} - 1) END, \
-                             expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE {NOW_MS} END \
-                         WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
-                    ), &[Name, Token]),
-                ],
-                record: LeaseSql::new(format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 0, {NOW_MS} + ?3) \
-                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
-            ), &[Name, Owner, Ttl]),
-                forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ?1 AND owner = COALESCE(?2, owner)"), &[Name, Owner]),
-                channel: String::new(),
-            },
-            acquire: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, {next}, {NOW_MS} + ?3) \
+                acquire: LeaseSql::new(
+                    format!(
+                        "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, {next}, {NOW_MS} + ?3) \
                  ON CONFLICT (name) DO UPDATE \
                      SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
                      WHERE expires_at <= {NOW_MS} \
                  RETURNING fence"
-            )
-            .into(),
-            remaining: format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1")
-                .into(),
-            hand_over: format!(
-                "UPDATE {table} SET owner = ?3, fence = {next}, expires_at = {NOW_MS} + ?4 \
+                    ),
+                    &[Name, Owner, Ttl],
+                ),
+                hand_over: LeaseSql::new(
+                    format!(
+                        "UPDATE {table} SET owner = ?3, fence = {next}, expires_at = {NOW_MS} + ?4 \
                  WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
                  RETURNING fence"
-            )
-            .into(),
-            // Readers: see the `lease` module. `?3`: the waiting record's row.
-            share: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                    ),
+                    &[Name, Owner, To, Ttl],
+                ),
+                // Readers: see the `lease` module. `?3`: the waiting record's row.
+                share: LeaseSql::new(
+                    format!(
+                        "INSERT INTO {table} (name, owner, fence, expires_at) \
                  SELECT ?1, {GROUP} || t.f || ':1', t.f, {NOW_MS} + ?2 FROM (SELECT {next} AS f) AS t \
                  WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?3 AND expires_at > {NOW_MS}) \
                  ON CONFLICT (name) DO UPDATE \
@@ -107,12 +75,76 @@ impl SqliteSql {
                          expires_at = MAX(expires_at, excluded.expires_at) \
                      WHERE expires_at <= {NOW_MS} OR substr(owner, 1, 2) = {GROUP} \
                  RETURNING fence"
-            )
-            .into(),
-            share_remaining: format!(
-                "SELECT MAX(0, MAX(expires_at) - {NOW_MS}) FROM {table} WHERE name IN (?1, ?2)"
-            )
-            .into(),
+                    ),
+                    &[Name, Ttl, Waiting],
+                ),
+                extend: LeaseSql::new(
+                    format!(
+                        "UPDATE {table} SET expires_at = {NOW_MS} + ?3 \
+                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+                    ),
+                    &[Name, Owner, Ttl],
+                ),
+                release: LeaseSql::new(
+                    format!(
+                        "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+                    ),
+                    &[Name, Owner],
+                ),
+                status: LeaseSql::new(
+                    format!(
+                        "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
+                    ),
+                    &[Name],
+                ),
+                extend_share: LeaseSql::new(
+                    format!(
+                        "UPDATE {table} SET expires_at = MAX(expires_at, {NOW_MS} + ?3) \
+                 WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+                    ),
+                    &[Name, Token, Ttl],
+                ),
+                // The last reader deletes the row; the others count it down.
+                leave: vec![
+                    LeaseSql::new(
+                        format!(
+                            "DELETE FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP} AND {COUNT} = 1"
+                        ),
+                        &[Name, Token],
+                    ),
+                    LeaseSql::new(
+                        format!(
+                            "UPDATE {table} \
+                         SET owner = CASE WHEN {COUNT} > 1 THEN substr(owner, 1, instr(owner, ':')) || ({COUNT} - 1) END, \
+                             expires_at = CASE WHEN {COUNT} > 1 THEN expires_at ELSE {NOW_MS} END \
+                         WHERE name = ?1 AND expires_at > {NOW_MS} AND {IN_GROUP}"
+                        ),
+                        &[Name, Token],
+                    ),
+                ],
+                record: LeaseSql::new(
+                    format!(
+                        "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, 0, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at"
+                    ),
+                    &[Name, Owner, Ttl],
+                ),
+                forget: LeaseSql::new(
+                    format!("DELETE FROM {table} WHERE name = ?1 AND owner = COALESCE(?2, owner)"),
+                    &[Name, Owner],
+                ),
+                channel: String::new(),
+            },
+            remaining: LeaseSql::new(
+                format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1"),
+                &[Name],
+            ),
+            share_remaining: LeaseSql::new(
+                format!(
+                    "SELECT MAX(0, MAX(expires_at) - {NOW_MS}) FROM {table} WHERE name IN (?1, ?2)"
+                ),
+                &[Name, Waiting],
+            ),
             // The high-water mark starts at the highest token stored (a
             // table of an earlier version keeps a token per row).
             migrate: format!(
