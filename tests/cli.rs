@@ -3,13 +3,7 @@
 //! the testkit): the environment it gives the command, exit statuses, two
 //! `exec`s on one name, a lock lost behind its back, forwarded signals and
 //! `status`.
-#![cfg(all(
-    feature = "cli",
-    feature = "redis",
-    feature = "zk",
-    feature = "postgres",
-    feature = "mysql"
-))]
+#![cfg(feature = "full")]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,7 +15,7 @@ use tokio::process::Child;
 
 mod common;
 
-use common::{code, finish, lockkit, run, sqlite_url, stderr, stdout};
+use common::{Held, code, finish, held_on_sqlite, lockkit, run, sqlite_url, stderr, stdout};
 
 #[tokio::test]
 async fn exec_gives_the_command_its_lock_and_passes_its_status_on() {
@@ -174,11 +168,12 @@ async fn two_execs_never_overlap_on_postgres_and_mariadb() {
 
 #[tokio::test]
 async fn a_held_lock_gives_75_after_the_wait_without_running_the_command() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(dir.path());
-    let locks = lockkit::connect(&url).await.unwrap();
-    let guard = locks.acquire("busy", &LockOptions::new()).await.unwrap();
-    let marker = dir.path().join("ran");
+    let Held {
+        dir,
+        url,
+        guard,
+        marker,
+    } = held_on_sqlite("busy").await;
     let touch = format!("touch {}", marker.display());
 
     let start = Instant::now();

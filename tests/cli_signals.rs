@@ -1,26 +1,22 @@
 //! The `lockkit` binary and the command it runs: a lock lost behind its
 //! back stops the command, and signals reach it, as a user meets them
 //! (SQLite files and Redis started by the testkit).
-#![cfg(all(
-    feature = "cli",
-    feature = "redis",
-    feature = "zk",
-    feature = "postgres",
-    feature = "mysql"
-))]
+#![cfg(feature = "full")]
 
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use lockkit::LockOptions;
 use lockkit_testkit::{RedisServer, TestServer};
 use nix::sys::signal::{Signal, kill};
 use tokio::process::Command;
 
 mod common;
 
-use common::{code, finish, lockkit, pid, run, sqlite_url, stderr, stdout, wait_for_file};
+use common::{
+    Held, code, finish, held_on_sqlite, lockkit, pid, run, sqlite_url, stderr, stdout,
+    wait_for_file,
+};
 
 /// Starts `exec` on Redis with a 1.5 s lease and the given options and
 /// command, waits until the command runs, then deletes the lock key behind
@@ -180,11 +176,12 @@ async fn ctrl_c_in_a_terminal_reaches_the_command_once() {
 
 #[tokio::test]
 async fn a_signal_while_waiting_ends_the_wait_without_running_the_command() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = sqlite_url(dir.path());
-    let locks = lockkit::connect(&url).await.unwrap();
-    let guard = locks.acquire("waiting", &LockOptions::new()).await.unwrap();
-    let marker = dir.path().join("ran");
+    let Held {
+        dir,
+        url,
+        guard,
+        marker,
+    } = held_on_sqlite("waiting").await;
     let child = lockkit(dir.path())
         .args(["--url", &url, "exec", "waiting", "--", "touch"])
         .arg(&marker)

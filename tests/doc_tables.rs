@@ -3,15 +3,7 @@
 //! its URL table lists every scheme with its cargo feature. They list every
 //! backend, so the checks need them all compiled in (CI runs with
 //! `--all-features`).
-#![cfg(all(
-    feature = "redis",
-    feature = "redlock",
-    feature = "zk",
-    feature = "etcd",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite"
-))]
+#![cfg(feature = "full")]
 
 use lockkit::sql::{Database, Mode};
 

@@ -1,14 +1,7 @@
 //! Every example runs to completion against a real server and prints what
 //! its docs promise. The examples are built by `cargo test` (and nextest)
 //! next to the test binaries; this runs those binaries.
-#![cfg(all(
-    feature = "redis",
-    feature = "redlock",
-    feature = "zk",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite"
-))]
+#![cfg(feature = "full")]
 
 use std::path::PathBuf;
 use std::time::Duration;

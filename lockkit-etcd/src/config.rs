@@ -1,7 +1,5 @@
 //! `etcd://` URLs and the builder.
 
-use std::time::Duration;
-
 use lockkit_core::backend::{MultiHostUrl, check_timeout, host_list, redact_url, timeout_param};
 use lockkit_core::{LockError, Result};
 
@@ -54,17 +52,11 @@ impl EtcdLockBuilder {
         parse_url(url)
     }
 
-    /// Time to reach the cluster when connecting (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.connect_timeout = timeout;
-        self
-    }
-
-    /// Time to wait for one request (default 2 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.command_timeout = timeout;
-        self
-    }
+    lockkit_core::timeout_setters!(
+        settings,
+        connect: "Time to reach the cluster when connecting (default 2 s).",
+        command: "Time to wait for one request (default 2 s).",
+    );
 
     /// The key prefix of the locks.
     pub fn prefix(&self) -> &str {
@@ -178,6 +170,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<EtcdLockBuilder> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn parses_hosts_prefix_and_parameters() {

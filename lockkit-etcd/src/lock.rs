@@ -9,11 +9,9 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use lockkit_core::backend::{
-    Intent, Lease, LossNotifier, QueueBackend, QueuedLock, Waiter, validate_name,
-};
+use lockkit_core::backend::{Intent, Lease, LossNotifier, QueueBackend, QueuedLock, Request};
 use lockkit_core::{
-    Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
+    Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockStatus,
     ReleaseOnCrash, Result,
 };
 use tokio::time::Instant;
@@ -348,21 +346,13 @@ impl QueueBackend for EtcdBackend {
         ETCD_CAPABILITIES
     }
 
-    fn check_name(&self, name: &str) -> Result<()> {
-        validate_name(name)
-    }
-
     /// A lease, then one transaction: our key (value: the holder identity)
     /// if it does not exist yet, and the oldest key of the lock. The oldest
     /// holds; a waiter counts down the keys ahead of its own as their
     /// deletions are told.
-    async fn lock(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        waiter: &mut Waiter<'_>,
-        intent: Intent,
-    ) -> Result<Option<LockGuard>> {
+    async fn lock(&self, request: Request<'_, '_>) -> Result<Option<LockGuard>> {
+        let (name, opts, intent) = (request.name, request.opts, request.intent);
+        let waiter = request.waiter;
         let plan = Plan::of(opts.kind());
         let dir = plan.dir(self.etcd.prefix(), name)?;
         let ttl = opts.lease_ttl();

@@ -125,17 +125,11 @@ impl RedisLockBuilder {
         self
     }
 
-    /// How long to wait for a connection (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.config.connect_timeout = timeout;
-        self
-    }
-
-    /// How long to wait for one command's reply (default 1 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.config.command_timeout = timeout;
-        self
-    }
+    lockkit_core::timeout_setters!(
+        config,
+        connect: "How long to wait for a connection (default 2 s).",
+        command: "How long to wait for one command's reply (default 1 s).",
+    );
 
     /// How long a release subscription stays open after its last waiter left
     /// (default 10 s), so that hot names do not resubscribe on every wait.

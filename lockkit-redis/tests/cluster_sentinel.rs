@@ -16,7 +16,7 @@ const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
 
 mod common;
 
-use common::{connect, opts};
+use common::{connect, cycle, opts, take};
 
 fn key(name: &str) -> String {
     format!("{DEFAULT_PREFIX}{name}")
@@ -165,32 +165,28 @@ async fn cluster_release_on_another_node_wakes_the_waiter() {
     let cluster = RedisCluster::start(3).await;
     let url = format!("{}?{CLIENT_PARAMS}", cluster.url());
     // A name whose slot the first node (the subscriber's seed) does not serve.
-    let name = (0..)
-        .map(|i| format!("elsewhere-{i}"))
-        .find(|name| {
-            let slot = cluster_keyslot(&key(name));
-            slot >= 16384 / 3
-        })
-        .unwrap();
+    let name = name_in_slots(&cluster, "elsewhere", |slot| slot >= 16384 / 3).await;
     let (holder, waiter) = (connect(&url).await, connect(&url).await);
     let took = handoff(&holder, waiter, &name).await;
     assert!(took < Duration::from_millis(500), "handoff took {took:?}");
 }
 
-/// CRC16/XMODEM mod 16384 of a key without hash tags (the test's names have none).
-fn cluster_keyslot(key: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in key.as_bytes() {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
+/// The first name `<prefix>-<i>` whose lock key the cluster puts in a
+/// slot that `wanted` takes, as the server computes it (`CLUSTER KEYSLOT`).
+async fn name_in_slots(
+    cluster: &RedisCluster,
+    prefix: &str,
+    wanted: impl Fn(u16) -> bool,
+) -> String {
+    let mut i = 0;
+    loop {
+        let name = format!("{prefix}-{i}");
+        let slot = cluster.command(&["CLUSTER", "KEYSLOT", &key(&name)]).await;
+        if wanted(slot.unwrap().parse().expect("a slot number")) {
+            return name;
         }
+        i += 1;
     }
-    crc % 16384
 }
 
 /// A dead master makes its locks unavailable (typed, within the timeouts);
@@ -200,10 +196,7 @@ async fn cluster_node_failure_is_unavailable_then_recovers() {
     let cluster = RedisCluster::start(3).await;
     let locks = connect(&format!("{}?{CLIENT_PARAMS}", cluster.url())).await;
     // A name on the last node (slots 10923..=16383).
-    let name = (0..)
-        .map(|i| format!("on-last-{i}"))
-        .find(|name| cluster_keyslot(&key(name)) > 2 * 16384 / 3 + 1)
-        .unwrap();
+    let name = name_in_slots(&cluster, "on-last", |slot| slot > 2 * 16384 / 3 + 1).await;
     locks
         .try_acquire(&name, &opts())
         .await
@@ -293,21 +286,13 @@ async fn cluster_failover_before_replication_grants_the_lock_twice_unless_waitin
     assert_eq!(killed, "1", "the master dropped its replica's link");
     renewal_is_not_acknowledged(&renewed).await;
     renewed.release().await.unwrap();
-    let refused = waiting.try_acquire(name, &unrenewed).await;
-    assert!(
-        matches!(refused, Err(LockError::Unavailable { .. })),
-        "with WAIT a grant the replica cannot see is refused: {refused:?}"
-    );
+    refused_unseen(waiting.try_acquire(name, &unrenewed).await);
     assert_eq!(
         master.command(&["EXISTS", &key(name)]).await.unwrap(),
         "0",
         "a refused grant leaves no key"
     );
-    let held = first
-        .try_acquire(name, &unrenewed)
-        .await
-        .unwrap()
-        .expect("the lock is free");
+    let held = take(&first, name, &unrenewed).await;
 
     master.kill();
     replica.resume();
@@ -347,13 +332,7 @@ async fn sentinel_failover_keeps_the_client_working() {
     let deployment = RedisSentinels::start().await;
     let url = format!("{}?{CLIENT_PARAMS}", deployment.url());
     let (locks, waiter) = (connect(&url).await, connect(&url).await);
-    locks
-        .acquire("before", &opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&locks, "before").await;
 
     let old = deployment.master().addr();
     deployment.master().kill();
@@ -393,16 +372,8 @@ async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
     let unrenewed = opts().auto_renew(false);
 
     deployment.replication_proxy().blackhole(true);
-    let refused = waiting.try_acquire(name, &unrenewed).await;
-    assert!(
-        matches!(refused, Err(LockError::Unavailable { .. })),
-        "with WAIT a grant the replica cannot see is refused: {refused:?}"
-    );
-    let held = first
-        .try_acquire(name, &unrenewed)
-        .await
-        .unwrap()
-        .expect("the lock is free");
+    refused_unseen(waiting.try_acquire(name, &unrenewed).await);
+    let held = take(&first, name, &unrenewed).await;
     assert_eq!(
         deployment
             .replica()
@@ -643,4 +614,12 @@ async fn unknown_master_name_is_unavailable() {
         }
         other => panic!("{other}"),
     }
+}
+
+/// With `WAIT`, a grant the replica cannot see is refused as unavailable.
+fn refused_unseen(refused: lockkit_core::Result<Option<LockGuard>>) {
+    assert!(
+        matches!(refused, Err(LockError::Unavailable { .. })),
+        "with WAIT a grant the replica cannot see is refused: {refused:?}"
+    );
 }

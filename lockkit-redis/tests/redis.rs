@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 mod common;
 
-use common::{connect, opts};
+use common::{connect, cycle, opts};
 
 /// The lock key holds the owner token under the prefix; the fence counter and
 /// the URL's database are where the docs say.
@@ -77,13 +77,7 @@ async fn empty_prefix_refuses_fence_lookalikes() {
 async fn reconnects_after_server_restart() {
     let server = RedisServer::start().await;
     let locks = connect(&format!("{}?command_timeout=500ms", server.url())).await;
-    locks
-        .acquire("before", &opts())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    cycle(&locks, "before").await;
     server.restart().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let guard = loop {

@@ -154,17 +154,11 @@ impl SqlLockBuilder {
         self
     }
 
-    /// Sets the connect timeout.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.config.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets the timeout of statements that do not wait for a lock.
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.config.command_timeout = timeout;
-        self
-    }
+    lockkit_core::timeout_setters!(
+        config,
+        connect: "How long to wait for a connection (default 5 s).",
+        command: "How long a statement that does not wait for a lock may take (default 5 s).",
+    );
 
     /// Sets how often a session lock's connection is checked.
     pub fn liveness_interval(mut self, interval: Duration) -> Self {

@@ -18,6 +18,7 @@ mod lock;
 #[cfg(feature = "mysql")]
 mod mysql;
 mod names;
+mod open;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod pool;
 #[cfg(feature = "postgres")]

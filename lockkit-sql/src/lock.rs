@@ -7,6 +7,7 @@ use lockkit_core::{
     Capabilities, DistributedLock, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
 };
 
+use crate::open::{Migrator, Opened};
 use crate::settings::{Database, Mode, Settings, SqlConfig};
 
 /// A lock client on one SQL database, in one [`Mode`].
@@ -21,20 +22,6 @@ pub struct SqlLock {
     settings: Settings,
     migrator: Box<dyn Migrator>,
     inner: Box<dyn DistributedLock>,
-}
-
-/// A database's schema: what `migrate` creates, on a connection of its
-/// own (so that it never waits for one of the pool's).
-#[lockkit_core::async_trait]
-pub(crate) trait Migrator: Send + Sync {
-    /// Creates the lock table (and the fencing counter) if missing.
-    async fn migrate(&self, settings: &Settings) -> Result<()>;
-}
-
-/// A client a dialect opened: its schema and its lock.
-pub(crate) struct Opened {
-    pub(crate) migrator: Box<dyn Migrator>,
-    pub(crate) lock: Box<dyn DistributedLock>,
 }
 
 impl fmt::Debug for SqlLock {
@@ -115,12 +102,6 @@ impl SqlLock {
         tracing::debug!(url = %lock.redacted_url, mode = %lock.mode, "connected");
         Ok(lock)
     }
-}
-
-/// Closes a connection politely, without waiting long for the server.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn close(conn: impl sqlx::Connection) {
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn.close()).await;
 }
 
 #[lockkit_core::async_trait]

@@ -188,6 +188,13 @@ pub(crate) trait Runs: Binds {
         values: &[Value<'c>],
     ) -> Answer<'c, u64>;
 
+    /// Runs `sql` with `values`: the number in its one row, if any.
+    fn number<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &Arc<str>,
+        values: &[Value<'c>],
+    ) -> Answer<'c, Option<i64>>;
+
     /// Runs `sql` with `values`: its one row of [`LiveColumns`], if any.
     fn live<'c>(
         conn: &'c mut Self::Connection,
@@ -201,6 +208,7 @@ where
     DB: Binds<Arguments: IntoArguments<DB>, QueryResult: Changed>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     LiveColumns: for<'r> FromRow<'r, DB::Row>,
+    (i64,): for<'r> FromRow<'r, DB::Row>,
 {
     fn changed<'c>(
         conn: &'c mut DB::Connection,
@@ -209,6 +217,14 @@ where
     ) -> Answer<'c, u64> {
         let query = bound::<DB>(sql, values);
         Box::pin(async move { query.execute(conn).await.map(|done| done.changed()) })
+    }
+
+    fn number<'c>(
+        conn: &'c mut DB::Connection,
+        sql: &Arc<str>,
+        values: &[Value<'c>],
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(bound_scalar::<DB, i64>(sql, values).fetch_optional(conn))
     }
 
     fn live<'c>(

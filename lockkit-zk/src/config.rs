@@ -54,17 +54,11 @@ impl ZkLockBuilder {
         self
     }
 
-    /// Time to establish a session (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.connect_timeout = timeout;
-        self
-    }
-
-    /// Time to wait for one request (default 2 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.command_timeout = timeout;
-        self
-    }
+    lockkit_core::timeout_setters!(
+        settings,
+        connect: "Time to establish a session (default 2 s).",
+        command: "Time to wait for one request (default 2 s).",
+    );
 
     /// The root node of the locks.
     pub fn root(&self) -> &str {

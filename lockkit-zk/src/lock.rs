@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use lockkit_core::backend::{Intent, OwnerToken, QueueBackend, QueuedLock, Waiter};
+use lockkit_core::backend::{Intent, OwnerToken, QueueBackend, QueuedLock, Request, Waiter};
 use lockkit_core::{
     Backoff, Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus,
     ReleaseOnCrash, Result,
@@ -472,13 +472,9 @@ impl QueueBackend for ZkBackend {
     /// in an outage) took its nodes with it, so nothing is held or queued:
     /// the acquire joins the queue again in a new session, at most three
     /// times, while its wait lasts.
-    async fn lock(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        waiter: &mut Waiter<'_>,
-        intent: Intent,
-    ) -> Result<Option<LockGuard>> {
+    async fn lock(&self, request: Request<'_, '_>) -> Result<Option<LockGuard>> {
+        let (name, opts, intent) = (request.name, request.opts, request.intent);
+        let waiter = request.waiter;
         let mut retries = 0;
         loop {
             let session = waiter.until_deadline(self.sessions.session()).await??;

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use lockkit::{DistributedLock, LockGuard, LockOptions};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
@@ -76,4 +77,28 @@ pub(crate) async fn wait_for_file(path: &Path) {
 
 pub(crate) fn pid(child: &Child) -> Pid {
     Pid::from_raw(child.id().expect("running") as i32)
+}
+
+/// A lock held by the test on a SQLite file in a fresh directory, and the
+/// path that a command touches if it runs.
+pub(crate) struct Held {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) url: String,
+    pub(crate) guard: LockGuard,
+    pub(crate) marker: std::path::PathBuf,
+}
+
+/// Holds `name` on a fresh SQLite file.
+pub(crate) async fn held_on_sqlite(name: &str) -> Held {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(dir.path());
+    let locks = lockkit::connect(&url).await.unwrap();
+    let guard = locks.acquire(name, &LockOptions::new()).await.unwrap();
+    let marker = dir.path().join("ran");
+    Held {
+        dir,
+        url,
+        guard,
+        marker,
+    }
 }

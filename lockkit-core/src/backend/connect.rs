@@ -115,6 +115,54 @@ fn with_attempts(error: LockError, attempts: u32, limit: Duration) -> LockError 
     }
 }
 
+/// The `connect_timeout` and `command_timeout` setters of a backend's
+/// builder, written once: `$holder` is the builder's field whose
+/// `connect_timeout` and `command_timeout` they set, and the two strings
+/// say what each bounds on that backend, with its default.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// #[derive(Default)]
+/// struct Settings {
+///     connect_timeout: Duration,
+///     command_timeout: Duration,
+/// }
+///
+/// /// A builder.
+/// #[derive(Default)]
+/// pub struct Builder {
+///     settings: Settings,
+/// }
+///
+/// impl Builder {
+///     lockkit_core::timeout_setters!(
+///         settings,
+///         connect: "Time to reach the server when connecting (default 2 s).",
+///         command: "Time to wait for one request (default 1 s).",
+///     );
+/// }
+///
+/// let builder = Builder::default().command_timeout(Duration::from_millis(500));
+/// assert_eq!(builder.settings.command_timeout, Duration::from_millis(500));
+/// ```
+#[macro_export]
+macro_rules! timeout_setters {
+    ($holder:ident, connect: $connect:literal, command: $command:literal $(,)?) => {
+        #[doc = $connect]
+        pub fn connect_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.$holder.connect_timeout = timeout;
+            self
+        }
+
+        #[doc = $command]
+        pub fn command_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.$holder.command_timeout = timeout;
+            self
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

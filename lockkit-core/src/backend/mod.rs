@@ -60,7 +60,7 @@ pub use driver::{ConnectFn, ConnectFuture, Driver, boxed_connect};
 pub use lease::{Handover, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES};
 pub use local_queue::{Baton, LocalHandle, LocalQueue, LocalSlot};
 pub use notify::{NotifyHub, ReleaseWatch};
-pub use queued::{QueueBackend, QueuedLock};
+pub use queued::{QueueBackend, QueuedLock, Request};
 pub use token::{HOLDER_SEPARATOR, OwnerToken, holder_of, stored_owner};
 pub use trace::traced_acquire;
 pub use url::{

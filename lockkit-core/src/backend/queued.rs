@@ -28,27 +28,36 @@ pub trait QueueBackend: Send + Sync + fmt::Debug + 'static {
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;
 
-    /// Checks `name` before anything is sent; at least
+    /// Checks `name` before anything is sent; at least (and by default)
     /// [`validate_name`](crate::backend::validate_name).
-    fn check_name(&self, name: &str) -> Result<()>;
+    fn check_name(&self, name: &str) -> Result<()> {
+        crate::backend::validate_name(name)
+    }
 
-    /// Takes `name` for this caller. With [`Intent::Try`], one try: `Ok(None)`
-    /// when someone else holds it, and nothing of the try is left behind.
-    /// With [`Intent::Wait`] it waits in the server's queue within `waiter`'s
-    /// deadline, and gives up with `Ok(None)` or `Err(Timeout)` when the
-    /// deadline passes. The future may be dropped at any await point and must
-    /// then leave nothing held.
-    async fn lock(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        waiter: &mut Waiter<'_>,
-        intent: Intent,
-    ) -> Result<Option<LockGuard>>;
+    /// Takes the request's name for this caller. With [`Intent::Try`], one
+    /// try: `Ok(None)` when someone else holds it, and nothing of the try is
+    /// left behind. With [`Intent::Wait`] it waits in the server's queue
+    /// within the waiter's deadline, and gives up with `Ok(None)` or
+    /// `Err(Timeout)` when the deadline passes. The future may be dropped at
+    /// any await point and must then leave nothing held.
+    async fn lock(&self, request: Request<'_, '_>) -> Result<Option<LockGuard>>;
 
     /// See [`DistributedLock::status_of`]; only called with kinds the
     /// backend's capabilities claim.
     async fn status(&self, name: &str, kind: LockKind) -> Result<LockStatus>;
+}
+
+/// One acquire, as [`QueuedLock`] hands it to [`QueueBackend::lock`].
+#[derive(Debug)]
+pub struct Request<'a, 'w> {
+    /// The lock's name, checked by [`QueueBackend::check_name`].
+    pub name: &'a str,
+    /// The caller's options (kind, TTL, holder identity).
+    pub opts: &'a LockOptions,
+    /// The caller's wait: its deadline, and the error when it passes.
+    pub waiter: &'a mut Waiter<'w>,
+    /// One try, or a wait.
+    pub intent: Intent,
 }
 
 /// A full [`DistributedLock`] over a [`QueueBackend`].
@@ -104,7 +113,13 @@ impl<B: QueueBackend> QueuedLock<B> {
             }
         };
         crate::metrics::attempt(self.backend.backend_name());
-        let guard = self.backend.lock(name, opts, waiter, intent).await?;
+        let request = Request {
+            name,
+            opts,
+            waiter,
+            intent,
+        };
+        let guard = self.backend.lock(request).await?;
         if let (Some(guard), Some(slot)) = (&guard, slot) {
             guard.attach_slot(slot);
         }

@@ -1,9 +1,10 @@
-//! What the Redis test files share: the options of their locks, and a
-//! client of a URL.
+//! What the Redis test files share: their locks' options, a client of a
+//! URL, and holdings that must succeed.
+#![allow(dead_code, reason = "each test file uses some of these")]
 
 use std::time::Duration;
 
-use lockkit_core::LockOptions;
+use lockkit_core::{DistributedLock, LockGuard, LockOptions};
 use lockkit_redis::RedisLock;
 
 /// A 30 s lease: longer than any test's holding.
@@ -16,4 +17,19 @@ pub(crate) async fn connect(url: &str) -> RedisLock {
     lockkit_redis::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect: {e}"))
+}
+
+/// One try on the free `name`: granted, or the test fails.
+pub(crate) async fn take(locks: &RedisLock, name: &str, opts: &LockOptions) -> LockGuard {
+    locks
+        .try_acquire(name, opts)
+        .await
+        .unwrap()
+        .expect("the lock is free")
+}
+
+/// One acquire and release of `name` that must both succeed.
+pub(crate) async fn cycle(locks: &RedisLock, name: &str) {
+    let guard = locks.acquire(name, &opts()).await.unwrap();
+    guard.release().await.unwrap();
 }

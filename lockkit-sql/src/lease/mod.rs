@@ -99,9 +99,17 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted>;
 
     /// Runs [`LeaseStatements::hand_over`]: the new fence, or `None` when
-    /// the lease was not the owner's.
-    fn hand_over<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>)
-    -> Answer<'c, Option<i64>>;
+    /// the lease was not the owner's. By default, the number the statement
+    /// answers (`RETURNING fence`).
+    fn hand_over<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        args: Args<'c>,
+    ) -> Answer<'c, Option<i64>> {
+        let sql = &self.statements().hand_over;
+        let values = self.statements().values::<Self>(sql, args);
+        Self::Db::number(conn, &sql.text, &values)
+    }
 
     /// Release notifications of `name`; none by default (waiters back off,
     /// never past the holder's expiry).

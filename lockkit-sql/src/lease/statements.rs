@@ -158,7 +158,7 @@ impl LeaseStatements {
 
     /// The values of `sql`'s parameters, from `args`, bound as dialect `D`
     /// binds them.
-    pub(crate) fn values<'a, D: LeaseDialect>(
+    pub(crate) fn values<'a, D: LeaseDialect + ?Sized>(
         &'a self,
         sql: &LeaseSql,
         args: Args<'a>,

@@ -7,7 +7,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions as _};
 
 use super::statements::MySql;
-use crate::lock::Migrator;
+use crate::open::Migrator;
 use crate::settings::Settings;
 
 /// Where `migrate` connects, and what it runs.

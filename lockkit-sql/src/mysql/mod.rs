@@ -14,16 +14,14 @@ mod statements;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use lockkit_core::backend::{LeaseLock, QueuedLock};
-use lockkit_core::{DistributedLock, Result};
+use lockkit_core::Result;
 use sqlx::ConnectOptions as _;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
 use crate::lease::LeaseRows;
-use crate::lock::{Opened, close};
+use crate::open::{Opened, close, session_or_lease};
 use crate::pool::KeptPool;
-use crate::session::{RowSession, SessionLock};
-use crate::settings::{Mode, Settings, SqlConfig};
+use crate::settings::{Settings, SqlConfig};
 use lease::MyLease;
 use migration::MyMigrator;
 use session::MySqlSession;
@@ -75,14 +73,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
         sql: sql.clone(),
         settings: settings.clone(),
     };
-    let lock: Box<dyn DistributedLock> = match config.mode {
-        Mode::Lease => Box::new(LeaseLock::new(rows)),
-        Mode::Row => Box::new(QueuedLock::new(SessionLock::new(
-            RowSession(session),
-            Arc::new(rows),
-        ))),
-        _ => Box::new(QueuedLock::new(SessionLock::new(session, Arc::new(rows)))),
-    };
+    let lock = session_or_lease(config.mode, rows, session);
     Ok(Opened {
         migrator: Box::new(MyMigrator { options, sql }),
         lock,

@@ -35,13 +35,7 @@ impl RowLocking for MySqlSession {
         intent: Intent,
         shared: bool,
     ) -> Answer<'c, Option<i64>> {
-        let sql = &self.sql;
-        let statement = match (shared, intent) {
-            (false, Intent::Try) => &sql.row_try,
-            (false, Intent::Wait) => &sql.row_lock,
-            (true, Intent::Try) => &sql.row_try_shared,
-            (true, Intent::Wait) => &sql.row_lock_shared,
-        };
+        let statement = self.sql.row.form(shared, intent);
         let query = bound_scalar(statement, &[Bytes(name.as_bytes())]);
         Box::pin(query.fetch_optional(&mut conn.conn))
     }

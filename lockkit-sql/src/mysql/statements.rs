@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
+use lockkit_core::backend::Intent;
+
 use crate::lease::Param::{Name, Owner, To, Token, Ttl, Waiting};
 use crate::lease::{LeaseSql, LeaseStatements};
+use crate::session::LockingSql;
 
 /// The prefix of a reader group's owner (see the `lease` module).
 const GROUP: &str = "CONCAT(CHAR(1), 'r')";
@@ -54,10 +57,8 @@ pub(super) struct MySql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
     pub(super) ensure_row: Arc<str>,
-    pub(super) row_lock: Arc<str>,
-    pub(super) row_try: Arc<str>,
-    pub(super) row_lock_shared: Arc<str>,
-    pub(super) row_try_shared: Arc<str>,
+    /// `row` mode's lock, with its token.
+    pub(super) row: LockingSql,
     pub(super) row_free: Arc<str>,
     pub(super) row_delete: Arc<str>,
     pub(super) row_exists: Arc<str>,
@@ -257,26 +258,12 @@ impl MySql {
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
             )
             .into(),
-            row_lock: format!(
-                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE"
-            )
-            .into(),
-            row_try: format!(
-                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? FOR UPDATE NOWAIT"
-            )
-            .into(),
             // MariaDB spells the share lock `LOCK IN SHARE MODE` (with
             // NOWAIT); MySQL 8, whose tokens come from the counter, `FOR SHARE`.
-            row_lock_shared: format!(
-                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {share}",
-                share = share_clause(fence_source, false)
-            )
-            .into(),
-            row_try_shared: format!(
-                "SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {share}",
-                share = share_clause(fence_source, true)
-            )
-            .into(),
+            row: LockingSql::of(|shared, intent| {
+                let lock = lock_clause(fence_source, shared, intent);
+                format!("SELECT CAST({row_token} AS SIGNED) FROM {table} WHERE name = ? {lock}")
+            }),
             row_free: format!("SELECT 1 FROM {table} WHERE name = ? FOR UPDATE SKIP LOCKED").into(),
             // The row, unless someone holds it (`SKIP LOCKED` passes over
             // it then, and does not wait); the derived table is MariaDB's
@@ -372,12 +359,14 @@ impl LeaseTokens {
 /// separator and a holder identity of at most 255 bytes.
 const OWNER_CHARS: usize = 320;
 
-/// The share-lock clause of a locking read.
-fn share_clause(fence_source: FenceSource, no_wait: bool) -> &'static str {
-    match (fence_source, no_wait) {
-        (FenceSource::Sequence, false) => "LOCK IN SHARE MODE",
-        (FenceSource::Sequence, true) => "LOCK IN SHARE MODE NOWAIT",
-        (FenceSource::Counter, false) => "FOR SHARE",
-        (FenceSource::Counter, true) => "FOR SHARE NOWAIT",
+/// The locking clause of a locking read.
+fn lock_clause(fence_source: FenceSource, shared: bool, intent: Intent) -> &'static str {
+    match (shared, fence_source, intent) {
+        (false, _, Intent::Wait) => "FOR UPDATE",
+        (false, _, Intent::Try) => "FOR UPDATE NOWAIT",
+        (true, FenceSource::Sequence, Intent::Wait) => "LOCK IN SHARE MODE",
+        (true, FenceSource::Sequence, Intent::Try) => "LOCK IN SHARE MODE NOWAIT",
+        (true, FenceSource::Counter, Intent::Wait) => "FOR SHARE",
+        (true, FenceSource::Counter, Intent::Try) => "FOR SHARE NOWAIT",
     }
 }

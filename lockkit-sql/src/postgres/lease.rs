@@ -11,9 +11,9 @@ use sqlx::Postgres;
 
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseStatements};
+use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, bound_rows, bound_scalar, remaining_ms};
+use crate::statement::{Answer, bound_rows, remaining_ms};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
@@ -49,16 +49,6 @@ impl LeaseDialect for PgLease {
                 .fetch_one(conn)
                 .map_ok(granted),
         )
-    }
-
-    fn hand_over<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        args: Args<'c>,
-    ) -> Answer<'c, Option<i64>> {
-        let sql = &self.sql.lease.hand_over;
-        let values = self.sql.lease.values::<Self>(sql, args);
-        Box::pin(bound_scalar(&sql.text, &values).fetch_optional(conn))
     }
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {

@@ -7,8 +7,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection as _};
 
 use super::statements::PgSql;
-use crate::lock::Migrator;
 use crate::names::advisory_key;
+use crate::open::Migrator;
 use crate::settings::Settings;
 
 /// Where `migrate` connects, and what it runs.

@@ -15,16 +15,14 @@ mod statements;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use lockkit_core::backend::{LeaseLock, QueuedLock};
-use lockkit_core::{DistributedLock, Result};
+use lockkit_core::Result;
 use sqlx::ConnectOptions as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::lease::LeaseRows;
-use crate::lock::{Opened, close};
+use crate::open::{Opened, close, session_or_lease};
 use crate::pool::KeptPool;
-use crate::session::{RowSession, SessionLock};
-use crate::settings::{Mode, Settings, SqlConfig};
+use crate::settings::{Settings, SqlConfig};
 use lease::PgLease;
 use migration::PgMigrator;
 use notify::PgNotifications;
@@ -73,14 +71,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
         sql: sql.clone(),
         settings: settings.clone(),
     };
-    let lock: Box<dyn DistributedLock> = match config.mode {
-        Mode::Lease => Box::new(LeaseLock::new(rows)),
-        Mode::Row => Box::new(QueuedLock::new(SessionLock::new(
-            RowSession(session),
-            Arc::new(rows),
-        ))),
-        _ => Box::new(QueuedLock::new(SessionLock::new(session, Arc::new(rows)))),
-    };
+    let lock = session_or_lease(config.mode, rows, session);
     Ok(Opened {
         migrator: Box::new(PgMigrator { options, sql }),
         lock,

@@ -30,13 +30,7 @@ impl RowLocking for PgSession {
         intent: Intent,
         shared: bool,
     ) -> Answer<'c, Option<i64>> {
-        let sql = &self.sql;
-        let statement = match (shared, intent) {
-            (false, Intent::Wait) => &sql.row_lock,
-            (false, Intent::Try) => &sql.row_try,
-            (true, Intent::Wait) => &sql.row_lock_shared,
-            (true, Intent::Try) => &sql.row_try_shared,
-        };
+        let statement = self.sql.row.form(shared, intent);
         let (high, low) = gate_halves(name);
         let values = [Text(name), Int(high.into()), Int(low.into())];
         Box::pin(bound_scalar(statement, &values).fetch_optional(&mut conn.conn))

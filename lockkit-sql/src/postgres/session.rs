@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lockkit_core::backend::Intent;
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, PgConnection};
@@ -81,13 +80,7 @@ impl PgSession {
         shared: bool,
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
-        let sql = &self.sql;
-        let statement = match (shared, wait.intent()) {
-            (false, Intent::Try) => &sql.advisory_try,
-            (false, Intent::Wait) => &sql.advisory_lock,
-            (true, Intent::Try) => &sql.advisory_try_shared,
-            (true, Intent::Wait) => &sql.advisory_lock_shared,
-        };
+        let statement = self.sql.advisory.form(shared, wait.intent());
         self.set_lock_timeout(conn, wait).await?;
         // A try answers NULL when busy; a wait, `lock_not_available`.
         match bound_scalar(statement, &[Int(key)])

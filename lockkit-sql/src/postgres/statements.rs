@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use crate::lease::Param::{Channel, Name, Owner, To, Token, Ttl, Waiting, Woken};
 use crate::lease::{LeaseSql, LeaseStatements};
+use lockkit_core::backend::Intent;
+
 use crate::names::advisory_key;
+use crate::session::LockingSql;
 
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
@@ -13,14 +16,10 @@ pub(super) struct PgSql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
     pub(super) ensure_row: Arc<str>,
-    pub(super) advisory_lock: Arc<str>,
-    pub(super) advisory_try: Arc<str>,
-    pub(super) advisory_lock_shared: Arc<str>,
-    pub(super) advisory_try_shared: Arc<str>,
-    pub(super) row_lock: Arc<str>,
-    pub(super) row_try: Arc<str>,
-    pub(super) row_lock_shared: Arc<str>,
-    pub(super) row_try_shared: Arc<str>,
+    /// `advisory` mode's lock, with its token.
+    pub(super) advisory: LockingSql,
+    /// `row` mode's lock, with its token.
+    pub(super) row: LockingSql,
     pub(super) row_free_slot: Arc<str>,
     pub(super) ensure_rows: Arc<str>,
     pub(super) row_release: Arc<str>,
@@ -129,14 +128,8 @@ impl PgSql {
             .into(),
             // The same sequence for both sides: readers' and writers' tokens
             // are one order.
-            advisory_lock: advisory_lock(&seq, ""),
-            advisory_try: advisory_try(&seq, ""),
-            advisory_lock_shared: advisory_lock(&seq, "_shared"),
-            advisory_try_shared: advisory_try(&seq, "_shared"),
-            row_lock: row_lock(table, &seq, Side::Writer, false),
-            row_try: row_lock(table, &seq, Side::Writer, true),
-            row_lock_shared: row_lock(table, &seq, Side::Reader, false),
-            row_try_shared: row_lock(table, &seq, Side::Reader, true),
+            advisory: LockingSql::of(|shared, intent| advisory_lock(&seq, shared, intent)),
+            row: LockingSql::of(|shared, intent| row_lock(table, &seq, shared, intent)),
             // A permit: the first slot row no one holds. MATERIALIZED: the
             // token is drawn for the locked row only.
             row_free_slot: format!(
@@ -233,13 +226,6 @@ fn in_group(token: &str) -> String {
     )
 }
 
-/// A side of `row` mode's reader-writer lock.
-#[derive(Clone, Copy)]
-enum Side {
-    Writer,
-    Reader,
-}
-
 /// `row` mode's locking statement: first the name's *gate*, a
 /// transaction-scoped advisory lock on the two 32-bit halves (`$2`, `$3`) of
 /// [`advisory_key`] (a key space apart from `advisory` mode's 64-bit keys),
@@ -248,26 +234,25 @@ enum Side {
 /// the gate queues: Postgres' lock manager puts a new shared request behind
 /// a waiting exclusive one, which row locks alone do not (a `FOR SHARE`
 /// joins the current share-lockers even past a waiting `FOR UPDATE`). With
-/// `no_wait`, the gate waits at most 1 ms (`lock_timeout`, for this
+/// [`Intent::Try`], the gate waits at most 1 ms (`lock_timeout`, for this
 /// transaction only) and the row not at all: both end in `lock_not_available`.
-fn row_lock(table: &str, seq: &str, side: Side, no_wait: bool) -> Arc<str> {
-    let (gate, rows) = match side {
-        Side::Writer => ("pg_advisory_xact_lock", "FOR UPDATE OF t"),
-        Side::Reader => ("pg_advisory_xact_lock_shared", "FOR SHARE OF t"),
+fn row_lock(table: &str, seq: &str, shared: bool, intent: Intent) -> String {
+    let (gate, rows) = match shared {
+        false => ("pg_advisory_xact_lock", "FOR UPDATE OF t"),
+        true => ("pg_advisory_xact_lock_shared", "FOR SHARE OF t"),
     };
-    let (limit, nowait) = match no_wait {
-        true => (
+    let (limit, nowait) = match intent {
+        Intent::Try => (
             "(SELECT set_config('lock_timeout', '1', true)) IS NOT NULL",
             " NOWAIT",
         ),
-        false => ("true", ""),
+        Intent::Wait => ("true", ""),
     };
     format!(
         "WITH g AS MATERIALIZED (SELECT {gate}($2::int4, $3::int4) WHERE {limit}), \
               l AS MATERIALIZED (SELECT 1 FROM {table} AS t, g WHERE t.name = $1 {rows}{nowait}) \
          SELECT nextval('{seq}') FROM l"
     )
-    .into()
 }
 
 /// The two 32-bit halves of `name`'s gate key (see [`row_lock`]), bound as
@@ -277,23 +262,20 @@ pub(super) fn gate_halves(name: &str) -> (i32, i32) {
     ((gate >> 32) as i32, gate as i32)
 }
 
-/// `pg_advisory_lock<side>($1)` (`side` "" or "_shared") drawing a token
-/// from `seq`; MATERIALIZED: the token is drawn only once the lock is
-/// granted.
-fn advisory_lock(seq: &str, side: &str) -> Arc<str> {
-    format!(
-        "WITH l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1)) SELECT nextval('{seq}') FROM l"
-    )
-    .into()
-}
-
-/// `pg_try_advisory_lock<side>($1)`, a token from `seq` only if granted.
-fn advisory_try(seq: &str, side: &str) -> Arc<str> {
-    format!(
-        "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok) \
-         SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
-    )
-    .into()
+/// `pg_advisory_lock($1)`, or `pg_try_advisory_lock` for [`Intent::Try`]
+/// (`_shared` for a shared holding), drawing a token from `seq` only once
+/// granted (MATERIALIZED); a try that is refused answers `NULL`.
+fn advisory_lock(seq: &str, shared: bool, intent: Intent) -> String {
+    let side = if shared { "_shared" } else { "" };
+    match intent {
+        Intent::Wait => format!(
+            "WITH l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1)) SELECT nextval('{seq}') FROM l"
+        ),
+        Intent::Try => format!(
+            "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok) \
+             SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
+        ),
+    }
 }
 
 #[cfg(test)]

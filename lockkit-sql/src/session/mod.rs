@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    DEADLINE_GRACE, Intent, OwnerToken, QueueBackend, Waiter, stored_owner, validate_name,
+    DEADLINE_GRACE, Intent, OwnerToken, QueueBackend, Request, Waiter, stored_owner,
 };
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
@@ -112,6 +112,35 @@ pub(crate) async fn lock_any_slot<D: SlotLocks>(
         taken.store(slot, Ordering::SeqCst);
     }
     Ok(token)
+}
+
+/// A locking statement in its four forms: exclusive or shared, waiting
+/// or one try.
+#[derive(Debug)]
+pub(crate) struct LockingSql {
+    exclusive: [Arc<str>; 2],
+    shared: [Arc<str>; 2],
+}
+
+impl LockingSql {
+    /// The four forms, each written by `text(shared, intent)`.
+    pub(crate) fn of(text: impl Fn(bool, Intent) -> String) -> Self {
+        let forms = |shared| [Intent::Wait, Intent::Try].map(|intent| text(shared, intent).into());
+        LockingSql {
+            exclusive: forms(false),
+            shared: forms(true),
+        }
+    }
+
+    /// The form for a `shared` holding (or not), with `intent`.
+    pub(crate) fn form(&self, shared: bool, intent: Intent) -> &Arc<str> {
+        let forms = if shared {
+            &self.shared
+        } else {
+            &self.exclusive
+        };
+        &forms[usize::from(intent == Intent::Try)]
+    }
 }
 
 /// What the answer of a lock statement says.
@@ -316,20 +345,12 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         self.conns.db.capabilities()
     }
 
-    fn check_name(&self, name: &str) -> Result<()> {
-        validate_name(name)
-    }
-
     /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
     /// UPDATE`, `GET_LOCK`); each statement's server-side wait is bounded by
     /// the caller's deadline.
-    async fn lock(
-        &self,
-        name: &str,
-        opts: &LockOptions,
-        waiter: &mut Waiter<'_>,
-        intent: Intent,
-    ) -> Result<Option<LockGuard>> {
+    async fn lock(&self, request: Request<'_, '_>) -> Result<Option<LockGuard>> {
+        let (name, opts, intent) = (request.name, request.opts, request.intent);
+        let waiter = request.waiter;
         let db = &self.conns.db;
         let key = db.key(name, opts.kind())?;
         // Opening a connection is bounded by the connect timeout, not by the

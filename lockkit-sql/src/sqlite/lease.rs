@@ -9,7 +9,7 @@ use lockkit_core::{Capabilities, FencingToken};
 use sqlx::Sqlite;
 
 use super::statements::SqliteSql;
-use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
+use crate::lease::{Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::POLLED_LEASE_CAPABILITIES;
 use crate::statement::{Answer, bound_scalar, remaining_ms};
 
@@ -50,15 +50,5 @@ impl LeaseDialect for SqliteLease {
                 retry_after: left.map(remaining_ms),
             })
         })
-    }
-
-    fn hand_over<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        args: Args<'c>,
-    ) -> Answer<'c, Option<i64>> {
-        let sql = &self.sql.lease.hand_over;
-        let values = self.sql.lease.values::<Self>(sql, args);
-        Box::pin(bound_scalar(&sql.text, &values).fetch_optional(conn))
     }
 }

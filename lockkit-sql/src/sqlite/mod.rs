@@ -17,7 +17,7 @@ use sqlx::ConnectOptions as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use crate::lease::LeaseRows;
-use crate::lock::Opened;
+use crate::open::Opened;
 use crate::pool::KeptPool;
 use crate::settings::{Settings, SqlConfig};
 use lease::SqliteLease;
