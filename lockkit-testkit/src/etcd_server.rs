@@ -23,7 +23,7 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
     retry_on_taken_port,
 };
-use crate::server::{FaultControl, TestServer};
+use crate::server::{FaultControl, one_process_server};
 
 /// Environment variable that overrides the `etcd` binary.
 const BINARY_ENV: &str = "LOCKKIT_ETCD";
@@ -251,17 +251,6 @@ async fn healthy(addr: SocketAddr) -> bool {
     matches!(answer.await, Ok(body) if body.contains("\"health\":\"true\""))
 }
 
-#[async_trait::async_trait]
-impl FaultControl for EtcdServer {
-    fn process(&self) -> &ProcessSlot {
-        &self.process
-    }
-
-    async fn try_restart(&self) -> Result<(), ServerError> {
-        self.launch().await
-    }
-}
-
 /// Server-side TLS of an [`EtcdServer`]: its certificate and key (PEM
 /// files), and the authority whose client certificates it requires
 /// (`--client-cert-auth`), if any. [`TestCerts`](crate::TestCerts) makes a
@@ -298,34 +287,6 @@ impl EtcdServer {
             server.launch().await.map(|()| server)
         })
         .await
-    }
-}
-
-#[async_trait::async_trait]
-impl TestServer for EtcdServer {
-    /// Starts the server and waits until it is healthy; retries on new
-    /// ports when another process takes the chosen ones first.
-    async fn try_start() -> Result<EtcdServer, ServerError> {
-        EtcdServer::start_single(None).await
-    }
-
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port)
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        // Before the temporary directory is removed.
-        self.kill();
     }
 }
 
@@ -428,3 +389,10 @@ impl crate::disposable::ServerGroup for EtcdCluster {
             .collect()
     }
 }
+
+one_process_server!(
+    EtcdServer,
+    start: EtcdServer::start_single(None),
+    url: |server| format!("etcd://127.0.0.1:{}", server.port),
+    kill_on_drop,
+);

@@ -18,7 +18,7 @@ use crate::process::{
     ensure_template, file_name_part, find_binary, free_port, retry_on_taken_port, run_helper,
     running_as_root, temp_dir, within,
 };
-use crate::server::{FaultControl, TestServer};
+use crate::server::{FaultControl, TestServer, one_process_server};
 
 /// Environment variable naming the directory of MariaDB's binaries.
 const BIN_DIR_ENV: &str = "LOCKKIT_MARIADB_BIN_DIR";
@@ -420,43 +420,6 @@ impl MariaDbServer {
     }
 }
 
-#[async_trait::async_trait]
-impl FaultControl for MariaDbServer {
-    fn process(&self) -> &ProcessSlot {
-        &self.process
-    }
-
-    async fn try_restart(&self) -> Result<(), ServerError> {
-        self.launch().await
-    }
-}
-
-#[async_trait::async_trait]
-impl TestServer for MariaDbServer {
-    async fn try_start() -> Result<MariaDbServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/{DATABASE}", self.port)
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for MariaDbServer {
-    fn drop(&mut self) {
-        // Before the temporary directory is removed.
-        self.kill();
-    }
-}
-
 /// One readiness probe: the PID file names our `pid`, and a query over TCP
 /// as `root` answers with the path of our PID file (so a stranger that took
 /// the port is never mistaken for our server, and the login works).
@@ -480,3 +443,10 @@ async fn probe(binaries: &Binaries, port: u16, pid_file: &Path, pid: u32) -> boo
         _ => false,
     }
 }
+
+one_process_server!(
+    MariaDbServer,
+    start: Self::builder().try_start(),
+    url: |server| format!("mysql://root@127.0.0.1:{}/{DATABASE}", server.port),
+    kill_on_drop,
+);

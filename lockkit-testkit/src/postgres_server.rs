@@ -18,7 +18,7 @@ use crate::process::{
     default_templates_root, ensure_template, file_name_part, find_binary, free_port,
     retry_on_taken_port, run_helper, running_as_root, temp_dir, user_ids, within,
 };
-use crate::server::{FaultControl, TestServer};
+use crate::server::{FaultControl, TestServer, one_process_server};
 
 /// Environment variable naming the directory of PostgreSQL's binaries.
 const BIN_DIR_ENV: &str = "LOCKKIT_POSTGRES_BIN_DIR";
@@ -499,36 +499,6 @@ impl PostgresServer {
     }
 }
 
-#[async_trait::async_trait]
-impl FaultControl for PostgresServer {
-    fn process(&self) -> &ProcessSlot {
-        &self.process
-    }
-
-    async fn try_restart(&self) -> Result<(), ServerError> {
-        self.launch().await
-    }
-}
-
-#[async_trait::async_trait]
-impl TestServer for PostgresServer {
-    async fn try_start() -> Result<PostgresServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://{SERVER_USER}@127.0.0.1:{}/postgres", self.port)
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
 impl Drop for PostgresServer {
     fn drop(&mut self) {
         // Before the temporary directory is removed.
@@ -577,3 +547,9 @@ async fn probe(pg_isready: &Path, data_dir: &Path, port: u16, pid: u32) -> bool 
         .await
         .is_ok_and(|status| status.success())
 }
+
+one_process_server!(
+    PostgresServer,
+    start: Self::builder().try_start(),
+    url: |server| format!("postgres://{SERVER_USER}@127.0.0.1:{}/postgres", server.port),
+);

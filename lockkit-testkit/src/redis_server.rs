@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
 };
 use crate::redis_resp;
-use crate::server::{FaultControl, TestServer};
+use crate::server::{FaultControl, TestServer, one_process_server};
 
 /// Environment variable that overrides the `redis-server` binary.
 const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
@@ -276,50 +276,6 @@ impl RedisServer {
     }
 }
 
-#[async_trait::async_trait]
-impl FaultControl for RedisServer {
-    fn process(&self) -> &ProcessSlot {
-        &self.process
-    }
-
-    async fn try_restart(&self) -> Result<(), ServerError> {
-        self.launch().await
-    }
-}
-
-#[async_trait::async_trait]
-impl TestServer for RedisServer {
-    async fn try_start() -> Result<RedisServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    fn url(&self) -> String {
-        match &self.options.password {
-            Some(password) => format!(
-                "redis://:{}@127.0.0.1:{}",
-                percent_encode(password),
-                self.port
-            ),
-            None => format!("redis://127.0.0.1:{}", self.port),
-        }
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        // Before the temporary directory is removed.
-        self.kill();
-    }
-}
-
 /// Percent-encodes everything but RFC 3986 unreserved characters.
 fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -332,3 +288,17 @@ fn percent_encode(text: &str) -> String {
     }
     out
 }
+
+one_process_server!(
+    RedisServer,
+    start: Self::builder().try_start(),
+    url: |server| match &server.options.password {
+        Some(password) => format!(
+            "redis://:{}@127.0.0.1:{}",
+            percent_encode(password),
+            server.port
+        ),
+        None => format!("redis://127.0.0.1:{}", server.port),
+    },
+    kill_on_drop,
+);

@@ -94,3 +94,54 @@ pub trait TestServer: FaultControl + Sized + 'static {
     /// server is dropped.
     fn dir(&self) -> &Path;
 }
+
+/// The [`FaultControl`] and [`TestServer`] impls of a server of one process
+/// (fields `process`, `port` and `dir`, and an inherent `async fn
+/// launch`), started by `start` and reached at `url`; with `kill_on_drop`,
+/// its `Drop` too, which kills the process before its directory goes.
+macro_rules! one_process_server {
+    ($server:ident, start: $start:expr, url: |$this:ident| $url:expr $(, $kill:ident)? $(,)?) => {
+        #[async_trait::async_trait]
+        impl $crate::server::FaultControl for $server {
+            fn process(&self) -> &$crate::process::ProcessSlot {
+                &self.process
+            }
+
+            async fn try_restart(&self) -> Result<(), $crate::process::ServerError> {
+                self.launch().await
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::server::TestServer for $server {
+            async fn try_start() -> Result<$server, $crate::process::ServerError> {
+                $start.await
+            }
+
+            fn port(&self) -> u16 {
+                self.port
+            }
+
+            fn url(&self) -> String {
+                let $this = self;
+                $url
+            }
+
+            fn dir(&self) -> &::std::path::Path {
+                self.dir.path()
+            }
+        }
+
+        $(one_process_server!(@$kill $server);)?
+    };
+    (@kill_on_drop $server:ident) => {
+        impl Drop for $server {
+            fn drop(&mut self) {
+                // Before the temporary directory is removed.
+                $crate::server::FaultControl::kill(self);
+            }
+        }
+    };
+}
+
+pub(crate) use one_process_server;

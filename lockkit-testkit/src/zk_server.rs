@@ -23,7 +23,7 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
     retry_on_taken_port, within,
 };
-use crate::server::{FaultControl, TestServer};
+use crate::server::{FaultControl, TestServer, one_process_server};
 
 /// Environment variable that overrides the `java` binary.
 const JAVA_ENV: &str = "LOCKKIT_JAVA";
@@ -369,45 +369,6 @@ impl ZkServer {
     }
 }
 
-#[async_trait::async_trait]
-impl FaultControl for ZkServer {
-    fn process(&self) -> &ProcessSlot {
-        &self.process
-    }
-
-    async fn try_restart(&self) -> Result<(), ServerError> {
-        self.launch().await
-    }
-}
-
-#[async_trait::async_trait]
-impl TestServer for ZkServer {
-    async fn try_start() -> Result<ZkServer, ServerError> {
-        Self::builder().try_start().await
-    }
-
-    fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `zk://127.0.0.1:PORT/lockkit`; see [`url_at`](ZkServer::url_at) for
-    /// another root.
-    fn url(&self) -> String {
-        self.url_at("lockkit")
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for ZkServer {
-    fn drop(&mut self) {
-        // Before the temporary directory is removed.
-        self.kill();
-    }
-}
-
 /// An ensemble of ZooKeeper servers on loopback forming a quorum, for tests.
 ///
 /// Member `i` (0-based in [`servers`](Self::servers)) has `myid` `i + 1`;
@@ -622,3 +583,10 @@ async fn four_letter(addr: SocketAddr, cmd: &str, timeout: Duration) -> io::Resu
     })
     .await
 }
+
+one_process_server!(
+    ZkServer,
+    start: Self::builder().try_start(),
+    url: |server| server.url_at("lockkit"),
+    kill_on_drop,
+);
