@@ -16,7 +16,7 @@ const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
 
 mod common;
 
-use common::{connect, cycle, opts, take};
+use common::{connect, cycle, opts, take, try_cycle};
 
 fn key(name: &str) -> String {
     format!("{DEFAULT_PREFIX}{name}")
@@ -197,14 +197,7 @@ async fn cluster_node_failure_is_unavailable_then_recovers() {
     let locks = connect(&format!("{}?{CLIENT_PARAMS}", cluster.url())).await;
     // A name on the last node (slots 10923..=16383).
     let name = name_in_slots(&cluster, "on-last", |slot| slot > 2 * 16384 / 3 + 1).await;
-    locks
-        .try_acquire(&name, &opts())
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    try_cycle(&locks, &name).await;
     cluster.nodes()[2].kill();
     let started = Instant::now();
     let err = locks.try_acquire(&name, &opts()).await.unwrap_err();
@@ -533,13 +526,7 @@ async fn wait_for_replicas_on_a_lone_server() {
         .connect()
         .await
         .unwrap();
-    off.try_acquire("alone", &opts())
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    try_cycle(&off, "alone").await;
     // The script cache is flushed: WAIT's pipeline loads the script again.
     server.command(&["SCRIPT", "FLUSH"]).await.unwrap();
     let err = waiting.try_acquire("alone", &opts()).await.unwrap_err();

@@ -1,11 +1,10 @@
 //! Tests of the `EtcdServer` harness against the real `etcd` and `etcdctl`.
 
-#[allow(dead_code, reason = "helpers that other servers' tests use")]
 mod common;
 
 use std::time::Duration;
 
-use common::{assert_dropped, process_exists};
+use common::assert_drop_frees;
 use lockkit_testkit::{EtcdServer, FaultControl, TestServer};
 
 #[tokio::test]
@@ -27,11 +26,7 @@ async fn start_serves_etcdctl_and_keeps_data_across_a_restart() {
     server.restart().await;
     assert_ne!(server.pid(), Some(pid));
     assert_eq!(
-        server
-            .etcdctl(&["get", "k", "--print-value-only"])
-            .await
-            .unwrap()
-            .trim(),
+        value_of(&server, "k").await,
         "v",
         "the data directory survives"
     );
@@ -53,13 +48,7 @@ async fn pause_makes_requests_hang_and_resume_recovers() {
 
 #[tokio::test]
 async fn drop_kills_the_process_and_frees_the_port() {
-    let server = EtcdServer::start().await;
-    let pid = server.pid().unwrap();
-    let addr = server.addr();
-    let dir = server.dir().to_path_buf();
-    assert!(process_exists(pid));
-    drop(server);
-    assert_dropped(pid, addr, &dir).await;
+    assert_drop_frees::<EtcdServer>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,11 +71,7 @@ async fn a_cluster_survives_a_killed_member_which_rejoins() {
     assert!(written, "the two survivors did not take a write");
     first.restart().await;
     assert_eq!(
-        first
-            .etcdctl(&["get", "k", "--print-value-only"])
-            .await
-            .unwrap()
-            .trim(),
+        value_of(first, "k").await,
         "v2",
         "the restarted member caught up"
     );
@@ -107,4 +92,10 @@ async fn the_cluster_names_its_leader_and_a_new_one_after_a_kill() {
     })
     .await;
     assert!(elected, "the survivors elected no leader of their own");
+}
+
+/// The value of `key` on `server`, read with `etcdctl`.
+async fn value_of(server: &EtcdServer, key: &str) -> String {
+    let value = server.etcdctl(&["get", key, "--print-value-only"]).await;
+    value.unwrap().trim().to_owned()
 }

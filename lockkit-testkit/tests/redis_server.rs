@@ -5,9 +5,9 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{assert_dropped, assert_not_installed, assert_times_out, process_exists};
+use common::{assert_drop_frees, assert_exited_over, assert_times_out, process_exists};
+use lockkit_testkit::RedisServer;
 use lockkit_testkit::{FaultControl, TestServer};
-use lockkit_testkit::{RedisServer, ServerError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -162,22 +162,7 @@ async fn five_servers_run_at_once() {
 
 #[tokio::test]
 async fn drop_kills_the_process_and_frees_the_port() {
-    let server = RedisServer::start().await;
-    let pid = server.pid().unwrap();
-    let addr = server.addr();
-    let dir = server.dir().to_path_buf();
-    assert!(process_exists(pid));
-    drop(server);
-    assert_dropped(pid, addr, &dir).await;
-}
-
-#[tokio::test]
-async fn missing_binary_error_says_how_to_install() {
-    let result = RedisServer::builder()
-        .binary("/nonexistent/redis-server")
-        .try_start()
-        .await;
-    assert_not_installed(result, "/nonexistent/redis-server");
+    assert_drop_frees::<RedisServer>().await;
 }
 
 #[tokio::test]
@@ -197,7 +182,5 @@ async fn bad_argument_reports_exit_with_log_tail() {
         .try_start()
         .await
         .unwrap_err();
-    assert!(matches!(error, ServerError::Exited { .. }), "{error:?}");
-    let tail = error.log_tail().unwrap();
-    assert!(tail.contains("no-such-option"), "{tail}");
+    assert_exited_over(error, "no-such-option");
 }

@@ -8,9 +8,11 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::{assert_dropped, assert_not_installed, assert_times_out, process_exists};
+use common::{
+    Footprint, assert_exited_over, assert_not_installed, assert_times_out, process_exists,
+};
 use lockkit_testkit::{FaultControl, TestServer};
-use lockkit_testkit::{ServerError, ZkEnsemble, ZkServer};
+use lockkit_testkit::{ZkEnsemble, ZkServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -314,22 +316,12 @@ async fn two_servers_run_at_once() {
 #[tokio::test]
 async fn drop_kills_the_jvm_and_removes_the_directory() {
     let server = ZkServer::start().await;
-    let server_addr = server.addr();
-    let pid = server.pid().unwrap();
-    let dir = server.dir().to_path_buf();
+    let footprint = Footprint::of(&server);
     drop(server);
     // Drop kills and reaps the JVM before it returns.
+    let pid = footprint.pid;
     assert!(!process_exists(pid), "JVM {pid} still exists after drop");
-    assert_dropped(pid, server_addr, &dir).await;
-}
-
-#[tokio::test]
-async fn missing_jar_error_says_how_to_install() {
-    let result = ZkServer::builder()
-        .jar("/nonexistent/zookeeper.jar")
-        .try_start()
-        .await;
-    assert_not_installed(result, "/nonexistent/zookeeper.jar");
+    footprint.assert_gone().await;
 }
 
 #[tokio::test]
@@ -357,9 +349,7 @@ async fn bad_config_reports_exit_with_log_tail() {
         .try_start()
         .await
         .unwrap_err();
-    assert!(matches!(error, ServerError::Exited { .. }), "{error:?}");
-    let tail = error.log_tail().unwrap();
-    assert!(tail.contains("not-a-number"), "{tail}");
+    assert_exited_over(error, "not-a-number");
 }
 
 #[tokio::test]

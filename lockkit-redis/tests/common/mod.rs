@@ -33,3 +33,8 @@ pub(crate) async fn cycle(locks: &RedisLock, name: &str) {
     let guard = locks.acquire(name, &opts()).await.unwrap();
     guard.release().await.unwrap();
 }
+
+/// One try and release of the free `name` that must both succeed.
+pub(crate) async fn try_cycle(locks: &RedisLock, name: &str) {
+    take(locks, name, &opts()).await.release().await.unwrap();
+}

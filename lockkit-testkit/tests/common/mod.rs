@@ -1,12 +1,13 @@
 //! Assertions shared by the tests of the server harnesses.
+#![allow(dead_code, reason = "each test file uses some of these")]
 
 use std::fmt::Debug;
 use std::io;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lockkit_testkit::ServerError;
+use lockkit_testkit::{ServerError, TestServer};
 use tokio::net::TcpStream;
 
 /// Whether a process `pid` exists (a zombie counts).
@@ -52,20 +53,57 @@ pub(crate) async fn assert_times_out<T: Debug>(request: impl Future<Output = io:
     assert!(waited < Duration::from_secs(4), "{waited:?}");
 }
 
-/// Asserts that a dropped server's process `pid` is gone, that nothing
-/// listens on `addr` any more and that its directory `dir` was removed.
-pub(crate) async fn assert_dropped(pid: u32, addr: SocketAddr, dir: &Path) {
-    assert!(
-        eventually(Duration::from_secs(2), || !process_exists(pid)).await,
-        "server {pid} still exists after drop"
-    );
-    let signal = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None);
-    assert!(signal.is_err(), "pid {pid} still accepts signals");
-    let connect = TcpStream::connect(addr).await;
-    assert!(
-        connect.is_err(),
-        "port {} still accepts connections",
-        addr.port()
-    );
-    assert!(!dir.exists(), "temporary directory {dir:?} was not removed");
+/// What a running server occupies: its process, its address and its
+/// directory.
+pub(crate) struct Footprint {
+    pub(crate) pid: u32,
+    pub(crate) addr: SocketAddr,
+    pub(crate) dir: PathBuf,
+}
+
+impl Footprint {
+    pub(crate) fn of(server: &impl TestServer) -> Footprint {
+        Footprint {
+            pid: server.pid().expect("a running server has a pid"),
+            addr: server.addr(),
+            dir: server.dir().to_path_buf(),
+        }
+    }
+
+    /// Asserts, once the server is dropped, that its process is gone, that
+    /// nothing listens on its address any more and that its directory was
+    /// removed.
+    pub(crate) async fn assert_gone(&self) {
+        let (pid, addr, dir) = (self.pid, self.addr, &self.dir);
+        assert!(
+            eventually(Duration::from_secs(2), || !process_exists(pid)).await,
+            "server {pid} still exists after drop"
+        );
+        let signal = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None);
+        assert!(signal.is_err(), "pid {pid} still accepts signals");
+        let connect = TcpStream::connect(addr).await;
+        assert!(
+            connect.is_err(),
+            "port {} still accepts connections",
+            addr.port()
+        );
+        assert!(!dir.exists(), "temporary directory {dir:?} was not removed");
+    }
+}
+
+/// Starts a server of type `S` and drops it: nothing of it is left.
+pub(crate) async fn assert_drop_frees<S: TestServer>() {
+    let server = S::start().await;
+    let footprint = Footprint::of(&server);
+    assert!(process_exists(footprint.pid));
+    drop(server);
+    footprint.assert_gone().await;
+}
+
+/// Asserts that a server refused to start because its process exited, with
+/// `word` (the bad option) in the log tail the error carries.
+pub(crate) fn assert_exited_over(error: ServerError, word: &str) {
+    assert!(matches!(error, ServerError::Exited { .. }), "{error:?}");
+    let tail = error.log_tail().unwrap();
+    assert!(tail.contains(word), "{tail}");
 }
