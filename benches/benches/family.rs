@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_benches::{
-    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, bench_then_pair,
-    connect_patient, flavours, lockkit_cycle, save_summary, selected,
+    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, connect_patient,
+    lockkit_cycle, pair_every_backend, save_summary,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 
@@ -94,29 +94,14 @@ impl CycleFixture for Fixture {
 
 fn main() {
     let mode = RunMode::from_env();
-    let runtimes = flavours();
-    let backends = selected();
-    let servers = runtimes[1].1.block_on(Servers::start(&backends));
-    let mut rows = Vec::new();
-    let mut left_out = Vec::new();
-    for (flavour, runtime) in &runtimes {
-        for &backend in &backends {
-            let Some(fixture) = runtime.block_on(fixture(&servers, backend, flavour)) else {
-                if !left_out.contains(&backend) {
-                    left_out.push(backend);
-                }
-                continue;
-            };
-            let group = format!("family_{flavour}_{}", backend.label());
-            let Some(((), paired)) = bench_then_pair(runtime, &group, &fixture, mode, |_| ())
-            else {
-                return;
-            };
-            rows.push((*flavour, backend, fixture.claimed, paired));
-        }
-    }
+    let Some((rows, left_out)) = pair_every_backend(mode, "family", fixture) else {
+        return;
+    };
+    let rows: Vec<_> = rows
+        .into_iter()
+        .map(|(flavour, backend, fixture, paired)| (flavour, backend, fixture.claimed, paired))
+        .collect();
     save_summary(mode, "family", &summary(mode, &rows, &left_out));
-    drop(servers);
 }
 
 /// A client of `backend` made on the calling runtime, warmed up; `None` if

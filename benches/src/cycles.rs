@@ -302,6 +302,47 @@ impl Estimates {
     }
 }
 
+/// One row of [`pair_every_backend`]: the runtime flavour, the backend, its
+/// fixture and the paired, interleaved rounds of its cycles.
+pub type BackendRow<F> = (
+    &'static str,
+    crate::Deployment,
+    F,
+    Interleaved<<F as CycleFixture>::Kind>,
+);
+
+/// Every selected backend's `fixture` (made on each runtime flavour in
+/// turn), benchmarked by criterion and then paired and interleaved
+/// ([`bench_then_pair`]) in the group `<prefix>_<flavour>_<backend>`: the
+/// rows in order, and the backends left out (`fixture` gave `None`: the
+/// backend cannot run this benchmark). `None` in list mode.
+#[allow(clippy::type_complexity, reason = "the rows and the backends left out")]
+pub fn pair_every_backend<F: CycleFixture>(
+    mode: RunMode,
+    prefix: &str,
+    fixture: impl AsyncFn(&crate::Servers, crate::Deployment, &str) -> Option<F>,
+) -> Option<(Vec<BackendRow<F>>, Vec<crate::Deployment>)> {
+    let runtimes = crate::flavours();
+    let backends = crate::selected();
+    let servers = runtimes[1].1.block_on(crate::Servers::start(&backends));
+    let mut rows = Vec::new();
+    let mut left_out = Vec::new();
+    for (flavour, runtime) in &runtimes {
+        for &backend in &backends {
+            let Some(fixture) = runtime.block_on(fixture(&servers, backend, flavour)) else {
+                if !left_out.contains(&backend) {
+                    left_out.push(backend);
+                }
+                continue;
+            };
+            let group = format!("{prefix}_{flavour}_{}", backend.label());
+            let ((), paired) = bench_then_pair(runtime, &group, &fixture, mode, |_| ())?;
+            rows.push((*flavour, backend, fixture, paired));
+        }
+    }
+    Some((rows, left_out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

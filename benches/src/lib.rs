@@ -27,7 +27,8 @@ mod zk_raw;
 pub use catalog::{Deployment, RawFloor, Servers, benched, connect, connect_patient, selected};
 pub use contention::{Contender, Contention, contention};
 pub use cycles::{
-    CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles, bench_then_pair,
+    BackendRow, CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles,
+    bench_then_pair, pair_every_backend,
 };
 pub use etcd_raw::RawEtcd;
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};

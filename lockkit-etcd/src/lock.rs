@@ -230,17 +230,10 @@ impl EtcdBackend {
     /// ends the wait. A lost connection or a failed watch is not the end of
     /// the wait (the lease, kept alive alongside, says when it is): the
     /// round is made again, with backoff, until the deadline.
-    async fn wait_turn(
-        &self,
-        plan: Plan,
-        dir: &str,
-        key: &str,
-        mine: i64,
-        deadline: Option<Instant>,
-    ) -> Result<Turn> {
+    async fn wait_turn(&self, place: Place<'_>, deadline: Option<Instant>) -> Result<Turn> {
         let mut delays = RETRY.delays();
         loop {
-            match self.wait_round(plan, dir, key, mine, deadline).await {
+            match self.wait_round(place, deadline).await {
                 Ok(turn) => return Ok(turn),
                 Err(error @ LockError::Unavailable { .. }) => {
                     let wake = Instant::now() + delays.next().unwrap_or(RETRY.max());
@@ -256,14 +249,8 @@ impl EtcdBackend {
     }
 
     /// One round of [`wait_turn`](Self::wait_turn).
-    async fn wait_round(
-        &self,
-        plan: Plan,
-        dir: &str,
-        key: &str,
-        mine: i64,
-        deadline: Option<Instant>,
-    ) -> Result<Turn> {
+    async fn wait_round(&self, place: Place<'_>, deadline: Option<Instant>) -> Result<Turn> {
+        let (plan, dir, key, mine) = (place.plan, place.dir, place.key, place.mine);
         // In place before the read: every deletion the read does not show
         // is told.
         let mut deletes = self.etcd.watch_deletes(dir).await?;
@@ -336,6 +323,16 @@ impl EtcdBackend {
     }
 }
 
+/// Our place in a lock's line: how the lock is held, its directory, our
+/// key and the revision that created it.
+#[derive(Clone, Copy, Debug)]
+struct Place<'a> {
+    plan: Plan,
+    dir: &'a str,
+    key: &'a str,
+    mine: i64,
+}
+
 #[lockkit_core::async_trait]
 impl QueueBackend for EtcdBackend {
     fn backend_name(&self) -> &'static str {
@@ -391,7 +388,7 @@ impl QueueBackend for EtcdBackend {
             let renewed = Mutex::new(granted_at);
             let period = (ttl / 3).max(Duration::from_millis(100));
             let turn = tokio::select! {
-                turn = self.wait_turn(plan, &dir, &key, mine, deadline) => turn?,
+                turn = self.wait_turn(Place { plan, dir: &dir, key: &key, mine }, deadline) => turn?,
                 error = self.keep_waiting(name, lease, ttl, period, &renewed) => return Err(error),
             };
             match turn {

@@ -313,17 +313,23 @@ pub fn suite() -> Vec<Deployment> {
         .collect()
 }
 
+/// The faults of a single server and its clients: the first five apply to
+/// every server, the connection kill to those that can kill their
+/// clients' connections.
+const ONE_SERVER: [Scenario; 6] = [
+    Scenario::HolderPaused,
+    Scenario::HolderKilled,
+    Scenario::ServerKilled,
+    Scenario::ServerPaused,
+    Scenario::Partition,
+    Scenario::ConnectionKilled,
+];
+
 /// The scenarios that apply to `deployment`.
 pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
     use Scenario::*;
     match deployment {
-        Deployment::Redis | Deployment::Zk => &[
-            HolderPaused,
-            HolderKilled,
-            ServerKilled,
-            ServerPaused,
-            Partition,
-        ],
+        Deployment::Redis | Deployment::Zk => &ONE_SERVER[..5],
         Deployment::RedisAof => &[ServerKilled],
         Deployment::Redlock3 => &[HolderPaused, HolderKilled, Partition, MinorityThenMajority],
         Deployment::ZkEnsemble => &[HolderPaused, Partition, LeaderKilled],
@@ -333,14 +339,7 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         | Deployment::MariaDbLease
         | Deployment::MariaDbRow
         | Deployment::MariaDbNamed
-        | Deployment::Etcd => &[
-            HolderPaused,
-            HolderKilled,
-            ServerKilled,
-            ServerPaused,
-            Partition,
-            ConnectionKilled,
-        ],
+        | Deployment::Etcd => &ONE_SERVER,
         // The cluster and sentinel clients learn the servers' addresses
         // from the servers, so a per-worker proxy cannot sit in between:
         // no partition scenario for them.

@@ -1,6 +1,7 @@
 //! The Redlock backend.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -168,26 +169,46 @@ impl RedlockBackend {
         .await
     }
 
-    /// The status of the lock key when a quorum agree on one writer;
-    /// `None` when no writer holds (readers may).
-    async fn writer_status(&self, key: &RedisKey, quorum: usize) -> Result<Option<LockStatus>> {
+    /// `read` of `key` asked of every instance at once: the answers, once a
+    /// quorum gave theirs; `Unavailable` when fewer than `quorum` answered.
+    async fn read_all<T, Fut>(
+        &self,
+        key: &RedisKey,
+        quorum: usize,
+        read: impl Fn(RedisInstance, RedisKey) -> Fut,
+    ) -> Result<Votes<T>>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
         let owned = key.clone();
+        let request = move |_, instance| read(instance, owned.clone());
+        let timeout = self.instance_timeout(None);
+        let (instances, stragglers) = (&self.instances, &self.stragglers);
         let votes = ask(
-            &self.instances,
-            &self.stragglers,
+            instances,
+            stragglers,
             key.channel(),
             self.all(),
-            self.instance_timeout(None),
-            move |_, instance| {
-                let key = owned.clone();
-                async move { instance.writer_of(&key).await }
-            },
+            timeout,
+            request,
             |_| false,
         )
         .await;
         if votes.answers.len() < quorum {
             return Err(self.undecided(&votes, quorum));
         }
+        Ok(votes)
+    }
+
+    /// The status of the lock key when a quorum agree on one writer;
+    /// `None` when no writer holds (readers may).
+    async fn writer_status(&self, key: &RedisKey, quorum: usize) -> Result<Option<LockStatus>> {
+        let votes = self
+            .read_all(key, quorum, |instance, key| async move {
+                instance.writer_of(&key).await
+            })
+            .await?;
         let mut holders: HashMap<&str, Vec<Duration>> = HashMap::new();
         for holder in votes
             .answers
@@ -222,12 +243,16 @@ impl RedlockBackend {
     /// `Unavailable` for a read whose answers fit both a held and a free
     /// lock.
     fn unsure<T>(&self, votes: &Votes<T>, quorum: usize) -> LockError {
-        unsure_status(
-            votes.answers.len(),
-            self.instances.len(),
-            quorum,
-            &votes.failures,
-        )
+        self.short_of(votes, quorum, unsure_status)
+    }
+
+    /// `error` of the answers in `votes` against `quorum` of the instances.
+    fn short_of<T, E>(&self, votes: &Votes<T>, quorum: usize, error: E) -> LockError
+    where
+        E: Fn(usize, usize, usize, &[String]) -> LockError,
+    {
+        let answered = votes.answers.len();
+        error(answered, self.instances.len(), quorum, &votes.failures)
     }
 
     /// One read of the status (see `status`).
@@ -238,23 +263,11 @@ impl RedlockBackend {
         {
             return Ok(status);
         }
-        let key = keys.clone();
-        let votes = ask(
-            &self.instances,
-            &self.stragglers,
-            keys.channel(),
-            self.all(),
-            self.instance_timeout(None),
-            move |_, instance| {
-                let key = key.clone();
-                async move { instance.holdings_of(&key).await }
-            },
-            |_| false,
-        )
-        .await;
-        if votes.answers.len() < quorum {
-            return Err(self.undecided(&votes, quorum));
-        }
+        let votes = self
+            .read_all(keys, quorum, |instance, key| async move {
+                instance.holdings_of(&key).await
+            })
+            .await?;
         let mut counts: Vec<(usize, Duration)> = votes
             .answers
             .iter()
@@ -283,12 +296,7 @@ impl RedlockBackend {
     }
 
     fn undecided<T>(&self, votes: &Votes<T>, quorum: usize) -> LockError {
-        unreachable_quorum(
-            votes.answers.len(),
-            self.instances.len(),
-            quorum,
-            &votes.failures,
-        )
+        self.short_of(votes, quorum, unreachable_quorum)
     }
 }
 

@@ -25,30 +25,39 @@ pub(crate) struct Opened {
     pub(crate) lock: Box<dyn DistributedLock>,
 }
 
-/// The lock of `mode` on a database whose `lease` mode runs on `rows` and
-/// whose session modes (its own, and `row`) on `session`'s connections;
-/// the session modes record holder identities in `rows`.
+/// A client of a database with session modes (its own, and `row`): in
+/// `mode`, its lock runs `lease` mode on `lease` rows or a session mode on
+/// `session`'s connections (which record holder identities in `lease`
+/// rows), each on connections of `pool`; `migrator` creates its schema.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn session_or_lease<L, S>(
+pub(crate) fn with_sessions<L, S, M>(
     mode: Mode,
-    rows: LeaseRows<L>,
-    session: S,
-) -> Box<dyn DistributedLock>
+    settings: &Settings,
+    pool: sqlx::Pool<L::Db>,
+    (lease, session, migrator): (L, S, M),
+) -> Opened
 where
     L: LeaseDialect,
     S: RowLocking,
     RowSession<S>: SessionDb,
+    M: Migrator + 'static,
 {
+    use crate::pool::KeptPool;
     use crate::session::SessionLock;
     use lockkit_core::backend::{LeaseLock, QueuedLock};
     use std::sync::Arc;
-    match mode {
+    let rows = LeaseRows::new(lease, KeptPool::new(pool), settings.clone());
+    let lock: Box<dyn DistributedLock> = match mode {
         Mode::Lease => Box::new(LeaseLock::new(rows)),
         Mode::Row => Box::new(QueuedLock::new(SessionLock::new(
             RowSession(session),
             Arc::new(rows),
         ))),
         _ => Box::new(QueuedLock::new(SessionLock::new(session, Arc::new(rows)))),
+    };
+    Opened {
+        migrator: Box::new(migrator),
+        lock,
     }
 }
 

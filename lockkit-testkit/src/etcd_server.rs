@@ -8,7 +8,6 @@
 //! the server grants is one second (etcd's minimum lease TTL is 1.5
 //! election timeouts).
 
-use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -31,11 +30,7 @@ const BINARY_ENV: &str = "LOCKKIT_ETCD";
 const CTL_ENV: &str = "LOCKKIT_ETCDCTL";
 const INSTALL_HINT: &str =
     "run scripts/install-services.sh (or: apt-get install -y etcd-server etcd-client)";
-const READINESS: Readiness = Readiness {
-    deadline: Duration::from_secs(20),
-    probe_timeout: Duration::from_millis(500),
-    interval: Duration::from_millis(25),
-};
+const READINESS: Readiness = Readiness::ms(20000, 500, 25);
 const LOG_FILE: &str = "etcd.log";
 const OUTPUT_FILE: &str = "etcd.stdout.log";
 const DATA_DIR: &str = "data";
@@ -66,19 +61,6 @@ pub struct EtcdServer {
     binary: PathBuf,
     process: ProcessSlot,
     dir: TempDir,
-}
-
-impl fmt::Debug for EtcdServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdServer")
-            .field("port", &self.port)
-            .field("peer_port", &self.peer_port)
-            .field("name", &self.name)
-            .field("pid", &self.pid())
-            .field("dir", &self.dir.path())
-            .field("binary", &self.binary)
-            .finish()
-    }
 }
 
 impl EtcdServer {
@@ -394,5 +376,10 @@ one_process_server!(
     EtcdServer,
     start: EtcdServer::start_single(None),
     url: |server| format!("etcd://127.0.0.1:{}", server.port),
+    debug: |server| {
+        "peer_port" => &server.peer_port,
+        "name" => &server.name,
+        "binary" => &server.binary,
+    },
     kill_on_drop,
 );

@@ -2,7 +2,6 @@
 //! [`MariaDbServer`].
 
 use std::collections::HashMap;
-use std::fmt;
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -18,7 +17,7 @@ use crate::process::{
     ensure_template, file_name_part, find_binary, free_port, retry_on_taken_port, run_helper,
     running_as_root, temp_dir, within,
 };
-use crate::server::{FaultControl, TestServer, one_process_server};
+use crate::server::{TestServer, one_process_server};
 
 /// Environment variable naming the directory of MariaDB's binaries.
 const BIN_DIR_ENV: &str = "LOCKKIT_MARIADB_BIN_DIR";
@@ -26,11 +25,7 @@ const BIN_DIR_ENV: &str = "LOCKKIT_MARIADB_BIN_DIR";
 const FALLBACK_DIRS: &[&str] = &["/usr/sbin", "/usr/bin"];
 const INSTALL_HINT: &str =
     "run scripts/install-services.sh (or: apt-get install -y mariadb-server)";
-const READINESS: Readiness = Readiness {
-    deadline: Duration::from_secs(30),
-    probe_timeout: Duration::from_secs(2),
-    interval: Duration::from_millis(20),
-};
+const READINESS: Readiness = Readiness::ms(30000, 2000, 20);
 const SQL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The timeout of `mariadbd --version` and of `mariadb-install-db`.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -248,18 +243,6 @@ pub struct MariaDbServer {
     dir: TempDir,
 }
 
-impl fmt::Debug for MariaDbServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MariaDbServer")
-            .field("port", &self.port)
-            .field("pid", &self.pid())
-            .field("dir", &self.dir.path())
-            .field("mariadbd", &self.binaries.mariadbd)
-            .field("extra_args", &self.args)
-            .finish()
-    }
-}
-
 /// Configures a [`MariaDbServer`] before starting it.
 #[derive(Debug, Default)]
 pub struct MariaDbServerBuilder {
@@ -448,5 +431,9 @@ one_process_server!(
     MariaDbServer,
     start: Self::builder().try_start(),
     url: |server| format!("mysql://root@127.0.0.1:{}/{DATABASE}", server.port),
+    debug: |server| {
+        "mariadbd" => &server.binaries.mariadbd,
+        "extra_args" => &server.args,
+    },
     kill_on_drop,
 );

@@ -2,7 +2,6 @@
 //! [`PostgresServer`].
 
 use std::collections::HashMap;
-use std::fmt;
 use std::fs;
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -28,11 +27,7 @@ const INSTALL_HINT: &str = "run scripts/install-services.sh (or: apt-get install
 /// The user a root test process runs PostgreSQL as; also the superuser
 /// role `initdb` creates.
 const SERVER_USER: &str = "postgres";
-const READINESS: Readiness = Readiness {
-    deadline: Duration::from_secs(30),
-    probe_timeout: Duration::from_secs(2),
-    interval: Duration::from_millis(10),
-};
+const READINESS: Readiness = Readiness::ms(30000, 2000, 10);
 const PSQL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The timeout of `postgres --version` and of `initdb`.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -298,22 +293,6 @@ pub struct PostgresServer {
     dir: TempDir,
 }
 
-impl fmt::Debug for PostgresServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresServer")
-            .field("port", &self.port)
-            .field("pid", &self.pid())
-            .field("dir", &self.dir.path())
-            .field("bin_dir", &self.binaries.dir)
-            .field(
-                "user",
-                &self.run_as.map_or("(this process's user)", |_| SERVER_USER),
-            )
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
-
 /// Configures a [`PostgresServer`] before starting it.
 #[derive(Debug, Default)]
 pub struct PostgresServerBuilder {
@@ -552,4 +531,9 @@ one_process_server!(
     PostgresServer,
     start: Self::builder().try_start(),
     url: |server| format!("postgres://{SERVER_USER}@127.0.0.1:{}/postgres", server.port),
+    debug: |server| {
+        "bin_dir" => &server.binaries.dir,
+        "user" => &server.run_as.map_or("(this process's user)", |_| SERVER_USER),
+        "settings" => &server.settings,
+    },
 );

@@ -23,11 +23,7 @@ use crate::server::{FaultControl, TestServer};
 /// sentinels run `redis-server --sentinel`).
 const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
 const INSTALL_HINT: &str = "run scripts/install-services.sh (or: apt-get install -y redis-server)";
-const READINESS: Readiness = Readiness {
-    deadline: Duration::from_secs(10),
-    probe_timeout: Duration::from_millis(500),
-    interval: Duration::from_millis(10),
-};
+const READINESS: Readiness = Readiness::ms(10000, 500, 10);
 const LOG_FILE: &str = "sentinel.log";
 const OUTPUT_FILE: &str = "sentinel.stdout.log";
 const CONFIG_FILE: &str = "sentinel.conf";

@@ -12,16 +12,12 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
 };
 use crate::redis_resp;
-use crate::server::{FaultControl, TestServer, one_process_server};
+use crate::server::{TestServer, one_process_server};
 
 /// Environment variable that overrides the `redis-server` binary.
 const BINARY_ENV: &str = "LOCKKIT_REDIS_SERVER";
 const INSTALL_HINT: &str = "run scripts/install-services.sh (or: apt-get install -y redis-server)";
-const READINESS: Readiness = Readiness {
-    deadline: Duration::from_secs(10),
-    probe_timeout: Duration::from_millis(200),
-    interval: Duration::from_millis(10),
-};
+const READINESS: Readiness = Readiness::ms(10000, 200, 10);
 const LOG_FILE: &str = "redis.log";
 const OUTPUT_FILE: &str = "redis.stdout.log";
 
@@ -60,23 +56,6 @@ pub struct RedisServer {
     options: Options,
     process: ProcessSlot,
     dir: TempDir,
-}
-
-impl fmt::Debug for RedisServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisServer")
-            .field("port", &self.port)
-            .field("pid", &self.pid())
-            .field("dir", &self.dir.path())
-            .field("binary", &self.binary)
-            .field("appendonly", &self.options.appendonly)
-            .field(
-                "password",
-                &self.options.password.as_ref().map(|_| "<redacted>"),
-            )
-            .field("extra_args", &self.options.args.len())
-            .finish()
-    }
 }
 
 /// Configures a [`RedisServer`] before starting it.
@@ -299,6 +278,12 @@ one_process_server!(
             server.port
         ),
         None => format!("redis://127.0.0.1:{}", server.port),
+    },
+    debug: |server| {
+        "binary" => &server.binary,
+        "appendonly" => &server.options.appendonly,
+        "password" => &server.options.password.as_ref().map(|_| "<redacted>"),
+        "extra_args" => &server.options.args.len(),
     },
     kill_on_drop,
 );

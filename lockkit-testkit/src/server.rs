@@ -95,12 +95,31 @@ pub trait TestServer: FaultControl + Sized + 'static {
     fn dir(&self) -> &Path;
 }
 
-/// The [`FaultControl`] and [`TestServer`] impls of a server of one process
-/// (fields `process`, `port` and `dir`, and an inherent `async fn
-/// launch`), started by `start` and reached at `url`; with `kill_on_drop`,
-/// its `Drop` too, which kills the process before its directory goes.
+/// The [`FaultControl`], [`TestServer`] and `Debug` impls of a server of
+/// one process (fields `process`, `port` and `dir`, and an inherent `async
+/// fn launch`): started by `start`, reached at `url`, shown with its port,
+/// pid, directory and the `debug` fields; with `kill_on_drop`, its `Drop`
+/// too, which kills the process before its directory goes.
 macro_rules! one_process_server {
-    ($server:ident, start: $start:expr, url: |$this:ident| $url:expr $(, $kill:ident)? $(,)?) => {
+    (
+        $server:ident,
+        start: $start:expr,
+        url: |$this:ident| $url:expr,
+        debug: |$shown:ident| { $($field:literal => $value:expr),* $(,)? }
+        $(, $kill:ident)? $(,)?
+    ) => {
+        impl ::std::fmt::Debug for $server {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                let $shown = self;
+                f.debug_struct(stringify!($server))
+                    .field("port", &self.port)
+                    .field("pid", &$crate::server::FaultControl::pid(self))
+                    .field("dir", &self.dir.path())
+                    $(.field($field, $value))*
+                    .finish()
+            }
+        }
+
         #[async_trait::async_trait]
         impl $crate::server::FaultControl for $server {
             fn process(&self) -> &$crate::process::ProcessSlot {

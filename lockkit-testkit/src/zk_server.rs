@@ -6,7 +6,6 @@
 //! whose manifest `Class-Path` names the jars it depends on; slf4j-simple is
 //! added so that ZooKeeper logs (to stderr, captured in `zookeeper.log`).
 
-use std::fmt;
 use std::fs;
 use std::io;
 use std::net::SocketAddr;
@@ -23,7 +22,7 @@ use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
     retry_on_taken_port, within,
 };
-use crate::server::{FaultControl, TestServer, one_process_server};
+use crate::server::{TestServer, one_process_server};
 
 /// Environment variable that overrides the `java` binary.
 const JAVA_ENV: &str = "LOCKKIT_JAVA";
@@ -140,18 +139,6 @@ pub struct ZkServer {
     launcher: Launcher,
     process: ProcessSlot,
     dir: TempDir,
-}
-
-impl fmt::Debug for ZkServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkServer")
-            .field("port", &self.port)
-            .field("role", &self.role)
-            .field("pid", &self.pid())
-            .field("dir", &self.dir.path())
-            .field("java", &self.launcher.java)
-            .finish()
-    }
 }
 
 /// Configures a [`ZkServer`] or a [`ZkEnsemble`] before starting it.
@@ -588,5 +575,9 @@ one_process_server!(
     ZkServer,
     start: Self::builder().try_start(),
     url: |server| server.url_at("lockkit"),
+    debug: |server| {
+        "role" => &server.role,
+        "java" => &server.launcher.java,
+    },
     kill_on_drop,
 );

@@ -101,21 +101,28 @@ struct Args {
     client: Client,
 }
 
+impl Args {
+    /// The load these arguments ask for, of `kind`.
+    fn scenario(&self, kind: LoadKind) -> Scenario {
+        Scenario {
+            concurrency: self.concurrency.max(1),
+            requests: self.requests,
+            stock: self.stock,
+            keys: self.keys.max(1),
+            duration: self.duration,
+            ttl: self.ttl,
+            kind,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
     if args.worker {
         return worker(&args).await;
     }
-    let scenario = Scenario {
-        concurrency: args.concurrency.max(1),
-        requests: args.requests,
-        stock: args.stock,
-        keys: args.keys.max(1),
-        duration: args.duration,
-        ttl: args.ttl,
-        kind: LoadKind::Exclusive,
-    };
+    let scenario = args.scenario(LoadKind::Exclusive);
     let mut ok = true;
     let mut all = Vec::new();
     let mut report = |outcome: Outcome| {
@@ -345,15 +352,7 @@ async fn worker(args: &Args) -> ExitCode {
     let Some(url) = &args.url else {
         return ExitCode::from(2);
     };
-    let scenario = Scenario {
-        concurrency: args.concurrency.max(1),
-        requests: args.requests,
-        stock: args.stock,
-        keys: args.keys.max(1),
-        duration: args.duration,
-        ttl: args.ttl,
-        kind: args.kind.first().copied().unwrap_or_default(),
-    };
+    let scenario = args.scenario(args.kind.first().copied().unwrap_or_default());
     let setup = async {
         let locker = Locker::connect(args.client, url)
             .await?

@@ -18,9 +18,7 @@ use lockkit_core::Result;
 use sqlx::ConnectOptions as _;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
-use crate::lease::LeaseRows;
-use crate::open::{Opened, close, session_or_lease};
-use crate::pool::KeptPool;
+use crate::open::{Opened, close, with_sessions};
 use crate::settings::{Settings, SqlConfig};
 use lease::MyLease;
 use migration::MyMigrator;
@@ -60,22 +58,9 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     };
     tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
     let sql = Arc::new(MySql::new(&config.table, fence_source));
-    // Lease rows: the lock itself in `lease` mode, the holder identities
-    // (no one waits for them) in the session modes.
-    let rows = LeaseRows::new(
-        MyLease { sql: sql.clone() },
-        KeptPool::new(pool.clone()),
-        settings.clone(),
-    );
-    let session = MySqlSession {
-        options: options.clone(),
-        pool,
-        sql: sql.clone(),
-        settings: settings.clone(),
-    };
-    let lock = session_or_lease(config.mode, rows, session);
-    Ok(Opened {
-        migrator: Box::new(MyMigrator { options, sql }),
-        lock,
-    })
+    let lease = MyLease { sql: sql.clone() };
+    let session = MySqlSession::new(options.clone(), pool.clone(), sql.clone(), settings);
+    let migrator = MyMigrator { options, sql };
+    let parts = (lease, session, migrator);
+    Ok(with_sessions(config.mode, settings, pool, parts))
 }

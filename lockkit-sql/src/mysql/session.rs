@@ -59,6 +59,22 @@ impl MyKey {
 }
 
 impl MySqlSession {
+    pub(super) fn new(
+        options: MySqlConnectOptions,
+        pool: MySqlPool,
+        sql: Arc<MySql>,
+        settings: &Settings,
+    ) -> Self {
+        MySqlSession {
+            options,
+            pool,
+            sql,
+            settings: settings.clone(),
+        }
+    }
+}
+
+impl MySqlSession {
     /// Draws a token from the counter (`Counter` only).
     pub(super) async fn next_fence(&self, conn: &mut MySqlConnection) -> sqlx::Result<u64> {
         let done = sqlx::query(trusted(&self.sql.next_fence))

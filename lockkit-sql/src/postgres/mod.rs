@@ -19,9 +19,7 @@ use lockkit_core::Result;
 use sqlx::ConnectOptions as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::lease::LeaseRows;
-use crate::open::{Opened, close, session_or_lease};
-use crate::pool::KeptPool;
+use crate::open::{Opened, close, with_sessions};
 use crate::settings::{Settings, SqlConfig};
 use lease::PgLease;
 use migration::PgMigrator;
@@ -55,25 +53,12 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     )
     .await;
     let sql = Arc::new(PgSql::new(&config.table));
-    // Lease rows: the lock itself in `lease` mode, the holder identities
-    // (no one waits for them) in the session modes.
-    let rows = LeaseRows::new(
-        PgLease {
-            sql: sql.clone(),
-            notifications: PgNotifications::new(options.clone()),
-        },
-        KeptPool::new(pool.clone()),
-        settings.clone(),
-    );
-    let session = PgSession {
-        options: options.clone(),
-        pool,
+    let lease = PgLease {
         sql: sql.clone(),
-        settings: settings.clone(),
+        notifications: PgNotifications::new(options.clone()),
     };
-    let lock = session_or_lease(config.mode, rows, session);
-    Ok(Opened {
-        migrator: Box::new(PgMigrator { options, sql }),
-        lock,
-    })
+    let session = PgSession::new(options.clone(), pool.clone(), sql.clone(), settings);
+    let migrator = PgMigrator { options, sql };
+    let parts = (lease, session, migrator);
+    Ok(with_sessions(config.mode, settings, pool, parts))
 }

@@ -50,6 +50,22 @@ pub(super) enum PgKey {
 }
 
 impl PgSession {
+    pub(super) fn new(
+        options: PgConnectOptions,
+        pool: PgPool,
+        sql: Arc<PgSql>,
+        settings: &Settings,
+    ) -> Self {
+        PgSession {
+            options,
+            pool,
+            sql,
+            settings: settings.clone(),
+        }
+    }
+}
+
+impl PgSession {
     /// Sets the session's `lock_timeout` (0: wait forever) if it differs.
     pub(super) async fn set_lock_timeout(
         &self,

@@ -27,6 +27,18 @@ pub(crate) struct Readiness {
     pub(crate) interval: Duration,
 }
 
+impl Readiness {
+    /// Probes every `interval_ms`, each for at most `probe_ms`, until
+    /// `deadline_ms` has passed.
+    pub(crate) const fn ms(deadline_ms: u64, probe_ms: u64, interval_ms: u64) -> Readiness {
+        Readiness {
+            deadline: Duration::from_millis(deadline_ms),
+            probe_timeout: Duration::from_millis(probe_ms),
+            interval: Duration::from_millis(interval_ms),
+        }
+    }
+}
+
 /// Where a server that can be killed and started again keeps its current
 /// process (`None` while killed): pause, resume, kill and (re)launch with a
 /// readiness probe, shared by every kind of server.
