@@ -169,6 +169,30 @@ impl RedlockBackend {
         .await
     }
 
+    /// `request` sent to every instance at once about `keys`, each bounded
+    /// by the instance timeout (for a lease of `ttl`, where one is asked
+    /// for): the votes, once `decided` or all answered.
+    async fn ask_every<T: Send + 'static, Fut: Future<Output = Result<T>> + Send + 'static>(
+        &self,
+        keys: &RedisKey,
+        ttl: Option<Duration>,
+        request: impl FnMut(usize, RedisInstance) -> Fut,
+        decided: impl Fn(&Votes<T>) -> bool,
+    ) -> Votes<T> {
+        let timeout = self.instance_timeout(ttl);
+        let (instances, stragglers) = (&self.instances, &self.stragglers);
+        ask(
+            instances,
+            stragglers,
+            keys.channel(),
+            self.all(),
+            timeout,
+            request,
+            decided,
+        )
+        .await
+    }
+
     /// `read` of `key` asked of every instance at once: the answers, once a
     /// quorum gave theirs; `Unavailable` when fewer than `quorum` answered.
     async fn read_all<T, Fut>(
@@ -183,18 +207,7 @@ impl RedlockBackend {
     {
         let owned = key.clone();
         let request = move |_, instance| read(instance, owned.clone());
-        let timeout = self.instance_timeout(None);
-        let (instances, stragglers) = (&self.instances, &self.stragglers);
-        let votes = ask(
-            instances,
-            stragglers,
-            key.channel(),
-            self.all(),
-            timeout,
-            request,
-            |_| false,
-        )
-        .await;
+        let votes = self.ask_every(key, None, request, |_| false).await;
         if votes.answers.len() < quorum {
             return Err(self.undecided(&votes, quorum));
         }
@@ -361,20 +374,13 @@ impl LeaseBackend for RedlockBackend {
         let quorum = self.quorum_for(keys);
         let record_waiting = intent == Intent::Wait;
         let total = self.instances.len();
-        let mut votes = ask(
-            &self.instances,
-            &self.stragglers,
-            keys.channel(),
-            self.all(),
-            self.instance_timeout(Some(ttl)),
-            request(keys, owner, move |instance, keys, owner| async move {
-                instance
-                    .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
-                    .await
-            }),
-            |votes| votes.count(granted) >= quorum,
-        )
-        .await;
+        let hold = request(keys, owner, move |instance, keys, owner| async move {
+            instance
+                .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
+                .await
+        });
+        let decided = |votes: &Votes<_>| votes.count(granted) >= quorum;
+        let mut votes = self.ask_every(keys, Some(ttl), hold, decided).await;
         let silent = votes.silent(total);
         let late: InFlight = std::mem::take(&mut votes.late);
         let yes = votes.count(granted);
@@ -426,18 +432,13 @@ impl LeaseBackend for RedlockBackend {
     /// that it does not.
     async fn extend(&self, keys: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let quorum = self.quorum_for(keys);
-        let votes = ask(
-            &self.instances,
-            &self.stragglers,
-            keys.channel(),
-            self.all(),
-            self.instance_timeout(Some(ttl)),
-            request(keys, owner, move |instance, keys, owner| async move {
-                instance.extend_holding(&keys, owner.as_str(), ttl).await
-            }),
-            |votes| votes.count(|ours| *ours) >= quorum || votes.count(|ours| !*ours) >= quorum,
-        )
-        .await;
+        let extend = request(keys, owner, move |instance, keys, owner| async move {
+            instance.extend_holding(&keys, owner.as_str(), ttl).await
+        });
+        let decided = |votes: &Votes<bool>| {
+            votes.count(|ours| *ours) >= quorum || votes.count(|ours| !*ours) >= quorum
+        };
+        let votes = self.ask_every(keys, Some(ttl), extend, decided).await;
         if votes.count(|ours| *ours) >= quorum {
             Ok(true)
         } else if votes.count(|ours| !*ours) >= quorum {

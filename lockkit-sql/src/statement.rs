@@ -153,53 +153,46 @@ pub(crate) trait Changed {
     fn changed(&self) -> u64;
 }
 
-#[cfg(feature = "postgres")]
-impl Changed for sqlx::postgres::PgQueryResult {
-    fn changed(&self) -> u64 {
-        self.rows_affected()
-    }
+/// [`Changed`] for the query results of the databases compiled in.
+macro_rules! changed_rows {
+    ($($feature:literal => $result:ty),*) => {
+        $(
+            #[cfg(feature = $feature)]
+            impl Changed for $result {
+                fn changed(&self) -> u64 {
+                    self.rows_affected()
+                }
+            }
+        )*
+    };
 }
 
-#[cfg(feature = "mysql")]
-impl Changed for sqlx::mysql::MySqlQueryResult {
-    fn changed(&self) -> u64 {
-        self.rows_affected()
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl Changed for sqlx::sqlite::SqliteQueryResult {
-    fn changed(&self) -> u64 {
-        self.rows_affected()
-    }
-}
+changed_rows!(
+    "postgres" => sqlx::postgres::PgQueryResult,
+    "mysql" => sqlx::mysql::MySqlQueryResult,
+    "sqlite" => sqlx::sqlite::SqliteQueryResult
+);
 
 /// A live row as a status statement answers it: fence, remaining
 /// milliseconds, owner.
 pub(crate) type LiveColumns = (i64, i64, Option<String>);
 
+/// A statement to run: its text and its values.
+pub(crate) type Stmt<'s, 'c> = (&'s Arc<str>, &'s [Value<'c>]);
+
 /// The databases on whose connections the engines run a dialect's
 /// statements without knowing the database.
 pub(crate) trait Runs: Binds {
-    /// Runs `sql` with `values`: the rows it changed.
-    fn changed<'c>(
-        conn: &'c mut Self::Connection,
-        sql: &Arc<str>,
-        values: &[Value<'c>],
-    ) -> Answer<'c, u64>;
+    /// Runs `stmt`: the rows it changed.
+    fn changed<'c>(conn: &'c mut Self::Connection, stmt: Stmt<'_, 'c>) -> Answer<'c, u64>;
 
-    /// Runs `sql` with `values`: the number in its one row, if any.
-    fn number<'c>(
-        conn: &'c mut Self::Connection,
-        sql: &Arc<str>,
-        values: &[Value<'c>],
-    ) -> Answer<'c, Option<i64>>;
+    /// Runs `stmt`: the number in its one row, if any.
+    fn number<'c>(conn: &'c mut Self::Connection, stmt: Stmt<'_, 'c>) -> Answer<'c, Option<i64>>;
 
-    /// Runs `sql` with `values`: its one row of [`LiveColumns`], if any.
+    /// Runs `stmt`: its one row of [`LiveColumns`], if any.
     fn live<'c>(
         conn: &'c mut Self::Connection,
-        sql: &Arc<str>,
-        values: &[Value<'c>],
+        stmt: Stmt<'_, 'c>,
     ) -> Answer<'c, Option<LiveColumns>>;
 }
 
@@ -210,27 +203,21 @@ where
     LiveColumns: for<'r> FromRow<'r, DB::Row>,
     (i64,): for<'r> FromRow<'r, DB::Row>,
 {
-    fn changed<'c>(
-        conn: &'c mut DB::Connection,
-        sql: &Arc<str>,
-        values: &[Value<'c>],
-    ) -> Answer<'c, u64> {
+    fn changed<'c>(conn: &'c mut DB::Connection, (sql, values): Stmt<'_, 'c>) -> Answer<'c, u64> {
         let query = bound::<DB>(sql, values);
         Box::pin(async move { query.execute(conn).await.map(|done| done.changed()) })
     }
 
     fn number<'c>(
         conn: &'c mut DB::Connection,
-        sql: &Arc<str>,
-        values: &[Value<'c>],
+        (sql, values): Stmt<'_, 'c>,
     ) -> Answer<'c, Option<i64>> {
         Box::pin(bound_scalar::<DB, i64>(sql, values).fetch_optional(conn))
     }
 
     fn live<'c>(
         conn: &'c mut DB::Connection,
-        sql: &Arc<str>,
-        values: &[Value<'c>],
+        (sql, values): Stmt<'_, 'c>,
     ) -> Answer<'c, Option<LiveColumns>> {
         Box::pin(bound_rows::<DB, LiveColumns>(sql, values).fetch_optional(conn))
     }

@@ -205,15 +205,14 @@ impl EtcdServer {
         let mut command = Command::new(&self.binary);
         command.args(self.etcd_args()).current_dir(self.dir.path());
         let addr = SocketAddr::from(([127, 0, 0, 1], self.metrics_port));
+        let (log, output) = (
+            self.dir.path().join(LOG_FILE),
+            self.dir.path().join(OUTPUT_FILE),
+        );
         self.process
-            .launch(
-                &self.what(),
-                &command,
-                &self.dir.path().join(LOG_FILE),
-                &self.dir.path().join(OUTPUT_FILE),
-                READINESS,
-                |_pid| healthy(addr),
-            )
+            .launch(&self.what(), &command, &log, &output, READINESS, |_pid| {
+                healthy(addr)
+            })
             .await
     }
 }

@@ -390,15 +390,11 @@ impl MariaDbServer {
         let port = self.port;
         let binaries = &self.binaries;
         let pid_file = &pid_file;
+        let (log, output) = (dir.join(LOG_FILE), dir.join(OUTPUT_FILE));
         self.process
-            .launch(
-                &self.what(),
-                &command,
-                &dir.join(LOG_FILE),
-                &dir.join(OUTPUT_FILE),
-                READINESS,
-                |pid| probe(binaries, port, pid_file, pid),
-            )
+            .launch(&self.what(), &command, &log, &output, READINESS, |pid| {
+                probe(binaries, port, pid_file, pid)
+            })
             .await
     }
 }

@@ -356,21 +356,12 @@ impl LogTail for RedisSentinel {
 /// port, with its own temporary directory and writable configuration file;
 /// part of [`RedisSentinels`]. A restart keeps the configuration the
 /// sentinel rewrote (its view of the deployment).
+#[derive(Debug)]
 pub struct RedisSentinel {
     port: u16,
     binary: PathBuf,
     process: ProcessSlot,
     dir: TempDir,
-}
-
-impl fmt::Debug for RedisSentinel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisSentinel")
-            .field("port", &self.port)
-            .field("pid", &self.pid())
-            .field("dir", &self.dir.path())
-            .finish()
-    }
 }
 
 impl RedisSentinel {

@@ -240,12 +240,16 @@ impl RedisServer {
         command.args(self.redis_args()).current_dir(self.dir.path());
         let addr = self.addr();
         let password = self.options.password.as_deref();
+        let (log, output) = (
+            self.dir.path().join(LOG_FILE),
+            self.dir.path().join(OUTPUT_FILE),
+        );
         self.process
             .launch(
                 &self.what(),
                 &command,
-                &self.dir.path().join(LOG_FILE),
-                &self.dir.path().join(OUTPUT_FILE),
+                &log,
+                &output,
                 READINESS,
                 // `INFO` must name our PID, so a stranger that took the port
                 // is never mistaken for our server.

@@ -108,7 +108,7 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     ) -> Answer<'c, Option<i64>> {
         let sql = &self.statements().hand_over;
         let values = self.statements().values::<Self>(sql, args);
-        Self::Db::number(conn, &sql.text, &values)
+        Self::Db::number(conn, (&sql.text, &values))
     }
 
     /// Release notifications of `name`; none by default (waiters back off,

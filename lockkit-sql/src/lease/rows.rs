@@ -34,7 +34,7 @@ impl<D: LeaseDialect> Rows<D> {
                 let statements = dialect.statements();
                 let args = Args::of(&name).owner(&owner);
                 let values = statements.values::<D>(&statements.release, args);
-                D::Db::changed(conn, &statements.release.text, &values)
+                D::Db::changed(conn, (&statements.release.text, &values))
                     .await
                     .map(drop)
             })
@@ -78,7 +78,7 @@ impl<D: LeaseDialect> Rows<D> {
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(D::Db::changed(&mut loan, &sql.text, &values))
+            .timed(D::Db::changed(&mut loan, (&sql.text, &values)))
             .await;
         loan.finish(&self.settings, what, answer)
     }
@@ -102,7 +102,7 @@ impl<D: LeaseDialect> Rows<D> {
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(D::Db::live(&mut loan, &statements.status.text, &values))
+            .timed(D::Db::live(&mut loan, (&statements.status.text, &values)))
             .await;
         let live = loan.finish(&self.settings, "read the lock's status", answer)?;
         Ok(live.map(LiveRow::from))
