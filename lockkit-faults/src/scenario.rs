@@ -8,6 +8,7 @@ use lockkit_testkit::ServerProcess;
 use lockkit_testkit::catalog::Deployment;
 
 use crate::deploy::Testbed;
+use crate::record::Micros;
 use crate::resource::Resource;
 
 /// A fault scenario.
@@ -146,6 +147,11 @@ impl Stage<'_> {
             .ok_or_else(|| format!("no critical section started within {timeout:?}"))
     }
 
+    /// Records a fault `label` injected from `start` until now.
+    fn fault(&self, label: impl Into<String>, start: Micros) {
+        self.resource.fault(label, start);
+    }
+
     fn worker(&mut self, client: u32) -> &mut ServerProcess {
         &mut self.workers[client as usize]
     }
@@ -184,17 +190,13 @@ impl Scenario {
                 stage.worker(holder).pause().map_err(|e| e.to_string())?;
                 tokio::time::sleep(scaled(lease, 2.5)).await;
                 stage.worker(holder).resume().map_err(|e| e.to_string())?;
-                stage
-                    .resource
-                    .fault(format!("worker {holder} paused"), start);
+                stage.fault(format!("worker {holder} paused"), start);
             }
             Scenario::HolderKilled => {
                 let holder = stage.holder().await?;
                 let start = stage.resource.now();
                 stage.worker(holder).kill();
-                stage
-                    .resource
-                    .fault(format!("worker {holder} killed"), start);
+                stage.fault(format!("worker {holder} killed"), start);
             }
             Scenario::ServerKilled => {
                 stage.holder().await?;
@@ -202,7 +204,7 @@ impl Scenario {
                 stage.each_server(|i| stage.deployment.kill(i));
                 tokio::time::sleep(lease).await;
                 stage.restart(0..stage.deployment.server_count()).await?;
-                stage.resource.fault("server killed, restarted", start);
+                stage.fault("server killed, restarted", start);
             }
             Scenario::ServerPaused => {
                 stage.holder().await?;
@@ -210,7 +212,7 @@ impl Scenario {
                 stage.each_server(|i| stage.deployment.pause(i));
                 tokio::time::sleep(scaled(lease, 2.5)).await;
                 stage.each_server(|i| stage.deployment.resume(i));
-                stage.resource.fault("server paused", start);
+                stage.fault("server paused", start);
             }
             Scenario::Partition => {
                 let holder = stage.holder().await?;
@@ -218,17 +220,13 @@ impl Scenario {
                 stage.deployment.partition(holder, true)?;
                 tokio::time::sleep(scaled(lease, 2.5)).await;
                 stage.deployment.partition(holder, false)?;
-                stage
-                    .resource
-                    .fault(format!("worker {holder} partitioned"), start);
+                stage.fault(format!("worker {holder} partitioned"), start);
             }
             Scenario::ConnectionKilled => {
                 stage.holder().await?;
                 let start = stage.resource.now();
                 let killed = stage.deployment.kill_connections().await?;
-                stage
-                    .resource
-                    .fault(format!("{killed} connections killed"), start);
+                stage.fault(format!("{killed} connections killed"), start);
             }
             Scenario::MinorityThenMajority => {
                 stage.holder().await?;
@@ -236,7 +234,7 @@ impl Scenario {
                 stage.deployment.kill(0);
                 tokio::time::sleep(scaled(lease, 2.0)).await;
                 stage.restart([0]).await?;
-                stage.resource.fault("1 of 3 killed", start);
+                stage.fault("1 of 3 killed", start);
                 tokio::time::sleep(lease).await;
                 stage.holder().await?;
                 let start = stage.resource.now();
@@ -244,7 +242,7 @@ impl Scenario {
                 stage.deployment.kill(1);
                 tokio::time::sleep(scaled(lease, 2.0)).await;
                 stage.restart([0, 1]).await?;
-                stage.resource.fault("2 of 3 killed", start);
+                stage.fault("2 of 3 killed", start);
             }
             Scenario::MembersPartitioned => {
                 for cut in [1, 2] {
@@ -253,7 +251,7 @@ impl Scenario {
                     stage.deployment.partition_from(holder, 0..cut, true)?;
                     tokio::time::sleep(scaled(lease, 2.0)).await;
                     stage.deployment.partition_from(holder, 0..cut, false)?;
-                    stage.resource.fault(
+                    stage.fault(
                         format!("worker {holder} cut from {cut} of 3 members"),
                         start,
                     );
@@ -271,9 +269,7 @@ impl Scenario {
                 stage.deployment.kill(leader);
                 tokio::time::sleep(scaled(lease, 2.0)).await;
                 stage.restart([leader]).await?;
-                stage
-                    .resource
-                    .fault(format!("leader (server {leader}) killed"), start);
+                stage.fault(format!("leader (server {leader}) killed"), start);
             }
             Scenario::Failover => {
                 // Cut replication while a section runs, so that the next
@@ -286,7 +282,7 @@ impl Scenario {
                     .next_section_granted_after(start, lease * 2)
                     .await;
                 stage.deployment.fail_over(cut, FAILOVER_TIMEOUT).await?;
-                stage.resource.fault(
+                stage.fault(
                     format!(
                         "replication cut, {}, master killed, replica promoted",
                         if granted.is_some() {
@@ -313,17 +309,10 @@ pub fn suite() -> Vec<Deployment> {
         .collect()
 }
 
-/// The faults of a single server and its clients: the first five apply to
-/// every server, the connection kill to those that can kill their
-/// clients' connections.
-const ONE_SERVER: [Scenario; 6] = [
-    Scenario::HolderPaused,
-    Scenario::HolderKilled,
-    Scenario::ServerKilled,
-    Scenario::ServerPaused,
-    Scenario::Partition,
-    Scenario::ConnectionKilled,
-];
+/// The faults of a single server and its clients, the first six of
+/// [`Scenario::ALL`]: the first five apply to every server, the connection
+/// kill to those that can kill their clients' connections.
+const ONE_SERVER: &[Scenario] = Scenario::ALL.split_at(6).0;
 
 /// The scenarios that apply to `deployment`.
 pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
@@ -339,7 +328,7 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         | Deployment::MariaDbLease
         | Deployment::MariaDbRow
         | Deployment::MariaDbNamed
-        | Deployment::Etcd => &ONE_SERVER,
+        | Deployment::Etcd => ONE_SERVER,
         // The cluster and sentinel clients learn the servers' addresses
         // from the servers, so a per-worker proxy cannot sit in between:
         // no partition scenario for them.

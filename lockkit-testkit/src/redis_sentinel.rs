@@ -107,28 +107,15 @@ impl RedisSentinels {
 
     /// Like [`start`](Self::start), but returns the error.
     pub async fn try_start() -> Result<RedisSentinels, ServerError> {
-        // No 5 s pause before a full sync (the default for diskless syncs).
-        let master = RedisServer::builder()
-            .arg("--repl-diskless-sync-delay")
-            .arg("0")
-            .arg("--replica-announce-ip")
-            .arg("127.0.0.1")
-            .try_start()
-            .await?;
+        let master = member(&[]).try_start().await?;
         let proxy = TcpProxy::start(master.addr())
             .await
             .map_err(|source| ServerError::Io {
                 what: "start the replication proxy".into(),
                 source,
             })?;
-        let replica = RedisServer::builder()
-            .arg("--replicaof")
-            .arg("127.0.0.1")
-            .arg(&proxy.port().to_string())
-            .arg("--repl-diskless-sync-delay")
-            .arg("0")
-            .arg("--replica-announce-ip")
-            .arg("127.0.0.1")
+        let port = proxy.port().to_string();
+        let replica = member(&["--replicaof", "127.0.0.1", &port])
             .try_start()
             .await?;
         let deadline = Instant::now() + READY_DEADLINE;
@@ -350,6 +337,20 @@ impl LogTail for RedisSentinel {
     fn tail(&self, lines: usize) -> String {
         self.log_tail(lines)
     }
+}
+
+/// A server of the deployment, started with `args`: announced on loopback,
+/// and with no 5 s pause before a full sync (the default for diskless
+/// syncs).
+fn member(args: &[&str]) -> crate::RedisServerBuilder {
+    let member = [
+        "--repl-diskless-sync-delay",
+        "0",
+        "--replica-announce-ip",
+        "127.0.0.1",
+    ];
+    let args = args.iter().chain(&member);
+    args.fold(RedisServer::builder(), |builder, arg| builder.arg(arg))
 }
 
 /// One Redis Sentinel (`redis-server CONFIG --sentinel`) on a free loopback
