@@ -148,8 +148,9 @@ impl RedisInstance {
         }))
     }
 
-    /// One attempt at the holding `key` for `owner`: [`try_lock`](Self::try_lock),
-    /// [`try_share`](Self::try_share) or [`try_permit`](Self::try_permit).
+    /// One attempt at the holding `key` for `owner`: a writer's `SET NX`
+    /// (kept out by readers), a reader joining the readers' set, or a permit
+    /// joining the permits' set, each one script.
     pub async fn try_hold(
         &self,
         key: &RedisKey,

@@ -250,7 +250,7 @@ pub struct EtcdServerTls {
 impl EtcdServer {
     /// Starts a server whose client port speaks TLS only, as `tls` says;
     /// retries on new ports when another process takes the chosen ones
-    /// first. Its [`url`](TestServer::url) is `etcd://127.0.0.1:PORT`: add
+    /// first. Its [`url`](crate::TestServer::url) is `etcd://127.0.0.1:PORT`: add
     /// lockkit's TLS parameters to it.
     pub async fn try_start_tls(tls: EtcdServerTls) -> Result<EtcdServer, ServerError> {
         EtcdServer::start_single(Some(tls)).await

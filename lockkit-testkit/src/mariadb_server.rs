@@ -210,14 +210,14 @@ async fn template(binaries: &Binaries, root: &Path) -> Result<PathBuf, ServerErr
 /// performance schema are off, the buffer pool has 64 MB, at most 300
 /// connections; a commit is written to the operating system at once and
 /// flushed to disk once a second (`innodb_flush_log_at_trx_commit=2`), so it
-/// survives [`kill`](Self::kill).
+/// survives [`kill`](crate::FaultControl::kill).
 ///
 /// The process is killed when the `MariaDbServer` is dropped, and also when
 /// the test process dies (even if the server lives in a static, and even if
 /// it is paused then: `mariadbd` is a single process, so SIGSTOP, SIGKILL and
 /// the parent-death signal reach all of it). Fault injection:
-/// [`pause`](Self::pause) (SIGSTOP), [`resume`](Self::resume),
-/// [`kill`](Self::kill) and [`restart`](Self::restart) on the same port with
+/// [`pause`](crate::FaultControl::pause) (SIGSTOP), [`resume`](crate::FaultControl::resume),
+/// [`kill`](crate::FaultControl::kill) and [`restart`](crate::FaultControl::restart) on the same port with
 /// the same data directory, so committed data survives (after crash
 /// recovery).
 ///

@@ -46,8 +46,8 @@ impl fmt::Debug for Options {
 ///
 /// The process is killed when the `RedisServer` is dropped, and also when the
 /// test process dies (even if the server lives in a static). Fault injection:
-/// [`pause`](Self::pause) (SIGSTOP), [`resume`](Self::resume),
-/// [`kill`](Self::kill) and [`restart`](Self::restart) on the same port.
+/// [`pause`](crate::FaultControl::pause) (SIGSTOP), [`resume`](crate::FaultControl::resume),
+/// [`kill`](crate::FaultControl::kill) and [`restart`](crate::FaultControl::restart) on the same port.
 ///
 /// The `Debug` output never contains the password.
 pub struct RedisServer {
@@ -66,7 +66,7 @@ pub struct RedisServerBuilder {
 
 impl RedisServerBuilder {
     /// AOF persistence (`--appendonly yes --appendfsync always`), so written
-    /// data survives [`RedisServer::kill`] and [`RedisServer::restart`].
+    /// data survives [`kill`](crate::FaultControl::kill) and [`restart`](crate::FaultControl::restart).
     /// Off by default: a restart then starts empty.
     pub fn appendonly(mut self, on: bool) -> Self {
         self.options.appendonly = on;

@@ -127,8 +127,8 @@ enum Role {
 ///
 /// The JVM is killed when the `ZkServer` is dropped, and also when the test
 /// process dies (even if the server lives in a static). Fault injection:
-/// [`pause`](Self::pause) (SIGSTOP), [`resume`](Self::resume),
-/// [`kill`](Self::kill) and [`restart`](Self::restart) on the same port with
+/// [`pause`](crate::FaultControl::pause) (SIGSTOP), [`resume`](crate::FaultControl::resume),
+/// [`kill`](crate::FaultControl::kill) and [`restart`](crate::FaultControl::restart) on the same port with
 /// the same data directory (ZooKeeper persists its transaction log and
 /// snapshots there, so data survives). A member's restart waits until it has
 /// rejoined its ensemble as leader or follower, which needs a quorum of its
