@@ -275,17 +275,14 @@ impl<B: LeaseBackend> LeaseLock<B> {
         }
         let mut passed = passed;
         let owner = passed.owner.take()?;
-        let guard = held_guard(
-            &self.backend,
-            name,
-            passed.key.clone(),
+        let held = HeldLease {
+            backend: self.backend.clone(),
+            key: passed.key.clone(),
             owner,
-            passed.fencing,
-            passed.ttl,
-            passed.sent,
-            opts.auto_renews(),
-            Some(slot.handle()),
-        );
+            ttl: passed.ttl,
+            queue: Some(slot.handle()),
+        };
+        let guard = held.into_guard(name, passed.fencing, passed.sent, opts.auto_renews());
         if opts.lease_ttl() != passed.ttl {
             // Dropped on failure, which releases whatever is left of it.
             guard.extend(opts.lease_ttl()).await.ok()?;
@@ -300,29 +297,6 @@ impl<B: LeaseBackend> LeaseLock<B> {
 /// (a hand-over would keep the previous holder's).
 fn queues_locally(opts: &LockOptions) -> bool {
     opts.kind() == LockKind::Exclusive && opts.holder_identity().is_none()
-}
-
-/// The guard of a holding of `owner` on `key`.
-#[allow(clippy::too_many_arguments)]
-fn held_guard<B: LeaseBackend>(
-    backend: &Arc<B>,
-    name: &str,
-    key: Arc<B::Key>,
-    owner: OwnerToken,
-    fencing: Option<FencingToken>,
-    ttl: Duration,
-    sent: Instant,
-    auto_renew: bool,
-    queue: Option<LocalHandle>,
-) -> LockGuard {
-    let lease = Arc::new(HeldLease {
-        backend: backend.clone(),
-        key,
-        owner,
-        ttl,
-        queue,
-    });
-    LockGuard::new(name, lease, fencing, ttl, sent, auto_renew)
 }
 
 #[async_trait::async_trait]
@@ -448,17 +422,14 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
     /// The guard of the granted holding; `slot` is the client's turn on the
     /// name (exclusive holdings only), through which it may be passed on.
     fn into_guard(self, fencing: Option<FencingToken>, slot: Option<LocalSlot>) -> LockGuard {
-        let guard = held_guard(
-            self.backend,
-            self.name,
-            self.key.clone(),
-            self.owner.clone(),
-            fencing,
-            self.ttl,
-            self.sent,
-            self.auto_renew,
-            slot.as_ref().map(LocalSlot::handle),
-        );
+        let held = HeldLease {
+            backend: self.backend.clone(),
+            key: self.key.clone(),
+            owner: self.owner.clone(),
+            ttl: self.ttl,
+            queue: slot.as_ref().map(LocalSlot::handle),
+        };
+        let guard = held.into_guard(self.name, fencing, self.sent, self.auto_renew);
         if let Some(slot) = slot {
             guard.attach_slot(slot);
         }
@@ -521,6 +492,18 @@ struct HeldLease<B: LeaseBackend> {
 }
 
 impl<B: LeaseBackend> HeldLease<B> {
+    /// The guard of this holding of `name`, asked for at `sent`.
+    fn into_guard(
+        self,
+        name: &str,
+        fencing: Option<FencingToken>,
+        sent: Instant,
+        auto_renew: bool,
+    ) -> LockGuard {
+        let ttl = self.ttl;
+        LockGuard::new(name, Arc::new(self), fencing, ttl, sent, auto_renew)
+    }
+
     /// Passes the lease to the next task of this client waiting for it, if
     /// one waits and the backend can; `None` when it did not try.
     async fn pass_on(&self) -> Option<Result<bool>> {
