@@ -1,5 +1,5 @@
 //! Running a dialect's statements: their text, their bound values, and the
-//! future of their answer. Every dialect binds through [`bind`], so that a
+//! future of their answer. Every dialect binds through [`Bind::bind_all`], so that a
 //! statement's call site reads as its text and its values in order.
 
 use std::sync::Arc;
@@ -94,36 +94,6 @@ impl<'q, DB: Database, O> Bind<'q, DB> for QueryScalar<'q, DB, O, DB::Arguments>
     }
 }
 
-/// The statement `sql` with `values` bound, for `execute`.
-pub(crate) fn bound<'q, DB: Binds>(
-    sql: &Arc<str>,
-    values: &[Value<'q>],
-) -> Query<'q, DB, DB::Arguments> {
-    sqlx::query(trusted(sql)).bind_all(values)
-}
-
-/// The statement `sql` with `values` bound, answering one column.
-pub(crate) fn bound_scalar<'q, DB: Binds, O>(
-    sql: &Arc<str>,
-    values: &[Value<'q>],
-) -> QueryScalar<'q, DB, O, DB::Arguments>
-where
-    (O,): for<'r> FromRow<'r, DB::Row>,
-{
-    sqlx::query_scalar(trusted(sql)).bind_all(values)
-}
-
-/// The statement `sql` with `values` bound, answering rows of `O`.
-pub(crate) fn bound_rows<'q, DB: Binds, O>(
-    sql: &Arc<str>,
-    values: &[Value<'q>],
-) -> QueryAs<'q, DB, O, DB::Arguments>
-where
-    O: for<'r> FromRow<'r, DB::Row>,
-{
-    sqlx::query_as(trusted(sql)).bind_all(values)
-}
-
 /// A duration in whole milliseconds.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn whole_millis(d: Duration) -> i64 {
@@ -204,7 +174,7 @@ where
     (i64,): for<'r> FromRow<'r, DB::Row>,
 {
     fn changed<'c>(conn: &'c mut DB::Connection, (sql, values): Stmt<'_, 'c>) -> Answer<'c, u64> {
-        let query = bound::<DB>(sql, values);
+        let query = sqlx::query::<DB>(trusted(sql)).bind_all(values);
         Box::pin(async move { query.execute(conn).await.map(|done| done.changed()) })
     }
 
@@ -212,13 +182,21 @@ where
         conn: &'c mut DB::Connection,
         (sql, values): Stmt<'_, 'c>,
     ) -> Answer<'c, Option<i64>> {
-        Box::pin(bound_scalar::<DB, i64>(sql, values).fetch_optional(conn))
+        Box::pin(
+            sqlx::query_scalar::<DB, i64>(trusted(sql))
+                .bind_all(values)
+                .fetch_optional(conn),
+        )
     }
 
     fn live<'c>(
         conn: &'c mut DB::Connection,
         (sql, values): Stmt<'_, 'c>,
     ) -> Answer<'c, Option<LiveColumns>> {
-        Box::pin(bound_rows::<DB, LiveColumns>(sql, values).fetch_optional(conn))
+        Box::pin(
+            sqlx::query_as::<DB, LiveColumns>(trusted(sql))
+                .bind_all(values)
+                .fetch_optional(conn),
+        )
     }
 }

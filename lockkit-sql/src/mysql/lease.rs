@@ -11,7 +11,7 @@ use lockkit_core::{Capabilities, FencingToken};
 use super::statements::{BUSY_FLAG, MySql};
 use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::POLLED_LEASE_CAPABILITIES;
-use crate::statement::{Answer, Value, bound, micros, trusted};
+use crate::statement::{Answer, Bind as _, Value, micros, trusted};
 
 /// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
 /// [`BUSY_FLAG`] plus the remaining wait in µs.
@@ -65,7 +65,7 @@ impl LeaseDialect for MyLease {
     fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted> {
         let sql = self.sql.lease.grant(ask.grant);
         let values = self.sql.lease.values::<Self>(sql, ask.args);
-        let query = bound(&sql.text, &values);
+        let query = sqlx::query(trusted(&sql.text)).bind_all(&values);
         Box::pin(query.execute(conn).and_then(move |done| async move {
             if ask.grant == Grant::Share && done.rows_affected() == 0 {
                 return Ok(Attempt::Busy { retry_after: None });
@@ -84,7 +84,8 @@ impl LeaseDialect for MyLease {
         let sql = &self.sql.lease.hand_over;
         let values = self.sql.lease.values::<Self>(sql, args);
         Box::pin(
-            bound(&sql.text, &values)
+            sqlx::query(trusted(&sql.text))
+                .bind_all(&values)
                 .execute(conn)
                 .map_ok(|done| (done.rows_affected() == 1).then(|| done.last_insert_id() as i64)),
         )

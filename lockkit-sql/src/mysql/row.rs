@@ -9,7 +9,7 @@ use super::session::{MyConn, MySqlSession};
 use super::statements::FenceSource;
 use crate::session::{RowLocking, ServerWait};
 use crate::settings::MYSQL_ROW_CAPABILITIES;
-use crate::statement::{Answer, Value::Bytes, bound, bound_scalar};
+use crate::statement::{Answer, Bind as _, Value::Bytes, trusted};
 
 /// `n` comma-separated placeholders.
 fn placeholders(n: usize) -> String {
@@ -36,12 +36,12 @@ impl RowLocking for MySqlSession {
         shared: bool,
     ) -> Answer<'c, Option<i64>> {
         let statement = self.sql.row.form(shared, intent);
-        let query = bound_scalar(statement, &[Bytes(name.as_bytes())]);
+        let query = sqlx::query_scalar(trusted(statement)).bind_all(&[Bytes(name.as_bytes())]);
         Box::pin(query.fetch_optional(&mut conn.conn))
     }
 
     fn delete_if_free<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
-        let query = bound(&self.sql.row_delete, &[Bytes(name.as_bytes())]);
+        let query = sqlx::query(trusted(&self.sql.row_delete)).bind_all(&[Bytes(name.as_bytes())]);
         Box::pin(query.execute(&mut conn.conn).map_ok(drop))
     }
 
@@ -50,7 +50,8 @@ impl RowLocking for MySqlSession {
     /// missing.
     fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
         Box::pin(async move {
-            let found: Option<i32> = bound_scalar(&self.sql.row_exists, &[Bytes(name.as_bytes())])
+            let found: Option<i32> = sqlx::query_scalar(trusted(&self.sql.row_exists))
+                .bind_all(&[Bytes(name.as_bytes())])
                 .fetch_optional(&self.pool)
                 .await?;
             if found.is_none() {
@@ -61,7 +62,7 @@ impl RowLocking for MySqlSession {
     }
 
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        let query = bound(&self.sql.ensure_row, &[Bytes(name.as_bytes())]);
+        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&[Bytes(name.as_bytes())]);
         Box::pin(query.execute(&self.pool).map_ok(drop))
     }
 
@@ -137,12 +138,14 @@ impl RowLocking for MySqlSession {
         let name = [Bytes(name.as_bytes())];
         Box::pin(async move {
             let mut tx = self.pool.begin().await?;
-            let free: Option<i32> = bound_scalar(&self.sql.row_free, &name)
+            let free: Option<i32> = sqlx::query_scalar(trusted(&self.sql.row_free))
+                .bind_all(&name)
                 .fetch_optional(&mut *tx)
                 .await?;
             let held = match free {
                 Some(_) => false,
-                None => bound_scalar::<_, i32>(&self.sql.row_exists, &name)
+                None => sqlx::query_scalar::<_, i32>(trusted(&self.sql.row_exists))
+                    .bind_all(&name)
                     .fetch_optional(&mut *tx)
                     .await?
                     .is_some(),

@@ -12,7 +12,7 @@ use super::statements::{FOREVER_SECS, FenceSource, MySql};
 use crate::names::{check_slot_permits, named_lock_name, semaphore_slot_name};
 use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{NAMED_CAPABILITIES, Settings};
-use crate::statement::{Answer, Value::Float, Value::Text, bound_scalar, trusted};
+use crate::statement::{Answer, Bind as _, Value::Float, Value::Text, trusted};
 
 /// MySQL/MariaDB session locks on dedicated connections: `named` mode, and
 /// the connections of `row` mode (see the `row` module).
@@ -96,7 +96,8 @@ impl MySqlSession {
             ServerWait::Forever => FOREVER_SECS,
         };
         // Sequence: the token, or 0 (timed out). Counter: 1 or 0.
-        let got: Option<i64> = bound_scalar(&self.sql.named_lock, &[Text(name), Float(seconds)])
+        let got: Option<i64> = sqlx::query_scalar(trusted(&self.sql.named_lock))
+            .bind_all(&[Text(name), Float(seconds)])
             .fetch_one(&mut conn.conn)
             .await?;
         match (got, self.sql.fence_source) {

@@ -13,7 +13,7 @@ use super::notify::PgNotifications;
 use super::statements::PgSql;
 use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, bound_rows, remaining_ms};
+use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
@@ -45,7 +45,8 @@ impl LeaseDialect for PgLease {
         let sql = self.sql.lease.grant(ask.grant);
         let values = self.sql.lease.values::<Self>(sql, ask.args);
         Box::pin(
-            bound_rows(&sql.text, &values)
+            sqlx::query_as(trusted(&sql.text))
+                .bind_all(&values)
                 .fetch_one(conn)
                 .map_ok(granted),
         )

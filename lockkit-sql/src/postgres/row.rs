@@ -9,7 +9,7 @@ use super::session::{PgConn, PgSession};
 use super::statements::gate_halves;
 use crate::session::{RowLocking, ServerWait};
 use crate::settings::PG_ROW_CAPABILITIES;
-use crate::statement::{Answer, Value::Int, Value::Text, bound, bound_rows, bound_scalar, trusted};
+use crate::statement::{Answer, Bind as _, Value::Int, Value::Text, trusted};
 
 impl RowLocking for PgSession {
     type Db = Postgres;
@@ -33,7 +33,11 @@ impl RowLocking for PgSession {
         let statement = self.sql.row.form(shared, intent);
         let (high, low) = gate_halves(name);
         let values = [Text(name), Int(high.into()), Int(low.into())];
-        Box::pin(bound_scalar(statement, &values).fetch_optional(&mut conn.conn))
+        Box::pin(
+            sqlx::query_scalar(trusted(statement))
+                .bind_all(&values)
+                .fetch_optional(&mut conn.conn),
+        )
     }
 
     /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
@@ -44,12 +48,12 @@ impl RowLocking for PgSession {
     fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> Answer<'c, ()> {
         let (high, low) = gate_halves(name);
         let values = [Text(name), Int(high.into()), Int(low.into())];
-        let query = bound(&self.sql.row_release, &values);
+        let query = sqlx::query(trusted(&self.sql.row_release)).bind_all(&values);
         Box::pin(query.execute(&mut conn.conn).map_ok(drop))
     }
 
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        let query = bound(&self.sql.ensure_row, &[Text(name)]);
+        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&[Text(name)]);
         Box::pin(query.execute(&self.pool).map_ok(drop))
     }
 
@@ -71,7 +75,8 @@ impl RowLocking for PgSession {
     fn row_state<'c>(&'c self, name: &'c str) -> Answer<'c, (bool, Option<usize>)> {
         let (high, low) = gate_halves(name);
         let values = [Text(name), Int(high.into()), Int(low.into())];
-        let query = bound_rows::<_, (bool, i64)>(&self.sql.row_status, &values);
+        let query =
+            sqlx::query_as::<_, (bool, i64)>(trusted(&self.sql.row_status)).bind_all(&values);
         Box::pin(
             query
                 .fetch_one(&self.pool)

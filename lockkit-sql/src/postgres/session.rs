@@ -13,7 +13,7 @@ use crate::error::is_lock_busy;
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
 use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{ADVISORY_CAPABILITIES, Settings};
-use crate::statement::{Answer, Value::Int, bound_scalar, whole_millis};
+use crate::statement::{Answer, Bind as _, Value::Int, trusted, whole_millis};
 
 /// How often a waiting session-lock statement checks that its client is still
 /// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
@@ -99,7 +99,8 @@ impl PgSession {
         let statement = self.sql.advisory.form(shared, wait.intent());
         self.set_lock_timeout(conn, wait).await?;
         // A try answers NULL when busy; a wait, `lock_not_available`.
-        match bound_scalar(statement, &[Int(key)])
+        match sqlx::query_scalar(trusted(statement))
+            .bind_all(&[Int(key)])
             .fetch_one(&mut conn.conn)
             .await
         {

@@ -11,7 +11,7 @@ use sqlx::Sqlite;
 use super::statements::SqliteSql;
 use crate::lease::{Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::settings::POLLED_LEASE_CAPABILITIES;
-use crate::statement::{Answer, bound_scalar, remaining_ms};
+use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on SQLite.
 #[derive(Debug)]
@@ -35,14 +35,16 @@ impl LeaseDialect for SqliteLease {
         };
         Box::pin(async move {
             let values = lease.values::<Self>(upsert, ask.args);
-            let fence: Option<i64> = bound_scalar(&upsert.text, &values)
+            let fence: Option<i64> = sqlx::query_scalar(trusted(&upsert.text))
+                .bind_all(&values)
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(fence) = fence {
                 return Ok(Attempt::Acquired(Some(FencingToken::new(fence as u64))));
             }
             let values = lease.values::<Self>(remaining, ask.args);
-            let left: Option<i64> = bound_scalar(&remaining.text, &values)
+            let left: Option<i64> = sqlx::query_scalar(trusted(&remaining.text))
+                .bind_all(&values)
                 .fetch_optional(conn)
                 .await?
                 .flatten();
