@@ -1,6 +1,7 @@
 //! Running a dialect's statements: their text, their bound values, and the
-//! future of their answer. Every dialect binds through [`Bind::bind_all`], so that a
-//! statement's call site reads as its text and its values in order.
+//! future of their answer. Every dialect binds through [`Bind::bind_all`],
+//! so that a statement's call site reads as its text and its values in
+//! order.
 
 use std::sync::Arc;
 use std::time::Duration;
