@@ -1,6 +1,7 @@
 //! The statements of `lease` mode run one by one: a kept connection, the
 //! command timeout, the error mapping, and an abandoned acquire's undo.
 
+use std::slice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -71,14 +72,24 @@ impl<D: LeaseDialect> Rows<D> {
         loan.finish(&self.settings, "acquire", answer)
     }
 
-    /// Runs one of the [`LeaseStatements`] on a kept connection under the
-    /// command timeout: the rows it changed.
-    async fn changed(&self, what: &str, sql: &LeaseSql, args: Args<'_>) -> Result<u64> {
-        let values = self.dialect.statements().values::<D>(sql, args);
+    /// Runs `sqls` in order on one kept connection under the command
+    /// timeout, until one changes a row: whether one did. (One statement,
+    /// mostly; a leave where the last reader deletes the row tries that
+    /// first.)
+    async fn changes(&self, what: &str, sqls: &[LeaseSql], args: Args<'_>) -> Result<bool> {
+        let statements = self.dialect.statements();
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
             .settings
-            .timed(D::Db::changed(&mut loan, (&sql.text, &values)))
+            .timed(async {
+                for sql in sqls {
+                    let values = statements.values::<D>(sql, args);
+                    if D::Db::changed(&mut loan, (&sql.text, &values)).await? >= 1 {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })
             .await;
         loan.finish(&self.settings, what, answer)
     }
@@ -86,13 +97,14 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
         let args = Args::of(name).owner(owner).ttl(ttl);
         let extend = &self.dialect.statements().extend;
-        Ok(self.changed("extend", extend, args).await? >= 1)
+        self.changes("extend", slice::from_ref(extend), args).await
     }
 
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
         let release = &self.dialect.statements().release;
         let args = Args::of(name).owner(owner);
-        Ok(self.changed("release", release, args).await? >= 1)
+        self.changes("release", slice::from_ref(release), args)
+            .await
     }
 
     /// The live lease on row `name`.
@@ -199,7 +211,9 @@ impl<D: LeaseDialect> Rows<D> {
     ) -> Result<()> {
         let args = Args::of(row).owner(owner).ttl(ttl);
         let record = &self.dialect.statements().record;
-        self.changed(what, record, args).await.map(drop)
+        self.changes(what, slice::from_ref(record), args)
+            .await
+            .map(drop)
     }
 
     /// Deletes the record row `row` if it is `owner`'s (anyone's with
@@ -217,7 +231,9 @@ impl<D: LeaseDialect> Rows<D> {
             ..Args::of(row)
         };
         let forget = &self.dialect.statements().forget;
-        self.changed(what, forget, args).await.map(drop)
+        self.changes(what, slice::from_ref(forget), args)
+            .await
+            .map(drop)
     }
 
     /// One reader's attempt, as its own statement. A deadlock victim's
@@ -258,17 +274,13 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn extend_share(&self, name: &str, token: i64, ttl: Duration) -> Result<bool> {
         let args = Args::of(name).token(token).ttl(ttl);
         let extend = &self.dialect.statements().extend_share;
-        Ok(self.changed("extend a shared lease", extend, args).await? >= 1)
+        self.changes("extend a shared lease", slice::from_ref(extend), args)
+            .await
     }
 
-    /// The statements of a leave in order, until one changes a row.
     pub(super) async fn leave(&self, name: &str, token: i64) -> Result<bool> {
         let args = Args::of(name).token(token);
-        for leave in &self.dialect.statements().leave {
-            if self.changed("release a shared lease", leave, args).await? >= 1 {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        let leave = &self.dialect.statements().leave;
+        self.changes("release a shared lease", leave, args).await
     }
 }
