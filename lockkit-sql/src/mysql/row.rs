@@ -1,15 +1,16 @@
 //! `row` mode's statements on MySQL and MariaDB.
 
+use std::sync::Arc;
+
 use futures_util::TryFutureExt as _;
 use lockkit_core::Capabilities;
-use lockkit_core::backend::Intent;
 use sqlx::AssertSqlSafe;
 
 use super::session::{MyConn, MySqlSession};
 use super::statements::FenceSource;
-use crate::session::{RowLocking, ServerWait};
+use crate::session::{LockingSql, RowLocking, ServerWait};
 use crate::settings::MYSQL_ROW_CAPABILITIES;
-use crate::statement::{Answer, Bind as _, Value::Bytes, trusted};
+use crate::statement::{Answer, Bind as _, Value, Value::Bytes, trusted};
 
 /// `n` comma-separated placeholders.
 fn placeholders(n: usize) -> String {
@@ -28,21 +29,17 @@ impl RowLocking for MySqlSession {
         Box::pin(self.set_lock_wait(conn, wait))
     }
 
-    fn select<'c>(
-        &'c self,
-        conn: &'c mut MyConn,
-        name: &'c str,
-        intent: Intent,
-        shared: bool,
-    ) -> Answer<'c, Option<i64>> {
-        let statement = self.sql.row.form(shared, intent);
-        let query = sqlx::query_scalar(trusted(statement)).bind_all(&[Bytes(name.as_bytes())]);
-        Box::pin(query.fetch_optional(&mut conn.conn))
+    fn locking(&self) -> &LockingSql {
+        &self.sql.row
     }
 
-    fn delete_if_free<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
-        let query = sqlx::query(trusted(&self.sql.row_delete)).bind_all(&[Bytes(name.as_bytes())]);
-        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
+    fn delete_sql(&self) -> &Arc<str> {
+        &self.sql.row_delete
+    }
+
+    /// Names are `VARBINARY`.
+    fn row_values(name: &str) -> Vec<Value<'_>> {
+        vec![Bytes(name.as_bytes())]
     }
 
     /// The upsert waits for a holder's row lock, so a plain (consistent)
@@ -51,7 +48,7 @@ impl RowLocking for MySqlSession {
     fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
         Box::pin(async move {
             let found: Option<i32> = sqlx::query_scalar(trusted(&self.sql.row_exists))
-                .bind_all(&[Bytes(name.as_bytes())])
+                .bind_all(&Self::row_values(name))
                 .fetch_optional(&self.pool)
                 .await?;
             if found.is_none() {
@@ -62,7 +59,7 @@ impl RowLocking for MySqlSession {
     }
 
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&[Bytes(name.as_bytes())]);
+        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&Self::row_values(name));
         Box::pin(query.execute(&self.pool).map_ok(drop))
     }
 
@@ -135,7 +132,7 @@ impl RowLocking for MySqlSession {
     /// LOCKED`, MySQL 8 / MariaDB 10.6), in a transaction rolled back at
     /// once; the server does not tell the waiters.
     fn row_state<'c>(&'c self, name: &'c str) -> Answer<'c, (bool, Option<usize>)> {
-        let name = [Bytes(name.as_bytes())];
+        let name = Self::row_values(name);
         Box::pin(async move {
             let mut tx = self.pool.begin().await?;
             let free: Option<i32> = sqlx::query_scalar(trusted(&self.sql.row_free))

@@ -1,15 +1,16 @@
 //! `row` mode's statements on PostgreSQL: the name's gate, then its row.
 
+use std::sync::Arc;
+
 use futures_util::TryFutureExt as _;
 use lockkit_core::Capabilities;
-use lockkit_core::backend::Intent;
 use sqlx::Postgres;
 
 use super::session::{PgConn, PgSession};
 use super::statements::gate_halves;
-use crate::session::{RowLocking, ServerWait};
+use crate::session::{LockingSql, RowLocking, ServerWait};
 use crate::settings::PG_ROW_CAPABILITIES;
-use crate::statement::{Answer, Bind as _, Value::Int, Value::Text, trusted};
+use crate::statement::{Answer, Bind as _, Value, Value::Int, Value::Text, trusted};
 
 impl RowLocking for PgSession {
     type Db = Postgres;
@@ -23,33 +24,24 @@ impl RowLocking for PgSession {
         Box::pin(self.set_lock_timeout(conn, wait))
     }
 
-    fn select<'c>(
-        &'c self,
-        conn: &'c mut PgConn,
-        name: &'c str,
-        intent: Intent,
-        shared: bool,
-    ) -> Answer<'c, Option<i64>> {
-        let statement = self.sql.row.form(shared, intent);
+    fn locking(&self) -> &LockingSql {
+        &self.sql.row
+    }
+
+    fn delete_sql(&self) -> &Arc<str> {
+        &self.sql.row_release
+    }
+
+    /// The name, and its gate's two halves (see the statements; the status
+    /// statement binds them too).
+    fn row_values(name: &str) -> Vec<Value<'_>> {
         let (high, low) = gate_halves(name);
-        let values = [Text(name), Int(high.into()), Int(low.into())];
-        Box::pin(
-            sqlx::query_scalar(trusted(statement))
-                .bind_all(&values)
-                .fetch_optional(&mut conn.conn),
-        )
+        vec![Text(name), Int(high.into()), Int(low.into())]
     }
 
     /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
     fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
         self.ensure_row(name)
-    }
-
-    fn delete_if_free<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> Answer<'c, ()> {
-        let (high, low) = gate_halves(name);
-        let values = [Text(name), Int(high.into()), Int(low.into())];
-        let query = sqlx::query(trusted(&self.sql.row_release)).bind_all(&values);
-        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
     }
 
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
@@ -73,8 +65,7 @@ impl RowLocking for PgSession {
 
     /// And the waiters queued for its gate.
     fn row_state<'c>(&'c self, name: &'c str) -> Answer<'c, (bool, Option<usize>)> {
-        let (high, low) = gate_halves(name);
-        let values = [Text(name), Int(high.into()), Int(low.into())];
+        let values = Self::row_values(name);
         let query =
             sqlx::query_as::<_, (bool, i64)>(trusted(&self.sql.row_status)).bind_all(&values);
         Box::pin(

@@ -3,25 +3,27 @@
 //! while it is held. Each database gives its statements ([`RowLocking`]);
 //! [`RowSession`] is the [`SessionDb`] of the mode on any of them.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures_util::TryFutureExt as _;
 use lockkit_core::backend::Intent;
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::{Database, Executor};
 
-use super::{Locked, ServerWait, SessionDb};
+use super::{Locked, LockingSql, ServerWait, SessionDb};
 use crate::error::{is_deadlock, is_lock_busy};
 use crate::lease::permit_row_name;
 use crate::names::check_slot_permits;
 use crate::settings::Settings;
 use crate::slots::SlotPlan;
-use crate::statement::Answer;
+use crate::statement::{Answer, Runs, Value};
 
 /// One database's statements of `row` mode, on the dedicated connections
 /// of its session modes.
 pub(crate) trait RowLocking: SessionDb {
     /// The sqlx database.
-    type Db: Database;
+    type Db: Runs;
     /// What `row` mode guarantees on this database.
     const CAPABILITIES: Capabilities;
 
@@ -32,17 +34,32 @@ pub(crate) trait RowLocking: SessionDb {
     /// for [`ServerWait::NoWait`]: the statement says `NOWAIT`).
     fn set_wait<'c>(&'c self, conn: &'c mut Self::Conn, wait: ServerWait) -> Answer<'c, ()>;
 
-    /// The locking `SELECT` of `name`'s row (`FOR UPDATE`, `NOWAIT` for
-    /// [`Intent::Try`]; the share-mode lock with `shared`, where the mode
-    /// claims shared holdings): `Some(token)` once granted, `None` when the
-    /// row does not exist, a "lock busy" error when the wait ended.
+    /// The locking `SELECT` of a row, in its four forms (`FOR UPDATE`,
+    /// `NOWAIT` for [`Intent::Try`]; the share-mode lock for a shared
+    /// holding, where the mode claims them): a token once granted, no row
+    /// when the row does not exist, a "lock busy" error when the wait ended.
+    fn locking(&self) -> &LockingSql;
+
+    /// The statement that deletes a row unless a transaction has it locked
+    /// (see [`delete_if_free`](Self::delete_if_free)).
+    fn delete_sql(&self) -> &Arc<str>;
+
+    /// How a row's name binds in [`locking`](Self::locking) and
+    /// [`delete_sql`](Self::delete_sql).
+    fn row_values(name: &str) -> Vec<Value<'_>>;
+
+    /// The locking `SELECT` of `name`'s row ([`locking`](Self::locking)):
+    /// `Some(token)` once granted, `None` when the row does not exist.
     fn select<'c>(
         &'c self,
         conn: &'c mut Self::Conn,
         name: &'c str,
         intent: Intent,
         shared: bool,
-    ) -> Answer<'c, Option<i64>>;
+    ) -> Answer<'c, Option<i64>> {
+        let sql = self.locking().form(shared, intent);
+        Self::Db::number(Self::connection(conn), (sql, &Self::row_values(name)))
+    }
 
     /// Creates `name`'s row, committed on another connection so that it
     /// stays.
@@ -72,7 +89,13 @@ pub(crate) trait RowLocking: SessionDb {
     /// then, and does not wait): run after a holding's `ROLLBACK`, it leaves
     /// the row to a waiter that took the lock at once, or to a fellow reader,
     /// and otherwise removes it, so that a released name leaves no row.
-    fn delete_if_free<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
+    fn delete_if_free<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()> {
+        let delete = Self::Db::changed(
+            Self::connection(conn),
+            (self.delete_sql(), &Self::row_values(name)),
+        );
+        Box::pin(delete.map_ok(drop))
+    }
 
     /// What a grant still needs (a token drawn elsewhere): the fencing
     /// token. By default the one the `SELECT` drew.
