@@ -13,17 +13,35 @@ meta = json.load(sys.stdin)
 members = set(meta["workspace_members"])
 for package in meta["packages"]:
     if package["id"] in members and package.get("publish") != []:
-        print(package["name"])
+        print(package["name"], package["version"])
 ')
 if ((${#crates[@]} == 0)); then
     echo "package.sh: no publishable crate found" >&2
     exit 1
 fi
+# `cargo package` verifies the crates against a local registry of their
+# packages. It unpacks each into $CARGO_HOME/registry/src/-<hash of the
+# workspace path>/<name>-<version> and never unpacks that again, and it
+# rebuilds a registry crate only when its version changes: a second run from
+# the same path (CI reuses its checkout path) would build against the
+# packages of the first. So the unpacked copies are removed first, and the
+# packages are built in a target directory of their own, emptied each run.
+registry_src="${CARGO_HOME:-$HOME/.cargo}/registry/src"
 args=()
-for crate in "${crates[@]}"; do
+names=()
+for line in "${crates[@]}"; do
+    read -r crate version <<<"$line"
     args+=(-p "$crate")
+    names+=("$crate")
+    for stale in "$registry_src"/-*/"$crate-$version"; do
+        if [[ -d $stale ]]; then
+            rm -rf -- "$stale"
+        fi
+    done
 done
 # --allow-dirty: CI packages the clone it was given; a developer may package
 # uncommitted work to check it.
-cargo package --allow-dirty "${args[@]}"
-echo "package.sh: packaged and built ${#crates[@]} crates: ${crates[*]}" >&2
+verify_dir=target/package-verify
+rm -rf -- "$verify_dir"
+cargo package --allow-dirty --target-dir "$verify_dir" "${args[@]}"
+echo "package.sh: packaged and built ${#names[@]} crates: ${names[*]}" >&2
