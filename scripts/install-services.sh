@@ -9,6 +9,8 @@
 #                  slf4j-simple), run by lockkit-testkit's ZkServer/ZkEnsemble
 #   default-jre-headless   the `java` that runs it
 #   python3 kazoo  the Python ZooKeeper client, for the interop test
+#   python3 psycopg, pymysql  Python's PostgreSQL and MySQL drivers, for the
+#                  fence interop tests (lockkit_fence called from Python)
 #   libcurator-recipes-java  Apache Curator (its jars name their dependencies),
 #                  and default-jdk-headless for `javac`: lockkit-zk's interop
 #                  test compiles a small Curator program against them
@@ -86,6 +88,20 @@ if ! python3 -c 'import kazoo' >/dev/null 2>&1; then
         || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages kazoo
 fi
 
+# The fence interop tests call lockkit_fence from Python's PostgreSQL and
+# MySQL drivers.
+if ! python3 -c 'import psycopg' >/dev/null 2>&1; then
+    echo "install-services: installing Python's PostgreSQL driver psycopg from PyPI" >&2
+    python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]' \
+        || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages 'psycopg[binary]'
+fi
+
+if ! python3 -c 'import pymysql' >/dev/null 2>&1; then
+    echo "install-services: installing Python's MySQL driver PyMySQL from PyPI" >&2
+    python3 -m pip install --quiet --disable-pip-version-check pymysql \
+        || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages pymysql
+fi
+
 redis-server --version >&2
 python3 -c 'import redis; print("redis-py", redis.__version__)' >&2
 # `sed -n 1p` reads all of its input: `head` may exit first and, under
@@ -93,6 +109,7 @@ python3 -c 'import redis; print("redis-py", redis.__version__)' >&2
 java -version 2>&1 | sed -n 1p >&2
 java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.version.VersionInfoMain >&2
 python3 -c 'import kazoo.version; print("kazoo", kazoo.version.__version__)' >&2
+python3 -c 'import psycopg, pymysql; print("psycopg", psycopg.__version__, "PyMySQL", pymysql.__version__)' >&2
 "$(postgres_bin_dir)/postgres" --version >&2
 mariadbd=$(command -v mariadbd || echo /usr/sbin/mariadbd)
 "$mariadbd" --version >&2

@@ -110,6 +110,12 @@ pub use lockkit_core::{
 /// [`Waiter`](lockkit_core::backend::Waiter), [`Lease`](lockkit_core::backend::Lease) and friends.
 pub use lockkit_core as core;
 
+/// The resource side of fencing: refuse a stale holder's write in
+/// PostgreSQL, MySQL/MariaDB, SQLite, Redis, etcd or an HTTP service (each
+/// with its backend's cargo feature; the HTTP layer with `tower`). See the
+/// guide's "Fencing your writes".
+pub use lockkit_fence as fence;
+
 /// The metric names lockkit emits through the `metrics` facade (with the
 /// cargo feature `metrics`).
 pub use lockkit_core::metrics;

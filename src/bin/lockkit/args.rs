@@ -66,6 +66,52 @@ pub(crate) enum Command {
     /// Print the identity of the current leader of the election NAME; exit
     /// status 1 when nobody leads.
     Leader(LeaderArgs),
+    /// Fence a resource store: refuse writes of former lock holders there.
+    ///
+    /// The URL names the store the writes go to (postgres://, mysql://,
+    /// mariadb://, sqlite://, redis://, etcd://host:port).
+    #[command(subcommand)]
+    Fence(FenceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum FenceCommand {
+    /// Create, idempotently, what the store needs: on PostgreSQL and
+    /// MySQL/MariaDB the table lockkit_fences and the function
+    /// lockkit_fence(resource, token) that a transaction calls before its
+    /// write; on SQLite the table. Redis and etcd need nothing.
+    Install(FenceInstallArgs),
+    /// Admit TOKEN for RESOURCE (record it) and exit 0, or refuse it and
+    /// exit 65 when a greater token was admitted before.
+    ///
+    /// Exit status: 0 admitted; 65 stale; 64 for a bad resource name or
+    /// token; 69 when the store cannot be reached or lacks the install.
+    Check(FenceCheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FenceInstallArgs {
+    /// Print the SQL instead of running it (for a migration or a DBA).
+    #[arg(long)]
+    pub(crate) print: bool,
+
+    /// How long to wait for the store.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration)]
+    pub(crate) timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FenceCheckArgs {
+    /// The resource the write is for, e.g. `reports/daily`.
+    pub(crate) resource: String,
+
+    /// The writer's fencing token (LOCKKIT_FENCING_TOKEN under `lockkit exec`).
+    pub(crate) token: u64,
+
+    /// How long to wait for the store (and for a transaction that holds the
+    /// resource).
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration)]
+    pub(crate) timeout: Duration,
 }
 
 #[derive(Debug, Args)]

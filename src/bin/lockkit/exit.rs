@@ -11,6 +11,8 @@ pub(crate) enum Exit {
     Child(u8),
     /// 64: bad arguments, a bad URL, a bad lock name or duration.
     Usage,
+    /// 65: `fence check` refused a stale token.
+    DataErr,
     /// 69: the backend cannot be reached or cannot serve, or is not compiled in.
     Unavailable,
     /// 70: the lock was lost while the command ran, or an internal failure.
@@ -28,6 +30,7 @@ impl Exit {
         match self {
             Exit::Child(code) => code,
             Exit::Usage => 64,
+            Exit::DataErr => 65,
             Exit::Unavailable => 69,
             Exit::Software => 70,
             Exit::NotAcquired => 75,
@@ -73,6 +76,12 @@ pub(crate) fn usage_error(error: &clap::Error) -> ExitCode {
 /// Prints `lockkit: <what>: <error>` with the error's sources (each once),
 /// and returns the error's exit status.
 pub(crate) fn report(what: &str, error: &LockError) -> Exit {
+    print_error(what, error);
+    Exit::for_error(error)
+}
+
+/// Prints `lockkit: <what>: <error>` with the error's sources, each once.
+pub(crate) fn print_error(what: &str, error: &dyn std::error::Error) {
     let mut message = format!("lockkit: {what}: {error}");
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
@@ -84,7 +93,6 @@ pub(crate) fn report(what: &str, error: &LockError) -> Exit {
         source = cause.source();
     }
     eprintln!("{message}");
-    Exit::for_error(error)
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! lockkit [--url URL] status NAME [--json]
 //! lockkit [--url URL] elect NAME [--id ID] [--ttl DUR] [--terms N] -- CMD [ARGS…]
 //! lockkit [--url URL] leader NAME
+//! lockkit [--url URL] fence install [--print]
+//! lockkit [--url URL] fence check RESOURCE TOKEN
 //! ```
 //!
 //! The URL comes from `--url`, else `LOCKKIT_URL`, else the embedded default
@@ -20,6 +22,7 @@ mod args;
 mod elect;
 mod exec;
 mod exit;
+mod fence;
 mod status;
 
 use std::process::ExitCode;
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::run(&cli.url, args).await,
             Command::Elect(args) => elect::run(&cli.url, args).await,
             Command::Leader(args) => elect::leader(&cli.url, args).await,
+            Command::Fence(command) => fence::run(&cli.url, command).await,
         }
     });
     // Background releases and the like get a moment to finish; nothing

@@ -1,0 +1,168 @@
+//! MySQL and MariaDB: the `lockkit_fences` table and the `lockkit_fence`
+//! function.
+//!
+//! [`install`] creates both (what `lockkit fence install` does); any client
+//! then fences a write by calling the function in the write's transaction:
+//!
+//! ```sql
+//! START TRANSACTION;
+//! SELECT lockkit_fence('reports/daily', 42);  -- an error on a stale token
+//! UPDATE reports SET body = '...' WHERE day = '2026-11-29';
+//! COMMIT;
+//! ```
+//!
+//! The error ends a `mariadb`/`mysql` script, which then closes its session
+//! and so rolls the transaction back; a program rolls back itself when the
+//! call fails (InnoDB undoes only the failed statement by itself). The
+//! function keeps the resource's row locked until the transaction ends, so
+//! fenced writes to one resource commit in token order.
+//!
+//! A server that writes a binary log accepts the function only from a user
+//! with SUPER or with `log_bin_trust_function_creators = 1`.
+
+use lockkit_core::FencingToken;
+use sqlx::mysql::{MySqlConnection, MySqlPool};
+use sqlx::{Connection, Executor};
+
+use crate::error::{FenceError, Result};
+use crate::resource::{check_resource, greatest_in, sql_token};
+
+const STORE: &str = "mysql";
+
+/// The start of the function's message for a stale token (SQLSTATE 45000).
+pub const STALE_MESSAGE: &str = "lockkit_fence: stale token";
+
+/// What [`install`] runs, in order (also printed by
+/// `lockkit fence install --print`, there with `DELIMITER` lines for the
+/// command-line client). Idempotent.
+pub const INSTALL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS lockkit_fences (
+    resource VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    token BIGINT NOT NULL,
+    admitted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE = InnoDB",
+    "CREATE FUNCTION IF NOT EXISTS lockkit_fence(
+    fence_resource VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+    fence_token BIGINT
+) RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA
+BEGIN
+    DECLARE greatest_token BIGINT DEFAULT NULL;
+    DECLARE refusal VARCHAR(512);
+    IF fence_resource IS NULL OR CHAR_LENGTH(fence_resource) = 0 OR LENGTH(fence_resource) > 255 THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'lockkit_fence: the resource must be 1 to 255 bytes';
+    END IF;
+    IF fence_token IS NULL OR fence_token < 0 THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'lockkit_fence: the token must be a number from 0';
+    END IF;
+    INSERT INTO lockkit_fences (resource, token) VALUES (fence_resource, fence_token)
+        ON DUPLICATE KEY UPDATE token = token;
+    SELECT token INTO greatest_token FROM lockkit_fences WHERE resource = fence_resource FOR UPDATE;
+    IF fence_token < greatest_token THEN
+        SET refusal = CONCAT('lockkit_fence: stale token ', fence_token, ' for resource \"',
+            fence_resource, '\": greatest admitted ', greatest_token);
+        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = refusal;
+    END IF;
+    UPDATE lockkit_fences SET token = fence_token, admitted_at = CURRENT_TIMESTAMP(6)
+        WHERE resource = fence_resource;
+    RETURN fence_token;
+END",
+];
+
+/// Creates the table and the function, idempotently; concurrent installs
+/// wait for each other.
+pub async fn install(pool: &MySqlPool) -> Result<()> {
+    let mut conn = pool.acquire().await.map_err(failed)?;
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK('lockkit_fence install', 30)")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(failed)?;
+    if got != Some(1) {
+        return Err(FenceError::store(
+            STORE,
+            "another `lockkit fence install` held its lock for 30 s",
+            None,
+        ));
+    }
+    let mut outcome = Ok(());
+    for statement in INSTALL {
+        if let Err(error) = conn.execute(*statement).await {
+            outcome = Err(install_failed(error));
+            break;
+        }
+    }
+    let _ = conn
+        .execute("DO RELEASE_LOCK('lockkit_fence install')")
+        .await;
+    if outcome.is_ok() {
+        tracing::debug!("lockkit_fence installed on mysql");
+    }
+    outcome
+}
+
+/// Admits `token` for `resource` on `conn`, normally inside the transaction
+/// that makes the write (pass `&mut tx`): `Ok` records it, and the resource
+/// stays locked until that transaction ends; [`FenceError::Stale`] means a
+/// newer holder wrote: roll the transaction back.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::MySqlPool, token: lockkit_core::FencingToken) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// lockkit_fence::mysql::admit(&mut tx, "reports/daily", token).await?;
+/// sqlx::query("UPDATE reports SET body = ? WHERE day = ?")
+///     .bind("...").bind("2026-11-29").execute(&mut *tx).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn admit(conn: &mut MySqlConnection, resource: &str, token: FencingToken) -> Result<()> {
+    check_resource(resource)?;
+    let value = sql_token(token, STORE)?;
+    let answer = sqlx::query("SELECT lockkit_fence(?, ?)")
+        .bind(resource)
+        .bind(value)
+        .execute(conn)
+        .await;
+    match answer {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(error)) if error.message().starts_with(STALE_MESSAGE) => {
+            let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
+            Err(FenceError::stale(resource, token, greatest))
+        }
+        Err(sqlx::Error::Database(error))
+            if error.message().contains("lockkit_fence does not exist") =>
+        {
+            Err(FenceError::store(
+                STORE,
+                "the lockkit_fence function is missing: run `lockkit fence install --url URL` \
+                 (or lockkit_fence::mysql::install)",
+                Some(Box::new(sqlx::Error::Database(error)) as _),
+            ))
+        }
+        Err(error) => Err(failed(error)),
+    }
+}
+
+/// Admits `token` for `resource` in a transaction of its own (what
+/// `lockkit fence check` does): records it, or refuses it as stale.
+pub async fn check(pool: &MySqlPool, resource: &str, token: FencingToken) -> Result<()> {
+    let mut conn = pool.acquire().await.map_err(failed)?;
+    let mut tx = conn.begin().await.map_err(failed)?;
+    admit(&mut tx, resource, token).await?;
+    tx.commit().await.map_err(failed)
+}
+
+fn install_failed(error: sqlx::Error) -> FenceError {
+    let binlog = matches!(&error, sqlx::Error::Database(e) if e.message().contains("log_bin_trust_function_creators"));
+    if binlog {
+        return FenceError::store(
+            STORE,
+            "the server writes a binary log: install as a user with SUPER, or set \
+             log_bin_trust_function_creators = 1",
+            Some(Box::new(error) as _),
+        );
+    }
+    failed(error)
+}
+
+fn failed(error: sqlx::Error) -> FenceError {
+    FenceError::store(STORE, error.to_string(), Some(Box::new(error) as _))
+}

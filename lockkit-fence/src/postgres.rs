@@ -1,0 +1,129 @@
+//! PostgreSQL: the `lockkit_fences` table and the `lockkit_fence` function.
+//!
+//! [`install`] creates both (what `lockkit fence install` does); any client
+//! then fences a write by calling the function in the write's transaction:
+//!
+//! ```sql
+//! BEGIN;
+//! SELECT lockkit_fence('reports/daily', 42);  -- raises on a stale token
+//! UPDATE reports SET body = '...' WHERE day = '2026-11-29';
+//! COMMIT;
+//! ```
+//!
+//! The function takes the resource's row lock until the transaction ends, so
+//! fenced writes to one resource commit in token order: a token-10
+//! transaction that waits behind a committed token-11 one is refused.
+
+use lockkit_core::FencingToken;
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::{Connection, Executor};
+
+use crate::error::{FenceError, Result};
+use crate::resource::{check_resource, greatest_in, sql_token};
+
+const STORE: &str = "postgres";
+
+/// The SQLSTATE the function raises for a stale token.
+pub const STALE_SQLSTATE: &str = "LKF01";
+
+/// What [`install`] runs, in order (also printed by
+/// `lockkit fence install --print`). Idempotent.
+pub const INSTALL: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS lockkit_fences (
+    resource varchar(255) PRIMARY KEY,
+    token bigint NOT NULL,
+    admitted_at timestamptz NOT NULL DEFAULT now()
+)",
+    r#"CREATE OR REPLACE FUNCTION lockkit_fence(fence_resource text, fence_token bigint)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $lockkit$
+DECLARE
+    greatest_token bigint;
+BEGIN
+    IF fence_resource IS NULL OR length(fence_resource) = 0 OR octet_length(fence_resource) > 255 THEN
+        RAISE EXCEPTION 'lockkit_fence: the resource must be 1 to 255 bytes' USING ERRCODE = '22023';
+    END IF;
+    IF fence_token IS NULL OR fence_token < 0 THEN
+        RAISE EXCEPTION 'lockkit_fence: the token must be a number from 0' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO lockkit_fences AS f (resource, token) VALUES (fence_resource, fence_token)
+    ON CONFLICT (resource) DO UPDATE SET token = excluded.token, admitted_at = now()
+        WHERE f.token <= excluded.token
+    RETURNING f.token INTO greatest_token;
+    IF NOT FOUND THEN
+        SELECT f.token INTO greatest_token FROM lockkit_fences f WHERE f.resource = fence_resource;
+        RAISE EXCEPTION 'lockkit_fence: stale token % for resource "%": greatest admitted %',
+            fence_token, fence_resource, greatest_token
+            USING ERRCODE = 'LKF01', HINT = 'a newer holder of the lock wrote; roll the transaction back';
+    END IF;
+    RETURN fence_token;
+END
+$lockkit$"#,
+];
+
+/// Creates the table and the function, idempotently; concurrent installs
+/// wait for each other.
+pub async fn install(pool: &PgPool) -> Result<()> {
+    let mut tx = pool.begin().await.map_err(failed)?;
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext('lockkit_fence install'))")
+        .await
+        .map_err(failed)?;
+    for statement in INSTALL {
+        tx.execute(*statement).await.map_err(failed)?;
+    }
+    tx.commit().await.map_err(failed)?;
+    tracing::debug!("lockkit_fence installed on postgres");
+    Ok(())
+}
+
+/// Admits `token` for `resource` on `conn`, normally inside the transaction
+/// that makes the write (pass `&mut tx`): `Ok` records it, and the resource
+/// stays locked until that transaction ends; [`FenceError::Stale`] means a
+/// newer holder wrote, and the transaction is aborted (roll it back).
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool, token: lockkit_core::FencingToken) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// lockkit_fence::postgres::admit(&mut tx, "reports/daily", token).await?;
+/// sqlx::query("UPDATE reports SET body = $1 WHERE day = $2")
+///     .bind("...").bind("2026-11-29").execute(&mut *tx).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn admit(conn: &mut PgConnection, resource: &str, token: FencingToken) -> Result<()> {
+    check_resource(resource)?;
+    let value = sql_token(token, STORE)?;
+    let answer = sqlx::query("SELECT lockkit_fence($1, $2)")
+        .bind(resource)
+        .bind(value)
+        .execute(conn)
+        .await;
+    match answer {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(STALE_SQLSTATE) => {
+            let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
+            Err(FenceError::stale(resource, token, greatest))
+        }
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42883") => {
+            Err(FenceError::store(
+                STORE,
+                "the lockkit_fence function is missing: run `lockkit fence install --url URL` \
+                 (or lockkit_fence::postgres::install)",
+                Some(Box::new(sqlx::Error::Database(error)) as _),
+            ))
+        }
+        Err(error) => Err(failed(error)),
+    }
+}
+
+/// Admits `token` for `resource` in a transaction of its own (what
+/// `lockkit fence check` does): records it, or refuses it as stale.
+pub async fn check(pool: &PgPool, resource: &str, token: FencingToken) -> Result<()> {
+    let mut conn = pool.acquire().await.map_err(failed)?;
+    let mut tx = conn.begin().await.map_err(failed)?;
+    admit(&mut tx, resource, token).await?;
+    tx.commit().await.map_err(failed)
+}
+
+fn failed(error: sqlx::Error) -> FenceError {
+    FenceError::store(STORE, error.to_string(), Some(Box::new(error) as _))
+}

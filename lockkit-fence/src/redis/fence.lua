@@ -1,0 +1,34 @@
+-- lockkit's fenced write for Redis.
+-- KEYS[1]: the resource's fence key, lockkit:fence:{RESOURCE}
+-- ARGV[1]: the writer's fencing token, a decimal number without leading zeros
+-- ARGV[2]: the resource, for the refusal's message
+-- ARGV[3...]: the write, as commands: a count N, then the command's N words, again
+-- A token below the fence's is refused (error STALE) and nothing is run;
+-- otherwise the token is recorded and the commands run; their replies are returned.
+local token = ARGV[1]
+if not token or not string.match(token, '^%d+$') or #token > 20
+    or (#token > 1 and string.sub(token, 1, 1) == '0') then
+    return redis.error_reply('ERR lockkit fence: the token must be a decimal number without leading zeros')
+end
+local greatest = redis.call('GET', KEYS[1])
+if greatest and (#greatest > #token or (#greatest == #token and greatest > token)) then
+    return redis.error_reply('STALE lockkit fence: stale token ' .. token .. ' for resource "' ..
+        tostring(ARGV[2]) .. '": greatest admitted ' .. greatest)
+end
+local i = 3
+while i <= #ARGV do
+    local n = tonumber(ARGV[i])
+    if not n or n < 1 or i + n > #ARGV then
+        return redis.error_reply('ERR lockkit fence: a command is a count N followed by N words')
+    end
+    i = i + n + 1
+end
+redis.call('SET', KEYS[1], token)
+local replies = {}
+i = 3
+while i <= #ARGV do
+    local n = tonumber(ARGV[i])
+    replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + n))
+    i = i + n + 1
+end
+return replies

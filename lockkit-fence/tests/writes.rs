@@ -1,0 +1,319 @@
+//! Fenced writes inside the caller's own transaction or atomic write:
+//! a stale write never lands, a rolled-back transaction records nothing,
+//! and two fenced transactions on one resource commit in token order.
+#![cfg(all(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "redis",
+    feature = "etcd"
+))]
+
+use etcd_client::TxnOp;
+use lockkit_core::FencingToken;
+use lockkit_fence::redis::{FencedWrite, data_key};
+use lockkit_fence::{FenceError, Store};
+use lockkit_testkit::{EtcdServer, MariaDbServer, PostgresServer, RedisServer, TestServer};
+use sqlx::{Connection, Executor};
+
+const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn token(value: u64) -> FencingToken {
+    FencingToken::new(value)
+}
+
+async fn postgres() -> (PostgresServer, sqlx::PgPool) {
+    let server = PostgresServer::start().await;
+    let store = Store::open(&server.url(), TIMEOUT).await.expect("open");
+    store.install().await.expect("install");
+    let pool = sqlx::PgPool::connect(&server.url()).await.expect("connect");
+    pool.execute(
+        "CREATE TABLE report (id int PRIMARY KEY, body text NOT NULL, written_by bigint NOT NULL)",
+    )
+    .await
+    .expect("create the data table");
+    pool.execute("INSERT INTO report VALUES (1, 'nobody', 0)")
+        .await
+        .expect("seed");
+    (server, pool)
+}
+
+async fn mariadb() -> (MariaDbServer, sqlx::MySqlPool) {
+    let server = MariaDbServer::start().await;
+    let store = Store::open(&server.url(), TIMEOUT).await.expect("open");
+    store.install().await.expect("install");
+    let pool = sqlx::MySqlPool::connect(&server.url())
+        .await
+        .expect("connect");
+    pool.execute("CREATE TABLE report (id int PRIMARY KEY, body text NOT NULL, written_by bigint NOT NULL) ENGINE = InnoDB")
+        .await
+        .expect("create the data table");
+    pool.execute("INSERT INTO report VALUES (1, 'nobody', 0)")
+        .await
+        .expect("seed");
+    (server, pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_rolled_back_transaction_records_nothing() {
+    let (_server, pool) = postgres().await;
+    let mut tx = pool.begin().await.expect("begin");
+    lockkit_fence::postgres::admit(&mut tx, "report", token(50))
+        .await
+        .expect("admitted");
+    tx.rollback().await.expect("roll back");
+    let mut tx = pool.begin().await.expect("begin");
+    lockkit_fence::postgres::admit(&mut tx, "report", token(40))
+        .await
+        .expect("50 was rolled back, so 40 is admitted");
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_rolled_back_transaction_records_nothing() {
+    let (_server, pool) = mariadb().await;
+    let mut tx = pool.begin().await.expect("begin");
+    lockkit_fence::mysql::admit(&mut tx, "report", token(50))
+        .await
+        .expect("admitted");
+    tx.rollback().await.expect("roll back");
+    let mut tx = pool.begin().await.expect("begin");
+    lockkit_fence::mysql::admit(&mut tx, "report", token(40))
+        .await
+        .expect("50 was rolled back, so 40 is admitted");
+    tx.commit().await.expect("commit");
+}
+
+/// Token 11 fences first and holds the resource; token 10 comes while 11's
+/// transaction is open. Whatever the timing, 10 is refused once 11 commits,
+/// and 11's write is what stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_smaller_token_waiting_behind_a_greater_is_refused() {
+    let (_server, pool) = postgres().await;
+    let mut eleven = pool.begin().await.expect("begin 11");
+    lockkit_fence::postgres::admit(&mut eleven, "report", token(11))
+        .await
+        .expect("11 admitted");
+    let late = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut ten = pool.begin().await.expect("begin 10");
+            let fenced = lockkit_fence::postgres::admit(&mut ten, "report", token(10)).await;
+            if fenced.is_ok() {
+                sqlx::query("UPDATE report SET body = 'ten', written_by = 10 WHERE id = 1")
+                    .execute(&mut *ten)
+                    .await
+                    .expect("write 10");
+                ten.commit().await.expect("commit 10");
+            }
+            fenced
+        })
+    };
+    sqlx::query("UPDATE report SET body = 'eleven', written_by = 11 WHERE id = 1")
+        .execute(&mut *eleven)
+        .await
+        .expect("write 11");
+    eleven.commit().await.expect("commit 11");
+    let refused = late.await.expect("the task").unwrap_err();
+    assert!(
+        matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(11)),
+        "{refused:?}"
+    );
+    let (body, by): (String, i64) =
+        sqlx::query_as("SELECT body, written_by FROM report WHERE id = 1")
+            .fetch_one(&pool)
+            .await
+            .expect("read");
+    assert_eq!((body.as_str(), by), ("eleven", 11));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_smaller_token_waiting_behind_a_greater_is_refused() {
+    let (_server, pool) = mariadb().await;
+    let mut eleven = pool.begin().await.expect("begin 11");
+    lockkit_fence::mysql::admit(&mut eleven, "report", token(11))
+        .await
+        .expect("11 admitted");
+    let late = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut ten = pool.begin().await.expect("begin 10");
+            let fenced = lockkit_fence::mysql::admit(&mut ten, "report", token(10)).await;
+            if fenced.is_ok() {
+                sqlx::query("UPDATE report SET body = 'ten', written_by = 10 WHERE id = 1")
+                    .execute(&mut *ten)
+                    .await
+                    .expect("write 10");
+                ten.commit().await.expect("commit 10");
+            }
+            fenced
+        })
+    };
+    sqlx::query("UPDATE report SET body = 'eleven', written_by = 11 WHERE id = 1")
+        .execute(&mut *eleven)
+        .await
+        .expect("write 11");
+    eleven.commit().await.expect("commit 11");
+    let refused = late.await.expect("the task").unwrap_err();
+    assert!(
+        matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(11)),
+        "{refused:?}"
+    );
+    let (body, by): (String, i64) =
+        sqlx::query_as("SELECT body, written_by FROM report WHERE id = 1")
+            .fetch_one(&pool)
+            .await
+            .expect("read");
+    assert_eq!((body.as_str(), by), ("eleven", 11));
+}
+
+/// The other order: 10 fences first; 11 waits for 10's transaction and then
+/// writes on top of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_greater_token_writes_after_a_smaller_one() {
+    let (_server, pool) = postgres().await;
+    let mut ten = pool.begin().await.expect("begin 10");
+    lockkit_fence::postgres::admit(&mut ten, "report", token(10))
+        .await
+        .expect("10 admitted");
+    let next = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut eleven = pool.begin().await.expect("begin 11");
+            lockkit_fence::postgres::admit(&mut eleven, "report", token(11)).await?;
+            sqlx::query("UPDATE report SET body = 'eleven', written_by = 11 WHERE id = 1")
+                .execute(&mut *eleven)
+                .await
+                .expect("write 11");
+            eleven.commit().await.expect("commit 11");
+            Ok::<_, FenceError>(())
+        })
+    };
+    sqlx::query("UPDATE report SET body = 'ten', written_by = 10 WHERE id = 1")
+        .execute(&mut *ten)
+        .await
+        .expect("write 10");
+    ten.commit().await.expect("commit 10");
+    next.await.expect("the task").expect("11 admitted after 10");
+    let by: i64 = sqlx::query_scalar("SELECT written_by FROM report WHERE id = 1")
+        .fetch_one(&pool)
+        .await
+        .expect("read");
+    assert_eq!(by, 11);
+}
+
+#[tokio::test]
+async fn sqlite_a_stale_write_in_a_transaction_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("data.db").display());
+    let store = Store::open(&url, TIMEOUT).await.expect("open");
+    store.install().await.expect("install");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("connect");
+    pool.execute("CREATE TABLE report (id INTEGER PRIMARY KEY, written_by INTEGER NOT NULL)")
+        .await
+        .expect("create");
+    pool.execute("INSERT INTO report VALUES (1, 0)")
+        .await
+        .expect("seed");
+    for (by, admitted) in [(5, true), (7, true), (6, false), (7, true)] {
+        let mut conn = pool.acquire().await.expect("a connection");
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.expect("begin");
+        match lockkit_fence::sqlite::admit(&mut tx, "report", token(by)).await {
+            Ok(()) => {
+                sqlx::query("UPDATE report SET written_by = ?1 WHERE id = 1")
+                    .bind(i64::try_from(by).expect("small"))
+                    .execute(&mut *tx)
+                    .await
+                    .expect("write");
+                tx.commit().await.expect("commit");
+                assert!(admitted, "{by} must be refused");
+            }
+            Err(error) => {
+                assert!(!admitted, "{by} must be admitted: {error}");
+                assert_eq!(error.greatest(), Some(token(7)));
+            }
+        }
+    }
+    let by: i64 = sqlx::query_scalar("SELECT written_by FROM report WHERE id = 1")
+        .fetch_one(&pool)
+        .await
+        .expect("read");
+    assert_eq!(by, 7);
+}
+
+#[tokio::test]
+async fn redis_a_stale_write_runs_none_of_its_commands() {
+    let server = RedisServer::start().await;
+    let client = redis::Client::open(server.url()).expect("a client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let write = |by: u64| {
+        FencedWrite::new("report", token(by))
+            .expect("a valid resource")
+            .command(
+                redis::cmd("SET")
+                    .arg(data_key("report", "body"))
+                    .arg(format!("by {by}")),
+            )
+            .command(
+                redis::cmd("RPUSH")
+                    .arg(data_key("report", "history"))
+                    .arg(by),
+            )
+    };
+    let replies = write(20).run(&mut conn).await.expect("20 admitted");
+    assert_eq!(replies.len(), 2, "one reply per command: {replies:?}");
+    write(21).run(&mut conn).await.expect("21 admitted");
+    let refused = write(20).run(&mut conn).await.unwrap_err();
+    assert!(
+        matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(21)),
+        "{refused:?}"
+    );
+    let body = server
+        .command(&["GET", "{report}:body"])
+        .await
+        .expect("GET");
+    assert_eq!(body, "by 21");
+    let history = server
+        .command(&["LRANGE", "{report}:history", "0", "-1"])
+        .await
+        .expect("LRANGE");
+    assert_eq!(
+        history.split_whitespace().collect::<Vec<_>>(),
+        ["20", "21"],
+        "{history}"
+    );
+    assert!(matches!(
+        FencedWrite::new("a{b}", token(1)),
+        Err(FenceError::InvalidResource { .. })
+    ));
+}
+
+#[tokio::test]
+async fn etcd_a_stale_transaction_applies_nothing() {
+    let server = EtcdServer::start().await;
+    let client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("connect");
+    let mut kv = client.kv_client();
+    for (by, admitted) in [(30_u64, true), (31, true), (30, false)] {
+        let outcome = lockkit_fence::etcd::write(
+            &mut kv,
+            "report",
+            token(by),
+            vec![TxnOp::put("data/report", format!("by {by}"), None)],
+        )
+        .await;
+        assert_eq!(outcome.is_ok(), admitted, "{by}: {outcome:?}");
+        if let Err(error) = outcome {
+            assert_eq!(error.greatest(), Some(token(31)));
+        }
+    }
+    let body = server
+        .etcdctl(&["get", "data/report", "--print-value-only"])
+        .await
+        .expect("get");
+    assert_eq!(body.trim(), "by 31");
+}
