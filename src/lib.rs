@@ -167,6 +167,7 @@ mod guide {
         Sql = "../docs/guide/backends/sql.md",
         Memory = "../docs/guide/backends/memory.md",
         Semantics = "../docs/guide/semantics.md",
+        Fencing = "../docs/guide/fencing.md",
         Family = "../docs/guide/family.md",
         Cli = "../docs/guide/cli.md",
         Operations = "../docs/guide/operations.md",

@@ -129,6 +129,7 @@ async fn sql_examples() {
 
     let out = run("fenced_write", &[&pg.url()]).await;
     assert_has(&out, "B's write accepted: true");
+    assert_has(&out, "the fence refused token");
     assert_has(&out, "A's stale write accepted: false");
     assert_has(&out, "A's guard says lost: true");
     assert_has(&out, "quantity is 90 (B's write survived)");

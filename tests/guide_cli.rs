@@ -10,8 +10,8 @@
 //! sample that expects a failure shows it with `; echo "exit $?"`).
 //!
 //! Addresses: `127.0.0.1:6379` is replaced by a Redis server's, and
-//! `$DATABASE_URL` is set to a PostgreSQL server's URL, each started only
-//! for the samples that use it.
+//! `$DATABASE_URL` is set to a PostgreSQL server's URL (with its `psql` on
+//! the PATH), each started only for the samples that use it.
 #![cfg(all(feature = "cli", feature = "redis", feature = "postgres"))]
 
 use std::path::{Path, PathBuf};
@@ -173,8 +173,14 @@ async fn run(sample: &Sample, servers: &Servers) -> Result<(), String> {
     let bin = Path::new(env!("CARGO_BIN_EXE_lockkit"))
         .parent()
         .expect("the binary's directory");
+    // With a PostgreSQL server, its client `psql` is on the PATH too, as
+    // on a reader's machine with PostgreSQL installed.
+    let psql = match &servers.postgres {
+        Some(postgres) => format!("{}:", postgres.bin_dir().display()),
+        None => String::new(),
+    };
     let path = format!(
-        "{}:{}",
+        "{}:{psql}{}",
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );

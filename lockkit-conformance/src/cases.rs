@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use lockkit_core::{
-    DistributedLock, LockError, LockGuard, LockOptions, LostReason, ReleaseOnCrash,
+    DistributedLock, FencingToken, LockError, LockGuard, LockOptions, LostReason, ReleaseOnCrash,
 };
 use tokio::time::Instant;
 
@@ -362,6 +362,61 @@ pub async fn fencing_tokens_strictly_increase(h: &dyn Harness) {
         }
         guard.release().await.unwrap();
     }
+}
+
+/// `FencingToken::is_current` (Chubby's `CheckSequencer`): true for the
+/// holder's token while it holds, false once it released and while a later
+/// holder holds; `Unsupported` where the backend reports no token for a
+/// holding (then never a wrong answer).
+pub async fn is_current_tells_the_holding(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("current");
+    let first = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(10))).await;
+    let Some(token) = first.fencing_token() else {
+        let answer = FencingToken::new(1).is_current(b.as_ref(), &name).await;
+        assert!(
+            matches!(answer, Err(LockError::Unsupported { .. })),
+            "{answer:?}"
+        );
+        first.release().await.unwrap();
+        return;
+    };
+    match token.is_current(b.as_ref(), &name).await {
+        Ok(current) => assert!(current, "the holder's token is current"),
+        Err(LockError::Unsupported { .. }) => {
+            let status = b.status(&name).await.expect("status");
+            assert_eq!(
+                status.fencing_token, None,
+                "a token was reported: {status:?}"
+            );
+            first.release().await.unwrap();
+            return;
+        }
+        Err(other) => panic!("is_current failed: {other}"),
+    }
+    let other = FencingToken::new(token.get().wrapping_add(1));
+    assert!(
+        !other.is_current(b.as_ref(), &name).await.unwrap(),
+        "another token is not current"
+    );
+    first.release().await.unwrap();
+    assert!(
+        !token.is_current(b.as_ref(), &name).await.unwrap(),
+        "free after release"
+    );
+    let second = must_acquire(b.as_ref(), &name, &opts(Duration::from_secs(10))).await;
+    let next = second
+        .fencing_token()
+        .expect("the next holder has a token too");
+    assert!(
+        !token.is_current(a.as_ref(), &name).await.unwrap(),
+        "the former holder's token"
+    );
+    assert!(
+        next.is_current(a.as_ref(), &name).await.unwrap(),
+        "the next holder's token"
+    );
+    second.release().await.unwrap();
 }
 
 /// A waiting `acquire` gets the lock as soon as the holder releases, not after its TTL.

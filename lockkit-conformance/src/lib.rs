@@ -106,6 +106,7 @@ macro_rules! conformance_suite {
             lost_signal_when_server_dies,
             renewal_survives_a_short_outage,
             fencing_tokens_strictly_increase,
+            is_current_tells_the_holding,
             acquire_succeeds_when_holder_releases,
             acquire_times_out_near_deadline,
             no_wait_gives_timeout_at_once,
