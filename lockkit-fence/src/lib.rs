@@ -62,7 +62,7 @@ pub mod sqlite;
 pub use error::{BoxError, FenceError, Result};
 pub use holding::is_current;
 pub use lockkit_core::FencingToken;
-pub use resource::{MAX_RESOURCE_LEN, MAX_SQL_TOKEN, check_resource};
+pub use resource::{MAX_RESOURCE_LEN, MAX_SQL_TOKEN, bigint, check_resource};
 #[cfg(any(
     feature = "postgres",
     feature = "mysql",

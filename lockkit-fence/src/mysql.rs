@@ -17,6 +17,16 @@
 //! function keeps the resource's row locked until the transaction ends, so
 //! fenced writes to one resource commit in token order.
 //!
+//! The fence can also ride in the write's own statement, which saves the
+//! round trip of a separate `SELECT`: the function runs once, in a derived
+//! table, and the statement fails (writing nothing) on a stale token.
+//! [`refusal`] turns that failure into [`FenceError::Stale`]:
+//!
+//! ```sql
+//! UPDATE reports JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence
+//!     SET body = ? WHERE day = ?;
+//! ```
+//!
 //! A server that writes a binary log accepts the function only from a user
 //! with SUPER or with `log_bin_trust_function_creators = 1`.
 
@@ -121,23 +131,28 @@ pub async fn admit(conn: &mut MySqlConnection, resource: &str, token: FencingTok
         .bind(value)
         .execute(conn)
         .await;
-    match answer {
-        Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(error)) if error.message().starts_with(STALE_MESSAGE) => {
+    answer.map(drop).map_err(|error| refusal(error, resource, token))
+}
+
+/// What a failed fenced statement means: [`FenceError::Stale`] when
+/// `lockkit_fence` refused `token` (the statement wrote nothing; roll the
+/// transaction back), a [`FenceError::Store`] naming the fix when the
+/// function is missing, and the store's failure otherwise.
+pub fn refusal(error: sqlx::Error, resource: &str, token: FencingToken) -> FenceError {
+    match error {
+        sqlx::Error::Database(error) if error.message().starts_with(STALE_MESSAGE) => {
             let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
-            Err(FenceError::stale(resource, token, greatest))
+            FenceError::stale(resource, token, greatest)
         }
-        Err(sqlx::Error::Database(error))
-            if error.message().contains("lockkit_fence does not exist") =>
-        {
-            Err(FenceError::store(
+        sqlx::Error::Database(error) if error.message().contains("lockkit_fence does not exist") => {
+            FenceError::store(
                 STORE,
                 "the lockkit_fence function is missing: run `lockkit fence install --url URL` \
                  (or lockkit_fence::mysql::install)",
                 Some(Box::new(sqlx::Error::Database(error)) as _),
-            ))
+            )
         }
-        Err(error) => Err(failed(error)),
+        error => failed(error),
     }
 }
 

@@ -13,6 +13,16 @@
 //! The function takes the resource's row lock until the transaction ends, so
 //! fenced writes to one resource commit in token order: a token-10
 //! transaction that waits behind a committed token-11 one is refused.
+//!
+//! The fence can also ride in the write's own statement, which saves the
+//! round trip of a separate `SELECT`: the function runs once, as a row
+//! source, and the statement fails (writing nothing) on a stale token.
+//! [`refusal`] turns that failure into [`FenceError::Stale`]:
+//!
+//! ```sql
+//! UPDATE reports SET body = $3 FROM lockkit_fence($1, $2) AS fence WHERE day = $4;
+//! INSERT INTO events (body) SELECT $3 FROM lockkit_fence($1, $2) AS fence;
+//! ```
 
 use lockkit_core::FencingToken;
 use sqlx::postgres::{PgConnection, PgPool};
@@ -97,21 +107,43 @@ pub async fn admit(conn: &mut PgConnection, resource: &str, token: FencingToken)
         .bind(value)
         .execute(conn)
         .await;
-    match answer {
-        Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(STALE_SQLSTATE) => {
+    answer.map(drop).map_err(|error| refusal(error, resource, token))
+}
+
+/// What a failed fenced statement means: [`FenceError::Stale`] when
+/// `lockkit_fence` refused `token` (the statement wrote nothing; roll the
+/// transaction back), a [`FenceError::Store`] naming the fix when the
+/// function is missing, and the store's failure otherwise.
+///
+/// ```no_run
+/// # async fn f(tx: &mut sqlx::PgConnection, token: lockkit_core::FencingToken) -> Result<(), lockkit_fence::FenceError> {
+/// use lockkit_fence::postgres::refusal;
+///
+/// sqlx::query("UPDATE reports SET body = $3 FROM lockkit_fence($1, $2) AS fence WHERE day = $4")
+///     .bind("reports/daily")
+///     .bind(lockkit_fence::bigint(token)?)
+///     .bind("...")
+///     .bind("2026-11-29")
+///     .execute(tx)
+///     .await
+///     .map_err(|error| refusal(error, "reports/daily", token))?;
+/// # Ok(()) }
+/// ```
+pub fn refusal(error: sqlx::Error, resource: &str, token: FencingToken) -> FenceError {
+    match error {
+        sqlx::Error::Database(error) if error.code().as_deref() == Some(STALE_SQLSTATE) => {
             let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
-            Err(FenceError::stale(resource, token, greatest))
+            FenceError::stale(resource, token, greatest)
         }
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("42883") => {
-            Err(FenceError::store(
+        sqlx::Error::Database(error) if error.code().as_deref() == Some("42883") => {
+            FenceError::store(
                 STORE,
                 "the lockkit_fence function is missing: run `lockkit fence install --url URL` \
                  (or lockkit_fence::postgres::install)",
                 Some(Box::new(sqlx::Error::Database(error)) as _),
-            ))
+            )
         }
-        Err(error) => Err(failed(error)),
+        error => failed(error),
     }
 }
 

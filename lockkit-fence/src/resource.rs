@@ -38,6 +38,19 @@ pub(crate) fn invalid(resource: &str, reason: &'static str) -> FenceError {
     }
 }
 
+/// The token as the signed `BIGINT` that `lockkit_fence` takes, for a
+/// statement that carries the fence itself; [`FenceError::TokenOutOfRange`]
+/// above [`MAX_SQL_TOKEN`].
+///
+/// ```
+/// use lockkit_fence::{FencingToken, bigint};
+/// assert_eq!(bigint(FencingToken::new(42)).unwrap(), 42);
+/// assert!(bigint(FencingToken::new(u64::MAX)).is_err());
+/// ```
+pub fn bigint(token: FencingToken) -> Result<i64> {
+    sql_token(token, "sql")
+}
+
 /// The token as a SQL store's signed `BIGINT`.
 #[allow(dead_code)] // not every store feature uses it
 pub(crate) fn sql_token(token: FencingToken, store: &'static str) -> Result<i64> {

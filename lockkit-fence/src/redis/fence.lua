@@ -6,27 +6,29 @@
 -- A token below the fence's is refused (error STALE) and nothing is run;
 -- otherwise the token is recorded and the commands run; their replies are returned.
 local token = ARGV[1]
-if not token or not string.match(token, '^%d+$') or #token > 20
-    or (#token > 1 and string.sub(token, 1, 1) == '0') then
+if #token > 20 or not (token == '0' or string.find(token, '^[1-9]%d*$')) then
     return redis.error_reply('ERR lockkit fence: the token must be a decimal number without leading zeros')
 end
-local greatest = redis.call('GET', KEYS[1])
-if greatest and (#greatest > #token or (#greatest == #token and greatest > token)) then
-    return redis.error_reply('STALE lockkit fence: stale token ' .. token .. ' for resource "' ..
-        tostring(ARGV[2]) .. '": greatest admitted ' .. greatest)
-end
+local last = #ARGV
 local i = 3
-while i <= #ARGV do
+while i <= last do
     local n = tonumber(ARGV[i])
-    if not n or n < 1 or i + n > #ARGV then
+    if not n or n < 1 or i + n > last then
         return redis.error_reply('ERR lockkit fence: a command is a count N followed by N words')
     end
     i = i + n + 1
 end
-redis.call('SET', KEYS[1], token)
+local greatest = redis.call('GET', KEYS[1])
+if greatest and (#greatest > #token or (#greatest == #token and greatest > token)) then
+    return redis.error_reply('STALE lockkit fence: stale token ' .. token .. ' for resource "' ..
+        ARGV[2] .. '": greatest admitted ' .. greatest)
+end
+if greatest ~= token then
+    redis.call('SET', KEYS[1], token)
+end
 local replies = {}
 i = 3
-while i <= #ARGV do
+while i <= last do
     local n = tonumber(ARGV[i])
     replies[#replies + 1] = redis.call(unpack(ARGV, i + 1, i + n))
     i = i + n + 1

@@ -1,0 +1,406 @@
+#![allow(clippy::print_stdout)]
+//! What the fence at the resource costs: a fenced write over the same write
+//! without the fence, one client in one process, on both runtime flavours.
+//!
+//! * PostgreSQL and MariaDB: a transaction that updates one row (`BEGIN`,
+//!   `UPDATE`, `COMMIT`), and the same transaction fenced by
+//!   `lockkit_fence(resource, token)` two ways: inside the `UPDATE` (the
+//!   function as a row source, no extra round trip), and as a statement of
+//!   its own first (`lockkit::fence::{postgres, mysql}::admit`); each write
+//!   with the next token;
+//! * Redis: `SET` of one key, and the same `SET` through the fence script
+//!   (`FencedWrite`), each write with the next token;
+//! * an HTTP service: a `tower` service answering a `PUT` in process, and
+//!   the same service behind `FenceLayer` (the layer's cost per request).
+//!
+//! Each run interleaves 12 blocks of 40 plain and 40 fenced writes (after 2
+//! warm-up blocks, the order alternating); a run's ratio is the median of
+//! its blocks' fenced/plain ratios, and the verdict is on the median of 7
+//! runs. The summary goes
+//! to `target/lockkit-bench/fence-summary.md` (`scripts/reports.sh fence`
+//! makes it a page of docs/reports/).
+//!
+//! `cargo bench -p lockkit-benches --bench fence`
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::{Request, Response};
+use lockkit_benches::{CycleFixture, CycleKind, Interleaved, Limit, RunMode, save_summary};
+use lockkit_core::FencingToken;
+use lockkit_fence::http::{FenceLayer, Fences};
+use lockkit_fence::redis::{FencedWrite, data_key};
+use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, TestServer};
+use tokio::runtime::Runtime;
+use tower::util::BoxCloneSyncService;
+use tower::{ServiceBuilder, ServiceExt};
+
+/// Runs, blocks per run (after the warm-up blocks) and writes per block.
+fn plan(mode: RunMode) -> (usize, usize, usize) {
+    match mode {
+        RunMode::Bench => (7, 12, 40),
+        RunMode::Quick => (2, 5, 20),
+        _ => (1, 1, 3),
+    }
+}
+
+const WARM_UP_BLOCKS: usize = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Store {
+    Postgres(Form),
+    MariaDb(Form),
+    Redis,
+    Http,
+}
+
+/// Where a SQL write carries its fence.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Form {
+    /// In the write's own statement.
+    Inline,
+    /// A statement of its own before the write (`admit`).
+    Admit,
+}
+
+impl Store {
+    const ALL: [Store; 6] = [
+        Store::Postgres(Form::Inline),
+        Store::Postgres(Form::Admit),
+        Store::MariaDb(Form::Inline),
+        Store::MariaDb(Form::Admit),
+        Store::Redis,
+        Store::Http,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Store::Postgres(Form::Inline) => "postgres, fence in the UPDATE",
+            Store::Postgres(Form::Admit) => "postgres, admit() then UPDATE",
+            Store::MariaDb(Form::Inline) => "mariadb, fence in the UPDATE",
+            Store::MariaDb(Form::Admit) => "mariadb, admit() then UPDATE",
+            Store::Redis => "redis, FencedWrite",
+            Store::Http => "http, FenceLayer",
+        }
+    }
+
+    /// The target for fenced ÷ plain: on the fastest documented form of
+    /// each store (the separate `admit` costs a round trip, reported; the
+    /// tower layer's cost is reported per request).
+    fn target(self) -> Option<f64> {
+        match self {
+            Store::Postgres(Form::Inline) | Store::MariaDb(Form::Inline) => Some(1.3),
+            Store::Redis => Some(1.2),
+            Store::Postgres(Form::Admit) | Store::MariaDb(Form::Admit) | Store::Http => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Write {
+    Plain,
+    Fenced,
+}
+
+impl CycleKind for Write {
+    const ALL: &'static [Write] = &[Write::Plain, Write::Fenced];
+
+    fn bench(self) -> &'static str {
+        match self {
+            Write::Plain => "plain_write",
+            Write::Fenced => "fenced_write",
+        }
+    }
+}
+
+struct Servers {
+    postgres: PostgresServer,
+    mariadb: MariaDbServer,
+    redis: RedisServer,
+}
+
+type HttpService = BoxCloneSyncService<Request<String>, Response<String>, Infallible>;
+
+/// The clients of one store, on the runtime that measures them.
+enum Client {
+    Postgres(sqlx::PgPool, Form),
+    MariaDb(sqlx::MySqlPool, Form),
+    Redis(redis::aio::MultiplexedConnection),
+    Http { plain: HttpService, fenced: HttpService },
+}
+
+struct Fixture {
+    client: Client,
+    tokens: AtomicU64,
+}
+
+struct Run {
+    plain_us: f64,
+    fenced_us: f64,
+    ratio: f64,
+}
+
+fn main() {
+    let mode = RunMode::from_env();
+    if mode == RunMode::List {
+        return;
+    }
+    let boot = runtime("current_thread");
+    let servers = boot.block_on(async {
+        let (postgres, mariadb, redis) =
+            tokio::join!(PostgresServer::start(), MariaDbServer::start(), RedisServer::start());
+        Servers { postgres, mariadb, redis }
+    });
+    boot.block_on(prepare(&servers));
+    let (runs, blocks, per_block) = plan(mode);
+    let mut rows = Vec::new();
+    for store in Store::ALL {
+        for flavour in ["current_thread", "multi_thread"] {
+            let rt = runtime(flavour);
+            let fixture = rt.block_on(Fixture::new(&servers, store));
+            let measured: Vec<Run> = (0..runs)
+                .map(|_| rt.block_on(fixture.measure(blocks, per_block)))
+                .collect();
+            for (i, run) in measured.iter().enumerate() {
+                println!(
+                    "{} {flavour} run {i}: plain {:.1} µs, fenced {:.1} µs, paired ratio {:.3}",
+                    store.name(),
+                    run.plain_us,
+                    run.fenced_us,
+                    run.ratio
+                );
+            }
+            rows.push((store, flavour, measured));
+        }
+    }
+    save_summary(mode, "fence", &summary(mode, &rows));
+}
+
+fn runtime(flavour: &str) -> Runtime {
+    let mut builder = if flavour == "current_thread" {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(4);
+        builder
+    };
+    builder.enable_all().build().expect("a tokio runtime")
+}
+
+/// The fence and a one-row table on each SQL server.
+async fn prepare(servers: &Servers) {
+    let pg = sqlx::PgPool::connect(&servers.postgres.url()).await.expect("postgres");
+    lockkit_fence::postgres::install(&pg).await.expect("install on postgres");
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS bench_fence (id int PRIMARY KEY, hits bigint NOT NULL); \
+         INSERT INTO bench_fence VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+    )
+    .execute(&pg)
+    .await
+    .expect("the postgres table");
+    let my = sqlx::MySqlPool::connect(&servers.mariadb.url()).await.expect("mariadb");
+    lockkit_fence::mysql::install(&my).await.expect("install on mariadb");
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS bench_fence (id int PRIMARY KEY, hits bigint NOT NULL) ENGINE = InnoDB; \
+         INSERT IGNORE INTO bench_fence VALUES (1, 0)",
+    )
+    .execute(&my)
+    .await
+    .expect("the mariadb table");
+}
+
+fn http_services() -> (HttpService, HttpService) {
+    let handler = tower::service_fn(|request: Request<String>| async move {
+        Ok::<_, Infallible>(Response::new(request.into_body()))
+    });
+    let fenced = ServiceBuilder::new()
+        .layer(FenceLayer::new(Fences::new(), |request: &Request<String>| {
+            Some(request.uri().path().to_owned())
+        }))
+        .service(handler.clone());
+    (BoxCloneSyncService::new(handler), BoxCloneSyncService::new(fenced))
+}
+
+impl Fixture {
+    async fn new(servers: &Servers, store: Store) -> Fixture {
+        let client = match store {
+            Store::Postgres(form) => Client::Postgres(
+                sqlx::PgPool::connect(&servers.postgres.url()).await.expect("postgres"),
+                form,
+            ),
+            Store::MariaDb(form) => Client::MariaDb(
+                sqlx::MySqlPool::connect(&servers.mariadb.url()).await.expect("mariadb"),
+                form,
+            ),
+            Store::Redis => {
+                let client = redis::Client::open(servers.redis.url()).expect("a redis URL");
+                Client::Redis(client.get_multiplexed_async_connection().await.expect("redis"))
+            }
+            Store::Http => {
+                let (plain, fenced) = http_services();
+                Client::Http { plain, fenced }
+            }
+        };
+        // Tokens rise across fixtures: each store keeps its fence across runs.
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_micros();
+        Fixture {
+            client,
+            tokens: AtomicU64::new(u64::try_from(start).expect("a µs clock in u64")),
+        }
+    }
+
+    async fn measure(&self, blocks: usize, per_block: usize) -> Run {
+        Interleaved::<Write>::measure(self, WARM_UP_BLOCKS, per_block).await;
+        let measured = Interleaved::<Write>::measure(self, blocks, per_block).await;
+        let us = |kind| measured.median(kind).expect("measured blocks") / 1e3;
+        Run {
+            plain_us: us(Write::Plain),
+            fenced_us: us(Write::Fenced),
+            ratio: measured
+                .paired_ratio(Write::Fenced, Write::Plain)
+                .expect("measured blocks"),
+        }
+    }
+
+    fn next_token(&self) -> FencingToken {
+        FencingToken::new(self.tokens.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl CycleFixture for Fixture {
+    type Kind = Write;
+
+    async fn run(&self, kind: Write) {
+        let fenced = kind == Write::Fenced;
+        let token = self.next_token();
+        match &self.client {
+            Client::Postgres(pool, form) => {
+                let mut tx = pool.begin().await.expect("begin");
+                match (fenced, form) {
+                    (false, _) => {
+                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
+                            .execute(&mut *tx)
+                            .await
+                            .expect("update");
+                    }
+                    (true, Form::Inline) => {
+                        sqlx::query(
+                            "UPDATE bench_fence SET hits = hits + 1 \
+                             FROM lockkit_fence($1, $2) AS fence WHERE id = 1",
+                        )
+                        .bind("bench")
+                        .bind(lockkit_fence::bigint(token).expect("a BIGINT token"))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| lockkit_fence::postgres::refusal(e, "bench", token))
+                        .expect("admitted");
+                    }
+                    (true, Form::Admit) => {
+                        lockkit_fence::postgres::admit(&mut tx, "bench", token)
+                            .await
+                            .expect("admitted");
+                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
+                            .execute(&mut *tx)
+                            .await
+                            .expect("update");
+                    }
+                }
+                tx.commit().await.expect("commit");
+            }
+            Client::MariaDb(pool, form) => {
+                let mut tx = pool.begin().await.expect("begin");
+                match (fenced, form) {
+                    (false, _) => {
+                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
+                            .execute(&mut *tx)
+                            .await
+                            .expect("update");
+                    }
+                    (true, Form::Inline) => {
+                        sqlx::query(
+                            "UPDATE bench_fence JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence \
+                             SET hits = hits + 1 WHERE id = 1",
+                        )
+                        .bind("bench")
+                        .bind(lockkit_fence::bigint(token).expect("a BIGINT token"))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| lockkit_fence::mysql::refusal(e, "bench", token))
+                        .expect("admitted");
+                    }
+                    (true, Form::Admit) => {
+                        lockkit_fence::mysql::admit(&mut tx, "bench", token)
+                            .await
+                            .expect("admitted");
+                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
+                            .execute(&mut *tx)
+                            .await
+                            .expect("update");
+                    }
+                }
+                tx.commit().await.expect("commit");
+            }
+            Client::Redis(conn) => {
+                let mut conn = conn.clone();
+                let mut set = redis::cmd("SET");
+                set.arg(data_key("bench", "body")).arg(token.get());
+                if fenced {
+                    FencedWrite::new("bench", token)
+                        .expect("a valid resource")
+                        .command(&set)
+                        .run(&mut conn)
+                        .await
+                        .expect("admitted");
+                } else {
+                    set.query_async::<()>(&mut conn).await.expect("SET");
+                }
+            }
+            Client::Http { plain, fenced: layered } => {
+                let service = if fenced { layered } else { plain };
+                let request = Request::put("/reports/daily")
+                    .header("Fencing-Token", token.get())
+                    .body(String::from("body"))
+                    .expect("a request");
+                let response = service.clone().oneshot(request).await.expect("a response");
+                assert_eq!(response.status(), http::StatusCode::OK);
+            }
+        }
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn summary(mode: RunMode, rows: &[(Store, &str, Vec<Run>)]) -> String {
+    let mut out = format!(
+        "## A fenced write over the same write without the fence, one client ({} run)\n\n\
+         | store | runtime | plain write (median of run medians) | fenced write | × plain, each run (paired) | median of runs | target |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+        mode.label()
+    );
+    for (store, flavour, runs) in rows {
+        let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
+        let ratio = median(runs.iter().map(|r| r.ratio).collect());
+        let plain = median(runs.iter().map(|r| r.plain_us).collect());
+        let fenced = median(runs.iter().map(|r| r.fenced_us).collect());
+        let (ratio, verdict) = match store.target() {
+            Some(target) => Limit::AtMost(target).judge(Some(ratio)),
+            None => (
+                format!("{ratio:.2}"),
+                format!("+{:.2} µs a request", fenced - plain),
+            ),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {plain:.2} µs | {fenced:.2} µs | {} | {ratio} | {verdict} |\n",
+            store.name(),
+            flavour.replace('_', "-"),
+            each.join(", "),
+        ));
+    }
+    out
+}
