@@ -126,7 +126,10 @@ enum Client {
     Postgres(sqlx::PgPool, Form),
     MariaDb(sqlx::MySqlPool, Form),
     Redis(redis::aio::MultiplexedConnection),
-    Http { plain: HttpService, fenced: HttpService },
+    Http {
+        plain: HttpService,
+        fenced: HttpService,
+    },
 }
 
 struct Fixture {
@@ -147,9 +150,16 @@ fn main() {
     }
     let boot = runtime("current_thread");
     let servers = boot.block_on(async {
-        let (postgres, mariadb, redis) =
-            tokio::join!(PostgresServer::start(), MariaDbServer::start(), RedisServer::start());
-        Servers { postgres, mariadb, redis }
+        let (postgres, mariadb, redis) = tokio::join!(
+            PostgresServer::start(),
+            MariaDbServer::start(),
+            RedisServer::start()
+        );
+        Servers {
+            postgres,
+            mariadb,
+            redis,
+        }
     });
     boot.block_on(prepare(&servers));
     let (runs, blocks, per_block) = plan(mode);
@@ -189,8 +199,12 @@ fn runtime(flavour: &str) -> Runtime {
 
 /// The fence and a one-row table on each SQL server.
 async fn prepare(servers: &Servers) {
-    let pg = sqlx::PgPool::connect(&servers.postgres.url()).await.expect("postgres");
-    lockkit_fence::postgres::install(&pg).await.expect("install on postgres");
+    let pg = sqlx::PgPool::connect(&servers.postgres.url())
+        .await
+        .expect("postgres");
+    lockkit_fence::postgres::install(&pg)
+        .await
+        .expect("install on postgres");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS bench_fence (id int PRIMARY KEY, hits bigint NOT NULL); \
          INSERT INTO bench_fence VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
@@ -198,8 +212,12 @@ async fn prepare(servers: &Servers) {
     .execute(&pg)
     .await
     .expect("the postgres table");
-    let my = sqlx::MySqlPool::connect(&servers.mariadb.url()).await.expect("mariadb");
-    lockkit_fence::mysql::install(&my).await.expect("install on mariadb");
+    let my = sqlx::MySqlPool::connect(&servers.mariadb.url())
+        .await
+        .expect("mariadb");
+    lockkit_fence::mysql::install(&my)
+        .await
+        .expect("install on mariadb");
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS bench_fence (id int PRIMARY KEY, hits bigint NOT NULL) ENGINE = InnoDB; \
          INSERT IGNORE INTO bench_fence VALUES (1, 0)",
@@ -214,27 +232,40 @@ fn http_services() -> (HttpService, HttpService) {
         Ok::<_, Infallible>(Response::new(request.into_body()))
     });
     let fenced = ServiceBuilder::new()
-        .layer(FenceLayer::new(Fences::new(), |request: &Request<String>| {
-            Some(request.uri().path().to_owned())
-        }))
+        .layer(FenceLayer::new(
+            Fences::new(),
+            |request: &Request<String>| Some(request.uri().path().to_owned()),
+        ))
         .service(handler.clone());
-    (BoxCloneSyncService::new(handler), BoxCloneSyncService::new(fenced))
+    (
+        BoxCloneSyncService::new(handler),
+        BoxCloneSyncService::new(fenced),
+    )
 }
 
 impl Fixture {
     async fn new(servers: &Servers, store: Store) -> Fixture {
         let client = match store {
             Store::Postgres(form) => Client::Postgres(
-                sqlx::PgPool::connect(&servers.postgres.url()).await.expect("postgres"),
+                sqlx::PgPool::connect(&servers.postgres.url())
+                    .await
+                    .expect("postgres"),
                 form,
             ),
             Store::MariaDb(form) => Client::MariaDb(
-                sqlx::MySqlPool::connect(&servers.mariadb.url()).await.expect("mariadb"),
+                sqlx::MySqlPool::connect(&servers.mariadb.url())
+                    .await
+                    .expect("mariadb"),
                 form,
             ),
             Store::Redis => {
                 let client = redis::Client::open(servers.redis.url()).expect("a redis URL");
-                Client::Redis(client.get_multiplexed_async_connection().await.expect("redis"))
+                Client::Redis(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .expect("redis"),
+                )
             }
             Store::Http => {
                 let (plain, fenced) = http_services();
@@ -358,7 +389,10 @@ impl CycleFixture for Fixture {
                     set.query_async::<()>(&mut conn).await.expect("SET");
                 }
             }
-            Client::Http { plain, fenced: layered } => {
+            Client::Http {
+                plain,
+                fenced: layered,
+            } => {
                 let service = if fenced { layered } else { plain };
                 let request = Request::put("/reports/daily")
                     .header("Fencing-Token", token.get())

@@ -11,6 +11,10 @@
 //! counts overlaps and stale writes from what the resource recorded, and the
 //! [`report`] writes a Markdown table and a timeline per run.
 //!
+//! The [`fence_race`] is the race at the resource: writers on several
+//! processes, holders paused past their lease, every write fenced at
+//! PostgreSQL and Redis (`tests/fence_race.rs`).
+//!
 //! The [`soak`] runs the whole family of locks on every backend at once for
 //! minutes, servers paused and restarted at random, and watches the client
 //! process for growth (`scripts/soak.sh`).
@@ -22,6 +26,7 @@
 
 pub mod check;
 pub mod deploy;
+pub mod fence_race;
 pub mod record;
 pub mod report;
 pub mod resource;

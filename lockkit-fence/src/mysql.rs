@@ -51,7 +51,8 @@ pub const INSTALL: &[&str] = &[
     token BIGINT NOT NULL,
     admitted_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
 ) ENGINE = InnoDB",
-    "CREATE FUNCTION IF NOT EXISTS lockkit_fence(
+    "DROP FUNCTION IF EXISTS lockkit_fence",
+    "CREATE FUNCTION lockkit_fence(
     fence_resource VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     fence_token BIGINT
 ) RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA
@@ -64,16 +65,20 @@ BEGIN
     IF fence_token IS NULL OR fence_token < 0 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'lockkit_fence: the token must be a number from 0';
     END IF;
+    -- The upsert admits a token at least the greatest, changes nothing for
+    -- a smaller one, and locks the row either way; the locking read (the
+    -- latest version, whatever the transaction's snapshot) then sees the
+    -- greatest token, which a stale one is below.
     INSERT INTO lockkit_fences (resource, token) VALUES (fence_resource, fence_token)
-        ON DUPLICATE KEY UPDATE token = token;
+        ON DUPLICATE KEY UPDATE
+            admitted_at = IF(token <= VALUES(token), CURRENT_TIMESTAMP(6), admitted_at),
+            token = IF(token <= VALUES(token), VALUES(token), token);
     SELECT token INTO greatest_token FROM lockkit_fences WHERE resource = fence_resource FOR UPDATE;
     IF fence_token < greatest_token THEN
         SET refusal = CONCAT('lockkit_fence: stale token ', fence_token, ' for resource \"',
             fence_resource, '\": greatest admitted ', greatest_token);
         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = refusal;
     END IF;
-    UPDATE lockkit_fences SET token = fence_token, admitted_at = CURRENT_TIMESTAMP(6)
-        WHERE resource = fence_resource;
     RETURN fence_token;
 END",
 ];
@@ -131,7 +136,9 @@ pub async fn admit(conn: &mut MySqlConnection, resource: &str, token: FencingTok
         .bind(value)
         .execute(conn)
         .await;
-    answer.map(drop).map_err(|error| refusal(error, resource, token))
+    answer
+        .map(drop)
+        .map_err(|error| refusal(error, resource, token))
 }
 
 /// What a failed fenced statement means: [`FenceError::Stale`] when
@@ -144,7 +151,9 @@ pub fn refusal(error: sqlx::Error, resource: &str, token: FencingToken) -> Fence
             let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
             FenceError::stale(resource, token, greatest)
         }
-        sqlx::Error::Database(error) if error.message().contains("lockkit_fence does not exist") => {
+        sqlx::Error::Database(error)
+            if error.message().contains("lockkit_fence does not exist") =>
+        {
             FenceError::store(
                 STORE,
                 "the lockkit_fence function is missing: run `lockkit fence install --url URL` \

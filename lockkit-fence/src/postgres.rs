@@ -107,7 +107,9 @@ pub async fn admit(conn: &mut PgConnection, resource: &str, token: FencingToken)
         .bind(value)
         .execute(conn)
         .await;
-    answer.map(drop).map_err(|error| refusal(error, resource, token))
+    answer
+        .map(drop)
+        .map_err(|error| refusal(error, resource, token))
 }
 
 /// What a failed fenced statement means: [`FenceError::Stale`] when

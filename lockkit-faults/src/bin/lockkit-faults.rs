@@ -58,6 +58,25 @@ enum Command {
     /// The soak's client process (started by `soak`).
     #[command(hide = true)]
     SoakClient(SoakClientArgs),
+    /// A worker process of the fence race (started by its test).
+    #[command(hide = true)]
+    FenceWorker(FenceWorkerArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct FenceWorkerArgs {
+    #[arg(long)]
+    lock_url: String,
+    #[arg(long)]
+    pg_url: String,
+    #[arg(long)]
+    redis_url: String,
+    #[arg(long)]
+    client: u32,
+    #[arg(long, default_value_t = 4)]
+    writers: u32,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -193,6 +212,24 @@ async fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::warn!("worker ends: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::FenceWorker(args) => {
+            init_tracing("warn");
+            let plan = lockkit_faults::fence_race::RacePlan {
+                lock_url: args.lock_url,
+                pg_url: args.pg_url,
+                redis_url: args.redis_url,
+                client: args.client,
+                writers: args.writers,
+                ttl: args.ttl,
+            };
+            match lockkit_faults::fence_race::run(plan).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("fence worker ends: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -18,13 +18,13 @@ while i <= last do
     end
     i = i + n + 1
 end
-local greatest = redis.call('GET', KEYS[1])
+-- Record the token and read the one before in one call; a stale token puts
+-- the greater one back (the script is atomic: no one sees the swap).
+local greatest = redis.call('SET', KEYS[1], token, 'GET')
 if greatest and (#greatest > #token or (#greatest == #token and greatest > token)) then
+    redis.call('SET', KEYS[1], greatest)
     return redis.error_reply('STALE lockkit fence: stale token ' .. token .. ' for resource "' ..
         ARGV[2] .. '": greatest admitted ' .. greatest)
-end
-if greatest ~= token then
-    redis.call('SET', KEYS[1], token)
 end
 local replies = {}
 i = 3
