@@ -236,7 +236,7 @@ fn http_services() -> (HttpService, HttpService) {
             Fences::new(),
             |request: &Request<String>| Some(request.uri().path().to_owned()),
         ))
-        .service(handler.clone());
+        .service(handler);
     (
         BoxCloneSyncService::new(handler),
         BoxCloneSyncService::new(fenced),

@@ -13,10 +13,15 @@
 //!   accepted, over acquire attempts.
 //! * **Recovery**: per fault, from its start to the first write of the first
 //!   section granted after it that completed.
+//! * **At the real stores** (PostgreSQL, Redis; [`StoreOutcome`]): a write
+//!   is stale there when a newer section's write had been admitted by that
+//!   store (answered) before this one was sent; a store that admits it
+//!   failed to fence.
 
 use std::collections::BTreeMap;
 
 use crate::record::{Kind, Micros, Trace};
+use crate::stores::{Store, StoreRecord};
 
 /// One critical section (or attempt) of one worker.
 #[derive(Clone, Debug, Default)]
@@ -87,6 +92,24 @@ pub struct Outcome {
     pub failed: u64,
     /// Per fault, the time to the next completed section (`None`: none came).
     pub recovery: Vec<Option<Micros>>,
+    /// What each real store did with the fenced writes (empty without
+    /// stores or tokens).
+    pub stores: Vec<StoreOutcome>,
+}
+
+/// What one real store did with a run's fenced writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOutcome {
+    /// The store.
+    pub store: Store,
+    /// Writes it admitted.
+    pub admitted: u64,
+    /// Stale writes it admitted: the damage it exists to prevent.
+    pub stale_admitted: u64,
+    /// Stale writes it refused.
+    pub stale_refused: u64,
+    /// Writes it failed to answer.
+    pub errors: u64,
 }
 
 impl Outcome {
@@ -195,6 +218,7 @@ pub fn check(trace: &Trace) -> Outcome {
             }
         }
     }
+    outcome.stores = store_outcomes(&sections, &trace.stores);
     outcome.recovery = trace
         .faults
         .iter()
@@ -208,6 +232,58 @@ pub fn check(trace: &Trace) -> Outcome {
         })
         .collect();
     outcome
+}
+
+/// Per store: a write is stale at a store when a newer section (of another
+/// worker) had a write admitted by that store before this one was sent.
+fn store_outcomes(sections: &[Section], records: &[StoreRecord]) -> Vec<StoreOutcome> {
+    let section_of = |client: u32, section: u32| {
+        sections
+            .iter()
+            .find(|s| s.client == client && s.section == section)
+    };
+    let mut outcomes = Vec::new();
+    for store in Store::ALL {
+        let writes: Vec<(&StoreRecord, &crate::stores::StoreWrite)> = records
+            .iter()
+            .flat_map(|record| record.writes.iter().map(move |write| (record, write)))
+            .filter(|(_, write)| write.store == store)
+            .collect();
+        if writes.is_empty() {
+            continue;
+        }
+        let mut outcome = StoreOutcome {
+            store,
+            admitted: 0,
+            stale_admitted: 0,
+            stale_refused: 0,
+            errors: 0,
+        };
+        for &(record, write) in &writes {
+            let Some(admitted) = write.admitted else {
+                outcome.errors += 1;
+                continue;
+            };
+            let mine = section_of(record.client, record.section);
+            let stale = writes.iter().any(|&(other, other_write)| {
+                other.client != record.client
+                    && other_write.admitted == Some(true)
+                    && other_write.done < write.sent
+                    && match (section_of(other.client, other.section), mine) {
+                        (Some(other), Some(mine)) => other.newer_than(mine),
+                        _ => false,
+                    }
+            });
+            match (stale, admitted) {
+                (true, true) => outcome.stale_admitted += 1,
+                (true, false) => outcome.stale_refused += 1,
+                (false, true) => outcome.admitted += 1,
+                (false, false) => {}
+            }
+        }
+        outcomes.push(outcome);
+    }
+    outcomes
 }
 
 #[cfg(test)]
@@ -255,6 +331,7 @@ mod tests {
             }],
             clients: 2,
             duration: 2_000,
+            stores: vec![],
         }
     }
 
@@ -269,6 +346,40 @@ mod tests {
         // The paused holder's section had a rejected write: not completed.
         assert_eq!(outcome.completed, 1);
         assert_eq!(outcome.recovery, vec![Some(1_010 - 25)]);
+    }
+
+    /// The same pause, with the writes also made to a store: the store that
+    /// refuses the late write fences; one that admits it is counted.
+    #[test]
+    fn a_store_that_admits_the_late_write_is_counted() {
+        use crate::stores::{Store, StoreRecord, StoreWrite};
+        let at_store = |client, sent, admitted| StoreRecord {
+            client,
+            section: 0,
+            writes: vec![StoreWrite {
+                store: Store::Postgres,
+                sent,
+                done: sent + 5,
+                admitted: Some(admitted),
+            }],
+        };
+        for (late_admitted, stale_admitted, stale_refused) in [(false, 0, 1), (true, 1, 0)] {
+            let mut trace = paused_holder(Some, false);
+            trace.stores = vec![
+                at_store(0, 21, true),
+                at_store(1, 1_011, true),
+                at_store(0, 1_501, late_admitted),
+                at_store(1, 1_601, true),
+            ];
+            let outcome = check(&trace);
+            let store = &outcome.stores[0];
+            assert_eq!(store.store, Store::Postgres);
+            assert_eq!(
+                (store.stale_admitted, store.stale_refused),
+                (stale_admitted, stale_refused)
+            );
+            assert_eq!(store.admitted, 3, "the other writes were not stale");
+        }
     }
 
     #[test]
@@ -296,6 +407,7 @@ mod tests {
             faults: vec![],
             clients: 2,
             duration: 100,
+            stores: vec![],
         };
         let outcome = check(&trace);
         assert_eq!(outcome.overlaps, 0);
@@ -323,6 +435,7 @@ mod tests {
             }],
             clients: 2,
             duration: 100,
+            stores: vec![],
         };
         let outcome = check(&trace);
         assert_eq!(outcome.overlaps, 0);

@@ -34,5 +34,6 @@ pub mod run;
 pub mod scenario;
 pub mod soak;
 pub mod soak_client;
+pub mod stores;
 pub mod timeline;
 pub mod worker;

@@ -69,6 +69,9 @@ pub struct Trace {
     pub clients: u32,
     /// The length of the run.
     pub duration: Micros,
+    /// What the real stores made of each fenced write (empty when the run
+    /// had no stores, or the backend no tokens).
+    pub stores: Vec<crate::stores::StoreRecord>,
 }
 
 /// Formats microseconds as seconds with millisecond precision.

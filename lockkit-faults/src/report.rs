@@ -34,8 +34,48 @@ pub fn problems(results: &[RunResult]) -> Vec<String> {
                 result.outcome.stale_accepted
             ));
         }
+        for store in &result.outcome.stores {
+            if result.fencing && store.stale_admitted > 0 {
+                problems.push(format!(
+                    "{}: {} admitted {} stale writes through lockkit::fence",
+                    result.slug(),
+                    store.store.name(),
+                    store.stale_admitted
+                ));
+            }
+        }
     }
     problems
+}
+
+/// Stale writes admitted / refused at each real store, e.g. `0 / 2, 0 / 2`
+/// (`–` without stores or tokens).
+fn stores_text(result: &RunResult) -> String {
+    if result.outcome.stores.is_empty() {
+        return "–".into();
+    }
+    result
+        .outcome
+        .stores
+        .iter()
+        .map(|store| {
+            let mark = if result.fencing && store.stale_admitted > 0 {
+                " ❌"
+            } else {
+                ""
+            };
+            let errors = if store.errors > 0 {
+                format!(" ({} unanswered)", store.errors)
+            } else {
+                String::new()
+            };
+            format!(
+                "{} / {}{mark}{errors}",
+                store.stale_admitted, store.stale_refused
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn recovery_text(result: &RunResult) -> String {
@@ -56,9 +96,9 @@ fn recovery_text(result: &RunResult) -> String {
 pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
     let mut out = String::new();
     out.push_str(
-        "| backend | scenario | fencing | overlaps | stale writes accepted | stale writes rejected | valid writes rejected | done / tried | lost signals | recovery |\n",
+        "| backend | scenario | fencing | overlaps | stale writes accepted | stale writes rejected | valid writes rejected | stale at PostgreSQL, Redis (admitted / refused) | done / tried | lost signals | recovery |\n",
     );
-    out.push_str("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    out.push_str("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
     for result in results {
         let o = &result.outcome;
         let scenario = match timelines {
@@ -71,7 +111,7 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {scenario} | {} | {} | {}{} | {} | {} | {} / {} | {} | {recovery} |",
+            "| {} | {scenario} | {} | {} | {}{} | {} | {} | {} | {} / {} | {} | {recovery} |",
             result.backend,
             if result.fencing { "yes" } else { "no" },
             o.overlaps,
@@ -83,6 +123,7 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
             },
             o.stale_rejected,
             o.valid_rejected,
+            stores_text(result),
             o.completed,
             o.attempted,
             o.lost,
@@ -101,6 +142,11 @@ the backend claims fencing.
 fencing at work.
 * **valid writes rejected**: writes of the newest holder rejected because its \
 token was lower than one accepted before (the fence counter went backwards).
+* **stale at PostgreSQL, Redis**: every fenced write also goes to two real \
+stores through `lockkit::fence` (`lockkit_fence` inside a history `INSERT`; \
+the Redis fence script around an `RPUSH`). A write is stale there when a \
+newer holder's write had been admitted by that store before it was sent; \
+admitted stale writes must be 0 wherever the backend claims fencing.
 * **done / tried**: critical sections released after all their writes were \
 accepted, over acquire attempts.
 * **lost signals**: sections abandoned because the guard reported the lease lost.

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::record::{Fault, Kind, Micros, Record, Trace};
+use crate::stores::{FenceStores, StoreRecord};
 
 /// The resource and the run's record; see the module docs. Stops when dropped.
 #[derive(Debug)]
@@ -36,6 +37,9 @@ struct Shared {
     section_starts: watch::Sender<Option<(u32, u32)>>,
     /// Sections released after all their writes were accepted.
     completed: watch::Sender<u64>,
+    /// The real stores every fenced write also goes to, and this run's
+    /// resource name there.
+    stores: Option<(Arc<FenceStores>, String)>,
 }
 
 #[derive(Debug, Default)]
@@ -46,6 +50,8 @@ struct State {
     last_token: Option<u64>,
     /// Per client: the current section had a rejected write.
     spoiled: Vec<(u32, u32)>,
+    /// What the real stores made of the fenced writes.
+    stores: Vec<StoreRecord>,
 }
 
 impl Shared {
@@ -108,7 +114,9 @@ impl Shared {
 
 impl Resource {
     /// Listens on a free port of `127.0.0.1`; the run's clock starts now.
-    pub async fn start() -> io::Result<Resource> {
+    /// With `stores`, every fenced write also goes, fenced, to those real
+    /// stores, under the resource name given.
+    pub async fn start(stores: Option<(Arc<FenceStores>, String)>) -> io::Result<Resource> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -116,6 +124,7 @@ impl Resource {
             state: Mutex::default(),
             section_starts: watch::Sender::new(None),
             completed: watch::Sender::new(0),
+            stores,
         });
         let acceptor = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(Resource {
@@ -200,6 +209,7 @@ impl Resource {
             faults: state.faults.clone(),
             clients,
             duration: self.now(),
+            stores: state.stores.clone(),
         }
     }
 }
@@ -260,6 +270,16 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
                     None => "ok\n".to_owned(),
                     Some(last) => format!("stale {last}\n"),
                 };
+                if let (Some((stores, resource)), Some(token)) = (&shared.stores, token) {
+                    let writes = stores
+                        .write(resource, client, section, token, || shared.now())
+                        .await;
+                    shared.state().stores.push(StoreRecord {
+                        client,
+                        section,
+                        writes,
+                    });
+                }
                 if write.write_all(reply.as_bytes()).await.is_err() {
                     return;
                 }

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_testkit::ServerProcess;
@@ -11,6 +12,7 @@ use crate::deploy::{Deployment, Testbed};
 use crate::record::{Trace, millis};
 use crate::resource::Resource;
 use crate::scenario::{Scenario, Stage};
+use crate::stores::FenceStores;
 
 /// Critical sections that must complete before the fault is injected.
 const WARMUP_SECTIONS: u64 = 2;
@@ -40,6 +42,9 @@ pub struct Settings {
     /// Workers abandon a section on the lease-lost signal instead of
     /// writing on (see [`WorkerPlan::careful`](crate::worker::WorkerPlan::careful)).
     pub careful: bool,
+    /// Real stores that every fenced write also goes to (PostgreSQL and
+    /// Redis, fenced by `lockkit::fence`), beside the in-process resource.
+    pub stores: Option<Arc<FenceStores>>,
 }
 
 /// The result of one run.
@@ -127,7 +132,13 @@ async fn spawn_workers(
 pub async fn run(backend: Deployment, scenario: Scenario, settings: &Settings) -> RunResult {
     let slug = format!("{backend}--{scenario}");
     tracing::info!("run {slug}");
-    let resource = match Resource::start().await {
+    let stores = settings.stores.as_ref().map(|stores| {
+        (
+            Arc::clone(stores),
+            format!("faults/{slug}/{}", std::process::id()),
+        )
+    });
+    let resource = match Resource::start(stores).await {
         Ok(resource) => resource,
         Err(e) => return failed(backend, scenario, format!("resource: {e}")),
     };

@@ -337,7 +337,7 @@ pub async fn soak(settings: &SoakSettings) -> Result<SoakReport, String> {
     let mut targets = Vec::new();
     let mut fencing = Vec::new();
     for &backend in &settings.backends {
-        let resource = Resource::start()
+        let resource = Resource::start(None)
             .await
             .map_err(|e| format!("resource: {e}"))?;
         let hosts: Vec<String> = servers

@@ -228,6 +228,7 @@ mod tests {
             }],
             clients: 2,
             duration: 2_000_000,
+            stores: vec![],
         };
         let svg = svg("redis — holder-paused", &trace);
         assert!(svg.starts_with("<svg"));

@@ -68,13 +68,13 @@ fn parse(line: &str) -> Option<Line> {
     let fields: Vec<&str> = line.split_whitespace().collect();
     let number = |i: usize| fields.get(i)?.parse::<u64>().ok();
     let small = |i: usize| u32::try_from(number(i)?).ok();
-    match fields.first()? {
-        &"holding" => Some(Line::Holding {
+    match *fields.first()? {
+        "holding" => Some(Line::Holding {
             client: small(1)?,
             writer: small(2)?,
             token: number(3)?,
         }),
-        &"wrote" => Some(Line::Wrote {
+        "wrote" => Some(Line::Wrote {
             client: small(1)?,
             writer: small(2)?,
             token: number(3)?,
@@ -82,6 +82,16 @@ fn parse(line: &str) -> Option<Line> {
             redis: *fields.get(5)? == "redis=ok",
         }),
         _ => None,
+    }
+}
+
+/// The token and the two stores' verdicts of a `wrote` line.
+fn verdicts(line: &Line) -> (u64, bool, bool) {
+    match *line {
+        Line::Wrote {
+            token, pg, redis, ..
+        } => (token, pg, redis),
+        Line::Holding { .. } => panic!("not a write: {line:?}"),
     }
 }
 
@@ -190,9 +200,8 @@ async fn paused_holders_writes_are_refused_at_both_stores() {
             let wrote = lines
                 .next_matching(|l| matches!(l, Line::Wrote { client: c, writer: w, .. } if *c == client && *w == writer))
                 .await;
-            let Line::Wrote { pg, redis, .. } = wrote else {
-                unreachable!()
-            };
+            let (written, pg, redis) = verdicts(&wrote);
+            assert_eq!(written, token, "the writer wrote with the token it held");
             assert!(
                 pg && redis,
                 "holder {client}/{writer} with token {token} was refused: {wrote:?}"
@@ -222,9 +231,8 @@ async fn paused_holders_writes_are_refused_at_both_stores() {
         let wrote = lines
             .next_matching(|l| matches!(l, Line::Wrote { client: c, writer: w, .. } if *c == next_client && *w == next_writer))
             .await;
-        let Line::Wrote { pg, redis, .. } = wrote else {
-            unreachable!()
-        };
+        let (written, pg, redis) = verdicts(&wrote);
+        assert_eq!(written, next_token);
         assert!(pg && redis, "the next holder was refused: {wrote:?}");
         accepted.push(next_token);
         section += 1;
@@ -234,9 +242,11 @@ async fn paused_holders_writes_are_refused_at_both_stores() {
         let wrote = lines
             .next_matching(|l| matches!(l, Line::Wrote { client: c, writer: w, .. } if *c == client && *w == writer))
             .await;
-        let Line::Wrote { pg, redis, .. } = wrote else {
-            unreachable!()
-        };
+        let (written, pg, redis) = verdicts(&wrote);
+        assert_eq!(
+            written, token,
+            "the resumed holder writes with its old token"
+        );
         assert!(
             !pg && !redis,
             "the resumed holder's stale write got through: {wrote:?}"

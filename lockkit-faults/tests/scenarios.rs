@@ -4,11 +4,13 @@
 //! the checker says so. Real servers, real worker processes.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_faults::deploy::Deployment;
 use lockkit_faults::run::{RunResult, Settings, run};
 use lockkit_faults::scenario::Scenario;
+use lockkit_faults::stores::{FenceStores, Store};
 
 fn settings(log_dir: PathBuf) -> Settings {
     let lease = Duration::from_secs(1);
@@ -21,17 +23,21 @@ fn settings(log_dir: PathBuf) -> Settings {
         worker_exe: PathBuf::from(env!("CARGO_BIN_EXE_lockkit-faults")),
         log_dir,
         careful: false,
+        stores: None,
     }
 }
 
 async fn paused_holder(backend: Deployment) -> RunResult {
+    paused_holder_with(backend, None).await
+}
+
+async fn paused_holder_with(backend: Deployment, stores: Option<Arc<FenceStores>>) -> RunResult {
     let logs = tempfile::tempdir().unwrap();
-    let result = run(
-        backend,
-        Scenario::HolderPaused,
-        &settings(logs.path().into()),
-    )
-    .await;
+    let settings = Settings {
+        stores,
+        ..settings(logs.path().into())
+    };
+    let result = run(backend, Scenario::HolderPaused, &settings).await;
     assert_eq!(result.error, None, "{result:?}");
     assert_eq!(result.trace.faults.len(), 1);
     assert!(result.outcome.recovered(), "{:?}", result.outcome);
@@ -59,4 +65,24 @@ async fn without_fencing_the_late_write_lands() {
     assert!(outcome.overlaps >= 1, "{outcome:?}");
     assert!(outcome.stale_accepted >= 1, "{outcome:?}");
     assert_eq!(outcome.stale_rejected, 0, "{outcome:?}");
+}
+
+/// The same late write, also made to PostgreSQL and Redis through
+/// `lockkit::fence`: both stores refuse it, and admit the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_stores_refuse_the_paused_holders_late_write() {
+    let stores = Arc::new(FenceStores::start().await.expect("the fence stores"));
+    let result = paused_holder_with(Deployment::PgLease, Some(Arc::clone(&stores))).await;
+    stores.stop();
+    assert!(result.fencing);
+    let outcome = &result.outcome;
+    assert!(outcome.stale_rejected >= 1, "{outcome:?}");
+    let seen: Vec<Store> = outcome.stores.iter().map(|s| s.store).collect();
+    assert_eq!(seen, Store::ALL, "{outcome:?}");
+    for store in &outcome.stores {
+        assert_eq!(store.stale_admitted, 0, "{store:?}");
+        assert!(store.stale_refused >= 1, "{store:?}");
+        assert!(store.admitted >= 2, "{store:?}");
+        assert_eq!(store.errors, 0, "{store:?}");
+    }
 }

@@ -38,7 +38,7 @@ enum Kind {
     #[cfg(feature = "redis")]
     Redis(::redis::aio::MultiplexedConnection),
     #[cfg(feature = "etcd")]
-    Etcd(etcd_client::KvClient),
+    Etcd(Box<etcd_client::KvClient>),
 }
 
 impl fmt::Debug for Store {
@@ -149,7 +149,9 @@ impl Store {
                 #[cfg(feature = "redis")]
                 Kind::Redis(conn) => crate::redis::check(&mut conn.clone(), resource, token).await,
                 #[cfg(feature = "etcd")]
-                Kind::Etcd(kv) => crate::etcd::check(&mut kv.clone(), resource, token).await,
+                Kind::Etcd(kv) => {
+                    crate::etcd::check(&mut kv.as_ref().clone(), resource, token).await
+                }
             }
         };
         bounded("check", self.timeout, work).await
@@ -249,7 +251,7 @@ async fn open_kind(scheme: &str, url: &str, timeout: Duration) -> Result<Kind> {
                 .with_timeout(timeout);
             etcd_client::Client::connect(endpoints, Some(options))
                 .await
-                .map(|client| Kind::Etcd(client.kv_client()))
+                .map(|client| Kind::Etcd(Box::new(client.kv_client())))
                 .map_err(|e| unreachable_store("etcd", e))
         }
         _ => Err(FenceError::store(

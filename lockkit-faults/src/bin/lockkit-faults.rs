@@ -409,6 +409,14 @@ async fn run_suite(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The real stores every fenced write also goes to.
+    let stores = match lockkit_faults::stores::FenceStores::start().await {
+        Ok(stores) => std::sync::Arc::new(stores),
+        Err(e) => {
+            tracing::error!("cannot start the fence stores (PostgreSQL, Redis): {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let settings = Settings {
         lease,
         clients: args
@@ -421,6 +429,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         worker_exe,
         log_dir,
         careful: args.careful,
+        stores: Some(stores),
     };
     let mut results: Vec<RunResult> = Vec::new();
     for backend in backends {
@@ -447,6 +456,10 @@ async fn run_suite(args: RunArgs) -> ExitCode {
     let table = report::table(&results, None);
     let _ = std::io::stdout().write_all(table.as_bytes());
     let mut problems = report::problems(&results);
+    // The fence stores' servers stop here, before the check for leftovers.
+    if let Some(stores) = &settings.stores {
+        stores.stop();
+    }
     let leftovers = lockkit_faults::run::leftover_children();
     if !leftovers.is_empty() {
         problems.push(format!("processes left behind: {leftovers:?}"));
