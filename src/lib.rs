@@ -57,14 +57,17 @@
 //!   to anyone else.
 //! - A holder paused past its lease (a GC pause, a stopped VM) learns of the
 //!   loss only when it runs again. Only the resource can refuse its late
-//!   write, by checking the fencing token: see the guide's [semantics and
-//!   safety] page.
+//!   write, by checking the fencing token: [`fence`] is that check for
+//!   PostgreSQL, MySQL/MariaDB, SQLite, Redis, etcd and HTTP services (the
+//!   guide's [fencing your writes] page), and the guide's [semantics and
+//!   safety] page says why.
 //! - Every network call has a timeout; an unreachable server is
 //!   [`LockError::Unavailable`]. Dropping an `acquire` future never leaks a
 //!   lease. Passwords never appear in `Debug` output, logs or errors.
 //! - Lock names are 1 to 255 bytes of UTF-8 without control characters.
 //!
 //! [semantics and safety]: https://github.com/lockkit/lockkit/blob/main/docs/guide/semantics.md
+//! [fencing your writes]: https://github.com/lockkit/lockkit/blob/main/docs/guide/fencing.md
 //!
 //! # Backends and feature flags
 //!
@@ -80,6 +83,7 @@
 //! | `sqlite` (default) | `sqlite://` | `lockkit::sql` |
 //! | `cli` (default) | the `lockkit` command | |
 //! | `metrics` | counters and histograms through the `metrics` facade | [`metrics`] |
+//! | `tower` | a layer refusing a stale `Fencing-Token` with 409 | `lockkit::fence::http` |
 //! | `full` | all of the above | |
 //!
 //! A library should turn the defaults off and name its backends:

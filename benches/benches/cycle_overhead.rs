@@ -26,12 +26,11 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lockkit_benches::{
-    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RAW_RELEASE, RunMode, Servers,
-    save_summary,
+    CycleFixture, CycleKind, Deployment, Interleaved, Limit, RAW_RELEASE, RunMode, Servers, median,
+    runtime_of, save_summary,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 use redis::aio::MultiplexedConnection;
-use tokio::runtime::Runtime;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -54,14 +53,14 @@ fn main() {
     if mode == RunMode::List {
         return;
     }
-    let boot = runtime("current_thread");
+    let boot = runtime_of("current_thread");
     let deployments: Vec<Deployment> = BACKENDS.iter().map(|(d, _)| *d).collect();
     let servers = boot.block_on(Servers::start(&deployments));
     let (runs, blocks, per_block) = plan(mode);
     let mut rows = Vec::new();
     for (deployment, target) in BACKENDS {
         for flavour in ["current_thread", "multi_thread"] {
-            let rt = runtime(flavour);
+            let rt = runtime_of(flavour);
             let fixture = rt.block_on(Fixture::new(&servers, deployment, flavour));
             let measured: Vec<Run> = (0..runs)
                 .map(|_| rt.block_on(fixture.run(blocks, per_block)))
@@ -81,19 +80,6 @@ fn main() {
         }
     }
     save_summary(mode, "cycle-overhead", &summary(mode, &rows));
-}
-
-/// A runtime of the named flavour: a current-thread one, or a multi-thread
-/// one with 4 workers.
-fn runtime(flavour: &str) -> Runtime {
-    let mut builder = if flavour == "current_thread" {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(4);
-        builder
-    };
-    builder.enable_all().build().expect("a tokio runtime")
 }
 
 /// The two cycles compared.
@@ -245,11 +231,6 @@ async fn raw_connection(addr: SocketAddr, script: &redis::Script) -> Multiplexed
         .await
         .expect("SCRIPT LOAD");
     conn
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 struct Row {

@@ -18,7 +18,8 @@
 //! its blocks' fenced/plain ratios, and the verdict is on the median of 7
 //! runs. The summary goes
 //! to `target/lockkit-bench/fence-summary.md` (`scripts/reports.sh fence`
-//! makes it a page of docs/reports/).
+//! makes it a page of docs/reports/). `LOCKKIT_FENCE_STORES=postgres,redis`
+//! measures only the stores whose names start so.
 //!
 //! `cargo bench -p lockkit-benches --bench fence`
 
@@ -26,12 +27,13 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::{Request, Response};
-use lockkit_benches::{CycleFixture, CycleKind, Interleaved, Limit, RunMode, save_summary};
+use lockkit_benches::{
+    CycleFixture, CycleKind, Interleaved, Limit, RunMode, median, runtime_of, save_summary,
+};
 use lockkit_core::FencingToken;
 use lockkit_fence::http::{FenceLayer, Fences};
 use lockkit_fence::redis::{FencedWrite, data_key};
 use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, TestServer};
-use tokio::runtime::Runtime;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -148,7 +150,7 @@ fn main() {
     if mode == RunMode::List {
         return;
     }
-    let boot = runtime("current_thread");
+    let boot = runtime_of("current_thread");
     let servers = boot.block_on(async {
         let (postgres, mariadb, redis) = tokio::join!(
             PostgresServer::start(),
@@ -164,9 +166,17 @@ fn main() {
     boot.block_on(prepare(&servers));
     let (runs, blocks, per_block) = plan(mode);
     let mut rows = Vec::new();
-    for store in Store::ALL {
+    // `LOCKKIT_FENCE_STORES=postgres,redis` measures only those stores.
+    let only = std::env::var("LOCKKIT_FENCE_STORES").unwrap_or_default();
+    let stores = Store::ALL.into_iter().filter(|store| {
+        only.is_empty()
+            || only
+                .split(',')
+                .any(|name| store.name().starts_with(name.trim()))
+    });
+    for store in stores {
         for flavour in ["current_thread", "multi_thread"] {
-            let rt = runtime(flavour);
+            let rt = runtime_of(flavour);
             let fixture = rt.block_on(Fixture::new(&servers, store));
             let measured: Vec<Run> = (0..runs)
                 .map(|_| rt.block_on(fixture.measure(blocks, per_block)))
@@ -184,17 +194,6 @@ fn main() {
         }
     }
     save_summary(mode, "fence", &summary(mode, &rows));
-}
-
-fn runtime(flavour: &str) -> Runtime {
-    let mut builder = if flavour == "current_thread" {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(4);
-        builder
-    };
-    builder.enable_all().build().expect("a tokio runtime")
 }
 
 /// The fence and a one-row table on each SQL server.
@@ -301,6 +300,38 @@ impl Fixture {
     }
 }
 
+/// One write in a transaction on `$pool`: plain, or fenced with `$inline`
+/// (the fence inside the `UPDATE`) or by `$fence::admit` first.
+macro_rules! sql_write {
+    ($pool:expr, $form:expr, $fenced:expr, $token:expr, $inline:literal, $fence:path) => {{
+        use $fence as fence;
+        let mut tx = $pool.begin().await.expect("begin");
+        match ($fenced, $form) {
+            (true, Form::Inline) => {
+                sqlx::query($inline)
+                    .bind("bench")
+                    .bind(lockkit_fence::bigint($token).expect("a BIGINT token"))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| fence::refusal(e, "bench", $token))
+                    .expect("admitted");
+            }
+            (fenced, _) => {
+                if fenced {
+                    fence::admit(&mut tx, "bench", $token)
+                        .await
+                        .expect("admitted");
+                }
+                sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
+                    .execute(&mut *tx)
+                    .await
+                    .expect("update");
+            }
+        }
+        tx.commit().await.expect("commit");
+    }};
+}
+
 impl CycleFixture for Fixture {
     type Kind = Write;
 
@@ -309,70 +340,26 @@ impl CycleFixture for Fixture {
         let token = self.next_token();
         match &self.client {
             Client::Postgres(pool, form) => {
-                let mut tx = pool.begin().await.expect("begin");
-                match (fenced, form) {
-                    (false, _) => {
-                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
-                            .execute(&mut *tx)
-                            .await
-                            .expect("update");
-                    }
-                    (true, Form::Inline) => {
-                        sqlx::query(
-                            "UPDATE bench_fence SET hits = hits + 1 \
-                             FROM lockkit_fence($1, $2) AS fence WHERE id = 1",
-                        )
-                        .bind("bench")
-                        .bind(lockkit_fence::bigint(token).expect("a BIGINT token"))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| lockkit_fence::postgres::refusal(e, "bench", token))
-                        .expect("admitted");
-                    }
-                    (true, Form::Admit) => {
-                        lockkit_fence::postgres::admit(&mut tx, "bench", token)
-                            .await
-                            .expect("admitted");
-                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
-                            .execute(&mut *tx)
-                            .await
-                            .expect("update");
-                    }
-                }
-                tx.commit().await.expect("commit");
+                sql_write!(
+                    pool,
+                    *form,
+                    fenced,
+                    token,
+                    "UPDATE bench_fence SET hits = hits + 1 \
+                     FROM lockkit_fence($1, $2) AS fence WHERE id = 1",
+                    lockkit_fence::postgres
+                );
             }
             Client::MariaDb(pool, form) => {
-                let mut tx = pool.begin().await.expect("begin");
-                match (fenced, form) {
-                    (false, _) => {
-                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
-                            .execute(&mut *tx)
-                            .await
-                            .expect("update");
-                    }
-                    (true, Form::Inline) => {
-                        sqlx::query(
-                            "UPDATE bench_fence JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence \
-                             SET hits = hits + 1 WHERE id = 1",
-                        )
-                        .bind("bench")
-                        .bind(lockkit_fence::bigint(token).expect("a BIGINT token"))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| lockkit_fence::mysql::refusal(e, "bench", token))
-                        .expect("admitted");
-                    }
-                    (true, Form::Admit) => {
-                        lockkit_fence::mysql::admit(&mut tx, "bench", token)
-                            .await
-                            .expect("admitted");
-                        sqlx::query("UPDATE bench_fence SET hits = hits + 1 WHERE id = 1")
-                            .execute(&mut *tx)
-                            .await
-                            .expect("update");
-                    }
-                }
-                tx.commit().await.expect("commit");
+                sql_write!(
+                    pool,
+                    *form,
+                    fenced,
+                    token,
+                    "UPDATE bench_fence JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence \
+                     SET hits = hits + 1 WHERE id = 1",
+                    lockkit_fence::mysql
+                );
             }
             Client::Redis(conn) => {
                 let mut conn = conn.clone();
@@ -403,11 +390,6 @@ impl CycleFixture for Fixture {
             }
         }
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn summary(mode: RunMode, rows: &[(Store, &str, Vec<Run>)]) -> String {

@@ -34,8 +34,8 @@ pub use etcd_raw::RawEtcd;
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
 pub use load::{Client, LoadKind, Locker, Outcome, PeerProvider, Scenario, Tally, run, run_tasks};
 pub use mode::{
-    Limit, RunMode, configure_fast, criterion, flavours, judge_optional, runtime, save_summary,
-    verdict,
+    Limit, RunMode, configure_fast, criterion, flavours, judge_optional, median, runtime,
+    runtime_of, save_summary, verdict,
 };
 pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
 pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};

@@ -152,6 +152,26 @@ pub fn flavours() -> [(&'static str, tokio::runtime::Runtime); 2] {
     [("current_thread", current), ("multi_thread", runtime())]
 }
 
+/// A runtime of the named flavour, as an application runs one: a
+/// current-thread one, or a multi-thread one with 4 workers (on this 2-core
+/// machine, more workers than cores).
+pub fn runtime_of(flavour: &str) -> tokio::runtime::Runtime {
+    let mut builder = if flavour == "current_thread" {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(4);
+        builder
+    };
+    builder.enable_all().build().expect("a tokio runtime")
+}
+
+/// The median of `values` (the upper one of an even count); `NaN` for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Prints `summary`, and writes it to `<target dir>/lockkit-bench/<name>-summary.md`
 /// unless this is a test-mode run.
 #[allow(clippy::print_stdout)]

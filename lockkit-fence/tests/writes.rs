@@ -54,118 +54,73 @@ async fn mariadb() -> (MariaDbServer, sqlx::MySqlPool) {
     (server, pool)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_rolled_back_transaction_records_nothing() {
-    let (_server, pool) = postgres().await;
-    let mut tx = pool.begin().await.expect("begin");
-    lockkit_fence::postgres::admit(&mut tx, "report", token(50))
-        .await
-        .expect("admitted");
-    tx.rollback().await.expect("roll back");
-    let mut tx = pool.begin().await.expect("begin");
-    lockkit_fence::postgres::admit(&mut tx, "report", token(40))
-        .await
-        .expect("50 was rolled back, so 40 is admitted");
-    tx.commit().await.expect("commit");
-}
+/// The tests that read alike on PostgreSQL and MariaDB, for one of them:
+/// its server and pool (`$setup`) and its fence module.
+macro_rules! transactional_rules {
+    ($name:ident, $setup:ident, $fence:path) => {
+        mod $name {
+            use super::*;
+            use $fence as fence;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_a_rolled_back_transaction_records_nothing() {
-    let (_server, pool) = mariadb().await;
-    let mut tx = pool.begin().await.expect("begin");
-    lockkit_fence::mysql::admit(&mut tx, "report", token(50))
-        .await
-        .expect("admitted");
-    tx.rollback().await.expect("roll back");
-    let mut tx = pool.begin().await.expect("begin");
-    lockkit_fence::mysql::admit(&mut tx, "report", token(40))
-        .await
-        .expect("50 was rolled back, so 40 is admitted");
-    tx.commit().await.expect("commit");
-}
-
-/// Token 11 fences first and holds the resource; token 10 comes while 11's
-/// transaction is open. Whatever the timing, 10 is refused once 11 commits,
-/// and 11's write is what stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_smaller_token_waiting_behind_a_greater_is_refused() {
-    let (_server, pool) = postgres().await;
-    let mut eleven = pool.begin().await.expect("begin 11");
-    lockkit_fence::postgres::admit(&mut eleven, "report", token(11))
-        .await
-        .expect("11 admitted");
-    let late = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut ten = pool.begin().await.expect("begin 10");
-            let fenced = lockkit_fence::postgres::admit(&mut ten, "report", token(10)).await;
-            if fenced.is_ok() {
-                sqlx::query("UPDATE report SET body = 'ten', written_by = 10 WHERE id = 1")
-                    .execute(&mut *ten)
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_rolled_back_transaction_records_nothing() {
+                let (_server, pool) = $setup().await;
+                let mut tx = pool.begin().await.expect("begin");
+                fence::admit(&mut tx, "report", token(50)).await.expect("admitted");
+                tx.rollback().await.expect("roll back");
+                let mut tx = pool.begin().await.expect("begin");
+                fence::admit(&mut tx, "report", token(40))
                     .await
-                    .expect("write 10");
-                ten.commit().await.expect("commit 10");
+                    .expect("50 was rolled back, so 40 is admitted");
+                tx.commit().await.expect("commit");
             }
-            fenced
-        })
+
+            /// Token 11 fences first and holds the resource; token 10 comes
+            /// while 11's transaction is open. Whatever the timing, 10 is
+            /// refused once 11 commits, and 11's write is what stays.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_smaller_token_waiting_behind_a_greater_is_refused() {
+                let (_server, pool) = $setup().await;
+                let mut eleven = pool.begin().await.expect("begin 11");
+                fence::admit(&mut eleven, "report", token(11)).await.expect("11 admitted");
+                let late = {
+                    let pool = pool.clone();
+                    tokio::spawn(async move {
+                        let mut ten = pool.begin().await.expect("begin 10");
+                        let fenced = fence::admit(&mut ten, "report", token(10)).await;
+                        if fenced.is_ok() {
+                            sqlx::query("UPDATE report SET body = 'ten', written_by = 10 WHERE id = 1")
+                                .execute(&mut *ten)
+                                .await
+                                .expect("write 10");
+                            ten.commit().await.expect("commit 10");
+                        }
+                        fenced
+                    })
+                };
+                sqlx::query("UPDATE report SET body = 'eleven', written_by = 11 WHERE id = 1")
+                    .execute(&mut *eleven)
+                    .await
+                    .expect("write 11");
+                eleven.commit().await.expect("commit 11");
+                let refused = late.await.expect("the task").unwrap_err();
+                assert!(
+                    matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(11)),
+                    "{refused:?}"
+                );
+                let (body, by): (String, i64) =
+                    sqlx::query_as("SELECT body, written_by FROM report WHERE id = 1")
+                        .fetch_one(&pool)
+                        .await
+                        .expect("read");
+                assert_eq!((body.as_str(), by), ("eleven", 11));
+            }
+        }
     };
-    sqlx::query("UPDATE report SET body = 'eleven', written_by = 11 WHERE id = 1")
-        .execute(&mut *eleven)
-        .await
-        .expect("write 11");
-    eleven.commit().await.expect("commit 11");
-    let refused = late.await.expect("the task").unwrap_err();
-    assert!(
-        matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(11)),
-        "{refused:?}"
-    );
-    let (body, by): (String, i64) =
-        sqlx::query_as("SELECT body, written_by FROM report WHERE id = 1")
-            .fetch_one(&pool)
-            .await
-            .expect("read");
-    assert_eq!((body.as_str(), by), ("eleven", 11));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mariadb_a_smaller_token_waiting_behind_a_greater_is_refused() {
-    let (_server, pool) = mariadb().await;
-    let mut eleven = pool.begin().await.expect("begin 11");
-    lockkit_fence::mysql::admit(&mut eleven, "report", token(11))
-        .await
-        .expect("11 admitted");
-    let late = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut ten = pool.begin().await.expect("begin 10");
-            let fenced = lockkit_fence::mysql::admit(&mut ten, "report", token(10)).await;
-            if fenced.is_ok() {
-                sqlx::query("UPDATE report SET body = 'ten', written_by = 10 WHERE id = 1")
-                    .execute(&mut *ten)
-                    .await
-                    .expect("write 10");
-                ten.commit().await.expect("commit 10");
-            }
-            fenced
-        })
-    };
-    sqlx::query("UPDATE report SET body = 'eleven', written_by = 11 WHERE id = 1")
-        .execute(&mut *eleven)
-        .await
-        .expect("write 11");
-    eleven.commit().await.expect("commit 11");
-    let refused = late.await.expect("the task").unwrap_err();
-    assert!(
-        matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(11)),
-        "{refused:?}"
-    );
-    let (body, by): (String, i64) =
-        sqlx::query_as("SELECT body, written_by FROM report WHERE id = 1")
-            .fetch_one(&pool)
-            .await
-            .expect("read");
-    assert_eq!((body.as_str(), by), ("eleven", 11));
-}
+transactional_rules!(postgres_rules, postgres, lockkit_fence::postgres);
+transactional_rules!(mariadb_rules, mariadb, lockkit_fence::mysql);
 
 /// The other order: 10 fences first; 11 waits for 10's transaction and then
 /// writes on top of it.
