@@ -74,6 +74,7 @@ impl FenceError {
         }
     }
 
+    #[allow(dead_code)] // not every store feature uses it
     pub(crate) fn stale(resource: &str, token: FencingToken, greatest: u64) -> FenceError {
         FenceError::Stale {
             resource: resource.to_owned(),

@@ -1,3 +1,6 @@
+//! The fence rule on every store, against the real servers: admitted when
+//! at least the greatest admitted token (and recorded), refused as stale
+//! below it, with nothing written for bad input.
 #![cfg(all(
     feature = "postgres",
     feature = "mysql",
@@ -5,9 +8,6 @@
     feature = "redis",
     feature = "etcd"
 ))]
-//! The fence rule on every store, against the real servers: admitted when
-//! at least the greatest admitted token (and recorded), refused as stale
-//! below it, with nothing written for bad input.
 
 use std::time::Duration;
 

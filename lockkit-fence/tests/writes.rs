@@ -13,7 +13,9 @@ use etcd_client::TxnOp;
 use lockkit_core::FencingToken;
 use lockkit_fence::redis::{FencedWrite, data_key};
 use lockkit_fence::{FenceError, Store};
-use lockkit_testkit::{EtcdServer, MariaDbServer, PostgresServer, RedisServer, TestServer};
+use lockkit_testkit::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisCluster, RedisServer, TestServer,
+};
 use sqlx::{Connection, Executor};
 
 const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -271,4 +273,40 @@ async fn etcd_a_stale_transaction_applies_nothing() {
         .await
         .expect("get");
     assert_eq!(body.trim(), "by 31");
+}
+
+/// On Redis Cluster the script runs on the master of the fence key's slot,
+/// and the data keys named by `data_key` live there too: the write is one
+/// atomic step on one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_fences_in_the_datas_slot() {
+    let cluster = RedisCluster::start(3).await;
+    let nodes: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|port| format!("redis://127.0.0.1:{port}"))
+        .collect();
+    let client = redis::cluster::ClusterClient::new(nodes).expect("a cluster client");
+    let mut conn = client.get_async_connection().await.expect("connect");
+    for resource in ["report", "orders/42", "stock"] {
+        let write = |by: u64| {
+            FencedWrite::new(resource, token(by))
+                .expect("a valid resource")
+                .command(
+                    redis::cmd("SET")
+                        .arg(data_key(resource, "body"))
+                        .arg(format!("by {by}")),
+                )
+        };
+        write(5).run(&mut conn).await.expect("5 admitted");
+        write(6).run(&mut conn).await.expect("6 admitted");
+        let refused = write(5).run(&mut conn).await.unwrap_err();
+        assert_eq!(refused.greatest(), Some(token(6)), "{refused:?}");
+        let body: String = redis::cmd("GET")
+            .arg(data_key(resource, "body"))
+            .query_async(&mut conn)
+            .await
+            .expect("GET");
+        assert_eq!(body, "by 6");
+    }
 }
