@@ -37,6 +37,8 @@
 mod error;
 mod holding;
 mod resource;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
 #[cfg(any(
     feature = "postgres",
     feature = "mysql",

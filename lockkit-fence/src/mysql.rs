@@ -35,9 +35,17 @@ use sqlx::mysql::{MySqlConnection, MySqlPool};
 use sqlx::{Connection, Executor};
 
 use crate::error::{FenceError, Result};
-use crate::resource::{check_resource, greatest_in, sql_token};
+use crate::resource::{check_resource, sql_token};
+use crate::sql::Dialect;
 
 const STORE: &str = "mysql";
+
+const DIALECT: Dialect = Dialect {
+    store: STORE,
+    module: "mysql",
+    stale: |e| e.message().starts_with(STALE_MESSAGE),
+    missing: |e| e.message().contains("lockkit_fence does not exist"),
+};
 
 /// The start of the function's message for a stale token (SQLSTATE 45000).
 pub const STALE_MESSAGE: &str = "lockkit_fence: stale token";
@@ -146,23 +154,7 @@ pub async fn admit(conn: &mut MySqlConnection, resource: &str, token: FencingTok
 /// transaction back), a [`FenceError::Store`] naming the fix when the
 /// function is missing, and the store's failure otherwise.
 pub fn refusal(error: sqlx::Error, resource: &str, token: FencingToken) -> FenceError {
-    match error {
-        sqlx::Error::Database(error) if error.message().starts_with(STALE_MESSAGE) => {
-            let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
-            FenceError::stale(resource, token, greatest)
-        }
-        sqlx::Error::Database(error)
-            if error.message().contains("lockkit_fence does not exist") =>
-        {
-            FenceError::store(
-                STORE,
-                "the lockkit_fence function is missing: run `lockkit fence install --url URL` \
-                 (or lockkit_fence::mysql::install)",
-                Some(Box::new(sqlx::Error::Database(error)) as _),
-            )
-        }
-        error => failed(error),
-    }
+    DIALECT.refusal(error, resource, token)
 }
 
 /// Admits `token` for `resource` in a transaction of its own (what
@@ -188,5 +180,5 @@ fn install_failed(error: sqlx::Error) -> FenceError {
 }
 
 fn failed(error: sqlx::Error) -> FenceError {
-    FenceError::store(STORE, error.to_string(), Some(Box::new(error) as _))
+    DIALECT.failed(error)
 }

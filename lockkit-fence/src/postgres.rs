@@ -29,9 +29,17 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Executor};
 
 use crate::error::{FenceError, Result};
-use crate::resource::{check_resource, greatest_in, sql_token};
+use crate::resource::{check_resource, sql_token};
+use crate::sql::Dialect;
 
 const STORE: &str = "postgres";
+
+const DIALECT: Dialect = Dialect {
+    store: STORE,
+    module: "postgres",
+    stale: |e| e.code().as_deref() == Some(STALE_SQLSTATE),
+    missing: |e| e.code().as_deref() == Some("42883"),
+};
 
 /// The SQLSTATE the function raises for a stale token.
 pub const STALE_SQLSTATE: &str = "LKF01";
@@ -132,21 +140,7 @@ pub async fn admit(conn: &mut PgConnection, resource: &str, token: FencingToken)
 /// # Ok(()) }
 /// ```
 pub fn refusal(error: sqlx::Error, resource: &str, token: FencingToken) -> FenceError {
-    match error {
-        sqlx::Error::Database(error) if error.code().as_deref() == Some(STALE_SQLSTATE) => {
-            let greatest = greatest_in(error.message()).unwrap_or(u64::MAX);
-            FenceError::stale(resource, token, greatest)
-        }
-        sqlx::Error::Database(error) if error.code().as_deref() == Some("42883") => {
-            FenceError::store(
-                STORE,
-                "the lockkit_fence function is missing: run `lockkit fence install --url URL` \
-                 (or lockkit_fence::postgres::install)",
-                Some(Box::new(sqlx::Error::Database(error)) as _),
-            )
-        }
-        error => failed(error),
-    }
+    DIALECT.refusal(error, resource, token)
 }
 
 /// Admits `token` for `resource` in a transaction of its own (what
@@ -159,5 +153,5 @@ pub async fn check(pool: &PgPool, resource: &str, token: FencingToken) -> Result
 }
 
 fn failed(error: sqlx::Error) -> FenceError {
-    FenceError::store(STORE, error.to_string(), Some(Box::new(error) as _))
+    DIALECT.failed(error)
 }
