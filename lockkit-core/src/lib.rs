@@ -13,6 +13,7 @@ mod lost;
 mod memory;
 mod name;
 mod options;
+mod sequencer;
 mod status;
 
 pub mod backend;

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use crate::record::{Kind, Micros, Trace};
-use crate::stores::{Store, StoreRecord};
+use crate::record::{Store, StoreRecord, StoreWrite};
 
 /// One critical section (or attempt) of one worker.
 #[derive(Clone, Debug, Default)]
@@ -244,7 +244,7 @@ fn store_outcomes(sections: &[Section], records: &[StoreRecord]) -> Vec<StoreOut
     };
     let mut outcomes = Vec::new();
     for store in Store::ALL {
-        let writes: Vec<(&StoreRecord, &crate::stores::StoreWrite)> = records
+        let writes: Vec<(&StoreRecord, &StoreWrite)> = records
             .iter()
             .flat_map(|record| record.writes.iter().map(move |write| (record, write)))
             .filter(|(_, write)| write.store == store)
@@ -352,7 +352,7 @@ mod tests {
     /// refuses the late write fences; one that admits it is counted.
     #[test]
     fn a_store_that_admits_the_late_write_is_counted() {
-        use crate::stores::{Store, StoreRecord, StoreWrite};
+        use crate::record::{Store, StoreRecord, StoreWrite};
         let at_store = |client, sent, admitted| StoreRecord {
             client,
             section: 0,

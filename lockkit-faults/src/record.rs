@@ -71,7 +71,7 @@ pub struct Trace {
     pub duration: Micros,
     /// What the real stores made of each fenced write (empty when the run
     /// had no stores, or the backend no tokens).
-    pub stores: Vec<crate::stores::StoreRecord>,
+    pub stores: Vec<StoreRecord>,
 }
 
 /// Formats microseconds as seconds with millisecond precision.
@@ -87,4 +87,51 @@ impl fmt::Display for Seconds {
 /// `1234ms`: a duration as a URL parameter or command-line argument.
 pub fn millis(duration: std::time::Duration) -> String {
     format!("{}ms", duration.as_millis())
+}
+
+/// A real store that fences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Store {
+    /// PostgreSQL, through `lockkit_fence`.
+    Postgres,
+    /// Redis, through the fence script.
+    Redis,
+}
+
+impl Store {
+    /// Both, in report order.
+    pub const ALL: [Store; 2] = [Store::Postgres, Store::Redis];
+
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Postgres => "PostgreSQL",
+            Store::Redis => "Redis",
+        }
+    }
+}
+
+/// One write to one store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreWrite {
+    /// The store.
+    pub store: Store,
+    /// When it was sent.
+    pub sent: Micros,
+    /// When the store answered.
+    pub done: Micros,
+    /// `Some(true)` admitted, `Some(false)` refused as stale, `None` the
+    /// store failed.
+    pub admitted: Option<bool>,
+}
+
+/// One worker write and what the stores made of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreRecord {
+    /// The worker.
+    pub client: u32,
+    /// Its critical section.
+    pub section: u32,
+    /// Each store's answer.
+    pub writes: Vec<StoreWrite>,
 }

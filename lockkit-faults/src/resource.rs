@@ -18,8 +18,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::record::StoreRecord;
 use crate::record::{Fault, Kind, Micros, Record, Trace};
-use crate::stores::{FenceStores, StoreRecord};
+use crate::stores::FenceStores;
 
 /// The resource and the run's record; see the module docs. Stops when dropped.
 #[derive(Debug)]

@@ -11,57 +11,10 @@ use lockkit::FencingToken;
 use lockkit::fence::{self, FenceError};
 use lockkit_testkit::{PostgresServer, RedisServer, TestServer};
 
-use crate::record::Micros;
+use crate::record::{Micros, Store, StoreWrite};
 
 /// Bound of one write to a store.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A real store that fences.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Store {
-    /// PostgreSQL, through `lockkit_fence`.
-    Postgres,
-    /// Redis, through the fence script.
-    Redis,
-}
-
-impl Store {
-    /// Both, in report order.
-    pub const ALL: [Store; 2] = [Store::Postgres, Store::Redis];
-
-    /// Its name in the report.
-    pub fn name(self) -> &'static str {
-        match self {
-            Store::Postgres => "PostgreSQL",
-            Store::Redis => "Redis",
-        }
-    }
-}
-
-/// One write to one store.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoreWrite {
-    /// The store.
-    pub store: Store,
-    /// When it was sent.
-    pub sent: Micros,
-    /// When the store answered.
-    pub done: Micros,
-    /// `Some(true)` admitted, `Some(false)` refused as stale, `None` the
-    /// store failed.
-    pub admitted: Option<bool>,
-}
-
-/// One worker write and what the stores made of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoreRecord {
-    /// The worker.
-    pub client: u32,
-    /// Its critical section.
-    pub section: u32,
-    /// Each store's answer.
-    pub writes: Vec<StoreWrite>,
-}
 
 /// The stores, started once for a suite; each run fences its own resource.
 pub struct FenceStores {

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_faults::deploy::Deployment;
+use lockkit_faults::record::Store;
 use lockkit_faults::run::{RunResult, Settings, run};
 use lockkit_faults::scenario::Scenario;
-use lockkit_faults::stores::{FenceStores, Store};
+use lockkit_faults::stores::FenceStores;
 
 fn settings(log_dir: PathBuf) -> Settings {
     let lease = Duration::from_secs(1);
