@@ -34,7 +34,11 @@ pub(crate) const PORT_RETRIES: usize = 3;
 /// Another process may still take the port before the server binds it, so
 /// callers retry on "address already in use". Within this process the same
 /// port is never returned twice, so servers started concurrently (and ports
-/// kept for a restart) do not collide with each other.
+/// kept for a restart) do not collide with each other; and a port handed
+/// out is reserved for the life of this process in a lock file that other
+/// test processes respect (`<tmp>/lockkit-testkit-ports/<port>`), so that
+/// a server down for a test is restarted on its port even while other test
+/// processes look for ports.
 pub fn free_port() -> u16 {
     static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let handed_out = HANDED_OUT.get_or_init(|| Mutex::new(HashSet::new()));
@@ -61,9 +65,41 @@ pub fn free_port() -> u16 {
                 .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"))
         };
         let mut handed_out = handed_out.lock().unwrap_or_else(PoisonError::into_inner);
-        if handed_out.insert(port) {
+        if !handed_out.contains(&port) && reserve(port) {
+            handed_out.insert(port);
             return port;
         }
+    }
+}
+
+/// Reserves `port` for the life of this process against other processes
+/// that use [`free_port`]: an exclusive lock on its file, held until the
+/// process exits (the kernel drops it then, however the process ends).
+/// `false` when another live process holds it. A directory that cannot be
+/// made reserves nothing and refuses nothing.
+fn reserve(port: u16) -> bool {
+    static HELD: Mutex<Vec<fs::File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("lockkit-testkit-ports");
+    if fs::create_dir_all(&dir).is_err() {
+        return true;
+    }
+    let Ok(file) = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    else {
+        return true;
+    };
+    match file.try_lock() {
+        Ok(()) => {
+            HELD.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(file);
+            true
+        }
+        Err(fs::TryLockError::WouldBlock) => false,
+        Err(fs::TryLockError::Error(_)) => true,
     }
 }
 
