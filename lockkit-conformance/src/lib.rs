@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, Result};
 
+mod bounds;
 mod cases;
 mod contention;
 mod elections;
@@ -25,6 +26,7 @@ mod lock_sets;
 mod memory;
 mod storage;
 
+pub use bounds::*;
 pub use cases::*;
 pub use contention::{Probe, spawn_contenders};
 pub use elections::*;
@@ -140,6 +142,11 @@ macro_rules! conformance_suite {
             lost_leadership_is_told_before_a_new_leader,
             holder_identities_are_read_back,
             released_names_leave_bounded_storage,
+            max_hold_ends_the_holding,
+            min_hold_keeps_the_name_after_an_early_release,
+            lock_delay_keeps_an_unreleased_name,
+            at_risk_rises_when_cut_off_and_clears_when_healed,
+            invalid_bounds_rejected,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -54,6 +54,14 @@ pub struct Capabilities {
     /// `status` ([`LockOptions::holder`](crate::LockOptions::holder)); what
     /// [`Election`](crate::Election) needs.
     pub holder: bool,
+    /// The server keeps a name taken after an early release
+    /// ([`LockOptions::min_hold`](crate::LockOptions::min_hold)), also when
+    /// the client has exited.
+    pub min_hold: bool,
+    /// The server keeps a name taken after an unclean end
+    /// ([`LockOptions::lock_delay`](crate::LockOptions::lock_delay)), also
+    /// when the client has exited.
+    pub lock_delay: bool,
 }
 
 impl Capabilities {
@@ -68,6 +76,8 @@ impl Capabilities {
             shared: false,
             semaphore: false,
             holder: false,
+            min_hold: false,
+            lock_delay: false,
         }
     }
 
@@ -107,6 +117,14 @@ impl Capabilities {
         self
     }
 
+    /// Sets [`min_hold`](Self::min_hold) and [`lock_delay`](Self::lock_delay)
+    /// both: what a backend whose server expires leases by itself can do.
+    pub const fn with_server_bounds(mut self, yes: bool) -> Self {
+        self.min_hold = yes;
+        self.lock_delay = yes;
+        self
+    }
+
     /// Sets [`semaphore`](Self::semaphore).
     pub const fn with_semaphore(mut self, yes: bool) -> Self {
         self.semaphore = yes;
@@ -123,12 +141,12 @@ impl Capabilities {
     pub fn markdown_table(rows: &[(&str, Capabilities)]) -> String {
         let yes_no = |b: bool| if b { "yes" } else { "no" };
         let mut out = String::from(
-            "| backend | fencing token | freed after a crash by | notified wait | FIFO | survives minority failure | shared (read) locks | semaphores | holder identity, elections |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+            "| backend | fencing token | freed after a crash by | notified wait | FIFO | survives minority failure | shared (read) locks | semaphores | holder identity, elections | min_hold, lock_delay |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         );
         for (name, caps) in rows {
             out.push_str(&format!(
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 yes_no(caps.fencing),
                 caps.release_on_crash,
                 yes_no(caps.notified_wait),
@@ -137,6 +155,12 @@ impl Capabilities {
                 yes_no(caps.shared),
                 yes_no(caps.semaphore),
                 yes_no(caps.holder),
+                match (caps.min_hold, caps.lock_delay) {
+                    (true, true) => "yes",
+                    (false, false) => "no",
+                    (true, false) => "min_hold only",
+                    (false, true) => "lock_delay only",
+                },
             ));
         }
         out

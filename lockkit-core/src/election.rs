@@ -189,6 +189,19 @@ impl Leadership {
         self.guard.lost()
     }
 
+    /// Whether the leadership is at risk: its holding cannot be confirmed
+    /// right now; see [`LockGuard::is_at_risk`]. A leader that acts on
+    /// something only the leader may do should pause while this is true.
+    pub fn is_at_risk(&self) -> bool {
+        self.guard.is_at_risk()
+    }
+
+    /// Resolves when the leadership becomes at risk, or is lost; see
+    /// [`LockGuard::at_risk`].
+    pub fn at_risk(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.guard.at_risk()
+    }
+
     /// The lock guard behind the leadership (to extend it by hand, or to
     /// read its lease).
     pub fn guard(&self) -> &LockGuard {

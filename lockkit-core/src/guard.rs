@@ -15,7 +15,7 @@ use crate::backend::local_queue::LocalSlot;
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::lost::LostReason;
-use crate::options::check_ttl;
+use crate::options::{HoldBounds, LockOptions, check_ttl};
 use watchdog::{Timing, Watchdog};
 
 /// The backend side of one holding: what a [`LockGuard`] calls to extend and
@@ -28,6 +28,15 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
     async fn extend(&self, ttl: Duration) -> Result<bool>;
     /// Releases the lease if it is still ours. `Ok(false)`: it was not (anymore).
     async fn release(&self) -> Result<bool>;
+    /// Ends the holding `after` from now on the server, which keeps the
+    /// name taken until then and leaves nothing behind afterwards (a
+    /// [`min_hold`](crate::LockOptions::min_hold) released early).
+    /// `Ok(false)`: the lease is not ours. The default makes the lease end
+    /// `after` from now with [`extend`](Self::extend), right for a server
+    /// that expires leases by itself.
+    async fn release_after(&self, after: Duration) -> Result<bool> {
+        self.extend(after).await
+    }
 }
 
 /// A holding's lost signal: the reason, once there is one, and the futures
@@ -35,15 +44,57 @@ pub trait Lease: Send + Sync + fmt::Debug + 'static {
 /// those futures hold this alone, not the holding (its lease, its local
 /// slot). A `watch` channel would do the same at about five times the size
 /// (its nine `Notify`s), for every held lease.
+///
+/// It also carries the early warning: whether the holding is at risk, and
+/// since when (the same waiters are woken when it becomes so).
 #[derive(Default)]
 struct LostSignal {
     reason: Mutex<Option<LostReason>>,
+    at_risk_since: Mutex<Option<Instant>>,
     waiters: Notify,
 }
 
 impl LostSignal {
     fn reason(&self) -> Option<LostReason> {
         *lock(&self.reason)
+    }
+
+    fn is_at_risk(&self) -> bool {
+        lock(&self.at_risk_since).is_some()
+    }
+
+    /// Sets or clears the warning; true if that changed it. Counted in the
+    /// metrics: each rise, and the time spent at risk when it clears.
+    fn set_at_risk(&self, backend: &'static str, on: bool) -> bool {
+        let mut since = lock(&self.at_risk_since);
+        match (on, *since) {
+            (true, None) => {
+                *since = Some(Instant::now());
+                drop(since);
+                crate::metrics::at_risk(backend);
+                self.waiters.notify_waiters();
+                true
+            }
+            (false, Some(from)) => {
+                *since = None;
+                crate::metrics::at_risk_for(backend, from.elapsed());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Resolves once the holding is at risk or lost.
+    async fn wait_at_risk(&self) {
+        loop {
+            let notified = self.waiters.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_at_risk() || self.reason().is_some() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Records `reason` unless there is one already, then wakes the
@@ -81,6 +132,8 @@ impl LostSignal {
 struct Shared {
     name: Box<str>,
     watchdog: Mutex<Watchdog>,
+    /// The holding's bounds, when any is set (boxed: most holdings have none).
+    bounds: Option<Box<Bounds>>,
     fencing: Option<FencingToken>,
     auto_renew: bool,
     lease: Arc<dyn Lease>,
@@ -110,12 +163,58 @@ impl Shared {
         drop(lock(&self.slot).take());
     }
 
+    /// The lease length to ask the server for when the guard extends by
+    /// `ttl` now: with the lock delay added, and never past the max hold.
+    fn server_ttl(&self, ttl: Duration) -> Duration {
+        match &self.bounds {
+            None => ttl,
+            Some(bounds) => bounds.server_ttl(ttl, Instant::now()),
+        }
+    }
+
+    /// Sets or clears the early warning; see [`LockGuard::is_at_risk`].
+    fn set_at_risk(&self, on: bool) {
+        // Cleared for good once lost: the loss has been told.
+        let on = on && self.lost_reason().is_none();
+        if self.lost.set_at_risk(self.lease.backend_name(), on) && on {
+            tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend_name(), "lock at risk: the holding cannot be confirmed right now");
+        }
+    }
+
+    /// Ends the holding on the server as `end` says, honouring its bounds:
+    /// before the min hold's end the name is kept until then; a holding
+    /// lost with a lock delay is left to end on the server by itself.
+    /// `Ok(false)`: the lease was not ours.
+    async fn end_on_server(&self, end: End) -> Result<bool> {
+        let bounds = self.bounds.as_deref();
+        let now = Instant::now();
+        let floor = bounds
+            .and_then(|b| b.floor)
+            .filter(|floor| *floor > now && end != End::Lost(LostReason::HoldLimit));
+        if let Some(floor) = floor {
+            let left = floor - now;
+            if left >= crate::options::MIN_TTL {
+                return self.lease.release_after(left).await;
+            }
+            tokio::time::sleep_until(floor).await;
+        }
+        if let End::Lost(reason) = end
+            && reason != LostReason::HoldLimit
+            && bounds.is_some_and(|b| !b.delay.is_zero())
+        {
+            // Its lease, lengthened by the delay, ends on the server.
+            return Ok(false);
+        }
+        self.lease.release().await
+    }
+
     /// Marks the holding lost; true if this call did it.
     fn mark_lost(&self, reason: LostReason) -> bool {
         let first = self.lost.mark(reason, || {
             crate::metrics::lost(self.lease.backend_name(), reason.label());
         });
         if first {
+            self.lost.set_at_risk(self.lease.backend_name(), false);
             tracing::warn!(lock.name = %self.name, lock.backend = self.lease.backend_name(), %reason, "lock lost");
             self.cancel_booking();
             self.free_slot();
@@ -129,7 +228,7 @@ impl Shared {
             return Err(LockError::lost(&self.name, reason));
         }
         let sent = Instant::now();
-        if self.lease.extend(ttl).await? {
+        if self.lease.extend(self.server_ttl(ttl)).await? {
             self.record_extension(sent, ttl);
             // The next renewal and the validity moved (a shorter TTL moves
             // them earlier): book afresh.
@@ -138,6 +237,47 @@ impl Shared {
         } else {
             self.mark_lost(LostReason::Revoked);
             Err(LockError::lost(&self.name, LostReason::Revoked))
+        }
+    }
+}
+
+/// How a holding ends, for [`Shared::end_on_server`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// `release`, or the guard dropped.
+    Release,
+    /// Lost for this reason.
+    Lost(LostReason),
+}
+
+/// A holding's bounds as instants: see [`LockOptions::max_hold`],
+/// [`min_hold`](LockOptions::min_hold), [`lock_delay`](LockOptions::lock_delay).
+#[derive(Debug)]
+struct Bounds {
+    /// Added to every lease asked of the server.
+    delay: Duration,
+    /// Grant + max hold.
+    limit: Option<Instant>,
+    /// Grant + min hold.
+    floor: Option<Instant>,
+}
+
+impl Bounds {
+    fn of(bounds: HoldBounds, granted: Instant) -> Option<Box<Bounds>> {
+        bounds.any().then(|| {
+            Box::new(Bounds {
+                delay: bounds.lock_delay.unwrap_or_default(),
+                limit: bounds.max_hold.map(|d| granted + d),
+                floor: bounds.min_hold.map(|d| granted + d),
+            })
+        })
+    }
+
+    fn server_ttl(&self, ttl: Duration, now: Instant) -> Duration {
+        let ttl = ttl + self.delay;
+        match self.limit {
+            Some(limit) => ttl.min(limit.saturating_duration_since(now)),
+            None => ttl,
         }
     }
 }
@@ -202,14 +342,62 @@ impl LockGuard {
         sent_at: Instant,
         auto_renew: bool,
     ) -> LockGuard {
+        Self::build(
+            name,
+            lease,
+            fencing,
+            sent_at,
+            ttl,
+            auto_renew,
+            HoldBounds::default(),
+        )
+    }
+
+    /// Like [`new`](Self::new), with the TTL, auto-renewal and bounds
+    /// ([`max_hold`](LockOptions::max_hold),
+    /// [`min_hold`](LockOptions::min_hold),
+    /// [`lock_delay`](LockOptions::lock_delay)) of `opts`. The backend asked
+    /// the server for [`HoldBounds::server_ttl`] of the TTL at `sent_at`;
+    /// the guard renews likewise, ends the holding at its max hold, and
+    /// keeps the name until its min hold is over. For backend implementors.
+    pub fn granted(
+        name: &str,
+        lease: Arc<dyn Lease>,
+        fencing: Option<FencingToken>,
+        sent_at: Instant,
+        opts: &LockOptions,
+    ) -> LockGuard {
+        Self::build(
+            name,
+            lease,
+            fencing,
+            sent_at,
+            opts.lease_ttl(),
+            opts.auto_renews(),
+            opts.bounds(),
+        )
+    }
+
+    fn build(
+        name: &str,
+        lease: Arc<dyn Lease>,
+        fencing: Option<FencingToken>,
+        sent_at: Instant,
+        ttl: Duration,
+        auto_renew: bool,
+        bounds: HoldBounds,
+    ) -> LockGuard {
+        let bounds = Bounds::of(bounds, sent_at);
+        let limit = bounds.as_ref().and_then(|b| b.limit);
         let shared = Arc::new(Shared {
             name: name.into(),
             watchdog: Mutex::new(Watchdog::Idle),
+            bounds,
             fencing,
             auto_renew,
             lease,
             lost: Arc::default(),
-            timing: Mutex::new(Timing::granted(sent_at, ttl)),
+            timing: Mutex::new(Timing::granted(sent_at, ttl, limit)),
             ops: tokio::sync::Mutex::new(()),
             slot: Mutex::new(None),
         });
@@ -274,6 +462,40 @@ impl LockGuard {
         async move { lost.wait().await }
     }
 
+    /// Whether the holding is at risk: this client cannot confirm it right
+    /// now (a renewal failed and is being retried, or is overdue; the
+    /// connection or session is down), though its validity has not run out
+    /// (Curator's SUSPENDED). It clears when a renewal succeeds; if none
+    /// does before [`valid_until`](Self::valid_until), the holding is lost.
+    /// False once lost or released.
+    pub fn is_at_risk(&self) -> bool {
+        self.shared.lost.is_at_risk() && !self.is_lost()
+    }
+
+    /// Resolves when the holding becomes at risk (see
+    /// [`is_at_risk`](Self::is_at_risk)), or is lost (a loss ends every
+    /// risk, so a task that waits only for the warning is not left
+    /// waiting). It never resolves for a holding that is released while
+    /// confirmed. Like [`lost`](Self::lost) it does not borrow the guard.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> lockkit_core::Result<()> {
+    /// use lockkit_core::{DistributedLock, LockOptions, MemoryLock};
+    ///
+    /// let guard = MemoryLock::shared().acquire("ledger", &LockOptions::new()).await?;
+    /// tokio::select! {
+    ///     () = guard.at_risk() => eprintln!("pausing writes: the lock cannot be confirmed"),
+    ///     _ = async { /* the work */ } => {}
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn at_risk(&self) -> impl Future<Output = ()> + Send + 'static {
+        let signal = Arc::clone(&self.shared.lost);
+        async move { signal.wait_at_risk().await }
+    }
+
     /// A handle through which the backend can report a loss it notices on its own
     /// (session expiry, a dropped connection). For backend implementors.
     pub fn loss_notifier(&self) -> LossNotifier {
@@ -313,7 +535,7 @@ impl LockGuard {
             }
             let released = {
                 let _ops = shared.ops.lock().await;
-                shared.lease.release().await?
+                shared.end_on_server(End::Release).await?
             };
             if released {
                 shared.free_slot();
@@ -368,7 +590,7 @@ fn release_in_background(shared: Arc<Shared>) {
         Ok(runtime) => {
             runtime.spawn(async move {
                 let _ops = shared.ops.lock().await;
-                match shared.lease.release().await {
+                match shared.end_on_server(End::Release).await {
                     Ok(_) => {
                         tracing::debug!(lock.name = %shared.name, "released in the background")
                     }
@@ -410,6 +632,15 @@ impl LossNotifier {
         self.0
             .upgrade()
             .is_some_and(|shared| shared.mark_lost(reason))
+    }
+
+    /// Reports that the holding cannot be confirmed right now (`true`: the
+    /// connection or session is down) or can again (`false`); see
+    /// [`LockGuard::is_at_risk`].
+    pub fn set_at_risk(&self, on: bool) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.set_at_risk(on);
+        }
     }
 }
 

@@ -30,7 +30,9 @@ pub use lock_set::acquire_all;
 pub use lost::LostReason;
 pub use memory::{MEMORY_DRIVER, MemoryLock, MemoryStore};
 pub use name::MAX_NAME_LEN;
-pub use options::{LockKind, LockOptions, MAX_DURATION, MAX_HOLDER_LEN, MIN_TTL, Wait};
+pub use options::{
+    HoldBounds, LockKind, LockOptions, MAX_BOUND, MAX_DURATION, MAX_HOLDER_LEN, MIN_TTL, Wait,
+};
 pub use status::LockStatus;
 
 /// Re-exported so that the attribute on a `DistributedLock` implementation

@@ -18,11 +18,14 @@ pub enum LostReason {
     SessionExpired,
     /// The connection that held the lock is gone (SQL session locks).
     ConnectionLost,
+    /// The holding reached its [`max_hold`](crate::LockOptions::max_hold)
+    /// and was ended.
+    HoldLimit,
 }
 
 impl LostReason {
     /// A short name for a metric label: `expired`, `renewal_failed`,
-    /// `revoked`, `session_expired` or `connection_lost`.
+    /// `revoked`, `session_expired`, `connection_lost` or `hold_limit`.
     pub(crate) fn label(self) -> &'static str {
         match self {
             LostReason::Expired => "expired",
@@ -30,6 +33,7 @@ impl LostReason {
             LostReason::Revoked => "revoked",
             LostReason::SessionExpired => "session_expired",
             LostReason::ConnectionLost => "connection_lost",
+            LostReason::HoldLimit => "hold_limit",
         }
     }
 }
@@ -42,6 +46,7 @@ impl fmt::Display for LostReason {
             LostReason::Revoked => "the backend no longer holds the lease for this owner",
             LostReason::SessionExpired => "the session expired",
             LostReason::ConnectionLost => "the connection holding the lock was lost",
+            LostReason::HoldLimit => "the holding reached its max_hold",
         })
     }
 }

@@ -374,6 +374,7 @@ impl MemoryBackend {
 
 /// What the memory backend guarantees.
 pub const MEMORY_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_server_bounds(true)
     .with_fencing(true)
     .with_notified_wait(true)
     .with_shared(true)
@@ -505,6 +506,19 @@ impl LeaseBackend for MemoryBackend {
             self.store.notify(key);
         }
         Ok(released)
+    }
+
+    /// Forgets the name once nothing holds it, and wakes its waiters.
+    async fn purge(&self, key: &MemoryKey, _owner: &OwnerToken) -> Result<()> {
+        self.store.check_available()?;
+        let now = Instant::now();
+        let mut state = self.store.state();
+        if MemoryStore::holdings(&mut state, key, now).is_some() {
+            state.tidy(key);
+            drop(state);
+            self.store.notify(key);
+        }
+        Ok(())
     }
 
     fn can_hand_over(&self) -> bool {

@@ -17,7 +17,9 @@
 //! | `lockkit_acquire_wait_seconds` | histogram | `backend`, `op`, `outcome` | from the call to its end |
 //! | `lockkit_acquire_attempts_total` | counter | `backend` | attempts made on the server (a backend whose server queues the waiters makes one per acquire); ÷ `lockkit_acquires_total`, the attempts per acquire |
 //! | `lockkit_renewals_total` | counter | `backend`, `outcome` | watchdog renewals: `renewed`, `failed` (retried while the lease lasts) or `refused` (the lease was no longer ours) |
-//! | `lockkit_leases_lost_total` | counter | `backend`, `reason` | holdings lost, by [`LostReason`](crate::LostReason) (`expired`, `renewal_failed`, `revoked`, `session_expired`, `connection_lost`) |
+//! | `lockkit_leases_lost_total` | counter | `backend`, `reason` | holdings lost, by [`LostReason`](crate::LostReason) (`expired`, `renewal_failed`, `revoked`, `session_expired`, `connection_lost`, `hold_limit`) |
+//! | `lockkit_at_risk_total` | counter | `backend` | holdings that became at risk ([`LockGuard::is_at_risk`](crate::LockGuard::is_at_risk)): a renewal failed or was overdue, or the session was down |
+//! | `lockkit_at_risk_seconds` | histogram | `backend` | how long each at-risk spell lasted, recorded when it ends (a renewal confirmed the holding, or it was lost) |
 //! | `lockkit_handoff_seconds` | histogram | `backend` | hand-over inside one client: from a holder's release to the grant of the next task of the same client that waited for the name |
 //! | `lockkit_leader_changes_total` | counter | `change` | elections: `elected` (this candidate leads), `resigned`, and `observed` (an [`observe`](crate::Election::observe) watch saw another leader) |
 //!
@@ -37,6 +39,10 @@ pub const ACQUIRE_ATTEMPTS: &str = "lockkit_acquire_attempts_total";
 pub const RENEWALS: &str = "lockkit_renewals_total";
 /// Counter of holdings lost (labels `backend`, `reason`).
 pub const LEASES_LOST: &str = "lockkit_leases_lost_total";
+/// Counter of holdings that became at risk (label `backend`).
+pub const AT_RISK: &str = "lockkit_at_risk_total";
+/// Histogram of at-risk spells in seconds (label `backend`).
+pub const AT_RISK_TIME: &str = "lockkit_at_risk_seconds";
 /// Histogram of in-client hand-overs in seconds (label `backend`).
 pub const HANDOFF: &str = "lockkit_handoff_seconds";
 /// Counter of leadership changes (label `change`).
@@ -70,6 +76,14 @@ mod emit {
         metrics::counter!(LEASES_LOST, "backend" => backend, "reason" => reason).increment(1);
     }
 
+    pub(crate) fn at_risk(backend: &'static str) {
+        metrics::counter!(AT_RISK, "backend" => backend).increment(1);
+    }
+
+    pub(crate) fn at_risk_for(backend: &'static str, took: Duration) {
+        metrics::histogram!(AT_RISK_TIME, "backend" => backend).record(took.as_secs_f64());
+    }
+
     pub(crate) fn handoff(backend: &'static str, took: Duration) {
         metrics::histogram!(HANDOFF, "backend" => backend).record(took.as_secs_f64());
     }
@@ -87,6 +101,8 @@ mod emit {
     pub(crate) fn attempt(_: &'static str) {}
     pub(crate) fn renewal(_: &'static str, _: &'static str) {}
     pub(crate) fn lost(_: &'static str, _: &'static str) {}
+    pub(crate) fn at_risk(_: &'static str) {}
+    pub(crate) fn at_risk_for(_: &'static str, _: Duration) {}
     pub(crate) fn handoff(_: &'static str, _: Duration) {}
     pub(crate) fn leader_change(_: &'static str) {}
 }

@@ -12,6 +12,11 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// [`LockOptions::wait_forever`].
 pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The longest [`max_hold`](LockOptions::max_hold),
+/// [`min_hold`](LockOptions::min_hold) or
+/// [`lock_delay`](LockOptions::lock_delay) lockkit accepts: one day.
+pub const MAX_BOUND: Duration = Duration::from_secs(24 * 3600);
+
 /// The longest holder identity lockkit accepts, in bytes of UTF-8.
 pub const MAX_HOLDER_LEN: usize = 255;
 
@@ -70,6 +75,35 @@ pub struct LockOptions {
     backoff: Backoff,
     kind: LockKind,
     holder: Option<String>,
+    bounds: HoldBounds,
+}
+
+/// The bounds of a holding: see [`LockOptions::max_hold`],
+/// [`min_hold`](LockOptions::min_hold) and
+/// [`lock_delay`](LockOptions::lock_delay). All off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HoldBounds {
+    /// The longest a holding lasts, from its grant.
+    pub max_hold: Option<Duration>,
+    /// The shortest time the name stays taken, from the grant.
+    pub min_hold: Option<Duration>,
+    /// How long the name stays taken after a holding ends without a release.
+    pub lock_delay: Option<Duration>,
+}
+
+impl HoldBounds {
+    /// Whether any bound is set.
+    pub fn any(&self) -> bool {
+        self.max_hold.is_some() || self.min_hold.is_some() || self.lock_delay.is_some()
+    }
+
+    /// The lease length to ask the server for, for a holding whose client
+    /// validity is `ttl`: `ttl` plus the lock delay, and never more than
+    /// the max hold (counted from the request).
+    pub fn server_ttl(&self, ttl: Duration) -> Duration {
+        let ttl = ttl + self.lock_delay.unwrap_or_default();
+        self.max_hold.map_or(ttl, |limit| ttl.min(limit))
+    }
 }
 
 impl Default for LockOptions {
@@ -81,6 +115,7 @@ impl Default for LockOptions {
             backoff: Backoff::DEFAULT,
             kind: LockKind::Exclusive,
             holder: None,
+            bounds: HoldBounds::default(),
         }
     }
 }
@@ -170,6 +205,54 @@ impl LockOptions {
         self
     }
 
+    /// Ends the holding at grant + `limit`, whatever renews it: renewals
+    /// never carry the lease past that point, the guard is then lost with
+    /// [`LostReason::HoldLimit`](crate::LostReason::HoldLimit) and the name
+    /// freed, so a hung holder that still renews cannot hold for ever
+    /// (ShedLock's `lockAtMostFor`). At most one day, and not below
+    /// [`min_hold`](Self::min_hold) (else `InvalidOptions`). Every backend
+    /// keeps it.
+    pub fn max_hold(mut self, limit: Duration) -> Self {
+        self.bounds.max_hold = Some(limit);
+        self
+    }
+
+    /// Keeps the name taken until grant + `floor` even when the holding is
+    /// released (or dropped, or lost) before: a job that finishes in a
+    /// second on one machine is not run again by a machine whose trigger is
+    /// a little late (ShedLock's `lockAtLeastFor`). The server keeps the
+    /// name, so this holds when the client process has exited; then the
+    /// name is free with nothing left behind, and the holding's fencing
+    /// token stays the greatest on the name. At most one day. Backends
+    /// whose locks live only as long as a session or connection answer
+    /// [`LockError::Unsupported`] (see
+    /// [`Capabilities::min_hold`](crate::Capabilities::min_hold)).
+    pub fn min_hold(mut self, floor: Duration) -> Self {
+        self.bounds.min_hold = Some(floor);
+        self
+    }
+
+    /// Keeps the name taken `delay` longer when the holding ends without a
+    /// release: its holder crashed, froze or was cut off, or its lease ran
+    /// out. Writes the holder still had in flight then land before the next
+    /// holder starts (Chubby's lock-delay, Consul's session `LockDelay`).
+    /// [`LockGuard::release`](crate::LockGuard::release) (and dropping the
+    /// guard) frees the name at once. The server keeps the delay: the lease
+    /// asked for is `ttl + delay`, while the guard counts its validity from
+    /// `ttl` alone. At most one day. Backends whose locks live only as long
+    /// as a session or connection answer [`LockError::Unsupported`] (see
+    /// [`Capabilities::lock_delay`](crate::Capabilities::lock_delay)).
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.bounds.lock_delay = Some(delay);
+        self
+    }
+
+    /// The bounds asked for ([`max_hold`](Self::max_hold),
+    /// [`min_hold`](Self::min_hold), [`lock_delay`](Self::lock_delay)).
+    pub fn bounds(&self) -> HoldBounds {
+        self.bounds
+    }
+
     /// The kind of holding asked for.
     pub fn kind(&self) -> LockKind {
         self.kind
@@ -234,6 +317,7 @@ impl LockOptions {
         if let Some(identity) = &self.holder {
             check_holder(identity)?;
         }
+        check_bounds(&self.bounds)?;
         self.backoff.check().map_err(LockError::invalid_options)
     }
 
@@ -255,6 +339,12 @@ impl LockOptions {
                 Some("hold a semaphore permit")
             }
             _ if self.holder.is_some() && !capabilities.holder => Some("record a holder identity"),
+            _ if self.bounds.min_hold.is_some() && !capabilities.min_hold => Some(
+                "keep a name taken after its release (min_hold): its locks end with the client's session or connection",
+            ),
+            _ if self.bounds.lock_delay.is_some() && !capabilities.lock_delay => Some(
+                "keep a name taken after an unclean end (lock_delay): its locks end with the client's session or connection",
+            ),
             _ => None,
         };
         match operation {
@@ -279,6 +369,38 @@ fn check_holder(identity: &str) -> Result<()> {
         return Ok(());
     };
     Err(LockError::invalid_options(reason))
+}
+
+/// Checks the bounds of a holding: each above zero and at most
+/// [`MAX_BOUND`], and `min_hold` not above `max_hold`.
+fn check_bounds(bounds: &HoldBounds) -> Result<()> {
+    for (option, value) in [
+        ("max_hold", bounds.max_hold),
+        ("min_hold", bounds.min_hold),
+        ("lock_delay", bounds.lock_delay),
+    ] {
+        match value {
+            Some(d) if d.is_zero() => {
+                return Err(LockError::invalid_options(format!(
+                    "{option} must be above zero; leave it unset for none"
+                )));
+            }
+            Some(d) if d > MAX_BOUND => {
+                return Err(LockError::invalid_options(format!(
+                    "{option} {d:?} exceeds the maximum of one day"
+                )));
+            }
+            _ => {}
+        }
+    }
+    if let (Some(floor), Some(limit)) = (bounds.min_hold, bounds.max_hold)
+        && floor > limit
+    {
+        return Err(LockError::invalid_options(format!(
+            "min_hold {floor:?} is above max_hold {limit:?}: the name cannot stay taken longer than a holding may last"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks a lease length: between [`MIN_TTL`] and [`MAX_DURATION`].
@@ -326,6 +448,15 @@ mod tests {
             LockOptions::new().holder(""),
             LockOptions::new().holder("x".repeat(MAX_HOLDER_LEN + 1)),
             LockOptions::new().holder("tab\there"),
+            LockOptions::new().max_hold(Duration::ZERO),
+            LockOptions::new().min_hold(Duration::ZERO),
+            LockOptions::new().lock_delay(Duration::ZERO),
+            LockOptions::new().max_hold(MAX_BOUND + Duration::from_secs(1)),
+            LockOptions::new().min_hold(MAX_BOUND + Duration::from_secs(1)),
+            LockOptions::new().lock_delay(MAX_BOUND + Duration::from_secs(1)),
+            LockOptions::new()
+                .min_hold(Duration::from_secs(2))
+                .max_hold(Duration::from_secs(1)),
         ] {
             assert!(
                 matches!(opts.validate(), Err(LockError::InvalidOptions { .. })),
@@ -386,6 +517,39 @@ mod tests {
                 .shared()
                 .holder("me")
                 .check_supported("x", &all)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn bounds() {
+        let s = Duration::from_secs;
+        let opts = LockOptions::new()
+            .max_hold(s(60))
+            .min_hold(s(60))
+            .lock_delay(s(5));
+        assert!(opts.validate().is_ok());
+        let bounds = opts.bounds();
+        assert_eq!(bounds.server_ttl(s(30)), s(35));
+        assert_eq!(bounds.server_ttl(s(58)), s(60), "capped by max_hold");
+        assert_eq!(HoldBounds::default().server_ttl(s(30)), s(30));
+        assert!(!LockOptions::new().bounds().any());
+        assert!(LockOptions::new().max_hold(MAX_BOUND).validate().is_ok());
+        use crate::{Capabilities, ReleaseOnCrash};
+        let session = Capabilities::new(ReleaseOnCrash::Session);
+        for opts in [
+            LockOptions::new().min_hold(s(1)),
+            LockOptions::new().lock_delay(s(1)),
+        ] {
+            assert!(matches!(
+                opts.check_supported("zk", &session),
+                Err(LockError::Unsupported { .. })
+            ));
+        }
+        assert!(
+            LockOptions::new()
+                .max_hold(s(1))
+                .check_supported("zk", &session)
                 .is_ok()
         );
     }

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::metrics::{
-    ACQUIRE_ATTEMPTS, ACQUIRE_WAIT, ACQUIRES, HANDOFF, LEADER_CHANGES, LEASES_LOST, RENEWALS,
+    ACQUIRE_ATTEMPTS, ACQUIRE_WAIT, ACQUIRES, AT_RISK, AT_RISK_TIME, HANDOFF, LEADER_CHANGES,
+    LEASES_LOST, RENEWALS,
 };
 use lockkit_core::{
     DistributedLock, Election, LockError, LockOptions, LostReason, MemoryLock, MemoryStore,
@@ -124,9 +125,17 @@ async fn scenarios(s: &Seen) {
     // A renewal that fails while the store is out.
     let outage = locks.acquire("m-outage", &short).await.unwrap();
     store.outage(true);
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    outage.at_risk().await;
     store.outage(false);
     assert!(s.value(RENEWALS, &[("outcome", "failed")]) >= 1);
+    assert_eq!(s.value(AT_RISK, &memory), 1);
+    // The spell is timed when it ends: confirmed again, or lost.
+    let lost = outage.lost();
+    tokio::select! {
+        _ = lost => {}
+        () = async { while outage.is_at_risk() { tokio::time::sleep(Duration::from_millis(5)).await } } => {}
+    }
+    assert_eq!(s.value(AT_RISK_TIME, &memory), 1);
     drop(outage);
 
     // A hand-over between two tasks of one client.

@@ -28,6 +28,7 @@ use crate::keys::{contender_key, is_reader, lock_dir, semaphore_dir};
 /// ordered by revision, semaphore permits as keys counted under a directory
 /// of their own.
 pub const ETCD_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_server_bounds(true)
     .with_fencing(true)
     .with_notified_wait(true)
     .with_fifo(true)
@@ -355,8 +356,9 @@ impl QueueBackend for EtcdBackend {
         let ttl = opts.lease_ttl();
         // The lease counts from before it was asked for (granted, or a kept
         // one renewed): the server's expiry is never earlier than the
-        // guard's.
-        let (lease, mut granted_at) = self.etcd.lease(ttl).await?;
+        // guard's. Its TTL has the lock delay added (see `LockOptions`).
+        let server_ttl = opts.bounds().server_ttl(ttl);
+        let (lease, mut granted_at) = self.etcd.lease(server_ttl).await?;
         let revoker = Revoker {
             etcd: self.etcd.clone(),
             lease: Some(lease),
@@ -414,19 +416,18 @@ impl QueueBackend for EtcdBackend {
         let lease = Arc::new(EtcdLease {
             etcd: self.etcd.clone(),
             lease: revoker.disarm(),
-            ttl,
+            ttl: server_ttl,
             key,
             revision: mine,
             kept: AtomicBool::new(false),
             notifier: OnceLock::new(),
         });
-        let guard = LockGuard::new(
+        let guard = LockGuard::granted(
             name,
             lease.clone(),
             Some(FencingToken::new(mine.max(0) as u64)),
-            ttl,
             granted_at,
-            opts.auto_renews(),
+            opts,
         );
         let _ = lease.notifier.set(guard.loss_notifier());
         Ok(Some(guard))
@@ -526,6 +527,46 @@ impl Lease for EtcdLease {
             .first()
             .is_some_and(|kv| kv.create_revision() == self.revision);
         Ok(alive?.is_some() && ours)
+    }
+
+    /// Moves the key, if it is still ours, to a lease of its own of `after`
+    /// (rounded up to whole seconds, etcd's unit): the server deletes it
+    /// then. The holding's lease is kept for the client's next holding, as
+    /// after a release.
+    async fn release_after(&self, after: Duration) -> Result<bool> {
+        if self.kept.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let sent = Instant::now();
+        let end = self.etcd.grant(after).await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                self.revision,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                "",
+                Some(PutOptions::new().with_ignore_value().with_lease(end)),
+            )]);
+        match self
+            .etcd
+            .txn("move the lock key to its last lease", txn)
+            .await
+        {
+            Ok(answer) if answer.succeeded() => {
+                if !self.kept.swap(true, Ordering::SeqCst) {
+                    self.etcd.keep_lease(self.lease, self.ttl, sent);
+                }
+                Ok(true)
+            }
+            other => {
+                self.etcd.revoke_later(end);
+                self.etcd.revoke_later(self.lease);
+                other.map(|_| false)
+            }
+        }
     }
 
     /// Deletes the key if it is still ours. Deleted, the lease is kept for

@@ -22,6 +22,7 @@ pub type RedisLock = LeaseLock<RedisBackend>;
 /// [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas): see
 /// [`RedisBackend::fences`].
 pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_server_bounds(true)
     .with_fencing(true)
     .with_notified_wait(true)
     .with_shared(true)

@@ -26,6 +26,7 @@ pub type RedlockLock = LeaseLock<RedlockBackend>;
 /// What Redlock guarantees: no fencing tokens (see the crate docs), crash
 /// release by TTL, notified waits, and it survives a minority of instances down.
 pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_server_bounds(true)
     .with_notified_wait(true)
     .with_survives_minority_failure(true)
     .with_shared(true)

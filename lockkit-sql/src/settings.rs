@@ -158,6 +158,7 @@ pub const PG_ROW_CAPABILITIES: Capabilities =
 /// `LISTEN/NOTIFY`. Holder identities are stored with the owner token. Shared holdings: a reader group holding the lock's row
 /// (see the `lease` module). Semaphores: one lease row per permit slot.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_server_bounds(true)
     .with_shared(true)
     .with_holder(true)
     .with_fencing(true)
@@ -168,6 +169,7 @@ pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseO
 /// jitter, never sleeping past the holder's expiry. Shared holdings and
 /// semaphores as on Postgres.
 pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
+    .with_server_bounds(true)
     .with_shared(true)
     .with_holder(true)
     .with_fencing(true)

@@ -345,13 +345,12 @@ impl ZkBackend {
             path: node.path.clone(),
             twins,
         });
-        let guard = LockGuard::new(
+        let guard = LockGuard::granted(
             name,
             lease,
             Some(FencingToken::new(node.czxid as u64)),
-            opts.lease_ttl(),
             sent,
-            opts.auto_renews(),
+            opts,
         );
         session.hold(&node.path, guard.loss_notifier());
         guard

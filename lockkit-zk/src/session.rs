@@ -167,6 +167,15 @@ impl Session {
             .remove(node);
     }
 
+    /// Tells every lock held that it is at risk (the session is
+    /// disconnected: Curator's SUSPENDED) or confirmed again.
+    fn set_at_risk(&self, on: bool) {
+        let held = self.holdings.lock().unwrap_or_else(|p| p.into_inner());
+        for lost in held.values() {
+            lost.set_at_risk(on);
+        }
+    }
+
     /// Signals the loss of every lock held; returns their nodes.
     fn lose_holdings(&self) -> Vec<String> {
         let held: Vec<(String, LossNotifier)> = self
@@ -355,9 +364,11 @@ async fn watch_states(
             SessionState::Disconnected => {
                 tracing::debug!(?trust, "zookeeper session disconnected; not lost yet");
                 disconnected.get_or_insert_with(Instant::now);
+                session.set_at_risk(true);
             }
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                 disconnected = None;
+                session.set_at_risk(false);
                 tokio::spawn(async move { session.delete_orphans().await });
             }
         }

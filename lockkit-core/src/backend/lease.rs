@@ -98,6 +98,15 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// and wakes waiters. `Ok(false)`: no lease of `owner`'s.
     async fn release(&self, key: &Self::Key, owner: &OwnerToken) -> Result<bool>;
 
+    /// Removes what `owner`'s lease left on the server once it ran out, for
+    /// a server that keeps expired leases (SQL rows): called after a
+    /// holding kept to its [`min_hold`](crate::LockOptions::min_hold)
+    /// ended. Default: nothing (the server drops expired keys by itself).
+    async fn purge(&self, key: &Self::Key, owner: &OwnerToken) -> Result<()> {
+        let _ = (key, owner);
+        Ok(())
+    }
+
     /// Whether [`hand_over`](Self::hand_over) works. Default: false.
     fn can_hand_over(&self) -> bool {
         false
@@ -269,6 +278,11 @@ impl<B: LeaseBackend> LeaseLock<B> {
     /// which releases it, and the turn asks the server as usual.
     async fn adopt(&self, slot: &LocalSlot, name: &str, opts: &LockOptions) -> Option<LockGuard> {
         let passed = slot.take_baton()?.downcast::<PassedLease<B>>().ok()?;
+        if opts.bounds().any() {
+            // Its bounds count from a grant of its own (dropping the baton
+            // releases the passed lease).
+            return None;
+        }
         let stale = Instant::now() + clock_drift(passed.ttl) >= passed.sent + passed.ttl;
         if !passed.confirmed || stale {
             return None;
@@ -282,7 +296,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
             ttl: passed.ttl,
             queue: Some(slot.handle()),
         };
-        let guard = held.into_guard(name, passed.fencing, passed.sent, opts.auto_renews());
+        let guard = held.into_guard(name, passed.fencing, passed.sent, opts);
         if opts.lease_ttl() != passed.ttl {
             // Dropped on failure, which releases whatever is left of it.
             guard.extend(opts.lease_ttl()).await.ok()?;
@@ -351,7 +365,9 @@ struct Grant<'a, B: LeaseBackend> {
     key: Arc<B::Key>,
     owner: OwnerToken,
     ttl: Duration,
-    auto_renew: bool,
+    /// The lease asked of the server: `ttl` with the bounds applied.
+    server_ttl: Duration,
+    opts: &'a LockOptions,
     sent: Instant,
     in_doubt: bool,
     /// The last attempt may have left a record of this acquisition as a
@@ -364,14 +380,15 @@ struct Grant<'a, B: LeaseBackend> {
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
-    fn new(backend: &'a Arc<B>, name: &'a str, key: B::Key, opts: &LockOptions) -> Self {
+    fn new(backend: &'a Arc<B>, name: &'a str, key: B::Key, opts: &'a LockOptions) -> Self {
         Grant {
             backend,
             name,
             key: Arc::new(key),
             owner: OwnerToken::new(),
             ttl: opts.lease_ttl(),
-            auto_renew: opts.auto_renews(),
+            server_ttl: opts.bounds().server_ttl(opts.lease_ttl()),
+            opts,
             sent: Instant::now(),
             in_doubt: false,
             waiting_recorded: false,
@@ -397,7 +414,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         let outcome = waiter
             .attempt(
                 self.backend
-                    .try_lock(&self.key, &self.owner, self.ttl, intent),
+                    .try_lock(&self.key, &self.owner, self.server_ttl, intent),
             )
             .await?;
         if let Attempt::Acquired(_) = outcome
@@ -427,9 +444,13 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             key: self.key.clone(),
             owner: self.owner.clone(),
             ttl: self.ttl,
-            queue: slot.as_ref().map(LocalSlot::handle),
+            // A bounded holding is never passed on: its bounds are its own.
+            queue: slot
+                .as_ref()
+                .filter(|_| !self.opts.bounds().any())
+                .map(LocalSlot::handle),
         };
-        let guard = held.into_guard(self.name, fencing, self.sent, self.auto_renew);
+        let guard = held.into_guard(self.name, fencing, self.sent, self.opts);
         if let Some(slot) = slot {
             guard.attach_slot(slot);
         }
@@ -446,7 +467,10 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
             return;
         };
         let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
-        let until = self.sent + self.ttl.clamp(MIN_CLEANUP_RETRIES, MAX_CLEANUP_RETRIES);
+        let until = self.sent
+            + self
+                .server_ttl
+                .clamp(MIN_CLEANUP_RETRIES, MAX_CLEANUP_RETRIES);
         runtime.spawn(async move {
             let mut pauses = CLEANUP_BACKOFF.delays();
             loop {
@@ -480,6 +504,10 @@ const MIN_CLEANUP_RETRIES: Duration = Duration::from_secs(10);
 /// See [`CLEANUP_BACKOFF`].
 const MAX_CLEANUP_RETRIES: Duration = Duration::from_secs(120);
 
+/// How long after a lease kept to its min hold has run out its purge is
+/// sent (the server's clock may run a little behind this client's).
+const PURGE_GRACE: Duration = Duration::from_millis(50);
+
 /// The lease behind a guard from a [`LeaseLock`].
 struct HeldLease<B: LeaseBackend> {
     backend: Arc<B>,
@@ -498,10 +526,16 @@ impl<B: LeaseBackend> HeldLease<B> {
         name: &str,
         fencing: Option<FencingToken>,
         sent: Instant,
-        auto_renew: bool,
+        opts: &LockOptions,
     ) -> LockGuard {
-        let ttl = self.ttl;
-        LockGuard::new(name, Arc::new(self), fencing, ttl, sent, auto_renew)
+        if opts.lease_ttl() == self.ttl {
+            LockGuard::granted(name, Arc::new(self), fencing, sent, opts)
+        } else {
+            // A lease passed on by a holder with another TTL: the guard
+            // counts from the passed lease until it extends it.
+            let ttl = self.ttl;
+            LockGuard::new(name, Arc::new(self), fencing, ttl, sent, opts.auto_renews())
+        }
     }
 
     /// Passes the lease to the next task of this client waiting for it, if
@@ -625,5 +659,22 @@ impl<B: LeaseBackend> Lease for HeldLease<B> {
             return passed;
         }
         self.backend.release(&self.key, &self.owner).await
+    }
+
+    /// The lease made to end `after` from now; then, once it has, what it
+    /// left is purged (see [`LeaseBackend::purge`]) while this client runs.
+    async fn release_after(&self, after: Duration) -> Result<bool> {
+        if !self.backend.extend(&self.key, &self.owner, after).await? {
+            return Ok(false);
+        }
+        let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
+        let ended = Instant::now() + after + PURGE_GRACE;
+        tokio::spawn(async move {
+            tokio::time::sleep_until(ended).await;
+            if let Err(error) = backend.purge(&key, &owner).await {
+                tracing::debug!(lock.key = ?key, %error, "could not clear a lease that ran out; the name's next holder reuses it");
+            }
+        });
+        Ok(true)
     }
 }

@@ -22,25 +22,40 @@ pub(super) struct Timing {
     ttl: Duration,
     valid_until: Instant,
     renewed_at: Instant,
+    /// Grant + max hold: no validity reaches past it.
+    limit: Option<Instant>,
     /// After a failed renewal: the retry delays, and when the next try is due.
     retry: Option<(crate::backoff::Delays, Instant)>,
 }
 
 impl Timing {
     /// A lease granted for `ttl` by a request sent at `sent`: valid until
-    /// `sent + ttl` less the drift allowance (see [`clock_drift`]).
-    pub(super) fn granted(sent: Instant, ttl: Duration) -> Timing {
+    /// `sent + ttl` less the drift allowance (see [`clock_drift`]), and
+    /// never past `limit` (the max hold's end).
+    pub(super) fn granted(sent: Instant, ttl: Duration, limit: Option<Instant>) -> Timing {
+        let valid_until = sent + ttl - clock_drift(ttl);
         Timing {
             ttl,
-            valid_until: sent + ttl - clock_drift(ttl),
+            valid_until: limit.map_or(valid_until, |limit| valid_until.min(limit)),
             renewed_at: sent,
+            limit,
             retry: None,
         }
     }
 
     /// The lease was extended by `ttl` by a request sent at `sent`.
     pub(super) fn extended(&mut self, sent: Instant, ttl: Duration) {
-        *self = Timing::granted(sent, ttl);
+        *self = Timing::granted(sent, ttl, self.limit);
+    }
+
+    /// Whether the validity ends at the max hold: no renewal can move it.
+    fn at_limit(&self) -> bool {
+        self.limit.is_some_and(|limit| self.valid_until >= limit)
+    }
+
+    /// Whether `now` is at or past the max hold's end.
+    fn limit_reached(&self, now: Instant) -> bool {
+        self.limit.is_some_and(|limit| now >= limit)
     }
 
     pub(super) fn valid_until(&self) -> Instant {
@@ -52,7 +67,7 @@ impl Timing {
     /// The renewal is put off to the next point of the renewal grid (see
     /// [`on_renewal_grid`]); the expiry is not.
     fn next_wake(&self, auto_renew: bool) -> Instant {
-        if auto_renew {
+        if auto_renew && !self.at_limit() {
             on_renewal_grid(self.renew_due(), self.ttl).min(self.valid_until)
         } else {
             self.valid_until
@@ -268,6 +283,27 @@ fn retry_backoff(ttl: Duration) -> crate::backoff::Backoff {
     crate::backoff::Backoff::new(Duration::from_millis(10), cap)
 }
 
+/// How long a renewal may go unanswered before the holding counts as at
+/// risk: a sixth of the lease (half the time from the renewal to the
+/// point where the next one would be due), at least 10 ms.
+fn overdue_after(ttl: Duration) -> Duration {
+    (ttl / 6).max(Duration::from_millis(10))
+}
+
+/// Awaits `renewal`, marking the holding at risk if it has not answered
+/// within [`overdue_after`] (it is still awaited after that).
+async fn overdue_warns<F: Future>(shared: &Shared, ttl: Duration, renewal: F) -> F::Output {
+    let mut renewal = std::pin::pin!(renewal);
+    tokio::select! {
+        biased;
+        answer = renewal.as_mut() => answer,
+        () = tokio::time::sleep(overdue_after(ttl)) => {
+            shared.set_at_risk(true);
+            renewal.await
+        }
+    }
+}
+
 /// One step of the watchdog, at a booked deadline: marks the guard lost
 /// once its validity is over (releasing what a session backend still holds),
 /// otherwise renews the lease (when auto-renew is on) and books the next
@@ -278,27 +314,37 @@ async fn watchdog_step(shared: Arc<Shared>) {
         shared.stop_watchdog();
         return;
     }
-    let (ttl, valid_until, renew_due) = {
-        let timing = lock(&shared.timing);
-        (timing.ttl, timing.valid_until, timing.renew_due())
-    };
     let now = Instant::now();
+    let (ttl, valid_until, renew_due, at_limit, limit_reached) = {
+        let timing = lock(&shared.timing);
+        (
+            timing.ttl,
+            timing.valid_until,
+            timing.renew_due(),
+            timing.at_limit(),
+            timing.limit_reached(now),
+        )
+    };
     if now >= valid_until {
-        let reason = if shared.auto_renew {
+        let reason = if limit_reached {
+            LostReason::HoldLimit
+        } else if shared.auto_renew {
             LostReason::RenewalFailed
         } else {
             LostReason::Expired
         };
         if shared.mark_lost(reason) {
-            // For session-based backends this frees the node or session lock;
-            // for lease backends it is a harmless compare-and-delete.
+            // For session-based backends this frees the node or session
+            // lock; for lease backends it is a harmless compare-and-delete
+            // (or nothing, with a lock delay: the server keeps the name).
             let _ops = shared.ops.lock().await;
-            let _ = tokio::time::timeout(Duration::from_secs(5), shared.lease.release()).await;
+            let end = shared.end_on_server(super::End::Lost(reason));
+            let _ = tokio::time::timeout(Duration::from_secs(5), end).await;
         }
         shared.stop_watchdog();
         return;
     }
-    if shared.auto_renew && now >= renew_due {
+    if shared.auto_renew && !at_limit && now >= renew_due {
         let ops = shared.ops.lock().await;
         if shared.lost_reason().is_some() {
             shared.stop_watchdog();
@@ -306,10 +352,13 @@ async fn watchdog_step(shared: Arc<Shared>) {
         }
         let sent = Instant::now();
         let budget = valid_until.saturating_duration_since(sent);
-        match tokio::time::timeout(budget, shared.lease.extend(ttl)).await {
+        let renewal = shared.lease.extend(shared.server_ttl(ttl));
+        let answer = tokio::time::timeout(budget, overdue_warns(&shared, ttl, renewal)).await;
+        match answer {
             Ok(Ok(true)) => {
                 crate::metrics::renewal(shared.lease.backend_name(), "renewed");
                 shared.record_extension(sent, ttl);
+                shared.set_at_risk(false);
                 tracing::trace!(lock.name = %shared.name, "lease renewed");
             }
             Ok(Ok(false)) => {
@@ -321,6 +370,7 @@ async fn watchdog_step(shared: Arc<Shared>) {
             }
             Ok(Err(error)) => {
                 crate::metrics::renewal(shared.lease.backend_name(), "failed");
+                shared.set_at_risk(true);
                 let mut timing = lock(&shared.timing);
                 let mut delays = timing
                     .retry
@@ -407,6 +457,7 @@ mod tests {
             ttl,
             valid_until,
             renewed_at,
+            limit: None,
             retry: None,
         };
         let renewed_at = start + Duration::from_micros(1234);

@@ -107,6 +107,13 @@ impl<D: LeaseDialect> Rows<D> {
             .await
     }
 
+    pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {
+        let purge = &self.dialect.statements().purge;
+        let args = Args::of(name).owner(owner);
+        self.changes("clear a lease that ran out", slice::from_ref(purge), args)
+            .await
+    }
+
     /// The live lease on row `name`.
     pub(super) async fn row_status(&self, name: &str) -> Result<Option<LiveRow>> {
         let statements = self.dialect.statements();

@@ -126,6 +126,9 @@ pub(crate) struct LeaseStatements {
     pub(crate) extend: LeaseSql,
     /// Owner-conditional release: a row changed if it was `owner`'s.
     pub(crate) release: LeaseSql,
+    /// The release of `owner`'s lease once it has run out (a holding kept
+    /// to its `min_hold`): the row left as a release leaves it.
+    pub(crate) purge: LeaseSql,
     /// The live lease on a row: its fence, remaining milliseconds and
     /// owner.
     pub(crate) status: LeaseSql,

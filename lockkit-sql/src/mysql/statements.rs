@@ -225,6 +225,7 @@ impl MySql {
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ), &[Ttl, Name, Owner]),
                 release: LeaseSql::new(format!("{release} WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"), &[Name, Owner]),
+                purge: LeaseSql::new(format!("{release} WHERE name = ? AND owner = ? AND expires_at <= UTC_TIMESTAMP(6)"), &[Name, Owner]),
                 status: LeaseSql::new(format!(
                 "SELECT CAST(fence AS SIGNED), \
                         CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED), \

@@ -86,6 +86,9 @@ impl PgSql {
                  WHERE name = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING pg_notify($3, $1)::text"
             ), &[Name, Owner, Channel]),
+                purge: LeaseSql::new(format!(
+                "DELETE FROM {table} WHERE name = $1 AND owner = $2 AND expires_at <= now()"
+            ), &[Name, Owner]),
                 status: LeaseSql::new(format!(
                 "SELECT fence, GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint, owner \
                  FROM {table} WHERE name = $1 AND expires_at > now()"

@@ -393,14 +393,7 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
             ttl: opts.lease_ttl(),
             liveness: Mutex::new(None),
         });
-        let guard = LockGuard::new(
-            name,
-            lease.clone(),
-            Some(fencing),
-            opts.lease_ttl(),
-            granted_at,
-            opts.auto_renews(),
-        );
+        let guard = LockGuard::granted(name, lease.clone(), Some(fencing), granted_at, opts);
         let _ = lease.notifier.set(guard.loss_notifier());
         schedule_liveness(
             &lease,

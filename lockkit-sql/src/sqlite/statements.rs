@@ -91,6 +91,12 @@ impl SqliteSql {
                     ),
                     &[Name, Owner],
                 ),
+                purge: LeaseSql::new(
+                    format!(
+                        "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at <= {NOW_MS}"
+                    ),
+                    &[Name, Owner],
+                ),
                 status: LeaseSql::new(
                     format!(
                         "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
