@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lockkit::LockOptions;
+use nix::sys::signal::Signal;
 
 /// The lock URL when neither `--url` nor `LOCKKIT_URL` gives one: a SQLite
 /// file in the working directory, so that `lockkit exec` works on a machine
@@ -166,6 +168,29 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = duration)]
     pub(crate) grace: Duration,
 
+    /// End the holding this long after its grant, however it is renewed:
+    /// CMD is then stopped as on a lost lock (exit 70).
+    #[arg(long, value_name = "DUR", value_parser = duration)]
+    pub(crate) max_hold: Option<Duration>,
+
+    /// Keep the lock taken until this long after its grant even when CMD
+    /// ends sooner, so that a late trigger on another machine does not run
+    /// the job again (TTL backends; the server keeps it).
+    #[arg(long, value_name = "DUR", value_parser = duration)]
+    pub(crate) min_hold: Option<Duration>,
+
+    /// When lockkit dies or is cut off without releasing, keep the lock
+    /// taken this much longer than its lease, so that CMD's writes in
+    /// flight land before the next holder starts (TTL backends).
+    #[arg(long, value_name = "DUR", value_parser = duration)]
+    pub(crate) lock_delay: Option<Duration>,
+
+    /// What to do when the lock is at risk (a renewal failed or is overdue,
+    /// the session is down; still valid): `ignore`, `stop` (as on a lost
+    /// lock), or a signal to send CMD each time, e.g. `USR1`.
+    #[arg(long, value_name = "ACTION", default_value = "ignore", value_parser = on_at_risk)]
+    pub(crate) on_at_risk: OnAtRisk,
+
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -230,6 +255,53 @@ pub(crate) enum WaitFor {
     For(Duration),
 }
 
+impl RunArgs {
+    /// `opts` with the bounds asked for.
+    pub(crate) fn bounded(&self, mut opts: LockOptions) -> LockOptions {
+        if let Some(limit) = self.max_hold {
+            opts = opts.max_hold(limit);
+        }
+        if let Some(floor) = self.min_hold {
+            opts = opts.min_hold(floor);
+        }
+        if let Some(delay) = self.lock_delay {
+            opts = opts.lock_delay(delay);
+        }
+        opts
+    }
+}
+
+/// What `--on-at-risk` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OnAtRisk {
+    /// Nothing (the default).
+    Ignore,
+    /// Stop the command as on a lost lock.
+    Stop,
+    /// Send the command this signal each time.
+    Signal(Signal),
+}
+
+/// `ignore`, `stop`, or a signal name with or without `SIG` (`USR1`,
+/// `SIGUSR2`).
+fn on_at_risk(text: &str) -> Result<OnAtRisk, String> {
+    let text = text.trim();
+    match text.to_ascii_lowercase().as_str() {
+        "ignore" => return Ok(OnAtRisk::Ignore),
+        "stop" => return Ok(OnAtRisk::Stop),
+        _ => {}
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<Signal>()
+        .map(OnAtRisk::Signal)
+        .map_err(|_| format!("{text:?} is neither `ignore`, `stop` nor a signal name such as USR1"))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum OnLost {
     /// SIGTERM, then SIGKILL after the grace period.
@@ -291,6 +363,15 @@ mod tests {
     fn the_command_line_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn at_risk_actions() {
+        assert_eq!(on_at_risk("ignore"), Ok(OnAtRisk::Ignore));
+        assert_eq!(on_at_risk("STOP"), Ok(OnAtRisk::Stop));
+        assert_eq!(on_at_risk("usr1"), Ok(OnAtRisk::Signal(Signal::SIGUSR1)));
+        assert_eq!(on_at_risk("SIGUSR2"), Ok(OnAtRisk::Signal(Signal::SIGUSR2)));
+        assert!(on_at_risk("panic").is_err());
     }
 
     #[test]

@@ -18,10 +18,12 @@ pub(crate) async fn run(url: &str, args: ElectArgs) -> Exit {
     };
     let identity = args.id.clone().unwrap_or_else(default_identity);
     let election = Election::new(Arc::clone(&locks), args.name.clone(), identity.clone());
-    let opts = LockOptions::new()
-        .ttl(args.ttl)
-        .auto_renew(true)
-        .wait_forever();
+    let opts = args.run.bounded(
+        LockOptions::new()
+            .ttl(args.ttl)
+            .auto_renew(true)
+            .wait_forever(),
+    );
     let mut terms = 0;
     loop {
         let leadership = tokio::select! {

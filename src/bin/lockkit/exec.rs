@@ -13,7 +13,7 @@ use signal_hook::low_level::siginfo::Cause;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep_until};
 
-use crate::args::{ExecArgs, OnLost, RunArgs, WaitFor, default_identity};
+use crate::args::{ExecArgs, OnAtRisk, OnLost, RunArgs, WaitFor, default_identity};
 use crate::exit::{Exit, report};
 
 /// The signals passed on to the command.
@@ -42,7 +42,9 @@ pub(crate) async fn run(url: &str, args: ExecArgs) -> Exit {
         Ok(prepared) => prepared,
         Err(exit) => return exit,
     };
-    let mut opts = LockOptions::new().ttl(args.ttl).auto_renew(true);
+    let mut opts = args
+        .run
+        .bounded(LockOptions::new().ttl(args.ttl).auto_renew(true));
     if let Some(holder) = holder(locks.as_ref(), args.holder.clone()) {
         opts = opts.holder(holder);
     }
@@ -153,6 +155,7 @@ pub(crate) async fn supervise(
         .map(Pid::from_raw);
     let lost = guard.lost();
     tokio::pin!(lost);
+    let mut warning = Box::pin(next_warning(guard, false));
     let mut lost_at: Option<Instant> = None;
     let mut sigkill_sent = false;
     let mut signalled = false;
@@ -180,6 +183,21 @@ pub(crate) async fn supervise(
                     ),
                 }
             }
+            () = &mut warning, if lost_at.is_none() && args.on_at_risk != OnAtRisk::Ignore => {
+                warning = Box::pin(next_warning(guard, true));
+                match args.on_at_risk {
+                    OnAtRisk::Stop => {
+                        eprintln!("lockkit: lock {name:?} at risk while the command ran; stopping it (SIGTERM)");
+                        lost_at = Some(Instant::now());
+                        send(pid, Signal::SIGTERM);
+                    }
+                    OnAtRisk::Signal(signal) => {
+                        eprintln!("lockkit: lock {name:?} at risk while the command ran; sending it {signal}");
+                        send(pid, signal);
+                    }
+                    OnAtRisk::Ignore => {}
+                }
+            }
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
                 eprintln!("lockkit: the command outlived the grace period of {:?}; sending it SIGKILL", args.grace);
                 send(pid, Signal::SIGKILL);
@@ -191,6 +209,21 @@ pub(crate) async fn supervise(
         Ok(_) if lost_at.is_some() => Supervised::LostWhileRunning,
         Ok(status) => Supervised::Exited(status, signalled),
         Err(error) => Supervised::WaitFailed(error),
+    }
+}
+
+/// Resolves when the holding becomes at risk (after the previous warning
+/// cleared, when `after_clear`); never once it is lost (the lost signal
+/// speaks for that).
+async fn next_warning(guard: &LockGuard, after_clear: bool) {
+    if after_clear {
+        while guard.is_at_risk() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    guard.at_risk().await;
+    if guard.is_lost() {
+        std::future::pending::<()>().await;
     }
 }
 
