@@ -2,9 +2,10 @@
 //!
 //! Every replica runs the same schedule. At each slot they all try the
 //! slot's own lock (`report/<slot>`) without waiting; the one that gets it
-//! runs the job and keeps the lock until the slot is over, so a replica
-//! whose clock runs late cannot take the slot again after a fast job
-//! finished. The others skip the slot.
+//! runs the job and releases, and `min_hold` keeps the name taken on the
+//! server until the slot is over, so a replica whose clock runs late
+//! cannot take the slot again after a fast job finished. The others skip
+//! the slot.
 //!
 //! Here three replicas are tasks with their own clients; in production they
 //! are processes on different machines with the same URL. Any backend
@@ -46,7 +47,7 @@ async fn main() -> Result<(), LockError> {
                 let slot_start = start + SLOT * slot as u32;
                 // Replicas' clocks never agree exactly.
                 sleep_until(slot_start + Duration::from_millis(fastrand_ms(replica, slot))).await;
-                run_slot(locks.as_ref(), replica, slot, slot_start + SLOT, &runs).await?;
+                run_slot(locks.as_ref(), replica, slot, &runs).await?;
             }
             Ok::<_, LockError>(())
         }));
@@ -69,24 +70,20 @@ async fn run_slot(
     locks: &dyn DistributedLock,
     replica: u32,
     slot: u64,
-    slot_end: Instant,
     runs: &[AtomicU32],
 ) -> Result<(), LockError> {
-    // The lease covers the slot; no renewal is needed, nobody waits.
-    let opts = LockOptions::new().ttl(SLOT).auto_renew(false).no_wait();
+    // Taken for the whole slot, however soon the job ends; nobody waits.
+    let opts = LockOptions::new()
+        .min_hold(SLOT - Duration::from_millis(50))
+        .no_wait();
     let Some(guard) = locks.try_acquire(&format!("report/{slot}"), &opts).await? else {
         println!("slot {slot}: replica {replica} skips, another replica has it");
         return Ok(());
     };
     println!("slot {slot}: replica {replica} runs the report");
     runs[slot as usize].fetch_add(1, Ordering::SeqCst);
-    // Hold the slot's lock until the slot ends, then let it go.
-    sleep_until(slot_end - Duration::from_millis(50)).await;
-    guard.release().await.or_else(|error| match error {
-        // The lease ran out at the end of the slot: that is fine here.
-        LockError::Lost { .. } => Ok(()),
-        other => Err(other),
-    })
+    // The job is done; the server keeps the name until the slot is over.
+    guard.release().await
 }
 
 /// A small, replica-specific clock skew (0–90 ms).

@@ -173,6 +173,7 @@ mod guide {
         Semantics = "../docs/guide/semantics.md",
         Fencing = "../docs/guide/fencing.md",
         Family = "../docs/guide/family.md",
+        Bounds = "../docs/guide/bounds.md",
         Cli = "../docs/guide/cli.md",
         Operations = "../docs/guide/operations.md",
         CustomBackend = "../docs/guide/custom-backend.md",
