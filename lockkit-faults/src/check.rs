@@ -42,6 +42,10 @@ pub struct Section {
     pub released: bool,
     /// Abandoned on the lease-lost signal.
     pub lost: bool,
+    /// When the guard's early warning rose, if it did.
+    pub at_risk_at: Option<Micros>,
+    /// When the guard's lost signal fired, if it did.
+    pub lost_signal_at: Option<Micros>,
 }
 
 impl Section {
@@ -95,6 +99,9 @@ pub struct Outcome {
     /// What each real store did with the fenced writes (empty without
     /// stores or tokens).
     pub stores: Vec<StoreOutcome>,
+    /// Per lost signal, in order: how long before it the guard's early
+    /// warning rose (`None`: no warning before the loss).
+    pub warnings: Vec<Option<Micros>>,
 }
 
 /// What one real store did with a run's fenced writes.
@@ -139,6 +146,8 @@ pub fn sections(trace: &Trace) -> Vec<Section> {
             });
         match &record.kind {
             Kind::Attempt | Kind::Failed(_) => {}
+            Kind::AtRisk => section.at_risk_at = Some(record.at),
+            Kind::LostSignal => section.lost_signal_at = Some(record.at),
             Kind::Acquired(token) => {
                 section.token = *token;
                 section.acquired_at = Some(record.at);
@@ -207,6 +216,10 @@ pub fn check(trace: &Trace) -> Outcome {
         }
     }
     for section in &sections {
+        if let Some(lost) = section.lost_signal_at {
+            let warned = section.at_risk_at.filter(|at| *at <= lost);
+            outcome.warnings.push(warned.map(|at| lost - at));
+        }
         outcome.completed += u64::from(section.completed());
         outcome.lost += u64::from(section.lost);
         for &(at, accepted) in &section.writes {

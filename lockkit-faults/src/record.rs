@@ -45,6 +45,10 @@ pub enum Kind {
     Lost,
     /// The worker released the lock (`true`) or the release failed (`false`).
     Released(bool),
+    /// The guard's early warning rose (`at_risk`) while it was still valid.
+    AtRisk,
+    /// The guard's lost signal (`lost()`) fired.
+    LostSignal,
 }
 
 /// A fault injected by the orchestrator.

@@ -34,6 +34,13 @@ pub fn problems(results: &[RunResult]) -> Vec<String> {
                 result.outcome.stale_accepted
             ));
         }
+        if result.lock_delay.is_some() && result.outcome.stale_accepted > 0 {
+            problems.push(format!(
+                "{}: the lock delay did not keep the late writes out: the resource accepted {} stale writes",
+                result.slug(),
+                result.outcome.stale_accepted
+            ));
+        }
         for store in &result.outcome.stores {
             if result.fencing && store.stale_admitted > 0 {
                 problems.push(format!(
@@ -78,6 +85,52 @@ fn stores_text(result: &RunResult) -> String {
         .join(", ")
 }
 
+/// Per lost signal, how long before it `at_risk` rose (`none`: it did not).
+fn warnings_text(result: &RunResult) -> String {
+    if result.outcome.warnings.is_empty() {
+        return "–".into();
+    }
+    result
+        .outcome
+        .warnings
+        .iter()
+        .map(|lead| lead.map_or_else(|| "none".to_owned(), |lead| Seconds(lead).to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Each run with a lock delay beside the same run without: the stale
+/// writes accepted, both ways.
+pub fn lock_delay_comparison(results: &[RunResult]) -> String {
+    let mut out = String::new();
+    for delayed in results.iter().filter(|r| r.lock_delay.is_some()) {
+        let Some(plain) = results.iter().find(|r| {
+            r.lock_delay.is_none() && r.backend == delayed.backend && r.scenario == delayed.scenario
+        }) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "* {} {}: {} stale writes accepted without a lock delay, {} with `{}`{}.",
+            delayed.backend,
+            delayed.scenario,
+            plain.outcome.stale_accepted,
+            delayed.outcome.stale_accepted,
+            delayed
+                .backend_label()
+                .split(" + ")
+                .nth(1)
+                .unwrap_or_default(),
+            if delayed.error.is_some() || plain.error.is_some() {
+                " (a run failed: see the table)"
+            } else {
+                ""
+            }
+        );
+    }
+    out
+}
+
 fn recovery_text(result: &RunResult) -> String {
     if result.outcome.recovery.is_empty() {
         return "–".into();
@@ -96,9 +149,11 @@ fn recovery_text(result: &RunResult) -> String {
 pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
     let mut out = String::new();
     out.push_str(
-        "| backend | scenario | fencing | overlaps | stale writes accepted | stale writes rejected | valid writes rejected | stale at PostgreSQL, Redis (admitted / refused) | done / tried | lost signals | recovery |\n",
+        "| backend | scenario | fencing | overlaps | stale writes accepted | stale writes rejected | valid writes rejected | stale at PostgreSQL, Redis (admitted / refused) | done / tried | lost signals | at risk before the loss | recovery |\n",
     );
-    out.push_str("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    out.push_str(
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
+    );
     for result in results {
         let o = &result.outcome;
         let scenario = match timelines {
@@ -111,8 +166,8 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {scenario} | {} | {} | {}{} | {} | {} | {} | {} / {} | {} | {recovery} |",
-            result.backend,
+            "| {} | {scenario} | {} | {} | {}{} | {} | {} | {} | {} / {} | {} | {} | {recovery} |",
+            result.backend_label(),
             if result.fencing { "yes" } else { "no" },
             o.overlaps,
             o.stale_accepted,
@@ -127,6 +182,7 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
             o.completed,
             o.attempted,
             o.lost,
+            warnings_text(result),
         );
     }
     out
@@ -150,6 +206,11 @@ admitted stale writes must be 0 wherever the backend claims fencing.
 * **done / tried**: critical sections released after all their writes were \
 accepted, over acquire attempts.
 * **lost signals**: sections abandoned because the guard reported the lease lost.
+* **at risk before the loss**: per lost signal, how long before it the \
+guard's early warning (`at_risk`) rose; `none`: the loss came without one \
+(a frozen holder sees nothing until it runs again).
+* **+ lock_delay**: the same run with the workers asking for a lock delay \
+of twice the fault's pause; a stale write it lets through fails the suite.
 * **recovery**: per fault, from the fault's start to the first write of the \
 next section that completed (`none`: no section completed after it).
 ";
@@ -189,6 +250,11 @@ pub fn write(
     out.push_str(&table(results, Some("timelines")));
     out.push('\n');
     out.push_str(LEGEND);
+    let comparison = lock_delay_comparison(results);
+    if !comparison.is_empty() {
+        out.push_str("\n## Lock delay\n\n");
+        out.push_str(&comparison);
+    }
     out.push_str("\n## Verdict\n\n");
     if problems.is_empty() {
         out.push_str(
@@ -221,6 +287,7 @@ mod tests {
                 ..Outcome::default()
             },
             error: None,
+            lock_delay: None,
         }
     }
 

@@ -288,6 +288,8 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
             }
             "failed" => Kind::Failed(fields.next().unwrap_or("error").to_owned()),
             "lost" => Kind::Lost,
+            "risk" => Kind::AtRisk,
+            "signal" => Kind::LostSignal,
             "released" => Kind::Released(fields.next() == Some("ok")),
             _ => {
                 tracing::warn!("resource: bad line {line:?}");

@@ -62,18 +62,43 @@ pub struct RunResult {
     pub outcome: Outcome,
     /// Why the run did not go end to end, if it did not.
     pub error: Option<String>,
+    /// The workers' lock delay, if they asked for one.
+    pub lock_delay: Option<Duration>,
 }
 
 impl RunResult {
-    /// `backend--scenario`, for file names.
+    /// `backend--scenario` (`--lock-delay` added for a run with one), for
+    /// file names.
     pub fn slug(&self) -> String {
-        format!("{}--{}", self.backend, self.scenario)
+        slug(self.backend, self.scenario, self.lock_delay)
     }
+
+    /// The backend, with its lock delay if it had one.
+    pub fn backend_label(&self) -> String {
+        match self.lock_delay {
+            Some(delay) => format!(
+                "{} + lock_delay {}",
+                self.backend,
+                humantime::format_duration(delay)
+            ),
+            None => self.backend.to_string(),
+        }
+    }
+}
+
+fn slug(backend: Deployment, scenario: Scenario, lock_delay: Option<Duration>) -> String {
+    let delayed = if lock_delay.is_some() {
+        "--lock-delay"
+    } else {
+        ""
+    };
+    format!("{backend}--{scenario}{delayed}")
 }
 
 fn worker_command(
     settings: &Settings,
     scenario: Scenario,
+    lock_delay: Option<Duration>,
     url: &str,
     name: &str,
     client: u32,
@@ -93,6 +118,7 @@ fn worker_command(
         .args(["--wait", &millis(scenario.lease(settings.lease) * 3)])
         .args(["--deadline", &millis(settings.run_timeout)])
         .args(settings.careful.then_some("--careful"))
+        .args(lock_delay.map(|delay| format!("--lock-delay={}", millis(delay))))
         .env(
             "RUST_LOG",
             std::env::var("LOCKKIT_FAULTS_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
@@ -108,6 +134,7 @@ fn lock_name(slug: &str) -> String {
 async fn spawn_workers(
     settings: &Settings,
     scenario: Scenario,
+    lock_delay: Option<Duration>,
     deployment: &Testbed,
     resource: &Resource,
     slug: &str,
@@ -119,7 +146,9 @@ async fn spawn_workers(
         let log = settings.log_dir.join(format!("{slug}--worker{client}.log"));
         // A fresh log per run (the spawn appends).
         let _ = std::fs::remove_file(&log);
-        let command = worker_command(settings, scenario, &url, &name, client, resource);
+        let command = worker_command(
+            settings, scenario, lock_delay, &url, &name, client, resource,
+        );
         let worker = ServerProcess::spawn(&format!("worker {client}"), &command, &log, &log)
             .await
             .map_err(|e| e.to_string())?;
@@ -128,9 +157,15 @@ async fn spawn_workers(
     Ok(workers)
 }
 
-/// Runs `scenario` on `backend`, bounded by the settings' run timeout.
-pub async fn run(backend: Deployment, scenario: Scenario, settings: &Settings) -> RunResult {
-    let slug = format!("{backend}--{scenario}");
+/// Runs `scenario` on `backend` (its workers asking for `lock_delay`, if
+/// given), bounded by the settings' run timeout.
+pub async fn run(
+    backend: Deployment,
+    scenario: Scenario,
+    lock_delay: Option<Duration>,
+    settings: &Settings,
+) -> RunResult {
+    let slug = slug(backend, scenario, lock_delay);
     tracing::info!("run {slug}");
     let stores = settings.stores.as_ref().map(|stores| {
         (
@@ -140,7 +175,7 @@ pub async fn run(backend: Deployment, scenario: Scenario, settings: &Settings) -
     });
     let resource = match Resource::start(stores).await {
         Ok(resource) => resource,
-        Err(e) => return failed(backend, scenario, format!("resource: {e}")),
+        Err(e) => return failed(backend, scenario, lock_delay, format!("resource: {e}")),
     };
     let mut fencing = false;
     let mut workers = Vec::new();
@@ -149,6 +184,7 @@ pub async fn run(backend: Deployment, scenario: Scenario, settings: &Settings) -
         stage(
             backend,
             scenario,
+            lock_delay,
             settings,
             &resource,
             &slug,
@@ -177,10 +213,16 @@ pub async fn run(backend: Deployment, scenario: Scenario, settings: &Settings) -
         trace,
         outcome,
         error,
+        lock_delay,
     }
 }
 
-fn failed(backend: Deployment, scenario: Scenario, error: String) -> RunResult {
+fn failed(
+    backend: Deployment,
+    scenario: Scenario,
+    lock_delay: Option<Duration>,
+    error: String,
+) -> RunResult {
     RunResult {
         backend,
         scenario,
@@ -188,12 +230,14 @@ fn failed(backend: Deployment, scenario: Scenario, error: String) -> RunResult {
         trace: Trace::default(),
         outcome: Outcome::default(),
         error: Some(error),
+        lock_delay,
     }
 }
 
 async fn stage(
     backend: Deployment,
     scenario: Scenario,
+    lock_delay: Option<Duration>,
     settings: &Settings,
     resource: &Resource,
     slug: &str,
@@ -207,7 +251,7 @@ async fn stage(
         .map_err(|e| format!("connect: {e}"))?;
     *fencing = probe.capabilities().fencing;
     drop(probe);
-    *workers = spawn_workers(settings, scenario, &deployment, resource, slug).await?;
+    *workers = spawn_workers(settings, scenario, lock_delay, &deployment, resource, slug).await?;
     let warmup = lease * 10;
     if !resource.wait_completed(WARMUP_SECTIONS, warmup).await {
         return Err(format!(
@@ -224,20 +268,22 @@ async fn stage(
         lock_name: &lock_name(slug),
     };
     scenario.inject(&mut stage).await?;
-    tail(resource, lease, settings).await;
+    // A lock delay keeps a lost holder's name taken that much longer.
+    tail(resource, lease, lock_delay.unwrap_or_default(), settings).await;
     for worker in workers.iter_mut() {
         worker.kill();
     }
     Ok(())
 }
 
-/// The workers go on after the faults are healed: the whole tail, or with
+/// The workers go on after the faults are healed (a run with a lock delay
+/// that much longer): the whole tail, or with
 /// [`Settings::cut_tail`] until every fault has recovered (after one lease
 /// at least, so that a holder resumed at the end of the faults has
 /// written). Whether they all did is the report's verdict
 /// ([`problems`](crate::report::problems)).
-async fn tail(resource: &Resource, lease: Duration, settings: &Settings) {
-    let longest = lease * settings.tail_leases;
+async fn tail(resource: &Resource, lease: Duration, delay: Duration, settings: &Settings) {
+    let longest = lease * settings.tail_leases + delay;
     if !settings.cut_tail {
         tokio::time::sleep(longest).await;
         return;

@@ -102,6 +102,22 @@ impl Scenario {
         }
     }
 
+    /// How long the holder is frozen or cut off, in the scenarios that do
+    /// that to it.
+    pub fn pause(lease: Duration) -> Duration {
+        scaled(lease, 2.5)
+    }
+
+    /// The lock delay of this scenario's extra run on `deployment`, if it
+    /// has one: twice the pause, on the unfenced (Redlock) and the plain
+    /// Redis deployment, for the faults whose late writes a lock delay is
+    /// meant to keep out (a frozen holder, a cut-off one).
+    pub fn compared_lock_delay(self, deployment: Deployment, base: Duration) -> Option<Duration> {
+        let compared = matches!(deployment, Deployment::Redis | Deployment::Redlock3)
+            && matches!(self, Scenario::HolderPaused | Scenario::Partition);
+        compared.then(|| Self::pause(self.lease(base)) * 2)
+    }
+
     /// The scenario with this label.
     pub fn from_label(label: &str) -> Option<Scenario> {
         Scenario::ALL.into_iter().find(|s| s.label() == label)
@@ -188,7 +204,7 @@ impl Scenario {
                 let holder = stage.holder().await?;
                 let start = stage.resource.now();
                 stage.worker(holder).pause().map_err(|e| e.to_string())?;
-                tokio::time::sleep(scaled(lease, 2.5)).await;
+                tokio::time::sleep(Scenario::pause(lease)).await;
                 stage.worker(holder).resume().map_err(|e| e.to_string())?;
                 stage.fault(format!("worker {holder} paused"), start);
             }
@@ -218,7 +234,7 @@ impl Scenario {
                 let holder = stage.holder().await?;
                 let start = stage.resource.now();
                 stage.deployment.partition(holder, true)?;
-                tokio::time::sleep(scaled(lease, 2.5)).await;
+                tokio::time::sleep(Scenario::pause(lease)).await;
                 stage.deployment.partition(holder, false)?;
                 stage.fault(format!("worker {holder} partitioned"), start);
             }

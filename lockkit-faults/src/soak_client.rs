@@ -233,6 +233,7 @@ pub async fn run(plan: ClientPlan) -> std::io::Result<()> {
                 wait: plan.lease * 3,
                 deadline: plan.duration,
                 careful: false,
+                lock_delay: None,
             };
             tasks.spawn(async move {
                 if let Err(e) = worker::run(worker).await {

@@ -51,17 +51,26 @@ pub struct WorkerPlan {
     /// process does whose pause fell between its check and its write: what
     /// is left to stop it is the resource's fencing check.
     pub careful: bool,
+    /// The lock delay asked for, if any.
+    pub lock_delay: Option<Duration>,
 }
 
 /// The worker's link to the resource.
 struct Link {
-    write: OwnedWriteHalf,
+    /// Shared with the watcher of the current section's signals.
+    write: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
     replies: Lines<BufReader<OwnedReadHalf>>,
+}
+
+/// Sends one line (whole, under the lock) to the resource.
+async fn send_line(write: &tokio::sync::Mutex<OwnedWriteHalf>, line: String) -> io::Result<()> {
+    let mut write = write.lock().await;
+    bounded(write.write_all(format!("{line}\n").as_bytes())).await
 }
 
 impl Link {
     async fn send(&mut self, line: String) -> io::Result<()> {
-        bounded(self.write.write_all(format!("{line}\n").as_bytes())).await
+        send_line(&self.write, line).await
     }
 
     /// A write to the resource; `true` if it was accepted.
@@ -114,6 +123,27 @@ pub(crate) async fn connect_until(
     }
 }
 
+/// Reports the section's early warning (`risk`) and lost signal
+/// (`signal`) as they come; aborted when the section ends.
+async fn watch_signals(
+    at_risk: impl Future<Output = ()>,
+    lost: impl Future<Output = lockkit::LostReason>,
+    write: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    section: u32,
+) {
+    tokio::pin!(lost);
+    let warned = tokio::select! {
+        biased;
+        _ = &mut lost => false,
+        () = at_risk => true,
+    };
+    if warned {
+        let _ = send_line(&write, format!("risk {section}")).await;
+        lost.await;
+    }
+    let _ = send_line(&write, format!("signal {section}")).await;
+}
+
 /// Runs the worker until its deadline; an error means the resource is gone
 /// (the orchestrator ended), which also ends the worker.
 pub async fn run(plan: WorkerPlan) -> io::Result<()> {
@@ -121,7 +151,7 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let (read, write) = stream.into_split();
     let mut link = Link {
-        write,
+        write: Arc::new(tokio::sync::Mutex::new(write)),
         replies: BufReader::new(read).lines(),
     };
     link.send(format!("hello {}", plan.client)).await?;
@@ -129,7 +159,10 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
     let Some(lock) = connect_until(&plan.url, deadline).await else {
         return Ok(());
     };
-    let options = LockOptions::new().ttl(plan.ttl).wait_for(plan.wait);
+    let mut options = LockOptions::new().ttl(plan.ttl).wait_for(plan.wait);
+    if let Some(delay) = plan.lock_delay {
+        options = options.lock_delay(delay);
+    }
     let writes = plan.writes.max(2);
     let step = plan.hold / (writes - 1);
     let mut section = 0_u32;
@@ -145,6 +178,12 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
                 let token = guard.fencing_token().map(|token| token.get());
                 link.send(format!("acquired {section} {}", token_text(token)))
                     .await?;
+                let watcher = tokio::spawn(watch_signals(
+                    guard.at_risk(),
+                    guard.lost(),
+                    link.write.clone(),
+                    section,
+                ));
                 let mut lost = false;
                 for index in 0..writes {
                     if index > 0 {
@@ -160,8 +199,12 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
                     link.write(section, token, index).await?;
                 }
                 if lost {
+                    // Give the watcher the moment to report the signal.
+                    tokio::task::yield_now().await;
+                    watcher.abort();
                     drop(guard);
                 } else {
+                    watcher.abort();
                     let released = tokio::time::timeout(RELEASE_TIMEOUT, guard.release()).await;
                     let ok = matches!(released, Ok(Ok(())));
                     if let Ok(Err(e)) = &released {

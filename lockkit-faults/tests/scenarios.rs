@@ -38,7 +38,7 @@ async fn paused_holder_with(backend: Deployment, stores: Option<Arc<FenceStores>
         stores,
         ..settings(logs.path().into())
     };
-    let result = run(backend, Scenario::HolderPaused, &settings).await;
+    let result = run(backend, Scenario::HolderPaused, None, &settings).await;
     assert_eq!(result.error, None, "{result:?}");
     assert_eq!(result.trace.faults.len(), 1);
     assert!(result.outcome.recovered(), "{:?}", result.outcome);
@@ -86,4 +86,30 @@ async fn the_real_stores_refuse_the_paused_holders_late_write() {
         assert!(store.admitted >= 2, "{store:?}");
         assert_eq!(store.errors, 0, "{store:?}");
     }
+}
+
+/// The same pause on Redlock with a lock delay of twice the pause: the name
+/// stays taken until the late holder's writes have landed, so none is
+/// stale, without fencing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_delay_keeps_the_late_write_out_without_fencing() {
+    let logs = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        tail_leases: 8,
+        ..settings(logs.path().into())
+    };
+    let scenario = Scenario::HolderPaused;
+    let delay = scenario
+        .compared_lock_delay(Deployment::Redlock3, settings.lease)
+        .expect("Redlock's holder-paused run is compared");
+    let result = run(Deployment::Redlock3, scenario, Some(delay), &settings).await;
+    assert_eq!(result.error, None, "{result:?}");
+    let outcome = &result.outcome;
+    assert!(
+        outcome.lost >= 1,
+        "the paused holder wrote late: {outcome:?}"
+    );
+    assert_eq!(outcome.stale_accepted, 0, "{outcome:?}");
+    assert_eq!(outcome.overlaps, 0, "{outcome:?}");
+    assert!(outcome.recovered(), "{outcome:?}");
 }

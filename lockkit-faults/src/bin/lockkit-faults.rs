@@ -165,6 +165,8 @@ struct WorkerArgs {
     deadline: Duration,
     #[arg(long)]
     careful: bool,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lock_delay: Option<Duration>,
 }
 
 fn init_tracing(default: &str) {
@@ -207,6 +209,7 @@ async fn main() -> ExitCode {
                 wait: args.wait,
                 deadline: args.deadline,
                 careful: args.careful,
+                lock_delay: args.lock_delay,
             };
             match worker::run(plan).await {
                 Ok(()) => ExitCode::SUCCESS,
@@ -437,8 +440,14 @@ async fn run_suite(args: RunArgs) -> ExitCode {
             if args.short && repeats_in_short(backend, scenario) {
                 continue;
             }
-            if scenarios.contains(&scenario) {
-                let result = run(backend, scenario, &settings).await;
+            if !scenarios.contains(&scenario) {
+                continue;
+            }
+            // The same run again with a lock delay, where it is compared.
+            let delays =
+                std::iter::once(None).chain(scenario.compared_lock_delay(backend, lease).map(Some));
+            for lock_delay in delays {
+                let result = run(backend, scenario, lock_delay, &settings).await;
                 tracing::info!(
                     "{}: {:?}{}",
                     result.slug(),
