@@ -15,44 +15,31 @@ async fn min_hold_keeps_a_finished_job_from_running_again() {
     let dir = tempfile::tempdir().unwrap();
     let url = sqlite_url(dir.path());
     let (first, second) = (dir.path().join("first"), dir.path().join("second"));
-    let job = |marker: &std::path::Path| format!("touch {}", marker.display());
-    let (job1, job2) = (job(&first), job(&second));
-    let ran = run(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "exec",
-            "nightly",
-            "--no-wait",
-            "--min-hold",
-            "1h",
-            "--",
-            "sh",
-            "-c",
-            &job1,
-        ],
-    )
-    .await;
+    let nightly = |marker: &std::path::Path| {
+        let job = format!("touch {}", marker.display());
+        let dir = dir.path().to_owned();
+        let url = url.clone();
+        async move {
+            let args = [
+                "--url",
+                &url,
+                "exec",
+                "nightly",
+                "--no-wait",
+                "--min-hold",
+                "1h",
+                "--",
+                "sh",
+                "-c",
+                &job,
+            ];
+            run(&dir, &args).await
+        }
+    };
+    let ran = nightly(&first).await;
     assert_eq!(code(&ran), 0, "{ran:?}");
     assert!(first.exists());
-    let late = run(
-        dir.path(),
-        &[
-            "--url",
-            &url,
-            "exec",
-            "nightly",
-            "--no-wait",
-            "--min-hold",
-            "1h",
-            "--",
-            "sh",
-            "-c",
-            &job2,
-        ],
-    )
-    .await;
+    let late = nightly(&second).await;
     assert_eq!(code(&late), 75, "the late trigger finds it taken: {late:?}");
     assert!(!second.exists(), "the job ran twice");
 }

@@ -11,7 +11,7 @@ use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions, LostReaso
 use tokio::time::Instant;
 
 use super::Harness;
-use crate::cases::unique;
+use crate::cases::{assert_refused, unique};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -72,10 +72,7 @@ async fn refused(
     opts: &LockOptions,
     is: fn(&LockError) -> bool,
 ) {
-    let err = lock.try_acquire(name, opts).await.unwrap_err();
-    assert!(is(&err), "try_acquire with {opts:?}: {err}");
-    let err = lock.acquire(name, opts).await.unwrap_err();
-    assert!(is(&err), "acquire with {opts:?}: {err}");
+    assert_refused(lock, name, opts, is).await;
     assert!(is_free(lock, name).await, "a refused request held {name:?}");
 }
 

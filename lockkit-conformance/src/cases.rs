@@ -57,7 +57,7 @@ async fn assert_held(lock: &dyn DistributedLock, name: &str, why: &str) {
 
 /// Both `try_acquire` and `acquire` of `name` with `opts` fail, with an
 /// error that `is` (e.g. `InvalidName`) accepts.
-async fn assert_refused(
+pub(crate) async fn assert_refused(
     lock: &dyn DistributedLock,
     name: &str,
     opts: &LockOptions,

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
-use crate::record::Seconds;
+use crate::record::{Micros, Seconds};
 use crate::run::{RunResult, Settings};
 use crate::timeline;
 
@@ -85,16 +85,16 @@ fn stores_text(result: &RunResult) -> String {
         .join(", ")
 }
 
-/// Per lost signal, how long before it `at_risk` rose (`none`: it did not).
-fn warnings_text(result: &RunResult) -> String {
-    if result.outcome.warnings.is_empty() {
+/// Durations in seconds, `none` for a missing one, `–` for an empty list:
+/// per lost signal, how long before it `at_risk` rose; per fault, its
+/// recovery.
+fn seconds_text(durations: &[Option<Micros>]) -> String {
+    if durations.is_empty() {
         return "–".into();
     }
-    result
-        .outcome
-        .warnings
+    durations
         .iter()
-        .map(|lead| lead.map_or_else(|| "none".to_owned(), |lead| Seconds(lead).to_string()))
+        .map(|d| d.map_or_else(|| "none".to_owned(), |d| Seconds(d).to_string()))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -131,19 +131,6 @@ pub fn lock_delay_comparison(results: &[RunResult]) -> String {
     out
 }
 
-fn recovery_text(result: &RunResult) -> String {
-    if result.outcome.recovery.is_empty() {
-        return "–".into();
-    }
-    result
-        .outcome
-        .recovery
-        .iter()
-        .map(|recovery| recovery.map_or_else(|| "none".to_owned(), |r| Seconds(r).to_string()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The Markdown table, one row per run; timelines linked from `timelines`
 /// (a path relative to the report).
 pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
@@ -162,7 +149,7 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
         };
         let recovery = match &result.error {
             Some(_) => "**run failed**".to_owned(),
-            None => recovery_text(result),
+            None => seconds_text(&o.recovery),
         };
         let _ = writeln!(
             out,
@@ -182,7 +169,7 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
             o.completed,
             o.attempted,
             o.lost,
-            warnings_text(result),
+            seconds_text(&o.warnings),
         );
     }
     out

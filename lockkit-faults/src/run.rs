@@ -187,7 +187,6 @@ pub async fn run(
             lock_delay,
             settings,
             &resource,
-            &slug,
             &mut fencing,
             &mut workers,
         ),
@@ -240,10 +239,10 @@ async fn stage(
     lock_delay: Option<Duration>,
     settings: &Settings,
     resource: &Resource,
-    slug: &str,
     fencing: &mut bool,
     workers: &mut Vec<ServerProcess>,
 ) -> Result<(), String> {
+    let slug = &slug(backend, scenario, lock_delay);
     let lease = scenario.lease(settings.lease);
     let deployment = Testbed::start(backend, settings.clients, lease).await?;
     let probe = lockkit::connect(&deployment.url(None))
