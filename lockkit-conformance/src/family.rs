@@ -184,6 +184,47 @@ pub async fn no_writer_starvation(h: &dyn Harness) {
     }
 }
 
+/// Four readers and a writer, all tasks of one client: the readers take
+/// turns (hold 40 ms, release, ask again) while the writer waits for its
+/// turn, takes it and lets go; then every reader gets in again. A reader
+/// left waiting out its whole wait (8 s) behind a writer long gone is a
+/// lost wake-up (it was on `memory://`: the waiting writer's record
+/// outlived its grant).
+pub async fn readers_and_a_writer_of_one_client_all_get_through(h: &dyn Harness) {
+    let client = h.client().await;
+    if !claims(client.as_ref(), LockKind::Shared).await {
+        return;
+    }
+    let name = unique("one-client-readers");
+    let mut readers = Vec::new();
+    for reader in 0..4 {
+        let (client, name) = (client.clone(), name.clone());
+        readers.push(tokio::spawn(async move {
+            let o = shared(Duration::from_secs(10)).wait_for(Duration::from_secs(8));
+            for turn in 0..12 {
+                let guard = client
+                    .acquire(&name, &o)
+                    .await
+                    .unwrap_or_else(|e| panic!("reader {reader}, turn {turn}: {e}"));
+                tokio::time::sleep(ms(40)).await;
+                guard.release().await.expect("a reader's release");
+            }
+        }));
+    }
+    tokio::time::sleep(ms(100)).await;
+    let guard = client
+        .acquire(
+            &name,
+            &writer(Duration::from_secs(10)).wait_for(Duration::from_secs(8)),
+        )
+        .await
+        .expect("the writer gets its turn among the readers");
+    guard.release().await.expect("release the writer");
+    for reader in readers {
+        reader.await.expect("every reader got in every turn");
+    }
+}
+
 /// A semaphore of N permits lets exactly N holdings in, across clients; the
 /// lock of the same name is unrelated to it; a returned permit can be taken.
 pub async fn semaphore_admits_exactly_its_permits(h: &dyn Harness) {

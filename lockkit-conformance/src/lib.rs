@@ -129,6 +129,7 @@ macro_rules! conformance_suite {
             two_readers_hold_together,
             writer_and_readers_exclude_each_other,
             no_writer_starvation,
+            readers_and_a_writer_of_one_client_all_get_through,
             semaphore_admits_exactly_its_permits,
             semaphore_bounds_holders_under_contention,
             crashed_permit_comes_back,

@@ -443,9 +443,12 @@ impl LeaseBackend for MemoryBackend {
                     }
                     return busy(readers_leave);
                 }
-                if h.waiting_writer.as_ref().is_some_and(|w| w.owner == *owner) {
-                    h.waiting_writer = None;
-                }
+                // A writer is granted: the record of a waiting one has done
+                // its work. Its owner is that of an earlier attempt (each
+                // attempt has its own), so it goes whoever left it; a writer
+                // still waiting records itself again at its next attempt,
+                // which the exclusive holding makes busy meanwhile.
+                h.waiting_writer = None;
                 h.exclusive = Some(held);
             }
             LockKind::Shared => {
