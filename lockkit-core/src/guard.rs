@@ -189,7 +189,7 @@ impl Shared {
         let bounds = self.bounds.as_deref();
         let now = Instant::now();
         let floor = bounds
-            .and_then(|b| b.floor)
+            .and_then(Bounds::floor)
             .filter(|floor| *floor > now && end != End::Lost(LostReason::HoldLimit));
         if let Some(floor) = floor {
             let left = floor - now;
@@ -200,7 +200,7 @@ impl Shared {
         }
         if let End::Lost(reason) = end
             && reason != LostReason::HoldLimit
-            && bounds.is_some_and(|b| !b.delay.is_zero())
+            && bounds.is_some_and(|b| b.asked.lock_delay.is_some())
         {
             // Its lease, lengthened by the delay, ends on the server.
             return Ok(false);
@@ -250,35 +250,37 @@ enum End {
     Lost(LostReason),
 }
 
-/// A holding's bounds as instants: see [`LockOptions::max_hold`],
-/// [`min_hold`](LockOptions::min_hold), [`lock_delay`](LockOptions::lock_delay).
+/// A holding's bounds (see [`LockOptions::max_hold`],
+/// [`min_hold`](LockOptions::min_hold), [`lock_delay`](LockOptions::lock_delay))
+/// and the grant they count from.
 #[derive(Debug)]
 struct Bounds {
-    /// Added to every lease asked of the server.
-    delay: Duration,
-    /// Grant + max hold.
-    limit: Option<Instant>,
-    /// Grant + min hold.
-    floor: Option<Instant>,
+    asked: HoldBounds,
+    granted: Instant,
 }
 
 impl Bounds {
-    fn of(bounds: HoldBounds, granted: Instant) -> Option<Box<Bounds>> {
-        bounds.any().then(|| {
-            Box::new(Bounds {
-                delay: bounds.lock_delay.unwrap_or_default(),
-                limit: bounds.max_hold.map(|d| granted + d),
-                floor: bounds.min_hold.map(|d| granted + d),
-            })
-        })
+    fn of(asked: HoldBounds, granted: Instant) -> Option<Box<Bounds>> {
+        asked.any().then(|| Box::new(Bounds { asked, granted }))
     }
 
+    /// Grant + max hold.
+    fn limit(&self) -> Option<Instant> {
+        self.asked.max_hold.map(|d| self.granted + d)
+    }
+
+    /// Grant + min hold.
+    fn floor(&self) -> Option<Instant> {
+        self.asked.min_hold.map(|d| self.granted + d)
+    }
+
+    /// The lease to ask the server for when the guard extends by `ttl` at
+    /// `now`.
     fn server_ttl(&self, ttl: Duration, now: Instant) -> Duration {
-        let ttl = ttl + self.delay;
-        match self.limit {
-            Some(limit) => ttl.min(limit.saturating_duration_since(now)),
-            None => ttl,
-        }
+        let left = self
+            .limit()
+            .map(|limit| limit.saturating_duration_since(now));
+        self.asked.server_ttl_within(ttl, left)
     }
 }
 
@@ -388,7 +390,7 @@ impl LockGuard {
         bounds: HoldBounds,
     ) -> LockGuard {
         let bounds = Bounds::of(bounds, sent_at);
-        let limit = bounds.as_ref().and_then(|b| b.limit);
+        let limit = bounds.as_ref().and_then(|b| b.limit());
         let shared = Arc::new(Shared {
             name: name.into(),
             watchdog: Mutex::new(Watchdog::Idle),

@@ -101,8 +101,14 @@ impl HoldBounds {
     /// validity is `ttl`: `ttl` plus the lock delay, and never more than
     /// the max hold (counted from the request).
     pub fn server_ttl(&self, ttl: Duration) -> Duration {
+        self.server_ttl_within(ttl, self.max_hold)
+    }
+
+    /// [`server_ttl`](Self::server_ttl) when `left` of the max hold
+    /// remains: `ttl` plus the lock delay, never more than `left`.
+    pub(crate) fn server_ttl_within(&self, ttl: Duration, left: Option<Duration>) -> Duration {
         let ttl = ttl + self.lock_delay.unwrap_or_default();
-        self.max_hold.map_or(ttl, |limit| ttl.min(limit))
+        left.map_or(ttl, |left| ttl.min(left))
     }
 }
 

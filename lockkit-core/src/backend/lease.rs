@@ -296,7 +296,15 @@ impl<B: LeaseBackend> LeaseLock<B> {
             ttl: passed.ttl,
             queue: Some(slot.handle()),
         };
-        let guard = held.into_guard(name, passed.fencing, passed.sent, opts);
+        // The guard counts from the passed lease until it extends it.
+        let guard = LockGuard::new(
+            name,
+            Arc::new(held),
+            passed.fencing,
+            passed.ttl,
+            passed.sent,
+            opts.auto_renews(),
+        );
         if opts.lease_ttl() != passed.ttl {
             // Dropped on failure, which releases whatever is left of it.
             guard.extend(opts.lease_ttl()).await.ok()?;
@@ -365,8 +373,6 @@ struct Grant<'a, B: LeaseBackend> {
     key: Arc<B::Key>,
     owner: OwnerToken,
     ttl: Duration,
-    /// The lease asked of the server: `ttl` with the bounds applied.
-    server_ttl: Duration,
     opts: &'a LockOptions,
     sent: Instant,
     in_doubt: bool,
@@ -387,13 +393,17 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             key: Arc::new(key),
             owner: OwnerToken::new(),
             ttl: opts.lease_ttl(),
-            server_ttl: opts.bounds().server_ttl(opts.lease_ttl()),
             opts,
             sent: Instant::now(),
             in_doubt: false,
             waiting_recorded: false,
             records_waiting: opts.kind() == LockKind::Exclusive && backend.capabilities().shared,
         }
+    }
+
+    /// The lease asked of the server: the TTL with the bounds applied.
+    fn server_ttl(&self) -> Duration {
+        self.opts.bounds().server_ttl(self.ttl)
     }
 
     /// One `try_lock`, bounded by the waiter. Every attempt has an owner token
@@ -414,7 +424,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         let outcome = waiter
             .attempt(
                 self.backend
-                    .try_lock(&self.key, &self.owner, self.server_ttl, intent),
+                    .try_lock(&self.key, &self.owner, self.server_ttl(), intent),
             )
             .await?;
         if let Attempt::Acquired(_) = outcome
@@ -450,7 +460,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
                 .filter(|_| !self.opts.bounds().any())
                 .map(LocalSlot::handle),
         };
-        let guard = held.into_guard(self.name, fencing, self.sent, self.opts);
+        let guard = LockGuard::granted(self.name, Arc::new(held), fencing, self.sent, self.opts);
         if let Some(slot) = slot {
             guard.attach_slot(slot);
         }
@@ -469,7 +479,7 @@ impl<B: LeaseBackend> Drop for Grant<'_, B> {
         let (backend, key, owner) = (self.backend.clone(), self.key.clone(), self.owner.clone());
         let until = self.sent
             + self
-                .server_ttl
+                .server_ttl()
                 .clamp(MIN_CLEANUP_RETRIES, MAX_CLEANUP_RETRIES);
         runtime.spawn(async move {
             let mut pauses = CLEANUP_BACKOFF.delays();
@@ -520,24 +530,6 @@ struct HeldLease<B: LeaseBackend> {
 }
 
 impl<B: LeaseBackend> HeldLease<B> {
-    /// The guard of this holding of `name`, asked for at `sent`.
-    fn into_guard(
-        self,
-        name: &str,
-        fencing: Option<FencingToken>,
-        sent: Instant,
-        opts: &LockOptions,
-    ) -> LockGuard {
-        if opts.lease_ttl() == self.ttl {
-            LockGuard::granted(name, Arc::new(self), fencing, sent, opts)
-        } else {
-            // A lease passed on by a holder with another TTL: the guard
-            // counts from the passed lease until it extends it.
-            let ttl = self.ttl;
-            LockGuard::new(name, Arc::new(self), fencing, ttl, sent, opts.auto_renews())
-        }
-    }
-
     /// Passes the lease to the next task of this client waiting for it, if
     /// one waits and the backend can; `None` when it did not try.
     async fn pass_on(&self) -> Option<Result<bool>> {

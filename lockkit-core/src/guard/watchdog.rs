@@ -290,16 +290,31 @@ fn overdue_after(ttl: Duration) -> Duration {
     (ttl / 6).max(Duration::from_millis(10))
 }
 
-/// Awaits `renewal`, marking the holding at risk if it has not answered
-/// within [`overdue_after`] (it is still awaited after that).
-async fn overdue_warns<F: Future>(shared: &Shared, ttl: Duration, renewal: F) -> F::Output {
+/// Awaits `renewal` until `deadline` (`None` once it passes), marking the
+/// holding at risk if it has not answered within [`overdue_after`]. One
+/// timer serves both: set for the overdue point, then moved to the
+/// deadline.
+async fn renew_within<F: Future>(
+    shared: &Shared,
+    ttl: Duration,
+    deadline: Instant,
+    renewal: F,
+) -> Option<F::Output> {
     let mut renewal = std::pin::pin!(renewal);
-    tokio::select! {
-        biased;
-        answer = renewal.as_mut() => answer,
-        () = tokio::time::sleep(overdue_after(ttl)) => {
-            shared.set_at_risk(true);
-            renewal.await
+    let overdue = (Instant::now() + overdue_after(ttl)).min(deadline);
+    let timer = tokio::time::sleep_until(overdue);
+    let mut timer = std::pin::pin!(timer);
+    loop {
+        tokio::select! {
+            biased;
+            answer = renewal.as_mut() => return Some(answer),
+            () = timer.as_mut() => {
+                if timer.deadline() >= deadline {
+                    return None;
+                }
+                shared.set_at_risk(true);
+                timer.as_mut().reset(deadline);
+            }
         }
     }
 }
@@ -351,24 +366,22 @@ async fn watchdog_step(shared: Arc<Shared>) {
             return;
         }
         let sent = Instant::now();
-        let budget = valid_until.saturating_duration_since(sent);
         let renewal = shared.lease.extend(shared.server_ttl(ttl));
-        let answer = tokio::time::timeout(budget, overdue_warns(&shared, ttl, renewal)).await;
-        match answer {
-            Ok(Ok(true)) => {
+        match renew_within(&shared, ttl, valid_until, renewal).await {
+            Some(Ok(true)) => {
                 crate::metrics::renewal(shared.lease.backend_name(), "renewed");
                 shared.record_extension(sent, ttl);
                 shared.set_at_risk(false);
                 tracing::trace!(lock.name = %shared.name, "lease renewed");
             }
-            Ok(Ok(false)) => {
+            Some(Ok(false)) => {
                 crate::metrics::renewal(shared.lease.backend_name(), "refused");
                 drop(ops);
                 shared.mark_lost(LostReason::Revoked);
                 shared.stop_watchdog();
                 return;
             }
-            Ok(Err(error)) => {
+            Some(Err(error)) => {
                 crate::metrics::renewal(shared.lease.backend_name(), "failed");
                 shared.set_at_risk(true);
                 let mut timing = lock(&shared.timing);
@@ -381,7 +394,7 @@ async fn watchdog_step(shared: Arc<Shared>) {
                 drop(timing);
                 tracing::warn!(lock.name = %shared.name, %error, "lease renewal failed; retrying until the lease runs out");
             }
-            Err(_elapsed) => {
+            None => {
                 crate::metrics::renewal(shared.lease.backend_name(), "failed");
                 // The validity ran out while the renewal was in flight; the
                 // next step marks the guard lost.
