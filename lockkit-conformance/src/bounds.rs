@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions, LostReason};
+use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
 use tokio::time::Instant;
 
 use super::Harness;
-use crate::cases::{assert_refused, unique};
+use crate::cases::{assert_refused, is_free_for, must_acquire, unique};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -24,26 +24,6 @@ const SLACK: Duration = Duration::from_millis(60);
 /// How long a waiter may take to notice that a name came free (a backend
 /// that polls backs off; etcd counts leases in whole seconds).
 const NOTICE: Duration = Duration::from_secs(4);
-
-async fn take(lock: &dyn DistributedLock, name: &str, opts: &LockOptions) -> LockGuard {
-    lock.acquire(name, &opts.clone().wait_for(Duration::from_secs(10)))
-        .await
-        .unwrap_or_else(|e| panic!("acquire {name:?} with {opts:?}: {e}"))
-}
-
-async fn is_free(lock: &dyn DistributedLock, name: &str) -> bool {
-    match lock
-        .try_acquire(name, &LockOptions::new().ttl(Duration::from_secs(5)))
-        .await
-    {
-        Ok(Some(guard)) => {
-            guard.release().await.expect("release of a probe");
-            true
-        }
-        Ok(None) => false,
-        Err(e) => panic!("try_acquire {name:?}: {e}"),
-    }
-}
 
 /// Waits (up to `within`) for `name` to come free; when it did, from `from`.
 async fn freed_after(
@@ -73,7 +53,10 @@ async fn refused(
     is: fn(&LockError) -> bool,
 ) {
     assert_refused(lock, name, opts, is).await;
-    assert!(is_free(lock, name).await, "a refused request held {name:?}");
+    assert!(
+        is_free_for(lock, name).await,
+        "a refused request held {name:?}"
+    );
 }
 
 /// `max_hold` ends a holding at grant + limit however it is renewed: the
@@ -110,7 +93,7 @@ async fn hold_to_the_limit(
     for ttl in [Duration::from_secs(2), Duration::from_secs(30)] {
         let opts = opts.clone().ttl(ttl).max_hold(limit);
         let asked = Instant::now();
-        let guard = take(a, &name, &opts).await;
+        let guard = must_acquire(a, &name, &opts).await;
         let reason = tokio::time::timeout(limit + Duration::from_secs(10), guard.lost())
             .await
             .unwrap_or_else(|_| panic!("{kind}, ttl {ttl:?}: never lost"));
@@ -150,11 +133,11 @@ pub async fn min_hold_keeps_the_name_after_an_early_release(h: &dyn Harness) {
         return;
     }
     let asked = Instant::now();
-    let guard = take(a.as_ref(), &name, &opts).await;
+    let guard = must_acquire(a.as_ref(), &name, &opts).await;
     let token = guard.fencing_token();
     guard.release().await.expect("an early release succeeds");
     assert!(
-        !is_free(b.as_ref(), &name).await,
+        !is_free_for(b.as_ref(), &name).await,
         "{name:?} came free at its release, before its min_hold"
     );
     let next = b
@@ -182,7 +165,7 @@ pub async fn min_hold_keeps_the_name_after_an_early_release(h: &dyn Harness) {
     // Nothing stays behind: no more than a plain release leaves.
     let prefix = unique("min-hold-storage");
     let plain = format!("{prefix}/plain");
-    take(b.as_ref(), &plain, &LockOptions::new())
+    must_acquire(b.as_ref(), &plain, &LockOptions::new())
         .await
         .release()
         .await
@@ -190,7 +173,7 @@ pub async fn min_hold_keeps_the_name_after_an_early_release(h: &dyn Harness) {
     let left_by_release = h.stored_entries(&plain).await;
     let kept = format!("{prefix}/kept");
     let short = LockOptions::new().min_hold(ms(300));
-    take(a.as_ref(), &kept, &short)
+    must_acquire(a.as_ref(), &kept, &short)
         .await
         .release()
         .await
@@ -229,14 +212,17 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
     // Released or dropped: free at once (the lease and its delay would
     // hold it for two minutes).
     let name = unique("lock-delay-released");
-    take(a.as_ref(), &name, &long)
+    must_acquire(a.as_ref(), &name, &long)
         .await
         .release()
         .await
         .expect("release");
-    assert!(is_free(b.as_ref(), &name).await, "a release frees at once");
+    assert!(
+        is_free_for(b.as_ref(), &name).await,
+        "a release frees at once"
+    );
     let name = unique("lock-delay-dropped");
-    drop(take(a.as_ref(), &name, &long).await);
+    drop(must_acquire(a.as_ref(), &name, &long).await);
     freed_after(b.as_ref(), &name, Instant::now(), NOTICE).await;
 
     // Lapsed: the guard is lost when its lease runs out, and the name
@@ -248,7 +234,7 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
         .lock_delay(delay);
     let name = unique("lock-delay-lapsed");
     let asked = Instant::now();
-    let guard = take(a.as_ref(), &name, &lapsing).await;
+    let guard = must_acquire(a.as_ref(), &name, &lapsing).await;
     let reason = tokio::time::timeout(ttl + Duration::from_secs(10), guard.lost())
         .await
         .expect("a lapsing holding is lost");
@@ -264,7 +250,7 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
     // Crashed: the holder is gone without a word.
     let name = unique("lock-delay-crashed");
     let asked = Instant::now();
-    std::mem::forget(take(a.as_ref(), &name, &lapsing).await);
+    std::mem::forget(must_acquire(a.as_ref(), &name, &lapsing).await);
     let after = freed_after(b.as_ref(), &name, asked, ttl + delay + NOTICE).await;
     assert!(
         after + SLACK >= ttl + delay,
@@ -282,7 +268,7 @@ pub async fn at_risk_rises_when_cut_off_and_clears_when_healed(h: &dyn Harness) 
     let a = server.connect().await.expect("connect");
     let name = unique("at-risk");
     let ttl = Duration::from_secs(6);
-    let guard = take(a.as_ref(), &name, &LockOptions::new().ttl(ttl)).await;
+    let guard = must_acquire(a.as_ref(), &name, &LockOptions::new().ttl(ttl)).await;
     assert!(!guard.is_at_risk());
     let risk = guard.at_risk();
     server.pause().await;
@@ -303,7 +289,7 @@ pub async fn at_risk_rises_when_cut_off_and_clears_when_healed(h: &dyn Harness) 
     assert!(!guard.is_lost());
     let b = server.connect().await.expect("connect");
     assert!(
-        !is_free(b.as_ref(), &name).await,
+        !is_free_for(b.as_ref(), &name).await,
         "still held after the heal"
     );
     guard.release().await.expect("release after the heal");

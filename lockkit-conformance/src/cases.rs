@@ -23,7 +23,11 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-async fn must_acquire(lock: &dyn DistributedLock, name: &str, opts: &LockOptions) -> LockGuard {
+pub(crate) async fn must_acquire(
+    lock: &dyn DistributedLock,
+    name: &str,
+    opts: &LockOptions,
+) -> LockGuard {
     match lock
         .acquire(name, &opts.clone().wait_for(Duration::from_secs(10)))
         .await
@@ -33,7 +37,7 @@ async fn must_acquire(lock: &dyn DistributedLock, name: &str, opts: &LockOptions
     }
 }
 
-async fn is_free_for(lock: &dyn DistributedLock, name: &str) -> bool {
+pub(crate) async fn is_free_for(lock: &dyn DistributedLock, name: &str) -> bool {
     match lock.try_acquire(name, &opts(Duration::from_secs(5))).await {
         Ok(Some(guard)) => {
             guard.release().await.expect("release of a probe");

@@ -178,7 +178,7 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
                 let token = guard.fencing_token().map(|token| token.get());
                 link.send(format!("acquired {section} {}", token_text(token)))
                     .await?;
-                let watcher = tokio::spawn(watch_signals(
+                let mut watcher = tokio::spawn(watch_signals(
                     guard.at_risk(),
                     guard.lost(),
                     link.write.clone(),
@@ -199,8 +199,9 @@ pub async fn run(plan: WorkerPlan) -> io::Result<()> {
                     link.write(section, token, index).await?;
                 }
                 if lost {
-                    // Give the watcher the moment to report the signal.
-                    tokio::task::yield_now().await;
+                    // The watchdog marks the loss the worker saw; the
+                    // watcher reports it, then ends.
+                    let _ = tokio::time::timeout(RELEASE_TIMEOUT, &mut watcher).await;
                     watcher.abort();
                     drop(guard);
                 } else {

@@ -328,9 +328,6 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         }
     }
 
-    /// A permit whose slot is unknown was never granted (an abandoned
-    /// attempt's own connection undoes its upsert); a writer also withdraws
-    /// its waiting record.
     /// Lock and permit rows; a reader group's row stays until the name is
     /// next taken (its other readers may still count on it).
     async fn purge(&self, key: &LeaseKey, owner: &OwnerToken) -> Result<()> {
@@ -342,6 +339,9 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         Ok(())
     }
 
+    /// A permit whose slot is unknown was never granted (an abandoned
+    /// attempt's own connection undoes its upsert); a writer also withdraws
+    /// its waiting record.
     async fn release(&self, key: &LeaseKey, owner: &OwnerToken) -> Result<bool> {
         let owner = key.owner(owner);
         match &key.holding {
