@@ -572,11 +572,14 @@ pub async fn cancelled_acquires_leak_no_lease(h: &dyn Harness) {
 
 /// An `acquire` given up while the server does not answer is undone once
 /// the server is back: the lock is free well before the lease's TTL, and the
-/// clients that gave up go on working. One client has used the lock before
-/// the outage (its request goes out whole, and the server may grant it when
-/// it wakes), the other has only asked for a status (its first acquire may
-/// be given up halfway through a connection's preparations).
+/// clients that gave up go on working, with no panic anywhere in the process
+/// (a driver that reused a connection given up midway could read the
+/// answers out of step). One client has used the lock before the outage
+/// (its request goes out whole, and the server may grant it when it wakes),
+/// the other has only asked for a status (its first acquire may be given up
+/// halfway through a connection's preparations).
 pub async fn acquire_given_up_in_an_outage_is_undone(h: &dyn Harness) {
+    let panics = crate::panics::count();
     let mut server = h.disposable().await;
     let mut clients = Vec::new();
     for _ in 0..3 {
@@ -617,6 +620,11 @@ pub async fn acquire_given_up_in_an_outage_is_undone(h: &dyn Harness) {
         again.release().await.expect("release");
     }
     assert!(start.elapsed() < ttl / 2, "{:?}", start.elapsed());
+    assert_eq!(
+        crate::panics::count(),
+        panics,
+        "a panic in the process (see its output)"
+    );
 }
 
 /// Dropping a guard without `release` frees the lock within a second.

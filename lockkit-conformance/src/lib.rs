@@ -24,6 +24,7 @@ mod family;
 mod fifo;
 mod lock_sets;
 mod memory;
+mod panics;
 mod storage;
 
 pub use bounds::*;

@@ -12,22 +12,26 @@
 //!
 //! A statement runs on a [`Loan`]: `pool.lend(settings)`, the statement on
 //! the loan's connection bounded by [`Settings::timed`], then
-//! [`Loan::finish`] with its answer. A statement that takes something (a
-//! lease upsert) can carry an [`Undo`]:
-//! if the statement is abandoned before it answers (the caller's future was
-//! dropped, or the command timeout ran out), the undo runs on the *same*
-//! connection, after the abandoned statement, so it sees whatever that
-//! statement did. A cleanup sent on another connection could overtake it.
+//! [`Loan::finish`] with its answer.
 //!
-//! Otherwise a connection whose statement was given up midway is closed,
-//! never lent again, and so is one whose undo did not succeed: a driver
-//! cannot always find its place in the answers after a statement it gave
-//! up. sqlx-mysql, given up while it prepares a statement, leaves the
-//! prepare's answer unread, and sqlx's test of a returned connection (a
-//! ping) can take that answer's first packet for its own; the next
-//! statement then reads the rest as its answer. (A statement with an undo
-//! is therefore prepared before its undo is armed: see
-//! `LeaseDialect::ready_acquire`.)
+//! A connection whose statement was given up midway (its future dropped, or
+//! the command timeout ran out) is closed and never lent again, and so is one
+//! whose statement failed on the connection itself: a driver cannot always
+//! find its place in the answers after a statement it gave up. (sqlx-mysql,
+//! given up after reading part of an answer or while it prepares a
+//! statement, takes the rest of that answer for the next one's and can
+//! panic decoding it.)
+//!
+//! A statement that takes something (a lease upsert) carries an [`Undo`]:
+//! if it is given up, the undo runs in a task of its own, on a *fresh*
+//! connection, after it has ended the given-up connection's session on the
+//! server and seen it gone ([`SessionId`]): whatever the given-up statement
+//! did is then done, and the undo cannot overtake it. The undo is retried
+//! (backing off) while the server does not answer, for as long as the lease
+//! it undoes could last. SQLite has no session to end: its statements run in
+//! this process, in order, on a worker thread that a dropped future does not
+//! stop, so its undo queues behind the given-up statement on the same
+//! connection, which is closed after it.
 
 use std::fmt;
 use std::future::Future;
@@ -36,6 +40,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use lockkit_core::Result;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
@@ -43,6 +48,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::settings::Settings;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::statement::{Runs, Value};
 
 /// How long a kept connection may sit unused before it goes back to sqlx's
 /// pool (which tests it, and closes it after its idle timeout or lifetime).
@@ -58,8 +65,17 @@ const KEEP_IDLE: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) struct KeptPool<DB: Database> {
     pool: Pool<DB>,
-    kept: Mutex<Vec<(PoolConnection<DB>, Instant)>>,
+    kept: Mutex<Vec<Kept<DB>>>,
     permits: Arc<Semaphore>,
+}
+
+/// A connection lockkit keeps: since when it is unused, and its session on
+/// the server once a statement asked for it.
+#[derive(Debug)]
+struct Kept<DB: Database> {
+    conn: PoolConnection<DB>,
+    since: Instant,
+    session: Option<SessionId>,
 }
 
 impl<DB: Database> KeptPool<DB> {
@@ -89,16 +105,20 @@ impl<DB: Database> KeptPool<DB> {
         let kept = {
             let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
             // Long unused connections go back to sqlx, which tests them.
-            kept.retain(|(_, since)| now.duration_since(*since) < KEEP_IDLE);
+            kept.retain(|kept| now.duration_since(kept.since) < KEEP_IDLE);
             kept.pop()
         };
-        let conn = match kept {
-            Some((conn, _)) => conn,
-            None => settings.connecting("connect", self.pool.acquire()).await?,
+        let (conn, session) = match kept {
+            Some(kept) => (kept.conn, kept.session),
+            None => (
+                settings.connecting("connect", self.pool.acquire()).await?,
+                None,
+            ),
         };
         Ok(Loan {
             kept: self,
             conn: Some(conn),
+            session,
             undo: None,
             permit: Some(permit),
         })
@@ -124,25 +144,48 @@ impl<DB: Database> Drop for KeptPool<DB> {
     fn drop(&mut self) {
         let kept = std::mem::take(&mut *self.kept.lock().unwrap_or_else(|p| p.into_inner()));
         if tokio::runtime::Handle::try_current().is_err() {
-            for (conn, _) in kept {
-                drop(conn.detach());
+            for kept in kept {
+                drop(kept.conn.detach());
             }
         }
     }
 }
 
+/// A connection's session on the server, as its dialect reads it once per
+/// connection (MariaDB's connection id, PostgreSQL's backend pid and start
+/// time: neither can name another session later); what an [`Undo`] ends
+/// before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SessionId {
+    pub(crate) id: i64,
+    /// When the session started, where its id may be reused (µs since the
+    /// epoch; 0 where ids are never reused).
+    pub(crate) started: i64,
+}
+
 /// The future of an [`Undo`], on the connection it borrows.
 pub(crate) type UndoFuture<'c> = Pin<Box<dyn Future<Output = sqlx::Result<()>> + Send + 'c>>;
 
-/// What an [`Undo`] runs, given the connection and the lock's name.
-type UndoRun<DB> =
-    Box<dyn for<'c> FnOnce(&'c mut PoolConnection<DB>, String) -> UndoFuture<'c> + Send>;
+/// What an [`Undo`] runs, given a connection, the lock's name and the
+/// session to end first (`None`: the connection is the given-up one).
+type UndoRun<DB> = Arc<
+    dyn for<'c> Fn(&'c mut PoolConnection<DB>, String, Option<SessionId>) -> UndoFuture<'c>
+        + Send
+        + Sync,
+>;
 
-/// What undoes a statement that was abandoned before it answered; it runs on
-/// the statement's own connection, after it (see the module docs).
+/// How long an undo waits before it tries again, at first and at most.
+const UNDO_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+
+/// What undoes a statement that was given up before it answered (see the
+/// module docs).
 pub(crate) struct Undo<DB: Database> {
     run: UndoRun<DB>,
-    timeout: Duration,
+    /// One try: a fresh connection, the session ended, the undo.
+    try_timeout: Duration,
+    connect_timeout: Duration,
+    /// How long to keep trying: what the statement took cannot outlast it.
+    retry_for: Duration,
     lock: String,
 }
 
@@ -155,47 +198,119 @@ impl<DB: Database> fmt::Debug for Undo<DB> {
 }
 
 impl<DB: Database> Undo<DB> {
-    /// `run` undoes the statement about lock `lock`, given the connection
-    /// and that name; bounded by the command timeout.
+    /// `run` undoes the statement about lock `lock`, given a connection,
+    /// that name, and the given-up session (which it ends first, if any);
+    /// each try is bounded by the command timeout (twice: the end of the
+    /// session, then the undo), and the tries by `retry_for`.
     pub(crate) fn new(
         settings: &Settings,
         lock: &str,
-        run: impl for<'c> FnOnce(&'c mut PoolConnection<DB>, String) -> UndoFuture<'c> + Send + 'static,
+        retry_for: Duration,
+        run: impl for<'c> Fn(&'c mut PoolConnection<DB>, String, Option<SessionId>) -> UndoFuture<'c>
+        + Send
+        + Sync
+        + 'static,
     ) -> Self {
         Undo {
-            run: Box::new(run),
-            timeout: settings.command_timeout,
+            run: Arc::new(run),
+            try_timeout: settings.command_timeout * 2,
+            connect_timeout: settings.connect_timeout,
+            retry_for,
             lock: lock.to_owned(),
         }
     }
 
-    /// Runs in a task of its own on `conn`, which then goes back to sqlx's
-    /// pool if the undo succeeded and is closed if not (it may be out of
-    /// step). Outside a runtime nothing can run: the connection is closed,
-    /// and whatever the statement took ends with its TTL.
-    fn spawn(self, conn: PoolConnection<DB>, permit: Option<OwnedSemaphorePermit>) {
+    /// Runs in a task of its own: on a fresh connection from `pool` once
+    /// `session` (the given-up connection's) is ended, or, without one, on
+    /// `conn` itself. `conn` is closed either way. Outside a runtime nothing
+    /// can run: whatever the statement took ends with its TTL.
+    fn spawn(
+        self,
+        conn: PoolConnection<DB>,
+        session: Option<SessionId>,
+        pool: Pool<DB>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             close_abandoned(conn);
             tracing::warn!(lock.name = %self.lock, "an abandoned acquire cannot be undone outside a runtime; its lease ends with its TTL");
             return;
         };
         runtime.spawn(async move {
-            // The connection is still this loan's until the undo is done.
+            // The undo's connection counts as this loan's until it is done.
             let _permit = permit;
-            let (lock, mut conn) = (self.lock, conn);
-            let undone =
-                tokio::time::timeout(self.timeout, (self.run)(&mut conn, lock.clone())).await;
-            match undone {
-                Ok(Ok(())) => {
-                    tracing::debug!(lock.name = %lock, "undid an abandoned acquire");
-                    return;
+            let undone = match session {
+                Some(session) => {
+                    close_abandoned(conn);
+                    self.on_fresh_connections(&pool, session).await
                 }
-                Ok(Err(error)) => tracing::warn!(lock.name = %lock, %error, "could not undo an abandoned acquire; its lease ends with its TTL"),
-                Err(_) => tracing::warn!(lock.name = %lock, "undoing an abandoned acquire timed out; its lease ends with its TTL"),
+                None => {
+                    let mut conn = conn;
+                    let undone = self.try_on(&mut conn, None).await;
+                    close_abandoned(conn);
+                    undone
+                }
+            };
+            match undone {
+                Ok(()) => tracing::debug!(lock.name = %self.lock, "undid an abandoned acquire"),
+                Err(error) => {
+                    tracing::warn!(lock.name = %self.lock, %error, "could not undo an abandoned acquire; its lease ends with its TTL");
+                }
             }
-            close_abandoned(conn);
         });
     }
+
+    /// Tries on fresh connections, backing off, until one try succeeds or
+    /// the lease it undoes could no longer be live.
+    async fn on_fresh_connections(&self, pool: &Pool<DB>, session: SessionId) -> Result<(), String> {
+        let deadline = Instant::now() + self.retry_for;
+        let mut backoff = UNDO_BACKOFF.0;
+        loop {
+            let tried = match tokio::time::timeout(self.connect_timeout, pool.acquire()).await {
+                Ok(Ok(mut fresh)) => self.try_on(&mut fresh, Some(session)).await,
+                Ok(Err(error)) => Err(format!("no connection: {error}")),
+                Err(_) => Err(format!("no connection within {:?}", self.connect_timeout)),
+            };
+            match tried {
+                Ok(()) => return Ok(()),
+                Err(error) if Instant::now() + backoff >= deadline => return Err(error),
+                Err(error) => {
+                    tracing::debug!(lock.name = %self.lock, %error, "undo of an abandoned acquire failed; trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(UNDO_BACKOFF.1);
+                }
+            }
+        }
+    }
+
+    /// One try on `conn`, bounded. A connection whose try did not answer is
+    /// given up in turn.
+    async fn try_on(&self, conn: &mut PoolConnection<DB>, session: Option<SessionId>) -> Result<(), String> {
+        match tokio::time::timeout(self.try_timeout, (self.run)(conn, self.lock.clone(), session)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => {
+                conn.close_on_drop();
+                Err(format!("no answer within {:?}", self.try_timeout))
+            }
+        }
+    }
+}
+
+/// Runs `present` (a statement that answers a row while a session lives)
+/// on `conn` until it answers none, pausing a little longer each time.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn until_gone<DB: Runs>(
+    conn: &mut DB::Connection,
+    present: &Arc<str>,
+    values: &[Value<'_>],
+) -> sqlx::Result<()> {
+    let mut pause = Duration::from_millis(2);
+    while DB::number(conn, (present, values)).await?.is_some() {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 /// Closes a connection whose statement was given up midway, without
@@ -212,6 +327,8 @@ fn close_abandoned<DB: Database>(conn: PoolConnection<DB>) {
 pub(crate) struct Loan<'a, DB: Database> {
     kept: &'a KeptPool<DB>,
     conn: Option<PoolConnection<DB>>,
+    /// The connection's session on the server, once read.
+    session: Option<SessionId>,
     undo: Option<Undo<DB>>,
     /// This loan's place among the pool's connections.
     permit: Option<OwnedSemaphorePermit>,
@@ -225,17 +342,32 @@ impl<DB: Database> Drop for Loan<'_, DB> {
 }
 
 impl<DB: Database> Loan<'_, DB> {
-    /// The loan's statement was given up before it answered: its undo runs
-    /// on `conn` if it has one, and `conn` is closed if not.
+    /// The loan's statement was given up before it answered: `conn` is
+    /// closed, after its undo if it has one (see the module docs).
     fn give_up(&mut self, conn: Option<PoolConnection<DB>>) {
         match (conn, self.undo.take()) {
-            (Some(conn), Some(undo)) => undo.spawn(conn, self.permit.take()),
+            (Some(conn), Some(undo)) => {
+                undo.spawn(conn, self.session, self.kept.pool.clone(), self.permit.take());
+            }
             (Some(conn), None) => close_abandoned(conn),
             (None, _) => {}
         }
     }
 
-    /// Sets what undoes this loan's statement if it is abandoned.
+    /// The connection's session on the server, read by `read` the first
+    /// time a loan of this connection asks (an [`Undo`] ends it).
+    pub(crate) async fn session<F>(&mut self, read: F) -> sqlx::Result<Option<SessionId>>
+    where
+        F: for<'c> FnOnce(&'c mut DB::Connection) -> BoxFuture<'c, sqlx::Result<Option<SessionId>>>,
+    {
+        if self.session.is_none() {
+            let conn = self.conn.as_mut().expect("a loan holds its connection");
+            self.session = read(conn).await?;
+        }
+        Ok(self.session)
+    }
+
+    /// Sets what undoes this loan's statement if it is given up.
     pub(crate) fn undo_with(&mut self, undo: Undo<DB>) {
         self.undo = Some(undo);
     }
@@ -243,10 +375,10 @@ impl<DB: Database> Loan<'_, DB> {
     /// Ends the loan after its statement answered `outcome` (`Err(_)`: no
     /// answer within the command timeout) and maps a failure to a
     /// [`LockError`](lockkit_core::LockError) about `what`. The connection
-    /// is kept for the next statement unless it is in doubt: no answer (then
-    /// the [`Undo`] runs), or a failure of the connection itself (then every
-    /// kept connection goes back to sqlx's pool, as the others may be dead
-    /// too).
+    /// is kept for the next statement unless it is in doubt, and then closed:
+    /// no answer (after the [`Undo`], if any), or a failure of the connection
+    /// itself (then every kept connection also goes back to sqlx's pool,
+    /// which tests them, as the others may be dead too).
     pub(crate) fn finish<T>(
         mut self,
         settings: &Settings,
@@ -261,12 +393,18 @@ impl<DB: Database> Loan<'_, DB> {
                         .kept
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .push((conn, Instant::now()));
+                        .push(Kept {
+                            conn,
+                            since: Instant::now(),
+                            session: self.session,
+                        });
                 }
                 answer.map_err(|error| settings.error(what, error))
             }
             Ok(Err(error)) => {
-                drop(conn);
+                if let Some(conn) = conn {
+                    close_abandoned(conn);
+                }
                 self.kept.release_all();
                 Err(settings.error(what, error))
             }

@@ -44,7 +44,7 @@ use lockkit_core::backend::{
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 
 use crate::names::check_slot_permits;
-use crate::pool::KeptPool;
+use crate::pool::{KeptPool, SessionId};
 use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
@@ -84,13 +84,18 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         millis(ttl)
     }
 
-    /// Readies `conn` for a writer's [`grant`](Self::grant) without taking
-    /// anything. It runs before the upsert's undo is armed, so that an
-    /// upsert given up midway was being executed, never prepared: an undo
-    /// that runs after a prepare given up midway would read that prepare's
-    /// answer as its own. Nothing by default (sqlx's Postgres and SQLite
-    /// drivers keep their place after a prepare given up).
-    fn ready_acquire<'c>(&'c self, _conn: &'c mut Conn<Self>) -> Answer<'c, ()> {
+    /// The session of `conn` on the server, which an abandoned acquire's
+    /// undo ends (from another connection) before it runs; see
+    /// [`crate::pool`]. `None` by default: the statements run in process, in
+    /// order (SQLite), and the undo follows on the same connection.
+    fn session_id(_conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// Ends `session` on the server, from `conn`, returning once it is
+    /// gone: whatever it ran is then done or undone. Nothing by default
+    /// (no dialect without [`session_id`](Self::session_id) is asked).
+    fn end_session(_conn: &mut Conn<Self>, _session: SessionId) -> Answer<'_, ()> {
         Box::pin(std::future::ready(Ok(())))
     }
 

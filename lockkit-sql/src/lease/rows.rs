@@ -26,12 +26,17 @@ pub(super) struct Rows<D: LeaseDialect> {
 }
 
 impl<D: LeaseDialect> Rows<D> {
-    /// What releases the lease if an acquire by `owner` is abandoned before
-    /// its answer: the dialect's release, on the acquire's own connection.
-    fn undo_acquire(&self, name: &str, owner: &str) -> Undo<D::Db> {
-        let (dialect, owner) = (self.dialect.clone(), owner.to_owned());
-        Undo::new(&self.settings, name, move |conn, name| {
+    /// What releases the lease if an acquire by `owner` (of a lease of
+    /// `ttl`) is abandoned before its answer: the dialect's release, once the
+    /// acquire's session has ended (see [`Undo`]).
+    fn undo_acquire(&self, name: &str, owner: &str, ttl: Duration) -> Undo<D::Db> {
+        let (dialect, owner) = (self.dialect.clone(), Arc::<str>::from(owner));
+        Undo::new(&self.settings, name, ttl, move |conn, name, session| {
+            let (dialect, owner) = (dialect.clone(), owner.clone());
             Box::pin(async move {
+                if let Some(session) = session {
+                    D::end_session(conn, session).await?;
+                }
                 let statements = dialect.statements();
                 let args = Args::of(&name).owner(&owner);
                 let values = statements.values::<D>(&statements.release, args);
@@ -43,11 +48,9 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     /// Cancellation-safe without a task per attempt: if the upsert is
-    /// abandoned before it answers, a release runs after it on the same
-    /// connection (see [`Undo`]), so it cannot overtake a statement that may
-    /// still take the lease. (SQLite's statements run on a worker thread
-    /// that a dropped future does not stop; the release queues behind it
-    /// there too.)
+    /// abandoned before it answers, a release runs after it has ended (see
+    /// [`Undo`]), so it cannot be overtaken by a statement that may still
+    /// take the lease.
     pub(super) async fn acquire_row(
         &self,
         name: &str,
@@ -55,11 +58,11 @@ impl<D: LeaseDialect> Rows<D> {
         ttl: Duration,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let mut loan = self.pool.lend(&self.settings).await?;
-        let undo = self.undo_acquire(name, owner);
+        let undo = self.undo_acquire(name, owner, ttl);
         let answer = self
             .settings
             .timed(async {
-                self.dialect.ready_acquire(&mut loan).await?;
+                loan.session(D::session_id).await?;
                 loan.undo_with(undo);
                 let args = Args::of(name).owner(owner).ttl(ttl);
                 let ask = Ask {

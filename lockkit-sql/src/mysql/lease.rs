@@ -8,8 +8,12 @@ use futures_util::TryFutureExt as _;
 use lockkit_core::backend::Attempt;
 use lockkit_core::{Capabilities, FencingToken};
 
-use super::statements::{BUSY_FLAG, MySql};
+use sqlx::{AssertSqlSafe, MySql};
+
+use super::statements::BUSY_FLAG;
+use super::statements::MySql as MySqlStatements;
 use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
+use crate::pool::{SessionId, until_gone};
 use crate::settings::POLLED_LEASE_CAPABILITIES;
 use crate::statement::{Answer, Bind as _, Value, micros, trusted};
 
@@ -32,11 +36,11 @@ fn upsert_answer(answer: u64) -> sqlx::Result<Granted> {
 /// `lease` mode on MySQL/MariaDB.
 #[derive(Debug)]
 pub(super) struct MyLease {
-    pub(super) sql: Arc<MySql>,
+    pub(super) sql: Arc<MySqlStatements>,
 }
 
 impl LeaseDialect for MyLease {
-    type Db = sqlx::MySql;
+    type Db = MySql;
     const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
     fn statements(&self) -> &LeaseStatements {
@@ -53,11 +57,26 @@ impl LeaseDialect for MyLease {
         micros(ttl)
     }
 
-    /// Prepares the upsert, at no cost once the connection has it cached:
-    /// sqlx-mysql does not keep track of a prepare it gave up.
-    fn ready_acquire<'c>(&'c self, conn: &'c mut Conn<Self>) -> Answer<'c, ()> {
-        let sql = sqlx::SqlSafeStr::into_sql_str(trusted(&self.sql.lease.acquire.text));
-        Box::pin(sqlx::Executor::prepare(conn, sql).map_ok(drop))
+    /// The connection id (MariaDB and MySQL never reuse one while the
+    /// server runs).
+    fn session_id(conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
+        let query = sqlx::query_scalar::<_, i64>("SELECT CAST(CONNECTION_ID() AS SIGNED)");
+        Box::pin(query.fetch_one(conn).map_ok(|id| Some(SessionId { id, started: 0 })))
+    }
+
+    /// `KILL CONNECTION` (which fails if it is already gone), then waits
+    /// until the process list no longer has it: the server ends a killed
+    /// connection's statement in its own time.
+    fn end_session(conn: &mut Conn<Self>, session: SessionId) -> Answer<'_, ()> {
+        Box::pin(async move {
+            let kill = format!("KILL CONNECTION {}", session.id);
+            if let Err(error) = sqlx::raw_sql(AssertSqlSafe(kill)).execute(&mut *conn).await {
+                tracing::trace!(connection = session.id, %error, "KILL CONNECTION");
+            }
+            let present: Arc<str> =
+                "SELECT CAST(1 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = ?".into();
+            until_gone::<MySql>(conn, &present, &[Value::Int(session.id)]).await
+        })
     }
 
     /// While a writer waits, a reader's upsert changes no row (see the
