@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::history::{Violation, violations};
 use crate::record::{Kind, Micros, Trace};
 use crate::record::{Store, StoreRecord, StoreWrite};
 
@@ -42,6 +43,9 @@ pub struct Section {
     pub released: bool,
     /// Abandoned on the lease-lost signal.
     pub lost: bool,
+    /// When the worker noticed the loss (`guard.is_lost()`) and said so,
+    /// if it did: its writes after that are made knowing.
+    pub lost_at: Option<Micros>,
     /// When the guard's early warning rose, if it did.
     pub at_risk_at: Option<Micros>,
     /// When the guard's lost signal fired, if it did.
@@ -102,6 +106,8 @@ pub struct Outcome {
     /// Per lost signal, in order: how long before it the guard's early
     /// warning rose (`None`: no warning before the loss).
     pub warnings: Vec<Option<Micros>>,
+    /// What the [history checker](crate::history) found.
+    pub violations: Vec<Violation>,
 }
 
 /// What one real store did with a run's fenced writes.
@@ -123,6 +129,11 @@ impl Outcome {
     /// Every fault recovered (true when there was none).
     pub fn recovered(&self) -> bool {
         self.recovery.iter().all(Option::is_some)
+    }
+
+    /// The violations of `rule`.
+    pub fn violations_of(&self, rule: crate::history::Rule) -> usize {
+        self.violations.iter().filter(|v| v.rule == rule).count()
     }
 
     /// The longest recovery, `None` if some fault never recovered.
@@ -155,6 +166,7 @@ pub fn sections(trace: &Trace) -> Vec<Section> {
             Kind::Write { accepted, .. } => section.writes.push((record.at, *accepted)),
             Kind::Lost => {
                 section.lost = true;
+                section.lost_at = section.lost_at.or(Some(record.at));
                 section.ended_at = section.ended_at.max(Some(record.at));
             }
             Kind::Released(ok) => {
@@ -232,6 +244,7 @@ pub fn check(trace: &Trace) -> Outcome {
         }
     }
     outcome.stores = store_outcomes(&sections, &trace.stores);
+    outcome.violations = violations(trace);
     outcome.recovery = trace
         .faults
         .iter()

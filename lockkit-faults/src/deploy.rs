@@ -76,12 +76,15 @@ impl Testbed {
     /// Starts the deployment's servers and `clients` proxies in front of each.
     /// `lease` is the lease length the workers use (also the ZooKeeper
     /// session timeout).
+    /// With `shiftable_clocks`, the servers' wall clocks can be moved
+    /// ([`shift_clock`](Self::shift_clock)).
     pub async fn start(
         deployment: Deployment,
         clients: u32,
         lease: Duration,
+        shiftable_clocks: bool,
     ) -> Result<Self, String> {
-        let servers = Servers::try_start(&[deployment])
+        let servers = Servers::try_start_with(&[deployment], shiftable_clocks)
             .await
             .map_err(server_error)?;
         let mut proxies = Vec::new();
@@ -151,6 +154,20 @@ impl Testbed {
     /// SIGKILL of server `index`.
     pub fn kill(&self, index: usize) {
         self.servers.server(self.deployment, index).kill();
+    }
+
+    /// Moves the wall clock of server `index` `offset` ahead of the
+    /// machine's (`None`: back to the machine's).
+    pub fn shift_clock(&self, index: usize, offset: Option<Duration>) -> Result<(), String> {
+        let clock = self
+            .servers
+            .server(self.deployment, index)
+            .clock()
+            .ok_or_else(|| format!("{} server {index} has no clock to move", self.deployment))?;
+        let ms = offset.map_or(0, |offset| {
+            i64::try_from(offset.as_millis()).unwrap_or(i64::MAX)
+        });
+        clock.set_offset_ms(ms).map_err(server_error)
     }
 
     /// Starts server `index` again (same port, same directory).

@@ -7,9 +7,11 @@
 //! loopback [`TcpProxy`](lockkit_testkit::TcpProxy). A
 //! [`Scenario`](scenario::Scenario) injects faults (a worker paused, killed
 //! or partitioned; servers killed, paused; SQL connections killed; Redlock
-//! instances lost; a ZooKeeper leader killed), the [`check`](check::check)
-//! counts overlaps and stale writes from what the resource recorded, and the
-//! [`report`] writes a Markdown table and a timeline per run.
+//! instances lost; a ZooKeeper leader killed; a server's clock leaping),
+//! the [`check`](check::check) counts overlaps and stale writes from what
+//! the resource recorded, the [`history`] checker lists every violation of
+//! exclusion and token order, and the [`report`] writes a Markdown table
+//! and a timeline per run.
 //!
 //! The [`fence_race`] is the race at the resource: writers on several
 //! processes, holders paused past their lease, every write fenced at
@@ -27,6 +29,7 @@
 pub mod check;
 pub mod deploy;
 pub mod fence_race;
+pub mod history;
 pub mod record;
 pub mod report;
 pub mod resource;

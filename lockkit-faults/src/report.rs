@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
+use crate::history::{self, Rule};
 use crate::record::{Micros, Seconds};
 use crate::run::{RunResult, Settings};
 use crate::timeline;
@@ -136,10 +137,10 @@ pub fn lock_delay_comparison(results: &[RunResult]) -> String {
 pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
     let mut out = String::new();
     out.push_str(
-        "| backend | scenario | fencing | overlaps | stale writes accepted | stale writes rejected | valid writes rejected | stale at PostgreSQL, Redis (admitted / refused) | done / tried | lost signals | at risk before the loss | recovery |\n",
+        "| backend | scenario | fencing | overlaps | violations: exclusion / token order | stale writes accepted | stale writes rejected | valid writes rejected | stale at PostgreSQL, Redis (admitted / refused) | done / tried | lost signals | at risk before the loss | recovery |\n",
     );
     out.push_str(
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
     );
     for result in results {
         let o = &result.outcome;
@@ -153,10 +154,12 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {scenario} | {} | {} | {}{} | {} | {} | {} | {} / {} | {} | {} | {recovery} |",
+            "| {} | {scenario} | {} | {} | {} / {} | {}{} | {} | {} | {} | {} / {} | {} | {} | {recovery} |",
             result.backend_label(),
             if result.fencing { "yes" } else { "no" },
             o.overlaps,
+            o.violations_of(Rule::Exclusion),
+            o.violations_of(Rule::TokenOrder),
             o.stale_accepted,
             if result.fencing && o.stale_accepted > 0 {
                 " ❌"
@@ -178,6 +181,11 @@ pub fn table(results: &[RunResult], timelines: Option<&str>) -> String {
 const LEGEND: &str = "\
 * **overlaps**: pairs of critical sections of different workers whose writes \
 (first to last) intersect in time: two workers believed they held the lock at once.
+* **violations**: what the history checker found (listed under \
+\"Violations\" with their events). *Exclusion*: two workers wrote at once \
+(first to last write) before either noticed a loss: the lock let two holders \
+believe they held it. *Token order*: a holder that began writing after \
+another had finished got a token no greater than that one's.
 * **stale writes accepted**: writes made after a newer holder had started \
 writing, which the resource still accepted: real damage. Must be 0 wherever \
 the backend claims fencing.
@@ -201,6 +209,26 @@ of twice the fault's pause; a stale write it lets through fails the suite.
 * **recovery**: per fault, from the fault's start to the first write of the \
 next section that completed (`none`: no section completed after it).
 ";
+
+/// Every run's violations, with their events and a link to the run's
+/// timeline; empty when no run has any.
+pub fn violations_section(results: &[RunResult]) -> String {
+    let listed: String = results
+        .iter()
+        .filter(|r| !r.outcome.violations.is_empty())
+        .map(|r| {
+            let title = format!("{} {}", r.backend_label(), r.scenario);
+            let timeline = format!("[timeline](timelines/{}.svg)", r.slug());
+            history::markdown(&r.outcome.violations, &title, &timeline)
+        })
+        .collect();
+    if listed.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n## Violations\n\nEvery violation the history checker found, with the events of the two critical sections (times on the resource's clock, from the run's start).\n\n{listed}"
+    )
+}
 
 /// Writes `report.md` (with `problems`, see [`problems`]) and one SVG
 /// timeline per run into `dir`.
@@ -237,6 +265,7 @@ pub fn write(
     out.push_str(&table(results, Some("timelines")));
     out.push('\n');
     out.push_str(LEGEND);
+    out.push_str(&violations_section(results));
     let comparison = lock_delay_comparison(results);
     if !comparison.is_empty() {
         out.push_str("\n## Lock delay\n\n");

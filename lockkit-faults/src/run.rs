@@ -244,7 +244,8 @@ async fn stage(
 ) -> Result<(), String> {
     let slug = &slug(backend, scenario, lock_delay);
     let lease = scenario.lease(settings.lease);
-    let deployment = Testbed::start(backend, settings.clients, lease).await?;
+    let deployment =
+        Testbed::start(backend, settings.clients, lease, scenario.moves_clocks()).await?;
     let probe = lockkit::connect(&deployment.url(None))
         .await
         .map_err(|e| format!("connect: {e}"))?;

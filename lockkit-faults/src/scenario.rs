@@ -41,6 +41,14 @@ pub enum Scenario {
     /// for two leases. The members still reach each other: the holder can
     /// only talk to the cluster through the members it still reaches.
     MembersPartitioned,
+    /// A server's wall clock leaps forward by three leases (more than a
+    /// lease) while a lock is held, stays there for two leases, then jumps
+    /// back. One server of a single-server deployment; on Redlock one master
+    /// of three, and then Kleppmann's case: the holder is cut off from a
+    /// second master (its key there runs out) before the first one's clock
+    /// leaps. Servers whose clock can be moved (see
+    /// `lockkit_testkit::ServerClock`): Redis, ZooKeeper, PostgreSQL, MariaDB.
+    ClockJump,
     /// Redis Sentinel, Redis Cluster with replicas: replication to the
     /// replica is cut, a lock is granted on the master meanwhile (if the
     /// backend grants one), the master is killed before that grant reaches
@@ -51,7 +59,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::HolderPaused,
         Scenario::HolderKilled,
         Scenario::ServerKilled,
@@ -61,6 +69,7 @@ impl Scenario {
         Scenario::MinorityThenMajority,
         Scenario::LeaderKilled,
         Scenario::MembersPartitioned,
+        Scenario::ClockJump,
         Scenario::Failover,
     ];
 
@@ -76,6 +85,7 @@ impl Scenario {
             Scenario::MinorityThenMajority => "minority-then-majority",
             Scenario::LeaderKilled => "leader-killed",
             Scenario::MembersPartitioned => "members-partitioned",
+            Scenario::ClockJump => "clock-jump",
             Scenario::Failover => "failover",
         }
     }
@@ -116,6 +126,17 @@ impl Scenario {
         let compared = matches!(deployment, Deployment::Redis | Deployment::Redlock3)
             && matches!(self, Scenario::HolderPaused | Scenario::Partition);
         compared.then(|| Self::pause(self.lease(base)) * 2)
+    }
+
+    /// Whether the scenario moves the servers' wall clocks (they are then
+    /// started with one that can be moved).
+    pub fn moves_clocks(self) -> bool {
+        self == Scenario::ClockJump
+    }
+
+    /// How far a clock jump moves a server's clock: more than a lease.
+    pub fn clock_jump(lease: Duration) -> Duration {
+        lease * 3
     }
 
     /// The scenario with this label.
@@ -163,6 +184,25 @@ impl Stage<'_> {
             .ok_or_else(|| format!("no critical section started within {timeout:?}"))
     }
 
+    /// Waits for a critical section of worker `client` granted after
+    /// `after` to start.
+    async fn section_of(&self, client: u32, after: Micros) -> Result<(), String> {
+        let timeout = self.lease * 20;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.resource.next_section_granted_after(after, left).await {
+                Some(holder) if holder == client => return Ok(()),
+                Some(_) => {}
+                None => {
+                    return Err(format!(
+                        "worker {client} started no critical section within {timeout:?}"
+                    ));
+                }
+            }
+        }
+    }
+
     /// Records a fault `label` injected from `start` until now.
     fn fault(&self, label: impl Into<String>, start: Micros) {
         self.resource.fault(label, start);
@@ -174,6 +214,32 @@ impl Stage<'_> {
 
     fn each_server(&self, mut action: impl FnMut(usize)) {
         (0..self.deployment.server_count()).for_each(&mut action);
+    }
+
+    /// Moves the wall clock of the servers `indexes` by `offset` (`None`:
+    /// back to the machine's).
+    fn shift_clocks(&self, indexes: &[usize], offset: Option<Duration>) -> Result<(), String> {
+        indexes
+            .iter()
+            .try_for_each(|&index| self.deployment.shift_clock(index, offset))
+    }
+
+    /// One clock jump of the servers `indexes`, while a section runs: the
+    /// leap, two leases, the jump back.
+    async fn clock_jump(&self, indexes: &[usize], what: &str) -> Result<(), String> {
+        let jump = Scenario::clock_jump(self.lease);
+        let start = self.resource.now();
+        self.shift_clocks(indexes, Some(jump))?;
+        tokio::time::sleep(scaled(self.lease, 2.0)).await;
+        self.shift_clocks(indexes, None)?;
+        self.fault(
+            format!(
+                "{what} clock +{}, then back",
+                humantime::format_duration(jump)
+            ),
+            start,
+        );
+        Ok(())
     }
 
     async fn restart(&self, indexes: impl IntoIterator<Item = usize>) -> Result<(), String> {
@@ -287,6 +353,32 @@ impl Scenario {
                 stage.restart([leader]).await?;
                 stage.fault(format!("leader (server {leader}) killed"), start);
             }
+            Scenario::ClockJump if stage.deployment.server_count() == 3 => {
+                // Redlock: one master's clock leaps; the holder's keys on
+                // the other two still stand in the way of a majority.
+                stage.holder().await?;
+                stage.clock_jump(&[0], "master 0").await?;
+                tokio::time::sleep(lease).await;
+                // Kleppmann's case: a worker that cannot reach master 2
+                // takes the lock on a bare majority (0 and 1); then master
+                // 0's clock leaps, its key there is gone, and masters 0 and
+                // 2 are free for another worker's majority.
+                let holder = stage.holder().await?;
+                let start = stage.resource.now();
+                stage.deployment.partition_from(holder, [2], true)?;
+                let granted = stage.section_of(holder, start).await;
+                if granted.is_ok() {
+                    stage.clock_jump(&[0], "master 0").await?;
+                }
+                stage.deployment.partition_from(holder, [2], false)?;
+                stage.fault(format!("worker {holder} cut from master 2"), start);
+                granted?;
+            }
+            Scenario::ClockJump => {
+                stage.holder().await?;
+                let all: Vec<usize> = (0..stage.deployment.server_count()).collect();
+                stage.clock_jump(&all, "server").await?;
+            }
             Scenario::Failover => {
                 // Cut replication while a section runs, so that the next
                 // grant is made (or refused) while the replica is cut off.
@@ -334,14 +426,37 @@ const ONE_SERVER: &[Scenario] = Scenario::ALL.split_at(6).0;
 pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
     use Scenario::*;
     match deployment {
-        Deployment::Redis | Deployment::Zk => &ONE_SERVER[..5],
+        Deployment::Redis | Deployment::Zk => &[
+            HolderPaused,
+            HolderKilled,
+            ServerKilled,
+            ServerPaused,
+            Partition,
+            ClockJump,
+        ],
         Deployment::RedisAof => &[ServerKilled],
-        Deployment::Redlock3 => &[HolderPaused, HolderKilled, Partition, MinorityThenMajority],
+        Deployment::Redlock3 => &[
+            HolderPaused,
+            HolderKilled,
+            Partition,
+            MinorityThenMajority,
+            ClockJump,
+        ],
         Deployment::ZkEnsemble => &[HolderPaused, Partition, LeaderKilled],
-        Deployment::PgLease
-        | Deployment::PgRow
+        // The lease modes expire by the server's clock; the session modes
+        // (row, advisory, named) by their connection, not by a clock.
+        Deployment::PgLease | Deployment::MariaDbLease => &[
+            HolderPaused,
+            HolderKilled,
+            ServerKilled,
+            ServerPaused,
+            Partition,
+            ConnectionKilled,
+            ClockJump,
+        ],
+        // etcd (Go) reads its clock without libc: it cannot be moved.
+        Deployment::PgRow
         | Deployment::PgAdvisory
-        | Deployment::MariaDbLease
         | Deployment::MariaDbRow
         | Deployment::MariaDbNamed
         | Deployment::Etcd => ONE_SERVER,

@@ -49,7 +49,7 @@ impl Harness for RedisHarness {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        let server = RedisServer::start().await;
+        let server = RedisServer::builder().shiftable_clock(true).start().await;
         let url = client_url(&server, self.fair);
         Box::new(DisposableServer::new(server, url, lockkit_redis::DRIVER))
     }

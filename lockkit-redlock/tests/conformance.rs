@@ -21,7 +21,7 @@ impl Servers {
     async fn start(n: usize) -> Self {
         let mut servers = Vec::with_capacity(n);
         for _ in 0..n {
-            servers.push(RedisServer::start().await);
+            servers.push(RedisServer::builder().shiftable_clock(true).start().await);
         }
         Servers(servers)
     }

@@ -262,7 +262,11 @@ impl<DB: Database> Undo<DB> {
 
     /// Tries on fresh connections, backing off, until one try succeeds or
     /// the lease it undoes could no longer be live.
-    async fn on_fresh_connections(&self, pool: &Pool<DB>, session: SessionId) -> Result<(), String> {
+    async fn on_fresh_connections(
+        &self,
+        pool: &Pool<DB>,
+        session: SessionId,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + self.retry_for;
         let mut backoff = UNDO_BACKOFF.0;
         loop {
@@ -285,8 +289,17 @@ impl<DB: Database> Undo<DB> {
 
     /// One try on `conn`, bounded. A connection whose try did not answer is
     /// given up in turn.
-    async fn try_on(&self, conn: &mut PoolConnection<DB>, session: Option<SessionId>) -> Result<(), String> {
-        match tokio::time::timeout(self.try_timeout, (self.run)(conn, self.lock.clone(), session)).await {
+    async fn try_on(
+        &self,
+        conn: &mut PoolConnection<DB>,
+        session: Option<SessionId>,
+    ) -> Result<(), String> {
+        match tokio::time::timeout(
+            self.try_timeout,
+            (self.run)(conn, self.lock.clone(), session),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => {
@@ -347,7 +360,12 @@ impl<DB: Database> Loan<'_, DB> {
     fn give_up(&mut self, conn: Option<PoolConnection<DB>>) {
         match (conn, self.undo.take()) {
             (Some(conn), Some(undo)) => {
-                undo.spawn(conn, self.session, self.kept.pool.clone(), self.permit.take());
+                undo.spawn(
+                    conn,
+                    self.session,
+                    self.kept.pool.clone(),
+                    self.permit.take(),
+                );
             }
             (Some(conn), None) => close_abandoned(conn),
             (None, _) => {}

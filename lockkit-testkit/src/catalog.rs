@@ -271,6 +271,16 @@ const SQL_MAX_CONNECTIONS: &str = "600";
 impl Servers {
     /// Starts what `deployments` need, in parallel.
     pub async fn try_start(deployments: &[Deployment]) -> Result<Servers, ServerError> {
+        Self::try_start_with(deployments, false).await
+    }
+
+    /// Like [`try_start`](Self::try_start); with `shiftable_clocks`, the
+    /// Redis, ZooKeeper, PostgreSQL and MariaDB servers run with a wall
+    /// clock that a test can move ([`FaultControl::clock`]).
+    pub async fn try_start_with(
+        deployments: &[Deployment],
+        shiftable_clocks: bool,
+    ) -> Result<Servers, ServerError> {
         let needs: Vec<Needs> = deployments.iter().map(|d| d.needs()).collect();
         let any = |n: Needs| needs.contains(&n);
         let redis_count = needs
@@ -282,24 +292,37 @@ impl Servers {
             .max()
             .unwrap_or(0);
         let redis = async {
-            let started =
-                futures_util::future::join_all((0..redis_count).map(|_| RedisServer::try_start()))
-                    .await;
+            let started = futures_util::future::join_all((0..redis_count).map(|_| {
+                RedisServer::builder()
+                    .shiftable_clock(shiftable_clocks)
+                    .try_start()
+            }))
+            .await;
             started.into_iter().collect::<Result<Vec<_>, _>>()
         };
         let redis_aof = optional(any(Needs::RedisAof), || {
             RedisServer::builder().appendonly(true).try_start()
         });
-        let zk = optional(any(Needs::Zk), ZkServer::try_start);
-        let zk_ensemble = optional(any(Needs::ZkEnsemble), || ZkEnsemble::try_start(3));
+        let zk = optional(any(Needs::Zk), || {
+            ZkServer::builder()
+                .shiftable_clock(shiftable_clocks)
+                .try_start()
+        });
+        let zk_ensemble = optional(any(Needs::ZkEnsemble), || {
+            ZkServer::builder()
+                .shiftable_clock(shiftable_clocks)
+                .try_start_ensemble(3)
+        });
         let pg = optional(any(Needs::Postgres), || {
             PostgresServer::builder()
                 .setting("max_connections", SQL_MAX_CONNECTIONS)
+                .shiftable_clock(shiftable_clocks)
                 .try_start()
         });
         let my = optional(any(Needs::MariaDb), || {
             MariaDbServer::builder()
                 .arg(&format!("--max-connections={SQL_MAX_CONNECTIONS}"))
+                .shiftable_clock(shiftable_clocks)
                 .try_start()
         });
         let cluster = optional(any(Needs::Cluster), || RedisCluster::try_start(3));

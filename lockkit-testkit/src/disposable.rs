@@ -124,6 +124,26 @@ impl<G: ServerGroup + 'static> Disposable for DisposableServer<G> {
             .connect(&with_connect_timeout(&self.url, timeout))
             .await
     }
+
+    /// Moves every member's clock, if every member was started with one
+    /// that can be moved.
+    async fn shift_clock(&mut self, offset: Option<Duration>) -> bool {
+        let members = self.servers.members();
+        let Some(clocks) = members
+            .iter()
+            .map(|m| m.clock())
+            .collect::<Option<Vec<_>>>()
+        else {
+            return false;
+        };
+        let ms = offset.map_or(0, |o| i64::try_from(o.as_millis()).unwrap_or(i64::MAX));
+        for clock in clocks {
+            if let Err(e) = clock.set_offset_ms(ms) {
+                panic!("cannot move a server's clock: {e}");
+            }
+        }
+        true
+    }
 }
 
 /// `url` with its `connect_timeout` parameter set to `timeout`.

@@ -11,7 +11,8 @@
 //! * SQL servers the same way: [`PostgresServer`] and [`MariaDbServer`],
 //!   each started from a copy of a template data directory built once per
 //!   machine (so a start takes a fraction of a second).
-//! * Fault injection on them: pause (SIGSTOP), resume, kill, restart; and
+//! * Fault injection on them: pause (SIGSTOP), resume, kill, restart; a
+//!   wall clock that leaps ([`ServerClock`], on servers built with one); and
 //!   on the network between client and server, a [`TcpProxy`] that delays,
 //!   blackholes (partitions) and resets connections.
 //! * Client processes the same way: [`ServerProcess::spawn`] runs any
@@ -32,6 +33,7 @@
 
 pub mod catalog;
 mod certs;
+mod clock;
 mod curator_peer;
 mod disposable;
 mod etcd_server;
@@ -51,6 +53,7 @@ pub mod waiter;
 mod zk_server;
 
 pub use certs::TestCerts;
+pub use clock::ServerClock;
 pub use curator_peer::CuratorPeer;
 pub use disposable::{DisposableServer, ServerGroup};
 pub use etcd_server::{EtcdCluster, EtcdServer, EtcdServerTls};

@@ -12,6 +12,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 use tokio::net::TcpStream;
 
+use crate::clock::ServerClock;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, copy_template, current_user_name, default_templates_root,
     ensure_template, file_name_part, find_binary, free_port, retry_on_taken_port, run_helper,
@@ -249,6 +250,7 @@ pub struct MariaDbServerBuilder {
     bin_dir: Option<PathBuf>,
     args: Vec<String>,
     templates: Option<PathBuf>,
+    shiftable_clock: bool,
 }
 
 impl MariaDbServerBuilder {
@@ -271,6 +273,15 @@ impl MariaDbServerBuilder {
     /// `<tmp>/lockkit-testkit-templates` (created if missing).
     pub fn templates_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.templates = Some(dir.into());
+        self
+    }
+
+    /// Runs the server with a wall clock that a test can move
+    /// ([`FaultControl::clock`](crate::FaultControl::clock), see
+    /// [`ServerClock`](crate::ServerClock)). Off by default: every clock read
+    /// then costs a system call.
+    pub fn shiftable_clock(mut self, on: bool) -> Self {
+        self.shiftable_clock = on;
         self
     }
 
@@ -299,7 +310,11 @@ impl MariaDbServerBuilder {
                 port: free_port(),
                 binaries: binaries.clone(),
                 args: self.args.clone(),
-                process: ProcessSlot::default(),
+                process: ProcessSlot::default().with_clock(
+                    self.shiftable_clock
+                        .then(|| ServerClock::in_dir(dir.path()))
+                        .transpose()?,
+                ),
                 dir,
             };
             server.launch().await.map(|()| server)

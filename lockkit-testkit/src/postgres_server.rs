@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::clock::ServerClock;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, SpawnOptions, copy_template, current_user_name,
     default_templates_root, ensure_template, file_name_part, find_binary, free_port,
@@ -299,6 +300,7 @@ pub struct PostgresServerBuilder {
     bin_dir: Option<PathBuf>,
     settings: Vec<(String, String)>,
     templates: Option<PathBuf>,
+    shiftable_clock: bool,
 }
 
 impl PostgresServerBuilder {
@@ -323,6 +325,15 @@ impl PostgresServerBuilder {
     /// process is root, the user `postgres` must be able to reach it.
     pub fn templates_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.templates = Some(dir.into());
+        self
+    }
+
+    /// Runs the server with a wall clock that a test can move
+    /// ([`FaultControl::clock`](crate::FaultControl::clock), see
+    /// [`ServerClock`](crate::ServerClock)). Off by default: every clock read
+    /// then costs a system call.
+    pub fn shiftable_clock(mut self, on: bool) -> Self {
+        self.shiftable_clock = on;
         self
     }
 
@@ -358,7 +369,12 @@ impl PostgresServerBuilder {
                 process: ProcessSlot::with_options(SpawnOptions {
                     run_as,
                     signal_children: true,
-                }),
+                })
+                .with_clock(
+                    self.shiftable_clock
+                        .then(|| ServerClock::in_dir(dir.path()))
+                        .transpose()?,
+                ),
                 watcher: None,
                 dir,
             };

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::clock::ServerClock;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
 };
@@ -28,6 +29,7 @@ struct Options {
     password: Option<String>,
     args: Vec<String>,
     binary: Option<PathBuf>,
+    shiftable_clock: bool,
 }
 
 impl fmt::Debug for Options {
@@ -37,6 +39,7 @@ impl fmt::Debug for Options {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("extra_args", &self.args.len())
             .field("binary", &self.binary)
+            .field("shiftable_clock", &self.shiftable_clock)
             .finish()
     }
 }
@@ -93,6 +96,15 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Runs the server with a wall clock that a test can move
+    /// ([`FaultControl::clock`](crate::FaultControl::clock), see
+    /// [`ServerClock`](crate::ServerClock)). Off by default: every clock read
+    /// then costs a system call.
+    pub fn shiftable_clock(mut self, on: bool) -> Self {
+        self.options.shiftable_clock = on;
+        self
+    }
+
     /// Starts the server and waits until it answers `PING`.
     ///
     /// # Panics
@@ -114,12 +126,15 @@ impl RedisServerBuilder {
             INSTALL_HINT,
         )?;
         retry_on_taken_port("redis-server", || async {
+            let dir = temp_dir("lockkit-redis-", "redis-server")?;
+            let clock = self.options.shiftable_clock;
             let server = RedisServer {
                 port: free_port(),
                 binary: binary.clone(),
                 options: self.options.clone(),
-                process: ProcessSlot::default(),
-                dir: temp_dir("lockkit-redis-", "redis-server")?,
+                process: ProcessSlot::default()
+                    .with_clock(clock.then(|| ServerClock::in_dir(dir.path())).transpose()?),
+                dir,
             };
             server.launch().await.map(|()| server)
         })

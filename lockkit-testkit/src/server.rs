@@ -4,6 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
+use crate::clock::ServerClock;
 use crate::process::{ProcessSlot, ServerError};
 
 /// Fault injection on a server process the testkit started: what fault
@@ -46,6 +47,12 @@ pub trait FaultControl: Send + Sync {
     /// [`restart`](Self::restart). Idempotent.
     fn kill(&self) {
         self.process().kill();
+    }
+
+    /// The server's wall clock, if it was started with one that a test can
+    /// move (see [`ServerClock`]).
+    fn clock(&self) -> Option<&ServerClock> {
+        self.process().clock()
     }
 
     /// Like [`try_restart`](Self::try_restart).

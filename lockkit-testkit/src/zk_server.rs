@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
+use crate::clock::ServerClock;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
     retry_on_taken_port, within,
@@ -78,6 +79,7 @@ struct Options {
     java: Option<PathBuf>,
     jar: Option<PathBuf>,
     config: Vec<(String, String)>,
+    shiftable_clock: bool,
 }
 
 /// What every (re)start of a server needs besides its directory and port.
@@ -86,6 +88,7 @@ struct Launcher {
     java: PathBuf,
     classpath: String,
     extra_config: Vec<(String, String)>,
+    shiftable_clock: bool,
 }
 
 impl Launcher {
@@ -110,6 +113,7 @@ impl Launcher {
             java,
             classpath: classpath.join(":"),
             extra_config: options.config.clone(),
+            shiftable_clock: options.shiftable_clock,
         })
     }
 }
@@ -167,6 +171,15 @@ impl ZkServerBuilder {
     /// e.g. `config("maxSessionTimeout", "120000")`.
     pub fn config(mut self, key: &str, value: &str) -> Self {
         self.options.config.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Runs the server with a wall clock that a test can move
+    /// ([`FaultControl::clock`](crate::FaultControl::clock), see
+    /// [`ServerClock`](crate::ServerClock)). Off by default: every clock read
+    /// then costs a system call.
+    pub fn shiftable_clock(mut self, on: bool) -> Self {
+        self.options.shiftable_clock = on;
         self
     }
 
@@ -234,11 +247,15 @@ impl ZkServer {
         // session's creation included): on a disk the other tests keep
         // busy, a sync can outlast the conformance suite's 1 s timeouts.
         let dir = memory_temp_dir("lockkit-zk-", "ZooKeeper")?;
+        let clock = launcher
+            .shiftable_clock
+            .then(|| ServerClock::in_dir(dir.path()))
+            .transpose()?;
         let server = Self {
             port,
             role,
             launcher,
-            process: ProcessSlot::default(),
+            process: ProcessSlot::default().with_clock(clock),
             dir,
         };
         let data_dir = server.data_dir();

@@ -61,7 +61,11 @@ impl LeaseDialect for MyLease {
     /// server runs).
     fn session_id(conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
         let query = sqlx::query_scalar::<_, i64>("SELECT CAST(CONNECTION_ID() AS SIGNED)");
-        Box::pin(query.fetch_one(conn).map_ok(|id| Some(SessionId { id, started: 0 })))
+        Box::pin(
+            query
+                .fetch_one(conn)
+                .map_ok(|id| Some(SessionId { id, started: 0 })),
+        )
     }
 
     /// `KILL CONNECTION` (which fails if it is already gone), then waits

@@ -12,8 +12,8 @@ use sqlx::Postgres;
 use super::notify::PgNotifications;
 use super::statements::PgSql;
 use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements};
-use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::pool::{SessionId, until_gone};
+use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, Runs as _, Value, remaining_ms, trusted};
 
 /// `lease` mode on Postgres.
@@ -73,7 +73,8 @@ impl LeaseDialect for PgLease {
              AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2";
         Box::pin(async move {
             let values = [Value::Int(session.id), Value::Int(session.started)];
-            let terminate: Arc<str> = format!("SELECT pg_terminate_backend(pid)::int8 {SESSION}").into();
+            let terminate: Arc<str> =
+                format!("SELECT pg_terminate_backend(pid)::int8 {SESSION}").into();
             Postgres::number(conn, (&terminate, &values)).await?;
             let present: Arc<str> = format!("SELECT 1::int8 {SESSION}").into();
             until_gone::<Postgres>(conn, &present, &values).await

@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::clock::ServerClock;
 
 /// How long [`ServerProcess::pause`] waits for every thread to stop.
 pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -46,6 +47,8 @@ impl Readiness {
 pub struct ProcessSlot {
     state: Mutex<Option<ServerProcess>>,
     options: SpawnOptions,
+    /// The wall clock every process of this slot runs with, if it can be moved.
+    clock: Option<ServerClock>,
 }
 
 impl ProcessSlot {
@@ -54,7 +57,19 @@ impl ProcessSlot {
         Self {
             state: Mutex::default(),
             options,
+            clock: None,
         }
+    }
+
+    /// The same slot, whose processes run with `clock` (see [`ServerClock`]).
+    pub(crate) fn with_clock(mut self, clock: Option<ServerClock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The wall clock of this slot's processes, if it can be moved.
+    pub(crate) fn clock(&self) -> Option<&ServerClock> {
+        self.clock.as_ref()
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<ServerProcess>> {
@@ -112,6 +127,14 @@ impl ProcessSlot {
         Fut: Future<Output = bool>,
     {
         self.kill();
+        let shifted;
+        let command = match &self.clock {
+            Some(clock) => {
+                shifted = clock.wrap(command)?;
+                &shifted
+            }
+            None => command,
+        };
         let process =
             ServerProcess::spawn_with(what, command, log_path, output_path, self.options).await?;
         let pid = process.pid();
