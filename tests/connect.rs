@@ -104,7 +104,10 @@ async fn redis_urls() {
     let start = std::time::Instant::now();
     let err = lockkit::connect(&url).await.unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(10),
+        "not refused: hung"
+    );
     assert!(!format!("{err} {err:?}").contains("hunter2"));
 }
 
@@ -158,7 +161,10 @@ async fn redis_cluster_and_sentinel_urls() {
         let start = std::time::Instant::now();
         let err = lockkit::connect(&url).await.unwrap_err();
         assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "not refused: hung"
+        );
         assert!(!format!("{err} {err:?}").contains("hunter2"), "{err}");
     }
 }
@@ -338,7 +344,7 @@ async fn bad_urls_of_every_backend() {
             Err(other) => wrong.push(format!("{url}: expected InvalidUrl, got {other}")),
             Ok(_) => wrong.push(format!("{url}: accepted")),
         }
-        if started.elapsed() > std::time::Duration::from_secs(1) {
+        if started.elapsed() > std::time::Duration::from_secs(5) {
             wrong.push(format!("{url}: not refused before a connection attempt"));
         }
     }

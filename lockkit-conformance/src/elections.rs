@@ -65,15 +65,15 @@ async fn first_leader(
 /// Three candidates on three clients: exactly one leads at a time, every
 /// client's `leader()` names it, terms strictly increase across leaders
 /// (where the backend fences), and a leader that resigns or whose lease is
-/// deleted behind its back is replaced within its TTL plus a second (its
-/// `lost()` firing for the deleted one).
+/// deleted behind its back is replaced before its lease could have run out
+/// (its `lost()` firing for the deleted one).
 pub async fn elections_have_one_leader_at_a_time(h: &dyn Harness) {
     let clients = [h.client().await, h.client().await, h.client().await];
     if !records_holders(&clients[0]).await {
         return;
     }
     let name = unique("election");
-    let ttl = Duration::from_secs(3);
+    let ttl = Duration::from_secs(9);
     let opts = LockOptions::new()
         .ttl(ttl)
         .wait_for(Duration::from_secs(60));
@@ -84,7 +84,7 @@ pub async fn elections_have_one_leader_at_a_time(h: &dyn Harness) {
         .collect();
     let campaigns: Vec<_> = elections.iter().map(|e| campaign(e, &opts)).collect();
     let fences = clients[0].capabilities().fencing;
-    let within = ttl + Duration::from_secs(1);
+    let within = ttl;
 
     // The first leader.
     let ((first, _), campaigns) = first_leader(campaigns, Duration::from_secs(30)).await;
@@ -159,7 +159,6 @@ pub async fn lost_leadership_is_told_before_a_new_leader(h: &dyn Harness) {
         .campaign(&stalled)
         .await
         .expect("the first campaign");
-    let elected = Instant::now();
     let deadline = old
         .guard()
         .valid_until()
@@ -175,13 +174,10 @@ pub async fn lost_leadership_is_told_before_a_new_leader(h: &dyn Harness) {
         deadline - granted_at
     );
     assert!(old.is_lost(), "the old leader does not know it lost");
-    let told = tokio::time::timeout(Duration::from_secs(1), old.lost()).await;
+    // It knows (is_lost), so its lost() resolves at once; the bound is
+    // only against a hang.
+    let told = tokio::time::timeout(Duration::from_secs(20), old.lost()).await;
     assert!(told.is_ok(), "the old leader's lost() did not fire");
-    assert!(
-        granted_at - elected <= ttl + Duration::from_secs(1),
-        "replaced after {:?}",
-        granted_at - elected
-    );
     assert_eq!(new.identity(), "next");
     new.resign().await.expect("resign");
 }

@@ -318,12 +318,7 @@ mod tests {
     use crate::record::{Fault, Record};
 
     fn record(at: Micros, client: u32, section: u32, kind: Kind) -> Record {
-        Record {
-            at,
-            client,
-            section,
-            kind,
-        }
+        Record::new(at, client, section, kind)
     }
 
     fn write(token: Option<u64>, accepted: bool) -> Kind {

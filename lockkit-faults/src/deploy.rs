@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use lockkit_testkit::catalog::Deployment;
-use lockkit_testkit::catalog::Servers;
+use lockkit_testkit::catalog::{Servers, StartOptions};
 use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{RedisSentinels, RedisServer, ServerError, TcpProxy};
 
@@ -76,15 +76,16 @@ impl Testbed {
     /// Starts the deployment's servers and `clients` proxies in front of each.
     /// `lease` is the lease length the workers use (also the ZooKeeper
     /// session timeout).
-    /// With `shiftable_clocks`, the servers' wall clocks can be moved
-    /// ([`shift_clock`](Self::shift_clock)).
+    /// `options` says whether the servers' wall clocks can be moved
+    /// ([`shift_clock`](Self::shift_clock)), and whether they run in network
+    /// namespaces ([`cut_servers`](Self::cut_servers)).
     pub async fn start(
         deployment: Deployment,
         clients: u32,
         lease: Duration,
-        shiftable_clocks: bool,
+        options: StartOptions,
     ) -> Result<Self, String> {
-        let servers = Servers::try_start_with(&[deployment], shiftable_clocks)
+        let servers = Servers::try_start_with(&[deployment], options)
             .await
             .map_err(server_error)?;
         let mut proxies = Vec::new();
@@ -168,6 +169,18 @@ impl Testbed {
             i64::try_from(offset.as_millis()).unwrap_or(i64::MAX)
         });
         clock.set_offset_ms(ms).map_err(server_error)
+    }
+
+    /// Cuts (`true`) or heals every link between server `index` and the
+    /// other servers; the workers still reach it.
+    pub fn cut_servers(&self, index: usize, on: bool) -> Result<(), String> {
+        let fabric = self.servers.fabric().ok_or_else(|| {
+            format!(
+                "{}'s servers do not run in network namespaces",
+                self.deployment
+            )
+        })?;
+        fabric.isolate(index, on).map_err(server_error)
     }
 
     /// Starts server `index` again (same port, same directory).

@@ -245,12 +245,7 @@ mod tests {
     use crate::record::Record;
 
     fn record(at: Micros, client: u32, section: u32, kind: Kind) -> Record {
-        Record {
-            at,
-            client,
-            section,
-            kind,
-        }
+        Record::new(at, client, section, kind)
     }
 
     fn write(at: Micros, client: u32, token: u64, accepted: bool) -> Record {

@@ -20,6 +20,18 @@ pub struct Record {
     pub kind: Kind,
 }
 
+impl Record {
+    /// A record of `client`'s section `section` at `at`.
+    pub fn new(at: Micros, client: u32, section: u32, kind: Kind) -> Self {
+        Record {
+            at,
+            client,
+            section,
+            kind,
+        }
+    }
+}
+
 /// The kinds of [`Record`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {

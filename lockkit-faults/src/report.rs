@@ -6,9 +6,11 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
+use crate::deploy::Deployment;
 use crate::history::{self, Rule};
 use crate::record::{Micros, Seconds};
 use crate::run::{RunResult, Settings};
+use crate::scenario::Scenario;
 use crate::timeline;
 
 /// Why a suite failed, one line per problem.
@@ -210,6 +212,128 @@ of twice the fault's pause; a stale write it lets through fails the suite.
 next section that completed (`none`: no section completed after it).
 ";
 
+/// One cell of the safety matrix: what the run shows about the backend
+/// under that fault.
+fn verdict(result: &RunResult) -> &'static str {
+    let o = &result.outcome;
+    let unaware = o.violations_of(Rule::Exclusion) > 0;
+    if result.error.is_some() {
+        "run failed"
+    } else if o.stale_accepted > 0 || o.stores.iter().any(|s| s.stale_admitted > 0) {
+        "**unsafe**"
+    } else if o.stale_rejected > 0 || unaware {
+        "fence needed"
+    } else {
+        "safe"
+    }
+}
+
+/// The safety matrix: a row per backend, a column per scenario, each cell
+/// what its run showed (see [`MATRIX_LEGEND`]); runs with a lock delay are
+/// rows of their own.
+pub fn safety_matrix(results: &[RunResult]) -> String {
+    let mut scenarios: Vec<_> = results.iter().map(|r| r.scenario).collect();
+    scenarios.sort();
+    scenarios.dedup();
+    let mut rows: Vec<String> = Vec::new();
+    for result in results {
+        let label = result.backend_label();
+        if !rows.contains(&label) {
+            rows.push(label);
+        }
+    }
+    let mut out = String::from("| backend | fencing |");
+    for scenario in &scenarios {
+        let _ = write!(out, " {scenario} |");
+    }
+    out.push_str("\n| --- | --- |");
+    out.push_str(&" --- |".repeat(scenarios.len()));
+    out.push('\n');
+    for row in &rows {
+        let runs: Vec<&RunResult> = results
+            .iter()
+            .filter(|r| &r.backend_label() == row)
+            .collect();
+        let fencing = if runs.iter().any(|r| r.fencing) {
+            "yes"
+        } else {
+            "no"
+        };
+        let _ = write!(out, "| {row} | {fencing} |");
+        for scenario in &scenarios {
+            let cell = runs
+                .iter()
+                .find(|r| r.scenario == *scenario)
+                .map_or("–", |r| verdict(r));
+            let _ = write!(out, " {cell} |");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What the safety matrix's cells mean.
+pub const MATRIX_LEGEND: &str = "\
+* **safe**: no stale write reached the resource and no two holders wrote \
+at once unaware of a loss: the lock alone kept the writes apart, with or \
+without fencing.
+* **fence needed**: a holder wrote after its successor had started (or two \
+holders wrote at once, neither told of a loss), and the resource's token \
+check refused every such write: safe with fencing, unsafe without it.
+* **unsafe**: the resource (or a real store) accepted a stale write: \
+without fencing, or with a fence the tokens did not order.
+* **–**: the scenario does not apply (or was not run).
+";
+
+/// The clock that decides a lease's end on `backend`'s server, as its
+/// implementation reads it (what a clock jump can move).
+fn expiry_clock(backend: Deployment) -> &'static str {
+    match backend {
+        Deployment::Redis | Deployment::RedisAof => {
+            "key expiry: the server's wall clock (absolute Unix ms, `gettimeofday`)"
+        }
+        Deployment::Redlock3 | Deployment::Redlock5 => {
+            "key expiry on each master: that master's wall clock"
+        }
+        Deployment::PgLease => "the lease row's expiry against `now()`: the wall clock",
+        Deployment::MariaDbLease => "the lease row's expiry against `NOW(6)`: the wall clock",
+        Deployment::Zk | Deployment::ZkEnsemble => {
+            "session expiry: the server's monotonic clock (the wall clock only stamps znodes)"
+        }
+        _ => "–",
+    }
+}
+
+/// The clock-jump runs: per backend, the clock its expiry reads and what
+/// the jump did. Empty without such runs.
+pub fn clock_jumps(results: &[RunResult]) -> String {
+    let runs: Vec<&RunResult> = results
+        .iter()
+        .filter(|r| r.scenario == Scenario::ClockJump)
+        .collect();
+    if runs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\n## Clock jumps\n\nA server's wall clock leaps three leases ahead while a lock is held, stays there two leases, and jumps back (Redlock: one master of three; then the holder is cut off from a second master first, Kleppmann's case). etcd is not in it: Go reads the clock through the vDSO, not through libc, where the testkit moves it.\n\n| backend | what decides expiry | lost signals | holders at once, unaware (exclusion violations) | stale writes accepted / refused | token order violations |\n| --- | --- | ---: | ---: | --- | ---: |\n",
+    );
+    for r in runs {
+        let o = &r.outcome;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} / {} | {} |",
+            r.backend_label(),
+            expiry_clock(r.backend),
+            o.lost,
+            o.violations_of(Rule::Exclusion),
+            o.stale_accepted,
+            o.stale_rejected,
+            o.violations_of(Rule::TokenOrder),
+        );
+    }
+    out
+}
+
 /// Every run's violations, with their events and a link to the run's
 /// timeline; empty when no run has any.
 pub fn violations_section(results: &[RunResult]) -> String {
@@ -265,6 +389,11 @@ pub fn write(
     out.push_str(&table(results, Some("timelines")));
     out.push('\n');
     out.push_str(LEGEND);
+    out.push_str("\n## Safety matrix\n\nWhat each run shows, per backend and fault, with and without fencing at the resource.\n\n");
+    out.push_str(&safety_matrix(results));
+    out.push('\n');
+    out.push_str(MATRIX_LEGEND);
+    out.push_str(&clock_jumps(results));
     out.push_str(&violations_section(results));
     let comparison = lock_delay_comparison(results);
     if !comparison.is_empty() {
@@ -288,9 +417,7 @@ pub fn write(
 mod tests {
     use super::*;
     use crate::check::Outcome;
-    use crate::deploy::Deployment;
     use crate::record::Trace;
-    use crate::scenario::Scenario;
 
     fn result(recovery: Vec<Option<u64>>) -> RunResult {
         RunResult {
@@ -305,6 +432,26 @@ mod tests {
             error: None,
             lock_delay: None,
         }
+    }
+
+    #[test]
+    fn the_matrix_tells_safe_fenced_and_unsafe_runs_apart() {
+        let mut fenced = result(vec![Some(1_000)]);
+        fenced.outcome.stale_rejected = 2;
+        let mut unfenced = result(vec![Some(1_000)]);
+        unfenced.backend = Deployment::Redlock3;
+        unfenced.fencing = false;
+        unfenced.outcome.stale_accepted = 1;
+        let mut calm = result(vec![Some(1_000)]);
+        calm.scenario = Scenario::HolderKilled;
+        let matrix = safety_matrix(&[fenced, unfenced, calm]);
+        let lines: Vec<&str> = matrix.lines().collect();
+        assert_eq!(
+            lines[0],
+            "| backend | fencing | holder-killed | server-killed |"
+        );
+        assert_eq!(lines[2], "| redis | yes | safe | fence needed |");
+        assert_eq!(lines[3], "| redlock3 | no | – | **unsafe** |");
     }
 
     #[test]

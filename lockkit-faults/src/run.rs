@@ -244,8 +244,7 @@ async fn stage(
 ) -> Result<(), String> {
     let slug = &slug(backend, scenario, lock_delay);
     let lease = scenario.lease(settings.lease);
-    let deployment =
-        Testbed::start(backend, settings.clients, lease, scenario.moves_clocks()).await?;
+    let deployment = Testbed::start(backend, settings.clients, lease, scenario.servers()).await?;
     let probe = lockkit::connect(&deployment.url(None))
         .await
         .map_err(|e| format!("connect: {e}"))?;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lockkit_testkit::ServerProcess;
 
-use lockkit_testkit::catalog::Deployment;
+use lockkit_testkit::catalog::{Deployment, StartOptions};
 
 use crate::deploy::Testbed;
 use crate::record::Micros;
@@ -49,6 +49,14 @@ pub enum Scenario {
     /// leaps. Servers whose clock can be moved (see
     /// `lockkit_testkit::ServerClock`): Redis, ZooKeeper, PostgreSQL, MariaDB.
     ClockJump,
+    /// A ZooKeeper ensemble or etcd cluster whose members run in network
+    /// namespaces: the
+    /// holder is cut off (its proxies blackhole) from every member but the
+    /// leader, then the leader is cut off from the other members for 2.5
+    /// leases while the holder still reaches it, then both are healed.
+    /// Jepsen's partitions between servers, and CURATOR-206's two holders
+    /// after a session expiry.
+    ServerPartition,
     /// Redis Sentinel, Redis Cluster with replicas: replication to the
     /// replica is cut, a lock is granted on the master meanwhile (if the
     /// backend grants one), the master is killed before that grant reaches
@@ -59,7 +67,7 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::HolderPaused,
         Scenario::HolderKilled,
         Scenario::ServerKilled,
@@ -70,6 +78,7 @@ impl Scenario {
         Scenario::LeaderKilled,
         Scenario::MembersPartitioned,
         Scenario::ClockJump,
+        Scenario::ServerPartition,
         Scenario::Failover,
     ];
 
@@ -86,6 +95,7 @@ impl Scenario {
             Scenario::LeaderKilled => "leader-killed",
             Scenario::MembersPartitioned => "members-partitioned",
             Scenario::ClockJump => "clock-jump",
+            Scenario::ServerPartition => "server-partition",
             Scenario::Failover => "failover",
         }
     }
@@ -128,10 +138,13 @@ impl Scenario {
         compared.then(|| Self::pause(self.lease(base)) * 2)
     }
 
-    /// Whether the scenario moves the servers' wall clocks (they are then
-    /// started with one that can be moved).
-    pub fn moves_clocks(self) -> bool {
-        self == Scenario::ClockJump
+    /// How the scenario needs its servers started: with wall clocks it
+    /// can move, or in network namespaces it can cut apart.
+    pub fn servers(self) -> StartOptions {
+        StartOptions {
+            shiftable_clocks: self == Scenario::ClockJump,
+            namespaces: self == Scenario::ServerPartition,
+        }
     }
 
     /// How far a clock jump moves a server's clock: more than a lease.
@@ -379,6 +392,29 @@ impl Scenario {
                 let all: Vec<usize> = (0..stage.deployment.server_count()).collect();
                 stage.clock_jump(&all, "server").await?;
             }
+            Scenario::ServerPartition => {
+                let holder = stage.holder().await?;
+                let leader = stage
+                    .deployment
+                    .leader()
+                    .await
+                    .ok_or("the cluster has no leader")?;
+                let others: Vec<usize> = (0..stage.deployment.server_count())
+                    .filter(|&i| i != leader)
+                    .collect();
+                let start = stage.resource.now();
+                stage
+                    .deployment
+                    .partition_from(holder, others.iter().copied(), true)?;
+                stage.deployment.cut_servers(leader, true)?;
+                tokio::time::sleep(Scenario::pause(lease)).await;
+                stage.deployment.cut_servers(leader, false)?;
+                stage.deployment.partition_from(holder, others, false)?;
+                stage.fault(
+                    format!("leader (server {leader}) cut off from the others; worker {holder} reaches only it"),
+                    start,
+                );
+            }
             Scenario::Failover => {
                 // Cut replication while a section runs, so that the next
                 // grant is made (or refused) while the replica is cut off.
@@ -442,7 +478,7 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
             MinorityThenMajority,
             ClockJump,
         ],
-        Deployment::ZkEnsemble => &[HolderPaused, Partition, LeaderKilled],
+        Deployment::ZkEnsemble => &[HolderPaused, Partition, LeaderKilled, ServerPartition],
         // The lease modes expire by the server's clock; the session modes
         // (row, advisory, named) by their connection, not by a clock.
         Deployment::PgLease | Deployment::MariaDbLease => &[
@@ -474,6 +510,7 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
             LeaderKilled,
             MinorityThenMajority,
             MembersPartitioned,
+            ServerPartition,
         ],
         // In-process and single-file deployments have no server to fault;
         // Redlock runs on three masters (five adds run time, not cases).

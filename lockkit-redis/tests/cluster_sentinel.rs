@@ -18,6 +18,12 @@ mod common;
 
 use common::{connect, cycle, opts, take, try_cycle};
 
+/// How long a call that must fail at its timeout may take before it counts
+/// as hung: far past the timeouts these tests set (which is what fails the
+/// call; the server stays silent throughout), so that a loaded machine's
+/// slowness does not fail them.
+const NO_HANG: Duration = Duration::from_secs(10);
+
 fn key(name: &str) -> String {
     format!("{DEFAULT_PREFIX}{name}")
 }
@@ -202,11 +208,7 @@ async fn cluster_node_failure_is_unavailable_then_recovers() {
     let started = Instant::now();
     let err = locks.try_acquire(&name, &opts()).await.unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < NO_HANG, "{:?}", started.elapsed());
     cluster.nodes()[2].restart().await;
     assert!(cluster.wait_until_ok(Duration::from_secs(20)).await);
     assert!(
@@ -575,11 +577,7 @@ async fn unreachable_cluster_and_sentinels_are_unavailable() {
         let started = Instant::now();
         let err = lockkit_redis::connect(&url).await.unwrap_err();
         assert!(matches!(err, LockError::Unavailable { .. }), "{url}: {err}");
-        assert!(
-            started.elapsed() < Duration::from_millis(1500),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(started.elapsed() < NO_HANG, "{:?}", started.elapsed());
         let text = format!("{err} {err:?}");
         assert!(!text.contains("topsecret"), "{text}");
     }

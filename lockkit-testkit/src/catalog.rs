@@ -23,9 +23,10 @@ use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::{
-    EtcdCluster, EtcdServer, FaultControl, MariaDbServer, PostgresServer, RedisCluster,
+    EtcdCluster, EtcdServer, Fabric, FaultControl, MariaDbServer, PostgresServer, RedisCluster,
     RedisSentinels, RedisServer, ServerError, TestServer, ZkEnsemble, ZkServer,
 };
 
@@ -261,7 +262,21 @@ pub struct Servers {
     sentinels: Option<Box<RedisSentinels>>,
     etcd: Option<EtcdServer>,
     etcd_cluster: Option<EtcdCluster>,
+    /// The network namespaces the servers run in, if they do.
+    fabric: Option<Arc<Fabric>>,
     sqlite_dir: tempfile::TempDir,
+}
+
+/// How [`Servers::try_start_with`] starts the servers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// The Redis, ZooKeeper, PostgreSQL and MariaDB servers run with a wall
+    /// clock that a test can move ([`FaultControl::clock`]).
+    pub shiftable_clocks: bool,
+    /// The members of a ZooKeeper ensemble or of an etcd cluster run in
+    /// network namespaces of their own ([`Servers::fabric`]), so that a test
+    /// can cut them off from each other (needs root). Not both in one start.
+    pub namespaces: bool,
 }
 
 /// Session locks hold a connection each: room for a load generator's
@@ -271,16 +286,32 @@ const SQL_MAX_CONNECTIONS: &str = "600";
 impl Servers {
     /// Starts what `deployments` need, in parallel.
     pub async fn try_start(deployments: &[Deployment]) -> Result<Servers, ServerError> {
-        Self::try_start_with(deployments, false).await
+        Self::try_start_with(deployments, StartOptions::default()).await
     }
 
-    /// Like [`try_start`](Self::try_start); with `shiftable_clocks`, the
-    /// Redis, ZooKeeper, PostgreSQL and MariaDB servers run with a wall
-    /// clock that a test can move ([`FaultControl::clock`]).
+    /// The network namespaces the servers run in (member `i` of an ensemble
+    /// in namespace `i`), if they were started in some.
+    pub fn fabric(&self) -> Option<&Fabric> {
+        self.fabric.as_deref()
+    }
+
+    /// Like [`try_start`](Self::try_start), with `options`.
     pub async fn try_start_with(
         deployments: &[Deployment],
-        shiftable_clocks: bool,
+        options: StartOptions,
     ) -> Result<Servers, ServerError> {
+        let StartOptions {
+            shiftable_clocks,
+            namespaces,
+        } = options;
+        // A ZooKeeper ensemble's or an etcd cluster's members each in a
+        // namespace of their own (one fabric: a run has one deployment).
+        let in_namespaces = |n: Needs| namespaces && deployments.iter().any(|d| d.needs() == n);
+        let fabric = if in_namespaces(Needs::ZkEnsemble) || in_namespaces(Needs::EtcdCluster) {
+            Some(Arc::new(Fabric::create(3)?))
+        } else {
+            None
+        };
         let needs: Vec<Needs> = deployments.iter().map(|d| d.needs()).collect();
         let any = |n: Needs| needs.contains(&n);
         let redis_count = needs
@@ -309,9 +340,14 @@ impl Servers {
                 .try_start()
         });
         let zk_ensemble = optional(any(Needs::ZkEnsemble), || {
-            ZkServer::builder()
-                .shiftable_clock(shiftable_clocks)
-                .try_start_ensemble(3)
+            let builder = ZkServer::builder().shiftable_clock(shiftable_clocks);
+            let fabric = fabric.clone();
+            async move {
+                match fabric {
+                    Some(fabric) => builder.try_start_ensemble_in(fabric).await,
+                    None => builder.try_start_ensemble(3).await,
+                }
+            }
         });
         let pg = optional(any(Needs::Postgres), || {
             PostgresServer::builder()
@@ -331,7 +367,15 @@ impl Servers {
         });
         let sentinels = optional(any(Needs::Sentinel), RedisSentinels::try_start);
         let etcd = optional(any(Needs::Etcd), EtcdServer::try_start);
-        let etcd_cluster = optional(any(Needs::EtcdCluster), || EtcdCluster::try_start(3));
+        let etcd_cluster = optional(any(Needs::EtcdCluster), || {
+            let fabric = fabric.clone();
+            async move {
+                match fabric {
+                    Some(fabric) => EtcdCluster::try_start_in(fabric).await,
+                    None => EtcdCluster::try_start(3).await,
+                }
+            }
+        });
         let (
             (redis, redis_aof, zk, zk_ensemble, pg, my, cluster, sentinels, etcd, etcd_cluster),
             cluster_replicas,
@@ -364,6 +408,7 @@ impl Servers {
             sentinels: sentinels?.map(Box::new),
             etcd: etcd?,
             etcd_cluster: etcd_cluster?,
+            fabric,
             sqlite_dir: tempfile::tempdir().map_err(|e| ServerError::Io {
                 what: "create a temporary directory for SQLite".into(),
                 source: e,

@@ -9,15 +9,17 @@
 //! election timeouts).
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::netns::Fabric;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
     retry_on_taken_port,
@@ -50,6 +52,8 @@ const CTL_TIMEOUT: Duration = Duration::from_secs(10);
 /// directory (etcd persists its write-ahead log there, so data survives).
 pub struct EtcdServer {
     port: u16,
+    /// 127.0.0.1, or the address of its network namespace.
+    host: Ipv4Addr,
     peer_port: u16,
     /// Where `/health` answers in plain HTTP, whether or not the client
     /// port speaks TLS.
@@ -76,7 +80,7 @@ impl EtcdServer {
     /// `127.0.0.1:PORT`, the client endpoint, as `etcdctl --endpoints`
     /// takes it.
     pub fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
     }
 
     /// Runs `etcdctl --endpoints <this server> ARGS…` (API v3) and returns
@@ -116,26 +120,34 @@ impl EtcdServer {
         format!("etcd {} on {}", self.name, self.endpoint())
     }
 
-    /// `n` members of one cluster, on fresh ports, not started yet.
-    fn members(binary: &Path, n: usize) -> Result<Vec<EtcdServer>, ServerError> {
+    /// `n` members of one cluster, on fresh ports, not started yet; member
+    /// `i` in namespace `i` of `fabric` if there is one.
+    fn members(
+        binary: &Path,
+        n: usize,
+        fabric: Option<&Arc<Fabric>>,
+    ) -> Result<Vec<EtcdServer>, ServerError> {
+        let host = |i: usize| fabric.map_or(Ipv4Addr::LOCALHOST, |fabric| fabric.ip(i));
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let cluster = ports
             .iter()
             .enumerate()
-            .map(|(i, (_, peer))| format!("n{}=http://127.0.0.1:{peer}", i + 1))
+            .map(|(i, (_, peer))| format!("n{}=http://{}:{peer}", i + 1, host(i)))
             .collect::<Vec<_>>()
             .join(",");
         let mut servers = Vec::with_capacity(n);
         for (i, (port, peer_port)) in ports.into_iter().enumerate() {
             servers.push(EtcdServer {
                 port,
+                host: host(i),
                 peer_port,
                 metrics_port: free_port(),
                 tls: None,
                 name: format!("n{}", i + 1),
                 cluster: cluster.clone(),
                 binary: binary.to_path_buf(),
-                process: ProcessSlot::default(),
+                process: ProcessSlot::default()
+                    .with_netns(fabric.map(|fabric| (fabric.clone(), i))),
                 dir: memory_temp_dir("lockkit-etcd-", "etcd")?,
             });
         }
@@ -144,8 +156,8 @@ impl EtcdServer {
 
     fn etcd_args(&self) -> Vec<String> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let client = format!("{scheme}://127.0.0.1:{}", self.port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let client = format!("{scheme}://{}:{}", self.host, self.port);
+        let peer = format!("http://{}:{}", self.host, self.peer_port);
         let data = self.dir.path().join(DATA_DIR);
         let path = |p: &Path| p.to_string_lossy().into_owned();
         let mut tls = Vec::new();
@@ -194,7 +206,7 @@ impl EtcdServer {
                 .to_string_lossy()
                 .into_owned(),
             "--listen-metrics-urls".into(),
-            format!("http://127.0.0.1:{}", self.metrics_port),
+            format!("http://{}:{}", self.host, self.metrics_port),
         ];
         args.into_iter().chain(tls).collect()
     }
@@ -204,7 +216,7 @@ impl EtcdServer {
     async fn launch(&self) -> Result<(), ServerError> {
         let mut command = Command::new(&self.binary);
         command.args(self.etcd_args()).current_dir(self.dir.path());
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.metrics_port));
+        let addr = SocketAddr::from((self.host, self.metrics_port));
         let (log, output) = (
             self.dir.path().join(LOG_FILE),
             self.dir.path().join(OUTPUT_FILE),
@@ -262,7 +274,7 @@ impl EtcdServer {
     async fn start_single(tls: Option<EtcdServerTls>) -> Result<EtcdServer, ServerError> {
         let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
         retry_on_taken_port("etcd", || async {
-            let mut servers = EtcdServer::members(&binary, 1)?;
+            let mut servers = EtcdServer::members(&binary, 1, None)?;
             let mut server = servers.pop().expect("one member");
             server.tls = tls.clone();
             server.launch().await.map(|()| server)
@@ -298,10 +310,22 @@ impl EtcdCluster {
     ///
     /// When `n` is 0.
     pub async fn try_start(n: usize) -> Result<EtcdCluster, ServerError> {
+        Self::launch(n, None).await
+    }
+
+    /// Like [`try_start`](Self::try_start), with member `i` in namespace `i`
+    /// of `fabric` (one member per namespace), bound to that namespace's
+    /// address: [`Fabric::cut`] then parts members while the test still
+    /// reaches each.
+    pub async fn try_start_in(fabric: Arc<Fabric>) -> Result<EtcdCluster, ServerError> {
+        Self::launch(fabric.len(), Some(fabric)).await
+    }
+
+    async fn launch(n: usize, fabric: Option<Arc<Fabric>>) -> Result<EtcdCluster, ServerError> {
         assert!(n > 0, "an etcd cluster needs at least one member");
         let binary = resolve_binary(None, BINARY_ENV, "etcd", INSTALL_HINT)?;
         retry_on_taken_port("an etcd cluster", || async {
-            let servers = EtcdServer::members(&binary, n)?;
+            let servers = EtcdServer::members(&binary, n, fabric.as_ref())?;
             // Together: a member is healthy only once a quorum is up.
             let launched =
                 futures_util::future::join_all(servers.iter().map(EtcdServer::launch)).await;
@@ -374,7 +398,8 @@ impl crate::disposable::ServerGroup for EtcdCluster {
 one_process_server!(
     EtcdServer,
     start: EtcdServer::start_single(None),
-    url: |server| format!("etcd://127.0.0.1:{}", server.port),
+    url: |server| format!("etcd://{}", server.endpoint()),
+    host: |server| ::std::net::IpAddr::V4(server.host),
     debug: |server| {
         "peer_port" => &server.peer_port,
         "name" => &server.name,

@@ -14,7 +14,8 @@
 //! * Fault injection on them: pause (SIGSTOP), resume, kill, restart; a
 //!   wall clock that leaps ([`ServerClock`], on servers built with one); and
 //!   on the network between client and server, a [`TcpProxy`] that delays,
-//!   blackholes (partitions) and resets connections.
+//!   blackholes (partitions) and resets connections; between servers, a
+//!   [`Fabric`] of network namespaces whose links can be cut.
 //! * Client processes the same way: [`ServerProcess::spawn`] runs any
 //!   command (the fault suite's workers) dying with the test process, and
 //!   its [`pause`](ServerProcess::pause) freezes a *client* (SIGSTOP), the
@@ -38,6 +39,7 @@ mod curator_peer;
 mod disposable;
 mod etcd_server;
 mod mariadb_server;
+mod netns;
 mod poll;
 mod postgres_server;
 mod process;
@@ -61,6 +63,7 @@ pub use etcd_server::{EtcdCluster, EtcdServer, EtcdServerTls};
 pub use lockkit_conformance as conformance;
 pub use lockkit_conformance::{Probe, spawn_contenders};
 pub use mariadb_server::{MariaDbServer, MariaDbServerBuilder};
+pub use netns::Fabric;
 pub use poll::eventually;
 pub use postgres_server::{PostgresServer, PostgresServerBuilder};
 pub use process::{ClosedPort, ProcessSlot, ServerError, ServerProcess, free_port};

@@ -1,7 +1,7 @@
 //! The two traits every test server implements: [`TestServer`] (start it,
 //! find it) and [`FaultControl`] (pause, resume, kill and restart it).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use crate::clock::ServerClock;
@@ -86,12 +86,18 @@ pub trait TestServer: FaultControl + Sized + 'static {
         Self::try_start().await.unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// The TCP port on 127.0.0.1 (the same across restarts).
+    /// The TCP port (the same across restarts).
     fn port(&self) -> u16;
 
-    /// `127.0.0.1:PORT`.
+    /// The address the server binds: 127.0.0.1, or its network namespace's
+    /// (see [`Fabric`](crate::Fabric)).
+    fn host(&self) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    }
+
+    /// `HOST:PORT`.
     fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port()))
+        SocketAddr::new(self.host(), self.port())
     }
 
     /// A lockkit URL of this server with the default settings.
@@ -112,6 +118,7 @@ macro_rules! one_process_server {
         $server:ident,
         start: $start:expr,
         url: |$this:ident| $url:expr,
+        $(host: |$hosted:ident| $host:expr,)?
         debug: |$shown:ident| { $($field:literal => $value:expr),* $(,)? }
         $(, $kill:ident)? $(,)?
     ) => {
@@ -147,6 +154,13 @@ macro_rules! one_process_server {
             fn port(&self) -> u16 {
                 self.port
             }
+
+            $(
+                fn host(&self) -> ::std::net::IpAddr {
+                    let $hosted = self;
+                    $host
+                }
+            )?
 
             fn url(&self) -> String {
                 let $this = self;

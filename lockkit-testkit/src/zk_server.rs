@@ -8,9 +8,10 @@
 
 use std::fs;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -19,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use crate::clock::ServerClock;
+use crate::netns::Fabric;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, memory_temp_dir, resolve_binary,
     retry_on_taken_port, within,
@@ -139,6 +141,8 @@ enum Role {
 /// peers.
 pub struct ZkServer {
     port: u16,
+    /// 127.0.0.1, or the address of its network namespace.
+    host: Ipv4Addr,
     role: Role,
     launcher: Launcher,
     process: ProcessSlot,
@@ -199,7 +203,7 @@ impl ZkServerBuilder {
     pub async fn try_start(self) -> Result<ZkServer, ServerError> {
         let launcher = Launcher::new(&self.options)?;
         retry_on_taken_port("ZooKeeper", || async {
-            let server = ZkServer::create(launcher.clone(), Role::Standalone, free_port())?;
+            let server = ZkServer::create(launcher.clone(), Role::Standalone, free_port(), None)?;
             server.write_config(&[])?;
             server.launch().await.map(|()| server)
         })
@@ -230,7 +234,24 @@ impl ZkServerBuilder {
         assert!(n > 0, "a ZooKeeper ensemble needs at least one server");
         let launcher = Launcher::new(&self.options)?;
         retry_on_taken_port("a ZooKeeper ensemble", || {
-            ZkEnsemble::launch(launcher.clone(), n)
+            ZkEnsemble::launch(launcher.clone(), n, None)
+        })
+        .await
+    }
+
+    /// Like [`try_start_ensemble`](Self::try_start_ensemble), with member
+    /// `i` in namespace `i` of `fabric` (one member per namespace), bound to
+    /// that namespace's address: [`Fabric::cut`] then parts members while
+    /// the test still reaches each.
+    pub async fn try_start_ensemble_in(
+        self,
+        fabric: Arc<Fabric>,
+    ) -> Result<ZkEnsemble, ServerError> {
+        let n = fabric.len();
+        assert!(n > 0, "a ZooKeeper ensemble needs at least one server");
+        let launcher = Launcher::new(&self.options)?;
+        retry_on_taken_port("a ZooKeeper ensemble", || {
+            ZkEnsemble::launch(launcher.clone(), n, Some(fabric.clone()))
         })
         .await
     }
@@ -242,7 +263,13 @@ impl ZkServer {
         ZkServerBuilder::default()
     }
 
-    fn create(launcher: Launcher, role: Role, port: u16) -> Result<Self, ServerError> {
+    /// A server on `127.0.0.1`, or in namespace `i` of a fabric.
+    fn create(
+        launcher: Launcher,
+        role: Role,
+        port: u16,
+        netns: Option<(Arc<Fabric>, usize)>,
+    ) -> Result<Self, ServerError> {
         // ZooKeeper syncs its transaction log before it answers a write (a
         // session's creation included): on a disk the other tests keep
         // busy, a sync can outlast the conformance suite's 1 s timeouts.
@@ -251,11 +278,15 @@ impl ZkServer {
             .shiftable_clock
             .then(|| ServerClock::in_dir(dir.path()))
             .transpose()?;
+        let host = netns
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |(fabric, i)| fabric.ip(*i));
         let server = Self {
             port,
+            host,
             role,
             launcher,
-            process: ProcessSlot::default().with_clock(clock),
+            process: ProcessSlot::default().with_clock(clock).with_netns(netns),
             dir,
         };
         let data_dir = server.data_dir();
@@ -275,7 +306,7 @@ impl ZkServer {
             "tickTime=500".to_owned(),
             format!("dataDir={}", self.data_dir().display()),
             format!("clientPort={}", self.port),
-            "clientPortAddress=127.0.0.1".to_owned(),
+            format!("clientPortAddress={}", self.host),
             "minSessionTimeout=1000".to_owned(),
             "maxSessionTimeout=60000".to_owned(),
             "admin.enableServer=false".to_owned(),
@@ -405,22 +436,26 @@ impl ZkEnsemble {
         ZkServer::builder().try_start_ensemble(n).await
     }
 
-    async fn launch(launcher: Launcher, n: usize) -> Result<ZkEnsemble, ServerError> {
+    async fn launch(
+        launcher: Launcher,
+        n: usize,
+        fabric: Option<Arc<Fabric>>,
+    ) -> Result<ZkEnsemble, ServerError> {
         let mut servers = Vec::with_capacity(n);
         // A follower may take 10 ticks (5 s) to sync, and is dropped after
         // 5 ticks (2.5 s) without heartbeat.
         let mut peers = vec!["initLimit=10".to_owned(), "syncLimit=5".to_owned()];
         for id in 1..=n {
-            servers.push(ZkServer::create(
-                launcher.clone(),
-                Role::Member { id },
-                free_port(),
-            )?);
+            let netns = fabric.as_ref().map(|fabric| (fabric.clone(), id - 1));
+            let server =
+                ZkServer::create(launcher.clone(), Role::Member { id }, free_port(), netns)?;
             peers.push(format!(
-                "server.{id}=127.0.0.1:{}:{}",
+                "server.{id}={}:{}:{}",
+                server.host,
                 free_port(),
                 free_port()
             ));
+            servers.push(server);
         }
         if n == 1 {
             // Otherwise a lone server runs standalone despite its server.1 line.
@@ -592,6 +627,7 @@ one_process_server!(
     ZkServer,
     start: Self::builder().try_start(),
     url: |server| server.url_at("lockkit"),
+    host: |server| ::std::net::IpAddr::V4(server.host),
     debug: |server| {
         "role" => &server.role,
         "java" => &server.launcher.java,

@@ -275,8 +275,9 @@ async fn unreachable_ensemble_is_unavailable() {
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
+    // Refused, not hung (the timeout is 1 s; a loaded machine may be slow).
     assert!(
-        start.elapsed() < Duration::from_secs(2),
+        start.elapsed() < Duration::from_secs(10),
         "{:?}",
         start.elapsed()
     );

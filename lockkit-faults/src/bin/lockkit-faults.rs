@@ -9,6 +9,7 @@
 //! claims fencing accepted a stale write. `soak`: 0 when the soak passed
 //! (see `lockkit_faults::soak`). Otherwise 1; 2 on bad arguments.
 
+use futures_util::StreamExt as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -141,6 +142,10 @@ struct RunArgs {
     /// the check and the write: the worst case, where only fencing helps.
     #[arg(long)]
     careful: bool,
+    /// Runs at once (each on its own servers); the report keeps their
+    /// order. 1 by default: runs in parallel share the machine's cores.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    jobs: u32,
 }
 
 #[derive(clap::Args, Debug)]
@@ -363,15 +368,28 @@ async fn run_soak(args: SoakArgs) -> ExitCode {
     }
 }
 
-/// Runs the short form leaves out, as another deployment's run covers them:
-/// a paused holder on Redis Cluster with replicas is the same as on the
-/// cluster without (the full suite runs both).
+/// Runs the short form leaves out, as another deployment's run covers them
+/// (the full suite runs them all): a frozen holder on Redis Cluster with
+/// replicas, on Sentinel with `wait_replicas`, on a ZooKeeper ensemble or an
+/// etcd cluster is frozen the same way as on the deployment beside it (the
+/// fault is in the client); and the SQL `row` modes share the session
+/// machinery of `advisory` (PostgreSQL) and `named` (MariaDB) for faults of
+/// the holder, so only the servers' faults run on both.
 fn repeats_in_short(backend: Deployment, scenario: Scenario) -> bool {
-    scenario == Scenario::HolderPaused
-        && matches!(
+    match scenario {
+        Scenario::HolderPaused => matches!(
             backend,
-            Deployment::RedisClusterReplicas | Deployment::RedisClusterReplicasWait
-        )
+            Deployment::RedisClusterReplicas
+                | Deployment::RedisClusterReplicasWait
+                | Deployment::RedisSentinelWait
+                | Deployment::ZkEnsemble
+                | Deployment::EtcdCluster
+                | Deployment::PgRow
+                | Deployment::MariaDbRow
+        ),
+        Scenario::HolderKilled => matches!(backend, Deployment::PgRow | Deployment::MariaDbRow),
+        _ => false,
+    }
 }
 
 async fn run_suite(args: RunArgs) -> ExitCode {
@@ -434,34 +452,39 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         careful: args.careful,
         stores: Some(stores),
     };
-    let mut results: Vec<RunResult> = Vec::new();
+    // Every run, in report order: a second run of the same scenario with a
+    // lock delay where it is compared.
+    let mut planned = Vec::new();
     for backend in backends {
         for &scenario in scenarios_for(backend) {
-            if args.short && repeats_in_short(backend, scenario) {
+            if (args.short && repeats_in_short(backend, scenario)) || !scenarios.contains(&scenario)
+            {
                 continue;
             }
-            if !scenarios.contains(&scenario) {
-                continue;
-            }
-            // The same run again with a lock delay, where it is compared.
             let delays =
                 std::iter::once(None).chain(scenario.compared_lock_delay(backend, lease).map(Some));
-            for lock_delay in delays {
-                let result = run(backend, scenario, lock_delay, &settings).await;
-                tracing::info!(
-                    "{}: {:?}{}",
-                    result.slug(),
-                    result.outcome,
-                    result
-                        .error
-                        .as_deref()
-                        .map(|e| format!(" ERROR {e}"))
-                        .unwrap_or_default()
-                );
-                results.push(result);
-            }
+            planned.extend(delays.map(|lock_delay| (backend, scenario, lock_delay)));
         }
     }
+    let settings = &settings;
+    let results: Vec<RunResult> = futures_util::stream::iter(planned)
+        .map(|(backend, scenario, lock_delay)| async move {
+            let result = run(backend, scenario, lock_delay, settings).await;
+            tracing::info!(
+                "{}: {:?}{}",
+                result.slug(),
+                result.outcome,
+                result
+                    .error
+                    .as_deref()
+                    .map(|e| format!(" ERROR {e}"))
+                    .unwrap_or_default()
+            );
+            result
+        })
+        .buffered(args.jobs as usize)
+        .collect()
+        .await;
     let table = report::table(&results, None);
     let _ = std::io::stdout().write_all(table.as_bytes());
     let mut problems = report::problems(&results);
@@ -474,7 +497,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         problems.push(format!("processes left behind: {leftovers:?}"));
     }
     let command = lockkit_testkit::stamp::this_command();
-    if let Err(e) = report::write(&args.out, &results, &settings, &command, &problems) {
+    if let Err(e) = report::write(&args.out, &results, settings, &command, &problems) {
         tracing::error!("cannot write the report into {}: {e}", args.out.display());
         return ExitCode::FAILURE;
     }

@@ -127,17 +127,13 @@ pub(crate) async fn killed_holder<S: SqlServer>(mode: Mode) {
     let guard = a.acquire(&name, &opts()).await.unwrap();
     let lost = guard.lost();
     server.revoke(mode, &name).await;
-    let killed = Instant::now();
+    // Within a wait well inside the holder's 30 s lease: the server freed
+    // the lock when it killed the holder, not when the lease ran out.
     let taken = b
-        .acquire(&name, &opts().wait_for(Duration::from_secs(2)))
+        .acquire(&name, &opts().wait_for(Duration::from_secs(15)))
         .await
         .expect("the server frees a killed holder's lock");
-    assert!(
-        killed.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        killed.elapsed()
-    );
-    let reason = tokio::time::timeout(Duration::from_secs(2), lost)
+    let reason = tokio::time::timeout(Duration::from_secs(20), lost)
         .await
         .expect("the liveness check notices the killed connection");
     assert_eq!(reason, LostReason::ConnectionLost);
@@ -298,7 +294,8 @@ pub(crate) async fn connection_failures_are_typed<S: SqlServer>(
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
-    assert!(start.elapsed() < Duration::from_secs(2));
+    // Refused, not hung (the timeout is 1 s; a loaded machine may be slow).
+    assert!(start.elapsed() < Duration::from_secs(10));
 }
 
 /// A client that connects (and so checks the schema) while another holds a
@@ -309,15 +306,11 @@ pub(crate) async fn connects_while_held<S: SqlServer>(mode: Mode) {
     let server = S::start().await;
     let holder = connect(&server, mode).await.expect("the holder connects");
     let guard = holder.acquire("busy", &opts()).await.expect("acquire");
-    let started = Instant::now();
+    // Had it waited for the holder (who holds on), it would have failed at
+    // its connect timeout.
     let late = connect(&server, mode)
         .await
         .expect("a client connects while a lock is held");
-    assert!(
-        started.elapsed() < CONNECT_TIMEOUT,
-        "connecting took {:?}: it waited for the holder",
-        started.elapsed()
-    );
     assert!(late.try_acquire("busy", &opts()).await.unwrap().is_none());
     let other = late.try_acquire("free", &opts()).await.unwrap();
     other

@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::process::{ServerError, create_shared_dir, default_templates_root, find_binary};
+use crate::process::{
+    ServerError, copy_setting, create_shared_dir, default_templates_root, find_binary,
+};
 
 /// The library's source.
 const SOURCE: &str = include_str!("shift.c");
@@ -82,15 +84,7 @@ impl ServerClock {
         let library = library()?;
         let mut wrapped = Command::new(command.get_program());
         wrapped.args(command.get_args());
-        for (key, value) in command.get_envs() {
-            match value {
-                Some(value) => wrapped.env(key, value),
-                None => wrapped.env_remove(key),
-            };
-        }
-        if let Some(dir) = command.get_current_dir() {
-            wrapped.current_dir(dir);
-        }
+        copy_setting(command, &mut wrapped);
         let mut preload = OsString::from(library);
         if let Some(other) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
             preload.push(":");

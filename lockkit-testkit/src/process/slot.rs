@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::clock::ServerClock;
+use crate::netns::Fabric;
+use std::sync::Arc;
 
 /// How long [`ServerProcess::pause`] waits for every thread to stop.
 pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -49,6 +51,8 @@ pub struct ProcessSlot {
     options: SpawnOptions,
     /// The wall clock every process of this slot runs with, if it can be moved.
     clock: Option<ServerClock>,
+    /// The network namespace its processes run in, if not the test's.
+    netns: Option<(Arc<Fabric>, usize)>,
 }
 
 impl ProcessSlot {
@@ -58,7 +62,14 @@ impl ProcessSlot {
             state: Mutex::default(),
             options,
             clock: None,
+            netns: None,
         }
+    }
+
+    /// The same slot, whose processes run in namespace `index` of `fabric`.
+    pub(crate) fn with_netns(mut self, netns: Option<(Arc<Fabric>, usize)>) -> Self {
+        self.netns = netns;
+        self
     }
 
     /// The same slot, whose processes run with `clock` (see [`ServerClock`]).
@@ -132,6 +143,14 @@ impl ProcessSlot {
             Some(clock) => {
                 shifted = clock.wrap(command)?;
                 &shifted
+            }
+            None => command,
+        };
+        let entered;
+        let command = match &self.netns {
+            Some((fabric, index)) => {
+                entered = fabric.enter(*index, command);
+                &entered
             }
             None => command,
         };

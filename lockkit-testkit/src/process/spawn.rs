@@ -361,16 +361,21 @@ pub(crate) fn wrap(
         .stdout(output)
         .stderr(output_too)
         .process_group(0);
-    for (key, value) in command.get_envs() {
+    copy_setting(command, &mut wrapped);
+    Ok(wrapped)
+}
+
+/// Gives `to` the environment changes and working directory of `from`.
+pub(crate) fn copy_setting(from: &Command, to: &mut Command) {
+    for (key, value) in from.get_envs() {
         match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
+            Some(value) => to.env(key, value),
+            None => to.env_remove(key),
         };
     }
-    if let Some(dir) = command.get_current_dir() {
-        wrapped.current_dir(dir);
+    if let Some(dir) = from.get_current_dir() {
+        to.current_dir(dir);
     }
-    Ok(wrapped)
 }
 
 pub(crate) fn request(
