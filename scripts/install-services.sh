@@ -28,6 +28,10 @@
 #   etcd-client    etcdctl, for the etcd backend's interop tests
 #   protobuf-compiler, libprotobuf-dev  protoc and the well-known types, which
 #                  the etcd-client crate needs to build
+#   gcc            `cc`, which builds lockkit-testkit's clock library (the
+#                  fault suite's clock-jump; Rust links with it too)
+#   iproute2       `ip`, for the network namespaces of the server-partition
+#                  scenario (lockkit-testkit's Fabric; needs root)
 set -euo pipefail
 
 # The newest /usr/lib/postgresql/<version>/bin that has initdb, if any.
@@ -61,6 +65,8 @@ command -v etcdctl >/dev/null 2>&1 || need_apt+=(etcd-client)
 # and the well-known types.
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 
 if ((${#need_apt[@]})); then
     echo "install-services: installing ${need_apt[*]} from Debian's packages" >&2

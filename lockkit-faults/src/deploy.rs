@@ -171,6 +171,55 @@ impl Testbed {
         clock.set_offset_ms(ms).map_err(server_error)
     }
 
+    /// Whether this is a Redis Sentinel deployment.
+    pub fn is_sentinel(&self) -> bool {
+        matches!(
+            self.deployment,
+            Deployment::RedisSentinel | Deployment::RedisSentinelWait
+        )
+    }
+
+    /// Waits until the sentinels name a master other than the one started
+    /// as the master, and it serves as one.
+    pub async fn wait_for_promotion(&self, timeout: Duration) -> Result<(), String> {
+        let old = self.sentinels()?.master().addr();
+        if self.wait_for_failover(old, timeout).await? {
+            Ok(())
+        } else {
+            Err(format!(
+                "the sentinels promoted no replica within {timeout:?}"
+            ))
+        }
+    }
+
+    /// After a partition that promoted the replica: waits until the old
+    /// master (back in touch) is the new master's replica, as the sentinels
+    /// make it; tells it so itself if they have not within `timeout`.
+    pub async fn demote_old_master(&self, timeout: Duration) -> Result<(), String> {
+        let old = self.sentinels()?.master();
+        if old.wait_for_role("slave", timeout).await {
+            return Ok(());
+        }
+        let master = self
+            .sentinels()?
+            .current_master_addr()
+            .await
+            .ok_or("no sentinel names a master")?;
+        let reply = old
+            .command(&[
+                "REPLICAOF",
+                &master.ip().to_string(),
+                &master.port().to_string(),
+            ])
+            .await
+            .map_err(|e| format!("REPLICAOF on the old master: {e}"))?;
+        if reply.starts_with("OK") {
+            Ok(())
+        } else {
+            Err(format!("REPLICAOF on the old master: {reply}"))
+        }
+    }
+
     /// Cuts (`true`) or heals every link between server `index` and the
     /// other servers; the workers still reach it.
     pub fn cut_servers(&self, index: usize, on: bool) -> Result<(), String> {
@@ -336,6 +385,13 @@ impl Testbed {
         }
     }
 
+    /// The Sentinel deployment's replication proxy.
+    fn replication_proxy(&self) -> Result<&TcpProxy, String> {
+        self.sentinels()?
+            .replication_proxy()
+            .ok_or_else(|| format!("{} replicates without a proxy", self.deployment))
+    }
+
     /// Checks that the replica still replicates through the proxy (the
     /// sentinels may re-point it at the master's own address).
     async fn check_replication_path(&self) -> Result<(), String> {
@@ -345,7 +401,7 @@ impl Testbed {
             .command(&["INFO", "replication"])
             .await
             .map_err(|e| format!("INFO of the replica: {e}"))?;
-        let port = sentinels.replication_proxy().port().to_string();
+        let port = self.replication_proxy()?.port().to_string();
         let through_proxy = info
             .lines()
             .any(|line| line.trim().strip_prefix("master_port:") == Some(port.as_str()));
@@ -390,13 +446,13 @@ impl Testbed {
 
     /// Blackholes (`true`) or heals the replica's replication link.
     fn cut_replication(&self, on: bool) -> Result<(), String> {
-        self.sentinels()?.replication_proxy().blackhole(on);
+        self.replication_proxy()?.blackhole(on);
         Ok(())
     }
 
     /// Drops the replication link's connections (and what a blackhole held).
     fn reset_replication(&self) -> Result<(), String> {
-        self.sentinels()?.replication_proxy().reset_connections();
+        self.replication_proxy()?.reset_connections();
         Ok(())
     }
 

@@ -49,8 +49,11 @@ pub enum Scenario {
     /// leaps. Servers whose clock can be moved (see
     /// `lockkit_testkit::ServerClock`): Redis, ZooKeeper, PostgreSQL, MariaDB.
     ClockJump,
-    /// A ZooKeeper ensemble or etcd cluster whose members run in network
-    /// namespaces: the
+    /// Servers in network namespaces of the suite's making, cut off from
+    /// each other while the workers still reach them. Redis Sentinel: the
+    /// master is cut off from its replica and the sentinels until the
+    /// replica is promoted, and two leases more. A ZooKeeper ensemble or an
+    /// etcd cluster: the
     /// holder is cut off (its proxies blackhole) from every member but the
     /// leader, then the leader is cut off from the other members for 2.5
     /// leases while the holder still reaches it, then both are healed.
@@ -392,6 +395,27 @@ impl Scenario {
                 let all: Vec<usize> = (0..stage.deployment.server_count()).collect();
                 stage.clock_jump(&all, "server").await?;
             }
+            Scenario::ServerPartition if stage.deployment.is_sentinel() => {
+                // The master (namespace 0) cut off from its replica and the
+                // sentinels, while the workers still reach it and write to
+                // it; the sentinels promote the replica.
+                stage.holder().await?;
+                let start = stage.resource.now();
+                stage.deployment.cut_servers(0, true)?;
+                let promoted = stage.deployment.wait_for_promotion(FAILOVER_TIMEOUT).await;
+                if promoted.is_ok() {
+                    tokio::time::sleep(scaled(lease, 2.0)).await;
+                }
+                stage.deployment.cut_servers(0, false)?;
+                stage.fault(
+                    "master cut off from its replica and the sentinels, the replica promoted",
+                    start,
+                );
+                promoted?;
+                // Healed, the old master becomes the new one's replica, and
+                // grants that wait for a replica can be acknowledged again.
+                stage.deployment.demote_old_master(FAILOVER_TIMEOUT).await?;
+            }
             Scenario::ServerPartition => {
                 let holder = stage.holder().await?;
                 let leader = stage
@@ -500,10 +524,12 @@ pub fn scenarios_for(deployment: Deployment) -> &'static [Scenario] {
         // from the servers, so a per-worker proxy cannot sit in between:
         // no partition scenario for them.
         Deployment::RedisCluster => &[HolderPaused, HolderKilled, ServerKilled],
-        Deployment::RedisSentinel
-        | Deployment::RedisSentinelWait
-        | Deployment::RedisClusterReplicas
-        | Deployment::RedisClusterReplicasWait => &[HolderPaused, Failover],
+        Deployment::RedisSentinel | Deployment::RedisSentinelWait => {
+            &[HolderPaused, ServerPartition, Failover]
+        }
+        Deployment::RedisClusterReplicas | Deployment::RedisClusterReplicasWait => {
+            &[HolderPaused, Failover]
+        }
         Deployment::EtcdCluster => &[
             HolderPaused,
             Partition,

@@ -366,7 +366,10 @@ async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
     // before the second grant.
     let unrenewed = opts().auto_renew(false);
 
-    deployment.replication_proxy().blackhole(true);
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .blackhole(true);
     refused_unseen(waiting.try_acquire(name, &unrenewed).await);
     let held = take(&first, name, &unrenewed).await;
     assert_eq!(
@@ -382,8 +385,14 @@ async fn failover_before_replication_grants_the_lock_twice_unless_waiting() {
     let old = deployment.master().addr();
     deployment.master().kill();
     // Drop what the blackhole held, so the replica never gets the grant.
-    deployment.replication_proxy().reset_connections();
-    deployment.replication_proxy().blackhole(false);
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .reset_connections();
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .blackhole(false);
     wait_for_promotion(&deployment, old).await;
     // The promoted replica never had the first grant.
     let taken = acquire_once_reachable(&second, name, &unrenewed).await;
@@ -442,7 +451,10 @@ async fn wait_for_replicas_fails_cleanly_without_replication() {
         .await
         .unwrap();
 
-    deployment.replication_proxy().blackhole(true);
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .blackhole(true);
     renewal_is_not_acknowledged(&renewed).await;
     let started = Instant::now();
     let err = waiting
@@ -487,7 +499,10 @@ async fn wait_for_replicas_fails_cleanly_without_replication() {
         .unwrap_err();
     assert!(matches!(err, LockError::Unavailable { .. }), "{err}");
 
-    deployment.replication_proxy().blackhole(false);
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .blackhole(false);
     assert!(
         eventually(Duration::from_secs(10), || async {
             match waiting.try_acquire("cut-off", &opts()).await {

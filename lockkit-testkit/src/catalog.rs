@@ -273,9 +273,10 @@ pub struct StartOptions {
     /// The Redis, ZooKeeper, PostgreSQL and MariaDB servers run with a wall
     /// clock that a test can move ([`FaultControl::clock`]).
     pub shiftable_clocks: bool,
-    /// The members of a ZooKeeper ensemble or of an etcd cluster run in
-    /// network namespaces of their own ([`Servers::fabric`]), so that a test
-    /// can cut them off from each other (needs root). Not both in one start.
+    /// The members of a ZooKeeper ensemble or of an etcd cluster, or the
+    /// servers and sentinels of a Sentinel deployment, run in network
+    /// namespaces of their own ([`Servers::fabric`]), so that a test can cut
+    /// them off from each other (needs root). One such deployment a start.
     pub namespaces: bool,
 }
 
@@ -309,6 +310,9 @@ impl Servers {
         let in_namespaces = |n: Needs| namespaces && deployments.iter().any(|d| d.needs() == n);
         let fabric = if in_namespaces(Needs::ZkEnsemble) || in_namespaces(Needs::EtcdCluster) {
             Some(Arc::new(Fabric::create(3)?))
+        } else if in_namespaces(Needs::Sentinel) {
+            // The master, the replica and three sentinels.
+            Some(Arc::new(Fabric::create(5)?))
         } else {
             None
         };
@@ -365,7 +369,15 @@ impl Servers {
         let cluster_replicas = optional(any(Needs::ClusterReplicas), || {
             RedisCluster::try_start_with_replicas(3)
         });
-        let sentinels = optional(any(Needs::Sentinel), RedisSentinels::try_start);
+        let sentinels = optional(any(Needs::Sentinel), || {
+            let fabric = fabric.clone();
+            async move {
+                match fabric {
+                    Some(fabric) => RedisSentinels::try_start_in(fabric).await,
+                    None => RedisSentinels::try_start().await,
+                }
+            }
+        });
         let etcd = optional(any(Needs::Etcd), EtcdServer::try_start);
         let etcd_cluster = optional(any(Needs::EtcdCluster), || {
             let fabric = fabric.clone();

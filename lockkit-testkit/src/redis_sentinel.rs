@@ -6,11 +6,13 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
 use tokio::time::Instant;
 
+use crate::netns::Fabric;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
 };
@@ -76,7 +78,8 @@ pub struct RedisSentinels {
     // fails over while the servers go.
     sentinels: Vec<RedisSentinel>,
     replica: RedisServer,
-    proxy: TcpProxy,
+    /// The replication proxy (none when the servers run in namespaces).
+    proxy: Option<TcpProxy>,
     master: RedisServer,
     master_name: String,
 }
@@ -87,7 +90,10 @@ impl fmt::Debug for RedisSentinels {
             .field("master_name", &self.master_name)
             .field("master", &self.master.addr())
             .field("replica", &self.replica.addr())
-            .field("replication_proxy", &self.proxy.addr())
+            .field(
+                "replication_proxy",
+                &self.proxy.as_ref().map(TcpProxy::addr),
+            )
             .field("sentinels", &self.sentinel_ports())
             .finish()
     }
@@ -107,15 +113,44 @@ impl RedisSentinels {
 
     /// Like [`start`](Self::start), but returns the error.
     pub async fn try_start() -> Result<RedisSentinels, ServerError> {
-        let master = member(&[]).try_start().await?;
-        let proxy = TcpProxy::start(master.addr())
-            .await
-            .map_err(|source| ServerError::Io {
-                what: "start the replication proxy".into(),
-                source,
-            })?;
-        let port = proxy.port().to_string();
-        let replica = member(&["--replicaof", "127.0.0.1", &port])
+        Self::launch(None).await
+    }
+
+    /// Like [`try_start`](Self::try_start), with every server in a network
+    /// namespace of `fabric` (which needs five): the master in namespace 0,
+    /// the replica in 1, the sentinels in 2 to 4, each bound to its
+    /// namespace's address, and the replica replicating straight from the
+    /// master (no [`replication_proxy`](Self::replication_proxy)).
+    /// [`Fabric::isolate`] then cuts the master off from the others while
+    /// the test's clients still reach it.
+    pub async fn try_start_in(fabric: Arc<Fabric>) -> Result<RedisSentinels, ServerError> {
+        assert!(
+            fabric.len() >= 2 + SENTINELS,
+            "a sentinel deployment needs {} namespaces",
+            2 + SENTINELS
+        );
+        Self::launch(Some(fabric)).await
+    }
+
+    async fn launch(fabric: Option<Arc<Fabric>>) -> Result<RedisSentinels, ServerError> {
+        let place = |i: usize| fabric.as_ref().map(|fabric| (fabric.clone(), i));
+        let master = member(&[], place(0)).try_start().await?;
+        let (proxy, upstream) = match &fabric {
+            Some(_) => (None, master.addr()),
+            None => {
+                let proxy =
+                    TcpProxy::start(master.addr())
+                        .await
+                        .map_err(|source| ServerError::Io {
+                            what: "start the replication proxy".into(),
+                            source,
+                        })?;
+                let addr = proxy.addr();
+                (Some(proxy), addr)
+            }
+        };
+        let (ip, port) = (upstream.ip().to_string(), upstream.port().to_string());
+        let replica = member(&["--replicaof", &ip, &port], place(1))
             .try_start()
             .await?;
         let deadline = Instant::now() + READY_DEADLINE;
@@ -127,8 +162,9 @@ impl RedisSentinels {
         })
         .await?;
         let mut sentinels = Vec::with_capacity(SENTINELS);
-        for _ in 0..SENTINELS {
-            sentinels.push(RedisSentinel::try_start(MASTER_NAME, master.port()).await?);
+        for i in 0..SENTINELS {
+            sentinels
+                .push(RedisSentinel::try_start(MASTER_NAME, master.addr(), place(2 + i)).await?);
         }
         let deployment = RedisSentinels {
             sentinels,
@@ -174,9 +210,10 @@ impl RedisSentinels {
         &self.replica
     }
 
-    /// The proxy the replica replicates through (pointing at the master).
-    pub fn replication_proxy(&self) -> &TcpProxy {
-        &self.proxy
+    /// The proxy the replica replicates through (pointing at the master);
+    /// `None` when the servers run in namespaces.
+    pub fn replication_proxy(&self) -> Option<&TcpProxy> {
+        self.proxy.as_ref()
     }
 
     /// The sentinels (each with pause, resume, kill and restart).
@@ -194,12 +231,13 @@ impl RedisSentinels {
         &self.master_name
     }
 
-    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/<master name>`.
+    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/<master name>`
+    /// (the sentinels' namespace addresses when they run in namespaces).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
-            .sentinel_ports()
+            .sentinels
             .iter()
-            .map(|port| format!("127.0.0.1:{port}"))
+            .map(|sentinel| sentinel.addr().to_string())
             .collect();
         format!("redis+sentinel://{}/{}", hosts.join(","), self.master_name)
     }
@@ -342,15 +380,23 @@ impl LogTail for RedisSentinel {
 /// A server of the deployment, started with `args`: announced on loopback,
 /// and with no 5 s pause before a full sync (the default for diskless
 /// syncs).
-fn member(args: &[&str]) -> crate::RedisServerBuilder {
+fn member(args: &[&str], netns: Option<(Arc<Fabric>, usize)>) -> crate::RedisServerBuilder {
+    let host = netns
+        .as_ref()
+        .map_or(Ipv4Addr::LOCALHOST, |(fabric, i)| fabric.ip(*i))
+        .to_string();
     let member = [
         "--repl-diskless-sync-delay",
         "0",
         "--replica-announce-ip",
-        "127.0.0.1",
+        &host,
     ];
     let args = args.iter().chain(&member);
-    args.fold(RedisServer::builder(), |builder, arg| builder.arg(arg))
+    let builder = args.fold(RedisServer::builder(), |builder, arg| builder.arg(arg));
+    match netns {
+        Some((fabric, i)) => builder.in_namespace(fabric, i),
+        None => builder,
+    }
 }
 
 /// One Redis Sentinel (`redis-server CONFIG --sentinel`) on a free loopback
@@ -360,43 +406,56 @@ fn member(args: &[&str]) -> crate::RedisServerBuilder {
 #[derive(Debug)]
 pub struct RedisSentinel {
     port: u16,
+    /// 127.0.0.1, or the address of its network namespace.
+    host: Ipv4Addr,
     binary: PathBuf,
     process: ProcessSlot,
     dir: TempDir,
 }
 
 impl RedisSentinel {
-    /// Starts a sentinel that monitors the master on `127.0.0.1:master_port`
-    /// as `master_name`.
-    async fn try_start(master_name: &str, master_port: u16) -> Result<RedisSentinel, ServerError> {
+    /// Starts a sentinel that monitors the master at `master` as
+    /// `master_name` (in namespace `netns`, if given).
+    async fn try_start(
+        master_name: &str,
+        master: SocketAddr,
+        netns: Option<(Arc<Fabric>, usize)>,
+    ) -> Result<RedisSentinel, ServerError> {
         let binary = resolve_binary(None, BINARY_ENV, "redis-server", INSTALL_HINT)?;
         retry_on_taken_port("redis sentinel", || async {
             let sentinel = RedisSentinel {
                 port: free_port(),
+                host: netns
+                    .as_ref()
+                    .map_or(Ipv4Addr::LOCALHOST, |(fabric, i)| fabric.ip(*i)),
                 binary: binary.clone(),
-                process: ProcessSlot::default(),
+                process: ProcessSlot::default().with_netns(netns.clone()),
                 dir: temp_dir("lockkit-sentinel-", "redis sentinel")?,
             };
-            sentinel.write_config(master_name, master_port)?;
+            sentinel.write_config(master_name, master)?;
             sentinel.launch().await.map(|()| sentinel)
         })
         .await
     }
 
-    fn write_config(&self, master_name: &str, master_port: u16) -> Result<(), ServerError> {
+    fn write_config(&self, master_name: &str, master: SocketAddr) -> Result<(), ServerError> {
         let dir = self.dir.path();
         let config = format!(
             "port {port}\n\
-             bind 127.0.0.1\n\
+             bind {host}\n\
+             protected-mode no\n\
              daemonize no\n\
              dir {dir}\n\
              logfile {log}\n\
-             sentinel announce-ip 127.0.0.1\n\
-             sentinel monitor {master_name} 127.0.0.1 {master_port} {QUORUM}\n\
+             sentinel announce-ip {host}\n\
+             sentinel monitor {master_name} {master_ip} {master_port} {QUORUM}\n\
              sentinel down-after-milliseconds {master_name} {DOWN_AFTER_MS}\n\
              sentinel failover-timeout {master_name} {FAILOVER_TIMEOUT_MS}\n\
              sentinel parallel-syncs {master_name} 1\n",
             port = self.port,
+            host = self.host,
+            master_ip = master.ip(),
+            master_port = master.port(),
             dir = dir.display(),
             log = dir.join(LOG_FILE).display(),
         );
@@ -411,9 +470,9 @@ impl RedisSentinel {
         self.port
     }
 
-    /// `127.0.0.1:PORT`.
+    /// `HOST:PORT` (127.0.0.1, or its namespace's address).
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        SocketAddr::from((self.host, self.port))
     }
 
     /// The last `lines` lines of the sentinel's log (and of its output).

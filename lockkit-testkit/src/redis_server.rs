@@ -2,13 +2,16 @@
 
 use std::fmt;
 use std::io;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
 
 use crate::clock::ServerClock;
+use crate::netns::Fabric;
 use crate::process::{
     ProcessSlot, Readiness, ServerError, free_port, resolve_binary, retry_on_taken_port, temp_dir,
 };
@@ -30,6 +33,8 @@ struct Options {
     args: Vec<String>,
     binary: Option<PathBuf>,
     shiftable_clock: bool,
+    /// The namespace it runs in, if not the test's.
+    netns: Option<(Arc<Fabric>, usize)>,
 }
 
 impl fmt::Debug for Options {
@@ -40,6 +45,10 @@ impl fmt::Debug for Options {
             .field("extra_args", &self.args.len())
             .field("binary", &self.binary)
             .field("shiftable_clock", &self.shiftable_clock)
+            .field(
+                "netns",
+                &self.netns.as_ref().map(|(fabric, i)| fabric.ip(*i)),
+            )
             .finish()
     }
 }
@@ -55,6 +64,8 @@ impl fmt::Debug for Options {
 /// The `Debug` output never contains the password.
 pub struct RedisServer {
     port: u16,
+    /// 127.0.0.1, or the address of its network namespace.
+    host: Ipv4Addr,
     binary: PathBuf,
     options: Options,
     process: ProcessSlot,
@@ -105,6 +116,13 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Runs the server in namespace `index` of `fabric`, bound to that
+    /// namespace's address (see [`Fabric`]).
+    pub fn in_namespace(mut self, fabric: Arc<Fabric>, index: usize) -> Self {
+        self.options.netns = Some((fabric, index));
+        self
+    }
+
     /// Starts the server and waits until it answers `PING`.
     ///
     /// # Panics
@@ -128,12 +146,17 @@ impl RedisServerBuilder {
         retry_on_taken_port("redis-server", || async {
             let dir = temp_dir("lockkit-redis-", "redis-server")?;
             let clock = self.options.shiftable_clock;
+            let netns = self.options.netns.clone();
             let server = RedisServer {
                 port: free_port(),
+                host: netns
+                    .as_ref()
+                    .map_or(Ipv4Addr::LOCALHOST, |(fabric, i)| fabric.ip(*i)),
                 binary: binary.clone(),
                 options: self.options.clone(),
                 process: ProcessSlot::default()
-                    .with_clock(clock.then(|| ServerClock::in_dir(dir.path())).transpose()?),
+                    .with_clock(clock.then(|| ServerClock::in_dir(dir.path())).transpose()?)
+                    .with_netns(netns),
                 dir,
             };
             server.launch().await.map(|()| server)
@@ -223,7 +246,7 @@ impl RedisServer {
             "--port",
             &self.port.to_string(),
             "--bind",
-            "127.0.0.1",
+            &self.host.to_string(),
             "--save",
             "",
             "--daemonize",
@@ -236,6 +259,11 @@ impl RedisServer {
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
+        if self.options.netns.is_some() {
+            // Reached from the test's namespace, not over loopback, which
+            // protected mode would refuse without a password.
+            args.extend(["--protected-mode", "no"].map(String::from));
+        }
         if self.options.appendonly {
             args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
         } else {
@@ -292,12 +320,14 @@ one_process_server!(
     start: Self::builder().try_start(),
     url: |server| match &server.options.password {
         Some(password) => format!(
-            "redis://:{}@127.0.0.1:{}",
+            "redis://:{}@{}:{}",
             percent_encode(password),
+            server.host,
             server.port
         ),
-        None => format!("redis://127.0.0.1:{}", server.port),
+        None => format!("redis://{}:{}", server.host, server.port),
     },
+    host: |server| ::std::net::IpAddr::V4(server.host),
     debug: |server| {
         "binary" => &server.binary,
         "appendonly" => &server.options.appendonly,

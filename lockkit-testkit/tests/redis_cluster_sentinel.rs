@@ -95,7 +95,10 @@ async fn sentinels_replicate_through_the_proxy_and_fail_over() {
     );
     assert_eq!(deployment.current_master_addr().await, Some(master.addr()));
     assert_eq!(
-        deployment.replication_proxy().upstream(),
+        deployment
+            .replication_proxy()
+            .expect("a replication proxy")
+            .upstream(),
         master.addr(),
         "the replica replicates through the proxy"
     );
@@ -111,12 +114,18 @@ async fn sentinels_replicate_through_the_proxy_and_fail_over() {
     master.command(&["SET", "k", "1"]).await.unwrap();
     assert!(eventually(Duration::from_secs(5), || replica_has("1")).await);
     // …until the proxy cuts it…
-    deployment.replication_proxy().blackhole(true);
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .blackhole(true);
     master.command(&["SET", "k", "2"]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(replica.command(&["GET", "k"]).await.unwrap(), "1");
     // …and it catches up once healed.
-    deployment.replication_proxy().blackhole(false);
+    deployment
+        .replication_proxy()
+        .expect("a replication proxy")
+        .blackhole(false);
     assert!(eventually(Duration::from_secs(5), || replica_has("2")).await);
 
     // The master dies: the sentinels promote the replica.
