@@ -7,7 +7,8 @@
 //! loopback [`TcpProxy`](lockkit_testkit::TcpProxy). A
 //! [`Scenario`](scenario::Scenario) injects faults (a worker paused, killed
 //! or partitioned; servers killed, paused; SQL connections killed; Redlock
-//! instances lost; a ZooKeeper leader killed; a server's clock leaping),
+//! instances lost; a ZooKeeper leader killed; a server's clock leaping;
+//! servers in network namespaces cut off from each other),
 //! the [`check`](check::check) counts overlaps and stale writes from what
 //! the resource recorded, the [`history`] checker lists every violation of
 //! exclusion and token order, and the [`report`] writes a Markdown table
