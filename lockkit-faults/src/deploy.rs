@@ -200,12 +200,23 @@ impl Testbed {
         if old.wait_for_role("slave", timeout).await {
             return Ok(());
         }
-        let master = self
-            .sentinels()?
+        let master = self.named_master().await?;
+        self.follow(master).await
+    }
+
+    /// The master the sentinels name.
+    async fn named_master(&self) -> Result<SocketAddr, String> {
+        self.sentinels()?
             .current_master_addr()
             .await
-            .ok_or("no sentinel names a master")?;
-        let reply = old
+            .ok_or_else(|| "no sentinel names a master".to_owned())
+    }
+
+    /// Makes the Sentinel deployment's old master a replica of `master`.
+    async fn follow(&self, master: SocketAddr) -> Result<(), String> {
+        let reply = self
+            .sentinels()?
+            .master()
             .command(&[
                 "REPLICAOF",
                 &master.ip().to_string(),
@@ -418,30 +429,13 @@ impl Testbed {
     /// at once (what the sentinels would do after some 10 to 20 s, or an
     /// operator), so that grants can be acknowledged again.
     async fn rejoin_old_master(&self) -> Result<(), String> {
-        let sentinels = self.sentinels()?;
-        let master = sentinels
-            .current_master_addr()
-            .await
-            .ok_or("no sentinel names a master")?;
-        sentinels
+        let master = self.named_master().await?;
+        self.sentinels()?
             .master()
             .try_restart()
             .await
             .map_err(server_error)?;
-        let reply = sentinels
-            .master()
-            .command(&[
-                "REPLICAOF",
-                &master.ip().to_string(),
-                &master.port().to_string(),
-            ])
-            .await
-            .map_err(|e| format!("REPLICAOF on the old master: {e}"))?;
-        if reply.starts_with("OK") {
-            Ok(())
-        } else {
-            Err(format!("REPLICAOF on the old master: {reply}"))
-        }
+        self.follow(master).await
     }
 
     /// Blackholes (`true`) or heals the replica's replication link.
