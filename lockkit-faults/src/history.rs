@@ -24,8 +24,8 @@
 
 use std::fmt::{self, Write as _};
 
-use crate::check::{Section, sections};
 use crate::record::{Kind, Micros, Seconds, Trace};
+use crate::section::{Section, sections};
 
 /// What a violation breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -36,6 +36,7 @@ pub mod report;
 pub mod resource;
 pub mod run;
 pub mod scenario;
+pub mod section;
 pub mod soak;
 pub mod soak_client;
 pub mod stores;

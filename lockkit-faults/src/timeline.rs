@@ -5,8 +5,8 @@
 
 use std::fmt::Write as _;
 
-use crate::check::{overlapping_pairs, sections};
 use crate::record::{Micros, Trace};
+use crate::section::{overlapping_pairs, sections};
 
 const WIDTH: f64 = 960.0;
 const LEFT: f64 = 80.0;
