@@ -22,16 +22,21 @@
 //! statement, takes the rest of that answer for the next one's and can
 //! panic decoding it.)
 //!
-//! A statement that takes something (a lease upsert) carries an [`Undo`]:
-//! if it is given up, the undo runs in a task of its own, on a *fresh*
-//! connection, after it has ended the given-up connection's session on the
-//! server and seen it gone ([`SessionId`]): whatever the given-up statement
-//! did is then done, and the undo cannot overtake it. The undo is retried
-//! (backing off) while the server does not answer, for as long as the lease
-//! it undoes could last. SQLite has no session to end: its statements run in
-//! this process, in order, on a worker thread that a dropped future does not
-//! stop, so its undo queues behind the given-up statement on the same
-//! connection, which is closed after it.
+//! A statement that takes something (a lease upsert) carries an [`Undo`]
+//! that runs in a task of its own if the statement is given up. On MySQL
+//! and MariaDB it runs on a *fresh* connection, after it has ended the
+//! given-up connection's session on the server and seen it gone
+//! ([`SessionId`]): whatever the given-up statement did is then done, and
+//! the undo cannot overtake it; it is retried (backing off) while the
+//! server does not answer, for as long as the lease it undoes could last.
+//! On PostgreSQL and SQLite, whose drivers keep their place in the answers
+//! after a statement given up (sqlx-postgres reads up to the next
+//! `ReadyForQuery`; SQLite runs statements in this process, in order, on a
+//! worker thread that a dropped future does not stop), the undo queues
+//! behind the given-up statement on its own connection, which is then
+//! closed all the same. (A fresh-connection undo on PostgreSQL, after
+//! `pg_terminate_backend`, left leases behind under load in the
+//! conformance suite's cancellation cases; the cause was not found.)
 
 use std::fmt;
 use std::future::Future;
@@ -48,7 +53,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::settings::Settings;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "mysql")]
 use crate::statement::{Runs, Value};
 
 /// How long a kept connection may sit unused before it goes back to sqlx's
@@ -65,9 +70,14 @@ const KEEP_IDLE: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) struct KeptPool<DB: Database> {
     pool: Pool<DB>,
-    kept: Mutex<Vec<Kept<DB>>>,
+    kept: Shelf<DB>,
     permits: Arc<Semaphore>,
 }
+
+/// The connections a [`KeptPool`] keeps, shared with the [`Undo`]s it
+/// spawns (which take one before they open a new one: a kept connection
+/// still counts against sqlx's pool).
+type Shelf<DB> = Arc<Mutex<Vec<Kept<DB>>>>;
 
 /// A connection lockkit keeps: since when it is unused, and its session on
 /// the server once a statement asked for it.
@@ -83,7 +93,7 @@ impl<DB: Database> KeptPool<DB> {
         let size = pool.options().get_max_connections() as usize;
         KeptPool {
             pool,
-            kept: Mutex::new(Vec::new()),
+            kept: Arc::new(Mutex::new(Vec::new())),
             permits: Arc::new(Semaphore::new(size.max(1))),
         }
     }
@@ -228,7 +238,7 @@ impl<DB: Database> Undo<DB> {
         self,
         conn: PoolConnection<DB>,
         session: Option<SessionId>,
-        pool: Pool<DB>,
+        (pool, shelf): (Pool<DB>, Shelf<DB>),
         permit: Option<OwnedSemaphorePermit>,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -237,14 +247,19 @@ impl<DB: Database> Undo<DB> {
             return;
         };
         runtime.spawn(async move {
-            // The undo's connection counts as this loan's until it is done.
-            let _permit = permit;
             let undone = match session {
                 Some(session) => {
+                    // The given-up connection goes at once, and so does its
+                    // place among the loans: the undo takes a kept
+                    // connection or one of sqlx's, which sqlx's own bound
+                    // counts, and holds no lender back while it retries.
                     close_abandoned(conn);
-                    self.on_fresh_connections(&pool, session).await
+                    drop(permit);
+                    self.on_fresh_connections(&pool, &shelf, session).await
                 }
                 None => {
+                    // Its connection counts as this loan's until it is done.
+                    let _permit = permit;
                     let mut conn = conn;
                     let undone = self.try_on(&mut conn, None).await;
                     close_abandoned(conn);
@@ -260,20 +275,30 @@ impl<DB: Database> Undo<DB> {
         });
     }
 
-    /// Tries on fresh connections, backing off, until one try succeeds or
-    /// the lease it undoes could no longer be live.
+    /// Tries on other connections (a kept one, else one from sqlx's pool:
+    /// kept connections fill sqlx's pool too), backing off, until one try
+    /// succeeds or the lease it undoes could no longer be live.
     async fn on_fresh_connections(
         &self,
         pool: &Pool<DB>,
+        shelf: &Shelf<DB>,
         session: SessionId,
     ) -> Result<(), String> {
         let deadline = Instant::now() + self.retry_for;
         let mut backoff = UNDO_BACKOFF.0;
         loop {
-            let tried = match tokio::time::timeout(self.connect_timeout, pool.acquire()).await {
-                Ok(Ok(mut fresh)) => self.try_on(&mut fresh, Some(session)).await,
-                Ok(Err(error)) => Err(format!("no connection: {error}")),
-                Err(_) => Err(format!("no connection within {:?}", self.connect_timeout)),
+            let kept = shelf.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let fresh = match kept {
+                Some(kept) => Ok(kept.conn),
+                None => match tokio::time::timeout(self.connect_timeout, pool.acquire()).await {
+                    Ok(Ok(conn)) => Ok(conn),
+                    Ok(Err(error)) => Err(format!("no connection: {error}")),
+                    Err(_) => Err(format!("no connection within {:?}", self.connect_timeout)),
+                },
+            };
+            let tried = match fresh {
+                Ok(mut fresh) => self.try_on(&mut fresh, Some(session)).await,
+                Err(error) => Err(error),
             };
             match tried {
                 Ok(()) => return Ok(()),
@@ -312,7 +337,7 @@ impl<DB: Database> Undo<DB> {
 
 /// Runs `present` (a statement that answers a row while a session lives)
 /// on `conn` until it answers none, pausing a little longer each time.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "mysql")]
 pub(crate) async fn until_gone<DB: Runs>(
     conn: &mut DB::Connection,
     present: &Arc<str>,
@@ -363,7 +388,7 @@ impl<DB: Database> Loan<'_, DB> {
                 undo.spawn(
                     conn,
                     self.session,
-                    self.kept.pool.clone(),
+                    (self.kept.pool.clone(), self.kept.kept.clone()),
                     self.permit.take(),
                 );
             }

@@ -86,8 +86,8 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
 
     /// The session of `conn` on the server, which an abandoned acquire's
     /// undo ends (from another connection) before it runs; see
-    /// [`crate::pool`]. `None` by default: the statements run in process, in
-    /// order (SQLite), and the undo follows on the same connection.
+    /// [`crate::pool`]. `None` by default: the undo follows the given-up
+    /// statement on its own connection (PostgreSQL, SQLite).
     fn session_id(_conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
         Box::pin(std::future::ready(Ok(None)))
     }

@@ -12,9 +12,8 @@ use sqlx::Postgres;
 use super::notify::PgNotifications;
 use super::statements::PgSql;
 use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements};
-use crate::pool::{SessionId, until_gone};
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Runs as _, Value, remaining_ms, trusted};
+use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
@@ -51,34 +50,6 @@ impl LeaseDialect for PgLease {
                 .fetch_one(conn)
                 .map_ok(granted),
         )
-    }
-
-    /// The backend's pid and start time (a pid can be reused).
-    fn session_id(conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
-        let query = sqlx::query_as::<_, (i64, i64)>(
-            "SELECT pid::int8, (extract(epoch FROM backend_start) * 1000000)::int8 \
-             FROM pg_stat_activity WHERE pid = pg_backend_pid()",
-        );
-        Box::pin(
-            query
-                .fetch_one(conn)
-                .map_ok(|(id, started)| Some(SessionId { id, started })),
-        )
-    }
-
-    /// `pg_terminate_backend`, then waits until the backend is gone
-    /// (`pg_stat_activity` no longer has it).
-    fn end_session(conn: &mut Conn<Self>, session: SessionId) -> Answer<'_, ()> {
-        const SESSION: &str = "FROM pg_stat_activity WHERE pid = $1 \
-             AND (extract(epoch FROM backend_start) * 1000000)::int8 = $2";
-        Box::pin(async move {
-            let values = [Value::Int(session.id), Value::Int(session.started)];
-            let terminate: Arc<str> =
-                format!("SELECT pg_terminate_backend(pid)::int8 {SESSION}").into();
-            Postgres::number(conn, (&terminate, &values)).await?;
-            let present: Arc<str> = format!("SELECT 1::int8 {SESSION}").into();
-            until_gone::<Postgres>(conn, &present, &values).await
-        })
     }
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {

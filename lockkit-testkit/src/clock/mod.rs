@@ -31,6 +31,10 @@ const SOURCE: &str = include_str!("shift.c");
 /// The environment variable naming the offset file.
 const OFFSET_FILE_ENV: &str = "LOCKKIT_CLOCK_OFFSET_FILE";
 
+/// How old the library's last read of the offset may be before it reads
+/// the file again (see `shift.c`).
+const OFFSET_REREAD: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The offset file's name in a server's directory.
 const OFFSET_FILE: &str = "clock-offset-ms";
 
@@ -56,8 +60,10 @@ impl ServerClock {
     }
 
     /// Moves the server's wall clock to `offset_ms` milliseconds away from
-    /// the machine's (negative: behind). The server sees it within a
-    /// millisecond of its next clock read.
+    /// the machine's (negative: behind), and returns once every clock read
+    /// the server makes from then on sees it: the library reads the offset
+    /// again when its last read is a millisecond old, so this waits out
+    /// that millisecond (twice over) after writing it.
     pub fn set_offset_ms(&self, offset_ms: i64) -> Result<(), ServerError> {
         let io_error = |source| ServerError::Io {
             what: format!("write the clock offset {}", self.file.display()),
@@ -68,7 +74,9 @@ impl ServerClock {
         fs::write(&next, format!("{offset_ms}\n")).map_err(io_error)?;
         use std::os::unix::fs::PermissionsExt as _;
         fs::set_permissions(&next, fs::Permissions::from_mode(0o644)).map_err(io_error)?;
-        fs::rename(&next, &self.file).map_err(io_error)
+        fs::rename(&next, &self.file).map_err(io_error)?;
+        std::thread::sleep(OFFSET_REREAD * 2);
+        Ok(())
     }
 
     /// The offset set last, in milliseconds.
