@@ -39,13 +39,10 @@
 //! conformance suite's cancellation cases; the cause was not found.)
 
 use std::fmt;
-use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use lockkit_core::Result;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
@@ -53,8 +50,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::settings::Settings;
-#[cfg(feature = "mysql")]
-use crate::statement::{Runs, Value};
+use crate::statement::Answer;
 
 /// How long a kept connection may sit unused before it goes back to sqlx's
 /// pool (which tests it, and closes it after its idle timeout or lifetime).
@@ -162,24 +158,16 @@ impl<DB: Database> Drop for KeptPool<DB> {
 }
 
 /// A connection's session on the server, as its dialect reads it once per
-/// connection (MariaDB's connection id, PostgreSQL's backend pid and start
-/// time: neither can name another session later); what an [`Undo`] ends
-/// before it runs.
+/// connection (MySQL's and MariaDB's connection id, which the server never
+/// gives another connection while it runs); what an [`Undo`] ends before it
+/// runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct SessionId {
-    pub(crate) id: i64,
-    /// When the session started, where its id may be reused (µs since the
-    /// epoch; 0 where ids are never reused).
-    pub(crate) started: i64,
-}
-
-/// The future of an [`Undo`], on the connection it borrows.
-pub(crate) type UndoFuture<'c> = Pin<Box<dyn Future<Output = sqlx::Result<()>> + Send + 'c>>;
+pub(crate) struct SessionId(pub(crate) i64);
 
 /// What an [`Undo`] runs, given a connection, the lock's name and the
 /// session to end first (`None`: the connection is the given-up one).
 type UndoRun<DB> = Arc<
-    dyn for<'c> Fn(&'c mut PoolConnection<DB>, String, Option<SessionId>) -> UndoFuture<'c>
+    dyn for<'c> Fn(&'c mut PoolConnection<DB>, String, Option<SessionId>) -> Answer<'c, ()>
         + Send
         + Sync,
 >;
@@ -216,7 +204,7 @@ impl<DB: Database> Undo<DB> {
         settings: &Settings,
         lock: &str,
         retry_for: Duration,
-        run: impl for<'c> Fn(&'c mut PoolConnection<DB>, String, Option<SessionId>) -> UndoFuture<'c>
+        run: impl for<'c> Fn(&'c mut PoolConnection<DB>, String, Option<SessionId>) -> Answer<'c, ()>
         + Send
         + Sync
         + 'static,
@@ -335,22 +323,6 @@ impl<DB: Database> Undo<DB> {
     }
 }
 
-/// Runs `present` (a statement that answers a row while a session lives)
-/// on `conn` until it answers none, pausing a little longer each time.
-#[cfg(feature = "mysql")]
-pub(crate) async fn until_gone<DB: Runs>(
-    conn: &mut DB::Connection,
-    present: &Arc<str>,
-    values: &[Value<'_>],
-) -> sqlx::Result<()> {
-    let mut pause = Duration::from_millis(2);
-    while DB::number(conn, (present, values)).await?.is_some() {
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-    Ok(())
-}
-
 /// Closes a connection whose statement was given up midway, without
 /// giving it back to sqlx's pool (see the module docs); the pool may open
 /// another in its place.
@@ -401,7 +373,7 @@ impl<DB: Database> Loan<'_, DB> {
     /// time a loan of this connection asks (an [`Undo`] ends it).
     pub(crate) async fn session<F>(&mut self, read: F) -> sqlx::Result<Option<SessionId>>
     where
-        F: for<'c> FnOnce(&'c mut DB::Connection) -> BoxFuture<'c, sqlx::Result<Option<SessionId>>>,
+        F: for<'c> FnOnce(&'c mut DB::Connection) -> Answer<'c, Option<SessionId>>,
     {
         if self.session.is_none() {
             let conn = self.conn.as_mut().expect("a loan holds its connection");

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use tempfile::TempDir;
 
-use crate::process::ServerError;
+use crate::process::{ServerError, run_tool};
 
 /// The files of a private CA in a temporary directory, removed on drop:
 /// `ca.crt`, `server.crt`/`server.key` (valid for `127.0.0.1` and
@@ -107,23 +107,11 @@ impl TestCerts {
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<(), ServerError> {
-    let output = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| ServerError::Io {
-            what: "run openssl (scripts/install-services.sh installs it)".into(),
-            source: e,
-        })?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(ServerError::Io {
-            what: format!(
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-            source: std::io::Error::other(output.status.to_string()),
-        })
-    }
+    let mut command = Command::new("openssl");
+    command.args(args).current_dir(dir);
+    run_tool(
+        &format!("openssl {args:?}"),
+        &mut command,
+        "scripts/install-services.sh installs it",
+    )
 }

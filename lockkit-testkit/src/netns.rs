@@ -15,10 +15,10 @@
 //! by the next one that starts.
 
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::process::{ServerError, copy_setting};
+use crate::process::{ServerError, copy_setting, run_tool};
 
 const HINT: &str = "network namespaces need `ip` (iproute2) and root: \
                     run the tests as root, as scripts/install-services.sh and CI do";
@@ -34,26 +34,11 @@ pub struct Fabric {
 
 /// Runs `ip ARGS`, failing with its stderr.
 fn ip(args: &[&str]) -> Result<(), ServerError> {
-    let output = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| ServerError::Io {
-            what: format!("run `ip {}` ({HINT})", args.join(" ")),
-            source,
-        })?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(ServerError::Io {
-            what: format!(
-                "`ip {}` failed: {} ({HINT})",
-                args.join(" "),
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-            source: std::io::Error::other(output.status.to_string()),
-        })
-    }
+    run_tool(
+        &format!("`ip {}`", args.join(" ")),
+        Command::new("ip").args(args),
+        HINT,
+    )
 }
 
 /// Names this process's fabrics start with: `lk<pid in base 36>-`.

@@ -345,8 +345,8 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
     }
 
     /// A permit whose slot is unknown was never granted (an abandoned
-    /// attempt's own connection undoes its upsert); a writer also withdraws
-    /// its waiting record.
+    /// attempt's [`Undo`](crate::pool::Undo) releases its upsert); a writer
+    /// also withdraws its waiting record.
     async fn release(&self, key: &LeaseKey, owner: &OwnerToken) -> Result<bool> {
         let owner = key.owner(owner);
         match &key.holding {

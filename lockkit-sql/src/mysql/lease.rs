@@ -7,13 +7,11 @@ use std::time::Duration;
 use futures_util::TryFutureExt as _;
 use lockkit_core::backend::Attempt;
 use lockkit_core::{Capabilities, FencingToken};
+use sqlx::AssertSqlSafe;
 
-use sqlx::{AssertSqlSafe, MySql};
-
-use super::statements::BUSY_FLAG;
-use super::statements::MySql as MySqlStatements;
+use super::statements::{BUSY_FLAG, MySql};
 use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
-use crate::pool::{SessionId, until_gone};
+use crate::pool::SessionId;
 use crate::settings::POLLED_LEASE_CAPABILITIES;
 use crate::statement::{Answer, Bind as _, Value, micros, trusted};
 
@@ -36,11 +34,11 @@ fn upsert_answer(answer: u64) -> sqlx::Result<Granted> {
 /// `lease` mode on MySQL/MariaDB.
 #[derive(Debug)]
 pub(super) struct MyLease {
-    pub(super) sql: Arc<MySqlStatements>,
+    pub(super) sql: Arc<MySql>,
 }
 
 impl LeaseDialect for MyLease {
-    type Db = MySql;
+    type Db = sqlx::MySql;
     const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
     fn statements(&self) -> &LeaseStatements {
@@ -61,25 +59,31 @@ impl LeaseDialect for MyLease {
     /// server runs).
     fn session_id(conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
         let query = sqlx::query_scalar::<_, i64>("SELECT CAST(CONNECTION_ID() AS SIGNED)");
-        Box::pin(
-            query
-                .fetch_one(conn)
-                .map_ok(|id| Some(SessionId { id, started: 0 })),
-        )
+        Box::pin(query.fetch_one(conn).map_ok(|id| Some(SessionId(id))))
     }
 
     /// `KILL CONNECTION` (which fails if it is already gone), then waits
     /// until the process list no longer has it: the server ends a killed
     /// connection's statement in its own time.
-    fn end_session(conn: &mut Conn<Self>, session: SessionId) -> Answer<'_, ()> {
+    fn end_session(conn: &mut Conn<Self>, SessionId(id): SessionId) -> Answer<'_, ()> {
         Box::pin(async move {
-            let kill = format!("KILL CONNECTION {}", session.id);
+            let kill = format!("KILL CONNECTION {id}");
             if let Err(error) = sqlx::raw_sql(AssertSqlSafe(kill)).execute(&mut *conn).await {
-                tracing::trace!(connection = session.id, %error, "KILL CONNECTION");
+                tracing::trace!(connection = id, %error, "KILL CONNECTION");
             }
-            let present: Arc<str> =
-                "SELECT CAST(1 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = ?".into();
-            until_gone::<MySql>(conn, &present, &[Value::Int(session.id)]).await
+            const PRESENT: &str =
+                "SELECT CAST(1 AS SIGNED) FROM information_schema.PROCESSLIST WHERE ID = ?";
+            let mut pause = Duration::from_millis(2);
+            while sqlx::query_scalar::<_, i64>(PRESENT)
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?
+                .is_some()
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Ok(())
         })
     }
 

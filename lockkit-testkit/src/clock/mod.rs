@@ -18,11 +18,11 @@
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::process::{
-    ServerError, copy_setting, create_shared_dir, default_templates_root, find_binary,
+    ServerError, copy_setting, create_shared_dir, default_templates_root, find_binary, run_tool,
 };
 
 /// The library's source.
@@ -135,26 +135,12 @@ fn build(root: &Path, path: &Path) -> Result<(), ServerError> {
     let source = work.path().join("shift.c");
     fs::write(&source, SOURCE).map_err(io_error(format!("write {}", source.display())))?;
     let built = work.path().join("shift.so");
-    let output = Command::new(&cc)
+    let mut compile = Command::new(&cc);
+    compile
         .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
         .arg(&built)
-        .arg(&source)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(io_error(format!("run {}", cc.display())))?;
-    if !output.status.success() {
-        return Err(ServerError::Io {
-            what: format!(
-                "compile the clock library: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-            source: std::io::Error::other(format!(
-                "{} exited with {}",
-                cc.display(),
-                output.status
-            )),
-        });
-    }
+        .arg(&source);
+    run_tool("cc, compiling the clock library,", &mut compile, CC_HINT)?;
     use std::os::unix::fs::PermissionsExt as _;
     fs::set_permissions(&built, fs::Permissions::from_mode(0o755))
         .map_err(io_error(format!("chmod {}", built.display())))?;

@@ -345,6 +345,33 @@ pub(crate) async fn run_helper(
     ))))
 }
 
+/// Runs a short helper tool (`openssl`, `ip`, `cc`) to its end: `what`
+/// names it in errors, `hint` says how to get it or what it needs. Fails
+/// when it cannot be started, or exits unsuccessfully (with its stderr).
+pub(crate) fn run_tool(
+    what: &str,
+    command: &mut std::process::Command,
+    hint: &str,
+) -> Result<(), ServerError> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| ServerError::Io {
+            what: format!("run {what} ({hint})"),
+            source,
+        })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(ServerError::Io {
+        what: format!(
+            "{what} failed: {} ({hint})",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
+        source: io::Error::other(output.status.to_string()),
+    })
+}
+
 /// The tail of a server's log file, plus the tail of its stdout/stderr file
 /// when that is a different, non-empty file.
 pub(crate) fn log_tail(log_path: &Path, output_path: &Path, lines: usize) -> String {
