@@ -173,10 +173,7 @@ impl Testbed {
 
     /// Whether this is a Redis Sentinel deployment.
     pub fn is_sentinel(&self) -> bool {
-        matches!(
-            self.deployment,
-            Deployment::RedisSentinel | Deployment::RedisSentinelWait
-        )
+        self.sentinels().is_ok()
     }
 
     /// Waits until the sentinels name a master other than the one started
