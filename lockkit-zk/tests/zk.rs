@@ -357,6 +357,20 @@ async fn leader_failover_keeps_exclusion_and_drains_the_queue() {
     );
     assert!(!guard.is_lost());
 
+    // The holder's client finds a live server on its own, after the election;
+    // under load that can take longer than one request's timeout (5 s). Until
+    // it does, requests answer `Unavailable`; once it does, the node must still
+    // be the holder's: `extend` checks that its session owns it.
+    let reconnected_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        match guard.extend(Duration::from_secs(30)).await {
+            Ok(()) => break,
+            Err(LockError::Unavailable { .. }) if Instant::now() < reconnected_by => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("the holder's session survives the election: {error}"),
+        }
+    }
     guard.release().await.expect("release after the election");
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(60), task)
