@@ -40,6 +40,7 @@ use crate::url::parse_url;
 /// | `wait_timeout` | how long that `WAIT` may take | 1 s |
 /// | `sentinel_password` | password of the sentinels (`redis+sentinel://` only) | none |
 /// | `direct` | `false`: every command over the multiplexed connection, no direct connection beside it ([`direct_connection`](Self::direct_connection); `redis://` only) | `true` |
+/// | `sharded_pubsub` | `redis+cluster://` only: `true` announces releases with sharded pub/sub (`SPUBLISH`, Redis 7; connecting fails where the servers lack it), `false` with `PUBLISH` ([`sharded_pubsub`](Self::sharded_pubsub)) | `auto`: sharded where the servers have it |
 ///
 /// Connections: commands go over one multiplexed connection (redis-rs's,
 /// which reconnects by itself). On a single server over plain TCP with
@@ -130,6 +131,22 @@ impl RedisLockBuilder {
         connect: "How long to wait for a connection (default 2 s).",
         command: "How long to wait for one command's reply (default 1 s).",
     );
+
+    /// Redis Cluster: how a release reaches the waiters of other clients.
+    /// A `PUBLISH` is broadcast over the cluster bus to every node, so its
+    /// cost grows with the cluster; sharded pub/sub (`SPUBLISH` and
+    /// `SSUBSCRIBE`, Redis 7) stays within the shard that owns the channel's
+    /// slot, which is the lock key's. `Some(true)` asks for sharded pub/sub
+    /// (connecting fails with `InvalidOptions` where the servers lack it),
+    /// `Some(false)` for `PUBLISH`, `None` (the default) for sharded pub/sub
+    /// where the servers have it. Ignored outside a cluster. Every client of
+    /// a lock must announce the same way: a waiter subscribed one way does
+    /// not hear a release published the other (it still gets the lock, by
+    /// polling, later).
+    pub fn sharded_pubsub(mut self, sharded: Option<bool>) -> Self {
+        self.config.sharded_pubsub = sharded;
+        self
+    }
 
     /// How long a release subscription stays open after its last waiter left
     /// (default 10 s), so that hot names do not resubscribe on every wait.

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use lockkit_core::{LockError, Result};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
 
 use crate::direct::{Direct, Route};
 use crate::error::map_error;
+use crate::notifications::PushSender;
 use crate::sentinel::{Resolver, SentinelConnection};
 use crate::settings::{RedisConfig, Topology};
 
@@ -176,6 +177,25 @@ pub(crate) fn resp3(info: &redis::ConnectionInfo) -> redis::ConnectionInfo {
             .clone()
             .set_protocol(redis::ProtocolVersion::RESP3),
     )
+}
+
+/// The client of the subscriber connection of a Redis Cluster with sharded
+/// pub/sub: RESP3 (pushes), each message handed to `push`.
+pub(crate) fn shard_subscriber(
+    config: &RedisConfig,
+    nodes: &[redis::ConnectionInfo],
+    push: PushSender,
+) -> Result<ClusterClient> {
+    ClusterClientBuilder::new(nodes.to_vec())
+        .use_protocol(redis::ProtocolVersion::RESP3)
+        .push_sender(move |info| push(info))
+        .connection_timeout(config.connect_timeout)
+        .response_timeout(config.command_timeout)
+        .retries(2)
+        .min_retry_wait(10)
+        .max_retry_wait(200)
+        .build()
+        .map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))
 }
 
 /// Opens a command connection whose replies may take `response_timeout`.

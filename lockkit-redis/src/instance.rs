@@ -11,12 +11,14 @@ use lockkit_core::{FencingToken, LockError, Result};
 use redis::RedisError;
 use redis::aio::ConnectionManager;
 
-use crate::connection::{Connection, client_for, manager_config, open, resp3, single};
+use crate::connection::{
+    Connection, client_for, manager_config, open, resp3, shard_subscriber, single,
+};
 use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
-use crate::scripts::{Call, SCRIPTS, SOURCES, is_no_script};
+use crate::scripts::{Call, Publish, Releases, SCRIPTS, SOURCES, is_no_script};
 use crate::sentinel::Resolver;
 use crate::settings::{Reach, RedisConfig, ReplicaWait, Topology};
 
@@ -40,6 +42,8 @@ struct Inner {
     /// `WAIT` never holds up renewals and releases on `commands`.
     acquire: Option<Connection>,
     notifications: Arc<Notifications>,
+    /// The release scripts, announcing with `PUBLISH` or `SPUBLISH`.
+    releases: &'static Releases,
     command_timeout: Duration,
     wait: Option<ReplicaWait>,
     /// Batches renewals; none on a Cluster or with `WAIT` (see `renew`).
@@ -53,6 +57,7 @@ impl fmt::Debug for RedisInstance {
             .field("mode", &self.inner.reach.name())
             .field("command_timeout", &self.inner.command_timeout)
             .field("wait_for_replicas", &self.inner.wait)
+            .field("publish", &self.inner.releases.publish)
             .finish_non_exhaustive()
     }
 }
@@ -82,6 +87,7 @@ impl RedisInstance {
             // clear error instead of one per script.
             let prepare = async {
                 redis::cmd("PING").query_async::<()>(&mut commands).await?;
+                let mut publish = Publish::Global;
                 if matches!(config.topology, Topology::Cluster { .. }) {
                     // A cluster whose nodes are up but not agreed yet
                     // ("cluster_state:fail") is still starting.
@@ -95,17 +101,28 @@ impl RedisInstance {
                             format!("connect to {address}: the cluster's state is not ok yet"),
                         )));
                     }
+                    if config.sharded_pubsub.unwrap_or(true)
+                        && has_command(&mut commands, "SPUBLISH").await?
+                    {
+                        publish = Publish::Sharded;
+                    } else if config.sharded_pubsub == Some(true) {
+                        return Ok(Err(LockError::invalid_options(format!(
+                            "sharded_pubsub: the servers at {address} have no SPUBLISH (Redis 7 has it)"
+                        ))));
+                    }
                 }
-                for source in SOURCES {
+                let releases = Releases::of(publish);
+                let sources = SOURCES.iter().copied();
+                for source in sources.chain(releases.sources.iter().map(String::as_str)) {
                     redis::cmd("SCRIPT")
                         .arg("LOAD")
                         .arg(source)
                         .query_async::<()>(&mut commands)
                         .await?;
                 }
-                Ok::<_, RedisError>(Ok(()))
+                Ok::<_, RedisError>(Ok(releases))
             };
-            prepare
+            let releases = prepare
                 .await
                 .map_err(|e| map_error(&address, "connect", e))??;
             let acquire = match config.wait {
@@ -119,13 +136,13 @@ impl RedisInstance {
                 ),
                 None => None,
             };
-            Ok::<_, LockError>((commands, acquire))
+            Ok::<_, LockError>((commands, acquire, releases))
         };
         let what = format!("connect to {address}");
-        let (commands, acquire) =
+        let (commands, acquire, releases) =
             connect_retrying(BACKEND, &what, config.connect_timeout, connect).await?;
-        tracing::debug!(redis.address = %address, redis.mode = config.mode(), "connected");
-        Self::build(&config, commands, acquire, resolver)
+        tracing::debug!(redis.address = %address, redis.mode = config.mode(), redis.publish = ?releases.publish, "connected");
+        Self::build(&config, commands, acquire, resolver, releases)
     }
 
     /// An instance that connects on first use: no network traffic here, and a
@@ -157,7 +174,13 @@ impl RedisInstance {
             )),
             None => None,
         };
-        Self::build(&config, single(&config, commands), acquire, None)
+        Self::build(
+            &config,
+            single(&config, commands),
+            acquire,
+            None,
+            Releases::of(Publish::Global),
+        )
     }
 
     fn build(
@@ -165,19 +188,25 @@ impl RedisInstance {
         commands: Connection,
         acquire: Option<Connection>,
         resolver: Option<Arc<Resolver>>,
+        releases: &'static Releases,
     ) -> Result<RedisInstance> {
         let address = config.address();
         // Release notifications arrive on a second, RESP3 connection that is only
         // opened when the first waiter needs it.
-        let target = match (&config.topology, resolver) {
-            (Topology::Sentinel { .. }, Some(resolver)) => Target::Sentinel(resolver),
-            (Topology::Cluster { nodes }, _) => Target::Seeds(
-                nodes
-                    .iter()
-                    .map(|node| client_for(config, resp3(node)))
-                    .collect::<Result<_>>()?,
-            ),
-            _ => Target::Fixed(Box::new(client_for(config, resp3(&config.info))?)),
+        let target = |push| {
+            Ok(match (&config.topology, resolver) {
+                (Topology::Sentinel { .. }, Some(resolver)) => Target::Sentinel(resolver),
+                (Topology::Cluster { nodes }, _) if releases.publish == Publish::Sharded => {
+                    Target::Shards(Box::new(shard_subscriber(config, nodes, push)?))
+                }
+                (Topology::Cluster { nodes }, _) => Target::Seeds(
+                    nodes
+                        .iter()
+                        .map(|node| client_for(config, resp3(node)))
+                        .collect::<Result<_>>()?,
+                ),
+                _ => Target::Fixed(Box::new(client_for(config, resp3(&config.info))?)),
+            })
         };
         let notifications = Notifications::new(
             target,
@@ -185,7 +214,7 @@ impl RedisInstance {
             address.clone(),
             config.command_timeout,
             config.subscription_linger,
-        );
+        )?;
         let renewals = match (&config.topology, config.wait) {
             (Topology::Cluster { .. }, _) | (_, Some(_)) => None,
             _ => Some(Renewals::new(
@@ -202,6 +231,7 @@ impl RedisInstance {
                 commands,
                 acquire,
                 notifications,
+                releases,
                 command_timeout: config.command_timeout,
                 wait: config.wait,
             }),
@@ -222,6 +252,14 @@ impl RedisInstance {
     /// Whether this is one server (not a Cluster, not behind Sentinel).
     pub fn is_single(&self) -> bool {
         self.inner.reach == Reach::Single
+    }
+
+    /// Whether releases are announced with sharded pub/sub (`SPUBLISH`, to
+    /// the shard of the lock key's slot only) rather than `PUBLISH` (to
+    /// every node of a cluster). On a Redis Cluster whose servers have it,
+    /// unless turned off (`sharded_pubsub=false`); never elsewhere.
+    pub fn publishes_sharded(&self) -> bool {
+        self.inner.releases.publish == Publish::Sharded
     }
 
     /// Whether this is a Redis Cluster (whose keys must be
@@ -494,8 +532,8 @@ impl RedisInstance {
     pub(crate) async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let script = match &keys.queue {
-            Some(_) => &SCRIPTS.release_fair,
-            None => &SCRIPTS.release,
+            Some(_) => &self.inner.releases.release_fair,
+            None => &self.inner.releases.release,
         };
         let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
         let mut call = Call::new(script, and_queue_keys(lock_keys, keys));
@@ -529,7 +567,7 @@ impl RedisInstance {
     pub(crate) async fn release_member(&self, set: LeaseSet<'_>, owner: &str) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let mut call = Call::new(
-            &SCRIPTS.release_member,
+            &self.inner.releases.release_member,
             [set.set, set.fence, set.lock.unwrap_or(set.set)],
         );
         call.arg(owner).arg(set.channel);
@@ -638,6 +676,17 @@ fn grant_answer(answer: i64, fencing: bool) -> Attempt<Option<FencingToken>> {
 }
 
 /// A script's boolean argument.
+/// Whether the server knows `command` (`COMMAND INFO` answers nil for one
+/// it does not).
+async fn has_command(conn: &mut Connection, command: &str) -> redis::RedisResult<bool> {
+    let info: Vec<redis::Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(command)
+        .query_async(conn)
+        .await?;
+    Ok(info.first().is_some_and(|v| *v != redis::Value::Nil))
+}
+
 pub(crate) fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }

@@ -61,11 +61,12 @@ pub struct Queue {
 ///   `{<prefix><name>}:queue-deadlines` ([`Queue`]);
 /// * release channel: `{<prefix><name>}:released`.
 ///
-/// Every key of a name hashes to the lock key's slot when the lock key has
-/// no `}`. In Redis Cluster mode ([`Keys::for_cluster`]) a lock key with a
-/// `}` may hash elsewhere (a script touching both would fail with
-/// `CROSSSLOT`), so its derived keys are `{<tag>}:<suffix>:<prefix><name>`
-/// instead, where `<tag>` is the lock key's own hash tag or, when it has
+/// Every key of a name, and its channel, hashes to the lock key's slot when
+/// the lock key has no `}`. In Redis Cluster mode ([`Keys::for_cluster`]) a
+/// lock key with a `}` may hash elsewhere (a script touching both would fail
+/// with `CROSSSLOT`, and one publishing on a sharded channel of another slot
+/// too), so its derived keys and channel are
+/// `{<tag>}:<suffix>:<prefix><name>` instead, where `<tag>` is the lock key's own hash tag or, when it has
 /// none, a short tag chosen to hash to the lock key's slot.
 ///
 /// Names are UTF-8 and Redis keys are binary-safe, so prefixing is injective.
@@ -240,8 +241,10 @@ impl Layout {
         }
     }
 
+    /// A channel hashes to the lock key's slot as the derived keys do, so
+    /// that a script may `SPUBLISH` on it (sharded pub/sub in Redis Cluster).
     fn channel(&self, suffix: &str) -> String {
-        ["{", &self.lock, "}:", suffix].concat()
+        self.derived(suffix)
     }
 
     fn lock_keys(self) -> Keys {

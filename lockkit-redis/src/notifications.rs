@@ -2,10 +2,12 @@
 //! name when its holder publishes the release.
 //!
 //! The subscriber talks to one server: the single server; in Redis Cluster
-//! one of the seed nodes (a `PUBLISH` reaches every node of a cluster), the
-//! next one after a failed subscription; with Sentinel the current master,
-//! followed across failovers. Wherever it cannot subscribe, waiters fall back
-//! to polling (backoff and the holder's TTL).
+//! with sharded pub/sub (`SSUBSCRIBE`, Redis 7) the master of each channel's
+//! slot, through a cluster connection that follows the slots; in Redis
+//! Cluster without it one of the seed nodes (a `PUBLISH` reaches every node
+//! of a cluster), the next one after a failed subscription; with Sentinel
+//! the current master, followed across failovers. Wherever it cannot
+//! subscribe, waiters fall back to polling (backoff and the holder's TTL).
 
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock, Weak};
@@ -13,6 +15,8 @@ use std::time::Duration;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Client, PushInfo, PushKind, RedisError, Value};
 
 use crate::sentinel::{MasterAddr, Resolver};
@@ -23,6 +27,10 @@ pub(crate) enum Target {
     Fixed(Box<Client>),
     /// Any of these cluster nodes, tried in turn.
     Seeds(Vec<Client>),
+    /// The whole cluster, subscribed with `SSUBSCRIBE` on the master of each
+    /// channel's slot (its client built with [`Notifications::new`]'s push
+    /// sender).
+    Shards(Box<ClusterClient>),
     /// The master the sentinels name (connection settings from the
     /// resolver, with RESP3).
     Sentinel(Arc<Resolver>),
@@ -34,7 +42,7 @@ pub(crate) enum Target {
 #[derive(Default)]
 struct Subscriber {
     /// The connection and the target it goes to.
-    conn: Option<(String, ConnectionManager)>,
+    conn: Option<(String, Subscription)>,
     /// Channels subscribed on the server (to subscribe again on a new target).
     channels: HashSet<String>,
     /// The next cluster seed to try.
@@ -51,16 +59,45 @@ pub(crate) struct Notifications {
     linger: Duration,
 }
 
+/// The subscriber's connection: to one server, or to a cluster's shards.
+#[derive(Clone)]
+enum Subscription {
+    Server(ConnectionManager),
+    Shards(ClusterConnection),
+}
+
+impl Subscription {
+    async fn subscribe(&mut self, channels: &[&str]) -> Result<(), RedisError> {
+        match self {
+            Subscription::Server(conn) => conn.subscribe(channels).await,
+            Subscription::Shards(conn) => conn.ssubscribe(channels).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> Result<(), RedisError> {
+        match self {
+            Subscription::Server(conn) => conn.unsubscribe(channel).await,
+            Subscription::Shards(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+}
+
+/// What the subscriber's connection hands each message to.
+pub(crate) type PushSender =
+    Arc<dyn Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync>;
+
 impl Notifications {
     /// Sets up the subscriber; its connection opens on first use. With a
     /// Sentinel target (and a runtime), a task follows the master.
+    /// `target` is given the function that every message pushed to the
+    /// subscriber must reach, for a target whose client needs it.
     pub(crate) fn new(
-        target: Target,
+        target: impl FnOnce(PushSender) -> lockkit_core::Result<Target>,
         config: ConnectionManagerConfig,
         address: String,
         command_timeout: Duration,
         linger: Duration,
-    ) -> Arc<Self> {
+    ) -> lockkit_core::Result<Arc<Self>> {
         let this: Arc<OnceLock<Weak<Notifications>>> = Arc::default();
         let hook_target = this.clone();
         let hub = NotifyHub::with_idle_hook(move |channel| {
@@ -69,11 +106,13 @@ impl Notifications {
             }
         });
         let push_hub = hub.clone();
+        let push: PushSender = Arc::new(move |push: PushInfo| {
+            dispatch(&push_hub, push);
+            Ok(())
+        });
+        let target = target(push.clone())?;
         let config = config
-            .set_push_sender(move |push: PushInfo| {
-                dispatch(&push_hub, push);
-                Ok::<(), std::convert::Infallible>(())
-            })
+            .set_push_sender(move |info: PushInfo| push(info))
             .set_automatic_resubscription();
         let notifications = Arc::new(Notifications {
             hub,
@@ -93,7 +132,7 @@ impl Notifications {
                 Arc::downgrade(&notifications),
             ));
         }
-        notifications
+        Ok(notifications)
     }
 
     /// A watch on `channel`, subscribing on the server if this is its first
@@ -112,7 +151,7 @@ impl Notifications {
         let mut subscriber = self.subscriber.lock().await;
         let subscribed = tokio::time::timeout(self.command_timeout, async {
             let mut conn = self.connection(&mut subscriber).await?;
-            conn.subscribe(channel).await
+            conn.subscribe(&[channel]).await
         })
         .await;
         match subscribed {
@@ -139,15 +178,22 @@ impl Notifications {
 
     /// The subscriber connection to the current target: the existing one,
     /// or a new one on which every known channel is subscribed again.
-    async fn connection(
-        &self,
-        subscriber: &mut Subscriber,
-    ) -> Result<ConnectionManager, RedisError> {
+    async fn connection(&self, subscriber: &mut Subscriber) -> Result<Subscription, RedisError> {
         let (key, client) = match &self.target {
             // One connection for the client's whole life: it reconnects by itself.
             Target::Fixed(client) => match &subscriber.conn {
                 Some((_, conn)) => return Ok(conn.clone()),
                 None => (String::new(), Client::clone(client)),
+            },
+            Target::Shards(client) => match &subscriber.conn {
+                Some((_, conn)) => return Ok(conn.clone()),
+                None => {
+                    // The cluster connection subscribes again by itself,
+                    // on whichever node serves a slot after a change.
+                    let conn = Subscription::Shards(client.get_async_connection().await?);
+                    subscriber.conn = Some((String::new(), conn.clone()));
+                    return Ok(conn);
+                }
             },
             Target::Seeds(clients) => match &subscriber.conn {
                 Some((_, conn)) => return Ok(conn.clone()),
@@ -174,12 +220,15 @@ impl Notifications {
                 (key, Client::open(info.set_redis_settings(resp3))?)
             }
         };
-        let conn = ConnectionManager::new_lazy_with_config(client, self.config.clone())?;
+        let conn = Subscription::Server(ConnectionManager::new_lazy_with_config(
+            client,
+            self.config.clone(),
+        )?);
         subscriber.conn = Some((key, conn.clone()));
         if !subscriber.channels.is_empty() {
             let channels: Vec<&str> = subscriber.channels.iter().map(String::as_str).collect();
             let mut resubscribe = conn.clone();
-            if let Err(error) = resubscribe.subscribe(channels).await {
+            if let Err(error) = resubscribe.subscribe(&channels).await {
                 tracing::warn!(redis.address = %self.address, %error,
                     "cannot subscribe again after a change of server; waiting by polling");
             }
@@ -260,7 +309,7 @@ impl Drop for PendingTopic<'_> {
 
 fn dispatch(hub: &NotifyHub, push: PushInfo) {
     match push.kind {
-        PushKind::Message => {
+        PushKind::Message | PushKind::SMessage => {
             if let Some(Value::BulkString(channel)) = push.data.first()
                 && let Ok(channel) = std::str::from_utf8(channel)
             {

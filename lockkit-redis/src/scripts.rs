@@ -568,9 +568,6 @@ pub(crate) struct Scripts {
     pub(crate) extend: Script,
     pub(crate) extend_member: Script,
     pub(crate) extend_many: Script,
-    pub(crate) release: Script,
-    pub(crate) release_fair: Script,
-    pub(crate) release_member: Script,
     pub(crate) hand_over: Script,
     pub(crate) status: Script,
 }
@@ -583,15 +580,13 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     extend: Script::new(EXTEND),
     extend_member: Script::new(EXTEND_MEMBER),
     extend_many: Script::new(EXTEND_MANY),
-    release: Script::new(RELEASE),
-    release_fair: Script::new(RELEASE_FAIR),
-    release_member: Script::new(RELEASE_MEMBER),
     hand_over: Script::new(HAND_OVER),
     status: Script::new(STATUS),
 });
 
-/// The sources, for `SCRIPT LOAD` at connect time.
-pub(crate) const SOURCES: [&str; 12] = [
+/// The sources of [`SCRIPTS`], for `SCRIPT LOAD` at connect time (with
+/// those of the deployment's [`Releases`]).
+pub(crate) const SOURCES: [&str; 9] = [
     ACQUIRE,
     ACQUIRE_FAIR,
     ACQUIRE_SHARED,
@@ -599,12 +594,57 @@ pub(crate) const SOURCES: [&str; 12] = [
     EXTEND,
     EXTEND_MEMBER,
     EXTEND_MANY,
-    RELEASE,
-    RELEASE_FAIR,
-    RELEASE_MEMBER,
     HAND_OVER,
     STATUS,
 ];
+
+/// How a release is announced to the waiters of other clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Publish {
+    /// `PUBLISH`: in Redis Cluster every node gets every message (the
+    /// cluster bus broadcasts it), so its cost grows with the cluster.
+    Global,
+    /// `SPUBLISH` (Redis 7): only the nodes of the shard that owns the
+    /// channel's slot, which is the lock key's (`{<lock key>}:released`).
+    Sharded,
+}
+
+/// The scripts that announce a release, in the form of one [`Publish`].
+pub(crate) struct Releases {
+    pub(crate) publish: Publish,
+    pub(crate) release: Script,
+    pub(crate) release_fair: Script,
+    pub(crate) release_member: Script,
+    /// Their sources, for `SCRIPT LOAD`.
+    pub(crate) sources: [String; 3],
+}
+
+impl Releases {
+    fn of_form(publish: Publish) -> Releases {
+        let form = |source: &str| match publish {
+            Publish::Global => source.to_owned(),
+            Publish::Sharded => source.replace("redis.call('PUBLISH', ", "redis.call('SPUBLISH', "),
+        };
+        let sources = [form(RELEASE), form(RELEASE_FAIR), form(RELEASE_MEMBER)];
+        Releases {
+            publish,
+            release: Script::new(&sources[0]),
+            release_fair: Script::new(&sources[1]),
+            release_member: Script::new(&sources[2]),
+            sources,
+        }
+    }
+
+    /// The release scripts that announce with `publish`.
+    pub(crate) fn of(publish: Publish) -> &'static Releases {
+        static GLOBAL: LazyLock<Releases> = LazyLock::new(|| Releases::of_form(Publish::Global));
+        static SHARDED: LazyLock<Releases> = LazyLock::new(|| Releases::of_form(Publish::Sharded));
+        match publish {
+            Publish::Global => &GLOBAL,
+            Publish::Sharded => &SHARDED,
+        }
+    }
+}
 
 /// One call of a script, written straight into one `EVALSHA` command: the
 /// keys (their count before them) when the call is made, then the
@@ -673,4 +713,24 @@ impl Call {
 /// Whether the server answered `NOSCRIPT`: it does not have the script.
 pub(crate) fn is_no_script(error: &redis::RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharded_releases_announce_with_spublish_only() {
+        let (global, sharded) = (
+            Releases::of(Publish::Global),
+            Releases::of(Publish::Sharded),
+        );
+        for (g, s) in global.sources.iter().zip(&sharded.sources) {
+            let publishes = g.matches("redis.call('PUBLISH', ").count();
+            assert!(publishes > 0, "{g}");
+            assert_eq!(s.matches("redis.call('SPUBLISH', ").count(), publishes);
+            assert!(!s.contains("'PUBLISH'"), "{s}");
+        }
+        assert_ne!(global.release.get_hash(), sharded.release.get_hash());
+    }
 }

@@ -88,6 +88,10 @@ pub struct RedisConfig {
     /// Whether single commands may take a direct connection beside the
     /// multiplexed one (one server over plain TCP with RESP2 only).
     pub(crate) direct: bool,
+    /// Redis Cluster: announce releases with sharded pub/sub (`Some(true)`),
+    /// with `PUBLISH` (`Some(false)`), or sharded where the servers have it
+    /// (`None`).
+    pub(crate) sharded_pubsub: Option<bool>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -101,6 +105,7 @@ impl fmt::Debug for RedisConfig {
             .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "set"))
             .field("wait_for_replicas", &self.wait)
             .field("direct", &self.direct)
+            .field("sharded_pubsub", &self.sharded_pubsub)
             .finish()
     }
 }

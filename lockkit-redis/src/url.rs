@@ -70,6 +70,7 @@ struct Params {
     wait_timeout: Option<Duration>,
     sentinel_password: Option<String>,
     direct: bool,
+    sharded_pubsub: Option<bool>,
 }
 
 impl Params {
@@ -89,6 +90,7 @@ impl Params {
             wait_timeout: None,
             sentinel_password: None,
             direct: true,
+            sharded_pubsub: None,
         };
         for (key, value) in pairs {
             match &*key {
@@ -131,13 +133,21 @@ impl Params {
                 "direct" if form == Form::Single => {
                     params.direct = bool_param(&key, &value).map_err(bad)?
                 }
+                "sharded_pubsub" if form == Form::Cluster => {
+                    params.sharded_pubsub = match &*value {
+                        "auto" => None,
+                        _ => Some(bool_param(&key, &value).map_err(|e| {
+                            bad(format!("{e} (or auto: sharded where the servers have it)"))
+                        })?),
+                    }
+                }
                 other => {
                     let known = match form {
                         Form::Single => {
                             "prefix, fair, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout, direct"
                         }
                         Form::Cluster => {
-                            "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout"
+                            "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sharded_pubsub"
                         }
                         Form::Sentinel => {
                             "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
@@ -234,6 +244,7 @@ fn parse_single(
         wait: params.wait(),
         tls_root_cert: params.tls_root_cert,
         direct: params.direct,
+        sharded_pubsub: None,
     };
     Ok((config, lock))
 }
@@ -357,6 +368,7 @@ fn parse_multi_host(
         wait: params.wait(),
         tls_root_cert: None,
         direct: false,
+        sharded_pubsub: params.sharded_pubsub,
     };
     Ok((config, lock))
 }
@@ -437,6 +449,32 @@ mod tests {
         }
         assert!(!format!("{config:?}").contains("p%40w"));
         assert!(parse_url("REDIS+CLUSTER://a:1/").is_ok());
+        assert_eq!(config.sharded_pubsub, None);
+    }
+
+    #[test]
+    fn sharded_pubsub_is_a_cluster_parameter() {
+        for (value, expected) in [("auto", None), ("true", Some(true)), ("false", Some(false))] {
+            let url = format!("redis+cluster://a:1,b:2?sharded_pubsub={value}");
+            assert_eq!(
+                parse_url(&url).unwrap().0.sharded_pubsub,
+                expected,
+                "{value}"
+            );
+        }
+        let err = parse_url("redis+cluster://a:1?sharded_pubsub=maybe").unwrap_err();
+        assert!(err.to_string().contains("auto"), "{err}");
+        for url in [
+            "redis://127.0.0.1?sharded_pubsub=true",
+            "redis+sentinel://s1/m?sharded_pubsub=true",
+        ] {
+            let err = parse_url(url).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("unknown parameter \"sharded_pubsub\""),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -173,8 +173,65 @@ async fn cluster_release_on_another_node_wakes_the_waiter() {
     // A name whose slot the first node (the subscriber's seed) does not serve.
     let name = name_in_slots(&cluster, "elsewhere", |slot| slot >= 16384 / 3).await;
     let (holder, waiter) = (connect(&url).await, connect(&url).await);
+    assert!(
+        holder.backend().instance().publishes_sharded(),
+        "Redis 7 has SPUBLISH"
+    );
     let took = handoff(&holder, waiter, &name).await;
-    assert!(took < Duration::from_millis(500), "handoff took {took:?}");
+    // The waiter's own retry comes 10 s after its last try: sooner, it was woken.
+    assert!(took < Duration::from_secs(5), "handoff took {took:?}");
+}
+
+/// The bus messages of pub/sub that the nodes of `cluster` have received,
+/// broadcast (`PUBLISH`) and sharded (`SPUBLISH`), summed over the nodes.
+async fn bus_messages(cluster: &RedisCluster) -> (u64, u64) {
+    let mut sums = (0, 0);
+    for node in cluster.nodes() {
+        let info = node.command(&["CLUSTER", "INFO"]).await.unwrap();
+        let field = |name: &str| -> u64 {
+            info.lines()
+                .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+                .map_or(0, |v| v.trim().parse().unwrap())
+        };
+        sums.0 += field("cluster_stats_messages_publish_received");
+        sums.1 += field("cluster_stats_messages_publishshard_received");
+    }
+    sums
+}
+
+/// With sharded pub/sub (the default where the servers have it) a release
+/// reaches only the shard of the lock key's slot: the other masters get no
+/// message over the cluster bus. With `sharded_pubsub=false` every release
+/// is a `PUBLISH` that each other master receives. Waiters are woken either
+/// way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_releases_reach_only_their_shard() {
+    const HANDOFFS: u64 = 5;
+    let cluster = RedisCluster::start(3).await;
+    for sharded in [true, false] {
+        let url = format!("{}?{CLIENT_PARAMS}&sharded_pubsub={sharded}", cluster.url());
+        let holder = connect(&url).await;
+        assert_eq!(holder.backend().instance().publishes_sharded(), sharded);
+        let name = format!("announced-{sharded}");
+        let before = bus_messages(&cluster).await;
+        for _ in 0..HANDOFFS {
+            let took = handoff(&holder, connect(&url).await, &name).await;
+            assert!(took < Duration::from_secs(5), "handoff took {took:?}");
+        }
+        let after = bus_messages(&cluster).await;
+        let (global, shard) = (after.0 - before.0, after.1 - before.1);
+        if sharded {
+            assert_eq!(
+                (global, shard),
+                (0, 0),
+                "a shard without replicas sends nothing"
+            );
+        } else {
+            // Each release (the waiter's too) is broadcast to both other masters.
+            assert!(global >= 2 * HANDOFFS, "{global} broadcast messages");
+            assert_eq!(shard, 0);
+        }
+    }
 }
 
 /// The first name `<prefix>-<i>` whose lock key the cluster puts in a
