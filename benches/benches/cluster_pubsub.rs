@@ -50,6 +50,7 @@ fn main() {
         let mut rows = Vec::new();
         for &masters in sizes {
             let cluster = RedisCluster::start(masters).await;
+            bus_connected(&cluster).await;
             for sharded in [false, true] {
                 rows.push(measure(&cluster, masters, sharded, releases).await);
             }
@@ -57,6 +58,31 @@ fn main() {
         rows
     });
     save_summary(mode, "cluster-pubsub", &summary(mode, &rows));
+}
+
+/// Waits until every node has a live bus link to every other (a cluster just
+/// formed may still be connecting them, and a broadcast then misses a node).
+async fn bus_connected(cluster: &RedisCluster) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for node in cluster.nodes() {
+        loop {
+            let nodes = node
+                .command(&["CLUSTER", "NODES"])
+                .await
+                .expect("CLUSTER NODES");
+            let lines: Vec<&str> = nodes.lines().filter(|l| !l.trim().is_empty()).collect();
+            if lines.len() == cluster.nodes().len()
+                && lines.iter().all(|l| l.contains(" connected"))
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the cluster bus did not connect: {nodes}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 async fn connect(cluster: &RedisCluster, sharded: bool) -> RedisLock {
@@ -92,11 +118,16 @@ async fn measure(cluster: &RedisCluster, masters: usize, sharded: bool, releases
     let waiter = waiting.await.expect("the waiter's task");
     let key = format!("{DEFAULT_PREFIX}{name}");
     let master = cluster.master_of(&key).await.expect("the key's master");
+    // The bus carries messages late (cluster links are written as the
+    // event loop gets to them): let the set-up's own settle first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let before = counts(cluster.nodes()).await;
     for _ in 0..releases {
         let guard = holder.acquire(&name, &opts).await.expect("acquire");
         guard.release().await.expect("release");
     }
+    // Broadcasts still on their way over the bus count once they arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let after = counts(cluster.nodes()).await;
     drop(waiter);
     let handled: Vec<(u16, u64)> = cluster

@@ -32,7 +32,9 @@ pub use cycles::{
 };
 pub use etcd_raw::RawEtcd;
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
-pub use load::{Client, LoadKind, Locker, Outcome, PeerProvider, Scenario, Tally, run, run_tasks};
+pub use load::{
+    Client, Held, LoadKind, Locker, Outcome, PeerProvider, Scenario, Tally, run, run_tasks,
+};
 pub use mode::{
     Limit, RunMode, configure_fast, criterion, flavours, judge_optional, median, runtime,
     runtime_of, save_summary, verdict,

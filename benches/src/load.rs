@@ -212,11 +212,24 @@ impl fmt::Debug for Locker {
 /// lets go.
 type PeerRelease = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
-/// A holding of a [`Locker`].
-enum Held {
+/// A holding of a [`Locker`], ended by [`Locker::release`].
+pub enum Held {
+    /// lockkit's guard.
     Lockkit(lockkit_core::LockGuard),
+    /// rslock's lock.
     Rslock(rslock::Lock),
+    /// `distributed-lock`'s release, to run.
     Peer(PeerRelease),
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Held::Lockkit(_) => "Held::Lockkit",
+            Held::Rslock(_) => "Held::Rslock",
+            Held::Peer(_) => "Held::Peer",
+        })
+    }
 }
 
 /// The part of a URL before its query (lockkit's options, which the peers
@@ -286,7 +299,7 @@ impl Locker {
 
     /// Waits for key `k`'s lock until `deadline`; `Ok(None)` when the wait
     /// ran out.
-    async fn acquire(
+    pub async fn acquire(
         &self,
         k: usize,
         kind: LoadKind,
@@ -340,7 +353,8 @@ impl Locker {
         }
     }
 
-    async fn release(&self, held: Held) -> Result<(), String> {
+    /// Ends a holding that [`acquire`](Self::acquire) returned.
+    pub async fn release(&self, held: Held) -> Result<(), String> {
         match (self, held) {
             (_, Held::Lockkit(guard)) => guard.release().await.map_err(|e| e.to_string()),
             (Locker::Rslock(manager), Held::Rslock(lock)) => {

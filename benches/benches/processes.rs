@@ -1,0 +1,462 @@
+#![allow(clippy::print_stdout)]
+//! Sixteen processes on one name: the contention that matters in
+//! production, where every contender is a client of its own.
+//!
+//! Per backend, 16 worker processes (this program, started again with
+//! `LOCKKIT_PROCESSES_WORKER` set) each open one client and loop for a few
+//! seconds: `acquire` of one name (waiting as long as it takes), a critical
+//! section of two round trips to *another* Redis server (`GET` of a counter,
+//! then `SET` of the value plus one), `release`. The counter's value read in
+//! a critical section is its place in the order of grants, so the run is
+//! checked (the counter ends at the number of sections, or two holders
+//! overlapped) and ordered without trusting any clock. Reported:
+//!
+//! * critical sections per second;
+//! * the straight-back share: of consecutive grants, the share that went
+//!   to the process that held the lock just before;
+//! * the handoff: from the previous holder's `release` call to the next
+//!   holder's `acquire` returning (wall-clock nanoseconds; all processes
+//!   read the same clock on one machine), p50 and p99;
+//! * server commands per handoff: the lock servers' own counters before
+//!   and after the run (on Redis, the commands that scripts call count
+//!   too) (Redis `total_commands_processed`, ZooKeeper
+//!   `zk_packets_received`, etcd's `grpc_server_handled_total`, PostgreSQL's
+//!   committed and rolled-back transactions, MariaDB's `Questions`), over the
+//!   number of sections; none for SQLite, which has no server.
+//!
+//! lockkit runs once more with 4 processes, to show whether the work per
+//! handoff grows with the number of waiters. On Redis and Redlock `rslock` 0.10 runs the same work in as many
+//! processes, and `distributed-lock` 0.2 on PostgreSQL (advisory) and
+//! MariaDB (`GET_LOCK`), one after the other on the same servers.
+//!
+//! Run with `cargo bench -p lockkit-benches --bench processes`
+//! (`LOCKKIT_BENCH_BACKENDS=redis,pg-advisory` limits the backends,
+//! `LOCKKIT_BENCH_QUICK=1` shortens the runs); the summary is printed and
+//! written to `target/lockkit-bench/processes-summary.md`.
+
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lockkit_benches::{
+    Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, percentile, runtime,
+    save_summary, selected,
+};
+use lockkit_testkit::{RedisServer, TestServer};
+use redis::AsyncCommands as _;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::Instant;
+
+/// The worker's settings, as JSON in this variable.
+const WORKER: &str = "LOCKKIT_PROCESSES_WORKER";
+/// The counter the critical sections count on (on the section server).
+const COUNTER: &str = "bench-processes-counter";
+const TTL: Duration = Duration::from_secs(30);
+
+fn main() {
+    if let Ok(spec) = std::env::var(WORKER) {
+        worker(&spec);
+        return;
+    }
+    let mode = RunMode::from_env();
+    if mode == RunMode::List {
+        return;
+    }
+    let (processes, run) = match mode {
+        RunMode::Bench => (16, Duration::from_secs(6)),
+        RunMode::Quick => (16, Duration::from_secs(3)),
+        _ => (4, Duration::from_millis(500)),
+    };
+    // memory:// is one process's store: no contention across processes.
+    let backends: Vec<Deployment> = selected()
+        .into_iter()
+        .filter(|d| *d != Deployment::Memory)
+        .collect();
+    let rows = runtime().block_on(async {
+        let servers = Servers::start(&backends).await;
+        let section = RedisServer::start().await;
+        let mut rows = Vec::new();
+        for &backend in &backends {
+            for (client, params) in libraries(backend) {
+                // lockkit also with a quarter of the processes: whether the
+                // server's work per handoff grows with the waiters.
+                // (A test-mode run: lockkit alone, once per backend.)
+                let counts = match (client, mode) {
+                    (Client::Lockkit, RunMode::Test) => vec![processes],
+                    (_, RunMode::Test) => continue,
+                    (Client::Lockkit, _) => vec![processes / 4, processes],
+                    _ => vec![processes],
+                };
+                for n in counts {
+                    let row = contend(&servers, backend, client, params, &section, n, run).await;
+                    println!("{}", row.line());
+                    rows.push(row);
+                }
+            }
+        }
+        rows
+    });
+    save_summary(mode, "processes", &summary(mode, processes, run, &rows));
+}
+
+/// Which libraries run on `backend`, with the URL parameters of lockkit's
+/// runs: lockkit everywhere (on Redis also as a fair lock), the peers where
+/// they have a lock of that kind.
+fn libraries(backend: Deployment) -> Vec<(Client, &'static str)> {
+    use Deployment::*;
+    let mut libraries = vec![(Client::Lockkit, "")];
+    match backend {
+        Redis => libraries.extend([(Client::Lockkit, "fair=true"), (Client::Rslock, "")]),
+        Redlock3 | Redlock5 => libraries.push((Client::Rslock, "")),
+        PgAdvisory | MariaDbNamed => libraries.push((Client::DistributedLock, "")),
+        _ => {}
+    }
+    libraries
+}
+
+/// One worker's critical sections: (place in the order of grants, the
+/// wall-clock ns at which its acquire returned, at which its release was
+/// called).
+type Section = (u64, u64, u64);
+
+fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// One run of `processes` workers of `client` on `backend`.
+async fn contend(
+    servers: &Servers,
+    backend: Deployment,
+    client: Client,
+    params: &'static str,
+    section: &RedisServer,
+    processes: usize,
+    run: Duration,
+) -> Row {
+    section
+        .command(&["SET", COUNTER, "0"])
+        .await
+        .expect("reset the counter");
+    let url = match params {
+        "" => servers.url(backend),
+        _ => format!(
+            "{}{}{params}",
+            servers.url(backend),
+            if servers.url(backend).contains('?') {
+                '&'
+            } else {
+                '?'
+            }
+        ),
+    };
+    let before = commands(servers, backend).await;
+    // Every worker starts at the same moment, after its connections are up.
+    let start_at = wall_ns() + 3_000_000_000;
+    let spec = json!({
+        "url": url,
+        "client": client.name(),
+        "section": format!("redis://127.0.0.1:{}", section.port()),
+        "start_at": start_at,
+        "end_at": start_at + run.as_nanos() as u64,
+    })
+    .to_string();
+    let exe = std::env::current_exe().expect("this program's path");
+    let children: Vec<_> = (0..processes)
+        .map(|_| {
+            tokio::process::Command::new(&exe)
+                .env(WORKER, &spec)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("start a worker process")
+        })
+        .collect();
+    let mut sections: Vec<(usize, Section)> = Vec::new();
+    let mut errors = Vec::new();
+    for (process, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().await.expect("a worker's output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        match serde_json::from_str::<Value>(text.trim()) {
+            Ok(value) if out.status.success() => {
+                for s in value["sections"].as_array().into_iter().flatten() {
+                    let n = |i: usize| s[i].as_u64().unwrap_or(0);
+                    sections.push((process, (n(0), n(1), n(2))));
+                }
+                if let Some(e) = value["error"].as_str() {
+                    errors.push(e.to_owned());
+                }
+            }
+            _ => errors.push(format!("worker {process} failed: {} {text}", out.status)),
+        }
+    }
+    // The servers count what they did when a session ends (PostgreSQL's
+    // statistics are flushed when its backend exits).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = commands(servers, backend).await;
+    let counted: u64 = section
+        .command(&["GET", COUNTER])
+        .await
+        .expect("read the counter")
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    Row::of(
+        backend,
+        (client, params),
+        processes,
+        run,
+        sections,
+        counted,
+        before.zip(after).map(|(b, a)| a.saturating_sub(b)),
+        errors,
+    )
+}
+
+/// What a worker does: see the module's documentation.
+fn worker(spec: &str) {
+    let spec: Value = serde_json::from_str(spec).expect("the worker's settings");
+    let field = |key: &str| spec[key].as_str().unwrap_or_default().to_owned();
+    let (url, section) = (field("url"), field("section"));
+    let client: Client = field("client").parse().expect("a client");
+    let (start_at, end_at) = (
+        spec["start_at"].as_u64().unwrap_or(0),
+        spec["end_at"].as_u64().unwrap_or(0),
+    );
+    let out = runtime().block_on(async move {
+        let locker = match Locker::connect(client, &url).await {
+            Ok(Some(locker)) => locker,
+            other => return json!({"sections": [], "error": format!("connect: {other:?}")}),
+        };
+        let redis = redis::Client::open(section.as_str()).expect("the section server's URL");
+        let mut conn = redis
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the section server");
+        let now = wall_ns();
+        tokio::time::sleep(Duration::from_nanos(start_at.saturating_sub(now))).await;
+        let deadline = Instant::now() + Duration::from_nanos(end_at.saturating_sub(wall_ns()));
+        let mut sections = Vec::new();
+        let mut error = None;
+        // The lock is the load generator's key 0 (`lockkit-load/0`).
+        while Instant::now() < deadline {
+            let held = match locker
+                .acquire(
+                    0,
+                    LoadKind::Exclusive,
+                    TTL,
+                    deadline + Duration::from_secs(10),
+                )
+                .await
+            {
+                Ok(Some((held, _))) => held,
+                Ok(None) => break,
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            };
+            let acquired = wall_ns();
+            let seen: Option<u64> = conn.get(COUNTER).await.expect("GET the counter");
+            let place = seen.unwrap_or(0);
+            let () = conn.set(COUNTER, place + 1).await.expect("SET the counter");
+            let released = wall_ns();
+            if let Err(e) = locker.release(held).await {
+                error = Some(e);
+                break;
+            }
+            sections.push(json!([place, acquired, released]));
+        }
+        json!({"sections": sections, "error": error})
+    });
+    println!("{out}");
+}
+
+/// The lock servers' count of commands (see the module's documentation);
+/// `None` for SQLite.
+async fn commands(servers: &Servers, backend: Deployment) -> Option<u64> {
+    use Deployment::*;
+    match backend {
+        Redis | Redlock3 | Redlock5 => {
+            let mut sum = 0;
+            for server in &servers.redis()[..backend.redis_masters()] {
+                let info = server.command(&["INFO", "stats"]).await.ok()?;
+                sum += field(&info, "total_commands_processed")?;
+            }
+            Some(sum)
+        }
+        Zk => field(
+            &servers.zk().four_letter("mntr").await.ok()?,
+            "zk_packets_received",
+        ),
+        Etcd => etcd_requests(&servers.etcd().endpoint()).await,
+        PgLease | PgRow | PgAdvisory => {
+            let mut conn = sqlx_connect_pg(&servers.pg().url()).await?;
+            let n: i64 = sqlx::query_scalar(
+                "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+                 WHERE datname = current_database()",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .ok()?;
+            Some(n as u64)
+        }
+        MariaDbLease | MariaDbRow | MariaDbNamed => {
+            use sqlx::Connection as _;
+            let mut conn = sqlx::MySqlConnection::connect(&servers.my().url())
+                .await
+                .ok()?;
+            let (_, n): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+                .fetch_one(&mut conn)
+                .await
+                .ok()?;
+            n.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+async fn sqlx_connect_pg(url: &str) -> Option<sqlx::PgConnection> {
+    use sqlx::Connection as _;
+    sqlx::PgConnection::connect(url).await.ok()
+}
+
+/// A `name:value` or `name\tvalue` line's number.
+fn field(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.trim().strip_prefix(name)?;
+        rest.trim_start_matches([':', '\t', ' '])
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The sum of etcd's `grpc_server_handled_total` (every gRPC request it
+/// answered), from its `/metrics` page.
+async fn etcd_requests(endpoint: &str) -> Option<u64> {
+    let addr = endpoint.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut page = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut page))
+        .await
+        .ok()?
+        .ok()?;
+    let sum: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    Some(sum as u64)
+}
+
+/// One run's figures.
+struct Row {
+    backend: Deployment,
+    /// The library, and lockkit's URL parameters.
+    client: (Client, &'static str),
+    processes: usize,
+    sections: usize,
+    per_second: f64,
+    straight_back: Option<f64>,
+    handoff_p50: Option<Duration>,
+    handoff_p99: Option<Duration>,
+    commands_per_handoff: Option<f64>,
+    /// Whether the counter and the sections agree (no two holders at once).
+    books: bool,
+    errors: Vec<String>,
+}
+
+impl Row {
+    #[allow(clippy::too_many_arguments)]
+    fn of(
+        backend: Deployment,
+        client: (Client, &'static str),
+        processes: usize,
+        run: Duration,
+        mut sections: Vec<(usize, Section)>,
+        counted: u64,
+        commands: Option<u64>,
+        errors: Vec<String>,
+    ) -> Row {
+        sections.sort_by_key(|(_, (place, _, _))| *place);
+        let places_unique = sections.windows(2).all(|w| w[0].1.0 + 1 == w[1].1.0);
+        let books = counted == sections.len() as u64
+            && places_unique
+            && sections.first().is_none_or(|(_, s)| s.0 == 0);
+        let pairs = sections.len().saturating_sub(1);
+        let straight = sections.windows(2).filter(|w| w[0].0 == w[1].0).count();
+        let mut handoffs: Vec<Duration> = sections
+            .windows(2)
+            .filter(|w| w[0].0 != w[1].0)
+            .map(|w| Duration::from_nanos(w[1].1.1.saturating_sub(w[0].1.2)))
+            .collect();
+        handoffs.sort();
+        Row {
+            backend,
+            client,
+            processes,
+            sections: sections.len(),
+            per_second: sections.len() as f64 / run.as_secs_f64(),
+            straight_back: (pairs > 0).then(|| straight as f64 / pairs as f64),
+            handoff_p50: percentile(&handoffs, 50.0),
+            handoff_p99: percentile(&handoffs, 99.0),
+            commands_per_handoff: commands
+                .filter(|_| pairs > 0)
+                .map(|n| n as f64 / sections.len() as f64),
+            books,
+            errors,
+        }
+    }
+
+    fn line(&self) -> String {
+        let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
+        format!(
+            "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+            self.backend.label(),
+            match self.client {
+                (client, "") => client.library().to_owned(),
+                (client, params) => format!("{} (`{params}`)", client.library()),
+            },
+            self.processes,
+            self.sections,
+            self.per_second,
+            self.straight_back
+                .map_or("—".into(), |s| format!("{:.0} %", s * 100.0)),
+            opt(self.handoff_p50),
+            opt(self.handoff_p99),
+            self.commands_per_handoff
+                .map_or("—".into(), |c| format!("{c:.1}")),
+            match (self.books, self.errors.first()) {
+                (true, None) => "OK".to_owned(),
+                (true, Some(e)) => format!("OK; error: {}", e.replace('|', "/")),
+                (false, _) => "**overlap or lost section**".to_owned(),
+            },
+        )
+    }
+}
+
+fn summary(mode: RunMode, processes: usize, run: Duration, rows: &[Row]) -> String {
+    let mut out = format!(
+        "## {processes} processes on one name ({} run, {} s per library, backend and process count)\n\n\
+         Each process one client, looping `acquire` → two round trips to another Redis server → `release`. \
+         Straight back: of consecutive grants, the share that went to the process that had just released. \
+         Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
+         Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
+         Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
+         | backend | library | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | books |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        mode.label(),
+        run.as_secs(),
+        quarter = processes / 4,
+    );
+    for row in rows {
+        let _ = writeln!(out, "{}", row.line());
+    }
+    out
+}
