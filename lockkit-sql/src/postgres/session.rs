@@ -13,7 +13,7 @@ use crate::error::is_lock_busy;
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
 use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{ADVISORY_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Value::Int, trusted, whole_millis};
+use crate::statement::{Answer, trusted, whole_millis};
 
 /// How often a waiting session-lock statement checks that its client is still
 /// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
@@ -72,11 +72,8 @@ impl PgSession {
         conn: &mut PgConn,
         wait: ServerWait,
     ) -> sqlx::Result<()> {
-        let ms = match wait {
-            ServerWait::NoWait => return Ok(()),
-            // lock_timeout = 0 disables the timeout, so never round down to it.
-            ServerWait::For(left) => whole_millis(left).max(1),
-            ServerWait::Forever => 0,
+        let Some(ms) = lock_timeout_ms(wait) else {
+            return Ok(());
         };
         if conn.lock_timeout_ms != Some(ms) {
             conn.lock_timeout_ms = None;
@@ -97,17 +94,35 @@ impl PgSession {
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
         let statement = self.sql.advisory.form(shared, wait.intent());
-        self.set_lock_timeout(conn, wait).await?;
+        let query = sqlx::query_scalar(trusted(statement)).bind(key);
+        // A wait sets its `lock_timeout` in the same statement.
+        let timeout_ms = lock_timeout_ms(wait);
+        let query = match timeout_ms {
+            Some(ms) => query.bind(ms.to_string()),
+            None => query,
+        };
+        // The setting stays when the statement succeeds; a failed one puts
+        // the session's back, which `set_lock_timeout` then no longer knows.
+        conn.lock_timeout_ms = None;
         // A try answers NULL when busy; a wait, `lock_not_available`.
-        match sqlx::query_scalar(trusted(statement))
-            .bind_all(&[Int(key)])
-            .fetch_one(&mut conn.conn)
-            .await
-        {
-            Ok(fence) => Ok(fence),
+        match query.fetch_one(&mut conn.conn).await {
+            Ok(fence) => {
+                conn.lock_timeout_ms = timeout_ms;
+                Ok(fence)
+            }
             Err(error) if is_lock_busy(&error) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+}
+
+/// The `lock_timeout` of a wait (0: no limit); `None` for a try.
+fn lock_timeout_ms(wait: ServerWait) -> Option<i64> {
+    match wait {
+        ServerWait::NoWait => None,
+        // lock_timeout = 0 disables the timeout, so never round down to it.
+        ServerWait::For(left) => Some(whole_millis(left).max(1)),
+        ServerWait::Forever => Some(0),
     }
 }
 

@@ -267,12 +267,20 @@ pub(super) fn gate_halves(name: &str) -> (i32, i32) {
 
 /// `pg_advisory_lock($1)`, or `pg_try_advisory_lock` for [`Intent::Try`]
 /// (`_shared` for a shared holding), drawing a token from `seq` only once
-/// granted (MATERIALIZED); a try that is refused answers `NULL`.
+/// granted (MATERIALIZED); a try that is refused answers `NULL`. A wait
+/// first sets the session's `lock_timeout` to `$2` (ms as text, `0` for no
+/// limit) in the same statement, so that a wait with a deadline costs no
+/// round trip of its own: the lock is taken after the setting (the CTE it
+/// reads comes first), and the server reads the setting when its wait
+/// begins. (A wait that times out aborts the statement, which puts the
+/// setting back.)
 fn advisory_lock(seq: &str, shared: bool, intent: Intent) -> String {
     let side = if shared { "_shared" } else { "" };
     match intent {
         Intent::Wait => format!(
-            "WITH l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1)) SELECT nextval('{seq}') FROM l"
+            "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $2, false)), \
+             l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1) FROM t) \
+             SELECT nextval('{seq}') FROM l"
         ),
         Intent::Try => format!(
             "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok) \
