@@ -12,8 +12,10 @@
 #      then `family` (shared and permit
 #      cycles paired with the exclusive one, on both runtime flavours) and
 #      `family_peers` (against distributed-lock 0.2 and Curator, and 16
-#      readers scaling); scripts/reports.sh makes each summary a page of
-#      docs/reports/;
+#      readers scaling), `processes` (16 worker processes on one name,
+#      beside rslock and distributed-lock) and `cluster_pubsub` (the
+#      messages a release costs a Redis Cluster's nodes); scripts/reports.sh
+#      makes each summary a page of docs/reports/;
 #   2. the seckill load generator on every backend, and rslock beside Redis;
 #   3. the scaling curves (contenders, keys) with their charts;
 #   4. the lease density of 1 000 000 auto-renewed Redis leases (renewals
@@ -22,7 +24,7 @@
 # Everything lands in target/lockkit-bench/ (summaries, JSON, SVG and PNG).
 # LOCKKIT_BENCH_BACKENDS=redis,zk limits steps 1-3 to some backends;
 # LOCKKIT_BENCH_QUICK=1 shrinks everything to a quick look. Takes about
-# 25 minutes on a 2-core machine.
+# 30 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +38,8 @@ cargo bench -p lockkit-benches --bench cycle_overhead
 cargo bench -p lockkit-benches --bench etcd
 cargo bench -p lockkit-benches --bench family
 cargo bench -p lockkit-benches --bench family_peers
+cargo bench -p lockkit-benches --bench processes
+cargo bench -p lockkit-benches --bench cluster_pubsub
 cargo build --release -p lockkit-benches --bin lockkit-load --bin lockkit-scale
 
 if [ "${LOCKKIT_BENCH_QUICK:-}" = 1 ]; then
