@@ -186,14 +186,29 @@ pub(crate) fn shard_subscriber(
     nodes: &[redis::ConnectionInfo],
     push: PushSender,
 ) -> Result<ClusterClient> {
-    ClusterClientBuilder::new(nodes.to_vec())
+    let builder = cluster_builder(config, nodes, config.command_timeout)
         .use_protocol(redis::ProtocolVersion::RESP3)
-        .push_sender(move |info| push(info))
+        .push_sender(move |info| push(info));
+    build_cluster(config, builder)
+}
+
+/// A cluster client's settings, as for the command connection: few, quick
+/// retries (see [`manager_config`]).
+fn cluster_builder(
+    config: &RedisConfig,
+    nodes: &[redis::ConnectionInfo],
+    response_timeout: Duration,
+) -> ClusterClientBuilder {
+    ClusterClientBuilder::new(nodes.to_vec())
         .connection_timeout(config.connect_timeout)
-        .response_timeout(config.command_timeout)
+        .response_timeout(response_timeout)
         .retries(2)
         .min_retry_wait(10)
         .max_retry_wait(200)
+}
+
+fn build_cluster(config: &RedisConfig, builder: ClusterClientBuilder) -> Result<ClusterClient> {
+    builder
         .build()
         .map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))
 }
@@ -208,14 +223,7 @@ pub(crate) async fn open(
     let address = config.address();
     match (&config.topology, resolver) {
         (Topology::Cluster { nodes }, _) => {
-            let client = ClusterClientBuilder::new(nodes.clone())
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(response_timeout)
-                .retries(2)
-                .min_retry_wait(10)
-                .max_retry_wait(200)
-                .build()
-                .map_err(|e| LockError::invalid_url(&config.redacted_url, e.to_string()))?;
+            let client = build_cluster(config, cluster_builder(config, nodes, response_timeout))?;
             let conn = client
                 .get_async_connection()
                 .await

@@ -675,7 +675,6 @@ fn grant_answer(answer: i64, fencing: bool) -> Attempt<Option<FencingToken>> {
     }
 }
 
-/// A script's boolean argument.
 /// Whether the server knows `command` (`COMMAND INFO` answers nil for one
 /// it does not).
 async fn has_command(conn: &mut Connection, command: &str) -> redis::RedisResult<bool> {
@@ -687,6 +686,7 @@ async fn has_command(conn: &mut Connection, command: &str) -> redis::RedisResult
     Ok(info.first().is_some_and(|v| *v != redis::Value::Nil))
 }
 
+/// A script's boolean argument.
 pub(crate) fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }

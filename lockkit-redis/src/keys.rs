@@ -66,8 +66,9 @@ pub struct Queue {
 /// lock key with a `}` may hash elsewhere (a script touching both would fail
 /// with `CROSSSLOT`, and one publishing on a sharded channel of another slot
 /// too), so its derived keys and channel are
-/// `{<tag>}:<suffix>:<prefix><name>` instead, where `<tag>` is the lock key's own hash tag or, when it has
-/// none, a short tag chosen to hash to the lock key's slot.
+/// `{<tag>}:<suffix>:<prefix><name>` instead, where `<tag>` is the lock
+/// key's own hash tag or, when it has none, a short tag chosen to hash to
+/// the lock key's slot.
 ///
 /// Names are UTF-8 and Redis keys are binary-safe, so prefixing is injective.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -179,29 +179,26 @@ impl Notifications {
     /// The subscriber connection to the current target: the existing one,
     /// or a new one on which every known channel is subscribed again.
     async fn connection(&self, subscriber: &mut Subscriber) -> Result<Subscription, RedisError> {
+        // Outside Sentinel (whose master may change) the connection stays
+        // once made: it reconnects by itself, and a cluster connection
+        // subscribes again on whichever node serves a slot after a change.
+        // (A seed whose subscription failed is dropped in `watch`.)
+        if !matches!(self.target, Target::Sentinel(_))
+            && let Some((_, conn)) = &subscriber.conn
+        {
+            return Ok(conn.clone());
+        }
         let (key, client) = match &self.target {
-            // One connection for the client's whole life: it reconnects by itself.
-            Target::Fixed(client) => match &subscriber.conn {
-                Some((_, conn)) => return Ok(conn.clone()),
-                None => (String::new(), Client::clone(client)),
-            },
-            Target::Shards(client) => match &subscriber.conn {
-                Some((_, conn)) => return Ok(conn.clone()),
-                None => {
-                    // The cluster connection subscribes again by itself,
-                    // on whichever node serves a slot after a change.
-                    let conn = Subscription::Shards(client.get_async_connection().await?);
-                    subscriber.conn = Some((String::new(), conn.clone()));
-                    return Ok(conn);
-                }
-            },
-            Target::Seeds(clients) => match &subscriber.conn {
-                Some((_, conn)) => return Ok(conn.clone()),
-                None => {
-                    let index = subscriber.next_seed % clients.len();
-                    (format!("seed {index}"), clients[index].clone())
-                }
-            },
+            Target::Fixed(client) => (String::new(), Client::clone(client)),
+            Target::Shards(client) => {
+                let conn = Subscription::Shards(client.get_async_connection().await?);
+                subscriber.conn = Some((String::new(), conn.clone()));
+                return Ok(conn);
+            }
+            Target::Seeds(clients) => {
+                let index = subscriber.next_seed % clients.len();
+                (format!("seed {index}"), clients[index].clone())
+            }
             Target::Sentinel(resolver) => {
                 let master = match resolver.known_master() {
                     Some(master) => master,
