@@ -13,7 +13,8 @@ use crate::error::is_lock_busy;
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
 use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{ADVISORY_CAPABILITIES, Settings};
-use crate::statement::{Answer, trusted, whole_millis};
+use crate::statement::Value::{Int, Text};
+use crate::statement::{Answer, Bind as _, trusted, whole_millis};
 
 /// How often a waiting session-lock statement checks that its client is still
 /// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
@@ -94,18 +95,24 @@ impl PgSession {
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
         let statement = self.sql.advisory.form(shared, wait.intent());
-        let query = sqlx::query_scalar(trusted(statement)).bind(key);
-        // A wait sets its `lock_timeout` in the same statement.
+        // A wait sets its `lock_timeout` in the same statement (`$2`).
         let timeout_ms = lock_timeout_ms(wait);
-        let query = match timeout_ms {
-            Some(ms) => query.bind(ms.to_string()),
-            None => query,
+        let timeout = timeout_ms.map(|ms| ms.to_string()).unwrap_or_default();
+        let values = [Int(key), Text(&timeout)];
+        let values = if timeout_ms.is_some() {
+            &values[..]
+        } else {
+            &values[..1]
         };
         // The setting stays when the statement succeeds; a failed one puts
         // the session's back, which `set_lock_timeout` then no longer knows.
         conn.lock_timeout_ms = None;
         // A try answers NULL when busy; a wait, `lock_not_available`.
-        match query.fetch_one(&mut conn.conn).await {
+        match sqlx::query_scalar(trusted(statement))
+            .bind_all(values)
+            .fetch_one(&mut conn.conn)
+            .await
+        {
             Ok(fence) => {
                 conn.lock_timeout_ms = timeout_ms;
                 Ok(fence)
