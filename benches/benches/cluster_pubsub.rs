@@ -23,7 +23,7 @@ use std::time::Duration;
 use lockkit_benches::{RunMode, runtime, save_summary};
 use lockkit_core::{DistributedLock, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock};
-use lockkit_testkit::{RedisCluster, RedisServer, TestServer};
+use lockkit_testkit::{RedisCluster, RedisServer, TestServer, info_field};
 
 const NAME: &str = "bench-cluster-pubsub";
 
@@ -165,12 +165,11 @@ async fn counts(nodes: &[RedisServer]) -> Vec<u64> {
             .command(&["INFO", "commandstats"])
             .await
             .expect("INFO commandstats");
+        // `name:N`, or `name:calls=N,usec=…` in `INFO commandstats`.
         let field = |text: &str, name: &str| -> u64 {
-            text.lines()
-                .find_map(|line| line.trim().strip_prefix(name))
-                .and_then(|rest| {
-                    let rest = rest.strip_prefix(':')?;
-                    let value = rest.strip_prefix("calls=").unwrap_or(rest);
+            info_field(text, name)
+                .and_then(|value| {
+                    let value = value.strip_prefix("calls=").unwrap_or(value);
                     value.split(',').next()?.trim().parse().ok()
                 })
                 .unwrap_or(0)

@@ -42,9 +42,10 @@ use lockkit_benches::{
     Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, percentile, runtime,
     save_summary, selected,
 };
-use lockkit_testkit::{RedisServer, TestServer};
+use lockkit_testkit::{RedisServer, TestServer, info_field};
 use redis::AsyncCommands as _;
 use serde_json::{Value, json};
+use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
@@ -100,16 +101,21 @@ fn main() {
     save_summary(mode, "processes", &summary(mode, processes, run, &rows));
 }
 
+/// Extra URL parameters of a lockkit run.
+type Params = &'static [(&'static str, &'static str)];
+const NONE: Params = &[];
+const FAIR: Params = &[("fair", "true")];
+
 /// Which libraries run on `backend`, with the URL parameters of lockkit's
 /// runs: lockkit everywhere (on Redis also as a fair lock), the peers where
 /// they have a lock of that kind.
-fn libraries(backend: Deployment) -> Vec<(Client, &'static str)> {
+fn libraries(backend: Deployment) -> Vec<(Client, Params)> {
     use Deployment::*;
-    let mut libraries = vec![(Client::Lockkit, "")];
+    let mut libraries = vec![(Client::Lockkit, NONE)];
     match backend {
-        Redis => libraries.extend([(Client::Lockkit, "fair=true"), (Client::Rslock, "")]),
-        Redlock3 | Redlock5 => libraries.push((Client::Rslock, "")),
-        PgAdvisory | MariaDbNamed => libraries.push((Client::DistributedLock, "")),
+        Redis => libraries.extend([(Client::Lockkit, FAIR), (Client::Rslock, NONE)]),
+        Redlock3 | Redlock5 => libraries.push((Client::Rslock, NONE)),
+        PgAdvisory | MariaDbNamed => libraries.push((Client::DistributedLock, NONE)),
         _ => {}
     }
     libraries
@@ -131,7 +137,7 @@ async fn contend(
     servers: &Servers,
     backend: Deployment,
     client: Client,
-    params: &'static str,
+    params: Params,
     section: &RedisServer,
     processes: usize,
     run: Duration,
@@ -140,18 +146,16 @@ async fn contend(
         .command(&["SET", COUNTER, "0"])
         .await
         .expect("reset the counter");
-    let url = match params {
-        "" => servers.url(backend),
-        _ => format!(
-            "{}{}{params}",
-            servers.url(backend),
-            if servers.url(backend).contains('?') {
-                '&'
-            } else {
-                '?'
-            }
-        ),
-    };
+    let hosts: Vec<String> = servers
+        .addrs(backend)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let extra: Vec<(&str, String)> = params
+        .iter()
+        .map(|&(key, value)| (key, value.to_owned()))
+        .collect();
+    let url = servers.url_with(backend, &hosts, &extra);
     let before = commands(servers, backend).await;
     // Every worker starts at the same moment, after its connections are up.
     // (Sixteen processes open their connections in well under a second.)
@@ -164,7 +168,7 @@ async fn contend(
     let spec = json!({
         "url": url,
         "client": client.name(),
-        "section": format!("redis://127.0.0.1:{}", section.port()),
+        "section": section.url(),
         "start_at": start_at,
         "end_at": start_at + run.as_nanos() as u64,
     })
@@ -295,17 +299,27 @@ async fn commands(servers: &Servers, backend: Deployment) -> Option<u64> {
             let mut sum = 0;
             for server in &servers.redis()[..backend.redis_masters()] {
                 let info = server.command(&["INFO", "stats"]).await.ok()?;
-                sum += field(&info, "total_commands_processed")?;
+                sum += info_field(&info, "total_commands_processed")?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?;
             }
             Some(sum)
         }
-        Zk => field(
-            &servers.zk().four_letter("mntr").await.ok()?,
-            "zk_packets_received",
-        ),
+        Zk => {
+            // `name<TAB>value` lines.
+            let mntr = servers.zk().four_letter("mntr").await.ok()?;
+            mntr.lines()
+                .find_map(|line| line.strip_prefix("zk_packets_received\t"))?
+                .trim()
+                .parse()
+                .ok()
+        }
         Etcd => etcd_requests(&servers.etcd().endpoint()).await,
         PgLease | PgRow | PgAdvisory => {
-            let mut conn = sqlx_connect_pg(&servers.pg().url()).await?;
+            let mut conn = sqlx::PgConnection::connect(&servers.pg().url())
+                .await
+                .ok()?;
             let n: i64 = sqlx::query_scalar(
                 "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
                  WHERE datname = current_database()",
@@ -316,7 +330,6 @@ async fn commands(servers: &Servers, backend: Deployment) -> Option<u64> {
             Some(n as u64)
         }
         MariaDbLease | MariaDbRow | MariaDbNamed => {
-            use sqlx::Connection as _;
             let mut conn = sqlx::MySqlConnection::connect(&servers.my().url())
                 .await
                 .ok()?;
@@ -328,22 +341,6 @@ async fn commands(servers: &Servers, backend: Deployment) -> Option<u64> {
         }
         _ => None,
     }
-}
-
-async fn sqlx_connect_pg(url: &str) -> Option<sqlx::PgConnection> {
-    use sqlx::Connection as _;
-    sqlx::PgConnection::connect(url).await.ok()
-}
-
-/// A `name:value` or `name\tvalue` line's number.
-fn field(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let rest = line.trim().strip_prefix(name)?;
-        rest.trim_start_matches([':', '\t', ' '])
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 /// The sum of etcd's `grpc_server_handled_total` (every gRPC request it
@@ -370,7 +367,7 @@ async fn etcd_requests(endpoint: &str) -> Option<u64> {
 struct Row {
     backend: Deployment,
     /// The library, and lockkit's URL parameters.
-    client: (Client, &'static str),
+    client: (Client, Params),
     processes: usize,
     sections: usize,
     per_second: f64,
@@ -387,7 +384,7 @@ impl Row {
     #[allow(clippy::too_many_arguments)]
     fn of(
         backend: Deployment,
-        client: (Client, &'static str),
+        client: (Client, Params),
         processes: usize,
         run: Duration,
         mut sections: Vec<(usize, Section)>,
@@ -431,8 +428,12 @@ impl Row {
             "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
             self.backend.label(),
             match self.client {
-                (client, "") => client.library().to_owned(),
-                (client, params) => format!("{} (`{params}`)", client.library()),
+                (client, []) => client.library().to_owned(),
+                (client, params) => {
+                    let params: Vec<String> =
+                        params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    format!("{} (`{}`)", client.library(), params.join("&"))
+                }
             },
             self.processes,
             self.sections,

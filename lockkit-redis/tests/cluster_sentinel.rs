@@ -9,7 +9,7 @@ use std::time::Duration;
 use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock, RedisLockBuilder};
 use lockkit_testkit::{ClosedPort, RedisCluster, RedisSentinels, RedisServer, eventually};
-use lockkit_testkit::{FaultControl, TestServer, waiter};
+use lockkit_testkit::{FaultControl, TestServer, info_field, waiter};
 use tokio::time::Instant;
 
 const CLIENT_PARAMS: &str = "connect_timeout=500ms&command_timeout=500ms";
@@ -189,9 +189,7 @@ async fn bus_messages(cluster: &RedisCluster) -> (u64, u64) {
     for node in cluster.nodes() {
         let info = node.command(&["CLUSTER", "INFO"]).await.unwrap();
         let field = |name: &str| -> u64 {
-            info.lines()
-                .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-                .map_or(0, |v| v.trim().parse().unwrap())
+            info_field(&info, name).map_or(0, |v| v.trim().parse().unwrap())
         };
         sums.0 += field("cluster_stats_messages_publish_received");
         sums.1 += field("cluster_stats_messages_publishshard_received");

@@ -191,8 +191,9 @@ async fn read_reply(connection: &mut BufReader<TcpStream>) -> io::Result<Reply> 
     }
 }
 
-/// The value of `field` in an `INFO`-style `field:value` text.
-pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+/// The value of `field` in an `INFO`-style `field:value` text (`INFO`,
+/// `CLUSTER INFO`).
+pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
         line.trim()
             .strip_prefix(field)
