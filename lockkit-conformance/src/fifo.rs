@@ -1,5 +1,7 @@
-//! The `fifo` capability: a backend that claims it serves the waiters of a
-//! held name in the order they began to wait, whichever client each is on.
+//! Who gets a released name: where the `fifo` capability is claimed, the
+//! waiters in the order they began to wait, whichever client each is on;
+//! where waits are notified, a client that was waiting rather than the one
+//! that released and asked again at once.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -58,6 +60,65 @@ pub async fn fifo_backends_serve_waiters_in_order(h: &dyn Harness) {
         order,
         (0..WAITERS).collect::<Vec<_>>(),
         "the waiters were served out of the order they queued in"
+    );
+}
+
+/// Where waits are notified ([`notified_wait`](lockkit_core::Capabilities::notified_wait))
+/// and `status` counts the waiters: a client that releases a name and at
+/// once asks for it again queues behind a client that was waiting for it,
+/// instead of taking it straight back (which, with a critical section of a
+/// few round trips, would starve the waiting clients and wake them all for
+/// nothing on every release). Backends whose `status` does not count
+/// waiters cannot show that one was waiting, and are not held to it.
+pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
+    let releaser = h.client().await;
+    if !releaser.capabilities().notified_wait {
+        return;
+    }
+    let name = unique("handoff");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .wait_for(Duration::from_secs(30));
+    let guard = releaser
+        .acquire(&name, &opts)
+        .await
+        .expect("the first holder takes the lock");
+    let counted = releaser.status(&name).await.ok().and_then(|s| s.waiters);
+    if counted.is_none() {
+        guard.release().await.expect("the holder releases");
+        return;
+    }
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let waiter = h.client().await;
+    let waiting = {
+        let (name, order, opts) = (name.clone(), order.clone(), opts.clone());
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&name, &opts).await?;
+            order
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push("waiter");
+            guard.release().await.map(drop)
+        })
+    };
+    until_queued(releaser.as_ref(), &name, 1).await;
+    guard.release().await.expect("the holder releases");
+    let again = releaser
+        .acquire(&name, &opts)
+        .await
+        .expect("the releaser gets the lock again");
+    order
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push("releaser");
+    again.release().await.expect("the releaser releases again");
+    let waited: Result<(), LockError> = waiting.await.expect("the waiter task");
+    waited.expect("the waiter gets the lock");
+    let order = order.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        order,
+        ["waiter", "releaser"],
+        "the lock went straight back to the client that released it, not to the client waiting for it"
     );
 }
 

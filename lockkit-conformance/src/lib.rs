@@ -136,6 +136,7 @@ macro_rules! conformance_suite {
             guard_reports_its_state,
             status_reports_the_holder,
             fifo_backends_serve_waiters_in_order,
+            a_release_goes_to_a_waiting_client,
             local_handoffs_keep_exclusion_and_fencing,
             unsupported_kinds_are_refused,
             two_readers_hold_together,

@@ -205,11 +205,13 @@ impl LeaseBackend for RedisBackend {
     }
 
     /// One script reads the lock key's `PTTL`, the live readers (or permits),
-    /// the fence counter and, for a fair lock, its queue. The token reported
-    /// is the last one drawn for the name: the holder's (or the latest
-    /// reader's), unless the key was set by a client that draws none
-    /// (redis-py, redsync). The waiters are counted only where the server
-    /// queues them (a fair lock): one per waiting client.
+    /// the fence counter and the waiters: for a fair lock its queue, else
+    /// its waiting line. The token reported is the last one drawn for the
+    /// name: the holder's (or the latest reader's), unless the key was set
+    /// by a client that draws none (redis-py, redsync). The waiters are
+    /// counted one per waiting client (its tasks wait behind one place);
+    /// for a semaphore, not at all. A lock reserved for the next waiter is
+    /// free.
     async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
         let holdings = self.instance.holdings_of(key).await?;
         if holdings.count == 0 {

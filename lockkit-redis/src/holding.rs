@@ -94,21 +94,25 @@ impl RedisKey {
 impl RedisInstance {
     /// The holdings of a reader-writer lock (`lock` its lock key, `set` its
     /// readers) or of a semaphore (`lock` `None`, `set` its permits), and
-    /// for a fair lock the waiters of `queue` (its deadlines key), read in
-    /// one script.
+    /// the waiters counted in `waiters`, read in one script.
     pub(crate) async fn holdings(
         &self,
         lock: Option<&str>,
         fence: &str,
         set: &str,
-        queue: Option<&str>,
+        waiters: Option<Waiters<'_>>,
     ) -> Result<Holdings> {
         let mut conn = self.commands();
+        let (key, kind) = match waiters {
+            Some(Waiters::Queue(key)) => (Some(key), "queue"),
+            Some(Waiters::Line(key)) => (Some(key), "line"),
+            None => (None, ""),
+        };
         let mut call = Call::new(
             &SCRIPTS.status,
-            [lock.unwrap_or(set), fence, set].into_iter().chain(queue),
+            [lock.unwrap_or(set), fence, set].into_iter().chain(key),
         );
-        call.arg(flag(lock.is_some()));
+        call.arg(flag(lock.is_some())).arg(kind);
         let (count, remaining, fence, stored, queued): (i64, i64, i64, String, i64) = self
             .run("read the holdings", call.invoke(&mut conn))
             .await?;
@@ -139,6 +143,8 @@ impl RedisInstance {
                     .query_async(&mut conn),
             )
             .await?;
+        // A key reserved for the next waiter (see `Keys::line`) is no holding.
+        let owner = owner.filter(|owner| !owner.starts_with(crate::scripts::TURN_MARK));
         Ok(owner.map(|owner| Holder {
             owner,
             // The key was read with its value, so it exists: a -2 from a
@@ -202,8 +208,12 @@ impl RedisInstance {
     pub async fn holdings_of(&self, key: &RedisKey) -> Result<Holdings> {
         match key {
             RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => {
-                let queue = keys.queue.as_ref().map(|queue| queue.deadlines.as_str());
-                self.holdings(Some(&keys.lock), &keys.fence, &keys.readers, queue)
+                let line = keys.line();
+                let waiters = match &keys.queue {
+                    Some(queue) => Waiters::Queue(&queue.deadlines),
+                    None => Waiters::Line(&line),
+                };
+                self.holdings(Some(&keys.lock), &keys.fence, &keys.readers, Some(waiters))
                     .await
             }
             RedisKey::Permit { keys, .. } => {
@@ -221,10 +231,25 @@ impl RedisInstance {
         }
     }
 
-    /// Release notifications that may let `key` in.
+    /// Release notifications that may let `key` in: for a writer of a lock
+    /// that is not fair, its turn in the line as well (see
+    /// [`Keys::line`]).
     pub async fn watch_holding(&self, key: &RedisKey) -> ReleaseWatch {
-        self.watch_channel(key.channel()).await
+        match key {
+            RedisKey::Exclusive(keys) if keys.queue.is_none() => self.watch_turn(keys).await,
+            _ => self.watch_channel(key.channel()).await,
+        }
     }
+}
+
+/// Where a lock's waiters are counted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Waiters<'k> {
+    /// A fair lock's queue, by its deadlines key: the waiters whose place
+    /// is live.
+    Queue(&'k str),
+    /// A lock's waiting line (see [`Keys::line`]): every client in it.
+    Line(&'k str),
 }
 
 /// The holder of a lock as one Redis server sees it; see
@@ -252,8 +277,8 @@ pub struct Holdings {
     pub fence: Option<u64>,
     /// The holder identity one of them recorded, if any.
     pub holder: Option<String>,
-    /// For a fair lock, the clients whose place in its queue is live (the
-    /// tasks of one client queue among themselves behind one place); `None`
-    /// for other names.
+    /// For a lock, the clients waiting in its line, or for a fair lock the
+    /// clients whose place in its queue is live (the tasks of one client
+    /// queue among themselves behind one place); `None` for a semaphore.
     pub waiters: Option<usize>,
 }

@@ -15,7 +15,7 @@ use crate::connection::{
     Connection, client_for, manager_config, open, resp3, shard_subscriber, single,
 };
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
+use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys, TURN};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
 use crate::scripts::{Call, Publish, Releases, SCRIPTS, SOURCES, is_no_script};
@@ -48,6 +48,10 @@ struct Inner {
     wait: Option<ReplicaWait>,
     /// Batches renewals; none on a Cluster or with `WAIT` (see `renew`).
     renewals: Option<Renewals>,
+    /// The id this connection's waiters stand under in the waiting lines
+    /// of locks (see [`Keys::line`]): one per connection, whose tasks
+    /// queue among themselves first.
+    waiter: Arc<str>,
 }
 
 impl fmt::Debug for RedisInstance {
@@ -234,6 +238,7 @@ impl RedisInstance {
                 releases,
                 command_timeout: config.command_timeout,
                 wait: config.wait,
+                waiter: lockkit_core::backend::OwnerToken::new().as_str().into(),
             }),
         })
     }
@@ -323,19 +328,25 @@ impl RedisInstance {
         fencing: bool,
         record_waiting: bool,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let script = match &keys.queue {
-            Some(_) => &SCRIPTS.acquire_fair,
-            None => &SCRIPTS.acquire,
-        };
         let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
-        let mut call = Call::new(script, and_queue_keys(lock_keys, keys));
+        let line;
+        let (mut call, waiter) = match &keys.queue {
+            Some(queue) => (
+                Call::new(&SCRIPTS.acquire_fair, and_queue_keys(lock_keys, keys)),
+                &*queue.waiter,
+            ),
+            None => {
+                line = keys.line();
+                let line_keys = lock_keys.into_iter().chain([&line]).map(String::as_str);
+                (Call::new(&SCRIPTS.acquire, line_keys), &*self.inner.waiter)
+            }
+        };
         call.arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
-            .arg(flag(record_waiting));
-        if let Some(queue) = &keys.queue {
-            call.arg(&*queue.waiter).arg(ttl_millis(QUEUE_PLACE));
-        }
+            .arg(flag(record_waiting))
+            .arg(waiter)
+            .arg(ttl_millis(QUEUE_PLACE));
         let undo = || self.release(keys, owner, true);
         self.grant(&keys.lock, call, fencing, undo).await
     }
@@ -531,16 +542,29 @@ impl RedisInstance {
     /// grant without it, so that contenders keep their random retry delays).
     pub(crate) async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
-        let script = match &keys.queue {
-            Some(_) => &self.inner.releases.release_fair,
-            None => &self.inner.releases.release,
-        };
         let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
-        let mut call = Call::new(script, and_queue_keys(lock_keys, keys));
-        call.arg(owner).arg(&keys.channel).arg(flag(notify));
-        if let Some(queue) = &keys.queue {
-            call.arg(&*queue.waiter);
-        }
+        let call = match &keys.queue {
+            Some(queue) => {
+                let releases = &self.inner.releases;
+                let mut call = Call::new(&releases.release_fair, and_queue_keys(lock_keys, keys));
+                call.arg(owner)
+                    .arg(&keys.channel)
+                    .arg(flag(notify))
+                    .arg(&*queue.waiter);
+                call
+            }
+            None => {
+                let line = keys.line();
+                let line_keys = lock_keys.into_iter().chain([&line]).map(String::as_str);
+                let mut call = Call::new(&self.inner.releases.release, line_keys);
+                call.arg(owner)
+                    .arg(&keys.channel)
+                    .arg(flag(notify))
+                    .arg(&*self.inner.waiter)
+                    .arg(ttl_millis(TURN));
+                call
+            }
+        };
         let released: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok(released == 1)
     }
@@ -605,6 +629,15 @@ impl RedisInstance {
     /// Subscribes to a release channel (of a lock or a semaphore).
     pub(crate) async fn watch_channel(&self, channel: &str) -> lockkit_core::backend::ReleaseWatch {
         self.inner.notifications.watch(channel).await
+    }
+
+    /// Subscribes to what wakes a waiter of the lock `keys` (not a fair
+    /// one): its turn, on its own channel, and the releases published to
+    /// every waiter (those that find nobody in the line).
+    pub(crate) async fn watch_turn(&self, keys: &Keys) -> lockkit_core::backend::ReleaseWatch {
+        let turn = keys.turn_channel(&self.inner.waiter);
+        let released = self.watch_channel(&keys.channel).await;
+        lockkit_core::backend::ReleaseWatch::merge([released, self.watch_channel(&turn).await])
     }
 
     /// Round trip of one `PING`, for benchmarks and health checks.

@@ -12,7 +12,7 @@ pub const DEFAULT_PREFIX: &str = "lockkit:";
 /// The suffixes of the keys derived from a lock key (`{<lock key>}:<suffix>`).
 /// None ends another one after a `:`, so derived keys of different kinds
 /// never collide.
-const DERIVED: [&str; 7] = [
+const DERIVED: [&str; 8] = [
     "fence",
     "readers",
     "writer-waiting",
@@ -20,12 +20,19 @@ const DERIVED: [&str; 7] = [
     "semaphore-fence",
     "queue",
     "queue-deadlines",
+    "line",
 ];
 
-/// How long a waiter of a fair lock keeps its place in the queue without
-/// asking again; it asks at least twice as often. A waiter that vanished
-/// (its process died) holds up the line this long at most.
+/// How long a waiter of a fair lock keeps its place in the queue (and a
+/// waiter of another lock its place in the line) without asking again; it
+/// asks at least twice as often. A waiter of a fair lock that vanished (its
+/// process died) holds up the queue this long at most.
 pub const QUEUE_PLACE: Duration = Duration::from_secs(2);
+
+/// How long a released lock stays reserved for the head of its waiting
+/// line (see [`Keys::line`]) while that waiter is woken and asks for it.
+/// A waiter that vanished holds the lock up this long, once.
+pub const TURN: Duration = Duration::from_millis(100);
 
 /// The waiting line of a fair lock (see
 /// [`RedisLockBuilder::fair`](crate::RedisLockBuilder::fair)).
@@ -57,8 +64,11 @@ pub struct Queue {
 /// * waiting writer: `{<prefix><name>}:writer-waiting`, the owner token of a
 ///   writer that waits for the readers to leave (new readers wait behind
 ///   it), with an expiry;
-/// * for a fair lock, the waiting line: `{<prefix><name>}:queue` and
-///   `{<prefix><name>}:queue-deadlines` ([`Queue`]);
+/// * the waiting line: `{<prefix><name>}:line`, the clients waiting for the
+///   lock by arrival (server time, µs), derived when needed
+///   ([`Keys::line`]); for a fair lock, its queue instead:
+///   `{<prefix><name>}:queue` and `{<prefix><name>}:queue-deadlines`
+///   ([`Queue`]);
 /// * release channel: `{<prefix><name>}:released`.
 ///
 /// Every key of a name, and its channel, hashes to the lock key's slot when
@@ -120,6 +130,35 @@ impl Keys {
         let mut keys = layout.lock_keys();
         keys.queue = Some(Box::new(queue));
         Ok(keys)
+    }
+}
+
+impl Keys {
+    /// The key of the lock's waiting line: a sorted set of the waiter ids
+    /// of the clients waiting for it, by arrival (server time, µs). A
+    /// release reserves the lock for the head of the line for [`TURN`] and
+    /// wakes that client alone (on [`turn_channel`](Self::turn_channel)),
+    /// instead of every waiting client.
+    ///
+    /// Derived from the readers' key when needed, not kept: a held lease
+    /// keeps its keys, and only waits and releases need this one.
+    pub fn line(&self) -> String {
+        let readers = &self.readers;
+        match readers.strip_suffix("readers") {
+            // `{<lock key>}:readers`.
+            Some(head) if head.len() == self.lock.len() + 3 => [head, "line"].concat(),
+            // `{<tag>}:readers:<lock key>`, the tag without a `}`.
+            _ => match readers.split_once("}:readers:") {
+                Some((tag, lock)) => [tag, "}:line:", lock].concat(),
+                None => [readers, ":line"].concat(),
+            },
+        }
+    }
+
+    /// Where the waiter `waiter` of this lock hears that its turn came:
+    /// `<release channel>:<waiter>`.
+    pub fn turn_channel(&self, waiter: &str) -> String {
+        [self.channel.as_str(), ":", waiter].concat()
     }
 }
 
@@ -374,6 +413,11 @@ mod tests {
         assert_eq!(keys.channel, "{lockkit:orders/42}:released");
         assert_eq!(keys.readers, "{lockkit:orders/42}:readers");
         assert_eq!(keys.writer_waiting, "{lockkit:orders/42}:writer-waiting");
+        assert_eq!(keys.line(), "{lockkit:orders/42}:line");
+        assert_eq!(keys.turn_channel("w"), "{lockkit:orders/42}:released:w");
+        // A lock key that looks like a derived key's start.
+        let odd = Keys::new("", "a}:readers").unwrap();
+        assert_eq!(odd.line(), "{a}:readers}:line");
         assert_eq!(Keys::new("", "job").unwrap().lock, "job");
         let sem = SemaphoreKeys::new("lockkit:", "orders/42").unwrap();
         assert_eq!(sem.permits, "{lockkit:orders/42}:semaphore");
@@ -424,6 +468,7 @@ mod tests {
                 let sem = SemaphoreKeys::for_cluster(prefix, name).unwrap();
                 let slot = key_slot(keys.lock.as_bytes());
                 for derived in [
+                    &keys.line(),
                     &keys.fence,
                     &keys.readers,
                     &keys.writer_waiting,
@@ -443,6 +488,7 @@ mod tests {
         }
         let keys = Keys::for_cluster("lockkit:", "a}b").unwrap();
         assert!(keys.fence.ends_with(":fence:lockkit:a}b"), "{keys:?}");
+        assert!(keys.line().ends_with(":line:lockkit:a}b"), "{keys:?}");
         assert_eq!(
             Keys::for_cluster("lockkit:", "x{tag}y").unwrap().fence,
             "{tag}:fence:lockkit:x{tag}y"
@@ -461,6 +507,7 @@ mod tests {
     fn fence_lookalikes_are_refused_only_where_they_collide() {
         assert!(Keys::new("", "{job}:fence").is_err());
         assert!(Keys::new("", "{job}:readers").is_err());
+        assert!(Keys::new("", "{job}:line").is_err());
         assert!(SemaphoreKeys::new("", "{job}:semaphore").is_err());
         assert!(Keys::for_cluster("", "{t}:readers:a}b").is_err());
         assert!(Keys::new("lockkit:", "{lockkit:job}:fence").is_ok());

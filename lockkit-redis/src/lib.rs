@@ -26,7 +26,8 @@ pub use config::RedisLockBuilder;
 pub use holding::{Holder, Holdings, RedisKey};
 pub use instance::RedisInstance;
 pub use keys::{
-    DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, holder_of,
+    DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, TURN,
+    holder_of,
 };
 pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,

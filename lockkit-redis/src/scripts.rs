@@ -209,13 +209,19 @@ macro_rules! take_lock {
     };
 }
 
-/// The body of `take_lock()`, which is all of [`ACQUIRE`] (see
-/// [`sole_fence_body!`]).
-macro_rules! take_lock_body {
-    () => {
+/// The start of every exclusive attempt: while live readers hold (or a
+/// waiting writer's record or a waiting line exists: `others`, one
+/// `EXISTS`), a refusal that says how long the first reader still holds,
+/// recording the caller as the waiting writer when ARGV[4] is "1".
+/// KEYS[3] readers, KEYS[4] waiting writer, `others_keys` the keys counted
+/// in `others`.
+macro_rules! readers_first {
+    ($others_keys:literal) => {
         concat!(
-            r"
-local others = redis.call('EXISTS', KEYS[3], KEYS[4])
+            "
+local others = redis.call('EXISTS', ",
+            $others_keys,
+            r")
 if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   local t = redis.call('TIME')
   local now = ",
@@ -232,6 +238,18 @@ if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
     return -3 - wait
   end
 end
+"
+        )
+    };
+}
+
+/// The body of `take_lock()`, the exclusive attempt of a fair lock (see
+/// [`sole_fence_body!`]).
+macro_rules! take_lock_body {
+    () => {
+        concat!(
+            readers_first!("KEYS[3], KEYS[4]"),
+            r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if others > 0 then
     redis.call('DEL', KEYS[4])
@@ -250,19 +268,71 @@ return -3 - redis.call('PTTL', KEYS[1])
     };
 }
 
+/// What a lock key holds while it is reserved for the next waiter of the
+/// line (see [`ACQUIRE`]): this byte and the waiter's id, a value no owner
+/// token (a UUID, with its holder identity after `\x1f`) can have.
+pub(crate) const TURN_MARK: char = '\x1e';
+
 /// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] readers, KEYS[4] waiting
-/// writer; ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
-/// fencing token, ARGV[4] "1" to record the caller as a waiting writer when
-/// readers hold.
+/// writer, KEYS[5] the waiting line (waiter ids by arrival, server time in
+/// µs); ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
+/// fencing token, ARGV[4] "1" for an attempt that waits, ARGV[5] the
+/// caller's waiter id (one per connection: its tasks queue among
+/// themselves first), ARGV[6] how long a place in the line lasts without
+/// being asked for again (ms).
+///
+/// The lock is granted if it is free, or if it is reserved for the caller
+/// (`\x1e` and its waiter id: [`RELEASE`] reserves it for the head of the
+/// line, for a moment, and wakes that waiter alone); the caller then
+/// leaves the line. A waiting attempt that is refused joins the line (a
+/// waiter already in it keeps its place) and is told to ask again within
+/// half a place, so that its place stays live. A waiter that vanished is
+/// taken out of the line when its turn comes, and holds the lock up for
+/// one reservation.
+///
 /// Returns one integer, not a table (a table reply costs the server a Lua
 /// table and the client an array to parse, on every acquire): when
 /// granted, the fencing token (0 without fencing; a token is at least 1),
 /// else `-3 - w`, w being how long until a retry may succeed in ms (-1:
 /// never by itself; -2: the holding went meanwhile, retry at once), so that
 /// every refusal is negative. See `crate::instance::grant_answer`.
-const ACQUIRE: &str = take_lock_body!();
+const ACQUIRE: &str = concat!(
+    readers_first!("KEYS[3], KEYS[4], KEYS[5]"),
+    r"
+local granted = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if not granted and redis.call('GET', KEYS[1]) == '\30' .. ARGV[5] then
+  granted = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+if granted then
+  if others > 0 then
+    redis.call('DEL', KEYS[4])
+    redis.call('ZREM', KEYS[5], ARGV[5])
+  end
+  if ARGV[3] == '1' then
+    local key, ttl = KEYS[2], ARGV[2]
+",
+    sole_fence_body!(),
+    r"
+  end
+  return 0
+end
+local wait = redis.call('PTTL', KEYS[1])
+if ARGV[4] == '1' then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[5], 'NX', ",
+    time_us!(),
+    r", ARGV[5])
+  redis.call('PEXPIRE', KEYS[5], ARGV[6])
+  local half = math.floor(tonumber(ARGV[6]) / 2)
+  if wait == -1 or wait > half then
+    wait = half
+  end
+end
+return -3 - wait
+"
+);
 
-/// As [`ACQUIRE`], in the order the waiters queued: KEYS[5] the queue (a
+/// As [`ACQUIRE`] without its line, in the order the waiters queued: KEYS[5] the queue (a
 /// sorted set of waiter ids by arrival, server time in µs), KEYS[6] the
 /// queue's deadlines (waiter ids by the end of their place, in ms); ARGV[5]
 /// the caller's waiter id, ARGV[6] how long a place lasts without being
@@ -397,24 +467,29 @@ return 0
 );
 
 /// KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] sorted set of leases,
-/// and for a fair lock KEYS[4] its queue's deadlines (see [`ACQUIRE_FAIR`]);
-/// ARGV[1] "1" if KEYS[1] is a lock key to check (not for a semaphore).
+/// KEYS[4] for a fair lock its queue's deadlines (see [`ACQUIRE_FAIR`]),
+/// for another lock its waiting line (see [`ACQUIRE`]); ARGV[2] "queue" or
+/// "line" to count the waiters there (a fair lock's with a live place, or
+/// every client in the line); ARGV[1] "1" if KEYS[1] is a lock key to check (not for a semaphore; a
+/// lock key reserved for the next waiter, see [`RELEASE`], is no holding).
 /// Returns {holders, remaining ms of the longest lease (-1: no expiry), last
 /// fencing token (-1: none), the stored value of one holding (the writer's,
-/// or the longest lease's member; "" when free), the waiters whose place in
-/// the queue is live (-1: no queue)}.
+/// or the longest lease's member; "" when free), the waiters counted (-1:
+/// not counted)}.
 const STATUS: &str = concat!(
     clock!(),
     r"
 local fence = tonumber(redis.call('GET', KEYS[2])) or -1
 local queued = -1
-if KEYS[4] then
+if ARGV[2] == 'queue' then
   queued = redis.call('ZCOUNT', KEYS[4], '(' .. now_ms(), '+inf')
+elseif ARGV[2] == 'line' then
+  queued = redis.call('ZCARD', KEYS[4])
 end
 if ARGV[1] == '1' then
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl ~= -2 then
-    return {1, pttl, fence, redis.call('GET', KEYS[1]), queued}
+  local held = redis.call('GET', KEYS[1])
+  if held and string.byte(held, 1) ~= 30 then
+    return {1, redis.call('PTTL', KEYS[1]), fence, held, queued}
   end
 end
 local now = now_ms()
@@ -463,8 +538,8 @@ return extended
 "
 );
 
-/// `release_lock()`: [`RELEASE`] as a function, over its keys and
-/// arguments.
+/// `release_lock()`: the release of a fair lock as a function, over its
+/// keys and arguments.
 macro_rules! release_lock {
     () => {
         concat!(
@@ -475,8 +550,10 @@ macro_rules! release_lock {
     };
 }
 
-/// The body of `release_lock()`, which is all of [`RELEASE`] (see
-/// [`sole_fence_body!`]).
+/// The body of `release_lock()`: KEYS[1] lock key, KEYS[2] waiting
+/// writer, KEYS[3] fence counter; ARGV[1] owner token, ARGV[2] release
+/// channel, ARGV[3] "1" to wake waiters. As [`RELEASE`] without its line:
+/// the release is published on the lock's channel. Returns 1 if released.
 macro_rules! release_lock_body {
     () => {
         concat!(
@@ -507,22 +584,82 @@ return 0
     };
 }
 
-/// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter;
-/// ARGV[1] owner token, ARGV[2] release channel, ARGV[3]
-/// "1" to wake waiters. Deletes the key only if it holds our token, and the
-/// fence counter with it (its value is our token, drawn by
-/// `next_sole_fence`: no reader can hold while a writer does, as a reader
-/// joins only while the lock key is absent and a writer is granted only
-/// once no live reader is left; a counter the server's clock has not yet
-/// passed, after the clock went back, is left to expire once it has), then
-/// publishes the release if asked;
-/// otherwise removes the owner's record as a waiting
-/// writer, if it is there (and wakes the readers it kept waiting). Returns 1
-/// if released.
-const RELEASE: &str = release_lock_body!();
+/// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter, KEYS[4]
+/// the waiting line (see [`ACQUIRE`]); ARGV[1] owner token, ARGV[2]
+/// release channel, ARGV[3] "1" to wake waiters, ARGV[4] the caller's
+/// waiter id, ARGV[5] how long a reservation lasts (ms).
+///
+/// If the key holds our token, the holding ends: the fence counter goes
+/// (its value is our token, drawn by `next_sole_fence`: no reader can hold
+/// while a writer does, as a reader joins only while the lock key is
+/// absent and a writer is granted only once no live reader is left; a
+/// counter the server's clock has not yet passed, after the clock went
+/// back, is left to expire once it has). Then, when asked to wake waiters,
+/// the head of the line leaves it and the lock is reserved for it for
+/// ARGV[5] ms, and only it is woken, on its own channel
+/// (`<release channel>:<waiter id>`); with nobody in line the key goes and
+/// the release is published on the lock's channel (readers, and waiters
+/// of clients without a line, listen there). A handoff thus wakes one
+/// client and costs the same whatever the number of waiters, and a holder
+/// that releases and asks again at once queues behind them.
+///
+/// If the key is reserved for the caller (an acquire that gave up after
+/// its turn came), the turn passes to the next waiter the same way.
+/// Otherwise the caller leaves the line and its record as a waiting writer
+/// goes, if it is there (waking the readers it kept waiting). Returns 1 if
+/// released.
+const RELEASE: &str = concat!(
+    r"
+local held = redis.call('GET', KEYS[1])
+local released = 0
+local fence = false
+if held == ARGV[1] then
+  released = 1
+  local n = tonumber(redis.call('GET', KEYS[3]))
+  local t = redis.call('TIME')
+  if n and n >= ",
+    time_us!(),
+    r" then
+    redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
+  else
+    fence = true
+  end
+elseif held == '\30' .. ARGV[4] then
+  redis.call('ZREM', KEYS[4], ARGV[4])
+else
+  redis.call('ZREM', KEYS[4], ARGV[4])
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+    redis.call('PUBLISH', ARGV[2], '')
+  end
+  return 0
+end
+local head = nil
+if ARGV[3] == '1' then
+  head = redis.call('ZPOPMIN', KEYS[4])[1]
+end
+if head then
+  redis.call('SET', KEYS[1], '\30' .. head, 'PX', ARGV[5])
+  if fence then
+    redis.call('DEL', KEYS[3])
+  end
+  redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+  return released
+end
+if fence then
+  redis.call('DEL', KEYS[1], KEYS[3])
+else
+  redis.call('DEL', KEYS[1])
+end
+if ARGV[3] == '1' then
+  redis.call('PUBLISH', ARGV[2], '')
+end
+return released
+"
+);
 
-/// As [`RELEASE`], and the caller's place in the queue of [`ACQUIRE_FAIR`]
-/// goes (an acquire that gave up leaves the queue): KEYS[4] the queue,
+/// The release of a fair lock (as [`RELEASE`] without its line), and the
+/// caller's place in the queue of [`ACQUIRE_FAIR`] goes (an acquire that gave up leaves the queue): KEYS[4] the queue,
 /// KEYS[5] its deadlines, ARGV[4] the waiter id. A release (published when
 /// asked) or a place given up wakes the head of the queue on its own
 /// channel, `<release channel>:<waiter id>`, and no other waiter.
