@@ -33,7 +33,7 @@ out=target/lockkit-bench
 mkdir -p "$out"
 backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,etcd,pg-lease,pg-row,pg-advisory,mariadb-lease,mariadb-row,mariadb-named,sqlite-lease}
 
-cargo bench -p lockkit-benches --bench compare
+LOCKKIT_BENCH_CPUS=0 cargo bench -p lockkit-benches --bench compare
 cargo bench -p lockkit-benches --bench cycle_overhead
 cargo bench -p lockkit-benches --bench etcd
 cargo bench -p lockkit-benches --bench family

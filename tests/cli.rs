@@ -298,7 +298,7 @@ async fn status_reports_holder_token_and_lease_on_redis() {
     let text = stdout(&held);
     assert!(
         text.starts_with(&format!("report: held, fencing token {token}, "))
-            && text.ends_with("s left\n"),
+            && text.ends_with("s left, 0 waiting\n"),
         "{text:?}"
     );
     let json = run(dir.path(), &["--url", &url, "status", "report", "--json"]).await;

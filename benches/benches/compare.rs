@@ -42,8 +42,8 @@ use std::time::Duration;
 use criterion::{BenchmarkGroup, Criterion, measurement::WallTime};
 use lockkit_benches::{
     CycleFixture, CycleKind, Deployment, HandoffDiag, HandoffProbe, Handoffs, Interleaved,
-    RawFloor, RunMode, Servers, configure_fast, connect, fmt_opt_ns, lockkit_cycle, runtime,
-    save_summary, selected, target_dir,
+    PIN_CPUS, RawFloor, RunMode, Servers, configure_fast, connect, fmt_opt_ns, lockkit_cycle,
+    pin_from_env, runtime, save_summary, selected, target_dir,
 };
 use lockkit_core::{Capabilities, DistributedLock, LockGuard, LockOptions};
 use tokio::runtime::Runtime;
@@ -88,6 +88,7 @@ impl Names {
 }
 
 fn main() {
+    let pinned = pin_from_env();
     let mode = RunMode::from_env();
     let runtime = runtime();
     let backends = selected();
@@ -143,7 +144,11 @@ fn main() {
         .iter()
         .map(|f| runtime.block_on(Interleaved::measure(f, rounds, per_round)))
         .collect();
-    save_summary(mode, "compare", &summary(&fixtures, &paired, &handoffs));
+    save_summary(
+        mode,
+        "compare",
+        &summary(&fixtures, &paired, &handoffs, pinned.as_deref()),
+    );
     if mode != RunMode::Test {
         chart(&fixtures, &paired);
     }
@@ -368,10 +373,19 @@ fn summary(
     fixtures: &[Fixture],
     paired: &[Interleaved<Cycle>],
     handoffs: &[HandoffDiag],
+    pinned: Option<&str>,
 ) -> String {
     let rounds = paired.first().map_or(0, Interleaved::rounds);
+    let placement = match pinned {
+        Some(cpus) => format!(
+            "The benchmark and every server it started ran pinned to CPU {cpus} (`{PIN_CPUS}={cpus}`)."
+        ),
+        None => "The benchmark and its servers ran where the scheduler put them (not pinned)."
+            .to_owned(),
+    };
     let mut out = format!(
         "## lockkit's backends side by side ({rounds} interleaved rounds per backend)\n\n\
+         {placement} \
          Medians over interleaved rounds (every kind in every round, the order rotated); each ratio is paired: the median over rounds of the kind's round mean ÷ its base's in the same round. \
          The base of the exclusive cycles and of the failed `try_acquire` is the backend's raw floor (the same lock cycle written by hand against the server; a failed try is one round trip where the floor's cycle is two on most servers); \
          that of the shared and permit cycles is the exclusive cycle (— where the backend has no such holding). \

@@ -36,8 +36,8 @@ pub use load::{
     Client, Held, LoadKind, Locker, Outcome, PeerProvider, Scenario, Tally, run, run_tasks,
 };
 pub use mode::{
-    Limit, RunMode, configure_fast, criterion, flavours, judge_optional, median, runtime,
-    runtime_of, save_summary, verdict,
+    Limit, PIN_CPUS, RunMode, configure_fast, criterion, flavours, judge_optional, median,
+    pin_from_env, runtime, runtime_of, save_summary, verdict,
 };
 pub use raw::{RAW_RELEASE, RawLock, lockkit_cycle, ping};
 pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};

@@ -190,8 +190,43 @@ pub fn save_summary(mode: RunMode, name: &str, summary: &str) {
     }
 }
 
+/// The environment variable that pins a benchmark, and the servers it
+/// starts, to some CPUs: a `taskset` CPU list, such as `0`.
+pub const PIN_CPUS: &str = "LOCKKIT_BENCH_CPUS";
+
+/// Pins this process (every thread of it, and the servers it starts
+/// afterwards, which inherit it) to the CPUs [`PIN_CPUS`] names, if set;
+/// call it first in `main`. Returns the CPU list, or `None` when unpinned.
+///
+/// Why: on this machine a lock cycle's round trips run two to three times
+/// slower when the scheduler puts the client and the server process of a
+/// connection on different cores than on the same one, and the placement
+/// of each connection's server process sticks for seconds at a time, so
+/// two cycles on two connections, measured in the same round, can differ
+/// by that much for no reason of their own. Pinned to one CPU, both sides
+/// of every connection share it, and paired ratios compare the work each
+/// cycle makes the client and the server do.
+///
+/// # Panics
+///
+/// When `taskset` cannot pin the process: a benchmark asked to be pinned
+/// must not run unpinned.
+pub fn pin_from_env() -> Option<String> {
+    let cpus = std::env::var(PIN_CPUS).ok().filter(|c| !c.is_empty())?;
+    let status = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpus, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| panic!("{PIN_CPUS}={cpus}: cannot run taskset (util-linux): {e}"));
+    assert!(
+        status.success(),
+        "{PIN_CPUS}={cpus}: taskset could not pin the benchmark ({status})"
+    );
+    Some(cpus)
+}
+
 /// The command that runs this benchmark: cargo names a bench executable
-/// `<bench>-<hash>`.
+/// `<bench>-<hash>`. With [`PIN_CPUS`] set, the command sets it.
 fn bench_command() -> String {
     let exe = std::env::current_exe().ok();
     let stem = exe
@@ -202,7 +237,11 @@ fn bench_command() -> String {
     let bench = stem
         .rsplit_once('-')
         .map_or(stem.as_str(), |(bench, _)| bench);
-    format!("cargo bench -p lockkit-benches --bench {bench}")
+    let pinned = match std::env::var(PIN_CPUS) {
+        Ok(cpus) if !cpus.is_empty() => format!("{PIN_CPUS}={cpus} "),
+        _ => String::new(),
+    };
+    format!("{pinned}cargo bench -p lockkit-benches --bench {bench}")
 }
 
 /// criterion, configured from the command line, with its HTML charts when

@@ -9,7 +9,7 @@ use lockkit_core::backend::{
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 
 use crate::error::BACKEND;
-use crate::holding::RedisKey;
+use crate::holding::{RedisKey, Release};
 use crate::instance::RedisInstance;
 use crate::keys::Keys;
 use crate::renewals::Renewing;
@@ -145,7 +145,14 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<Attempt<Option<FencingToken>>> {
         let record_waiting = intent == Intent::Wait;
         self.instance
-            .try_hold(key, owner.as_str(), ttl, self.fences(), record_waiting)
+            .try_hold(
+                key,
+                owner.as_str(),
+                ttl,
+                self.fences(),
+                record_waiting,
+                None,
+            )
             .await
     }
 
@@ -168,7 +175,7 @@ impl LeaseBackend for RedisBackend {
 
     async fn release(&self, key: &RedisKey, owner: &OwnerToken) -> Result<bool> {
         self.instance
-            .release_holding(key, owner.as_str(), true)
+            .release_holding(key, owner.as_str(), Release::Wake)
             .await
     }
 

@@ -10,6 +10,10 @@ use crate::instance::RedisInstance;
 use crate::settings::{RedisConfig, ReplicaWait};
 use crate::url::parse_url;
 
+/// The longest [`RedisLockBuilder::turn`]: a reservation that outlasts
+/// this only keeps a lock idle.
+const MAX_TURN: Duration = Duration::from_secs(60);
+
 /// Builds a [`RedisLock`]: from a URL, then adjusted in code.
 ///
 /// URL forms:
@@ -155,6 +159,17 @@ impl RedisLockBuilder {
         self
     }
 
+    /// How long a release keeps the lock for the first client in the
+    /// lock's waiting line while that client is woken and asks for it
+    /// (default [`TURN`](crate::TURN), 100 ms). A client in line that
+    /// vanished holds the lock up this long, once; one slower than this to
+    /// come loses its turn to whoever asks first. At least 1 ms and at most
+    /// a minute. Every client of a lock should use the same.
+    pub fn turn(mut self, turn: Duration) -> Self {
+        self.config.turn = turn;
+        self
+    }
+
     /// Trusts this PEM-encoded CA certificate for `rediss://` instead of the system roots.
     pub fn tls_root_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.config.tls_root_cert = Some(pem.into());
@@ -200,6 +215,12 @@ impl RedisLockBuilder {
         check_timeout("command_timeout", self.config.command_timeout)?;
         if let Some(wait) = self.config.wait {
             check_timeout("the replica wait timeout", wait.timeout)?;
+        }
+        let turn = self.config.turn;
+        if !(Duration::from_millis(1)..=MAX_TURN).contains(&turn) {
+            return Err(lockkit_core::LockError::invalid_options(format!(
+                "turn: {turn:?} is not between 1 ms and {MAX_TURN:?}"
+            )));
         }
         let instance = RedisInstance::connect(self.config).await?;
         let backend = RedisBackend::new(instance, self.prefix);

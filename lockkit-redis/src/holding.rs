@@ -156,7 +156,10 @@ impl RedisInstance {
 
     /// One attempt at the holding `key` for `owner`: a writer's `SET NX`
     /// (kept out by readers), a reader joining the readers' set, or a permit
-    /// joining the permits' set, each one script.
+    /// joining the permits' set, each one script. A writer's attempt that
+    /// waits (`record_waiting`) and is refused joins the lock's waiting
+    /// line at `place` (µs since the epoch), or at the server's clock when
+    /// `None` (see [`Keys::line`]).
     pub async fn try_hold(
         &self,
         key: &RedisKey,
@@ -164,11 +167,12 @@ impl RedisInstance {
         ttl: Duration,
         fencing: bool,
         record_waiting: bool,
+        place: Option<u64>,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => {
-                self.try_lock(keys, owner, ttl, fencing, record_waiting)
+                self.try_lock(keys, owner, ttl, fencing, record_waiting, place)
                     .await
             }
             RedisKey::Shared(keys) => self.try_share(keys, owner, ttl, fencing).await,
@@ -194,11 +198,16 @@ impl RedisInstance {
 
     /// Ends `owner`'s holding `key` (for a writer, its record as waiting
     /// too); false if it held none. Releases of shared holdings and permits
-    /// are always published; an exclusive one only with `notify`.
-    pub async fn release_holding(&self, key: &RedisKey, owner: &str, notify: bool) -> Result<bool> {
+    /// are always published; an exclusive one as `release` says.
+    pub async fn release_holding(
+        &self,
+        key: &RedisKey,
+        owner: &str,
+        release: Release,
+    ) -> Result<bool> {
         let owner = &key.stored(owner);
         match key {
-            RedisKey::Exclusive(keys) => self.release(keys, owner, notify).await,
+            RedisKey::Exclusive(keys) => self.release(keys, owner, release).await,
             RedisKey::Shared(keys) => self.release_member(keys.reader_set(), owner).await,
             RedisKey::Permit { keys, .. } => self.release_member(keys.permit_set(), owner).await,
         }
@@ -238,6 +247,35 @@ impl RedisInstance {
         match key {
             RedisKey::Exclusive(keys) if keys.queue.is_none() => self.watch_turn(keys).await,
             _ => self.watch_channel(key.channel()).await,
+        }
+    }
+}
+
+/// What the release of an exclusive holding does besides ending it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Passes the turn to the first client in the lock's line (see
+    /// [`Keys::line`]), or with nobody in line publishes the release: what
+    /// a holder's release does.
+    Wake,
+    /// Wakes nobody: the rollback of a grant that was not wanted after all
+    /// (Redlock's try without a quorum), so that contenders keep their
+    /// retry delays.
+    Quiet,
+    /// Wakes nobody and keeps the lock reserved for this client, as its
+    /// turn (for the reservation's length): the rollback of a grant of a
+    /// waiting Redlock attempt that won no quorum, whose other instances
+    /// are about to be handed to it too.
+    KeepTurn,
+}
+
+impl Release {
+    /// The script's argument.
+    pub(crate) fn arg(self) -> &'static str {
+        match self {
+            Release::Wake => "1",
+            Release::Quiet => "0",
+            Release::KeepTurn => "t",
         }
     }
 }

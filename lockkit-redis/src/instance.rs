@@ -15,7 +15,8 @@ use crate::connection::{
     Connection, client_for, manager_config, open, resp3, shard_subscriber, single,
 };
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys, TURN};
+use crate::holding::Release;
+use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
 use crate::scripts::{Call, Publish, Releases, SCRIPTS, SOURCES, is_no_script};
@@ -48,6 +49,8 @@ struct Inner {
     wait: Option<ReplicaWait>,
     /// Batches renewals; none on a Cluster or with `WAIT` (see `renew`).
     renewals: Option<Renewals>,
+    /// How long a release reserves the lock for the first client in line.
+    turn: Duration,
     /// The id this connection's waiters stand under in the waiting lines
     /// of locks (see [`Keys::line`]): one per connection, whose tasks
     /// queue among themselves first.
@@ -239,6 +242,7 @@ impl RedisInstance {
                 command_timeout: config.command_timeout,
                 wait: config.wait,
                 waiter: lockkit_core::backend::OwnerToken::new().as_str().into(),
+                turn: config.turn,
             }),
         })
     }
@@ -314,7 +318,9 @@ impl RedisInstance {
     /// fencing token drawn from the fence counter when `fencing` (see the
     /// scripts); on failure how long until a retry may succeed.
     /// With `record_waiting`, a writer kept out by readers is recorded as
-    /// waiting, so that new readers wait behind it (see [`Keys`]).
+    /// waiting, so that new readers wait behind it (see [`Keys`]), and one
+    /// kept out by a writer joins the lock's waiting line ([`Keys::line`]),
+    /// at `place` (µs) if given, else at the server's clock.
     ///
     /// With [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas),
     /// `WAIT` follows on the same connection; when too few replicas
@@ -327,6 +333,7 @@ impl RedisInstance {
         ttl: Duration,
         fencing: bool,
         record_waiting: bool,
+        place: Option<u64>,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
         let line;
@@ -347,7 +354,11 @@ impl RedisInstance {
             .arg(flag(record_waiting))
             .arg(waiter)
             .arg(ttl_millis(QUEUE_PLACE));
-        let undo = || self.release(keys, owner, true);
+        match place {
+            Some(place) => call.arg(place),
+            None => call.arg(""),
+        };
+        let undo = || self.release(keys, owner, Release::Wake);
         self.grant(&keys.lock, call, fencing, undo).await
     }
 
@@ -537,10 +548,9 @@ impl RedisInstance {
         Ok(extended == 1)
     }
 
-    /// Deletes the key if it is `owner`'s; false if it was not. With `notify`,
-    /// a release is published to wake waiters (Redlock rolls back a partial
-    /// grant without it, so that contenders keep their random retry delays).
-    pub(crate) async fn release(&self, keys: &Keys, owner: &str, notify: bool) -> Result<bool> {
+    /// Deletes the key if it is `owner`'s; false if it was not. What else
+    /// happens, `release` says (see `RELEASE` in `crate::scripts`).
+    pub(crate) async fn release(&self, keys: &Keys, owner: &str, release: Release) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
         let call = match &keys.queue {
@@ -549,7 +559,7 @@ impl RedisInstance {
                 let mut call = Call::new(&releases.release_fair, and_queue_keys(lock_keys, keys));
                 call.arg(owner)
                     .arg(&keys.channel)
-                    .arg(flag(notify))
+                    .arg(flag(release != Release::Quiet))
                     .arg(&*queue.waiter);
                 call
             }
@@ -559,9 +569,9 @@ impl RedisInstance {
                 let mut call = Call::new(&self.inner.releases.release, line_keys);
                 call.arg(owner)
                     .arg(&keys.channel)
-                    .arg(flag(notify))
+                    .arg(release.arg())
                     .arg(&*self.inner.waiter)
-                    .arg(ttl_millis(TURN));
+                    .arg(ttl_millis(self.inner.turn));
                 call
             }
         };

@@ -30,7 +30,8 @@ const DERIVED: [&str; 8] = [
 pub const QUEUE_PLACE: Duration = Duration::from_secs(2);
 
 /// How long a released lock stays reserved for the head of its waiting
-/// line (see [`Keys::line`]) while that waiter is woken and asks for it.
+/// line (see [`Keys::line`]) while that waiter is woken and asks for it,
+/// unless set otherwise ([`RedisLockBuilder::turn`](crate::RedisLockBuilder::turn)).
 /// A waiter that vanished holds the lock up this long, once.
 pub const TURN: Duration = Duration::from_millis(100);
 

@@ -23,7 +23,7 @@ pub use backend::{
     RedisLock,
 };
 pub use config::RedisLockBuilder;
-pub use holding::{Holder, Holdings, RedisKey};
+pub use holding::{Holder, Holdings, RedisKey, Release};
 pub use instance::RedisInstance;
 pub use keys::{
     DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, TURN,

@@ -279,7 +279,9 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// fencing token, ARGV[4] "1" for an attempt that waits, ARGV[5] the
 /// caller's waiter id (one per connection: its tasks queue among
 /// themselves first), ARGV[6] how long a place in the line lasts without
-/// being asked for again (ms).
+/// being asked for again (ms), ARGV[7] the place to take in the line
+/// (µs), or "" for the server's clock now (Redlock gives every instance
+/// the same, so that their lines agree).
 ///
 /// The lock is granted if it is free, or if it is reserved for the caller
 /// (`\x1e` and its waiter id: [`RELEASE`] reserves it for the head of the
@@ -318,10 +320,14 @@ if granted then
 end
 local wait = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' then
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[5], 'NX', ",
+  local place = ARGV[7]
+  if place == '' then
+    local t = redis.call('TIME')
+    place = ",
     time_us!(),
-    r", ARGV[5])
+    r"
+  end
+  redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
   local half = math.floor(tonumber(ARGV[6]) / 2)
   if wait == -1 or wait > half then
@@ -586,7 +592,8 @@ return 0
 
 /// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter, KEYS[4]
 /// the waiting line (see [`ACQUIRE`]); ARGV[1] owner token, ARGV[2]
-/// release channel, ARGV[3] "1" to wake waiters, ARGV[4] the caller's
+/// release channel, ARGV[3] "1" to wake waiters, "0" not to, "t" to keep
+/// the caller's turn (see `crate::holding::Release`), ARGV[4] the caller's
 /// waiter id, ARGV[5] how long a reservation lasts (ms).
 ///
 /// If the key holds our token, the holding ends: the fence counter goes
@@ -602,6 +609,14 @@ return 0
 /// of clients without a line, listen there). A handoff thus wakes one
 /// client and costs the same whatever the number of waiters, and a holder
 /// that releases and asks again at once queues behind them.
+///
+/// A release that keeps the caller's turn (Redlock rolling back a grant
+/// of a waiting attempt that won no quorum) wakes nobody and leaves the
+/// lock reserved for the caller instead: the instances that granted it stay its own for ARGV[5] ms,
+/// so that a client that releases and asks again at once cannot take them
+/// while the turn's other instances are still being released to the
+/// caller (their lines agree on who is next), and the caller's next
+/// attempt, woken by them, finds them.
 ///
 /// If the key is reserved for the caller (an acquire that gave up after
 /// its turn came), the turn passes to the next waiter the same way.
@@ -637,13 +652,17 @@ end
 local head = nil
 if ARGV[3] == '1' then
   head = redis.call('ZPOPMIN', KEYS[4])[1]
+elseif ARGV[3] == 't' and released == 1 then
+  head = ARGV[4]
 end
 if head then
   redis.call('SET', KEYS[1], '\30' .. head, 'PX', ARGV[5])
   if fence then
     redis.call('DEL', KEYS[3])
   end
-  redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+  if ARGV[3] == '1' then
+    redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+  end
   return released
 end
 if fence then

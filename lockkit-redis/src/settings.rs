@@ -83,6 +83,8 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) command_timeout: Duration,
     pub(crate) subscription_linger: Duration,
+    /// How long a release reserves the lock for the first client in line.
+    pub(crate) turn: Duration,
     pub(crate) tls_root_cert: Option<Vec<u8>>,
     pub(crate) wait: Option<ReplicaWait>,
     /// Whether single commands may take a direct connection beside the
@@ -102,6 +104,7 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("subscription_linger", &self.subscription_linger)
+            .field("turn", &self.turn)
             .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "set"))
             .field("wait_for_replicas", &self.wait)
             .field("direct", &self.direct)

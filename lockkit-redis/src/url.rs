@@ -8,7 +8,7 @@ use lockkit_core::backend::{MultiHostUrl, bool_param, host_list, redact_url, tim
 use lockkit_core::{LockError, Result};
 use redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
-use crate::keys::DEFAULT_PREFIX;
+use crate::keys::{DEFAULT_PREFIX, TURN};
 use crate::settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
     DEFAULT_WAIT_TIMEOUT, RedisConfig, ReplicaWait, Topology,
@@ -241,6 +241,7 @@ fn parse_single(
         connect_timeout: params.connect_timeout,
         command_timeout: params.command_timeout,
         subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
+        turn: TURN,
         wait: params.wait(),
         tls_root_cert: params.tls_root_cert,
         direct: params.direct,
@@ -365,6 +366,7 @@ fn parse_multi_host(
         connect_timeout: params.connect_timeout,
         command_timeout: params.command_timeout,
         subscription_linger: DEFAULT_SUBSCRIPTION_LINGER,
+        turn: TURN,
         wait: params.wait(),
         tls_root_cert: None,
         direct: false,

@@ -611,3 +611,86 @@ async fn interop_with_redis_py() {
     let mut py = PythonPeer::start_lock_peer("redis", REDIS_PY_LOCK, &[&port, "shared-job"]).await;
     assert_mutual_exclusion_with(&mut py, &locks, "shared-job").await;
 }
+
+/// The waiting line: a release reserves the lock key for the first client
+/// in the line (`\x1e` and its waiter id, for the releasing client's
+/// `turn`) instead of freeing it. A client in line that vanished (here a
+/// waiter id put there by hand, as a crashed client leaves it) is taken out
+/// when its turn comes, and the reservation it never uses only delays the
+/// next waiter, who then gets the lock; meanwhile `status` tells the lock
+/// free, and nobody else takes it. (A turn of 5 s, so that the checks
+/// after the release see the reservation however slow this machine is.)
+#[tokio::test]
+async fn a_vanished_waiter_costs_one_reservation() {
+    const TURN: Duration = Duration::from_secs(5);
+    let server = RedisServer::start().await;
+    let holder = RedisLockBuilder::from_url(&server.url())
+        .unwrap()
+        .turn(TURN)
+        .connect()
+        .await
+        .unwrap();
+    let other = connect(&server.url()).await;
+    let guard = holder.acquire("lined", &opts()).await.unwrap();
+    let line = "{lockkit:lined}:line";
+    let added = server
+        .command(&["ZADD", line, "1", "vanished"])
+        .await
+        .unwrap();
+    assert_eq!(added, "1");
+    guard.release().await.unwrap();
+    let value = server.command(&["GET", "lockkit:lined"]).await.unwrap();
+    assert_eq!(
+        value, "\u{1e}vanished",
+        "the lock key holds the reservation"
+    );
+    let pttl: i64 = server
+        .command(&["PTTL", "lockkit:lined"])
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=TURN.as_millis() as i64).contains(&pttl), "{pttl}");
+    let left = server.command(&["ZCARD", line]).await.unwrap();
+    assert_eq!(left, "0", "the head left the line when its turn came");
+    let status = holder.status("lined").await.unwrap();
+    assert!(!status.held, "a reservation is no holding: {status:?}");
+    assert!(
+        other.try_acquire("lined", &opts()).await.unwrap().is_none(),
+        "nobody but the reserved waiter takes a reserved lock"
+    );
+    // The reservation runs out by itself; a waiting client then gets it.
+    let guard = other
+        .acquire("lined", &opts().wait_for(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let stored = server.command(&["GET", "lockkit:lined"]).await.unwrap();
+    assert!(!stored.starts_with('\u{1e}'), "{stored:?}");
+    guard.release().await.unwrap();
+    assert_eq!(
+        server
+            .command(&["EXISTS", "lockkit:lined", line])
+            .await
+            .unwrap(),
+        "0",
+        "a released name with nobody in line leaves no key"
+    );
+}
+
+/// A turn outside 1 ms ..= 1 min is refused before anything is sent.
+#[tokio::test]
+async fn a_turn_out_of_range_is_refused() {
+    for turn in [Duration::ZERO, Duration::from_secs(61)] {
+        let refused = RedisLockBuilder::from_url(&format!("redis://127.0.0.1:{}", free_port()))
+            .unwrap()
+            .turn(turn)
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, LockError::InvalidOptions { .. }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("turn"), "{refused}");
+    }
+}
