@@ -258,15 +258,10 @@ pub enum Release {
     /// [`Keys::line`]), or with nobody in line publishes the release: what
     /// a holder's release does.
     Wake,
-    /// Wakes nobody: the rollback of a grant that was not wanted after all
-    /// (Redlock's try without a quorum), so that contenders keep their
-    /// retry delays.
+    /// Wakes nobody, and leaves this client's place in the line and a
+    /// turn reserved for it as they are: the rollback of a grant that won
+    /// no quorum (Redlock), whose client still waits.
     Quiet,
-    /// Wakes nobody and keeps the lock reserved for this client, as its
-    /// turn (for the reservation's length): the rollback of a grant of a
-    /// waiting Redlock attempt that won no quorum, whose other instances
-    /// are about to be handed to it too.
-    KeepTurn,
 }
 
 impl Release {
@@ -275,7 +270,6 @@ impl Release {
         match self {
             Release::Wake => "1",
             Release::Quiet => "0",
-            Release::KeepTurn => "t",
         }
     }
 }

@@ -53,7 +53,8 @@ struct Inner {
     turn: Duration,
     /// The id this connection's waiters stand under in the waiting lines
     /// of locks (see [`Keys::line`]): one per connection, whose tasks
-    /// queue among themselves first.
+    /// queue among themselves first; empty where waiters do not queue in
+    /// lines ([`RedisConfig::without_line`]).
     waiter: Arc<str>,
 }
 
@@ -241,7 +242,11 @@ impl RedisInstance {
                 releases,
                 command_timeout: config.command_timeout,
                 wait: config.wait,
-                waiter: lockkit_core::backend::OwnerToken::new().as_str().into(),
+                waiter: if config.line {
+                    lockkit_core::backend::OwnerToken::new().as_str().into()
+                } else {
+                    "".into()
+                },
                 turn: config.turn,
             }),
         })
@@ -645,6 +650,9 @@ impl RedisInstance {
     /// one): its turn, on its own channel, and the releases published to
     /// every waiter (those that find nobody in the line).
     pub(crate) async fn watch_turn(&self, keys: &Keys) -> lockkit_core::backend::ReleaseWatch {
+        if self.inner.waiter.is_empty() {
+            return self.watch_channel(&keys.channel).await;
+        }
         let turn = keys.turn_channel(&self.inner.waiter);
         let released = self.watch_channel(&keys.channel).await;
         lockkit_core::backend::ReleaseWatch::merge([released, self.watch_channel(&turn).await])

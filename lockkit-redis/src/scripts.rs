@@ -278,7 +278,8 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// µs); ARGV[1] owner token, ARGV[2] ttl in ms, ARGV[3] "1" to draw a
 /// fencing token, ARGV[4] "1" for an attempt that waits, ARGV[5] the
 /// caller's waiter id (one per connection: its tasks queue among
-/// themselves first), ARGV[6] how long a place in the line lasts without
+/// themselves first; "" for a client that does not queue in lines),
+/// ARGV[6] how long a place in the line lasts without
 /// being asked for again (ms), ARGV[7] the place to take in the line
 /// (µs), or "" for the server's clock now (Redlock gives every instance
 /// the same, so that their lines agree).
@@ -319,7 +320,7 @@ if granted then
   return 0
 end
 local wait = redis.call('PTTL', KEYS[1])
-if ARGV[4] == '1' then
+if ARGV[4] == '1' and ARGV[5] ~= '' then
   local place = ARGV[7]
   if place == '' then
     local t = redis.call('TIME')
@@ -592,9 +593,9 @@ return 0
 
 /// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter, KEYS[4]
 /// the waiting line (see [`ACQUIRE`]); ARGV[1] owner token, ARGV[2]
-/// release channel, ARGV[3] "1" to wake waiters, "0" not to, "t" to keep
-/// the caller's turn (see `crate::holding::Release`), ARGV[4] the caller's
-/// waiter id, ARGV[5] how long a reservation lasts (ms).
+/// release channel, ARGV[3] "1" to wake waiters, "0" not to (a rollback,
+/// see `crate::holding::Release`), ARGV[4] the caller's waiter id, ARGV[5]
+/// how long a reservation lasts (ms).
 ///
 /// If the key holds our token, the holding ends: the fence counter goes
 /// (its value is our token, drawn by `next_sole_fence`: no reader can hold
@@ -610,19 +611,15 @@ return 0
 /// client and costs the same whatever the number of waiters, and a holder
 /// that releases and asks again at once queues behind them.
 ///
-/// A release that keeps the caller's turn (Redlock rolling back a grant
-/// of a waiting attempt that won no quorum) wakes nobody and leaves the
-/// lock reserved for the caller instead: the instances that granted it stay its own for ARGV[5] ms,
-/// so that a client that releases and asks again at once cannot take them
-/// while the turn's other instances are still being released to the
-/// caller (their lines agree on who is next), and the caller's next
-/// attempt, woken by them, finds them.
+/// A rollback (ARGV[3] "0": Redlock undoing a grant that won no quorum)
+/// deletes the key and wakes nobody.
 ///
 /// If the key is reserved for the caller (an acquire that gave up after
-/// its turn came), the turn passes to the next waiter the same way.
-/// Otherwise the caller leaves the line and its record as a waiting writer
-/// goes, if it is there (waking the readers it kept waiting). Returns 1 if
-/// released.
+/// its turn came), the turn passes to the next waiter the same way; a
+/// rollback (ARGV[3] not "1") leaves it the caller's. Otherwise the
+/// caller's record as a waiting writer goes, if it is there (waking the
+/// readers it kept waiting), and, unless this is a rollback (whose caller
+/// still waits), its place in the line. Returns 1 if released.
 const RELEASE: &str = concat!(
     r"
 local held = redis.call('GET', KEYS[1])
@@ -640,9 +637,14 @@ if held == ARGV[1] then
     fence = true
   end
 elseif held == '\30' .. ARGV[4] then
+  if ARGV[3] ~= '1' then
+    return 0
+  end
   redis.call('ZREM', KEYS[4], ARGV[4])
 else
-  redis.call('ZREM', KEYS[4], ARGV[4])
+  if ARGV[3] == '1' then
+    redis.call('ZREM', KEYS[4], ARGV[4])
+  end
   if redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
     redis.call('PUBLISH', ARGV[2], '')
@@ -652,17 +654,13 @@ end
 local head = nil
 if ARGV[3] == '1' then
   head = redis.call('ZPOPMIN', KEYS[4])[1]
-elseif ARGV[3] == 't' and released == 1 then
-  head = ARGV[4]
 end
 if head then
   redis.call('SET', KEYS[1], '\30' .. head, 'PX', ARGV[5])
   if fence then
     redis.call('DEL', KEYS[3])
   end
-  if ARGV[3] == '1' then
-    redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
-  end
+  redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
   return released
 end
 if fence then

@@ -85,6 +85,8 @@ pub struct RedisConfig {
     pub(crate) subscription_linger: Duration,
     /// How long a release reserves the lock for the first client in line.
     pub(crate) turn: Duration,
+    /// Whether waiting clients queue in a line per lock (see `Keys::line`).
+    pub(crate) line: bool,
     pub(crate) tls_root_cert: Option<Vec<u8>>,
     pub(crate) wait: Option<ReplicaWait>,
     /// Whether single commands may take a direct connection beside the
@@ -105,6 +107,7 @@ impl fmt::Debug for RedisConfig {
             .field("command_timeout", &self.command_timeout)
             .field("subscription_linger", &self.subscription_linger)
             .field("turn", &self.turn)
+            .field("line", &self.line)
             .field("tls_root_cert", &self.tls_root_cert.as_ref().map(|_| "set"))
             .field("wait_for_replicas", &self.wait)
             .field("direct", &self.direct)
@@ -114,6 +117,18 @@ impl fmt::Debug for RedisConfig {
 }
 
 impl RedisConfig {
+    /// The same settings, with waiting clients not queued in a line per
+    /// lock (see [`Keys::line`](crate::Keys::line)): every release is
+    /// published to every waiting client, and the fastest takes the lock.
+    /// For Redlock's instances: N lines, each ordered by its own server,
+    /// would have to agree on who is first, and a client whose turn came on
+    /// some instances but not on enough of them would hold those up for
+    /// nothing.
+    pub fn without_line(mut self) -> Self {
+        self.line = false;
+        self
+    }
+
     /// The connect timeout.
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout

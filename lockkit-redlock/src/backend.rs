@@ -3,9 +3,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
@@ -326,58 +324,6 @@ fn granted(answer: &Attempt<Option<FencingToken>>) -> bool {
     matches!(answer, Attempt::Acquired(_))
 }
 
-/// The keys of a Redlock holding (the same on every instance), and the
-/// place its acquire takes in the waiting lines of the instances.
-///
-/// A waiting acquire joins the lock's line on every instance (see
-/// [`RedisKey`] and `lockkit_redis::Keys::line`), at one place for all of
-/// them and for all of its attempts: the time on this client's clock when
-/// its first attempt was refused. So the instances' lines agree on who is
-/// next, and a release hands every instance's turn to the same client;
-/// with each server placing waiters by its own clock, two clients that
-/// asked at nearly the same moment could come first on different
-/// instances, and neither would win a quorum until their turns ran out.
-#[derive(Debug)]
-pub struct RedlockKey {
-    keys: RedisKey,
-    /// µs since the Unix epoch; 0 until the first waiting attempt.
-    place: AtomicU64,
-}
-
-impl RedlockKey {
-    fn new(keys: RedisKey) -> Self {
-        RedlockKey {
-            keys,
-            place: AtomicU64::new(0),
-        }
-    }
-
-    /// The place in the lines: taken now by the first waiting attempt,
-    /// kept by the next ones.
-    fn place(&self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |since| {
-                u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
-            });
-        match self
-            .place
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => now,
-            Err(taken) => taken,
-        }
-    }
-}
-
-impl std::ops::Deref for RedlockKey {
-    type Target = RedisKey;
-
-    fn deref(&self) -> &RedisKey {
-        &self.keys
-    }
-}
-
 /// A request for [`ask`] made from `op`: each instance gets owned copies of the
 /// keys and the owner token, so that a request the caller no longer waits for
 /// can still complete in the background.
@@ -392,7 +338,7 @@ fn request<Fut>(
 
 #[lockkit_core::async_trait]
 impl LeaseBackend for RedlockBackend {
-    type Key = RedlockKey;
+    type Key = RedisKey;
 
     fn backend_name(&self) -> &'static str {
         BACKEND
@@ -403,19 +349,14 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// The keys of one server (no Redis Cluster layout), on every instance.
-    fn key(&self, name: &str, kind: LockKind) -> Result<RedlockKey> {
-        Ok(RedlockKey::new(RedisKey::new(
-            &self.prefix,
-            name,
-            kind,
-            false,
-        )?))
+    fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
+        RedisKey::new(&self.prefix, name, kind, false)
     }
 
     /// Stored with the owner token on every instance (see
     /// [`RedisKey::with_holder`]).
-    fn with_holder(&self, key: RedlockKey, holder: &str) -> RedlockKey {
-        RedlockKey::new(key.keys.with_holder(holder))
+    fn with_holder(&self, key: RedisKey, holder: &str) -> RedisKey {
+        key.with_holder(holder)
     }
 
     /// Asks every instance at once and returns as soon as a quorum granted the
@@ -426,18 +367,17 @@ impl LeaseBackend for RedlockBackend {
     /// answer is `Busy` when enough instances answered, `Unavailable` when not.
     async fn try_lock(
         &self,
-        keys: &RedlockKey,
+        keys: &RedisKey,
         owner: &OwnerToken,
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let quorum = self.quorum_for(keys);
         let record_waiting = intent == Intent::Wait;
-        let place = record_waiting.then(|| keys.place());
         let total = self.instances.len();
         let hold = request(keys, owner, move |instance, keys, owner| async move {
             instance
-                .try_hold(&keys, owner.as_str(), ttl, false, record_waiting, place)
+                .try_hold(&keys, owner.as_str(), ttl, false, record_waiting, None)
                 .await
         });
         let decided = |votes: &Votes<_>| votes.count(granted) >= quorum;
@@ -456,22 +396,14 @@ impl LeaseBackend for RedlockBackend {
             return Ok(Attempt::Acquired(None));
         }
         // Roll back: wait for the instances that granted (they have just
-        // answered); the silent ones are rolled back in the background. A
-        // waiting attempt keeps what it won as its turn: the lock's other
-        // instances may be about to hand it theirs (their releases reach
-        // the servers one by one), and a client that released and asks
-        // again must not take these meanwhile.
+        // answered); the silent ones are rolled back in the background.
         let granted_by = votes.which(granted);
-        let rollback = match intent {
-            Intent::Wait => Release::KeepTurn,
-            Intent::Try => Release::Quiet,
-        };
         self.delete(
             keys,
             owner,
             granted_by.iter().copied().chain(silent),
             &late,
-            rollback,
+            Release::Quiet,
             |votes| {
                 granted_by
                     .iter()
@@ -499,7 +431,7 @@ impl LeaseBackend for RedlockBackend {
     /// Needs a quorum of instances that still hold our token; returns as soon
     /// as the outcome is decided. `Ok(false)` (lost) once a quorum answered
     /// that it does not.
-    async fn extend(&self, keys: &RedlockKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, keys: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let quorum = self.quorum_for(keys);
         let extend = request(keys, owner, move |instance, keys, owner| async move {
             instance.extend_holding(&keys, owner.as_str(), ttl).await
@@ -524,7 +456,7 @@ impl LeaseBackend for RedlockBackend {
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
     /// a quorum answered.
-    async fn release(&self, keys: &RedlockKey, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, keys: &RedisKey, owner: &OwnerToken) -> Result<bool> {
         let quorum = self.quorum_for(keys);
         let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
         let votes = self
@@ -550,7 +482,7 @@ impl LeaseBackend for RedlockBackend {
     /// made again (three times in all) before it says so: one
     /// slow instance should not make a held lock look free, nor fail the
     /// read.
-    async fn status(&self, keys: &RedlockKey) -> Result<LockStatus> {
+    async fn status(&self, keys: &RedisKey) -> Result<LockStatus> {
         let mut reads = 1;
         loop {
             match self.read_status(keys).await {
@@ -561,7 +493,7 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// Release notifications from every instance that can subscribe in time.
-    async fn watch(&self, keys: &RedlockKey) -> Result<ReleaseWatch> {
+    async fn watch(&self, keys: &RedisKey) -> Result<ReleaseWatch> {
         let timeout = self.instance_timeout(None);
         let watches = join_all(
             self.instances

@@ -8,9 +8,7 @@ mod config;
 mod error;
 mod quorum;
 
-pub use backend::{
-    DEFAULT_INSTANCE_TIMEOUT, REDLOCK_CAPABILITIES, RedlockBackend, RedlockKey, RedlockLock,
-};
+pub use backend::{DEFAULT_INSTANCE_TIMEOUT, REDLOCK_CAPABILITIES, RedlockBackend, RedlockLock};
 pub use config::RedlockLockBuilder;
 
 /// Connects to the instances of a `redlock://` URL; see [`RedlockLockBuilder`].
