@@ -145,14 +145,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<Attempt<Option<FencingToken>>> {
         let record_waiting = intent == Intent::Wait;
         self.instance
-            .try_hold(
-                key,
-                owner.as_str(),
-                ttl,
-                self.fences(),
-                record_waiting,
-                None,
-            )
+            .try_hold(key, owner.as_str(), ttl, self.fences(), record_waiting)
             .await
     }
 

@@ -158,8 +158,8 @@ impl RedisInstance {
     /// (kept out by readers), a reader joining the readers' set, or a permit
     /// joining the permits' set, each one script. A writer's attempt that
     /// waits (`record_waiting`) and is refused joins the lock's waiting
-    /// line at `place` (µs since the epoch), or at the server's clock when
-    /// `None` (see [`Keys::line`]).
+    /// line (see [`Keys::line`]), unless the connection keeps none
+    /// ([`RedisConfig::without_line`](crate::RedisConfig::without_line)).
     pub async fn try_hold(
         &self,
         key: &RedisKey,
@@ -167,12 +167,11 @@ impl RedisInstance {
         ttl: Duration,
         fencing: bool,
         record_waiting: bool,
-        place: Option<u64>,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let owner = &key.stored(owner);
         match key {
             RedisKey::Exclusive(keys) => {
-                self.try_lock(keys, owner, ttl, fencing, record_waiting, place)
+                self.try_lock(keys, owner, ttl, fencing, record_waiting)
                     .await
             }
             RedisKey::Shared(keys) => self.try_share(keys, owner, ttl, fencing).await,

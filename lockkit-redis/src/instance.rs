@@ -325,7 +325,7 @@ impl RedisInstance {
     /// With `record_waiting`, a writer kept out by readers is recorded as
     /// waiting, so that new readers wait behind it (see [`Keys`]), and one
     /// kept out by a writer joins the lock's waiting line ([`Keys::line`]),
-    /// at `place` (µs) if given, else at the server's clock.
+    /// unless this connection keeps no lines.
     ///
     /// With [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas),
     /// `WAIT` follows on the same connection; when too few replicas
@@ -338,7 +338,6 @@ impl RedisInstance {
         ttl: Duration,
         fencing: bool,
         record_waiting: bool,
-        place: Option<u64>,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
         let line;
@@ -359,10 +358,6 @@ impl RedisInstance {
             .arg(flag(record_waiting))
             .arg(waiter)
             .arg(ttl_millis(QUEUE_PLACE));
-        match place {
-            Some(place) => call.arg(place),
-            None => call.arg(""),
-        };
         let undo = || self.release(keys, owner, Release::Wake);
         self.grant(&keys.lock, call, fencing, undo).await
     }

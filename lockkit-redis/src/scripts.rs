@@ -279,10 +279,8 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// fencing token, ARGV[4] "1" for an attempt that waits, ARGV[5] the
 /// caller's waiter id (one per connection: its tasks queue among
 /// themselves first; "" for a client that does not queue in lines),
-/// ARGV[6] how long a place in the line lasts without
-/// being asked for again (ms), ARGV[7] the place to take in the line
-/// (µs), or "" for the server's clock now (Redlock gives every instance
-/// the same, so that their lines agree).
+/// ARGV[6] how long a place in the line lasts without being asked for
+/// again (ms).
 ///
 /// The lock is granted if it is free, or if it is reserved for the caller
 /// (`\x1e` and its waiter id: [`RELEASE`] reserves it for the head of the
@@ -321,14 +319,10 @@ if granted then
 end
 local wait = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' and ARGV[5] ~= '' then
-  local place = ARGV[7]
-  if place == '' then
-    local t = redis.call('TIME')
-    place = ",
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[5], 'NX', ",
     time_us!(),
-    r"
-  end
-  redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
+    r", ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
   local half = math.floor(tonumber(ARGV[6]) / 2)
   if wait == -1 or wait > half then

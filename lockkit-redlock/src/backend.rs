@@ -377,7 +377,7 @@ impl LeaseBackend for RedlockBackend {
         let total = self.instances.len();
         let hold = request(keys, owner, move |instance, keys, owner| async move {
             instance
-                .try_hold(&keys, owner.as_str(), ttl, false, record_waiting, None)
+                .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
                 .await
         });
         let decided = |votes: &Votes<_>| votes.count(granted) >= quorum;
