@@ -9,10 +9,11 @@ use lockkit_core::backend::{
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 
 use crate::error::BACKEND;
-use crate::holding::{RedisKey, Release};
+use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::Keys;
 use crate::renewals::Renewing;
+use crate::scripts::Release;
 
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;

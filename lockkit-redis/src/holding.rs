@@ -11,7 +11,7 @@ use lockkit_core::{FencingToken, LockKind, Result};
 use crate::instance::{RedisInstance, flag, remaining_of};
 use crate::keys::{Keys, SemaphoreKeys};
 use crate::renewals::Renewing;
-use crate::scripts::{Call, SCRIPTS};
+use crate::scripts::{Call, Release, SCRIPTS};
 
 /// A holding's keys in Redis: which side of a reader-writer lock, or which
 /// semaphore.
@@ -246,29 +246,6 @@ impl RedisInstance {
         match key {
             RedisKey::Exclusive(keys) if keys.queue.is_none() => self.watch_turn(keys).await,
             _ => self.watch_channel(key.channel()).await,
-        }
-    }
-}
-
-/// What the release of an exclusive holding does besides ending it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Release {
-    /// Passes the turn to the first client in the lock's line (see
-    /// [`Keys::line`]), or with nobody in line publishes the release: what
-    /// a holder's release does.
-    Wake,
-    /// Wakes nobody, and leaves this client's place in the line and a
-    /// turn reserved for it as they are: the rollback of a grant that won
-    /// no quorum (Redlock), whose client still waits.
-    Quiet,
-}
-
-impl Release {
-    /// The script's argument.
-    pub(crate) fn arg(self) -> &'static str {
-        match self {
-            Release::Wake => "1",
-            Release::Quiet => "0",
         }
     }
 }

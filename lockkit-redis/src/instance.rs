@@ -15,11 +15,10 @@ use crate::connection::{
     Connection, client_for, manager_config, open, resp3, shard_subscriber, single,
 };
 use crate::error::{BACKEND, map_error, timed_out};
-use crate::holding::Release;
 use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
-use crate::scripts::{Call, Publish, Releases, SCRIPTS, SOURCES, is_no_script};
+use crate::scripts::{Call, Publish, Release, Releases, SCRIPTS, SOURCES, is_no_script};
 use crate::sentinel::Resolver;
 use crate::settings::{Reach, RedisConfig, ReplicaWait, Topology};
 

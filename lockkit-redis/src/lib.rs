@@ -23,12 +23,13 @@ pub use backend::{
     RedisLock,
 };
 pub use config::RedisLockBuilder;
-pub use holding::{Holder, Holdings, RedisKey, Release};
+pub use holding::{Holder, Holdings, RedisKey};
 pub use instance::RedisInstance;
 pub use keys::{
     DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, TURN,
     holder_of,
 };
+pub use scripts::Release;
 pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
     DEFAULT_WAIT_TIMEOUT, RedisConfig,

@@ -746,6 +746,29 @@ pub(crate) const SOURCES: [&str; 9] = [
     STATUS,
 ];
 
+/// What the release of an exclusive holding does besides ending it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Passes the turn to the first client in the lock's line (see
+    /// [`Keys::line`](crate::Keys::line)), or with nobody in line publishes the release: what
+    /// a holder's release does.
+    Wake,
+    /// Wakes nobody, and leaves this client's place in the line and a
+    /// turn reserved for it as they are: the rollback of a grant that won
+    /// no quorum (Redlock), whose client still waits.
+    Quiet,
+}
+
+impl Release {
+    /// The script's argument.
+    pub(crate) fn arg(self) -> &'static str {
+        match self {
+            Release::Wake => "1",
+            Release::Quiet => "0",
+        }
+    }
+}
+
 /// How a release is announced to the waiters of other clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Publish {
