@@ -216,10 +216,13 @@ impl RedisInstance {
     pub async fn holdings_of(&self, key: &RedisKey) -> Result<Holdings> {
         match key {
             RedisKey::Exclusive(keys) | RedisKey::Shared(keys) => {
-                let line = keys.line();
+                let line;
                 let waiters = match &keys.queue {
                     Some(queue) => Waiters::Queue(&queue.deadlines),
-                    None => Waiters::Line(&line),
+                    None => {
+                        line = keys.line();
+                        Waiters::Line(&line)
+                    }
                 };
                 self.holdings(Some(&keys.lock), &keys.fence, &keys.readers, Some(waiters))
                     .await

@@ -558,7 +558,7 @@ impl RedisInstance {
                 let mut call = Call::new(&releases.release_fair, and_queue_keys(lock_keys, keys));
                 call.arg(owner)
                     .arg(&keys.channel)
-                    .arg(flag(release != Release::Quiet))
+                    .arg(release.arg())
                     .arg(&*queue.waiter);
                 call
             }

@@ -243,6 +243,25 @@ end
     };
 }
 
+/// The end of a granted exclusive attempt: the answer, with a fencing
+/// token (see [`sole_fence_body!`]) when ARGV[3] is "1". KEYS[2] the fence
+/// counter, ARGV[2] the ttl in ms.
+macro_rules! granted {
+    () => {
+        concat!(
+            r"
+  if ARGV[3] == '1' then
+    local key, ttl = KEYS[2], ARGV[2]
+",
+            sole_fence_body!(),
+            r"
+  end
+  return 0
+"
+        )
+    };
+}
+
 /// The body of `take_lock()`, the exclusive attempt of a fair lock (see
 /// [`sole_fence_body!`]).
 macro_rules! take_lock_body {
@@ -254,13 +273,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if others > 0 then
     redis.call('DEL', KEYS[4])
   end
-  if ARGV[3] == '1' then
-    local key, ttl = KEYS[2], ARGV[2]
 ",
-            sole_fence_body!(),
+            granted!(),
             r"
-  end
-  return 0
 end
 return -3 - redis.call('PTTL', KEYS[1])
 "
@@ -309,13 +324,9 @@ if granted then
     redis.call('DEL', KEYS[4])
     redis.call('ZREM', KEYS[5], ARGV[5])
   end
-  if ARGV[3] == '1' then
-    local key, ttl = KEYS[2], ARGV[2]
 ",
-    sole_fence_body!(),
+    granted!(),
     r"
-  end
-  return 0
 end
 local wait = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' and ARGV[5] ~= '' then
@@ -333,8 +344,9 @@ return -3 - wait
 "
 );
 
-/// As [`ACQUIRE`] without its line, in the order the waiters queued: KEYS[5] the queue (a
-/// sorted set of waiter ids by arrival, server time in µs), KEYS[6] the
+/// As [`ACQUIRE`] without its line, in the order the waiters queued:
+/// KEYS[5] the queue (a sorted set of waiter ids by arrival, server time
+/// in µs), KEYS[6] the
 /// queue's deadlines (waiter ids by the end of their place, in ms); ARGV[5]
 /// the caller's waiter id, ARGV[6] how long a place lasts without being
 /// asked for again (ms). Waiters whose place ran out leave the queue
@@ -471,8 +483,9 @@ return 0
 /// KEYS[4] for a fair lock its queue's deadlines (see [`ACQUIRE_FAIR`]),
 /// for another lock its waiting line (see [`ACQUIRE`]); ARGV[2] "queue" or
 /// "line" to count the waiters there (a fair lock's with a live place, or
-/// every client in the line); ARGV[1] "1" if KEYS[1] is a lock key to check (not for a semaphore; a
-/// lock key reserved for the next waiter, see [`RELEASE`], is no holding).
+/// every client in the line); ARGV[1] "1" if KEYS[1] is a lock key to
+/// check (not for a semaphore; a lock key reserved for the next waiter,
+/// see [`RELEASE`], is no holding).
 /// Returns {holders, remaining ms of the longest lease (-1: no expiry), last
 /// fencing token (-1: none), the stored value of one holding (the writer's,
 /// or the longest lease's member; "" when free), the waiters counted (-1:
@@ -588,7 +601,7 @@ return 0
 /// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter, KEYS[4]
 /// the waiting line (see [`ACQUIRE`]); ARGV[1] owner token, ARGV[2]
 /// release channel, ARGV[3] "1" to wake waiters, "0" not to (a rollback,
-/// see `crate::holding::Release`), ARGV[4] the caller's waiter id, ARGV[5]
+/// see [`Release`]), ARGV[4] the caller's waiter id, ARGV[5]
 /// how long a reservation lasts (ms).
 ///
 /// If the key holds our token, the holding ends: the fence counter goes
@@ -670,7 +683,8 @@ return released
 );
 
 /// The release of a fair lock (as [`RELEASE`] without its line), and the
-/// caller's place in the queue of [`ACQUIRE_FAIR`] goes (an acquire that gave up leaves the queue): KEYS[4] the queue,
+/// caller's place in the queue of [`ACQUIRE_FAIR`] goes (an acquire that
+/// gave up leaves the queue): KEYS[4] the queue,
 /// KEYS[5] its deadlines, ARGV[4] the waiter id. A release (published when
 /// asked) or a place given up wakes the head of the queue on its own
 /// channel, `<release channel>:<waiter id>`, and no other waiter.
@@ -750,8 +764,8 @@ pub(crate) const SOURCES: [&str; 9] = [
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Release {
     /// Passes the turn to the first client in the lock's line (see
-    /// [`Keys::line`](crate::Keys::line)), or with nobody in line publishes the release: what
-    /// a holder's release does.
+    /// [`Keys::line`](crate::Keys::line)), or with nobody in line
+    /// publishes the release: what a holder's release does.
     Wake,
     /// Wakes nobody, and leaves this client's place in the line and a
     /// turn reserved for it as they are: the rollback of a grant that won
@@ -760,7 +774,7 @@ pub enum Release {
 }
 
 impl Release {
-    /// The script's argument.
+    /// The release scripts' argument (ARGV[3]: "1" to wake waiters).
     pub(crate) fn arg(self) -> &'static str {
         match self {
             Release::Wake => "1",
