@@ -19,7 +19,9 @@
 #   2. the seckill load generator on every backend, and rslock beside Redis;
 #   3. the scaling curves (contenders, keys) with their charts;
 #   4. the lease density of 1 000 000 auto-renewed Redis leases (renewals
-#      batched); `scripts/reports.sh density` makes its page.
+#      batched); `scripts/reports.sh density` makes its page;
+#   5. the cost of a cycle in 1, 4 and 16 processes while another client
+#      holds 10 to 10 000 names (`scripts/reports.sh held-names`).
 #
 # Everything lands in target/lockkit-bench/ (summaries, JSON, SVG and PNG).
 # LOCKKIT_BENCH_BACKENDS=redis,zk limits steps 1-3 to some backends;
@@ -36,7 +38,7 @@ backends=${LOCKKIT_BENCH_BACKENDS:-memory,redis,redlock3,redlock5,zk,etcd,pg-lea
 LOCKKIT_BENCH_CPUS=0 cargo bench -p lockkit-benches --bench compare
 cargo bench -p lockkit-benches --bench cycle_overhead
 cargo bench -p lockkit-benches --bench etcd
-cargo bench -p lockkit-benches --bench family
+LOCKKIT_BENCH_CPUS=0 cargo bench -p lockkit-benches --bench family
 cargo bench -p lockkit-benches --bench family_peers
 cargo bench -p lockkit-benches --bench processes
 cargo bench -p lockkit-benches --bench cluster_pubsub
@@ -46,10 +48,12 @@ if [ "${LOCKKIT_BENCH_QUICK:-}" = 1 ]; then
     load=(-c 100 -n 2000 --stock 1000)
     curves=(--contenders 1,16,256 --keys 1,100 --point 1s)
     density=(--leases 10000)
+    held=(--names 10,100,1000 --point 1s)
 else
     load=(-c 1000 -n 20000 --stock 10000)
     curves=()
     density=()
+    held=()
 fi
 
 # The headline scenario: one key, 1 000 tasks, 20 000 requests, stock 10 000.
@@ -62,4 +66,7 @@ target/release/lockkit-load --start redis,redlock5,pg-advisory,mariadb-named,zk 
     --markdown "$out/seckill-processes-summary.md" | tee "$out/load-processes-summary.txt"
 target/release/lockkit-scale curves --backends "$backends" "${curves[@]}"
 target/release/lockkit-scale density "${density[@]}"
+# memory:// is one process's store: the held-names workers would not share it.
+held_backends=$(tr ',' '\n' <<<"$backends" | grep -vx memory | paste -sd, -)
+target/release/lockkit-scale held-names --backends "$held_backends" "${held[@]}"
 echo "bench.sh: results in $out" >&2

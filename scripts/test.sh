@@ -48,6 +48,7 @@ step "$bin/lockkit-load" --start memory,sqlite-lease,redis -c 16 -n 400 --stock 
 step "$bin/lockkit-load" --start redis,pg-advisory -c 8 -n 200 --stock 100 --duration 30s --processes 2 --compare-rslock --compare-distributed-lock
 smoke_out=$(mktemp -d)
 step "$bin/lockkit-scale" --out "$smoke_out" curves --backends memory,redis --contenders 1,16 --keys 1,10 --requests 400 --point 300ms
+step "$bin/lockkit-scale" --out "$smoke_out" held-names --backends redis,sqlite-lease --names 10,100 --processes 1,2 --point 300ms
 rm -rf "$smoke_out"
 # The fault-injection suite, short version: every scenario on every backend it
 # applies to, seconds each, against real servers. It fails when a run does not

@@ -15,6 +15,7 @@ mod contention;
 mod cycles;
 mod etcd_raw;
 mod handoff;
+pub mod held_names;
 mod load;
 mod mode;
 pub mod plot;

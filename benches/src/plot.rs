@@ -40,9 +40,86 @@ pub fn log_log_chart(
     series: &[Series],
 ) -> Result<(), String> {
     font()?;
-    let points = series.iter().flat_map(|(_, p)| p.iter());
+    let (x, y) = log_ranges(title, series.iter())?;
+    let labels = Labels {
+        title,
+        x_label,
+        y_label,
+        legend: true,
+    };
+    labels.draw(
+        SVGBackend::new(&stem.with_extension("svg"), (960, 600)).into_drawing_area(),
+        x.clone().log_scale(),
+        y.clone().log_scale(),
+        series,
+    )?;
+    labels.draw(
+        BitMapBackend::new(&stem.with_extension("png"), (960, 600)).into_drawing_area(),
+        x.log_scale(),
+        y.log_scale(),
+        series,
+    )
+}
+
+/// Line charts side by side over the same log-scaled axes, one per entry of
+/// `panels` (its title, its series; the legend in the first), under one
+/// `title`; written to `<stem>.svg` and `<stem>.png`.
+pub fn log_log_panels(
+    stem: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    panels: &[(String, Vec<Series>)],
+) -> Result<(), String> {
+    font()?;
+    let (x, y) = log_ranges(title, panels.iter().flat_map(|(_, s)| s.iter()))?;
+    let size = (40 + 520 * panels.len().max(1) as u32, 640);
+    let words = (title, x_label, y_label);
+    draw_panels(
+        SVGBackend::new(&stem.with_extension("svg"), size).into_drawing_area(),
+        words,
+        (x.clone(), y.clone()),
+        panels,
+    )?;
+    draw_panels(
+        BitMapBackend::new(&stem.with_extension("png"), size).into_drawing_area(),
+        words,
+        (x, y),
+        panels,
+    )
+}
+
+/// The panels of [`log_log_panels`] on `area`, under `(title, x_label,
+/// y_label)`.
+fn draw_panels<DB: DrawingBackend>(
+    area: DrawingArea<DB, plotters::coord::Shift>,
+    (title, x_label, y_label): (&str, &str, &str),
+    (x, y): (LogRange, LogRange),
+    panels: &[(String, Vec<Series>)],
+) -> Result<(), String> {
+    let failed = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{title}: {e:?}");
+    area.fill(&WHITE).map_err(failed)?;
+    let area = area.titled(title, ("sans-serif", 22)).map_err(failed)?;
+    let cells = area.split_evenly((1, panels.len().max(1)));
+    for (i, (cell, (name, series))) in cells.into_iter().zip(panels).enumerate() {
+        let labels = Labels {
+            title: name,
+            x_label,
+            y_label,
+            legend: i == 0,
+        };
+        labels.draw(cell, x.clone().log_scale(), y.clone().log_scale(), series)?;
+    }
+    Ok(())
+}
+
+/// Log-scaled axes that fit every point of `series`, with a margin.
+fn log_ranges<'a>(
+    title: &str,
+    series: impl Iterator<Item = &'a Series>,
+) -> Result<(LogRange, LogRange), String> {
     let (mut x_min, mut x_max, mut y_min, mut y_max) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in points {
+    for &(x, y) in series.flat_map(|(_, p)| p.iter()) {
         x_min = x_min.min(x);
         x_max = x_max.max(x);
         y_min = y_min.min(y);
@@ -51,78 +128,89 @@ pub fn log_log_chart(
     if x_min > x_max {
         return Err(format!("{title}: nothing to plot"));
     }
-    let x = ((x_min * 0.8).max(1e-9)..x_max * 1.25).log_scale();
-    let y = ((y_min * 0.5).max(1e-9)..y_max * 2.0).log_scale();
-    let svg = stem.with_extension("svg");
-    let png = stem.with_extension("png");
-    draw(
-        SVGBackend::new(&svg, (960, 600)).into_drawing_area(),
-        title,
-        x_label,
-        y_label,
-        x.clone(),
-        y.clone(),
-        series,
-    )?;
-    draw(
-        BitMapBackend::new(&png, (960, 600)).into_drawing_area(),
-        title,
-        x_label,
-        y_label,
-        x,
-        y,
-        series,
-    )
+    Ok((
+        (x_min * 0.8).max(1e-9)..x_max * 1.25,
+        (y_min * 0.5).max(1e-9)..y_max * 2.0,
+    ))
 }
 
-fn draw<DB: DrawingBackend, X, Y>(
-    area: DrawingArea<DB, plotters::coord::Shift>,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    x: X,
-    y: Y,
-    series: &[Series],
-) -> Result<(), String>
-where
-    X: AsRangedCoord<Value = f64>,
-    Y: AsRangedCoord<Value = f64>,
-    X::CoordDescType: ValueFormatter<f64>,
-    Y::CoordDescType: ValueFormatter<f64>,
-{
-    let failed = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{title}: {e:?}");
-    area.fill(&WHITE).map_err(failed)?;
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(72)
-        .build_cartesian_2d(x, y)
-        .map_err(failed)?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .label_style(("sans-serif", 14))
-        .draw()
-        .map_err(failed)?;
-    for (i, (label, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(2),
-            ))
-            .map_err(failed)?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+/// An axis's range, log-scaled where it is drawn.
+type LogRange = std::ops::Range<f64>;
+
+/// The words of one line chart, and whether it draws the legend.
+struct Labels<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    legend: bool,
+}
+
+impl Labels<'_> {
+    fn draw<DB: DrawingBackend, X, Y>(
+        &self,
+        area: DrawingArea<DB, plotters::coord::Shift>,
+        x: X,
+        y: Y,
+        series: &[Series],
+    ) -> Result<(), String>
+    where
+        X: AsRangedCoord<Value = f64>,
+        Y: AsRangedCoord<Value = f64>,
+        X::CoordDescType: ValueFormatter<f64>,
+        Y::CoordDescType: ValueFormatter<f64>,
+    {
+        let Labels {
+            title,
+            x_label,
+            y_label,
+            legend,
+        } = *self;
+        let failed = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{title}: {e:?}");
+        area.fill(&WHITE).map_err(failed)?;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x, y)
             .map_err(failed)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(failed)?;
+        for (i, (label, points)) in series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(failed)?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(failed)?;
+        }
+        if legend {
+            finish(&mut chart, &area, title)
+        } else {
+            area.present().map_err(failed)
+        }
     }
-    finish(&mut chart, &area, title)
+}
+
+/// A tick's label: at most three decimals, none trailing (`0.3`, `1000`).
+fn tick(value: f64) -> String {
+    let text = format!("{value:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 /// Draws the legend in the upper right corner and presents the picture.

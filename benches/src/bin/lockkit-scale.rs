@@ -15,10 +15,15 @@
 //!   allocator is mimalloc, or the system's with the `system-allocator`
 //!   feature: with glibc's malloc, allocation is the largest single cost
 //!   of a renewal in the client.
+//! * `held-names`: the cost of an uncontended cycle in 1, 4 and 16 worker
+//!   processes while another client holds 10, 100, 1 000 and 10 000 names,
+//!   per backend: a table and one chart (see
+//!   `lockkit_benches::held_names`).
 //!
 //! ```sh
 //! cargo run --release -p lockkit-benches --bin lockkit-scale -- curves
 //! cargo run --release -p lockkit-benches --bin lockkit-scale -- density
+//! cargo run --release -p lockkit-benches --bin lockkit-scale -- held-names
 //! cargo run --release -p lockkit-benches --features system-allocator --bin lockkit-scale -- density
 //! ```
 
@@ -30,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use lockkit_benches::held_names::HeldPlan;
 use lockkit_benches::plot::{Series, log_log_chart};
 use lockkit_benches::{
     Deployment, LoadKind, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
@@ -108,6 +114,37 @@ enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
+    /// The cost of a cycle while another client holds many names, in
+    /// several worker processes.
+    HeldNames {
+        /// Backends (labels as in the compare bench); default: all but
+        /// `memory` (one process's store).
+        #[arg(long, value_delimiter = ',')]
+        backends: Vec<String>,
+        /// Counts of names held at once.
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+        names: Vec<usize>,
+        /// Counts of worker processes.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+        processes: Vec<usize>,
+        /// How long the workers run per point.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        point: Duration,
+    },
+    /// One worker process of `held-names` (started by it).
+    #[command(hide = true)]
+    HeldNamesWorker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        name: String,
+        /// When to start, wall-clock ns.
+        #[arg(long)]
+        start_at: u64,
+        /// When to stop, wall-clock ns.
+        #[arg(long)]
+        end_at: u64,
+    },
 }
 
 #[tokio::main]
@@ -137,6 +174,31 @@ async fn main() -> ExitCode {
             .await
         }
         Command::Density { leases, ttl } => density(&out, leases, ttl).await,
+        Command::HeldNames {
+            backends,
+            names,
+            processes,
+            point,
+        } => {
+            let mut names = names;
+            names.sort_unstable();
+            let plan = HeldPlan {
+                names,
+                processes,
+                point,
+            };
+            held_names(&out, &backends, &plan).await
+        }
+        Command::HeldNamesWorker {
+            url,
+            name,
+            start_at,
+            end_at,
+        } => {
+            let report = lockkit_benches::held_names::worker(&url, &name, start_at, end_at).await;
+            println!("{report}");
+            Ok(report["error"].is_null())
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -168,10 +230,7 @@ async fn curves(
     let backends: Vec<Deployment> = if labels.is_empty() {
         lockkit_benches::benched()
     } else {
-        labels
-            .iter()
-            .map(|l| Deployment::from_label(l).ok_or_else(|| format!("unknown backend {l:?}")))
-            .collect::<Result<_, _>>()?
+        parse_backends(labels)?
     };
     let servers = Servers::start(&backends).await;
     let mut points = Vec::new();
@@ -272,6 +331,49 @@ async fn curves(
     Ok(points
         .iter()
         .all(|p| p.outcome.oversold() == 0 && p.outcome.lost_updates() == 0))
+}
+
+async fn held_names(
+    dir: &std::path::Path,
+    labels: &[String],
+    plan: &HeldPlan,
+) -> Result<bool, String> {
+    let backends: Vec<Deployment> = if labels.is_empty() {
+        lockkit_benches::benched()
+            .into_iter()
+            .filter(|b| *b != Deployment::Memory)
+            .collect()
+    } else {
+        parse_backends(labels)?
+    };
+    if backends.contains(&Deployment::Memory) {
+        return Err("memory:// is one process's store: the workers would not share it".into());
+    }
+    if plan.names.is_empty() || plan.processes.is_empty() || plan.processes.contains(&0) {
+        return Err("--names and --processes need at least one count each, none of them 0".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let servers = Servers::start(&backends).await;
+    let points = lockkit_benches::held_names::held_names(&servers, &backends, plan, &exe).await;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    lockkit_benches::held_names::chart(dir, &points, &backends, plan)?;
+    let summary = lockkit_benches::held_names::summary(&points, &backends, plan);
+    println!("{summary}");
+    std::fs::write(dir.join("held-names-summary.md"), stamped(&summary))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "written to {}: held-names-summary.md, held-names-cost.svg/png",
+        dir.display()
+    );
+    Ok(points.iter().all(|p| p.errors.is_empty()))
+}
+
+/// Backends by their labels.
+fn parse_backends(labels: &[String]) -> Result<Vec<Deployment>, String> {
+    labels
+        .iter()
+        .map(|l| Deployment::from_label(l).ok_or_else(|| format!("unknown backend {l:?}")))
+        .collect()
 }
 
 /// The curves as a table: per backend and sweep, throughput / p99 per point.
