@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use lockkit_benches::{
     CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, connect_patient,
-    lockkit_cycle, pair_every_backend, save_summary,
+    lockkit_cycle, pair_every_backend, pin_from_env, save_summary,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 
@@ -93,6 +93,9 @@ impl CycleFixture for Fixture {
 }
 
 fn main() {
+    // With LOCKKIT_BENCH_CPUS set, the bench and the servers it starts
+    // share those CPUs (see `pin_from_env`); the stamp names the setting.
+    pin_from_env();
     let mode = RunMode::from_env();
     let Some((rows, left_out)) = pair_every_backend(mode, "family", fixture) else {
         return;

@@ -101,36 +101,40 @@ impl ZkBackend {
     }
 
     /// Creates our node, `<dir>/<prefix><sequence>`, with its parents as
-    /// container nodes. After a lost connection the node may exist without
-    /// our knowing: it is looked up by its prefix (the owner's uuid) before
-    /// trying again.
+    /// container nodes, and lists `dir` in the same round trip (the listing
+    /// is sent right after the create, and ZooKeeper answers one session's
+    /// requests in order, so it shows our node); `None` for the listing when
+    /// it failed or the node took more than one try. After a lost connection
+    /// the node may exist without our knowing: it is looked up by its prefix
+    /// (the owner's uuid) before trying again.
     async fn create_node(
         &self,
         session: &Session,
         dir: &str,
         prefix: &str,
         data: &[u8],
-    ) -> Result<Node> {
+    ) -> Result<(Node, Option<Vec<String>>)> {
         let prefix = prefix.to_owned();
         let path = format!("{dir}/{prefix}");
         let acls = session.acls();
         let options = CreateMode::EphemeralSequential.with_acls(acls);
         let mut in_doubt = false;
         for _ in 0..CREATE_ATTEMPTS {
-            match session
-                .run(
-                    "create the lock node",
-                    session.client.create(&path, data, &options),
-                )
-                .await
-            {
+            // The client sends a request when it is called: the create, then
+            // the listing.
+            let created = session.client.create(&path, data, &options);
+            let listed = session.client.list_children(dir);
+            match session.run("create the lock node", created).await {
                 Ok((stat, sequence)) => {
-                    return Ok(Node {
+                    let node = Node {
                         path: format!("{path}{sequence}"),
                         name: format!("{prefix}{sequence}"),
                         czxid: stat.czxid,
                         in_doubt,
-                    });
+                    };
+                    self.children_reads.fetch_add(1, Ordering::Relaxed);
+                    let children = session.run("list the lock's contenders", listed).await.ok();
+                    return Ok((node, children));
                 }
                 Err(RequestError::Server(_, ZkError::NoNode)) => {
                     let parents = CreateMode::Container.with_acls(acls);
@@ -148,7 +152,7 @@ impl ZkBackend {
                 Err(error) if error.outcome_unknown() => {
                     in_doubt = true;
                     if let Some(node) = self.find_own(session, dir, &prefix).await? {
-                        return Ok(node);
+                        return Ok((node, None));
                     }
                 }
                 Err(error) => return Err(error.into()),
@@ -206,16 +210,22 @@ impl ZkBackend {
         // Armed before the create is sent: an acquire dropped while it is in
         // flight still removes whatever node it produced.
         let mut queued = Queued::new(session.clone(), dir, prefix);
-        let node = waiter
+        let mut sent = Instant::now();
+        let (node, mut listed) = waiter
             .attempt(self.create_node(session, dir, prefix, data))
             .await?;
         queued.created(&node);
         loop {
             // The lease counts from the listing that finds our node may hold:
             // that is when the lock is known to be ours, however long the
-            // server queue took.
-            let sent = Instant::now();
-            let children = steady(session, waiter, || self.try_list(session, dir)).await?;
+            // server queue took. (The first listing went with the create.)
+            let children = match listed.take() {
+                Some(children) => children,
+                None => {
+                    sent = Instant::now();
+                    steady(session, waiter, || self.try_list(session, dir)).await?
+                }
+            };
             let queue = contenders(children);
             let Some(position) = queue.iter().position(|(_, child)| *child == node.name) else {
                 return Err(LockError::unavailable(
@@ -275,8 +285,19 @@ impl ZkBackend {
             permits,
             opts,
         } = permit;
-        let owner = OwnerToken::new();
         let mutex_dir = format!("{dir}/locks");
+        let leases = format!("{dir}/leases");
+        let data = &holder_data(opts);
+        if let Some((lease, mut queued, sent)) = self
+            .permit_at_once(&session, permits, &mutex_dir, &leases, data)
+            .await
+        {
+            let twins = queued.granted();
+            return Ok(Some(self.guard(name, session, lease, twins, opts, sent)));
+        }
+        // One step at a time, as a new contender (the first attempt's nodes
+        // may still be on their way out).
+        let owner = OwnerToken::new();
         let mutex_contender = Contender {
             dir: &mutex_dir,
             prefix: &node_prefix(owner.as_str()),
@@ -289,15 +310,23 @@ impl ZkBackend {
         else {
             return Ok(None);
         };
-        let leases = format!("{dir}/leases");
         let prefix = lease_prefix(owner.as_str());
         let mut queued = Queued::new(session.clone(), &leases, &prefix);
-        let lease = waiter
-            .attempt(self.create_node(&session, &leases, &prefix, holder_data(opts)))
+        let mut sent = Instant::now();
+        let (lease, mut listed) = waiter
+            .attempt(self.create_node(&session, &leases, &prefix, data))
             .await?;
         queued.created(&lease);
         let granted = loop {
-            let sent = Instant::now();
+            // The listing that went with the create, unless it shows the
+            // permits taken: then a listing that watches for a change.
+            if let Some(children) = listed.take()
+                && children.contains(&lease.name)
+                && children.len() <= permits as usize
+            {
+                break Some(sent);
+            }
+            sent = Instant::now();
             let (children, watcher) = steady(&session, waiter, || {
                 self.children_reads.fetch_add(1, Ordering::Relaxed);
                 session.run(
@@ -331,6 +360,67 @@ impl ZkBackend {
         Ok(Some(self.guard(name, session, lease, twins, opts, sent)))
     }
 
+    /// The whole recipe of [`Self::lock_permit`] in one round trip, for the
+    /// common case of a free mutex and a free permit: the mutex node, the
+    /// mutex's listing, the lease node and the leases' listing are sent at
+    /// once. ZooKeeper runs one session's requests in the order they were
+    /// sent, so if the mutex's listing shows our node first, the leases were
+    /// counted while the mutex was ours, exactly as the recipe counts them:
+    /// with at most `permits` leases the permit is ours, and the mutex goes
+    /// (its node's deletion runs in a task of its own). Otherwise both nodes
+    /// are deleted and the caller takes the steps one by one; meanwhile a
+    /// lease counted by another client made it wait for a change, which the
+    /// deletion is.
+    async fn permit_at_once(
+        &self,
+        session: &Arc<Session>,
+        permits: u32,
+        mutex_dir: &str,
+        leases: &str,
+        data: &[u8],
+    ) -> Option<(Node, Queued, Instant)> {
+        let owner = OwnerToken::new();
+        let options = CreateMode::EphemeralSequential.with_acls(session.acls());
+        let mutex_prefix = node_prefix(owner.as_str());
+        let lease_prefix = lease_prefix(owner.as_str());
+        let mut mutex = Queued::new(session.clone(), mutex_dir, &mutex_prefix);
+        let mut lease = Queued::new(session.clone(), leases, &lease_prefix);
+        let mutex_path = format!("{mutex_dir}/{mutex_prefix}");
+        let lease_path = format!("{leases}/{lease_prefix}");
+        let sent = Instant::now();
+        // The client sends each request when it is called, in this order.
+        let mutex_created = session.client.create(&mutex_path, &[], &options);
+        let mutex_listed = session.client.list_children(mutex_dir);
+        let lease_created = session.client.create(&lease_path, data, &options);
+        let leases_listed = session.client.list_children(leases);
+        self.children_reads.fetch_add(2, Ordering::Relaxed);
+        let (mutex_created, mutex_listed, lease_created, leases_listed) = tokio::join!(
+            session.run("create the semaphore's mutex node", mutex_created),
+            session.run("list the semaphore's mutex", mutex_listed),
+            session.run("create the lease node", lease_created),
+            session.run("list the semaphore's leases", leases_listed),
+        );
+        let mutex_node = created(&mut mutex, &mutex_path, &mutex_prefix, mutex_created);
+        let lease_node = created(&mut lease, &lease_path, &lease_prefix, lease_created);
+        if let (Some(mutex_node), Ok(holders), Some(lease_node), Ok(children)) =
+            (mutex_node, mutex_listed, lease_node, leases_listed)
+        {
+            let mutex_ours = contenders(holders)
+                .first()
+                .is_some_and(|(_, first)| *first == mutex_node.name);
+            if mutex_ours
+                && children.contains(&lease_node.name)
+                && children.len() <= permits as usize
+            {
+                drop(mutex);
+                return Some((lease_node, lease, sent));
+            }
+        }
+        lease.leave().await;
+        mutex.leave().await;
+        None
+    }
+
     fn guard(
         &self,
         name: &str,
@@ -354,6 +444,37 @@ impl ZkBackend {
         );
         session.hold(&node.path, guard.loss_notifier());
         guard
+    }
+}
+
+/// Our node `<path><sequence>` from a create's answer, recorded in
+/// `queued`; `None` if the create failed (and `queued` knows whether a node
+/// may exist all the same).
+fn created(
+    queued: &mut Queued,
+    path: &str,
+    prefix: &str,
+    answer: std::result::Result<
+        (zookeeper_client::Stat, zookeeper_client::CreateSequence),
+        RequestError,
+    >,
+) -> Option<Node> {
+    match answer {
+        Ok((stat, sequence)) => {
+            let node = Node {
+                path: format!("{path}{sequence}"),
+                name: format!("{prefix}{sequence}"),
+                czxid: stat.czxid,
+                in_doubt: false,
+            };
+            queued.created(&node);
+            Some(node)
+        }
+        Err(error) if !error.outcome_unknown() => {
+            queued.none_created();
+            None
+        }
+        Err(_) => None,
     }
 }
 

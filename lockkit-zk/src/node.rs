@@ -55,6 +55,11 @@ impl Queued {
         self.in_doubt = node.in_doubt;
     }
 
+    /// The create failed for certain: there is nothing to remove.
+    pub(crate) fn none_created(&mut self) {
+        self.armed = false;
+    }
+
     /// The lock is ours; returns the owner prefix if a twin node may exist.
     pub(crate) fn granted(&mut self) -> Option<String> {
         self.armed = false;
