@@ -55,6 +55,59 @@ async fn semaphore_is_shared_with_curator_interprocess_semaphore_v2() {
     assert_eq!(curator.ask("return").await, "returned");
 }
 
+/// lockkit and Curator contend for one permit at the same time: lockkit's
+/// first attempt sends its mutex and lease nodes before it knows whether the
+/// mutex is free, and withdraws both when it is not. Every acquire of both
+/// must end with the permit: a lease counted at the wrong moment would leave
+/// a Curator client waiting for a change of `leases/` that never comes
+/// (Curator's cycle answers "busy" after 10 s), and two holders at once
+/// would show in lockkit's count of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockkit_and_curator_contend_for_one_permit() {
+    let server = ZkServer::start().await;
+    let url = format!("{}?session_timeout=5s", server.url_at("locks"));
+    let path = format!("/locks/{}/encoder", lockkit_zk::SEMAPHORES);
+    let mut curator = CuratorPeer::semaphore(&server, &path, 1).await;
+    let permit = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .semaphore(1)
+        .wait_for(Duration::from_secs(30));
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let locks = lockkit_zk::connect(&url).await.expect("connect");
+        let (permit, inside) = (permit.clone(), inside.clone());
+        clients.spawn(async move {
+            for _ in 0..15 {
+                let guard = locks.acquire("encoder", &permit).await?;
+                let before = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(before, 0, "two lockkit holders of one permit");
+                guard.release().await?;
+            }
+            Ok::<_, lockkit_core::LockError>(())
+        });
+    }
+    for cycle in 0..10 {
+        let answer = curator.ask("cycle").await;
+        assert!(
+            answer.parse::<u64>().is_ok(),
+            "Curator's cycle {cycle} answered {answer:?} while lockkit contended"
+        );
+    }
+    while let Some(joined) = clients.join_next().await {
+        joined.expect("a lockkit client").expect("lockkit's cycles");
+    }
+    let status = lockkit_zk::connect(&url)
+        .await
+        .expect("connect")
+        .status_of("encoder", permit.kind())
+        .await
+        .expect("status");
+    assert!(!status.held, "a lease left behind: {status:?}");
+}
+
 /// Asks `command` until the answer satisfies `done` (within 15 s).
 async fn until_answer(
     peer: &mut CuratorPeer,
