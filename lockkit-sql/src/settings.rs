@@ -165,7 +165,7 @@ pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseO
     .with_notified_wait(true)
     .with_semaphore(true);
 
-/// What `lease` mode guarantees on MySQL (and SQLite off Linux): waiters back off with
+/// What `lease` mode guarantees on MySQL and SQLite: waiters back off with
 /// jitter, never sleeping past the holder's expiry. Shared holdings and
 /// semaphores as on Postgres.
 pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
@@ -174,12 +174,6 @@ pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnC
     .with_holder(true)
     .with_fencing(true)
     .with_semaphore(true);
-
-/// What `lease` mode guarantees on SQLite: as on MySQL, except that on
-/// Linux a waiter is woken by the database's next write (the kernel's
-/// `inotify` on its write-ahead log), a release being one.
-pub const SQLITE_LEASE_CAPABILITIES: Capabilities =
-    POLLED_LEASE_CAPABILITIES.with_notified_wait(cfg!(target_os = "linux"));
 
 impl Mode {
     /// What this mode guarantees on `database`; `None` where it is not
@@ -194,7 +188,6 @@ impl Mode {
             (Mode::Named, Database::MySql) => NAMED_CAPABILITIES,
             (Mode::Row, Database::MySql) => MYSQL_ROW_CAPABILITIES,
             (Mode::Row, Database::Postgres) => PG_ROW_CAPABILITIES,
-            (Mode::Lease, Database::Sqlite) => SQLITE_LEASE_CAPABILITIES,
             (Mode::Lease, _) => POLLED_LEASE_CAPABILITIES,
             _ => SESSION_CAPABILITIES,
         })

@@ -1,45 +1,30 @@
 //! `lease` mode on SQLite: a grant's upsert answers the new fence
 //! (`RETURNING`), and when it did not grant, a second statement on the same
-//! connection reads how long what stands in the way still runs. Waiters are
-//! woken by writes of the write-ahead log (see [`super::wake`]).
+//! connection reads how long what stands in the way still runs.
 
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
-use lockkit_core::backend::{Attempt, ReleaseWatch};
+use lockkit_core::backend::Attempt;
 use lockkit_core::{Capabilities, FencingToken};
 use sqlx::Sqlite;
 
 use super::statements::SqliteSql;
-use super::wake::WalWatch;
 use crate::lease::{Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
-use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
+use crate::settings::POLLED_LEASE_CAPABILITIES;
 use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on SQLite.
 #[derive(Debug)]
 pub(super) struct SqliteLease {
     pub(super) sql: Arc<SqliteSql>,
-    /// The write-ahead log's watcher; `None` for an in-memory database, or
-    /// where the file system cannot be watched.
-    pub(super) wal: Option<WalWatch>,
 }
 
 impl LeaseDialect for SqliteLease {
     type Db = Sqlite;
-    const CAPABILITIES: Capabilities = SQLITE_LEASE_CAPABILITIES;
+    const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
 
     fn statements(&self) -> &LeaseStatements {
         &self.sql.lease
-    }
-
-    /// Every write of the database's log: a release is one.
-    fn watch<'a>(&'a self, _settings: &'a Settings, _name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
-        let watch = self
-            .wal
-            .as_ref()
-            .map_or_else(ReleaseWatch::none, WalWatch::watch);
-        Box::pin(std::future::ready(watch))
     }
 
     fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted> {

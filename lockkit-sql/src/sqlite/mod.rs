@@ -6,7 +6,6 @@
 mod lease;
 mod migration;
 mod statements;
-mod wake;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -71,12 +70,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     );
     let sql = Arc::new(SqliteSql::new(&config.table));
     let lock = LeaseLock::new(LeaseRows::new(
-        SqliteLease {
-            sql: sql.clone(),
-            wal: (!in_memory)
-                .then(|| wake::WalWatch::new(options.get_filename()))
-                .flatten(),
-        },
+        SqliteLease { sql: sql.clone() },
         KeptPool::new(pool),
         settings.clone(),
     ));
