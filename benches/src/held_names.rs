@@ -90,7 +90,9 @@ fn wall_ns() -> u64 {
 }
 
 /// Runs `plan` on every backend of `backends`; `exe` is this program (the
-/// workers are `exe held-names-worker`).
+/// workers are `exe held-names-worker`). Each point's line goes to standard
+/// error as it is measured.
+#[allow(clippy::print_stderr)]
 pub async fn held_names(
     servers: &Servers,
     backends: &[Deployment],
@@ -127,6 +129,7 @@ pub async fn held_names(
     points
 }
 
+#[allow(clippy::print_stderr)]
 fn failed(backend: Deployment, plan: &HeldPlan, error: String) -> HeldPoint {
     eprintln!("{backend}: {error}");
     HeldPoint {
@@ -177,6 +180,7 @@ async fn hold(
 }
 
 /// Releases every held name.
+#[allow(clippy::print_stderr)]
 async fn release(guards: Vec<LockGuard>) {
     let count = guards.len();
     let failures = futures_util::stream::iter(guards)
