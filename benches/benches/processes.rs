@@ -36,11 +36,11 @@
 
 use std::fmt::Write as _;
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lockkit_benches::{
     Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, percentile, runtime,
-    save_summary, selected,
+    save_summary, selected, wall_ns,
 };
 use lockkit_testkit::{RedisServer, TestServer, info_field};
 use redis::AsyncCommands as _;
@@ -125,12 +125,6 @@ fn libraries(backend: Deployment) -> Vec<(Client, Params)> {
 /// wall-clock ns at which its acquire returned, at which its release was
 /// called).
 type Section = (u64, u64, u64);
-
-fn wall_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
 
 /// One run of `processes` workers of `client` on `backend`.
 async fn contend(

@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use lockkit_core::{DistributedLock, LockGuard, LockOptions};
@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::plot::{Series, log_log_panels};
-use crate::{Deployment, Servers, fmt_duration, percentile};
+use crate::{Deployment, Servers, fmt_duration, percentile, wall_ns};
 
 /// The most names a session mode holds in the run (a connection each).
 pub const SESSION_NAMES: usize = 100;
@@ -81,12 +81,6 @@ fn holds_a_connection(backend: Deployment) -> bool {
 /// The held name `index`.
 fn held_name(index: usize) -> String {
     format!("held-names/held/{index}")
-}
-
-fn wall_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Runs `plan` on every backend of `backends`; `exe` is this program (the

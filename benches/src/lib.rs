@@ -54,6 +54,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
+/// Nanoseconds since the Unix epoch on the wall clock, which every process
+/// of one machine reads alike (0 before the epoch): how a bench's worker
+/// processes agree on when to start and stamp what they did.
+pub fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// The `p`-th percentile (`0.0..=100.0`) of `sorted` by the nearest-rank
 /// method; `None` for an empty slice.
 ///

@@ -126,12 +126,7 @@ impl ZkBackend {
             let listed = session.client.list_children(dir);
             match session.run("create the lock node", created).await {
                 Ok((stat, sequence)) => {
-                    let node = Node {
-                        path: format!("{path}{sequence}"),
-                        name: format!("{prefix}{sequence}"),
-                        czxid: stat.czxid,
-                        in_doubt,
-                    };
+                    let node = Node::created(&path, &prefix, &stat, sequence, in_doubt);
                     self.children_reads.fetch_add(1, Ordering::Relaxed);
                     let children = session.run("list the lock's contenders", listed).await.ok();
                     return Ok((node, children));
@@ -321,8 +316,7 @@ impl ZkBackend {
             // The listing that went with the create, unless it shows the
             // permits taken: then a listing that watches for a change.
             if let Some(children) = listed.take()
-                && children.contains(&lease.name)
-                && children.len() <= permits as usize
+                && holds_permit(&children, &lease, permits)
             {
                 break Some(sent);
             }
@@ -408,10 +402,7 @@ impl ZkBackend {
             let mutex_ours = contenders(holders)
                 .first()
                 .is_some_and(|(_, first)| *first == mutex_node.name);
-            if mutex_ours
-                && children.contains(&lease_node.name)
-                && children.len() <= permits as usize
-            {
+            if mutex_ours && holds_permit(&children, &lease_node, permits) {
                 drop(mutex);
                 return Some((lease_node, lease, sent));
             }
@@ -447,6 +438,12 @@ impl ZkBackend {
     }
 }
 
+/// Whether the leases listed in `children` give `lease` a permit: it is
+/// among them, and they are at most `permits` (Curator's count).
+fn holds_permit(children: &[String], lease: &Node, permits: u32) -> bool {
+    children.contains(&lease.name) && children.len() <= permits as usize
+}
+
 /// Our node `<path><sequence>` from a create's answer, recorded in
 /// `queued`; `None` if the create failed (and `queued` knows whether a node
 /// may exist all the same).
@@ -461,12 +458,7 @@ fn created(
 ) -> Option<Node> {
     match answer {
         Ok((stat, sequence)) => {
-            let node = Node {
-                path: format!("{path}{sequence}"),
-                name: format!("{prefix}{sequence}"),
-                czxid: stat.czxid,
-                in_doubt: false,
-            };
+            let node = Node::created(path, prefix, &stat, sequence, false);
             queued.created(&node);
             Some(node)
         }

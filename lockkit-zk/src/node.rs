@@ -23,6 +23,25 @@ pub(crate) struct Node {
     pub(crate) in_doubt: bool,
 }
 
+impl Node {
+    /// The node a create of `<path>` (`path` is `<dir>/<prefix>`) made, from
+    /// its answer.
+    pub(crate) fn created(
+        path: &str,
+        prefix: &str,
+        stat: &zookeeper_client::Stat,
+        sequence: zookeeper_client::CreateSequence,
+        in_doubt: bool,
+    ) -> Node {
+        Node {
+            path: format!("{path}{sequence}"),
+            name: format!("{prefix}{sequence}"),
+            czxid: stat.czxid,
+            in_doubt,
+        }
+    }
+}
+
 /// Our place in the queue until the lock is granted: unless granted, it is
 /// removed when the attempt ends — at once on timeout, in the background if
 /// the acquire future is dropped. Before the node's path is known (the create
