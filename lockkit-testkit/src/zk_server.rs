@@ -53,6 +53,11 @@ const JVM_OPTIONS: &[&str] = &[
     // so that tests can see the storage of released names go.
     "-Dznode.container.checkIntervalMs=1000",
     "-Dznode.container.maxPerMinute=1000000",
+    // An ensemble member that hears no vote during an election asks again
+    // after a wait that doubles each time, up to a minute by default: one
+    // lost round on a loaded machine could hold an election up for tens of
+    // seconds. Two seconds at most keeps it retrying.
+    "-Dzookeeper.fastleader.maxNotificationInterval=2000",
 ];
 /// The four-letter words the servers answer.
 const FOUR_LETTER_WORDS: &str = "srvr,ruok,stat,mntr,wchs,cons,dump,conf";
@@ -548,6 +553,22 @@ impl ZkEnsemble {
             .await
             .iter()
             .position(|mode| mode.as_deref() == Some("leader"))
+    }
+
+    /// What each member says of itself now, for a failing test's message:
+    /// its `Mode:` and the last `lines` lines of its log.
+    pub async fn describe(&self, lines: usize) -> String {
+        let modes = self.modes().await;
+        let mut text = String::new();
+        for (index, (server, mode)) in self.servers.iter().zip(modes).enumerate() {
+            let mode = mode.as_deref().unwrap_or("no answer");
+            text.push_str(&format!(
+                "--- member {index} (myid {}), mode {mode}, last lines of its log:\n{}\n",
+                index + 1,
+                server.log_tail(lines)
+            ));
+        }
+        text
     }
 
     /// Waits until a leader and `n / 2` followers answer (a majority serves
