@@ -13,7 +13,7 @@ use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::Keys;
 use crate::renewals::Renewing;
-use crate::scripts::Release;
+use crate::scripts::{Release, Waiting};
 
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;
@@ -144,9 +144,13 @@ impl LeaseBackend for RedisBackend {
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let record_waiting = intent == Intent::Wait;
+        let waiting = if intent == Intent::Wait {
+            Waiting::ByArrival
+        } else {
+            Waiting::No
+        };
         self.instance
-            .try_hold(key, owner.as_str(), ttl, self.fences(), record_waiting)
+            .try_hold(key, owner.as_str(), ttl, self.fences(), waiting)
             .await
     }
 

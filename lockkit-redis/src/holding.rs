@@ -11,7 +11,7 @@ use lockkit_core::{FencingToken, LockKind, Result};
 use crate::instance::{RedisInstance, flag, remaining_of};
 use crate::keys::{Keys, SemaphoreKeys};
 use crate::renewals::Renewing;
-use crate::scripts::{Call, Release, SCRIPTS};
+use crate::scripts::{Call, Release, SCRIPTS, Waiting};
 
 /// A holding's keys in Redis: which side of a reader-writer lock, or which
 /// semaphore.
@@ -157,7 +157,7 @@ impl RedisInstance {
     /// One attempt at the holding `key` for `owner`: a writer's `SET NX`
     /// (kept out by readers), a reader joining the readers' set, or a permit
     /// joining the permits' set, each one script. A writer's attempt that
-    /// waits (`record_waiting`) and is refused joins the lock's waiting
+    /// waits (see [`Waiting`]) and is refused joins the lock's waiting
     /// line (see [`Keys::line`]), unless the connection keeps none
     /// ([`RedisConfig::without_line`](crate::RedisConfig::without_line)).
     pub async fn try_hold(
@@ -166,14 +166,11 @@ impl RedisInstance {
         owner: &str,
         ttl: Duration,
         fencing: bool,
-        record_waiting: bool,
+        waiting: Waiting,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let owner = &key.stored(owner);
         match key {
-            RedisKey::Exclusive(keys) => {
-                self.try_lock(keys, owner, ttl, fencing, record_waiting)
-                    .await
-            }
+            RedisKey::Exclusive(keys) => self.try_lock(keys, owner, ttl, fencing, waiting).await,
             RedisKey::Shared(keys) => self.try_share(keys, owner, ttl, fencing).await,
             RedisKey::Permit { keys, permits } => {
                 self.try_permit(keys, owner, ttl, fencing, *permits).await

@@ -18,7 +18,7 @@ use crate::error::{BACKEND, map_error, timed_out};
 use crate::keys::{Keys, LeaseSet, QUEUE_PLACE, SemaphoreKeys};
 use crate::notifications::{Notifications, Target};
 use crate::renewals::{Held, Renewal, Renewals, Renewing};
-use crate::scripts::{Call, Publish, Release, Releases, SCRIPTS, SOURCES, is_no_script};
+use crate::scripts::{Call, Publish, Release, Releases, SCRIPTS, SOURCES, Waiting, is_no_script};
 use crate::sentinel::Resolver;
 use crate::settings::{Reach, RedisConfig, ReplicaWait, Topology};
 
@@ -321,10 +321,10 @@ impl RedisInstance {
     /// `SET lock owner NX PX ttl` unless readers hold, and on success a
     /// fencing token drawn from the fence counter when `fencing` (see the
     /// scripts); on failure how long until a retry may succeed.
-    /// With `record_waiting`, a writer kept out by readers is recorded as
-    /// waiting, so that new readers wait behind it (see [`Keys`]), and one
-    /// kept out by a writer joins the lock's waiting line ([`Keys::line`]),
-    /// unless this connection keeps no lines.
+    /// An attempt that waits (see [`Waiting`]): a writer kept out by readers
+    /// is recorded as waiting, so that new readers wait behind it (see
+    /// [`Keys`]), and one kept out by a writer joins the lock's waiting line
+    /// ([`Keys::line`]), unless this connection keeps no lines.
     ///
     /// With [`wait_for_replicas`](crate::RedisLockBuilder::wait_for_replicas),
     /// `WAIT` follows on the same connection; when too few replicas
@@ -336,7 +336,7 @@ impl RedisInstance {
         owner: &str,
         ttl: Duration,
         fencing: bool,
-        record_waiting: bool,
+        waiting: Waiting,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
         let line;
@@ -354,9 +354,12 @@ impl RedisInstance {
         call.arg(owner)
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
-            .arg(flag(record_waiting))
+            .arg(flag(waiting.waits()))
             .arg(waiter)
             .arg(ttl_millis(QUEUE_PLACE));
+        if let Waiting::Since(micros) = waiting {
+            call.arg(micros);
+        }
         let undo = || self.release(keys, owner, Release::Wake);
         self.grant(&keys.lock, call, fencing, undo).await
     }
@@ -647,9 +650,14 @@ impl RedisInstance {
         if self.inner.waiter.is_empty() {
             return self.watch_channel(&keys.channel).await;
         }
-        let turn = keys.turn_channel(&self.inner.waiter);
         let released = self.watch_channel(&keys.channel).await;
-        lockkit_core::backend::ReleaseWatch::merge([released, self.watch_channel(&turn).await])
+        let turn = self
+            .watch_channel(&keys.turn_channel(&self.inner.waiter))
+            .await;
+        // Told of its turn only where both subscriptions are live.
+        let told = released.is_active() && turn.is_active();
+        let watch = lockkit_core::backend::ReleaseWatch::merge([released, turn]);
+        if told { watch.telling_turns() } else { watch }
     }
 
     /// Round trip of one `PING`, for benchmarks and health checks.

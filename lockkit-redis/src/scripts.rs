@@ -295,7 +295,9 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// caller's waiter id (one per connection: its tasks queue among
 /// themselves first; "" for a client that does not queue in lines),
 /// ARGV[6] how long a place in the line lasts without being asked for
-/// again (ms).
+/// again (ms), ARGV[7] (optional) where a new place goes in the line (µs
+/// since the Unix epoch by the client's clock, see [`Waiting::Since`]; by
+/// default the server's clock on arrival).
 ///
 /// The lock is granted if it is free, or if it is reserved for the caller
 /// (`\x1e` and its waiter id: [`RELEASE`] reserves it for the head of the
@@ -330,10 +332,14 @@ if granted then
 end
 local wait = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' and ARGV[5] ~= '' then
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[5], 'NX', ",
+  local place = ARGV[7]
+  if not place then
+    local t = redis.call('TIME')
+    place = ",
     time_us!(),
-    r", ARGV[5])
+    r"
+  end
+  redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
   local half = math.floor(tonumber(ARGV[6]) / 2)
   if wait == -1 or wait > half then
@@ -780,6 +786,29 @@ impl Release {
             Release::Wake => "1",
             Release::Quiet => "0",
         }
+    }
+}
+
+/// Whether a writer's attempt waits, and where a refused waiting writer's
+/// place in the lock's waiting line (see [`Keys::line`](crate::Keys::line)) is ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// One try: no record as the waiting writer, no place in the line.
+    No,
+    /// A waiting attempt, placed in the line by the server's clock when it
+    /// arrives.
+    ByArrival,
+    /// A waiting attempt placed in the line by this time (microseconds since
+    /// the Unix epoch, by the client's clock), sent alike to every instance:
+    /// Redlock's instances then agree on the head of the line, so that a
+    /// release on each of them reserves the lock for the same waiter.
+    Since(u64),
+}
+
+impl Waiting {
+    /// Whether the attempt waits.
+    pub fn waits(self) -> bool {
+        self != Waiting::No
     }
 }
 

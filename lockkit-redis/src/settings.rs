@@ -120,10 +120,9 @@ impl RedisConfig {
     /// The same settings, with waiting clients not queued in a line per
     /// lock (see [`Keys::line`](crate::Keys::line)): every release is
     /// published to every waiting client, and the fastest takes the lock.
-    /// For Redlock's instances: N lines, each ordered by its own server,
-    /// would have to agree on who is first, and a client whose turn came on
-    /// some instances but not on enough of them would hold those up for
-    /// nothing.
+    /// The line is what keeps a handoff's cost flat as waiters add up, and
+    /// what stops a holder that releases and asks again at once from taking
+    /// the lock straight back; without it, both depend on who is fastest.
     pub fn without_line(mut self) -> Self {
         self.line = false;
         self

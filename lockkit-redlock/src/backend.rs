@@ -10,7 +10,7 @@ use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
 };
-use lockkit_redis::{RedisInstance, RedisKey, Release, holder_of};
+use lockkit_redis::{RedisInstance, RedisKey, Release, Waiting, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
@@ -315,6 +315,26 @@ impl RedlockBackend {
 }
 
 /// `⌊n·permits / (permits + 1)⌋ + 1`: see [`RedlockBackend::permit_quorum`].
+/// A lock's keys (the same on every instance), and where a waiter for it
+/// stands in the instances' waiting lines: when its `acquire` began, so that
+/// the place is the same on every instance and on every attempt (an attempt
+/// granted by some instances and rolled back leaves their lines, and the
+/// next one must come back to the same place).
+#[derive(Clone, Debug)]
+pub struct Placed {
+    keys: RedisKey,
+    since: u64,
+}
+
+/// Now, in microseconds since the Unix epoch (0 before it).
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
 fn bounding_quorum(n: usize, permits: u32) -> usize {
     let (n, p) = (n as u64, u64::from(permits.max(1)));
     (n * p / (p + 1) + 1) as usize
@@ -338,7 +358,7 @@ fn request<Fut>(
 
 #[lockkit_core::async_trait]
 impl LeaseBackend for RedlockBackend {
-    type Key = RedisKey;
+    type Key = Placed;
 
     fn backend_name(&self) -> &'static str {
         BACKEND
@@ -349,35 +369,53 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// The keys of one server (no Redis Cluster layout), on every instance.
-    fn key(&self, name: &str, kind: LockKind) -> Result<RedisKey> {
-        RedisKey::new(&self.prefix, name, kind, false)
+    fn key(&self, name: &str, kind: LockKind) -> Result<Placed> {
+        Ok(Placed {
+            keys: RedisKey::new(&self.prefix, name, kind, false)?,
+            since: unix_micros(),
+        })
     }
 
     /// Stored with the owner token on every instance (see
     /// [`RedisKey::with_holder`]).
-    fn with_holder(&self, key: RedisKey, holder: &str) -> RedisKey {
-        key.with_holder(holder)
+    fn with_holder(&self, key: Placed, holder: &str) -> Placed {
+        Placed {
+            keys: key.keys.with_holder(holder),
+            ..key
+        }
     }
 
     /// Asks every instance at once and returns as soon as a quorum granted the
     /// lock; a frozen minority costs nothing. Requests still in flight then
     /// complete in the background, and the lease's release waits for them on
     /// their instances. Without a quorum the partial grant is rolled back
-    /// (quietly, so that contenders keep their random retry delays), and the
-    /// answer is `Busy` when enough instances answered, `Unavailable` when not.
+    /// (quietly: it wakes nobody), and the answer is `Busy` when enough
+    /// instances answered, `Unavailable` when not. A waiting attempt that is
+    /// refused keeps (or takes) its place in every instance's waiting line,
+    /// at the time its `acquire` began (see `Placed`).
     async fn try_lock(
         &self,
-        keys: &RedisKey,
+        placed: &Placed,
         owner: &OwnerToken,
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
+        let keys = &placed.keys;
         let quorum = self.quorum_for(keys);
-        let record_waiting = intent == Intent::Wait;
+        // One place in the waiting line on every instance: the instances
+        // then agree on the head of the line, and a release on each of them
+        // reserves the lock for the same waiter (placed by the server's
+        // clock, the places would follow each instance's own order of
+        // arrival, and the reservations would split the votes).
+        let waiting = if intent == Intent::Wait {
+            Waiting::Since(placed.since)
+        } else {
+            Waiting::No
+        };
         let total = self.instances.len();
         let hold = request(keys, owner, move |instance, keys, owner| async move {
             instance
-                .try_hold(&keys, owner.as_str(), ttl, false, record_waiting)
+                .try_hold(&keys, owner.as_str(), ttl, false, waiting)
                 .await
         });
         let decided = |votes: &Votes<_>| votes.count(granted) >= quorum;
@@ -431,7 +469,8 @@ impl LeaseBackend for RedlockBackend {
     /// Needs a quorum of instances that still hold our token; returns as soon
     /// as the outcome is decided. `Ok(false)` (lost) once a quorum answered
     /// that it does not.
-    async fn extend(&self, keys: &RedisKey, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, placed: &Placed, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let keys = &placed.keys;
         let quorum = self.quorum_for(keys);
         let extend = request(keys, owner, move |instance, keys, owner| async move {
             instance.extend_holding(&keys, owner.as_str(), ttl).await
@@ -456,7 +495,8 @@ impl LeaseBackend for RedlockBackend {
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
     /// a quorum answered.
-    async fn release(&self, keys: &RedisKey, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, placed: &Placed, owner: &OwnerToken) -> Result<bool> {
+        let keys = &placed.keys;
         let quorum = self.quorum_for(keys);
         let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
         let votes = self
@@ -482,7 +522,8 @@ impl LeaseBackend for RedlockBackend {
     /// made again (three times in all) before it says so: one
     /// slow instance should not make a held lock look free, nor fail the
     /// read.
-    async fn status(&self, keys: &RedisKey) -> Result<LockStatus> {
+    async fn status(&self, placed: &Placed) -> Result<LockStatus> {
+        let keys = &placed.keys;
         let mut reads = 1;
         loop {
             match self.read_status(keys).await {
@@ -493,7 +534,8 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// Release notifications from every instance that can subscribe in time.
-    async fn watch(&self, keys: &RedisKey) -> Result<ReleaseWatch> {
+    async fn watch(&self, placed: &Placed) -> Result<ReleaseWatch> {
+        let keys = &placed.keys;
         let timeout = self.instance_timeout(None);
         let watches = join_all(
             self.instances

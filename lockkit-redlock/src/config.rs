@@ -68,12 +68,6 @@ impl RedlockLockBuilder {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        // Waiters are woken by every release, not queued in one line per
-        // instance: see `RedisConfig::without_line`.
-        let instances = instances
-            .into_iter()
-            .map(RedisConfig::without_line)
-            .collect();
         RedlockLockBuilder {
             instances,
             prefix: DEFAULT_PREFIX.to_owned(),
@@ -254,7 +248,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockLockBuilder> {
             LockError::InvalidUrl { reason, .. } => bad(reason),
             other => other,
         })?;
-        instances.push(config.without_line());
+        instances.push(config);
     }
     Ok(RedlockLockBuilder {
         instances,

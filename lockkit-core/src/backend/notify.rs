@@ -16,6 +16,9 @@ use tokio::sync::watch;
 pub struct ReleaseWatch {
     sources: Vec<watch::Receiver<u64>>,
     _registrations: Vec<Registration>,
+    /// Whether it tells its waiter when its turn has come (see
+    /// [`telling_turns`](ReleaseWatch::telling_turns)).
+    turns: bool,
 }
 
 impl ReleaseWatch {
@@ -24,6 +27,7 @@ impl ReleaseWatch {
         ReleaseWatch {
             sources: Vec::new(),
             _registrations: Vec::new(),
+            turns: false,
         }
     }
 
@@ -32,6 +36,7 @@ impl ReleaseWatch {
         ReleaseWatch {
             sources: vec![rx],
             _registrations: Vec::new(),
+            turns: false,
         }
     }
 
@@ -42,8 +47,28 @@ impl ReleaseWatch {
         for watch in watches {
             merged.sources.extend(watch.sources);
             merged._registrations.extend(watch._registrations);
+            merged.turns |= watch.turns;
         }
         merged
+    }
+
+    /// The same watch, marked as one that tells its waiter when its turn
+    /// has come: the server keeps a line of waiting clients, hands a
+    /// released lock to the first of them and wakes that one alone, and a
+    /// refused attempt says how long the waiter's place lasts. After such a
+    /// refusal the waiter sleeps until a notification or that time, rather
+    /// than asking again on the backoff meanwhile: asking out of turn is
+    /// refused anyway, and with many waiters it is most of the server's
+    /// work.
+    pub fn telling_turns(mut self) -> Self {
+        self.turns = self.is_active();
+        self
+    }
+
+    /// Whether the watch tells its waiter when its turn has come (see
+    /// [`telling_turns`](Self::telling_turns)).
+    pub fn tells_turns(&self) -> bool {
+        self.turns
     }
 
     /// Whether notifications can arrive at all.
@@ -86,6 +111,7 @@ impl fmt::Debug for ReleaseWatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReleaseWatch")
             .field("active", &self.is_active())
+            .field("turns", &self.turns)
             .finish()
     }
 }
@@ -175,6 +201,7 @@ impl NotifyHub {
                 hub: Arc::downgrade(&self.inner),
                 key: key.into(),
             }],
+            turns: false,
         };
         (watch, new)
     }

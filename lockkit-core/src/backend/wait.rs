@@ -151,7 +151,9 @@ impl<'a> Waiter<'a> {
 
     /// After a busy attempt: `Timeout` if the wait is over; otherwise sleeps
     /// until a release notification, the holder's expiry (`retry_after`), the
-    /// next backoff delay or the deadline, whichever comes first.
+    /// next backoff delay or the deadline, whichever comes first. A watch
+    /// that [tells turns](ReleaseWatch::tells_turns) leaves the backoff out
+    /// when the attempt said when to ask again.
     pub async fn pause(
         &mut self,
         retry_after: Option<Duration>,
@@ -161,10 +163,14 @@ impl<'a> Waiter<'a> {
         if self.deadline.is_some_and(|d| now >= d) {
             return Err(self.timeout_error());
         }
-        let mut delay = self.delays.next().unwrap_or(Duration::from_millis(1));
-        if let Some(remaining) = retry_after {
-            delay = delay.min(remaining + EXPIRY_SLACK);
-        }
+        let delay = match retry_after {
+            // In line on the server: the turn is announced.
+            Some(remaining) if watch.tells_turns() => remaining + EXPIRY_SLACK,
+            _ => {
+                let delay = self.delays.next().unwrap_or(Duration::from_millis(1));
+                retry_after.map_or(delay, |remaining| delay.min(remaining + EXPIRY_SLACK))
+            }
+        };
         let mut wake = now + delay;
         if let Some(deadline) = self.deadline {
             wake = wake.min(deadline);
