@@ -313,6 +313,37 @@ mod tests {
         );
     }
 
+    /// A waiter in a server's line sleeps until its place needs asking for
+    /// (`retry_after`) or a notification, not on the backoff: a backoff of
+    /// at most 1 ms would have it ask again a hundred times in 100 ms.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_telling_turns_leaves_the_backoff_out() {
+        let hub = NotifyHub::new();
+        let opts = LockOptions::new().backoff(crate::Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(1),
+        ));
+        let place = Duration::from_millis(100);
+        for (turns, slept) in [(false, Duration::from_millis(1)), (true, place)] {
+            let (watch, _) = hub.watch("x");
+            let mut watch = if turns { watch.telling_turns() } else { watch };
+            assert_eq!(watch.tells_turns(), turns);
+            let mut waiter = Waiter::new("x", &opts);
+            let before = Instant::now();
+            waiter.pause(Some(place), &mut watch).await.unwrap();
+            assert!(
+                before.elapsed() <= slept + EXPIRY_SLACK,
+                "turns {turns}: {:?}",
+                before.elapsed()
+            );
+            if turns {
+                assert!(before.elapsed() >= place, "{:?}", before.elapsed());
+            }
+        }
+        // A watch that can hear nothing cannot tell turns.
+        assert!(!ReleaseWatch::none().telling_turns().tells_turns());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn pause_stops_at_deadline() {
         let opts = LockOptions::new()
