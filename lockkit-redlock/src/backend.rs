@@ -314,7 +314,6 @@ impl RedlockBackend {
     }
 }
 
-/// `⌊n·permits / (permits + 1)⌋ + 1`: see [`RedlockBackend::permit_quorum`].
 /// A lock's keys (the same on every instance), and where a waiter for it
 /// stands in the instances' waiting lines: when its `acquire` began, so that
 /// the place is the same on every instance and on every attempt (an attempt
@@ -335,6 +334,7 @@ fn unix_micros() -> u64 {
         })
 }
 
+/// `⌊n·permits / (permits + 1)⌋ + 1`: see [`RedlockBackend::permit_quorum`].
 fn bounding_quorum(n: usize, permits: u32) -> usize {
     let (n, p) = (n as u64, u64::from(permits.max(1)));
     (n * p / (p + 1) + 1) as usize
