@@ -42,20 +42,14 @@ impl RowLocking for MySqlSession {
         vec![Bytes(name.as_bytes())]
     }
 
-    /// The upsert waits for a holder's row lock, so a plain (consistent)
-    /// read, which waits for none, first finds out whether the row is
-    /// missing.
-    fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        Box::pin(async move {
-            let found: Option<i32> = sqlx::query_scalar(trusted(&self.sql.row_exists))
-                .bind_all(&Self::row_values(name))
-                .fetch_optional(&self.pool)
-                .await?;
-            if found.is_none() {
-                self.ensure_row(name).await?;
-            }
-            Ok(())
-        })
+    /// An upsert's duplicate check would wait for a holder's row lock, so
+    /// the insert comes from a `SELECT` that finds no row, a plain read on
+    /// the lock's connection (which reads committed rows and takes no gap
+    /// locks).
+    fn make_missing_row<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
+        let name = Bytes(name.as_bytes());
+        let query = sqlx::query(trusted(&self.sql.make_row)).bind_all(&[name, name]);
+        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
     }
 
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {

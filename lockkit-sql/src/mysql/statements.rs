@@ -57,6 +57,9 @@ pub(super) struct MySql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
     pub(super) ensure_row: Arc<str>,
+    /// The row of a name inserted when a plain read finds none; never waits
+    /// for a holder's row lock under `READ COMMITTED`.
+    pub(super) make_row: Arc<str>,
     /// `row` mode's lock, with its token.
     pub(super) row: LockingSql,
     pub(super) row_free: Arc<str>,
@@ -257,6 +260,15 @@ impl MySql {
             ensure_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
+            )
+            .into(),
+            // The insert's duplicate check (of a row that appeared after the
+            // read) waits for the holder as the upsert does.
+            make_row: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 SELECT ?, NULL, 0, '1000-01-01 00:00:00' FROM DUAL \
+                 WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?) \
+                 ON DUPLICATE KEY UPDATE name = {table}.name"
             )
             .into(),
             // MariaDB spells the share lock `LOCK IN SHARE MODE` (with

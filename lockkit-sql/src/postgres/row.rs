@@ -40,8 +40,9 @@ impl RowLocking for PgSession {
     }
 
     /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
-    fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        self.ensure_row(name)
+    fn make_missing_row<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> Answer<'c, ()> {
+        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&[Text(name)]);
+        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
     }
 
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {

@@ -65,11 +65,13 @@ pub(crate) trait RowLocking: SessionDb {
     /// stays.
     fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
 
-    /// Makes `name`'s row if it is missing, without waiting for a lock a
-    /// holder keeps on it; run while a lock begins its transaction, since a
-    /// released name's row is gone (its holder deleted it) and the next
-    /// holder would otherwise find it missing and begin again.
-    fn make_missing_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
+    /// Makes `name`'s row if it is missing, in one autocommitted statement
+    /// on the lock's own connection that never waits for a lock a holder
+    /// keeps on the row; run just before a lock begins its transaction,
+    /// since a released name's row is gone (its holder deleted it) and the
+    /// next holder would otherwise find it missing and begin again.
+    fn make_missing_row<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str)
+    -> Answer<'c, ()>;
 
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is
@@ -321,9 +323,11 @@ where
     )))
 }
 
-/// `BEGIN`, and at the same time the row of `name` made where it is missing
-/// (see [`RowLocking::make_missing_row`]). Its errors other than a deadlock
-/// end the attempt (rolled back).
+/// The row of `name` made where it is missing (see
+/// [`RowLocking::make_missing_row`]), then `BEGIN`, both on the lock's
+/// connection: the cycle of a free name sends what a hand-written one
+/// would, on one connection. A deadlock of the insert is left to the
+/// locking `SELECT`, which finds the row missing and makes it again.
 async fn begin_with_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
@@ -332,16 +336,11 @@ async fn begin_with_row<R: RowLocking>(
 where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
-    let (begun, made) =
-        futures_util::future::join(run::<R>(conn, "BEGIN"), locking.make_missing_row(name)).await;
-    begun?;
-    match made {
-        Err(error) if !is_deadlock(&error) => {
-            run::<R>(conn, "ROLLBACK").await?;
-            Err(error)
-        }
-        _ => Ok(()),
+    match locking.make_missing_row(conn, name).await {
+        Err(error) if !is_deadlock(&error) => return Err(error),
+        _ => {}
     }
+    run::<R>(conn, "BEGIN").await
 }
 
 /// How often in a row [`lock_row`] makes a vanished row again.
