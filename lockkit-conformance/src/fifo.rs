@@ -122,6 +122,45 @@ pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
     );
 }
 
+/// Where a client watches a name's releases (an active
+/// [`watch_releases`](DistributedLock::watch_releases), as its waiters do
+/// between tries), a release by another client wakes the watch: a wake-up
+/// comes only from a notification, so a backend whose waiters would
+/// otherwise find a release only on their next try fails here. Backends
+/// with a waiting line on the server (FIFO, or watches that tell turns)
+/// hand a release to its head rather than to every watcher, and are left to
+/// [`fifo_backends_serve_waiters_in_order`] and the cases of their own.
+pub async fn a_release_wakes_the_watchers_of_other_clients(h: &dyn Harness) {
+    let holder = h.client().await;
+    if holder.capabilities().fifo {
+        return;
+    }
+    let name = unique("woken");
+    let guard = holder
+        .acquire(&name, &LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .expect("the holder takes the lock");
+    let watcher = h.client().await;
+    let mut watch = watcher
+        .watch_releases(&name)
+        .await
+        .expect("a watch of the name's releases");
+    guard.release().await.expect("the holder releases");
+    if !watch.is_active() || watch.tells_turns() {
+        return;
+    }
+    tokio::time::timeout(WAKE_GRACE, watch.changed())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("another client's release did not wake an active watch within {WAKE_GRACE:?}")
+        });
+}
+
+/// How long [`a_release_wakes_the_watchers_of_other_clients`] gives a
+/// release to reach a watch: a notification's trip, with room for a loaded
+/// machine.
+const WAKE_GRACE: Duration = Duration::from_secs(20);
+
 /// Returns once `n` waiters queue on `name`, where `status` counts them;
 /// after a pause of 500 ms where it does not. Panics if they do not within
 /// 10 s.

@@ -137,6 +137,7 @@ macro_rules! conformance_suite {
             status_reports_the_holder,
             fifo_backends_serve_waiters_in_order,
             a_release_goes_to_a_waiting_client,
+            a_release_wakes_the_watchers_of_other_clients,
             local_handoffs_keep_exclusion_and_fencing,
             unsupported_kinds_are_refused,
             two_readers_hold_together,

@@ -165,15 +165,24 @@ pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseO
     .with_notified_wait(true)
     .with_semaphore(true);
 
-/// What `lease` mode guarantees on MySQL and SQLite: waiters back off with
-/// jitter, never sleeping past the holder's expiry. Shared holdings and
-/// semaphores as on Postgres.
+/// What `lease` mode guarantees on MySQL (and SQLite off Linux): waiters
+/// back off with jitter, never sleeping past the holder's expiry. Shared
+/// holdings and semaphores as on Postgres.
 pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_server_bounds(true)
     .with_shared(true)
     .with_holder(true)
     .with_fencing(true)
     .with_semaphore(true);
+
+/// What `lease` mode guarantees on SQLite: on Linux a release rings a bell
+/// file that wakes the waiters of other processes (inotify), elsewhere they
+/// back off as on MySQL.
+pub const SQLITE_LEASE_CAPABILITIES: Capabilities = if cfg!(target_os = "linux") {
+    NOTIFIED_LEASE_CAPABILITIES
+} else {
+    POLLED_LEASE_CAPABILITIES
+};
 
 impl Mode {
     /// What this mode guarantees on `database`; `None` where it is not
@@ -184,6 +193,7 @@ impl Mode {
         }
         Some(match (self, database) {
             (Mode::Lease, Database::Postgres) => NOTIFIED_LEASE_CAPABILITIES,
+            (Mode::Lease, Database::Sqlite) => SQLITE_LEASE_CAPABILITIES,
             (Mode::Advisory, Database::Postgres) => ADVISORY_CAPABILITIES,
             (Mode::Named, Database::MySql) => NAMED_CAPABILITIES,
             (Mode::Row, Database::MySql) => MYSQL_ROW_CAPABILITIES,

@@ -116,6 +116,20 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         Self::Db::number(conn, (&sql.text, &values))
     }
 
+    /// Wakes the waiters of `name` after a statement freed it (a release, a
+    /// reader group's last leave, a withdrawn waiting record), where the
+    /// statement itself does not (Postgres notifies in it). Nothing by
+    /// default.
+    fn released(&self, name: &str) {
+        let _ = name;
+    }
+
+    /// Whether a waiting writer whose waiting record is fresh reads the row
+    /// before it writes, and stays busy without a write while a lease stands
+    /// in the way: for a database whose writes queue for one lock, where
+    /// every waiting process tries on each release. `false` by default.
+    const READ_FIRST: bool = false;
+
     /// Release notifications of `name`; none by default (waiters back off,
     /// never past the holder's expiry).
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
@@ -183,12 +197,36 @@ impl LeaseKey {
     }
 }
 
+/// A writer's waiting record, as its holding knows it.
+#[derive(Debug, Default)]
+pub(crate) struct WaitingMark {
+    /// Whether it may have recorded itself (set before the write).
+    maybe: AtomicBool,
+    /// When it last wrote its record.
+    at: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl WaitingMark {
+    /// Its record was just written.
+    fn written(&self) {
+        *self.at.lock().unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
+    }
+
+    /// Whether its record was written less than `within` ago.
+    fn fresh(&self, within: Duration) -> bool {
+        self.at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < within)
+    }
+}
+
 /// The rows of one kind of holding.
 #[derive(Debug)]
 enum Holding {
     /// A writer's holding of the lock's row (the name itself); `waiting`:
     /// whether it may have recorded itself as a waiting writer.
-    Lock { name: String, waiting: AtomicBool },
+    Lock { name: String, waiting: WaitingMark },
     /// A reader's holding in the lock's row, the writers' waiting record
     /// (see [`waiting_row_name`]), and the reader's token once it joined
     /// (0 before); `recorded`: whether it took the identity record (see
@@ -253,7 +291,7 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
             },
             _ => Holding::Lock {
                 name: name.to_owned(),
-                waiting: AtomicBool::new(false),
+                waiting: WaitingMark::default(),
             },
         };
         Ok(LeaseKey {
@@ -352,7 +390,7 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         match &key.holding {
             Holding::Lock { name, waiting } => {
                 let released = self.rows.release_row(name, &owner).await?;
-                if waiting.swap(false, Ordering::SeqCst) {
+                if waiting.maybe.swap(false, Ordering::SeqCst) {
                     self.rows.unmark_waiting(name, Some(&owner)).await?;
                 }
                 Ok(released)

@@ -3,13 +3,13 @@
 
 use std::slice;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockkit_core::backend::{Attempt, Intent};
 use lockkit_core::{FencingToken, Result};
 
-use super::{Args, Ask, Grant, LeaseDialect, LeaseSql, LiveRow, waiting_row_name};
+use super::{Args, Ask, Grant, LeaseDialect, LeaseSql, LiveRow, WaitingMark, waiting_row_name};
 use crate::error::is_deadlock;
 use crate::pool::{KeptPool, Undo};
 use crate::settings::Settings;
@@ -106,8 +106,13 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
         let release = &self.dialect.statements().release;
         let args = Args::of(name).owner(owner);
-        self.changes("release", slice::from_ref(release), args)
-            .await
+        let released = self
+            .changes("release", slice::from_ref(release), args)
+            .await?;
+        if released {
+            self.dialect.released(name);
+        }
+        Ok(released)
     }
 
     pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {
@@ -165,26 +170,42 @@ impl<D: LeaseDialect> Rows<D> {
     /// within `ttl / 2`, before the record runs out; granted, it deletes the
     /// record (each attempt has an owner of its own, so whoever's it is, as
     /// a writer's grant does on Redis).
+    ///
+    /// Where the dialect asks it ([`LeaseDialect::READ_FIRST`]), a waiting
+    /// writer whose record is fresh reads the row before it writes: while
+    /// a lease stands in the way the attempt ends there, busy, without a
+    /// write. Every waiting process tries on each release there, and their
+    /// writes would queue for the database's one write lock.
     pub(super) async fn acquire_writer(
         &self,
         name: &str,
-        waiting: &AtomicBool,
+        waiting: &WaitingMark,
         owner: &str,
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
+        let half = ttl / 2;
+        if D::READ_FIRST
+            && intent == Intent::Wait
+            && waiting.fresh(ttl / 4)
+            && let Some(live) = self.row_status(name).await?
+        {
+            return Ok(Attempt::Busy {
+                retry_after: Some(live.remaining.min(half)),
+            });
+        }
         let answer = self.acquire_row(name, owner, ttl).await?;
         match answer {
             Attempt::Busy { retry_after } if intent == Intent::Wait => {
                 // Set first: a record made by an abandoned attempt is withdrawn too.
-                waiting.store(true, Ordering::SeqCst);
+                waiting.maybe.store(true, Ordering::SeqCst);
                 self.mark_waiting(name, owner, ttl).await?;
-                let half = ttl / 2;
+                waiting.written();
                 Ok(Attempt::Busy {
                     retry_after: Some(retry_after.map_or(half, |r| r.min(half))),
                 })
             }
-            Attempt::Acquired(_) if waiting.swap(false, Ordering::SeqCst) => {
+            Attempt::Acquired(_) if waiting.maybe.swap(false, Ordering::SeqCst) => {
                 if let Err(error) = self.unmark_waiting(name, None).await {
                     tracing::warn!(lock.name = %name, %error, "could not withdraw a granted writer's waiting record; it ends with its TTL");
                 }
@@ -227,7 +248,7 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     /// Deletes the record row `row` if it is `owner`'s (anyone's with
-    /// `None`); on Postgres, wakes the waiters of `name`.
+    /// `None`), and wakes the waiters of `name`.
     pub(super) async fn delete_record(
         &self,
         name: &str,
@@ -241,9 +262,10 @@ impl<D: LeaseDialect> Rows<D> {
             ..Args::of(row)
         };
         let forget = &self.dialect.statements().forget;
-        self.changes(what, slice::from_ref(forget), args)
-            .await
-            .map(drop)
+        if self.changes(what, slice::from_ref(forget), args).await? {
+            self.dialect.released(name);
+        }
+        Ok(())
     }
 
     /// One reader's attempt, as its own statement. A deadlock victim's
@@ -291,6 +313,10 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn leave(&self, name: &str, token: i64) -> Result<bool> {
         let args = Args::of(name).token(token);
         let leave = &self.dialect.statements().leave;
-        self.changes("release a shared lease", leave, args).await
+        let left = self.changes("release a shared lease", leave, args).await?;
+        if left {
+            self.dialect.released(name);
+        }
+        Ok(left)
     }
 }

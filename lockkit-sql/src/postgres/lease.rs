@@ -36,6 +36,9 @@ fn granted((fence, remaining): (Option<i64>, Option<i64>)) -> Granted {
 impl LeaseDialect for PgLease {
     type Db = Postgres;
     const CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES;
+    /// `NOTIFY` wakes every waiting client on each release, and a busy
+    /// upsert waits for the row lock of whoever upserts it at that moment.
+    const READ_FIRST: bool = true;
 
     fn statements(&self) -> &LeaseStatements {
         &self.sql.lease

@@ -70,8 +70,7 @@ pub(crate) trait RowLocking: SessionDb {
     /// keeps on the row; run just before a lock begins its transaction,
     /// since a released name's row is gone (its holder deleted it) and the
     /// next holder would otherwise find it missing and begin again.
-    fn make_missing_row<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str)
-    -> Answer<'c, ()>;
+    fn make_missing_row<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
 
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is

@@ -4,24 +4,30 @@
 
 use std::sync::Arc;
 
-use lockkit_core::backend::Attempt;
+use futures_util::future::BoxFuture;
+use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken};
 use sqlx::Sqlite;
 
+use super::bells::Bells;
 use super::statements::SqliteSql;
 use crate::lease::{Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
-use crate::settings::POLLED_LEASE_CAPABILITIES;
+use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
-/// `lease` mode on SQLite.
+/// `lease` mode on SQLite, its waiters woken by the release bells.
 #[derive(Debug)]
 pub(super) struct SqliteLease {
     pub(super) sql: Arc<SqliteSql>,
+    pub(super) bells: Bells,
 }
 
 impl LeaseDialect for SqliteLease {
     type Db = Sqlite;
-    const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
+    const CAPABILITIES: Capabilities = SQLITE_LEASE_CAPABILITIES;
+    /// Every waiting process tries on each release (the bells wake them
+    /// all), and SQLite has one write lock per database.
+    const READ_FIRST: bool = true;
 
     fn statements(&self) -> &LeaseStatements {
         &self.sql.lease
@@ -52,5 +58,13 @@ impl LeaseDialect for SqliteLease {
                 retry_after: left.map(remaining_ms),
             })
         })
+    }
+
+    fn released(&self, name: &str) {
+        self.bells.ring(name);
+    }
+
+    fn watch<'a>(&'a self, _: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
+        Box::pin(std::future::ready(self.bells.watch(name)))
     }
 }

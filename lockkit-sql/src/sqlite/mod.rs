@@ -1,8 +1,10 @@
 //! SQLite: lease rows in a database file shared by the processes of one host.
 //!
 //! [`open`] connects a client; [`statements`] holds every SQL text of a lock
-//! table, [`migration`] creates it, and [`lease`] runs `lease` mode on it.
+//! table, [`migration`] creates it, [`lease`] runs `lease` mode on it, and
+//! [`bells`] wakes the waiters of other processes.
 
+mod bells;
 mod lease;
 mod migration;
 mod statements;
@@ -20,6 +22,7 @@ use crate::lease::LeaseRows;
 use crate::open::Opened;
 use crate::pool::KeptPool;
 use crate::settings::{Settings, SqlConfig};
+use bells::Bells;
 use lease::SqliteLease;
 use migration::SqliteMigrator;
 use statements::SqliteSql;
@@ -70,7 +73,10 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     );
     let sql = Arc::new(SqliteSql::new(&config.table));
     let lock = LeaseLock::new(LeaseRows::new(
-        SqliteLease { sql: sql.clone() },
+        SqliteLease {
+            sql: sql.clone(),
+            bells: Bells::new((!in_memory).then(|| options.get_filename())),
+        },
         KeptPool::new(pool),
         settings.clone(),
     ));

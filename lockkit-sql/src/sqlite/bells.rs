@@ -1,0 +1,205 @@
+//! Release bells of `lease` mode on SQLite: files beside the database whose
+//! changes wake the waiters of other processes (Linux, through inotify).
+//!
+//! A release writes one byte to the bell of its name's bucket,
+//! `<database>-lockkit-bells/<bucket>` ([`BUCKETS`] files at most, however
+//! many names are used). A client with waiters watches that directory once
+//! and wakes its waiters of the names whose bucket rang; waiters of another
+//! name in the same bucket wake for nothing and wait again. Where there are
+//! no bells (another system, an in-memory database, a directory that cannot
+//! be made) waiters back off, never past the holder's expiry, as they do
+//! without bells.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use lockkit_core::backend::{NotifyHub, ReleaseWatch};
+
+/// How many bell files a database has at most.
+pub(super) const BUCKETS: u64 = 64;
+
+/// The bucket of `name`: FNV-1a, so that every client, whatever its build,
+/// rings and watches the same file for a name.
+fn bucket(name: &str) -> u64 {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash % BUCKETS
+}
+
+/// The directory of the bells of the database file at `database`.
+pub(super) fn bells_dir(database: &Path) -> PathBuf {
+    let mut dir = database.as_os_str().to_owned();
+    dir.push("-lockkit-bells");
+    PathBuf::from(dir)
+}
+
+/// A client's bells: the files it rang (kept open), and its watch.
+#[derive(Debug)]
+pub(super) struct Bells {
+    /// `None` where there are no bells.
+    dir: Option<PathBuf>,
+    hub: NotifyHub,
+    /// Open bell files by bucket.
+    rung: Mutex<HashMap<u64, File>>,
+    /// Once the first waiter asked: the task that reads the watch, or why
+    /// there is none.
+    watching: Mutex<Option<Watching>>,
+}
+
+#[derive(Debug)]
+enum Watching {
+    On(tokio::task::AbortHandle),
+    Off,
+}
+
+impl Bells {
+    /// The bells of the database file at `database`; none for `None` (an
+    /// in-memory database) and on systems without inotify.
+    pub(super) fn new(database: Option<&Path>) -> Self {
+        Bells {
+            dir: database
+                .filter(|_| cfg!(target_os = "linux"))
+                .map(bells_dir),
+            hub: NotifyHub::new(),
+            rung: Mutex::new(HashMap::new()),
+            watching: Mutex::new(None),
+        }
+    }
+
+    /// Rings the bell of `name`'s bucket, if any client ever watched the
+    /// bells (their directory exists). Failures are only traced: the
+    /// waiters then find the release on their next try.
+    pub(super) fn ring(&self, name: &str) {
+        let Some(dir) = &self.dir else { return };
+        let bucket = bucket(name);
+        let mut rung = self.rung.lock().unwrap_or_else(|p| p.into_inner());
+        let file = match rung.entry(bucket) {
+            std::collections::hash_map::Entry::Occupied(file) => file.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let path = dir.join(bucket.to_string());
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                {
+                    Ok(file) => entry.insert(file),
+                    // No directory: nobody has waited yet.
+                    Err(error) => {
+                        tracing::trace!(path = %path.display(), %error, "no bell to ring");
+                        return;
+                    }
+                }
+            }
+        };
+        if let Err(error) = ring_file(file) {
+            tracing::debug!(%error, "could not ring a release bell");
+            rung.remove(&bucket);
+        }
+    }
+
+    /// A watch on `name`, woken when its bucket's bell rings; inactive where
+    /// there are no bells or they cannot be watched.
+    pub(super) fn watch(&self, name: &str) -> ReleaseWatch {
+        let Some(dir) = &self.dir else {
+            return ReleaseWatch::none();
+        };
+        let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
+        let watching = watching.get_or_insert_with(|| match start(dir, self.hub.clone()) {
+            Ok(task) => Watching::On(task),
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "cannot watch the release bells; waiting by polling");
+                Watching::Off
+            }
+        });
+        match watching {
+            Watching::On(_) => self.hub.watch(&bucket(name).to_string()).0,
+            Watching::Off => ReleaseWatch::none(),
+        }
+    }
+}
+
+impl Drop for Bells {
+    fn drop(&mut self) {
+        let watching = self.watching.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(Watching::On(task)) = watching.take() {
+            task.abort();
+        }
+    }
+}
+
+/// One byte written at the start of a bell file.
+#[cfg(unix)]
+fn ring_file(file: &File) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::write_at(file, &[1], 0).map(drop)
+}
+
+#[cfg(not(unix))]
+fn ring_file(_: &File) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Makes the bells' directory, watches it, and spawns the task that wakes
+/// the waiters of each bucket that rings.
+#[cfg(target_os = "linux")]
+fn start(dir: &Path, hub: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
+    use futures_util::StreamExt as _;
+    use inotify::{Inotify, WatchMask};
+
+    std::fs::create_dir_all(dir)?;
+    let inotify = Inotify::init()?;
+    inotify.watches().add(dir, WatchMask::MODIFY)?;
+    let mut events = inotify.into_event_stream([0_u8; 1024])?;
+    let task = tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(event) => {
+                    if let Some(bucket) = event.name.as_ref().and_then(|n| n.to_str()) {
+                        hub.notify(bucket);
+                    }
+                }
+                Err(error) => {
+                    // Events may be lost: everyone looks again.
+                    tracing::debug!(%error, "reading the release bells failed");
+                    hub.notify_all();
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    Ok(task.abort_handle())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start(_: &Path, _: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
+    Err(std::io::Error::other("release bells need inotify (Linux)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_few_and_the_same_for_a_name() {
+        assert_eq!(bucket("jobs"), bucket("jobs"));
+        let buckets: std::collections::HashSet<u64> =
+            (0..10_000).map(|i| bucket(&format!("name-{i}"))).collect();
+        assert_eq!(
+            buckets.len() as u64,
+            BUCKETS,
+            "names spread over every bucket"
+        );
+        assert!(buckets.iter().all(|b| *b < BUCKETS));
+    }
+
+    #[test]
+    fn the_bells_sit_beside_the_database() {
+        assert_eq!(
+            bells_dir(Path::new("/var/lib/app/locks.db")),
+            Path::new("/var/lib/app/locks.db-lockkit-bells")
+        );
+    }
+}
