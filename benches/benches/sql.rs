@@ -403,8 +403,13 @@ fn handoff_name(mode: &str) -> &'static str {
 }
 
 const PG_NOW_US: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+/// An idle connection whose last statement, since the mark, was a grant's
+/// upsert or (a waiting writer reads before it writes again) the read of
+/// the lease row.
 const PG_ATTEMPTS_SINCE: &str = "SELECT count(*) FROM pg_stat_activity \
-    WHERE state = 'idle' AND query LIKE 'WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock%' \
+    WHERE state = 'idle' \
+      AND (query LIKE 'WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock%' \
+           OR query LIKE 'SELECT fence, GREATEST(0, CEIL(%') \
       AND state_change > to_timestamp($1::double precision / 1000000)";
 const PG_WAITING: &str = "SELECT count(*) FROM pg_locks WHERE NOT granted";
 const MY_INSERTS: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS \
