@@ -141,6 +141,7 @@ macro_rules! conformance_suite {
             local_handoffs_keep_exclusion_and_fencing,
             unsupported_kinds_are_refused,
             two_readers_hold_together,
+            readers_arriving_together_all_get_in,
             writer_and_readers_exclude_each_other,
             no_writer_starvation,
             readers_and_a_writer_of_one_client_all_get_through,

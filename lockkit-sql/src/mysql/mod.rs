@@ -40,6 +40,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
         .max_connections(config.max_connections)
         .acquire_timeout(config.connect_timeout)
         .test_before_acquire(false)
+        .after_connect(|conn, _| Box::pin(read_committed(conn)))
         .connect_lazy_with(options.clone());
     // Eager, on a connection of its own (see the Postgres `open`).
     let mut conn = settings
@@ -63,4 +64,22 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     let migrator = MyMigrator { options, sql };
     let parts = (lease, session, migrator);
     Ok(with_sessions(config.mode, settings, pool, parts))
+}
+
+/// Puts a connection under `READ COMMITTED`: row locks only, no gap locks.
+///
+/// Pooled connections: under InnoDB's default `REPEATABLE READ`, the read of
+/// the waiting record inside a reader's `INSERT … SELECT` locks the gap
+/// where that row would be, so readers that share a name's first grant
+/// lock the same gap and then each wait for the others to insert into it:
+/// a deadlock, with all but one of them chosen as victims. Dedicated
+/// connections: the scan of a semaphore's slot rows (`SKIP LOCKED`) would
+/// lock the gaps around them for as long as a permit is held, and an
+/// insert of another name's row into such a gap (a lock's first use) would
+/// wait for the permit.
+async fn read_committed(conn: &mut sqlx::MySqlConnection) -> sqlx::Result<()> {
+    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(conn)
+        .await
+        .map(drop)
 }

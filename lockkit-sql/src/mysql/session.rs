@@ -192,17 +192,8 @@ impl SessionDb for MySqlSession {
                 sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn),
             )
             .await?;
-        // Row locks only, no gap locks: under InnoDB's default REPEATABLE
-        // READ, the scan of a semaphore's slot rows (`SKIP LOCKED`) locks the
-        // gaps around them for as long as a permit is held, and an insert of
-        // another name's row into such a gap (a lock's first use) would wait
-        // for the permit.
         self.settings
-            .bounded(
-                "set the isolation level",
-                sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .execute(&mut conn),
-            )
+            .bounded("set the isolation level", super::read_committed(&mut conn))
             .await?;
         Ok(MyConn {
             conn,
