@@ -52,11 +52,6 @@ impl RowLocking for MySqlSession {
         Box::pin(query.execute(&mut conn.conn).map_ok(drop))
     }
 
-    fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&Self::row_values(name));
-        Box::pin(query.execute(&self.pool).map_ok(drop))
-    }
-
     /// The `IN` list has one placeholder per slot (at most
     /// [`MAX_SLOT_PERMITS`](crate::MAX_SLOT_PERMITS)).
     fn select_free<'c>(

@@ -56,7 +56,6 @@ impl FenceSource {
 pub(super) struct MySql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    pub(super) ensure_row: Arc<str>,
     /// The row of a name inserted when a plain read finds none; never waits
     /// for a holder's row lock under `READ COMMITTED`.
     pub(super) make_row: Arc<str>,
@@ -257,13 +256,8 @@ impl MySql {
                 channel: String::new(),
             },
 
-            ensure_row: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name"
-            )
-            .into(),
             // The insert's duplicate check (of a row that appeared after the
-            // read) waits for the holder as the upsert does.
+            // read) waits for that row's holder, as an upsert would for any.
             make_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  SELECT ?, NULL, 0, '1000-01-01 00:00:00' FROM DUAL \

@@ -41,13 +41,8 @@ impl RowLocking for PgSession {
 
     /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
     fn make_missing_row<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> Answer<'c, ()> {
-        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&[Text(name)]);
+        let query = sqlx::query(trusted(&self.sql.make_row)).bind_all(&[Text(name)]);
         Box::pin(query.execute(&mut conn.conn).map_ok(drop))
-    }
-
-    fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()> {
-        let query = sqlx::query(trusted(&self.sql.ensure_row)).bind_all(&[Text(name)]);
-        Box::pin(query.execute(&self.pool).map_ok(drop))
     }
 
     fn select_free<'c>(

@@ -15,7 +15,9 @@ use crate::session::LockingSql;
 pub(super) struct PgSql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    pub(super) ensure_row: Arc<str>,
+    /// The row of a name inserted unless it exists; never waits for a
+    /// holder's row lock.
+    pub(super) make_row: Arc<str>,
     /// `advisory` mode's lock, with its token.
     pub(super) advisory: LockingSql,
     /// `row` mode's lock, with its token.
@@ -124,7 +126,7 @@ impl PgSql {
             ), &[Name, Owner, Channel, Woken]),
                 channel: format!("lockkit_{table}"),
             },
-            ensure_row: format!(
+            make_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
                  ON CONFLICT (name) DO NOTHING"
             )

@@ -61,15 +61,11 @@ pub(crate) trait RowLocking: SessionDb {
         Self::Db::number(Self::connection(conn), (sql, &Self::row_values(name)))
     }
 
-    /// Creates `name`'s row, committed on another connection so that it
-    /// stays.
-    fn ensure_row<'c>(&'c self, name: &'c str) -> Answer<'c, ()>;
-
     /// Makes `name`'s row if it is missing, in one autocommitted statement
     /// on the lock's own connection that never waits for a lock a holder
-    /// keeps on the row; run just before a lock begins its transaction,
-    /// since a released name's row is gone (its holder deleted it) and the
-    /// next holder would otherwise find it missing and begin again.
+    /// keeps on the row; run just before a lock begins its transaction
+    /// (and again after the locking `SELECT` found the row gone), since a
+    /// released name's row is deleted by its holder.
     fn make_missing_row<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
 
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
@@ -264,7 +260,7 @@ where
 
 /// Locks `name`'s row in a transaction that stays open while the lock is
 /// held: the fencing token when granted, `None` when busy (rolled back). A
-/// name without a row gets one, and a second try.
+/// name without a row gets one before each try.
 async fn lock_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
@@ -277,12 +273,8 @@ where
 {
     // A waiter can find the row gone when a holder's clean-up deleted it
     // meanwhile: it makes the row again and waits anew.
-    for attempt in 0..VANISHED_LIMIT {
-        if attempt == 0 {
-            begin_with_row(locking, conn, name).await?;
-        } else {
-            run::<R>(conn, "BEGIN").await?;
-        }
+    for _ in 0..VANISHED_LIMIT {
+        begin_with_row(locking, conn, name).await?;
         match locking.select(conn, name, intent, shared).await {
             Ok(Some(token)) => {
                 return match locking.granted(conn, token).await {
@@ -293,13 +285,7 @@ where
                     }
                 };
             }
-            Ok(None) => {
-                run::<R>(conn, "ROLLBACK").await?;
-                match locking.ensure_row(name).await {
-                    Err(error) if is_deadlock(&error) => {}
-                    answer => answer?,
-                }
-            }
+            Ok(None) => run::<R>(conn, "ROLLBACK").await?,
             // Waiters that find a deleted row, and the inserts that make it
             // again, can deadlock in InnoDB; the victim was rolled back
             // whole, and waits again.
