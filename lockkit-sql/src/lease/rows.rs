@@ -97,6 +97,24 @@ impl<D: LeaseDialect> Rows<D> {
         loan.finish(&self.settings, what, answer)
     }
 
+    /// [`changes`](Self::changes) by a statement that frees `name` when it
+    /// changes a row (a release, a reader group's last leave, a withdrawn
+    /// waiting record): its waiters are then woken (see
+    /// [`LeaseDialect::released`]).
+    async fn frees(
+        &self,
+        name: &str,
+        what: &str,
+        sqls: &[LeaseSql],
+        args: Args<'_>,
+    ) -> Result<bool> {
+        let freed = self.changes(what, sqls, args).await?;
+        if freed {
+            self.dialect.released(name);
+        }
+        Ok(freed)
+    }
+
     pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
         let args = Args::of(name).owner(owner).ttl(ttl);
         let extend = &self.dialect.statements().extend;
@@ -106,13 +124,8 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
         let release = &self.dialect.statements().release;
         let args = Args::of(name).owner(owner);
-        let released = self
-            .changes("release", slice::from_ref(release), args)
-            .await?;
-        if released {
-            self.dialect.released(name);
-        }
-        Ok(released)
+        self.frees(name, "release", slice::from_ref(release), args)
+            .await
     }
 
     pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {
@@ -262,10 +275,9 @@ impl<D: LeaseDialect> Rows<D> {
             ..Args::of(row)
         };
         let forget = &self.dialect.statements().forget;
-        if self.changes(what, slice::from_ref(forget), args).await? {
-            self.dialect.released(name);
-        }
-        Ok(())
+        self.frees(name, what, slice::from_ref(forget), args)
+            .await
+            .map(drop)
     }
 
     /// One reader's attempt, as its own statement. A deadlock victim's
@@ -313,10 +325,7 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn leave(&self, name: &str, token: i64) -> Result<bool> {
         let args = Args::of(name).token(token);
         let leave = &self.dialect.statements().leave;
-        let left = self.changes("release a shared lease", leave, args).await?;
-        if left {
-            self.dialect.released(name);
-        }
-        Ok(left)
+        self.frees(name, "release a shared lease", leave, args)
+            .await
     }
 }
