@@ -173,7 +173,7 @@ impl LeaseBackend for RedisBackend {
 
     async fn release(&self, key: &RedisKey, owner: &OwnerToken) -> Result<bool> {
         self.instance
-            .release_holding(key, owner.as_str(), Release::Wake)
+            .release_holding(key, owner.as_str(), self.fences(), Release::Wake)
             .await
     }
 

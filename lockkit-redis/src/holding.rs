@@ -193,19 +193,24 @@ impl RedisInstance {
     }
 
     /// Ends `owner`'s holding `key` (for a writer, its record as waiting
-    /// too); false if it held none. Releases of shared holdings and permits
+    /// too); false if it held none. `fencing` as the holding was granted
+    /// (with [`try_hold`](Self::try_hold)): a holding that drew a token
+    /// cleans up the fence counter. Releases of shared holdings and permits
     /// are always published; an exclusive one as `release` says.
     pub async fn release_holding(
         &self,
         key: &RedisKey,
         owner: &str,
+        fencing: bool,
         release: Release,
     ) -> Result<bool> {
         let owner = &key.stored(owner);
         match key {
-            RedisKey::Exclusive(keys) => self.release(keys, owner, release).await,
-            RedisKey::Shared(keys) => self.release_member(keys.reader_set(), owner).await,
-            RedisKey::Permit { keys, .. } => self.release_member(keys.permit_set(), owner).await,
+            RedisKey::Exclusive(keys) => self.release(keys, owner, fencing, release).await,
+            RedisKey::Shared(keys) => self.release_member(keys.reader_set(), owner, fencing).await,
+            RedisKey::Permit { keys, .. } => {
+                self.release_member(keys.permit_set(), owner, fencing).await
+            }
         }
     }
 

@@ -360,7 +360,7 @@ impl RedisInstance {
         if let Waiting::Since(micros) = waiting {
             call.arg(micros);
         }
-        let undo = || self.release(keys, owner, Release::Wake);
+        let undo = || self.release(keys, owner, fencing, Release::Wake);
         self.grant(&keys.lock, call, fencing, undo).await
     }
 
@@ -378,7 +378,7 @@ impl RedisInstance {
             [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting].map(String::as_str),
         );
         call.arg(owner).arg(ttl_millis(ttl)).arg(flag(fencing));
-        let undo = || self.release_member(keys.reader_set(), owner);
+        let undo = || self.release_member(keys.reader_set(), owner, fencing);
         self.grant(&keys.readers, call, fencing, undo).await
     }
 
@@ -400,7 +400,7 @@ impl RedisInstance {
             .arg(ttl_millis(ttl))
             .arg(flag(fencing))
             .arg(permits);
-        let undo = || self.release_member(keys.permit_set(), owner);
+        let undo = || self.release_member(keys.permit_set(), owner, fencing);
         self.grant(&keys.permits, call, fencing, undo).await
     }
 
@@ -551,8 +551,16 @@ impl RedisInstance {
     }
 
     /// Deletes the key if it is `owner`'s; false if it was not. What else
-    /// happens, `release` says (see `RELEASE` in `crate::scripts`).
-    pub(crate) async fn release(&self, keys: &Keys, owner: &str, release: Release) -> Result<bool> {
+    /// happens, `release` says (see `RELEASE` in `crate::scripts`); the
+    /// fence counter is cleaned up when the holding drew a token
+    /// (`fencing`, as its grant was asked).
+    pub(crate) async fn release(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        fencing: bool,
+        release: Release,
+    ) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
         let call = match &keys.queue {
@@ -562,7 +570,8 @@ impl RedisInstance {
                 call.arg(owner)
                     .arg(&keys.channel)
                     .arg(release.arg())
-                    .arg(&*queue.waiter);
+                    .arg(&*queue.waiter)
+                    .arg(flag(fencing));
                 call
             }
             None => {
@@ -573,7 +582,8 @@ impl RedisInstance {
                     .arg(&keys.channel)
                     .arg(release.arg())
                     .arg(&*self.inner.waiter)
-                    .arg(ttl_millis(self.inner.turn));
+                    .arg(ttl_millis(self.inner.turn))
+                    .arg(flag(fencing));
                 call
             }
         };
@@ -599,14 +609,21 @@ impl RedisInstance {
     }
 
     /// Removes `owner`'s lease from the sorted set `set` and publishes on
-    /// its channel; false if it had none (or it had run out).
-    pub(crate) async fn release_member(&self, set: LeaseSet<'_>, owner: &str) -> Result<bool> {
+    /// its channel; false if it had none (or it had run out). The last
+    /// lease to go retires the fence counter when the set's holdings draw
+    /// tokens (`fencing`).
+    pub(crate) async fn release_member(
+        &self,
+        set: LeaseSet<'_>,
+        owner: &str,
+        fencing: bool,
+    ) -> Result<bool> {
         let mut conn = self.inner.commands.clone();
         let mut call = Call::new(
             &self.inner.releases.release_member,
             [set.set, set.fence, set.lock.unwrap_or(set.set)],
         );
-        call.arg(owner).arg(set.channel);
+        call.arg(owner).arg(set.channel).arg(flag(fencing));
         let released: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok(released == 1)
     }

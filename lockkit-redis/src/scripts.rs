@@ -463,9 +463,10 @@ return extend_member(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), now_ms())
 
 /// KEYS[1] a sorted set of leases, KEYS[2] its fence counter, KEYS[3] the
 /// lock key of a reader set (for a semaphore, KEYS[1] again); ARGV[1] owner
-/// token, ARGV[2] release channel. Removes the owner's lease and wakes
-/// waiters; the last holding to go retires the counter. Returns 1 if the
-/// lease was live.
+/// token, ARGV[2] release channel, ARGV[3] "1" if the set's holdings draw
+/// fencing tokens. Removes the owner's lease and wakes waiters; the last
+/// holding to go retires the counter (if they draw tokens: else it was not
+/// drawn from). Returns 1 if the lease was live.
 const RELEASE_MEMBER: &str = concat!(
     clock!(),
     fences!(),
@@ -474,7 +475,7 @@ local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('PUBLISH', ARGV[2], '')
-  if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  if ARGV[3] == '1' and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
     retire_fence(KEYS[2])
   end
   if tonumber(score) > now_ms() then
@@ -572,22 +573,27 @@ macro_rules! release_lock {
 
 /// The body of `release_lock()`: KEYS[1] lock key, KEYS[2] waiting
 /// writer, KEYS[3] fence counter; ARGV[1] owner token, ARGV[2] release
-/// channel, ARGV[3] "1" to wake waiters. As [`RELEASE`] without its line:
-/// the release is published on the lock's channel. Returns 1 if released.
+/// channel, ARGV[3] "1" to wake waiters, ARGV[5] "1" if the holding drew
+/// a fencing token. As [`RELEASE`] without its line: the release is
+/// published on the lock's channel. Returns 1 if released.
 macro_rules! release_lock_body {
     () => {
         concat!(
             r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local n = tonumber(redis.call('GET', KEYS[3]))
-  local t = redis.call('TIME')
-  if n and n >= ",
+  local n = ARGV[5] == '1' and tonumber(redis.call('GET', KEYS[3]))
+  if not n then
+    redis.call('DEL', KEYS[1])
+  else
+    local t = redis.call('TIME')
+    if n >= ",
             time_us!(),
             r" then
-    redis.call('DEL', KEYS[1])
-    redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
-  else
-    redis.call('DEL', KEYS[1], KEYS[3])
+      redis.call('DEL', KEYS[1])
+      redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
+    else
+      redis.call('DEL', KEYS[1], KEYS[3])
+    end
   end
   if ARGV[3] == '1' then
     redis.call('PUBLISH', ARGV[2], '')
@@ -608,14 +614,18 @@ return 0
 /// the waiting line (see [`ACQUIRE`]); ARGV[1] owner token, ARGV[2]
 /// release channel, ARGV[3] "1" to wake waiters, "0" not to (a rollback,
 /// see [`Release`]), ARGV[4] the caller's waiter id, ARGV[5]
-/// how long a reservation lasts (ms).
+/// how long a reservation lasts (ms), ARGV[6] "1" if the holding drew a
+/// fencing token.
 ///
-/// If the key holds our token, the holding ends: the fence counter goes
-/// (its value is our token, drawn by `next_sole_fence`: no reader can hold
-/// while a writer does, as a reader joins only while the lock key is
-/// absent and a writer is granted only once no live reader is left; a
-/// counter the server's clock has not yet passed, after the clock went
-/// back, is left to expire once it has). Then, when asked to wake waiters,
+/// If the key holds our token, the holding ends. If it drew a fencing
+/// token, the fence counter goes (its value is our token, drawn by
+/// `next_sole_fence`: no reader can hold while a writer does, as a reader
+/// joins only while the lock key is absent and a writer is granted only
+/// once no live reader is left; a counter the server's clock has not yet
+/// passed, after the clock went back, is left to expire once it has). A
+/// holding without a token (Redlock, Redis Cluster, replicas without
+/// `WAIT`) leaves the counter alone: it was not drawn from, and the
+/// release spares the `GET` and the `TIME` it would take. Then, when asked to wake waiters,
 /// the head of the line leaves it and the lock is reserved for it for
 /// ARGV[5] ms, and only it is woken, on its own channel
 /// (`<release channel>:<waiter id>`); with nobody in line the key goes and
@@ -640,14 +650,16 @@ local released = 0
 local fence = false
 if held == ARGV[1] then
   released = 1
-  local n = tonumber(redis.call('GET', KEYS[3]))
-  local t = redis.call('TIME')
-  if n and n >= ",
+  local n = ARGV[6] == '1' and tonumber(redis.call('GET', KEYS[3]))
+  if n then
+    local t = redis.call('TIME')
+    if n >= ",
     time_us!(),
     r" then
-    redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
-  else
-    fence = true
+      redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
+    else
+      fence = true
+    end
   end
 elseif held == '\30' .. ARGV[4] then
   if ARGV[3] ~= '1' then
@@ -691,7 +703,8 @@ return released
 /// The release of a fair lock (as [`RELEASE`] without its line), and the
 /// caller's place in the queue of [`ACQUIRE_FAIR`] goes (an acquire that
 /// gave up leaves the queue): KEYS[4] the queue,
-/// KEYS[5] its deadlines, ARGV[4] the waiter id. A release (published when
+/// KEYS[5] its deadlines, ARGV[4] the waiter id, ARGV[5] "1" if the
+/// holding drew a fencing token. A release (published when
 /// asked) or a place given up wakes the head of the queue on its own
 /// channel, `<release channel>:<waiter id>`, and no other waiter.
 const RELEASE_FAIR: &str = concat!(

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
@@ -19,6 +20,10 @@ use crate::quorum::{Stragglers, Votes, ask, finished};
 /// How many times a status read is made while its answers leave the
 /// lock's state open (an instance slower than the instance timeout).
 const STATUS_READS: usize = 3;
+
+/// Whether grants on an instance draw fencing tokens: never (see
+/// [`REDLOCK_CAPABILITIES`]), so a release leaves the fence counter alone.
+const FENCING: bool = false;
 
 /// A Redlock client: [`LeaseLock`] over [`RedlockBackend`].
 pub type RedlockLock = LeaseLock<RedlockBackend>;
@@ -161,7 +166,7 @@ impl RedlockBackend {
                         finished(done).await;
                     }
                     instance
-                        .release_holding(&keys, owner.as_str(), release)
+                        .release_holding(&keys, owner.as_str(), FENCING, release)
                         .await
                 }
             },
@@ -385,12 +390,14 @@ impl LeaseBackend for RedlockBackend {
         }
     }
 
-    /// Asks every instance at once and returns as soon as a quorum granted the
-    /// lock; a frozen minority costs nothing. Requests still in flight then
-    /// complete in the background, and the lease's release waits for them on
-    /// their instances. Without a quorum the partial grant is rolled back
+    /// Asks every instance at once and returns as soon as a quorum granted
+    /// the lock, or (for a writer) so many refused that no quorum can
+    /// grant it; a frozen
+    /// minority costs nothing. Requests still in flight then complete in
+    /// the background, and the lease's release waits for them on their
+    /// instances. Without a quorum the partial grant is rolled back
     /// (quietly: it wakes nobody), and the answer is `Busy` when enough
-    /// instances answered, `Unavailable` when not. A waiting attempt that is
+    /// instances answered or refused, `Unavailable` when not. A waiting attempt that is
     /// refused keeps (or takes) its place in every instance's waiting line,
     /// at the time its `acquire` began (see `Placed`).
     async fn try_lock(
@@ -415,10 +422,19 @@ impl LeaseBackend for RedlockBackend {
         let total = self.instances.len();
         let hold = request(keys, owner, move |instance, keys, owner| async move {
             instance
-                .try_hold(&keys, owner.as_str(), ttl, false, waiting)
+                .try_hold(&keys, owner.as_str(), ttl, FENCING, waiting)
                 .await
         });
-        let decided = |votes: &Votes<_>| votes.count(granted) >= quorum;
+        // Decided by a quorum of grants, or for a writer by refusals that
+        // leave too few instances to make one: a refused writer then does
+        // not wait for a frozen minority's timeout before it waits for the
+        // release. (Not for readers and permits: the rollback of a late
+        // grant of theirs is published, and would wake every waiter.)
+        let refusals_decide = matches!(keys, RedisKey::Exclusive(_));
+        let decided = |votes: &Votes<_>| {
+            votes.count(granted) >= quorum
+                || (refusals_decide && votes.count(|a| !granted(a)) > total - quorum)
+        };
         let mut votes = self.ask_every(keys, Some(ttl), hold, decided).await;
         let silent = votes.silent(total);
         let late: InFlight = std::mem::take(&mut votes.late);
@@ -451,7 +467,8 @@ impl LeaseBackend for RedlockBackend {
         .await;
         self.in_flight().remove(owner.as_str());
         let answered = votes.answers.len();
-        if answered < quorum {
+        // Busy once enough instances refused, whoever else answered.
+        if answered < quorum && answered - yes <= total - quorum {
             return Err(no_quorum(answered, yes, total, quorum, &votes.failures));
         }
         let retry_after = votes
@@ -533,17 +550,33 @@ impl LeaseBackend for RedlockBackend {
         }
     }
 
-    /// Release notifications from every instance that can subscribe in time.
+    /// Release notifications from a quorum of instances, or from those that
+    /// subscribe in time, and from any other that is already listening.
+    /// A quorum is enough: a release that counts reaches a quorum of
+    /// instances, and two quorums share one. A frozen minority's
+    /// subscription (which waits for its reply) thus costs the waiter
+    /// nothing.
     async fn watch(&self, placed: &Placed) -> Result<ReleaseWatch> {
         let keys = &placed.keys;
-        let timeout = self.instance_timeout(None);
-        let watches = join_all(
-            self.instances
-                .iter()
-                .map(|instance| tokio::time::timeout(timeout, instance.watch_holding(keys))),
-        )
+        let quorum = self.quorum_for(keys);
+        let mut pending: FuturesUnordered<_> = self
+            .instances
+            .iter()
+            .map(|instance| instance.watch_holding(keys))
+            .collect();
+        let mut watches = Vec::with_capacity(self.instances.len());
+        let _ = tokio::time::timeout(self.instance_timeout(None), async {
+            while watches.len() < quorum
+                && let Some(watch) = pending.next().await
+            {
+                watches.push(watch);
+            }
+        })
         .await;
-        Ok(ReleaseWatch::merge(watches.into_iter().flatten()))
+        while let Some(Some(watch)) = pending.next().now_or_never() {
+            watches.push(watch);
+        }
+        Ok(ReleaseWatch::merge(watches))
     }
 }
 

@@ -4,8 +4,8 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use lockkit_core::Result;
 use lockkit_redis::RedisInstance;
 use tokio::sync::watch;
@@ -34,6 +34,15 @@ impl<T> Votes<T> {
             .filter(|(_, a)| pred(a))
             .map(|(i, _)| *i)
             .collect()
+    }
+
+    /// Takes instance `index`'s answer (or failure), noting it in `heard`.
+    fn hear(&mut self, heard: &mut Vec<usize>, index: usize, answer: Result<T>) {
+        heard.push(index);
+        match answer {
+            Ok(answer) => self.answers.push((index, answer)),
+            Err(error) => self.failures.push(error.to_string()),
+        }
     }
 
     /// The instances that gave no answer (yet).
@@ -114,7 +123,8 @@ impl Stragglers {
 
 /// Sends `request` to the given instances at once and collects the answers
 /// that arrive within `timeout`, until all are in or `decided` says the rest
-/// cannot change the outcome.
+/// cannot change the outcome (asked before any answer too: a rollback
+/// waits for no one when nothing granted).
 ///
 /// Three properties keep requests to one instance in program order and make
 /// sure each one is sent:
@@ -173,22 +183,20 @@ where
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     loop {
+        if decided(&votes) {
+            // Polls every request once (see above), and the answers
+            // already in count too: an instance left behind costs its
+            // caller a rollback, or a wait before its next request there.
+            while let Some(Some((index, answer))) = pending.next().now_or_never() {
+                votes.hear(&mut heard, index, answer);
+            }
+            break;
+        }
         tokio::select! {
             biased;
             next = pending.next() => match next {
                 None => break,
-                Some((index, answer)) => {
-                    heard.push(index);
-                    match answer {
-                        Ok(answer) => {
-                            votes.answers.push((index, answer));
-                            if decided(&votes) {
-                                break;
-                            }
-                        }
-                        Err(error) => votes.failures.push(error.to_string()),
-                    }
-                }
+                Some((index, answer)) => votes.hear(&mut heard, index, answer),
             },
             () = &mut deadline => {
                 for &index in asked.iter().filter(|i| !heard.contains(i)) {
