@@ -20,8 +20,10 @@
 //!
 //! Then, per backend, interleaved rounds (`lockkit_benches::Interleaved`:
 //! every kind in every round, the order rotated) of the raw floor, the
-//! cycle with auto-renew off and on, the shared (reader) and permit
-//! (semaphore of 4) cycles and the `try_acquire` of a held lock, so that
+//! cycle with auto-renew off and on, the cycle of a client that draws no
+//! fencing token (single Redis only, where the token costs a write of its
+//! own), the shared (reader) and permit (semaphore of 4) cycles and the
+//! `try_acquire` of a held lock, so that
 //! each ratio is paired: the median over rounds of one kind's round mean ÷
 //! its base's in the same round.
 //!
@@ -67,6 +69,7 @@ struct Names {
     raw: &'static str,
     shared: &'static str,
     permit: &'static str,
+    tokenless: &'static str,
 }
 
 impl Names {
@@ -83,6 +86,7 @@ impl Names {
             raw: name("raw"),
             shared: name("shared"),
             permit: name("permit"),
+            tokenless: name("tokenless"),
         }
     }
 }
@@ -171,6 +175,32 @@ struct Fixture {
     can: Capabilities,
     held: LockGuard,
     raw: RawFloor,
+    /// Where the fencing token costs a write of its own, a client that
+    /// draws none (see [`tokenless`]).
+    tokenless: Option<Arc<dyn DistributedLock>>,
+}
+
+/// A client of `backend` that draws no fencing token, where the backend
+/// draws its token with a write of its own and can leave it out: single
+/// Redis (`fencing=false`; the token is a `TIME` and a write of the name's
+/// counter in the acquire script, and their clean-up in the release). The
+/// SQL modes draw theirs in the locking statement itself, ZooKeeper and
+/// etcd read it off what the grant creates, Redlock draws none.
+async fn tokenless(servers: &Servers, backend: Deployment) -> Option<Arc<dyn DistributedLock>> {
+    if backend != Deployment::Redis {
+        return None;
+    }
+    let hosts: Vec<String> = servers
+        .addrs(backend)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let url = servers.url_with(backend, &hosts, &[("fencing", "false".to_owned())]);
+    let lock = lockkit::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{backend} without tokens connects: {e}"));
+    assert!(!lock.capabilities().fencing, "{url} draws no tokens");
+    Some(lock)
 }
 
 impl Fixture {
@@ -190,6 +220,7 @@ impl Fixture {
             .await
             .expect("hold the try_fail lock");
         let raw = RawFloor::connect(servers, backend).await;
+        let tokenless = tokenless(servers, backend).await;
         // Outside every measurement: first acquires create rows, nodes and
         // connections.
         let fixture = Fixture {
@@ -199,6 +230,7 @@ impl Fixture {
             lock,
             held,
             raw,
+            tokenless,
         };
         for _ in 0..3 {
             for &kind in Cycle::ALL {
@@ -215,6 +247,7 @@ impl Fixture {
         match kind {
             Cycle::Shared => self.can.shared,
             Cycle::Permit => self.can.semaphore,
+            Cycle::Tokenless => self.tokenless.is_some(),
             _ => true,
         }
     }
@@ -229,6 +262,9 @@ enum Cycle {
     Exclusive,
     /// The same with auto-renew on.
     Renewed,
+    /// `acquire` + `release` of a client that draws no fencing token
+    /// (where it has one of its own, see [`tokenless`]), auto-renew off.
+    Tokenless,
     /// A shared (reader) holding's cycle.
     Shared,
     /// A permit's cycle, of a semaphore of 4.
@@ -242,6 +278,7 @@ impl CycleKind for Cycle {
         Cycle::Raw,
         Cycle::Exclusive,
         Cycle::Renewed,
+        Cycle::Tokenless,
         Cycle::Shared,
         Cycle::Permit,
         Cycle::TryHeld,
@@ -252,6 +289,7 @@ impl CycleKind for Cycle {
             Cycle::Raw => "raw",
             Cycle::Exclusive => "exclusive",
             Cycle::Renewed => "renewed",
+            Cycle::Tokenless => "tokenless",
             Cycle::Shared => "shared",
             Cycle::Permit => "permit",
             Cycle::TryHeld => "try_held",
@@ -272,6 +310,11 @@ impl CycleFixture for Fixture {
             Cycle::Raw => self.raw.cycle(names.raw).await,
             Cycle::Exclusive => lockkit_cycle(lock, names.cycle, &opts).await,
             Cycle::Renewed => lockkit_cycle(lock, names.renew, &opts.auto_renew(true)).await,
+            Cycle::Tokenless => {
+                if let Some(tokenless) = &self.tokenless {
+                    lockkit_cycle(tokenless.as_ref(), names.tokenless, &opts).await
+                }
+            }
             Cycle::Shared => lockkit_cycle(lock, names.shared, &opts.shared()).await,
             Cycle::Permit => lockkit_cycle(lock, names.permit, &opts.semaphore(4)).await,
             Cycle::TryHeld => {
@@ -389,9 +432,10 @@ fn summary(
          Medians over interleaved rounds (every kind in every round, the order rotated); each ratio is paired: the median over rounds of the kind's round mean ÷ its base's in the same round. \
          The base of the exclusive cycles and of the failed `try_acquire` is the backend's raw floor (the same lock cycle written by hand against the server; a failed try is one round trip where the floor's cycle is two on most servers); \
          that of the shared and permit cycles is the exclusive cycle (— where the backend has no such holding). \
+         The cycle without a token is that of a client that draws no fencing token, over the same floor, where the token costs a write of its own (single Redis, `fencing=false`: — elsewhere, whose tokens come with the grant or not at all); the gap between the two cycles is the token's cost. \
          The handoff is criterion's median, from the holder's `release()` call to the queued waiter's lock, over one `status` call timed just before it (median of the pairs).\n\n\
-         | backend | raw floor | cycle | × floor | cycle, auto-renew on | × floor | shared cycle | × cycle | permit cycle | × cycle | try_acquire of a held lock | × floor | handoff | handoff ÷ one `status` |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | backend | raw floor | cycle | × floor | cycle, auto-renew on | × floor | cycle without a token | × floor | shared cycle | × cycle | permit cycle | × cycle | try_acquire of a held lock | × floor | handoff | handoff ÷ one `status` |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for ((f, rounds), handoff) in fixtures.iter().zip(paired).zip(handoffs) {
         let cell = |kind: Cycle, base: Cycle| {
@@ -410,9 +454,12 @@ fn summary(
             ),
             None => ("n/a".to_owned(), "n/a".to_owned()),
         };
-        let cells: Vec<String> = CHARTED
+        let (cycles, holdings) = CHARTED.split_at(2);
+        let cells: Vec<String> = cycles
             .iter()
             .map(|&(kind, base, _)| cell(kind, base))
+            .chain([cell(Cycle::Tokenless, Cycle::Raw)])
+            .chain(holdings.iter().map(|&(kind, base, _)| cell(kind, base)))
             .chain([cell(Cycle::TryHeld, Cycle::Raw)])
             .collect();
         let _ = writeln!(

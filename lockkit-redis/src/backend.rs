@@ -36,7 +36,8 @@ pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::T
 pub const REDIS_FAIR_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_fifo(true);
 
 /// What the Redis backend guarantees in Redis Cluster and Sentinel mode
-/// without `wait_replicas`: no fencing (see [`RedisBackend::fences`]).
+/// without `wait_replicas`, and wherever fencing is turned off: no fencing
+/// (see [`RedisBackend::fences`]).
 pub const REDIS_REPLICATED_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_fencing(false);
 
 /// The [`LeaseBackend`] of one Redis server.
@@ -46,6 +47,8 @@ pub struct RedisBackend {
     prefix: String,
     /// For a fair lock, the id this client waits under in the queues.
     waiter: Option<Arc<str>>,
+    /// Whether grants draw fencing tokens where the deployment can.
+    fencing: bool,
 }
 
 impl RedisBackend {
@@ -55,7 +58,16 @@ impl RedisBackend {
             instance,
             prefix: prefix.into(),
             waiter: None,
+            fencing: true,
         }
+    }
+
+    /// The same backend, drawing fencing tokens (the default) where the
+    /// deployment can, or never (see
+    /// [`RedisLockBuilder::fencing`](crate::RedisLockBuilder::fencing)).
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
     }
 
     /// The same backend, serving the waiters of exclusive locks in order
@@ -80,7 +92,8 @@ impl RedisBackend {
         &self.prefix
     }
 
-    /// Whether grants carry fencing tokens. On one server, yes. Where
+    /// Whether grants carry fencing tokens: not when turned off
+    /// ([`fencing`](Self::fencing)). Else on one server, yes. Where
     /// replicas are promoted on failure (Cluster, Sentinel), only when every
     /// grant waits for a replica's acknowledgement: otherwise a replica
     /// promoted before the last grant reached it hands out that grant's
@@ -89,7 +102,7 @@ impl RedisBackend {
     /// holder's writes through. The fault suite shows it (`lockkit-faults`,
     /// scenario `failover`).
     pub fn fences(&self) -> bool {
-        self.instance.is_single() || self.instance.wait_for_replicas().is_some()
+        self.fencing && (self.instance.is_single() || self.instance.wait_for_replicas().is_some())
     }
 
     /// The Redis keys of the lock `name` ([`Keys::for_cluster`] in Redis Cluster).

@@ -36,6 +36,7 @@ const MAX_TURN: Duration = Duration::from_secs(60);
 /// | --- | --- | --- |
 /// | `prefix` | key prefix; empty for plain keys that other libraries share | `lockkit:` |
 /// | `fair` | `true`: waiters of an exclusive lock are served in order across clients ([`fair`](RedisLockBuilder::fair)) | `false` |
+/// | `fencing` | `false`: grants carry no fencing token, and an acquire spares the write that draws one ([`fencing`](RedisLockBuilder::fencing)) | `true` (where the deployment can fence) |
 /// | `connect_timeout` | e.g. `500ms`, `2s` | 2 s |
 /// | `command_timeout` | per command | 1 s |
 /// | `ca_file` | PEM file of the CA that signed the server's certificate (`rediss://` only) | system roots |
@@ -79,6 +80,7 @@ pub struct RedisLockBuilder {
     config: RedisConfig,
     prefix: String,
     fair: bool,
+    fencing: bool,
 }
 
 impl RedisLockBuilder {
@@ -90,6 +92,7 @@ impl RedisLockBuilder {
             config,
             prefix: lock.prefix,
             fair: lock.fair,
+            fencing: lock.fencing,
         })
     }
 
@@ -116,6 +119,21 @@ impl RedisLockBuilder {
     /// the lock whenever it is free.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
+        self
+    }
+
+    /// Whether grants carry fencing tokens (default true, where the
+    /// deployment can fence: see [`RedisBackend::fences`]; `fencing=false`
+    /// in the URL). A token costs each exclusive acquire a `TIME` and a
+    /// write of the name's fence counter inside its script, and the
+    /// release the counter's clean-up; a client whose resources take no
+    /// token can spare them. Its
+    /// [`capabilities().fencing`](lockkit_core::Capabilities::fencing) is
+    /// then false and its guards have no token. Clients with and without
+    /// tokens may share a name: a holding without one leaves the counter
+    /// alone, and the next token drawn is still above every earlier one.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
         self
     }
 
@@ -223,7 +241,7 @@ impl RedisLockBuilder {
             )));
         }
         let instance = RedisInstance::connect(self.config).await?;
-        let backend = RedisBackend::new(instance, self.prefix);
+        let backend = RedisBackend::new(instance, self.prefix).fencing(self.fencing);
         Ok(LeaseLock::new(if self.fair {
             backend.fair()
         } else {

@@ -38,6 +38,12 @@ impl RedisConfig {
                 "fair is an option of the lock, not of the connection",
             ));
         }
+        if !lock.fencing {
+            return Err(LockError::invalid_url(
+                url,
+                "fencing is an option of the lock, not of the connection",
+            ));
+        }
         Ok(config)
     }
 }
@@ -56,12 +62,16 @@ pub(crate) struct LockParams {
     pub(crate) prefix: String,
     /// Whether waiters are served in order (`fair=true`).
     pub(crate) fair: bool,
+    /// Whether grants draw fencing tokens where the deployment can
+    /// (`fencing=false` turns it off).
+    pub(crate) fencing: bool,
 }
 
 /// The query parameters every URL form shares.
 struct Params {
     prefix: String,
     fair: bool,
+    fencing: bool,
     connect_timeout: Duration,
     command_timeout: Duration,
     protocol: Option<ProtocolVersion>,
@@ -82,6 +92,7 @@ impl Params {
         let mut params = Params {
             prefix: DEFAULT_PREFIX.to_owned(),
             fair: false,
+            fencing: true,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             protocol: None,
@@ -96,6 +107,7 @@ impl Params {
             match &*key {
                 "prefix" => params.prefix = value.into_owned(),
                 "fair" => params.fair = bool_param(&key, &value).map_err(bad)?,
+                "fencing" => params.fencing = bool_param(&key, &value).map_err(bad)?,
                 "connect_timeout" => {
                     params.connect_timeout = timeout_param(&key, &value).map_err(bad)?
                 }
@@ -144,13 +156,13 @@ impl Params {
                 other => {
                     let known = match form {
                         Form::Single => {
-                            "prefix, fair, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout, direct"
+                            "prefix, fair, fencing, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout, direct"
                         }
                         Form::Cluster => {
-                            "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sharded_pubsub"
+                            "prefix, fair, fencing, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sharded_pubsub"
                         }
                         Form::Sentinel => {
-                            "prefix, fair, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
+                            "prefix, fair, fencing, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
                         }
                     };
                     return Err(bad(format!("unknown parameter {other:?} (known: {known})")));
@@ -167,6 +179,7 @@ impl Params {
         LockParams {
             prefix: self.prefix.clone(),
             fair: self.fair,
+            fencing: self.fencing,
         }
     }
 
@@ -403,6 +416,20 @@ mod tests {
         assert!(!parse_url("redis://h?fair=false").unwrap().1.fair);
         let err = parse_url("redis://h?fair=maybe").unwrap_err().to_string();
         assert!(err.contains("must be true or false"), "{err}");
+        assert!(parse_url("redis://h").unwrap().1.fencing);
+        assert!(!parse_url("redis://h?fencing=false").unwrap().1.fencing);
+        assert!(
+            !parse_url("redis+cluster://h?fencing=false")
+                .unwrap()
+                .1
+                .fencing
+        );
+        let err = parse_url("redis://h?fencing=off").unwrap_err().to_string();
+        assert!(err.contains("must be true or false"), "{err}");
+        let err = RedisConfig::from_url("redis://h?fencing=false")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fencing is an option of the lock"), "{err}");
         let (config, _) = parse_url("redis://h?protocol=resp3").unwrap();
         assert_eq!(
             config.info.redis_settings().protocol(),

@@ -55,6 +55,57 @@ async fn the_exclusive_cycle_runs_few_commands_on_the_server() {
     );
 }
 
+/// Without fencing tokens (`fencing=false`) the exclusive cycle spares
+/// the token's `TIME` and counter write and the release's clean-up of the
+/// counter: at most six commands (`EXISTS`, `SET NX`; `GET`, `ZPOPMIN`,
+/// `DEL`, `PUBLISH`). A fenced client of the same name still draws tokens
+/// above every earlier one, and the tokenless holdings leave the counter
+/// as they found it.
+#[tokio::test]
+async fn a_cycle_without_tokens_spares_their_commands() {
+    const CYCLES: u64 = 20;
+    let server = RedisServer::start().await;
+    let plain = connect(&format!("{}?fencing=false", server.url())).await;
+    let fenced = connect(&server.url()).await;
+    assert!(!plain.capabilities().fencing);
+    assert!(fenced.capabilities().fencing);
+    let opts = opts().auto_renew(false);
+    let take = |locks| {
+        let opts = opts.clone();
+        async move {
+            let guard = DistributedLock::try_acquire(locks, "tokenless", &opts)
+                .await
+                .unwrap()
+                .expect("the lock is free");
+            let token = guard.fencing_token();
+            guard.release().await.unwrap();
+            token
+        }
+    };
+    let first = take(&fenced).await.expect("a fenced client's token");
+    assert_eq!(take(&plain).await, None);
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    for _ in 0..CYCLES {
+        assert_eq!(take(&plain).await, None);
+    }
+    let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+    assert_eq!(evalsha_calls(&info), 2 * CYCLES, "{info}");
+    let inside = calls_inside_scripts(&info);
+    assert!(
+        inside <= 6 * CYCLES,
+        "{} commands inside the scripts per cycle: {info}",
+        inside as f64 / CYCLES as f64
+    );
+    let calls = |name: &str| {
+        command_calls(&info)
+            .find(|(command, _)| *command == name)
+            .map_or(0, |(_, calls)| calls)
+    };
+    assert_eq!(calls("time"), 0, "{info}");
+    let next = take(&fenced).await.expect("a fenced client's token");
+    assert!(next > first, "token {next} after {first}");
+}
+
 /// A renewal of an exclusive lease runs three commands on the server: the
 /// read of the lock key and the new expiry of it and of its fence counter
 /// (renewals are what the server spends most on when a client holds many
