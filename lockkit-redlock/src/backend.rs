@@ -550,9 +550,9 @@ impl LeaseBackend for RedlockBackend {
         }
     }
 
-    /// Release notifications from a quorum of instances, or from those that
-    /// subscribe in time, and from any other that is already listening.
-    /// A quorum is enough: a release that counts reaches a quorum of
+    /// Release notifications from a quorum of instances that listen (or
+    /// from those that subscribe in time), and from any other that is
+    /// already listening. A quorum is enough: a release that counts reaches a quorum of
     /// instances, and two quorums share one. A frozen minority's
     /// subscription (which waits for its reply) thus costs the waiter
     /// nothing.
@@ -566,9 +566,13 @@ impl LeaseBackend for RedlockBackend {
             .collect();
         let mut watches = Vec::with_capacity(self.instances.len());
         let _ = tokio::time::timeout(self.instance_timeout(None), async {
-            while watches.len() < quorum
+            // Counting the watches that can fire: one whose subscription
+            // failed waits by polling.
+            let mut live = 0;
+            while live < quorum
                 && let Some(watch) = pending.next().await
             {
+                live += usize::from(watch.is_active());
                 watches.push(watch);
             }
         })
