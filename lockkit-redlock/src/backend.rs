@@ -392,14 +392,14 @@ impl LeaseBackend for RedlockBackend {
 
     /// Asks every instance at once and returns as soon as a quorum granted
     /// the lock, or (for a writer) so many refused that no quorum can
-    /// grant it; a frozen
-    /// minority costs nothing. Requests still in flight then complete in
-    /// the background, and the lease's release waits for them on their
-    /// instances. Without a quorum the partial grant is rolled back
-    /// (quietly: it wakes nobody), and the answer is `Busy` when enough
-    /// instances answered or refused, `Unavailable` when not. A waiting attempt that is
-    /// refused keeps (or takes) its place in every instance's waiting line,
-    /// at the time its `acquire` began (see `Placed`).
+    /// grant it; a frozen minority costs nothing. Requests still in flight
+    /// then complete in the background, and the lease's release waits for
+    /// them on their instances. Without a quorum the partial grant is
+    /// rolled back (quietly: it wakes nobody), and the answer is `Busy`
+    /// when enough instances answered or refused, `Unavailable` when not.
+    /// A waiting attempt that is refused keeps (or takes) its place in
+    /// every instance's waiting line, at the time its `acquire` began (see
+    /// `Placed`).
     async fn try_lock(
         &self,
         placed: &Placed,
@@ -552,10 +552,10 @@ impl LeaseBackend for RedlockBackend {
 
     /// Release notifications from a quorum of instances that listen (or
     /// from those that subscribe in time), and from any other that is
-    /// already listening. A quorum is enough: a release that counts reaches a quorum of
-    /// instances, and two quorums share one. A frozen minority's
-    /// subscription (which waits for its reply) thus costs the waiter
-    /// nothing.
+    /// already listening. A quorum is enough: a release that counts
+    /// reaches a quorum of instances, and two quorums share one. A frozen
+    /// minority's subscription (which waits for its reply) thus costs the
+    /// waiter nothing.
     async fn watch(&self, placed: &Placed) -> Result<ReleaseWatch> {
         let keys = &placed.keys;
         let quorum = self.quorum_for(keys);
