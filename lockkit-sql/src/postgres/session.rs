@@ -87,7 +87,29 @@ impl PgSession {
         Ok(())
     }
 
+    /// The advisory lock on `key`: one try first, then, if it was refused
+    /// and `wait` allows, a wait. A free lock, the common case, is then
+    /// taken by the try, which sets no `lock_timeout`: the wait form's
+    /// setting costs the server more than the lock itself. A busy one
+    /// costs a round trip more before its wait, which is queued on the
+    /// server all the same.
     async fn lock_advisory(
+        &self,
+        conn: &mut PgConn,
+        key: i64,
+        shared: bool,
+        wait: ServerWait,
+    ) -> sqlx::Result<Option<i64>> {
+        let tried = self
+            .lock_advisory_once(conn, key, shared, ServerWait::NoWait)
+            .await?;
+        if tried.is_some() || wait == ServerWait::NoWait {
+            return Ok(tried);
+        }
+        self.lock_advisory_once(conn, key, shared, wait).await
+    }
+
+    async fn lock_advisory_once(
         &self,
         conn: &mut PgConn,
         key: i64,
@@ -143,7 +165,7 @@ impl SlotLocks for PgSession {
         wait: ServerWait,
     ) -> Answer<'c, Option<u64>> {
         Box::pin(async move {
-            let token = self.lock_advisory(conn, *slot, false, wait).await?;
+            let token = self.lock_advisory_once(conn, *slot, false, wait).await?;
             Ok(token.map(|t| t as u64))
         })
     }
