@@ -8,6 +8,11 @@
 //! * `family_<flavour>_<backend>/exclusive`: `acquire` + `release`, exclusive.
 //! * `family_<flavour>_<backend>/shared`: the same with `LockOptions::shared()`.
 //! * `family_<flavour>_<backend>/permit`: the same with `semaphore(4)`.
+//! * `family_<flavour>_zk/permit-layout`: ZooKeeper only, a permit in
+//!   Curator's `InterProcessSemaphoreV2` layout written by hand
+//!   (`lockkit_benches::zk_raw_permit_cycle`): the cost of the layout that
+//!   lockkit shares with Curator, beside lockkit's permit. (Elsewhere the
+//!   kind runs nothing.)
 //!
 //! The targets are judged on interleaved rounds (every kind in every round,
 //! their order rotated), so that the shared machine's drift cancels out: a
@@ -25,7 +30,8 @@ use std::time::Duration;
 
 use lockkit_benches::{
     CycleFixture, CycleKind, Deployment, Interleaved, Limit, RunMode, Servers, connect_patient,
-    lockkit_cycle, pair_every_backend, pin_from_env, save_summary,
+    lockkit_cycle, pair_every_backend, pin_from_env, save_summary, zk_mkdir, zk_raw_permit_cycle,
+    zk_session_patient,
 };
 use lockkit_core::{DistributedLock, LockOptions};
 
@@ -39,26 +45,44 @@ enum Kind {
     Exclusive,
     Shared,
     Permit,
+    /// A ZooKeeper permit in Curator's layout, written by hand.
+    PermitLayout,
 }
 
 impl CycleKind for Kind {
-    const ALL: &'static [Kind] = &[Kind::Exclusive, Kind::Shared, Kind::Permit];
+    const ALL: &'static [Kind] = &[
+        Kind::Exclusive,
+        Kind::Shared,
+        Kind::Permit,
+        Kind::PermitLayout,
+    ];
 
     fn bench(self) -> &'static str {
         match self {
             Kind::Exclusive => "exclusive",
             Kind::Shared => "shared",
             Kind::Permit => "permit",
+            Kind::PermitLayout => "permit-layout",
         }
     }
+}
+
+/// A session of its own on ZooKeeper, and the semaphore directory in which
+/// it takes permits in Curator's layout by hand.
+struct LayoutFloor {
+    client: zookeeper_client::Client,
+    dir: String,
 }
 
 /// One backend's client on one runtime, with a name per kind.
 struct Fixture {
     lock: Arc<dyn DistributedLock>,
     names: [String; 3],
-    /// Which kinds the backend claims (always the exclusive one).
-    claimed: [bool; 3],
+    /// Which kinds the backend claims (always the exclusive one; the
+    /// hand-written permit on ZooKeeper only).
+    claimed: [bool; 4],
+    /// ZooKeeper's hand-written permit.
+    layout: Option<LayoutFloor>,
 }
 
 impl Fixture {
@@ -67,7 +91,7 @@ impl Fixture {
         match kind {
             Kind::Exclusive => opts,
             Kind::Shared => opts.shared(),
-            Kind::Permit => opts.semaphore(PERMITS),
+            Kind::Permit | Kind::PermitLayout => opts.semaphore(PERMITS),
         }
     }
 
@@ -81,8 +105,15 @@ impl CycleFixture for Fixture {
 
     /// A kind the backend does not claim runs the exclusive cycle in its
     /// place (on a name of its own), so that every round has the same
-    /// shape; the summary shows no figure for it.
+    /// shape; the summary shows no figure for it. The hand-written permit,
+    /// a yardstick of ZooKeeper's alone, runs nothing elsewhere.
     async fn run(&self, kind: Kind) {
+        if kind == Kind::PermitLayout {
+            if let Some(floor) = &self.layout {
+                zk_raw_permit_cycle(&floor.client, &floor.dir, PERMITS as usize).await;
+            }
+            return;
+        }
         let opts = if self.claimed[kind as usize] {
             Self::opts(kind)
         } else {
@@ -119,11 +150,23 @@ async fn fixture(servers: &Servers, backend: Deployment, flavour: &str) -> Optio
     }
     let names = ["exclusive", "shared", "permit"]
         .map(|kind| format!("bench-family-{flavour}-{}-{kind}", backend.label()));
-    let claimed = [true, caps.shared, caps.semaphore];
+    let layout = match backend {
+        Deployment::Zk => {
+            let client = zk_session_patient(&servers.zk().connect_string()).await;
+            let dir = format!("/bench-family-{flavour}-permit-layout");
+            for sub in ["locks", "leases"] {
+                zk_mkdir(&client, &format!("{dir}/{sub}")).await;
+            }
+            Some(LayoutFloor { client, dir })
+        }
+        _ => None,
+    };
+    let claimed = [true, caps.shared, caps.semaphore, layout.is_some()];
     let fixture = Fixture {
         lock,
         names,
         claimed,
+        layout,
     };
     for _ in 0..3 {
         for &kind in Kind::ALL {
@@ -135,15 +178,17 @@ async fn fixture(servers: &Servers, backend: Deployment, flavour: &str) -> Optio
 
 /// The rows of the summary: runtime flavour, backend, which kinds it
 /// claims, and its rounds.
-type Rows<'a> = [(&'a str, Deployment, [bool; 3], Interleaved<Kind>)];
+type Rows<'a> = [(&'a str, Deployment, [bool; 4], Interleaved<Kind>)];
 
 fn summary(mode: RunMode, rows: &Rows<'_>, left_out: &[Deployment]) -> String {
     let mut out = format!(
         "## The lock family against the exclusive lock ({} run)\n\n\
          Uncontended `acquire` + `release` per kind; each ratio is the median over interleaved rounds of the kind's round mean ÷ the exclusive cycle's in the same round. \
-         Target: a shared and a permit cycle within 1.2 × the exclusive cycle of the same backend.\n\n\
-         | runtime | backend | exclusive | shared | × exclusive | permit ({PERMITS}) | × exclusive |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+         Target: a shared and a permit cycle within 1.2 × the exclusive cycle of the same backend. \
+         The last two columns, ZooKeeper's alone, are the permit of Curator's `InterProcessSemaphoreV2` layout written by hand (four requests in one round trip, then the deletion of its two nodes) against the same exclusive cycle, and lockkit's permit against it: \
+         the layout, which lockkit shares with Curator's clients, is what a permit costs there.\n\n\
+         | runtime | backend | exclusive | shared | × exclusive | permit ({PERMITS}) | × exclusive | permit in Curator's layout, by hand | × exclusive | lockkit's permit ÷ by hand |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         mode.label()
     );
     let limit = Limit::AtMost(1.2);
@@ -162,15 +207,26 @@ fn summary(mode: RunMode, rows: &Rows<'_>, left_out: &[Deployment]) -> String {
             let (ratio, target) = limit.judge(paired.paired_ratio(kind, Kind::Exclusive));
             format!("{ratio} {target}")
         };
+        let ratio = |kind: Kind, base: Kind| {
+            if !claimed[Kind::PermitLayout as usize] {
+                return "—".to_owned();
+            }
+            paired
+                .paired_ratio(kind, base)
+                .map_or_else(|| "—".to_owned(), |r| format!("{r:.3}"))
+        };
         let _ = writeln!(
             out,
-            "| {flavour} | {} | {} | {} | {} | {} | {} |",
+            "| {flavour} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             backend.label(),
             median(Kind::Exclusive),
             median(Kind::Shared),
             judged(Kind::Shared),
             median(Kind::Permit),
             judged(Kind::Permit),
+            median(Kind::PermitLayout),
+            ratio(Kind::PermitLayout, Kind::Exclusive),
+            ratio(Kind::Permit, Kind::PermitLayout),
         );
     }
     if !left_out.is_empty() {

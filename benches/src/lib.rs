@@ -45,7 +45,8 @@ pub use sql::{RAW_TTL, RawMy, RawPg, RawSqlite};
 pub use sql_handoff::{RawHandoff, RawSessionHandoffs, RawSessionMode};
 pub use stock::Stock;
 pub use zk_raw::{
-    RAW_ZK_PREFIX, zk_children, zk_create_node, zk_delete_node, zk_mkdir, zk_raw_cycle, zk_session,
+    RAW_ZK_PREFIX, zk_children, zk_create_node, zk_delete_node, zk_mkdir, zk_raw_cycle,
+    zk_raw_permit_cycle, zk_session, zk_session_patient,
 };
 
 use std::env;

@@ -65,3 +65,60 @@ pub async fn zk_raw_cycle(client: &Client, dir: &str) {
     );
     zk_delete_node(client, &path).await;
 }
+
+/// The leases' nodes' name before the sequence, as Curator's
+/// `InterProcessSemaphoreV2` and lockkit name them, with a fixed owner.
+const RAW_ZK_LEASE_PREFIX: &str = "_c_00000000-0000-4000-8000-000000000000-lease-";
+
+/// A `zookeeper-client` session on `connect_string` that outlasts
+/// criterion's pauses (see [`crate::connect_patient`]): a session timeout of
+/// 30 s.
+pub async fn zk_session_patient(connect_string: &str) -> Client {
+    Client::connector()
+        .with_session_timeout(std::time::Duration::from_secs(30))
+        .connect(connect_string)
+        .await
+        .expect("a zookeeper-client session")
+}
+
+/// A permit of a semaphore in Curator's `InterProcessSemaphoreV2` layout,
+/// written by hand: `dir/locks` is its mutex and `dir/leases` its permits
+/// (both must exist, and be empty). The four requests of a free mutex and
+/// a free permit go in one round trip (the mutex node, the mutex's listing,
+/// the lease node, the leases' listing; a session's requests run in the
+/// order sent), then the mutex node and the lease node are deleted, at
+/// once. This is the floor of the layout that Curator's clients share, the
+/// yardstick of a ZooKeeper permit beside the lock cycle.
+pub async fn zk_raw_permit_cycle(client: &Client, dir: &str, permits: usize) {
+    let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let (mutex_dir, leases) = (format!("{dir}/locks"), format!("{dir}/leases"));
+    let mutex_prefix = format!("{mutex_dir}/{RAW_ZK_PREFIX}");
+    let lease_prefix = format!("{leases}/{RAW_ZK_LEASE_PREFIX}");
+    // The client sends each request when it is called, in this order.
+    let mutex_created = client.create(&mutex_prefix, &[], &options);
+    let mutex_listed = client.list_children(&mutex_dir);
+    let lease_created = client.create(&lease_prefix, &[], &options);
+    let leases_listed = client.list_children(&leases);
+    let (mutex_created, mutex_listed, lease_created, leases_listed) =
+        tokio::join!(mutex_created, mutex_listed, lease_created, leases_listed);
+    let (_, mutex_seq) = mutex_created.expect("create the mutex node");
+    let (_, lease_seq) = lease_created.expect("create the lease node");
+    let mutex_node = format!("{mutex_prefix}{mutex_seq}");
+    let lease_node = format!("{lease_prefix}{lease_seq}");
+    let holders = mutex_listed.expect("list the mutex");
+    let granted = leases_listed.expect("list the leases");
+    assert!(
+        holders.len() == 1 && mutex_node.ends_with(&holders[0]),
+        "raw ZooKeeper permit: the mutex holds {holders:?}"
+    );
+    assert!(
+        granted.len() <= permits && granted.iter().any(|l| lease_node.ends_with(l)),
+        "raw ZooKeeper permit: the leases are {granted:?}"
+    );
+    let (mutex_deleted, lease_deleted) = tokio::join!(
+        client.delete(&mutex_node, None),
+        client.delete(&lease_node, None)
+    );
+    mutex_deleted.expect("delete the mutex node");
+    lease_deleted.expect("delete the lease node");
+}
