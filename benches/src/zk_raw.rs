@@ -1,8 +1,11 @@
 //! The hand-written ZooKeeper lock cycle: `create` an EPHEMERAL_SEQUENTIAL
 //! node, list the directory, `delete` the node — the requests of the lock
-//! recipe with nothing around them.
+//! recipe with nothing around them; and a permit in Curator's semaphore
+//! layout, written the same way.
 
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use std::time::Duration;
+
+use zookeeper_client::{Acls, Client, Connector, CreateMode, Error as ZkError};
 
 /// The raw nodes' name before the sequence: lockkit's form, with a fixed
 /// owner.
@@ -11,8 +14,27 @@ pub const RAW_ZK_PREFIX: &str = "_c_00000000-0000-4000-8000-000000000000-lock-";
 /// A `zookeeper-client` session of its own on `connect_string`, with
 /// lockkit's default session timeout.
 pub async fn zk_session(connect_string: &str) -> Client {
-    Client::connector()
-        .with_session_timeout(lockkit_zk::DEFAULT_SESSION_TIMEOUT)
+    let connector = Client::connector().with_session_timeout(lockkit_zk::DEFAULT_SESSION_TIMEOUT);
+    session(connector, connect_string).await
+}
+
+/// A `zookeeper-client` session on `connect_string` that outlasts
+/// criterion's pauses, as [`crate::connect_patient`]'s clients do: session
+/// and connection timeouts (the client times requests by the latter) of
+/// 30 s.
+pub async fn zk_session_patient(connect_string: &str) -> Client {
+    let connector = Client::connector()
+        .with_session_timeout(PATIENT_TIMEOUT)
+        .with_connection_timeout(PATIENT_TIMEOUT);
+    session(connector, connect_string).await
+}
+
+/// The timeouts of [`zk_session_patient`].
+const PATIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A session that `connector` opens on `connect_string` (panics if none).
+async fn session(connector: Connector, connect_string: &str) -> Client {
+    connector
         .connect(connect_string)
         .await
         .expect("a zookeeper-client session")
@@ -69,17 +91,6 @@ pub async fn zk_raw_cycle(client: &Client, dir: &str) {
 /// The leases' nodes' name before the sequence, as Curator's
 /// `InterProcessSemaphoreV2` and lockkit name them, with a fixed owner.
 const RAW_ZK_LEASE_PREFIX: &str = "_c_00000000-0000-4000-8000-000000000000-lease-";
-
-/// A `zookeeper-client` session on `connect_string` that outlasts
-/// criterion's pauses (see [`crate::connect_patient`]): a session timeout of
-/// 30 s.
-pub async fn zk_session_patient(connect_string: &str) -> Client {
-    Client::connector()
-        .with_session_timeout(std::time::Duration::from_secs(30))
-        .connect(connect_string)
-        .await
-        .expect("a zookeeper-client session")
-}
 
 /// A permit of a semaphore in Curator's `InterProcessSemaphoreV2` layout,
 /// written by hand: `dir/locks` is its mutex and `dir/leases` its permits

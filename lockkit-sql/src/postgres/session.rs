@@ -109,6 +109,9 @@ impl PgSession {
         self.lock_advisory_once(conn, key, shared, wait).await
     }
 
+    /// One statement for the advisory lock on `key`: the try form for
+    /// [`ServerWait::NoWait`], else the waiting form with its
+    /// `lock_timeout`; the token when granted, `None` when refused.
     async fn lock_advisory_once(
         &self,
         conn: &mut PgConn,
