@@ -317,6 +317,99 @@ async fn lease_waiters_are_notified() {
     assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
 }
 
+/// A writer granted after waiting withdraws its waiting record without
+/// waking the name's waiters (nobody can be granted while it holds, and its
+/// release wakes them): on the release channel, the name is notified once
+/// per release and no more. (Every waiting process used to ask again when
+/// the record went, one statement per waiter on every handoff.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_waiter_withdraws_its_record_without_a_wake_up() {
+    let server = PostgresServer::start().await;
+    let name = "withdrawn-quietly";
+    let channel = "lockkit_lockkit_locks";
+    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    listener.listen(channel).await.unwrap();
+    let (holder, waiter) = (
+        connect(&server, Mode::Lease).await.unwrap(),
+        connect(&server, Mode::Lease).await.unwrap(),
+    );
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let task = waiter::spawn_patient_acquire(waiter, name);
+    let records = r"SELECT count(*) FROM lockkit_locks WHERE name LIKE E'\001waiting:%'";
+    let mut polls = 0;
+    while server.psql(records).await.unwrap().trim() != "1" {
+        polls += 1;
+        assert!(polls < 600, "the waiter never recorded itself");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (guard, _) = waiter::hand_over(held, task).await;
+    assert_eq!(
+        server.psql(records).await.unwrap().trim(),
+        "0",
+        "the granted writer withdrew its record"
+    );
+    guard.release().await.unwrap();
+    server
+        .psql(&format!("NOTIFY {channel}, 'end'"))
+        .await
+        .unwrap();
+    let mut woken = 0;
+    loop {
+        let note = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+            .await
+            .expect("the end marker arrives")
+            .unwrap();
+        match note.payload() {
+            "end" => break,
+            payload if payload == name => woken += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(woken, 2, "one wake-up of {name:?} per release");
+}
+
+/// `advisory` mode tries first: a free lock is taken by the try form
+/// (`pg_try_advisory_lock`), which sets no `lock_timeout`; only a refused
+/// acquire sends the waiting form, which sets it and joins the server's
+/// queue. (Each session's last statement, as the server shows it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_acquire_waits_only_after_a_refused_try() {
+    let server = PostgresServer::start().await;
+    let name = "tried-first";
+    let (holder, waiter) = (
+        connect(&server, Mode::Advisory).await.unwrap(),
+        connect(&server, Mode::Advisory).await.unwrap(),
+    );
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let last = "SELECT query FROM pg_stat_activity \
+                WHERE query LIKE '%advisory_lock%' AND pid <> pg_backend_pid()";
+    let taken = server.psql(last).await.unwrap();
+    assert!(
+        taken.contains("pg_try_advisory_lock(") && !taken.contains("set_config"),
+        "a free lock is taken by the try form alone: {taken:?}"
+    );
+    let task = waiter::spawn_patient_acquire(waiter, name);
+    let queued = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let mut polls = 0;
+    while server.psql(queued).await.unwrap().trim() != "1" {
+        polls += 1;
+        assert!(polls < 600, "the waiter never joined the server's queue");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waiting = server
+        .psql("SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        .await
+        .unwrap();
+    assert!(
+        waiting.contains("set_config('lock_timeout'") && waiting.contains("pg_advisory_lock("),
+        "a refused acquire waits in the waiting form: {waiting:?}"
+    );
+    let (guard, _) = waiter::hand_over(held, task).await;
+    guard.release().await.unwrap();
+}
+
 /// `migrate` can run again, the table name is configurable, and without
 /// migration a missing table is a clear backend error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -219,7 +219,7 @@ impl<D: LeaseDialect> Rows<D> {
                 })
             }
             Attempt::Acquired(_) if waiting.maybe.swap(false, Ordering::SeqCst) => {
-                if let Err(error) = self.unmark_waiting(name, None).await {
+                if let Err(error) = self.unmark_granted(name).await {
                     tracing::warn!(lock.name = %name, %error, "could not withdraw a granted writer's waiting record; it ends with its TTL");
                 }
                 Ok(answer)
@@ -242,6 +242,28 @@ impl<D: LeaseDialect> Rows<D> {
         let waiting = waiting_row_name(name);
         self.delete_record(name, &waiting, owner, "withdraw a waiting writer")
             .await
+    }
+
+    /// Deletes the waiting record of `name` (whoever's) once a writer holds
+    /// `name`, waking nobody: while it holds, neither a reader nor another
+    /// writer can be granted, and its release wakes them all. (Waking them
+    /// here made every waiting process ask again for nothing, one more
+    /// statement per waiter on every handoff.)
+    async fn unmark_granted(&self, name: &str) -> Result<()> {
+        let waiting = waiting_row_name(name);
+        // The record's own name as the woken one: nobody waits on it.
+        let args = Args {
+            woken: &waiting,
+            ..Args::of(&waiting)
+        };
+        let forget = &self.dialect.statements().forget;
+        self.changes(
+            "withdraw a granted writer's waiting record",
+            slice::from_ref(forget),
+            args,
+        )
+        .await
+        .map(drop)
     }
 
     /// Writes `owner` into the record row `row` for `ttl`, in place of any
