@@ -15,7 +15,7 @@ use lockkit_redis::{RedisInstance, RedisKey, Release, Waiting, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
-use crate::quorum::{Stragglers, Votes, ask, finished};
+use crate::quorum::{Stragglers, Until, Votes, ask, finished};
 
 /// How many times a status read is made while its answers leave the
 /// lock's state open (an instance slower than the instance timeout).
@@ -138,7 +138,7 @@ impl RedlockBackend {
 
     /// Deletes `owner`'s key on the given instances, each after the acquire
     /// request to it has finished (where one is in `late`), and returns once
-    /// `decided`; the rest completes in the background.
+    /// `until` says so (see [`ask`]); the rest completes in the background.
     async fn delete(
         &self,
         keys: &RedisKey,
@@ -146,7 +146,7 @@ impl RedlockBackend {
         which: impl IntoIterator<Item = usize>,
         late: &InFlight,
         release: Release,
-        decided: impl Fn(&Votes<bool>) -> bool,
+        until: Until<impl Fn(&Votes<bool>) -> bool>,
     ) -> Votes<bool> {
         let (keys, owner) = (keys.clone(), owner.clone());
         ask(
@@ -170,20 +170,22 @@ impl RedlockBackend {
                         .await
                 }
             },
-            decided,
+            until,
         )
         .await
     }
 
     /// `request` sent to every instance at once about `keys`, each bounded
     /// by the instance timeout (for a lease of `ttl`, where one is asked
-    /// for): the votes, once `decided` or all answered.
+    /// for): the votes, once `decided` or all answered (or `enough`
+    /// answered and only instances behind are left: see [`ask`]).
     async fn ask_every<T: Send + 'static, Fut: Future<Output = Result<T>> + Send + 'static>(
         &self,
         keys: &RedisKey,
         ttl: Option<Duration>,
         request: impl FnMut(usize, RedisInstance) -> Fut,
         decided: impl Fn(&Votes<T>) -> bool,
+        enough: usize,
     ) -> Votes<T> {
         let timeout = self.instance_timeout(ttl);
         let (instances, stragglers) = (&self.instances, &self.stragglers);
@@ -194,7 +196,7 @@ impl RedlockBackend {
             self.all(),
             timeout,
             request,
-            decided,
+            Until { decided, enough },
         )
         .await
     }
@@ -213,7 +215,7 @@ impl RedlockBackend {
     {
         let owned = key.clone();
         let request = move |_, instance| read(instance, owned.clone());
-        let votes = self.ask_every(key, None, request, |_| false).await;
+        let votes = self.ask_every(key, None, request, |_| false, quorum).await;
         if votes.answers.len() < quorum {
             return Err(self.undecided(&votes, quorum));
         }
@@ -435,7 +437,7 @@ impl LeaseBackend for RedlockBackend {
             votes.count(granted) >= quorum
                 || (refusals_decide && votes.count(|a| !granted(a)) > total - quorum)
         };
-        let mut votes = self.ask_every(keys, Some(ttl), hold, decided).await;
+        let mut votes = self.ask_every(keys, Some(ttl), hold, decided, quorum).await;
         let silent = votes.silent(total);
         let late: InFlight = std::mem::take(&mut votes.late);
         let yes = votes.count(granted);
@@ -458,10 +460,14 @@ impl LeaseBackend for RedlockBackend {
             granted_by.iter().copied().chain(silent),
             &late,
             Release::Quiet,
-            |votes| {
-                granted_by
-                    .iter()
-                    .all(|i| votes.answers.iter().any(|(j, _)| j == i))
+            Until {
+                decided: |votes: &Votes<bool>| {
+                    granted_by
+                        .iter()
+                        .all(|i| votes.answers.iter().any(|(j, _)| j == i))
+                },
+                // Decided by the instances that granted alone.
+                enough: usize::MAX,
             },
         )
         .await;
@@ -495,7 +501,9 @@ impl LeaseBackend for RedlockBackend {
         let decided = |votes: &Votes<bool>| {
             votes.count(|ours| *ours) >= quorum || votes.count(|ours| !*ours) >= quorum
         };
-        let votes = self.ask_every(keys, Some(ttl), extend, decided).await;
+        let votes = self
+            .ask_every(keys, Some(ttl), extend, decided, quorum)
+            .await;
         if votes.count(|ours| *ours) >= quorum {
             Ok(true)
         } else if votes.count(|ours| !*ours) >= quorum {
@@ -517,9 +525,19 @@ impl LeaseBackend for RedlockBackend {
         let quorum = self.quorum_for(keys);
         let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
         let votes = self
-            .delete(keys, owner, self.all(), &late, Release::Wake, |votes| {
-                votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum
-            })
+            .delete(
+                keys,
+                owner,
+                self.all(),
+                &late,
+                Release::Wake,
+                Until {
+                    decided: |votes: &Votes<bool>| {
+                        votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum
+                    },
+                    enough: quorum,
+                },
+            )
             .await;
         if votes.count(|released| !*released) >= quorum {
             Ok(false)
