@@ -43,5 +43,9 @@ done
 # uncommitted work to check it.
 verify_dir=target/package-verify
 rm -rf -- "$verify_dir"
-cargo package --allow-dirty --target-dir "$verify_dir" "${args[@]}"
+# The packages are built without debug info: the build only has to succeed.
+# Of the workspace's profile (line tables only, none for dependencies), only
+# the facade's package keeps a copy: the others would build with full debug
+# info, and their dependencies a second time beside the facade's.
+CARGO_PROFILE_DEV_DEBUG=false cargo package --allow-dirty --target-dir "$verify_dir" "${args[@]}"
 echo "package.sh: packaged and built ${#names[@]} crates: ${names[*]}" >&2
