@@ -195,10 +195,16 @@ async fn relay(
     mut resets: watch::Receiver<u64>,
 ) {
     let mut open = shared.open.subscribe();
+    let reset_since = resets.clone();
     let connect = async {
         // A partitioned client cannot reach the server: hold the connection.
         let _ = open.wait_for(|open| *open).await;
-        tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(upstream)).await
+        // A reset that came before the heal wins over it, also when this
+        // task saw no reset in the poll that saw the heal (see `came`).
+        if came(&reset_since) {
+            return None;
+        }
+        Some(tokio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect(upstream)).await)
     };
     // Biased: a reset that came before the heal wins over the heal, even
     // when both are seen in the same poll (a random pick would connect).
@@ -206,7 +212,8 @@ async fn relay(
         biased;
         _ = resets.changed() => return reset(&client),
         result = connect => match result {
-            Ok(Ok(server)) => server,
+            Some(Ok(Ok(server))) => server,
+            None => return reset(&client),
             // Upstream down or not answering: the client sees a closed connection.
             _ => return,
         },
@@ -219,6 +226,18 @@ async fn relay(
         pump(client_read, server_write, &shared, resets.clone()),
         pump(server_read, client_write, &shared, resets),
     );
+}
+
+/// Whether a reset came since `resets` last looked (or the proxy is gone).
+///
+/// Checked once the link is open, just before what a heal lets through: a
+/// reset followed at once by a heal (`reset_connections`, then
+/// `blackhole(false)`) can straddle a poll of a task on another thread,
+/// which then saw no reset when it looked for one, and the heal when it
+/// looked at the link. The reset was made before the heal, so whoever sees
+/// the heal sees the reset here.
+fn came(resets: &watch::Receiver<u64>) -> bool {
+    resets.has_changed().unwrap_or(true)
 }
 
 /// Makes the socket's close send a reset, then lets the caller drop it.
@@ -265,6 +284,7 @@ async fn pump(
     };
     let writer = async {
         let mut open = shared.open.subscribe();
+        let reset_since = resets.clone();
         loop {
             let step = async {
                 let Some((read_at, chunk)) = in_flight.recv().await else {
@@ -272,8 +292,13 @@ async fn pump(
                 };
                 let delay = Duration::from_micros(shared.delay_micros.load(Ordering::Relaxed));
                 tokio::time::sleep_until(read_at + delay).await;
-                if open.wait_for(|open| *open).await.is_err() || to.write_all(&chunk).await.is_err()
-                {
+                if open.wait_for(|open| *open).await.is_err() {
+                    return Step::Ended;
+                }
+                if came(&reset_since) {
+                    return Step::Reset;
+                }
+                if to.write_all(&chunk).await.is_err() {
                     return Step::Ended;
                 }
                 Step::Written
