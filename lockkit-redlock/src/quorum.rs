@@ -156,17 +156,18 @@ pub(crate) struct Until<D> {
 ///
 /// Such an instance is *behind*: it has not answered the last request about
 /// `lock` yet. Once every other instance asked has answered, and at least
-/// `until.enough` of them (the caller's quorum: so many answers make an outcome,
-/// if not the one asked for), the instances behind are waited for only as
-/// long again as the others took (at least [`BEHIND_GRACE`]), not for the
-/// rest of `timeout`: a frozen instance answers nothing, and waiting it out
-/// changed no outcome. (With fewer answers, an instance behind because it
-/// is busy with the same client's other requests about the lock is waited
-/// for: cutting it short would make the outcome `Unavailable`.) Without this, a
-/// writer whose answers split evenly among the live instances of five (two
-/// grants and two refusals, one instance frozen) waited out the timeout on
-/// every attempt, and a name under contention changed hands about twenty
-/// times more slowly while one instance of five was frozen.
+/// `until.enough` of them (the caller's quorum: so many answers make an
+/// outcome, if not the one asked for), the instances behind are waited for
+/// only as long again as the others took (at least [`BEHIND_GRACE`]), not
+/// for the rest of `timeout`: a frozen instance answers nothing, and waiting
+/// it out changed no outcome. (With fewer answers, an instance behind
+/// because it is busy with the same client's other requests about the lock
+/// is waited for: cutting it short would make the outcome `Unavailable`.)
+/// Without this, a writer whose answers split evenly among the live
+/// instances of five (two grants and two refusals, one instance frozen)
+/// waited out the timeout on every attempt, and a name under contention
+/// changed hands many times more slowly while one instance of five was
+/// frozen.
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
     stragglers: &Stragglers,
@@ -236,8 +237,8 @@ where
         {
             waiting_for_behind = true;
             let grace = started.elapsed().max(BEHIND_GRACE);
-            let until = deadline.deadline().min(tokio::time::Instant::now() + grace);
-            deadline.as_mut().reset(until);
+            let cut = deadline.deadline().min(tokio::time::Instant::now() + grace);
+            deadline.as_mut().reset(cut);
         }
         tokio::select! {
             biased;
