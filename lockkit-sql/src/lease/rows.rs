@@ -247,8 +247,7 @@ impl<D: LeaseDialect> Rows<D> {
     /// Deletes the waiting record of `name` (whoever's) once a writer holds
     /// `name`, waking nobody: while it holds, neither a reader nor another
     /// writer can be granted, and its release wakes them all. (Waking them
-    /// here made every waiting process ask again for nothing, one more
-    /// statement per waiter on every handoff.)
+    /// here sent the waiting processes to ask again for nothing.)
     async fn unmark_granted(&self, name: &str) -> Result<()> {
         let waiting = waiting_row_name(name);
         // The record's own name as the woken one: nobody waits on it.
