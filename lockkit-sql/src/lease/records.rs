@@ -37,7 +37,7 @@ impl<D: LeaseDialect> IdentityRecords for LeaseRows<D> {
 
     async fn forget(&self, row: &str, owner: &str) -> Result<()> {
         self.rows
-            .delete_record(row, row, Some(owner), "delete the holder's identity")
+            .delete_record(Some(row), row, Some(owner), "delete the holder's identity")
             .await
     }
 

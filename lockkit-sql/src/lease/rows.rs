@@ -240,7 +240,7 @@ impl<D: LeaseDialect> Rows<D> {
 
     pub(super) async fn unmark_waiting(&self, name: &str, owner: Option<&str>) -> Result<()> {
         let waiting = waiting_row_name(name);
-        self.delete_record(name, &waiting, owner, "withdraw a waiting writer")
+        self.delete_record(Some(name), &waiting, owner, "withdraw a waiting writer")
             .await
     }
 
@@ -250,19 +250,13 @@ impl<D: LeaseDialect> Rows<D> {
     /// here sent the waiting processes to ask again for nothing.)
     async fn unmark_granted(&self, name: &str) -> Result<()> {
         let waiting = waiting_row_name(name);
-        // The record's own name as the woken one: nobody waits on it.
-        let args = Args {
-            woken: &waiting,
-            ..Args::of(&waiting)
-        };
-        let forget = &self.dialect.statements().forget;
-        self.changes(
+        self.delete_record(
+            None,
+            &waiting,
+            None,
             "withdraw a granted writer's waiting record",
-            slice::from_ref(forget),
-            args,
         )
         .await
-        .map(drop)
     }
 
     /// Writes `owner` into the record row `row` for `ttl`, in place of any
@@ -282,23 +276,26 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     /// Deletes the record row `row` if it is `owner`'s (anyone's with
-    /// `None`), and wakes the waiters of `name`.
+    /// `None`), and wakes the waiters of `woken` (nobody's with `None`).
     pub(super) async fn delete_record(
         &self,
-        name: &str,
+        woken: Option<&str>,
         row: &str,
         owner: Option<&str>,
         what: &str,
     ) -> Result<()> {
+        // Without a name to wake, the record's own: nobody waits on it.
         let args = Args {
             owner,
-            woken: name,
+            woken: woken.unwrap_or(row),
             ..Args::of(row)
         };
-        let forget = &self.dialect.statements().forget;
-        self.frees(name, what, slice::from_ref(forget), args)
-            .await
-            .map(drop)
+        let forget = slice::from_ref(&self.dialect.statements().forget);
+        match woken {
+            Some(name) => self.frees(name, what, forget, args).await,
+            None => self.changes(what, forget, args).await,
+        }
+        .map(drop)
     }
 
     /// One reader's attempt, as its own statement. A deadlock victim's
