@@ -369,13 +369,15 @@ enum Park {
     PgAttempt,
     /// Postgres session modes: a lock request waits (`pg_locks`).
     PgLockWait,
-    /// MariaDB lease: the waiter's upsert has run (`Com_insert` went up); it
-    /// then backs off.
+    /// MariaDB lease: the waiter's upsert has run (`Com_insert` went up) and
+    /// its release bell sleeps (the process list shows it); a release ends
+    /// that sleep with `KILL QUERY`.
     MyAttempt,
     /// MariaDB session modes: a statement waits for the lock (`GET_LOCK` shows
     /// `User lock`; a row lock, its `FOR UPDATE` statement).
     MyLockWait,
-    /// SQLite: no server to ask; the waiter has been waiting this long.
+    /// SQLite: no server to ask; the waiter has been waiting this long (it
+    /// then waits for its bell file to ring).
     For(Duration),
 }
 
@@ -414,6 +416,9 @@ const PG_ATTEMPTS_SINCE: &str = "SELECT count(*) FROM pg_stat_activity \
 const PG_WAITING: &str = "SELECT count(*) FROM pg_locks WHERE NOT granted";
 const MY_INSERTS: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS \
     WHERE VARIABLE_NAME = 'COM_INSERT'";
+/// The release bells that sleep (see lockkit-sql's `mysql::bells`).
+const MY_BELLS: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+    WHERE INFO LIKE CONCAT('SELECT SLEEP(1), ''lockkit', ' bell %')";
 /// `FOR UPDATE` spelt apart, so that this statement does not count itself.
 const MY_WAITING: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
     WHERE STATE = 'User lock' OR INFO LIKE CONCAT('%FOR', ' UPDATE%')";
@@ -432,7 +437,9 @@ impl SqlProbe<'_> {
         match self.park {
             Park::PgAttempt => f.pg.scalar(PG_ATTEMPTS_SINCE, &[mark]).await > 0,
             Park::PgLockWait => f.pg.scalar(PG_WAITING, &[]).await > 0,
-            Park::MyAttempt => f.my.scalar(MY_INSERTS, &[]).await > mark,
+            Park::MyAttempt => {
+                f.my.scalar(MY_INSERTS, &[]).await > mark && f.my.scalar(MY_BELLS, &[]).await > 0
+            }
             Park::MyLockWait => f.my.scalar(MY_WAITING, &[]).await > 0,
             Park::For(wait) => {
                 self.select_one().await;
@@ -713,7 +720,8 @@ fn summary(
         let session = lock_mode != "lease";
         let how = match park {
             Park::PgAttempt => "woken by NOTIFY",
-            Park::MyAttempt | Park::For(_) => "backoff",
+            Park::MyAttempt => "woken by KILL QUERY",
+            Park::For(_) => "woken by a bell file",
             Park::PgLockWait | Park::MyLockWait => "the server's queue",
         };
         let label = format!(

@@ -126,8 +126,11 @@ pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
 /// [`watch_releases`](DistributedLock::watch_releases), as its waiters do
 /// between tries), a release by another client wakes the watch: a wake-up
 /// comes only from a notification, so a backend whose waiters would
-/// otherwise find a release only on their next try fails here. Backends
-/// with a waiting line on the server (FIFO, or watches that tell turns)
+/// otherwise find a release only on their next try fails here, and so does
+/// one that claims [`notified_wait`](lockkit_core::Capabilities::notified_wait)
+/// but gives an inactive watch. (One client watches here: a backend that
+/// wakes a bounded few of the watching clients per release wakes it.)
+/// Backends with a waiting line on the server (FIFO, or watches that tell turns)
 /// hand a release to its head rather than to every watcher, and are left to
 /// [`fifo_backends_serve_waiters_in_order`] and the cases of their own.
 pub async fn a_release_wakes_the_watchers_of_other_clients(h: &dyn Harness) {
@@ -146,6 +149,12 @@ pub async fn a_release_wakes_the_watchers_of_other_clients(h: &dyn Harness) {
         .await
         .expect("a watch of the name's releases");
     guard.release().await.expect("the holder releases");
+    if watcher.capabilities().notified_wait {
+        assert!(
+            watch.is_active(),
+            "the backend says its waits are notified, but a watch of a held name is not active"
+        );
+    }
     if !watch.is_active() || watch.tells_turns() {
         return;
     }

@@ -154,8 +154,9 @@ pub const MYSQL_ROW_CAPABILITIES: Capabilities =
 pub const PG_ROW_CAPABILITIES: Capabilities =
     SESSION_CAPABILITIES.with_shared(true).with_semaphore(true);
 
-/// What `lease` mode guarantees on Postgres: waiters are woken by
-/// `LISTEN/NOTIFY`. Holder identities are stored with the owner token. Shared holdings: a reader group holding the lock's row
+/// What `lease` mode guarantees on Postgres and MySQL/MariaDB: waiters are
+/// woken by `LISTEN/NOTIFY` on Postgres, by release bells (a parked `SLEEP`
+/// that a release ends with `KILL QUERY`) on MySQL/MariaDB. Holder identities are stored with the owner token. Shared holdings: a reader group holding the lock's row
 /// (see the `lease` module). Semaphores: one lease row per permit slot.
 pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_server_bounds(true)
@@ -165,9 +166,9 @@ pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseO
     .with_notified_wait(true)
     .with_semaphore(true);
 
-/// What `lease` mode guarantees on MySQL (and SQLite off Linux): waiters
-/// back off with jitter, never sleeping past the holder's expiry. Shared
-/// holdings and semaphores as on Postgres.
+/// What `lease` mode guarantees on SQLite off Linux: waiters back off with
+/// jitter, never sleeping past the holder's expiry. Shared holdings and
+/// semaphores as on Postgres.
 pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::Ttl)
     .with_server_bounds(true)
     .with_shared(true)
@@ -192,13 +193,12 @@ impl Mode {
             return None;
         }
         Some(match (self, database) {
-            (Mode::Lease, Database::Postgres) => NOTIFIED_LEASE_CAPABILITIES,
+            (Mode::Lease, Database::Postgres | Database::MySql) => NOTIFIED_LEASE_CAPABILITIES,
             (Mode::Lease, Database::Sqlite) => SQLITE_LEASE_CAPABILITIES,
             (Mode::Advisory, Database::Postgres) => ADVISORY_CAPABILITIES,
             (Mode::Named, Database::MySql) => NAMED_CAPABILITIES,
             (Mode::Row, Database::MySql) => MYSQL_ROW_CAPABILITIES,
             (Mode::Row, Database::Postgres) => PG_ROW_CAPABILITIES,
-            (Mode::Lease, _) => POLLED_LEASE_CAPABILITIES,
             _ => SESSION_CAPABILITIES,
         })
     }

@@ -162,6 +162,49 @@ async fn row_cancelled_wait_leaves_nothing_behind() {
     common::cancelled_wait_leaves_nothing_behind::<MariaDbServer>(Mode::Row).await;
 }
 
+/// The release bells of `lease` mode (see the guide's MySQL section): while
+/// a client waits for a name, one connection of its own sleeps on the
+/// name's bell, where a release can find it; once nobody waits, the bell
+/// and its connection go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_bells_go_with_their_waiters() {
+    let server = MariaDbServer::start().await;
+    let bells = || async {
+        server
+            .sql(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE CONCAT('SELECT SLEEP(1), ''lockkit', ' bell%')",
+            )
+            .await
+            .expect("count the bells")
+    };
+    let holder = connect(&server, Mode::Lease).await.unwrap();
+    let guard = holder.acquire("job", &opts()).await.unwrap();
+    let waiter = connect(&server, Mode::Lease).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.acquire("job", &opts()).await?;
+        guard.release().await.map(drop)
+    });
+    let one =
+        lockkit_testkit::eventually(Duration::from_secs(30), || async { bells().await == "1" })
+            .await;
+    assert!(
+        one,
+        "a waiting client sleeps on one bell: {} shown",
+        bells().await
+    );
+    guard.release().await.unwrap();
+    waiting.await.unwrap().expect("the waiter gets the lock");
+    let none =
+        lockkit_testkit::eventually(Duration::from_secs(30), || async { bells().await == "0" })
+            .await;
+    assert!(
+        none,
+        "the bell outlived its waiter: {} shown",
+        bells().await
+    );
+}
+
 /// `KILL` of the holder's connection frees the lock at once and fires the
 /// holder's lost signal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,18 +1,21 @@
 //! `lease` mode on MySQL and MariaDB: the answer of an upsert comes back in
-//! `LAST_INSERT_ID`, as MySQL has no `RETURNING`.
+//! `LAST_INSERT_ID`, as MySQL has no `RETURNING`; waiters of other clients
+//! are woken by the release bells.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryFutureExt as _;
-use lockkit_core::backend::Attempt;
+use futures_util::future::BoxFuture;
+use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken};
 use sqlx::AssertSqlSafe;
 
+use super::bells::Bells;
 use super::statements::{BUSY_FLAG, MySql};
 use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::pool::SessionId;
-use crate::settings::POLLED_LEASE_CAPABILITIES;
+use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, Value, micros, trusted};
 
 /// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
@@ -31,15 +34,16 @@ fn upsert_answer(answer: u64) -> sqlx::Result<Granted> {
     }
 }
 
-/// `lease` mode on MySQL/MariaDB.
+/// `lease` mode on MySQL/MariaDB, its waiters woken by the release bells.
 #[derive(Debug)]
 pub(super) struct MyLease {
     pub(super) sql: Arc<MySql>,
+    pub(super) bells: Bells,
 }
 
 impl LeaseDialect for MyLease {
     type Db = sqlx::MySql;
-    const CAPABILITIES: Capabilities = POLLED_LEASE_CAPABILITIES;
+    const CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES;
 
     fn statements(&self) -> &LeaseStatements {
         &self.sql.lease
@@ -116,5 +120,13 @@ impl LeaseDialect for MyLease {
                 .execute(conn)
                 .map_ok(|done| (done.rows_affected() == 1).then(|| done.last_insert_id() as i64)),
         )
+    }
+
+    fn released(&self, name: &str) {
+        self.bells.ring(name);
+    }
+
+    fn watch<'a>(&'a self, _: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
+        Box::pin(self.bells.watch(name))
     }
 }

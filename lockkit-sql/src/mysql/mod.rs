@@ -3,8 +3,10 @@
 //!
 //! [`open`] connects a client; [`statements`] holds every SQL text of a lock
 //! table, [`migration`] creates it, [`lease`] runs `lease` mode on it, and
-//! [`session`] and [`row`] the session modes.
+//! [`session`] and [`row`] the session modes; [`bells`] wakes the waiters
+//! of other clients in `lease` mode.
 
+mod bells;
 mod lease;
 mod migration;
 mod row;
@@ -20,6 +22,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
 use crate::open::{Opened, close, with_sessions};
 use crate::settings::{Settings, SqlConfig};
+use bells::Bells;
 use lease::MyLease;
 use migration::MyMigrator;
 use session::MySqlSession;
@@ -59,7 +62,18 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     };
     tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
     let sql = Arc::new(MySql::new(&config.table, fence_source));
-    let lease = MyLease { sql: sql.clone() };
+    let mariadb = version.contains("MariaDB");
+    let bells = Bells::new(
+        options.clone(),
+        pool.clone(),
+        settings,
+        &config.table,
+        mariadb,
+    );
+    let lease = MyLease {
+        sql: sql.clone(),
+        bells,
+    };
     let session = MySqlSession::new(options.clone(), pool.clone(), sql.clone(), settings);
     let migrator = MyMigrator { options, sql };
     let parts = (lease, session, migrator);
