@@ -162,13 +162,20 @@ async fn row_cancelled_wait_leaves_nothing_behind() {
     common::cancelled_wait_leaves_nothing_behind::<MariaDbServer>(Mode::Row).await;
 }
 
-/// The release bells of `lease` mode (see the guide's MySQL section): while
-/// a client waits for a name, one connection of its own sleeps on the
-/// name's bell, where a release can find it; once nobody waits, the bell
-/// and its connection go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_bells_go_with_their_waiters() {
+/// The release bells of `lease` mode (see the guide's MySQL section), on
+/// MariaDB's path (the release deletes the lease row) and on MySQL's (it
+/// clears it): while a client waits for a name, one connection of its own
+/// sleeps on the name's bell and a row marks it; another client's release
+/// wakes the watch; once nobody waits, the bell, its connection and its
+/// mark go.
+async fn bells_go_with_their_waiters(counter: bool) {
     let server = MariaDbServer::start().await;
+    let client = || async {
+        let url = common::url(&server, Mode::Lease);
+        let builder = lockkit_sql::SqlLockBuilder::from_url(&url).unwrap();
+        let lock = builder.mysql_counter_fencing(counter).connect().await;
+        lock.expect("a lease-mode client")
+    };
     let bells = || async {
         server
             .sql(
@@ -178,31 +185,48 @@ async fn lease_bells_go_with_their_waiters() {
             .await
             .expect("count the bells")
     };
-    let holder = connect(&server, Mode::Lease).await.unwrap();
+    let marks = || async {
+        server
+            .sql("SELECT COUNT(*) FROM lockkit_locks WHERE name LIKE CONCAT(CHAR(1), 'bell:%')")
+            .await
+            .expect("count the marks")
+    };
+    let holder = client().await;
     let guard = holder.acquire("job", &opts()).await.unwrap();
-    let waiter = connect(&server, Mode::Lease).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let guard = waiter.acquire("job", &opts()).await?;
-        guard.release().await.map(drop)
-    });
-    let one =
-        lockkit_testkit::eventually(Duration::from_secs(30), || async { bells().await == "1" })
-            .await;
-    assert!(
-        one,
-        "a waiting client sleeps on one bell: {} shown",
-        bells().await
+    let watcher = client().await;
+    let mut watch = watcher.watch_releases("job").await.unwrap();
+    assert!(watch.is_active(), "a watch of a held name has a bell");
+    assert_eq!(
+        bells().await,
+        "1",
+        "one bell sleeps for the watching client"
     );
+    assert_eq!(marks().await, "1", "and one row marks it");
     guard.release().await.unwrap();
-    waiting.await.unwrap().expect("the waiter gets the lock");
-    let none =
-        lockkit_testkit::eventually(Duration::from_secs(30), || async { bells().await == "0" })
-            .await;
+    tokio::time::timeout(Duration::from_secs(20), watch.changed())
+        .await
+        .expect("the release rang the watcher's bell");
+    drop(watch);
+    let gone = lockkit_testkit::eventually(Duration::from_secs(30), || async {
+        bells().await == "0" && marks().await == "0"
+    })
+    .await;
     assert!(
-        none,
-        "the bell outlived its waiter: {} shown",
-        bells().await
+        gone,
+        "the bell outlived its watcher: {} bells, {} marks",
+        bells().await,
+        marks().await
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_bells_go_with_their_waiters() {
+    bells_go_with_their_waiters(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_bells_go_with_their_waiters_on_mysqls_path() {
+    bells_go_with_their_waiters(true).await;
 }
 
 /// `KILL` of the holder's connection frees the lock at once and fires the

@@ -49,7 +49,7 @@ use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
 use records::waiting_row_name;
-pub(crate) use records::{IdentityRecords, holder_row_name, permit_row_name};
+pub(crate) use records::{IdentityRecords, bell_mark_prefix, holder_row_name, permit_row_name};
 use rows::Rows;
 pub(crate) use statements::{Args, Ask, Grant, LeaseSql, LeaseStatements, Param};
 
@@ -118,10 +118,12 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
 
     /// Wakes the waiters of `name` after a statement freed it (a release, a
     /// reader group's last leave, a withdrawn waiting record), where the
-    /// statement itself does not (Postgres notifies in it). Nothing by
+    /// statement itself does not (Postgres notifies in it); `changed`: the
+    /// rows the statement changed (on MySQL/MariaDB a release's count tells
+    /// whether anyone sleeps on the name's release bell). Nothing by
     /// default.
-    fn released(&self, name: &str) {
-        let _ = name;
+    fn released(&self, name: &str, changed: u64) {
+        let _ = (name, changed);
     }
 
     /// Whether a waiting writer whose waiting record is fresh reads the row

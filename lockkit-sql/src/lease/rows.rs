@@ -80,6 +80,12 @@ impl<D: LeaseDialect> Rows<D> {
     /// mostly; a leave where the last reader deletes the row tries that
     /// first.)
     async fn changes(&self, what: &str, sqls: &[LeaseSql], args: Args<'_>) -> Result<bool> {
+        Ok(self.changed_rows(what, sqls, args).await? >= 1)
+    }
+
+    /// [`changes`](Self::changes), answering how many rows the statement
+    /// that changed any changed (0: none did).
+    async fn changed_rows(&self, what: &str, sqls: &[LeaseSql], args: Args<'_>) -> Result<u64> {
         let statements = self.dialect.statements();
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
@@ -87,11 +93,12 @@ impl<D: LeaseDialect> Rows<D> {
             .timed(async {
                 for sql in sqls {
                     let values = statements.values::<D>(sql, args);
-                    if D::Db::changed(&mut loan, (&sql.text, &values)).await? >= 1 {
-                        return Ok(true);
+                    let changed = D::Db::changed(&mut loan, (&sql.text, &values)).await?;
+                    if changed >= 1 {
+                        return Ok(changed);
                     }
                 }
-                Ok(false)
+                Ok(0)
             })
             .await;
         loan.finish(&self.settings, what, answer)
@@ -108,11 +115,11 @@ impl<D: LeaseDialect> Rows<D> {
         sqls: &[LeaseSql],
         args: Args<'_>,
     ) -> Result<bool> {
-        let freed = self.changes(what, sqls, args).await?;
-        if freed {
-            self.dialect.released(name);
+        let changed = self.changed_rows(what, sqls, args).await?;
+        if changed >= 1 {
+            self.dialect.released(name, changed);
         }
-        Ok(freed)
+        Ok(changed >= 1)
     }
 
     pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {

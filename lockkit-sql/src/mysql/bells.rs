@@ -1,18 +1,22 @@
 //! Release bells of `lease` mode on MySQL and MariaDB: a waiting client
 //! parks a connection of its own in a `SLEEP` that names the lock, and a
-//! release interrupts it with `KILL QUERY`.
+//! release that finds it interrupts it with `KILL QUERY`.
 //!
 //! Neither server notifies a client, but a session can end another's
 //! statement. While a client has waiters for a name, a connection of its
-//! own runs [`PERIOD`]-long sleeps, `SELECT SLEEP(1), 'lockkit bell <table>
-//! <hash of the name> <client>'`, one after another; the sleep shows in the
-//! server's process list with that text. After a statement that freed the
-//! name, the client that ran it looks in the process list for the name's
-//! bells of other clients and ends the sleep of the (at most [`RUNG`])
-//! longest sleepers, whose clients then try at once. Two statements per
-//! release, however many clients wait: one of them is woken, with one
-//! spare in case the first has just stopped waiting (its sleep runs out
-//! within [`PERIOD`]).
+//! own marks the name (a row `\x01bell:<hash>:<client>` in the lock table)
+//! and runs [`PERIOD`]-long sleeps, `SELECT SLEEP(1), 'lockkit bell <table>
+//! <hash> <client>'`, one after another, renewing the mark before each; the
+//! sleep shows in the server's process list with that text. A release
+//! deletes the name's marks in the same statement, and its changed-row
+//! count tells whether there were any. Only then does the client that
+//! released look in the process list for the name's bells of other clients
+//! and end the sleep of the (at most [`RUNG`]) longest sleepers, whose
+//! clients then try at once. So a release that nobody waits for costs what
+//! it did, and one that someone waits for costs two statements more (the
+//! look and a `KILL QUERY`), however many clients wait; the woken sleepers
+//! mark the name again. A second sleeper is woken in case the first has
+//! just stopped waiting (its sleep runs out within [`PERIOD`]).
 //!
 //! A user sees and ends its own sessions only: clients that log in as
 //! different users need the `PROCESS` and `CONNECTION ADMIN` (MariaDB:
@@ -26,13 +30,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection as _};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use crate::names::advisory_key;
+use super::statements::MySql;
+use crate::lease::bell_mark_prefix;
 use crate::settings::Settings;
+use crate::statement::trusted;
 
 /// How long one sleep of a bell lasts (s): how long a bell lingers after
 /// its client's last waiter of the name has left.
@@ -45,6 +51,9 @@ const RUNG: u32 = 2;
 /// names back off.
 const MAX_BELLS: usize = 16;
 
+/// How many connections a client's rings and checks use at most.
+const RINGERS: u32 = 2;
+
 /// `ER_QUERY_INTERRUPTED`: a sleep ended by `KILL QUERY`.
 const QUERY_INTERRUPTED: u16 = 1317;
 
@@ -55,7 +64,11 @@ pub(super) struct Bells {
 
 struct Shared {
     options: MySqlConnectOptions,
-    /// The client's pool, for the statements that ring and check a bell.
+    /// The lock table's statements (the marks').
+    sql: Arc<MySql>,
+    /// A pool of the bells' own (at most [`RINGERS`] connections), for the
+    /// statements that ring a bell and see one show: a release's ring never
+    /// waits for, nor takes, a connection of the lock's statements.
     pool: MySqlPool,
     settings: Settings,
     /// `lockkit bell <table> `.
@@ -87,17 +100,24 @@ impl fmt::Debug for Bells {
 impl Bells {
     /// The bells of lock table `table` (validated), for a client connecting
     /// with `options`; `mariadb` picks the process list's millisecond
-    /// column.
+    /// column. Connects nothing until a release rings or a waiter watches.
     pub(super) fn new(
         options: MySqlConnectOptions,
-        pool: MySqlPool,
+        sql: Arc<MySql>,
         settings: &Settings,
         table: &str,
         mariadb: bool,
     ) -> Self {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(RINGERS)
+            .min_connections(0)
+            .acquire_timeout(settings.connect_timeout)
+            .test_before_acquire(false)
+            .connect_lazy_with(options.clone());
         Bells {
             shared: Arc::new(Shared {
                 options,
+                sql,
                 pool,
                 settings: settings.clone(),
                 prefix: format!("lockkit bell {table} "),
@@ -111,16 +131,17 @@ impl Bells {
     }
 
     /// Wakes up to [`RUNG`] other clients sleeping on `name`'s bell, in the
-    /// background: the release that freed it has returned. Failures are only
-    /// traced; the waiters then find the release on their next try.
+    /// background: the release that freed it (and found marks) has
+    /// returned. Failures are only traced; the waiters then find the release
+    /// on their next try.
     pub(super) fn ring(&self, name: &str) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let shared = self.shared.clone();
-        let key = name_key(name);
+        let key = Key::of(name);
         runtime.spawn(async move {
-            let rung = shared.settings.timed(shared.ring(&key)).await;
+            let rung = shared.settings.timed(shared.ring(&key.hash)).await;
             match rung {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::debug!(%error, "could not ring a release bell"),
@@ -131,16 +152,16 @@ impl Bells {
 
     /// A watch on `name`, woken when a release rings its bell; inactive when
     /// the client watches [`MAX_BELLS`] names already, or its bell does not
-    /// show on the server within the command timeout.
+    /// show on the server within the connect and command timeouts.
     pub(super) async fn watch(&self, name: &str) -> ReleaseWatch {
-        let key = name_key(name);
+        let key = Key::of(name);
         let (watch, mut armed) = {
             let mut sleepers = self.shared.lock();
-            if !sleepers.contains_key(&key) && sleepers.len() >= MAX_BELLS {
+            if !sleepers.contains_key(&key.hash) && sleepers.len() >= MAX_BELLS {
                 return ReleaseWatch::none();
             }
-            let (watch, _) = self.shared.hub.watch(&key);
-            let sleeper = sleepers.entry(key.clone()).or_insert_with(|| {
+            let (watch, _) = self.shared.hub.watch(&key.hash);
+            let sleeper = sleepers.entry(key.hash.clone()).or_insert_with(|| {
                 let (tx, armed) = watch::channel(false);
                 let task = tokio::spawn(self.shared.clone().sleep(key.clone(), tx));
                 Sleeper {
@@ -150,8 +171,10 @@ impl Bells {
             });
             (watch, sleeper.armed.clone())
         };
+        // A new bell connects, marks and shows its sleep.
+        let settings = &self.shared.settings;
         let ready = tokio::time::timeout(
-            self.shared.settings.command_timeout,
+            settings.connect_timeout + settings.command_timeout,
             armed.wait_for(|on| *on),
         );
         match ready.await {
@@ -172,9 +195,23 @@ impl Drop for Bells {
     }
 }
 
-/// A name's hash in its bell.
-fn name_key(name: &str) -> String {
-    format!("{:016x}", advisory_key(name) as u64)
+/// A name as its bell knows it: the hash of its side rows (see
+/// `bell_mark_prefix`), and the start of its marks' row names.
+#[derive(Clone, Debug)]
+struct Key {
+    hash: String,
+    marks: String,
+}
+
+impl Key {
+    fn of(name: &str) -> Key {
+        let marks = bell_mark_prefix(name);
+        let hash = marks
+            .trim_start_matches("\u{1}bell:")
+            .trim_end_matches(':')
+            .to_owned();
+        Key { hash, marks }
+    }
 }
 
 /// `text` as a `LIKE` pattern that matches it literally.
@@ -246,17 +283,16 @@ impl Shared {
     /// long as anyone watches the name, and wakes the watchers when a sleep
     /// is ended early. `armed` turns `true` once its first sleep shows in
     /// the process list, where a release can find it.
-    async fn sleep(self: Arc<Self>, key: String, armed: watch::Sender<bool>) {
-        let bell = self.bell(&key);
+    async fn sleep(self: Arc<Self>, key: Key, armed: watch::Sender<bool>) {
         loop {
-            match self.sleep_on_one_connection(&key, &bell, &armed).await {
+            match self.sleep_on_one_connection(&key, &armed).await {
                 Ok(()) => return,
                 Err(error) => {
                     // A release may have been missed: everyone looks again.
                     tracing::debug!(%error, "a release bell's connection failed; reconnecting");
-                    self.hub.notify(&key);
+                    self.hub.notify(&key.hash);
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    if self.stop_if_idle(&key) {
+                    if self.stop_if_idle(&key.hash) {
                         return;
                     }
                 }
@@ -268,10 +304,11 @@ impl Shared {
     /// or the connection fails.
     async fn sleep_on_one_connection(
         &self,
-        key: &str,
-        bell: &str,
+        key: &Key,
         armed: &watch::Sender<bool>,
     ) -> Result<(), String> {
+        let bell = &self.bell(&key.hash);
+        let mark = format!("{}{}", key.marks, self.client);
         let connect = self
             .settings
             .connecting("open a release bell", self.options.connect());
@@ -286,6 +323,13 @@ impl Shared {
             .await
             .map_err(|e| e.to_string())?;
         loop {
+            let marked = sqlx::query(trusted(&self.sql.bell_mark))
+                .bind(mark.as_bytes())
+                .execute(&mut conn);
+            self.settings
+                .bounded("mark a release bell", marked)
+                .await
+                .map_err(|e| e.to_string())?;
             let slept = {
                 let sleeping = sqlx::raw_sql(AssertSqlSafe(bell.to_owned())).execute(&mut conn);
                 tokio::pin!(sleeping);
@@ -304,11 +348,19 @@ impl Shared {
             match slept {
                 Ok(_) => {}
                 Err(error) if interrupted(&error) => {
-                    self.hub.notify(key);
+                    self.hub.notify(&key.hash);
                 }
                 Err(error) => return Err(error.to_string()),
             }
-            if self.stop_if_idle(key) {
+            if self.stop_if_idle(&key.hash) {
+                // The mark goes with its sleeper (a crashed client's goes
+                // with the name's next release).
+                let unmark = sqlx::query(trusted(&self.sql.bell_unmark))
+                    .bind(mark.as_bytes())
+                    .execute(&mut conn);
+                if let Err(error) = self.settings.bounded("unmark a release bell", unmark).await {
+                    tracing::debug!(%error, "could not delete a release bell's mark");
+                }
                 if let Err(error) = conn.close().await {
                     tracing::trace!(%error, "closing a release bell's connection");
                 }
@@ -376,11 +428,11 @@ mod tests {
     }
 
     #[test]
-    fn a_name_key_is_fixed_width_hex() {
-        let key = name_key("jobs");
-        assert_eq!(key.len(), 16);
-        assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(key, name_key("jobs"));
-        assert_ne!(key, name_key("jobs2"));
+    fn a_key_is_the_hash_of_the_marks() {
+        let key = Key::of("jobs");
+        assert_eq!(key.hash.len(), 40);
+        assert!(key.hash.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(key.marks, format!("\u{1}bell:{}:", key.hash));
+        assert_ne!(key.hash, Key::of("jobs2").hash);
     }
 }

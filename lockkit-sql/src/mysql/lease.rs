@@ -122,8 +122,12 @@ impl LeaseDialect for MyLease {
         )
     }
 
-    fn released(&self, name: &str) {
-        self.bells.ring(name);
+    /// A release that also cleared bell marks (two rows or more changed)
+    /// rings the name's bell; nothing else does.
+    fn released(&self, name: &str, changed: u64) {
+        if changed >= 2 {
+            self.bells.ring(name);
+        }
     }
 
     fn watch<'a>(&'a self, _: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {

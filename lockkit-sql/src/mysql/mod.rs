@@ -65,7 +65,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     let mariadb = version.contains("MariaDB");
     let bells = Bells::new(
         options.clone(),
-        pool.clone(),
+        sql.clone(),
         settings,
         &config.table,
         mariadb,

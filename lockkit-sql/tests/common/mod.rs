@@ -53,7 +53,7 @@ const SQL_DRIVER: Driver = Driver::new(
 );
 
 /// The URL of a test client in `mode`: short timeouts and liveness period.
-fn url<S: SqlServer>(server: &S, mode: Mode) -> String {
+pub(crate) fn url<S: SqlServer>(server: &S, mode: Mode) -> String {
     format!(
         "{}?mode={mode}&connect_timeout=1s&command_timeout=2s&liveness=200ms",
         server.url()
