@@ -206,7 +206,18 @@ async fn bells_go_with_their_waiters(counter: bool) {
     tokio::time::timeout(Duration::from_secs(20), watch.changed())
         .await
         .expect("the release rang the watcher's bell");
-    drop(watch);
+    // The watcher's own release deletes its mark while its bell still
+    // sleeps; a new watch of the running bell marks the name again.
+    let own = watcher.acquire("job", &opts()).await.unwrap();
+    own.release().await.unwrap();
+    let guard = holder.acquire("job", &opts()).await.unwrap();
+    let mut again = watcher.watch_releases("job").await.unwrap();
+    assert_eq!(marks().await, "1", "the running bell marks the name again");
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), again.changed())
+        .await
+        .expect("the release rang the running bell");
+    drop((watch, again));
     let gone = lockkit_testkit::eventually(Duration::from_secs(30), || async {
         bells().await == "0" && marks().await == "0"
     })

@@ -155,9 +155,10 @@ impl Bells {
     /// show on the server within the connect and command timeouts.
     pub(super) async fn watch(&self, name: &str) -> ReleaseWatch {
         let key = Key::of(name);
-        let (watch, mut armed) = {
+        let (watch, mut armed, running) = {
             let mut sleepers = self.shared.lock();
-            if !sleepers.contains_key(&key.hash) && sleepers.len() >= MAX_BELLS {
+            let running = sleepers.contains_key(&key.hash);
+            if !running && sleepers.len() >= MAX_BELLS {
                 return ReleaseWatch::none();
             }
             let (watch, _) = self.shared.hub.watch(&key.hash);
@@ -169,8 +170,26 @@ impl Bells {
                     task: task.abort_handle(),
                 }
             });
-            (watch, sleeper.armed.clone())
+            (watch, sleeper.armed.clone(), running)
         };
+        if running && *armed.borrow() {
+            // A release since its last sleep began may have deleted the
+            // mark of a sleeper that is still running (this client's own
+            // release, or another's that woke other sleepers).
+            let mark = self.shared.sql.bell_mark.clone();
+            let marked = sqlx::query(trusted(&mark))
+                .bind(format!("{}{}", key.marks, self.shared.client).into_bytes())
+                .execute(&self.shared.pool);
+            if let Err(error) = self
+                .shared
+                .settings
+                .bounded("mark a release bell", marked)
+                .await
+            {
+                tracing::debug!(%error, "could not mark a release bell");
+            }
+            return watch;
+        }
         // A new bell connects, marks and shows its sleep.
         let settings = &self.shared.settings;
         let ready = tokio::time::timeout(
