@@ -651,7 +651,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
         ),
         ("mariadb: SELECT 1", MySelect, MySelect, None),
         (
-            "mariadb lease (a) raw floor: gated upsert with NEXTVAL + delete with the name's bell marks; ratio to SELECT 1",
+            "mariadb lease (a) raw floor: gated upsert with NEXTVAL + delete with the name's bell mark; ratio to SELECT 1",
             MyRawLease,
             MySelect,
             None,

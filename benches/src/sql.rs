@@ -247,11 +247,9 @@ impl RawMy {
             fence > 0 && fence < 1 << 62,
             "raw lease: {name:?} was not free"
         );
-        // The release that also clears the name's release bell marks (it
-        // binds the name three times): the wake-up's whole cost when nobody
-        // waits.
+        // The release that also clears the name's release bell mark (it
+        // binds the name twice): the wake-up's whole cost when nobody waits.
         let released = sqlx::query(AssertSqlSafe(self.lease.release.as_str()))
-            .bind(name.as_bytes())
             .bind(name.as_bytes())
             .bind(name.as_bytes())
             .bind(&owner)

@@ -48,8 +48,10 @@ use crate::pool::{KeptPool, SessionId};
 use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
+#[cfg(feature = "mysql")]
+pub(crate) use records::bell_mark_row;
 use records::waiting_row_name;
-pub(crate) use records::{IdentityRecords, bell_mark_prefix, holder_row_name, permit_row_name};
+pub(crate) use records::{IdentityRecords, holder_row_name, permit_row_name};
 use rows::Rows;
 pub(crate) use statements::{Args, Ask, Grant, LeaseSql, LeaseStatements, Param};
 

@@ -64,11 +64,11 @@ pub(crate) fn permit_row_name(name: &str, slot: u32) -> String {
     format!("{}:{slot}", side_row_name("permit", name))
 }
 
-/// The start of the names of the release bell marks of `name` (MySQL and
-/// MariaDB, see `mysql::bells`): `\x01bell:<hash>:`, then the client's id.
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-pub(crate) fn bell_mark_prefix(name: &str) -> String {
-    format!("{}:", side_row_name("bell", name))
+/// The row that marks `name` as waited for on a release bell (MySQL and
+/// MariaDB, see `mysql::bells`): `\x01bell:<hash>`.
+#[cfg(feature = "mysql")]
+pub(crate) fn bell_mark_row(name: &str) -> String {
+    side_row_name("bell", name)
 }
 
 /// The row where a writer waiting for `name` records itself:

@@ -4,19 +4,22 @@
 //!
 //! Neither server notifies a client, but a session can end another's
 //! statement. While a client has waiters for a name, a connection of its
-//! own marks the name (a row `\x01bell:<hash>:<client>` in the lock table)
-//! and runs [`PERIOD`]-long sleeps, `SELECT SLEEP(1), 'lockkit bell <table>
-//! <hash> <client>'`, one after another, renewing the mark before each; the
-//! sleep shows in the server's process list with that text. A release
-//! deletes the name's marks in the same statement, and its changed-row
-//! count tells whether there were any. Only then does the client that
-//! released look in the process list for the name's bells of other clients
-//! and end the sleep of the (at most [`RUNG`]) longest sleepers, whose
-//! clients then try at once. So a release that nobody waits for costs what
-//! it did, and one that someone waits for costs two statements more (the
-//! look and a `KILL QUERY`), however many clients wait; the woken sleepers
-//! mark the name again. A second sleeper is woken in case the first has
-//! just stopped waiting (its sleep runs out within [`PERIOD`]).
+//! own marks the name (a row `\x01bell:<hash>` in the lock table, shared by
+//! every client that waits) and runs [`PERIOD`]-long sleeps, `SELECT
+//! SLEEP(1), 'lockkit bell <table> <hash> <client>'`, one after another,
+//! renewing the mark before each; the sleep shows in the server's process
+//! list with that text. A release deletes the name's mark in the same
+//! statement (ends it, on MySQL's path, where lease rows stay), and its
+//! changed-row count tells whether there was one. Only then does the client
+//! that released look in the process list for the name's bells of other
+//! clients and end the sleep of the (at most [`RUNG`]) longest sleepers,
+//! whose clients then try at once and mark the name again. So a release
+//! that nobody waits for costs what it did, and one that someone waits for
+//! costs two statements more (the look and a `KILL QUERY`), however many
+//! clients wait. A second sleeper is woken in case the first has just
+//! stopped waiting (its sleep runs out within [`PERIOD`]); a sleeper not
+//! woken marks the name again at its next sleep. A mark left by the last
+//! waiter goes with the name's next release.
 //!
 //! A user sees and ends its own sessions only: clients that log in as
 //! different users need the `PROCESS` and `CONNECTION ADMIN` (MariaDB:
@@ -36,7 +39,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::statements::MySql;
-use crate::lease::bell_mark_prefix;
+use crate::lease::bell_mark_row;
 use crate::settings::Settings;
 use crate::statement::trusted;
 
@@ -131,7 +134,7 @@ impl Bells {
     }
 
     /// Wakes up to [`RUNG`] other clients sleeping on `name`'s bell, in the
-    /// background: the release that freed it (and found marks) has
+    /// background: the release that freed it (and found its mark) has
     /// returned. Failures are only traced; the waiters then find the release
     /// on their next try.
     pub(super) fn ring(&self, name: &str) {
@@ -178,7 +181,7 @@ impl Bells {
             // release, or another's that woke other sleepers).
             let mark = self.shared.sql.bell_mark.clone();
             let marked = sqlx::query(trusted(&mark))
-                .bind(format!("{}{}", key.marks, self.shared.client).into_bytes())
+                .bind(key.mark.as_bytes())
                 .execute(&self.shared.pool);
             if let Err(error) = self
                 .shared
@@ -215,21 +218,18 @@ impl Drop for Bells {
 }
 
 /// A name as its bell knows it: the hash of its side rows (see
-/// `bell_mark_prefix`), and the start of its marks' row names.
+/// `bell_mark_row`), and the row that marks it.
 #[derive(Clone, Debug)]
 struct Key {
     hash: String,
-    marks: String,
+    mark: String,
 }
 
 impl Key {
     fn of(name: &str) -> Key {
-        let marks = bell_mark_prefix(name);
-        let hash = marks
-            .trim_start_matches("\u{1}bell:")
-            .trim_end_matches(':')
-            .to_owned();
-        Key { hash, marks }
+        let mark = bell_mark_row(name);
+        let hash = mark.trim_start_matches("\u{1}bell:").to_owned();
+        Key { hash, mark }
     }
 }
 
@@ -327,7 +327,6 @@ impl Shared {
         armed: &watch::Sender<bool>,
     ) -> Result<(), String> {
         let bell = &self.bell(&key.hash);
-        let mark = format!("{}{}", key.marks, self.client);
         let connect = self
             .settings
             .connecting("open a release bell", self.options.connect());
@@ -343,7 +342,7 @@ impl Shared {
             .map_err(|e| e.to_string())?;
         loop {
             let marked = sqlx::query(trusted(&self.sql.bell_mark))
-                .bind(mark.as_bytes())
+                .bind(key.mark.as_bytes())
                 .execute(&mut conn);
             self.settings
                 .bounded("mark a release bell", marked)
@@ -372,14 +371,6 @@ impl Shared {
                 Err(error) => return Err(error.to_string()),
             }
             if self.stop_if_idle(&key.hash) {
-                // The mark goes with its sleeper (a crashed client's goes
-                // with the name's next release).
-                let unmark = sqlx::query(trusted(&self.sql.bell_unmark))
-                    .bind(mark.as_bytes())
-                    .execute(&mut conn);
-                if let Err(error) = self.settings.bounded("unmark a release bell", unmark).await {
-                    tracing::debug!(%error, "could not delete a release bell's mark");
-                }
                 if let Err(error) = conn.close().await {
                     tracing::trace!(%error, "closing a release bell's connection");
                 }
@@ -447,11 +438,11 @@ mod tests {
     }
 
     #[test]
-    fn a_key_is_the_hash_of_the_marks() {
+    fn a_key_is_the_hash_of_the_mark() {
         let key = Key::of("jobs");
         assert_eq!(key.hash.len(), 40);
         assert!(key.hash.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(key.marks, format!("\u{1}bell:{}:", key.hash));
+        assert_eq!(key.mark, format!("\u{1}bell:{}", key.hash));
         assert_ne!(key.hash, Key::of("jobs2").hash);
     }
 }

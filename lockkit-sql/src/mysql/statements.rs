@@ -20,11 +20,12 @@ const COUNT: &str = "CAST(SUBSTRING_INDEX(owner, ':', -1) AS UNSIGNED)";
 const IN_GROUP: &str = "LEFT(owner, 2) = CONCAT(CHAR(1), 'r') \
     AND CAST(SUBSTRING(SUBSTRING_INDEX(owner, ':', 1), 3) AS UNSIGNED) <= ?";
 
-/// The release bell marks of the bound name (see `bells`): the rows
-/// `\x01bell:<hash>:<client>`, where `<hash>` is the name's side-row hash
-/// (`lease::bell_mark_prefix`), as a key range the index answers.
-const BELL_MARKS: &str = "b.name > CONCAT(CHAR(1), 'bell:', LEFT(SHA2(?, 256), 40), ':') \
-    AND b.name < CONCAT(CHAR(1), 'bell:', LEFT(SHA2(?, 256), 40), ';')";
+/// The release bell mark of the bound name (see `bells`): the row
+/// `\x01bell:<hash>`, `<hash>` being the name's side-row hash
+/// (`lease::bell_mark_row`), found by its key alone (a range would lock
+/// the row after it, which may be another name's, and deadlock concurrent
+/// releases).
+const BELL_MARK: &str = "b.name = CONCAT(CHAR(1), 'bell:', LEFT(SHA2(?, 256), 40))";
 
 /// How long a release bell mark lasts without being renewed (s): well
 /// beyond one sleep of the bell, which renews it.
@@ -81,11 +82,9 @@ pub(super) struct MySql {
     /// With `{rows}` to replace by one `VALUES` row per name.
     pub(super) ensure_rows: String,
     pub(super) named_lock: Arc<str>,
-    /// A client's release bell mark of a name (see `bells`), made or
-    /// renewed for [`BELL_MARK_SECS`]; binds the mark's row name.
+    /// The release bell mark of a name (see `bells`), made or renewed for
+    /// [`BELL_MARK_SECS`]; binds the mark's row name.
     pub(super) bell_mark: Arc<str>,
-    /// The deletion of a client's bell mark; binds the mark's row name.
-    pub(super) bell_unmark: Arc<str>,
     /// `Counter` only: the `UPDATE` that draws a token.
     pub(super) next_fence: Arc<str>,
     pub(super) fence_source: FenceSource,
@@ -242,7 +241,7 @@ impl MySql {
                 "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ), &[Ttl, Name, Owner]),
-                release: LeaseSql::new(release_marked.clone(), &[Name, Name, Name, Owner]),
+                release: LeaseSql::new(release_marked.clone(), &[Name, Name, Owner]),
                 purge: LeaseSql::new(format!("{release} WHERE name = ? AND owner = ? AND expires_at <= UTC_TIMESTAMP(6)"), &[Name, Owner]),
                 status: LeaseSql::new(format!(
                 "SELECT CAST(fence AS SIGNED), \
@@ -313,7 +312,6 @@ impl MySql {
                  ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
             )
             .into(),
-            bell_unmark: format!("DELETE FROM {table} WHERE name = ?").into(),
             // The classic sequence of MySQL's manual; committed at once, so
             // no rollback can undo it.
             next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
@@ -353,9 +351,9 @@ struct LeaseTokens {
     hand_over: String,
     /// A release's statement up to its `WHERE`.
     release: String,
-    /// The owner's release, which also clears the name's release bell marks
-    /// (see [`BELL_MARKS`]): a changed-row count above 1 tells that a client
-    /// sleeps on the name's bell. Binds the name three times, then the owner.
+    /// The owner's release, which also clears the name's release bell mark
+    /// (see [`BELL_MARK`]): a changed-row count above 1 tells that a client
+    /// sleeps on the name's bell. Binds the name twice, then the owner.
     release_marked: String,
     /// Where rows are deleted: the last reader's leave (binds as `leave`),
     /// tried first; `leave` then counts a group down.
@@ -374,7 +372,7 @@ impl LeaseTokens {
                 hand_over: format!("LAST_INSERT_ID(NEXTVAL({seq}))"),
                 release: format!("DELETE FROM {table}"),
                 release_marked: format!(
-                    "DELETE t, b FROM {table} AS t LEFT JOIN {table} AS b ON {BELL_MARKS} \
+                    "DELETE t, b FROM {table} AS t LEFT JOIN {table} AS b ON {BELL_MARK} \
                      WHERE t.name = ? AND t.owner = ? AND t.expires_at > UTC_TIMESTAMP(6)"
                 ),
                 leave_last: Some(format!(
@@ -387,9 +385,9 @@ impl LeaseTokens {
                 next: "LAST_INSERT_ID(fence + 1)".to_owned(),
                 hand_over: "LAST_INSERT_ID(fence + 1)".to_owned(),
                 release: format!("UPDATE {table} SET owner = NULL, expires_at = UTC_TIMESTAMP(6)"),
-                // A mark counts as changed only if it had not run out.
+                // The mark counts as changed only if it had not run out.
                 release_marked: format!(
-                    "UPDATE {table} AS t LEFT JOIN {table} AS b ON {BELL_MARKS} \
+                    "UPDATE {table} AS t LEFT JOIN {table} AS b ON {BELL_MARK} \
                      SET t.owner = NULL, t.expires_at = UTC_TIMESTAMP(6), \
                          b.expires_at = LEAST(b.expires_at, UTC_TIMESTAMP(6)) \
                      WHERE t.name = ? AND t.owner = ? AND t.expires_at > UTC_TIMESTAMP(6)"
