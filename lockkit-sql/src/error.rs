@@ -30,6 +30,15 @@ pub(crate) fn is_deadlock(error: &sqlx::Error) -> bool {
     db.code().as_deref() == Some("40P01") || mysql_code(db) == Some(1213)
 }
 
+/// Whether the statement was ended by another session's `KILL QUERY`
+/// (MySQL/MariaDB `ER_QUERY_INTERRUPTED`, 1317).
+#[cfg(feature = "mysql")]
+pub(crate) fn is_interrupted(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| mysql_code(db) == Some(1317))
+}
+
 // SQLite's primary result codes (the low byte of an extended code).
 const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;

@@ -33,12 +33,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection as _};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use super::statements::MySql;
+use super::statements::{CONNECTION_ID, MySql};
+use crate::error::is_interrupted;
 use crate::lease::bell_mark_row;
 use crate::settings::Settings;
 use crate::statement::trusted;
@@ -56,9 +58,6 @@ const MAX_BELLS: usize = 16;
 
 /// How many connections a client's rings and checks use at most.
 const RINGERS: u32 = 2;
-
-/// `ER_QUERY_INTERRUPTED`: a sleep ended by `KILL QUERY`.
-const QUERY_INTERRUPTED: u16 = 1317;
 
 /// A client's bells: the sleepers it runs, by name hash.
 pub(super) struct Bells {
@@ -78,8 +77,10 @@ struct Shared {
     prefix: String,
     /// This client, in its bells' text.
     client: String,
-    /// The process list's column of how long a statement has run.
-    order: &'static str,
+    /// The look for up to [`RUNG`] sleepers of a name in the process list,
+    /// the longest first; binds the bells' `LIKE` pattern and this client's
+    /// own bell.
+    find: String,
     hub: NotifyHub,
     sleepers: Mutex<HashMap<String, Sleeper>>,
 }
@@ -125,7 +126,12 @@ impl Bells {
                 settings: settings.clone(),
                 prefix: format!("lockkit bell {table} "),
                 client: format!("{:016x}", fastrand::u64(..)),
-                order: if mariadb { "TIME_MS" } else { "TIME" },
+                // How long a statement has run: in ms on MariaDB, in s on MySQL.
+                find: format!(
+                    "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
+                     WHERE INFO LIKE ? AND INFO <> ? ORDER BY {} DESC LIMIT {RUNG}",
+                    if mariadb { "TIME_MS" } else { "TIME" }
+                ),
                 // Topics stay until their sleeper stops (`stop_if_idle`).
                 hub: NotifyHub::with_idle_hook(|_| {}),
                 sleepers: Mutex::new(HashMap::new()),
@@ -179,10 +185,7 @@ impl Bells {
             // A release since its last sleep began may have deleted the
             // mark of a sleeper that is still running (this client's own
             // release, or another's that woke other sleepers).
-            let mark = self.shared.sql.bell_mark.clone();
-            let marked = sqlx::query(trusted(&mark))
-                .bind(key.mark.as_bytes())
-                .execute(&self.shared.pool);
+            let marked = self.shared.mark(&key).execute(&self.shared.pool);
             if let Err(error) = self
                 .shared
                 .settings
@@ -250,6 +253,11 @@ impl Shared {
         self.sleepers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The statement that marks (or marks again) the name of `key`.
+    fn mark<'q>(&'q self, key: &'q Key) -> Query<'q, sqlx::MySql, MySqlArguments> {
+        sqlx::query(trusted(&self.sql.bell_mark)).bind(key.mark.as_bytes())
+    }
+
     /// The statement a sleeper of this client runs for the name `key`.
     fn bell(&self, key: &str) -> String {
         format!(
@@ -261,17 +269,12 @@ impl Shared {
     /// Ends the sleep of up to [`RUNG`] other clients' sleepers of `key`,
     /// the longest first.
     async fn ring(&self, key: &str) -> sqlx::Result<()> {
-        let find = format!(
-            "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-             WHERE INFO LIKE ? AND INFO <> ? ORDER BY {} DESC LIMIT {RUNG}",
-            self.order
-        );
         let pattern = format!(
             "{}%",
             like_literal(&format!("SELECT SLEEP({PERIOD}), '{}{key} ", self.prefix))
         );
         let mut conn = self.pool.acquire().await?;
-        let sleepers: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(find))
+        let sleepers: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.find.as_str()))
             .bind(pattern)
             .bind(self.bell(key))
             .fetch_all(&mut *conn)
@@ -335,15 +338,12 @@ impl Shared {
             .settings
             .bounded(
                 "read a release bell's connection id",
-                sqlx::query_scalar::<_, i64>("SELECT CAST(CONNECTION_ID() AS SIGNED)")
-                    .fetch_one(&mut conn),
+                sqlx::query_scalar::<_, i64>(CONNECTION_ID).fetch_one(&mut conn),
             )
             .await
             .map_err(|e| e.to_string())?;
         loop {
-            let marked = sqlx::query(trusted(&self.sql.bell_mark))
-                .bind(key.mark.as_bytes())
-                .execute(&mut conn);
+            let marked = self.mark(key).execute(&mut conn);
             self.settings
                 .bounded("mark a release bell", marked)
                 .await
@@ -365,7 +365,7 @@ impl Shared {
             };
             match slept {
                 Ok(_) => {}
-                Err(error) if interrupted(&error) => {
+                Err(error) if is_interrupted(&error) => {
                     self.hub.notify(&key.hash);
                 }
                 Err(error) => return Err(error.to_string()),
@@ -414,14 +414,6 @@ impl Shared {
             std::future::pending::<()>().await;
         }
     }
-}
-
-/// Whether a sleep was ended by `KILL QUERY`.
-fn interrupted(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|db| db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|e| e.number() == QUERY_INTERRUPTED)
 }
 
 #[cfg(test)]

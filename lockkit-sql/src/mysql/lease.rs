@@ -12,7 +12,7 @@ use lockkit_core::{Capabilities, FencingToken};
 use sqlx::AssertSqlSafe;
 
 use super::bells::Bells;
-use super::statements::{BUSY_FLAG, MySql};
+use super::statements::{BUSY_FLAG, CONNECTION_ID, MySql};
 use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::pool::SessionId;
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
@@ -62,7 +62,7 @@ impl LeaseDialect for MyLease {
     /// The connection id (MariaDB and MySQL never reuse one while the
     /// server runs).
     fn session_id(conn: &mut Conn<Self>) -> Answer<'_, Option<SessionId>> {
-        let query = sqlx::query_scalar::<_, i64>("SELECT CAST(CONNECTION_ID() AS SIGNED)");
+        let query = sqlx::query_scalar::<_, i64>(CONNECTION_ID);
         Box::pin(query.fetch_one(conn).map_ok(|id| Some(SessionId(id))))
     }
 

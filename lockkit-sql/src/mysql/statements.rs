@@ -55,12 +55,20 @@ impl FenceSource {
     pub(super) fn for_version(version: &str) -> FenceSource {
         let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
         let (major, minor) = (numbers.next().flatten(), numbers.next().flatten());
-        match (version.contains("MariaDB"), major, minor) {
+        match (is_mariadb(version), major, minor) {
             (true, Some(major), Some(minor)) if (major, minor) >= (10, 3) => FenceSource::Sequence,
             _ => FenceSource::Counter,
         }
     }
 }
+
+/// Whether `SELECT VERSION()`'s answer is a MariaDB server's.
+pub(super) fn is_mariadb(version: &str) -> bool {
+    version.contains("MariaDB")
+}
+
+/// This session's connection id, as a signed integer.
+pub(super) const CONNECTION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
 
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
