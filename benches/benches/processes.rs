@@ -25,7 +25,9 @@
 //!   number of sections; none for SQLite, which has no server.
 //!
 //! lockkit runs once more with 4 processes, to show whether the work per
-//! handoff grows with the number of waiters. On Redis and Redlock `rslock` 0.10 runs the same work in as many
+//! handoff grows with the number of waiters, and on Redlock with three
+//! instances lockkit and rslock run once more with one instance held by a
+//! client that died. On Redis and Redlock `rslock` 0.10 runs the same work in as many
 //! processes, and `distributed-lock` 0.2 on PostgreSQL (advisory) and
 //! MariaDB (`GET_LOCK`), one after the other on the same servers.
 //!
@@ -54,6 +56,8 @@ const WORKER: &str = "LOCKKIT_PROCESSES_WORKER";
 /// The counter the critical sections count on (on the section server).
 const COUNTER: &str = "bench-processes-counter";
 const TTL: Duration = Duration::from_secs(30);
+/// How long a worker stays after its last release before it exits.
+const LINGER: Duration = Duration::from_millis(500);
 
 fn main() {
     if let Ok(spec) = std::env::var(WORKER) {
@@ -79,18 +83,19 @@ fn main() {
         let section = RedisServer::start().await;
         let mut rows = Vec::new();
         for &backend in &backends {
-            for (client, params) in libraries(backend) {
+            for (client, params, start) in libraries(backend) {
                 // lockkit also with a quarter of the processes: whether the
                 // server's work per handoff grows with the waiters.
                 // (A test-mode run: lockkit alone, once per backend.)
-                let counts = match (client, mode) {
-                    (Client::Lockkit, RunMode::Test) => vec![processes],
-                    (_, RunMode::Test) => continue,
-                    (Client::Lockkit, _) => vec![processes / 4, processes],
+                let counts = match (client, start, mode) {
+                    (Client::Lockkit, Start::Clean, RunMode::Test) => vec![processes],
+                    (_, _, RunMode::Test) => continue,
+                    (Client::Lockkit, Start::Clean, _) => vec![processes / 4, processes],
                     _ => vec![processes],
                 };
                 for n in counts {
-                    let row = contend(&servers, backend, client, params, &section, n, run).await;
+                    let library = (client, params, start);
+                    let row = contend(&servers, backend, library, &section, n, run).await;
                     println!("{}", row.line());
                     rows.push(row);
                 }
@@ -106,20 +111,49 @@ type Params = &'static [(&'static str, &'static str)];
 const NONE: Params = &[];
 const FAIR: Params = &[("fair", "true")];
 
-/// Which libraries run on `backend`, with the URL parameters of lockkit's
-/// runs: lockkit everywhere (on Redis also as a fair lock), the peers where
-/// they have a lock of that kind.
-fn libraries(backend: Deployment) -> Vec<(Client, Params)> {
+/// What the lock servers hold of the run's lock when a run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// Nothing.
+    Clean,
+    /// On one instance of a Redlock deployment, a lease of a client that
+    /// died, which outlives the run: every grant needs all the other
+    /// instances.
+    DeadInstance,
+}
+
+/// A run's library, lockkit's URL parameters, and how the run starts.
+type Library = (Client, Params, Start);
+
+/// Which libraries run on `backend`: lockkit everywhere (on Redis also as a
+/// fair lock), the peers where they have a lock of that kind; on Redlock
+/// with three instances, both once more with one instance held by a dead
+/// client.
+fn libraries(backend: Deployment) -> Vec<Library> {
     use Deployment::*;
-    let mut libraries = vec![(Client::Lockkit, NONE)];
+    let mut libraries = vec![(Client::Lockkit, NONE, Start::Clean)];
     match backend {
-        Redis => libraries.extend([(Client::Lockkit, FAIR), (Client::Rslock, NONE)]),
-        Redlock3 | Redlock5 => libraries.push((Client::Rslock, NONE)),
-        PgAdvisory | MariaDbNamed => libraries.push((Client::DistributedLock, NONE)),
+        Redis => libraries.extend([
+            (Client::Lockkit, FAIR, Start::Clean),
+            (Client::Rslock, NONE, Start::Clean),
+        ]),
+        Redlock3 => libraries.extend([
+            (Client::Rslock, NONE, Start::Clean),
+            (Client::Lockkit, NONE, Start::DeadInstance),
+            (Client::Rslock, NONE, Start::DeadInstance),
+        ]),
+        Redlock5 => libraries.push((Client::Rslock, NONE, Start::Clean)),
+        PgAdvisory | MariaDbNamed => {
+            libraries.push((Client::DistributedLock, NONE, Start::Clean));
+        }
         _ => {}
     }
     libraries
 }
+
+/// The keys of the run's lock (the load generator's key 0) that a dead
+/// client's lease holds, for lockkit and for rslock.
+const DEAD_KEYS: [&str; 2] = ["lockkit:lockkit-load/0", "lockkit-load-rslock:0"];
 
 /// One worker's critical sections: (place in the order of grants, the
 /// wall-clock ns at which its acquire returned, at which its release was
@@ -130,16 +164,25 @@ type Section = (u64, u64, u64);
 async fn contend(
     servers: &Servers,
     backend: Deployment,
-    client: Client,
-    params: Params,
+    library: Library,
     section: &RedisServer,
     processes: usize,
     run: Duration,
 ) -> Row {
+    let (client, params, start) = library;
     section
         .command(&["SET", COUNTER, "0"])
         .await
         .expect("reset the counter");
+    let dead =
+        (start == Start::DeadInstance).then(|| &servers.redis()[backend.redis_masters() - 1]);
+    for key in dead.map_or(&[][..], |_| &DEAD_KEYS[..]) {
+        let set = dead
+            .expect("a dead client's instance")
+            .command(&["SET", key, "a-client-that-died", "PX", "600000"])
+            .await;
+        assert_eq!(set.as_deref().ok(), Some("OK"), "hold {key}: {set:?}");
+    }
     let hosts: Vec<String> = servers
         .addrs(backend)
         .iter()
@@ -206,6 +249,14 @@ async fn contend(
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     let after = commands(servers, backend).await;
+    if let Some(instance) = dead {
+        let mut del = vec!["DEL"];
+        del.extend(DEAD_KEYS);
+        instance
+            .command(&del)
+            .await
+            .expect("end the dead client's leases");
+    }
     let counted: u64 = section
         .command(&["GET", COUNTER])
         .await
@@ -215,7 +266,7 @@ async fn contend(
         .unwrap_or(0);
     Row::of(
         backend,
-        (client, params),
+        library,
         processes,
         run,
         sections,
@@ -279,6 +330,10 @@ fn worker(spec: &str) {
             }
             sections.push(json!([place, acquired, released]));
         }
+        // Redlock finishes a slow instance's part of the last release in
+        // the background: exiting at once would leave that instance's grant
+        // to expire into the next run.
+        tokio::time::sleep(LINGER).await;
         json!({"sections": sections, "error": error})
     });
     println!("{out}");
@@ -360,8 +415,8 @@ async fn etcd_requests(endpoint: &str) -> Option<u64> {
 /// One run's figures.
 struct Row {
     backend: Deployment,
-    /// The library, and lockkit's URL parameters.
-    client: (Client, Params),
+    /// The library, lockkit's URL parameters, how the run started.
+    client: Library,
     processes: usize,
     sections: usize,
     per_second: f64,
@@ -378,7 +433,7 @@ impl Row {
     #[allow(clippy::too_many_arguments)]
     fn of(
         backend: Deployment,
-        client: (Client, Params),
+        client: Library,
         processes: usize,
         run: Duration,
         mut sections: Vec<(usize, Section)>,
@@ -419,11 +474,15 @@ impl Row {
     fn line(&self) -> String {
         let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
         format!(
-            "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
             self.backend.label(),
+            match self.client.2 {
+                Start::Clean => "",
+                Start::DeadInstance => ", one instance held by a dead client",
+            },
             match self.client {
-                (client, []) => client.library().to_owned(),
-                (client, params) => {
+                (client, [], _) => client.library().to_owned(),
+                (client, params, _) => {
                     let params: Vec<String> =
                         params.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     format!("{} (`{}`)", client.library(), params.join("&"))
@@ -454,6 +513,7 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rows: &[Row]) -> Stri
          Straight back: of consecutive grants, the share that went to the process that had just released. \
          Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
+         One instance held by a dead client: a lease on the lock's key on one of the three instances outlives the run, so every grant needs both others. \
          Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
          | backend | library | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | books |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",

@@ -584,6 +584,9 @@ impl RedisInstance {
                     .arg(&*self.inner.waiter)
                     .arg(ttl_millis(self.inner.turn))
                     .arg(flag(fencing));
+                if let Release::Back(place) = release {
+                    call.arg(place).arg(ttl_millis(QUEUE_PLACE));
+                }
                 call
             }
         };

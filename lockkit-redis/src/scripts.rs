@@ -635,7 +635,10 @@ return 0
 /// that releases and asks again at once queues behind them.
 ///
 /// A rollback (ARGV[3] "0": Redlock undoing a grant that won no quorum)
-/// deletes the key and wakes nobody.
+/// deletes the key and wakes nobody; with ARGV[7], a waiting caller's
+/// place (µs, see [`Release::Back`]), and ARGV[8], how long a place lasts
+/// without being asked for again (ms), it puts the caller back in the line
+/// at that place.
 ///
 /// If the key is reserved for the caller (an acquire that gave up after
 /// its turn came), the turn passes to the next waiter the same way; a
@@ -695,6 +698,9 @@ else
 end
 if ARGV[3] == '1' then
   redis.call('PUBLISH', ARGV[2], '')
+elseif ARGV[7] then
+  redis.call('ZADD', KEYS[4], 'NX', ARGV[7], ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[8])
 end
 return released
 "
@@ -790,6 +796,13 @@ pub enum Release {
     /// turn reserved for it as they are: the rollback of a grant that won
     /// no quorum (Redlock), whose client still waits.
     Quiet,
+    /// As `Quiet`, and puts this client back in the line at this place
+    /// (microseconds since the Unix epoch, as [`Waiting::Since`]): the
+    /// rollback of a waiting attempt's grant. The grant took the client
+    /// out of this instance's line; back in at the place the other
+    /// instances have it, the lines stay alike, and the instances go on
+    /// reserving the lock for the same waiter.
+    Back(u64),
 }
 
 impl Release {
@@ -797,7 +810,7 @@ impl Release {
     pub(crate) fn arg(self) -> &'static str {
         match self {
             Release::Wake => "1",
-            Release::Quiet => "0",
+            Release::Quiet | Release::Back(_) => "0",
         }
     }
 }

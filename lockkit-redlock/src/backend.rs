@@ -401,7 +401,9 @@ impl LeaseBackend for RedlockBackend {
     /// when enough instances answered or refused, `Unavailable` when not.
     /// A waiting attempt that is refused keeps (or takes) its place in
     /// every instance's waiting line, at the time its `acquire` began (see
-    /// `Placed`).
+    /// `Placed`), also where its grant was rolled back
+    /// ([`Release::Back`]); after such a split vote it asks again on the
+    /// backoff.
     async fn try_lock(
         &self,
         placed: &Placed,
@@ -459,7 +461,10 @@ impl LeaseBackend for RedlockBackend {
             owner,
             granted_by.iter().copied().chain(silent),
             &late,
-            Release::Quiet,
+            match waiting {
+                Waiting::Since(place) => Release::Back(place),
+                _ => Release::Quiet,
+            },
             Until {
                 decided: |votes: &Votes<bool>| {
                     granted_by
@@ -477,14 +482,23 @@ impl LeaseBackend for RedlockBackend {
         if answered < quorum && answered - yes <= total - quorum {
             return Err(no_quorum(answered, yes, total, quorum, &votes.failures));
         }
-        let retry_after = votes
-            .answers
-            .iter()
-            .filter_map(|(_, answer)| match answer {
-                Attempt::Busy { retry_after } => *retry_after,
-                Attempt::Acquired(_) => None,
-            })
-            .min();
+        // A split vote (some instances granted, too few): the grants were
+        // just rolled back, and the refusals may be other waiters' rolled
+        // back grants or reservations, which nobody is told of. Asking again
+        // on the backoff settles it; sleeping until the refusing instances'
+        // times would hold every waiter up for a whole reservation.
+        let retry_after = if yes > 0 {
+            None
+        } else {
+            votes
+                .answers
+                .iter()
+                .filter_map(|(_, answer)| match answer {
+                    Attempt::Busy { retry_after } => *retry_after,
+                    Attempt::Acquired(_) => None,
+                })
+                .min()
+        };
         tracing::trace!(granted = yes, answered, quorum, "redlock: no quorum");
         Ok(Attempt::Busy { retry_after })
     }

@@ -420,3 +420,75 @@ async fn a_silent_holder_instance_does_not_make_a_held_lock_look_free() {
     guard.release().await.unwrap();
     assert!(!b.status("silent").await.unwrap().held);
 }
+
+/// A waiter whose grant won no quorum keeps its place in every instance's
+/// waiting line. Two of three instances are held by a client that died
+/// (their leases outlive the test): the free instance grants the waiter on
+/// every try and the other two refuse it, so every try ends in a rollback.
+/// The rollback puts the waiter back in the free instance's line at the
+/// place the other two have it, so that the instances' lines stay alike and
+/// their releases reserve the lock for the same waiter. (Without that, the
+/// free instance's line lost the waiter on every grant, and with many
+/// processes the instances reserved the lock for different waiters, none of
+/// which won a quorum until the reservations lapsed.) Once the dead
+/// client's leases go, the waiter gets the lock.
+#[tokio::test]
+async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
+    let servers = Arc::new(servers(3).await);
+    let locks = connect(&servers).await;
+    let (key, line) = ("lockkit:split", "{lockkit:split}:line");
+    for server in &servers[1..] {
+        let set = server
+            .command(&["SET", key, "a-client-that-died", "PX", "600000"])
+            .await;
+        assert_eq!(set.as_deref().ok(), Some("OK"), "{set:?}");
+    }
+    let waiting = tokio::spawn(async move {
+        locks
+            .acquire("split", &opts().wait_for(Duration::from_secs(60)))
+            .await
+    });
+    let lines = |servers: Arc<Vec<RedisServer>>| async move {
+        let mut lines = Vec::with_capacity(servers.len());
+        for server in servers.iter() {
+            let places = server
+                .command(&["ZRANGE", line, "0", "-1", "WITHSCORES"])
+                .await;
+            lines.push(places.unwrap_or_else(|e| format!("error: {e}")));
+        }
+        lines
+    };
+    let alike = lockkit_testkit::eventually(MARGIN, || {
+        let lines = lines(servers.clone());
+        async move {
+            let lines = lines.await;
+            // One waiter (its id, one per connection, and its place), at
+            // the same place on every instance.
+            let places: Vec<Option<&str>> = lines
+                .iter()
+                .map(|line| match line.split(' ').collect::<Vec<_>>()[..] {
+                    [_, place] => Some(place),
+                    _ => None,
+                })
+                .collect();
+            places[0].is_some() && places.iter().all(|p| *p == places[0])
+        }
+    })
+    .await;
+    assert!(
+        alike,
+        "the waiter's place in the instances' lines: {:?}",
+        lines(servers.clone()).await
+    );
+    assert!(!waiting.is_finished(), "granted by one instance of three");
+    for server in &servers[1..] {
+        server.command(&["DEL", key]).await.expect("DEL");
+    }
+    let guard = tokio::time::timeout(MARGIN, waiting)
+        .await
+        .expect("the waiter gets the lock once the dead client's leases go")
+        .expect("the waiting task")
+        .expect("acquire");
+    assert_eq!(holders(&servers, "split").await, 3);
+    guard.release().await.expect("release");
+}
