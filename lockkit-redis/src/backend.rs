@@ -251,4 +251,8 @@ impl LeaseBackend for RedisBackend {
     async fn watch(&self, key: &RedisKey) -> Result<ReleaseWatch> {
         Ok(self.instance.watch_holding(key).await)
     }
+
+    fn live_watch(&self, key: &RedisKey) -> Option<ReleaseWatch> {
+        self.instance.live_watch_of(key)
+    }
 }

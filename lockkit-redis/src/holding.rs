@@ -253,6 +253,17 @@ impl RedisInstance {
             _ => self.watch_channel(key.channel()).await,
         }
     }
+
+    /// [`watch_holding`](Self::watch_holding)'s watch, if the server has its
+    /// subscriptions already (they stay a while after their last waiter:
+    /// [`subscription_linger`](crate::RedisLockBuilder::subscription_linger));
+    /// `None` otherwise. No request.
+    pub fn live_watch_of(&self, key: &RedisKey) -> Option<ReleaseWatch> {
+        match key {
+            RedisKey::Exclusive(keys) if keys.queue.is_none() => self.live_turn_watch(keys),
+            _ => self.live_channel_watch(key.channel()),
+        }
+    }
 }
 
 /// Where a lock's waiters are counted.

@@ -680,6 +680,29 @@ impl RedisInstance {
         if told { watch.telling_turns() } else { watch }
     }
 
+    /// [`watch_channel`](Self::watch_channel)'s watch, if the server has
+    /// the subscription already; `None` otherwise.
+    pub(crate) fn live_channel_watch(
+        &self,
+        channel: &str,
+    ) -> Option<lockkit_core::backend::ReleaseWatch> {
+        self.inner.notifications.live_watch(channel)
+    }
+
+    /// [`watch_turn`](Self::watch_turn)'s watch, if the server has its
+    /// subscriptions already; `None` otherwise.
+    pub(crate) fn live_turn_watch(
+        &self,
+        keys: &Keys,
+    ) -> Option<lockkit_core::backend::ReleaseWatch> {
+        let released = self.live_channel_watch(&keys.channel)?;
+        if self.inner.waiter.is_empty() {
+            return Some(released);
+        }
+        let turn = self.live_channel_watch(&keys.turn_channel(&self.inner.waiter))?;
+        Some(lockkit_core::backend::ReleaseWatch::merge([released, turn]).telling_turns())
+    }
+
     /// Round trip of one `PING`, for benchmarks and health checks.
     pub async fn ping(&self) -> Result<()> {
         let mut conn = self.inner.commands.clone();

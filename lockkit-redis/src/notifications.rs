@@ -176,6 +176,20 @@ impl Notifications {
         }
     }
 
+    /// A watch of `channel` if the server has its subscription already (see
+    /// `LeaseBackend::live_watch`); `None` when it has not, or while the
+    /// subscriber is busy subscribing or unsubscribing.
+    pub(crate) fn live_watch(&self, channel: &str) -> Option<ReleaseWatch> {
+        let subscriber = self.subscriber.try_lock().ok()?;
+        if !subscriber.channels.contains(channel) {
+            return None;
+        }
+        // A subscribed channel's topic goes only under the subscriber's
+        // lock (`unsubscribe_later`), so it is there.
+        let (watch, new) = self.hub.watch(channel);
+        (!new).then_some(watch)
+    }
+
     /// The subscriber connection to the current target: the existing one,
     /// or a new one on which every known channel is subscribed again.
     async fn connection(&self, subscriber: &mut Subscriber) -> Result<Subscription, RedisError> {

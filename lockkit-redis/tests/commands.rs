@@ -259,3 +259,48 @@ async fn waiter_is_woken_by_release_notification() {
     );
     guard.release().await.unwrap();
 }
+
+/// A waiter whose client still has the name's subscriptions (they linger
+/// after its last wait) takes its watch before its first attempt: a release
+/// after that attempt reaches it, so a refused attempt needs no second one
+/// right after subscribing. The first wait of a client subscribes (a
+/// refused attempt, the one after subscribing, unless the release came
+/// first, and the granted one); the next wait, its subscriptions lingering,
+/// costs the server a refused attempt and the granted one. (A waiter in
+/// line asks again after a second when nothing wakes it: one more attempt
+/// is allowed for every second the wait took, so that a slow machine does
+/// not fail this.)
+#[tokio::test]
+async fn a_lingering_subscription_spares_the_attempt_after_subscribing() {
+    let server = RedisServer::start().await;
+    let holder = connect(&server.url()).await;
+    let waiter = std::sync::Arc::new(connect(&server.url()).await);
+    let line = "{lockkit:lingering}:line";
+    let mut waits = Vec::new();
+    for _ in 0..2 {
+        let held = holder.acquire("lingering", &opts()).await.unwrap();
+        server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let task = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.acquire("lingering", &opts()).await })
+        };
+        let in_line = lockkit_testkit::eventually(Duration::from_secs(10), || async {
+            server.command(&["ZCARD", line]).await.as_deref().ok() == Some("1")
+        })
+        .await;
+        assert!(in_line, "the waiter never joined the line");
+        held.release().await.unwrap();
+        let guard = task.await.unwrap().unwrap();
+        let took = started.elapsed();
+        let calls = evalsha_calls(&server.command(&["INFO", "commandstats"]).await.unwrap());
+        guard.release().await.unwrap();
+        // Less the holder's release.
+        waits.push((calls - 1, took.as_secs()));
+    }
+    let second = waits[1];
+    assert!(
+        second.0 <= 2 + second.1,
+        "the wait with the subscriptions lingering: {second:?} (attempts, whole seconds)"
+    );
+}

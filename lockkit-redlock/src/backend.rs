@@ -614,6 +614,18 @@ impl LeaseBackend for RedlockBackend {
         }
         Ok(ReleaseWatch::merge(watches))
     }
+
+    /// As [`watch`](Self::watch), from the instances whose subscriptions
+    /// are live already, if they are a quorum.
+    fn live_watch(&self, placed: &Placed) -> Option<ReleaseWatch> {
+        let keys = &placed.keys;
+        let live: Vec<ReleaseWatch> = self
+            .instances
+            .iter()
+            .filter_map(|instance| instance.live_watch_of(keys))
+            .collect();
+        (live.len() >= self.quorum_for(keys)).then(|| ReleaseWatch::merge(live))
+    }
 }
 
 #[cfg(test)]

@@ -147,6 +147,17 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
         let _ = key;
         Ok(ReleaseWatch::none())
     }
+
+    /// The watch [`watch`](Self::watch) would give, if it is live already
+    /// and costs no request (a subscription this client keeps for a while
+    /// after its last waiter, say); `None` otherwise, the default. A
+    /// waiting acquire takes it before its first attempt: a release after
+    /// that attempt then reaches it, so that a refused attempt needs no
+    /// second one to cover the time it took to subscribe.
+    fn live_watch(&self, key: &Self::Key) -> Option<ReleaseWatch> {
+        let _ = key;
+        None
+    }
 }
 
 /// The answer of [`LeaseBackend::hand_over`].
@@ -254,7 +265,10 @@ impl<B: LeaseBackend> LeaseLock<B> {
         }
         let intent = Intent::of(opts.wait());
         let mut grant = Grant::new(&self.backend, name, key, opts);
-        let mut watch = None;
+        let mut watch = match intent {
+            Intent::Wait => self.backend.live_watch(&grant.key),
+            Intent::Try => None,
+        };
         loop {
             match grant.attempt(&mut waiter, intent).await? {
                 Attempt::Acquired(fencing) => return Ok(grant.into_guard(fencing, slot)),

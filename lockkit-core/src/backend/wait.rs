@@ -185,10 +185,12 @@ impl<'a> Waiter<'a> {
 
 impl Waiter<'_> {
     /// After a busy attempt, the whole policy in one call: `Timeout` if the wait
-    /// is over; on the first busy attempt, subscribe with `subscribe` and return
-    /// at once when the subscription is live, so that the caller tries again
-    /// right away (a release that came before the subscription is then seen);
-    /// otherwise [`pause`](Self::pause).
+    /// is over; on the first busy attempt without a watch, subscribe with
+    /// `subscribe` and return at once when the subscription is live, so that
+    /// the caller tries again right away (a release that came before the
+    /// subscription is then seen); otherwise [`pause`](Self::pause). (A
+    /// watch taken before the first attempt, live already, sees every
+    /// release after it: no second attempt.)
     pub async fn busy<F, Fut>(
         &mut self,
         retry_after: Option<Duration>,
