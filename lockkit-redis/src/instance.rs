@@ -674,10 +674,7 @@ impl RedisInstance {
         let turn = self
             .watch_channel(&keys.turn_channel(&self.inner.waiter))
             .await;
-        // Told of its turn only where both subscriptions are live.
-        let told = released.is_active() && turn.is_active();
-        let watch = lockkit_core::backend::ReleaseWatch::merge([released, turn]);
-        if told { watch.telling_turns() } else { watch }
+        turn_watch(released, turn)
     }
 
     /// [`watch_channel`](Self::watch_channel)'s watch, if the server has
@@ -700,7 +697,7 @@ impl RedisInstance {
             return Some(released);
         }
         let turn = self.live_channel_watch(&keys.turn_channel(&self.inner.waiter))?;
-        Some(lockkit_core::backend::ReleaseWatch::merge([released, turn]).telling_turns())
+        Some(turn_watch(released, turn))
     }
 
     /// Round trip of one `PING`, for benchmarks and health checks.
@@ -709,6 +706,17 @@ impl RedisInstance {
         self.run("ping", redis::cmd("PING").query_async::<()>(&mut conn))
             .await
     }
+}
+
+/// A waiter's watch of the releases published to every waiter and of its
+/// turn: told of its turn only where both subscriptions are live.
+fn turn_watch(
+    released: lockkit_core::backend::ReleaseWatch,
+    turn: lockkit_core::backend::ReleaseWatch,
+) -> lockkit_core::backend::ReleaseWatch {
+    let told = released.is_active() && turn.is_active();
+    let watch = lockkit_core::backend::ReleaseWatch::merge([released, turn]);
+    if told { watch.telling_turns() } else { watch }
 }
 
 /// A key's remaining time, from `PTTL`'s answer in milliseconds: `None`
