@@ -193,7 +193,10 @@ where
             if before.is_some() {
                 behind.push(index);
             }
-            let answer = request(index, instances[index].clone());
+            // Boxed at once: the wrappers below would otherwise each hold
+            // the request's future by value, several times its size,
+            // copied into every instance's task on every request.
+            let answer = Box::pin(request(index, instances[index].clone()));
             let (answer, finished_here) = tracked(async move {
                 if let Some(before) = before {
                     // Bounded: see above.
