@@ -125,6 +125,7 @@ impl RawPg {
                 .bind(name)
                 .bind(&owner)
                 .bind(millis(RAW_TTL))
+                .bind("raw-floor")
                 .fetch_one(&mut *conn)
                 .await
                 .expect("lease upsert");

@@ -42,7 +42,7 @@ pub use names::{
 pub use settings::{
     ADVISORY_CAPABILITIES, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_LIVENESS_INTERVAL, DEFAULT_MAX_CONNECTIONS, Database, MYSQL_ROW_CAPABILITIES, Mode,
-    NAMED_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, PG_ROW_CAPABILITIES,
+    NAMED_CAPABILITIES, NOTIFIED_LEASE_CAPABILITIES, PG_LEASE_CAPABILITIES, PG_ROW_CAPABILITIES,
     POLLED_LEASE_CAPABILITIES, SESSION_CAPABILITIES, SQLITE_LEASE_CAPABILITIES,
 };
 
@@ -55,7 +55,9 @@ pub use settings::{
 #[doc(hidden)]
 #[derive(Clone, Debug)]
 pub struct LeaseStatements {
-    /// The upsert (binds as `lease` mode binds it).
+    /// The upsert (binds as `lease` mode binds it: on Postgres the name,
+    /// the owner, the lease in milliseconds and the client, as the lines
+    /// of waiting clients name it).
     pub acquire: String,
     /// The owner-conditional release.
     pub release: String,

@@ -166,6 +166,11 @@ pub const NOTIFIED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseO
     .with_notified_wait(true)
     .with_semaphore(true);
 
+/// What `lease` mode guarantees on Postgres: as on MySQL/MariaDB, and the
+/// waiting clients take turns in the order they came (a line of them per
+/// name, kept in the lock table; see the SQL backend's guide).
+pub const PG_LEASE_CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES.with_fifo(true);
+
 /// What `lease` mode guarantees on SQLite off Linux: waiters back off with
 /// jitter, never sleeping past the holder's expiry. Shared holdings and
 /// semaphores as on Postgres.
@@ -193,7 +198,8 @@ impl Mode {
             return None;
         }
         Some(match (self, database) {
-            (Mode::Lease, Database::Postgres | Database::MySql) => NOTIFIED_LEASE_CAPABILITIES,
+            (Mode::Lease, Database::Postgres) => PG_LEASE_CAPABILITIES,
+            (Mode::Lease, Database::MySql) => NOTIFIED_LEASE_CAPABILITIES,
             (Mode::Lease, Database::Sqlite) => SQLITE_LEASE_CAPABILITIES,
             (Mode::Advisory, Database::Postgres) => ADVISORY_CAPABILITIES,
             (Mode::Named, Database::MySql) => NAMED_CAPABILITIES,

@@ -317,11 +317,12 @@ async fn lease_waiters_are_notified() {
     assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
 }
 
-/// A writer granted after waiting withdraws its waiting record without
-/// waking the name's waiters (nobody can be granted while it holds, and its
-/// release wakes them): on the release channel, the name is notified once
-/// per release and no more. (The withdrawal used to notify the name too,
-/// and every waiting process asked again for nothing.)
+/// A writer granted after waiting withdraws its waiting record without a
+/// `NOTIFY` (nobody can be granted while it holds, and its release wakes
+/// them; and every listening session's server process reads each
+/// notification): the table's channel carries only the release that
+/// nobody waited for. (The first release wakes the waiting client on its
+/// own channel.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn granted_waiter_withdraws_its_record_without_a_wake_up() {
     let server = PostgresServer::start().await;
@@ -338,12 +339,14 @@ async fn granted_waiter_withdraws_its_record_without_a_wake_up() {
     let held = holder.acquire(name, &opts()).await.unwrap();
     let task = waiter::spawn_patient_acquire(waiter, name);
     let records = r"SELECT count(*) FROM lockkit_locks WHERE name LIKE E'\001waiting:%'";
+    let places = r"SELECT count(*) FROM lockkit_locks WHERE name LIKE E'\001queue:%'";
     assert!(
         lockkit_testkit::eventually(Duration::from_secs(30), || async {
             server.psql(records).await.unwrap().trim() == "1"
+                && server.psql(places).await.unwrap().trim() == "1"
         })
         .await,
-        "the waiter never recorded itself"
+        "the waiter never recorded itself and took its place in line"
     );
     let (guard, _) = waiter::hand_over(held, task).await;
     assert_eq!(
@@ -352,23 +355,106 @@ async fn granted_waiter_withdraws_its_record_without_a_wake_up() {
         "the granted writer withdrew its record"
     );
     guard.release().await.unwrap();
+    assert_eq!(
+        notified(&server, &mut listener).await,
+        [(channel.to_owned(), name.to_owned())],
+        "one wake-up of {name:?} on the table's channel: the release nobody waited for"
+    );
+}
+
+/// The notifications `listener` receives before a marker sent now on the
+/// table's channel: (channel, payload) pairs.
+async fn notified(
+    server: &PostgresServer,
+    listener: &mut sqlx::postgres::PgListener,
+) -> Vec<(String, String)> {
     server
-        .psql(&format!("NOTIFY {channel}, 'end'"))
+        .psql("NOTIFY lockkit_lockkit_locks, 'end'")
         .await
         .unwrap();
-    let mut woken = 0;
+    let mut seen = Vec::new();
     loop {
         let note = tokio::time::timeout(Duration::from_secs(30), listener.recv())
             .await
             .expect("the end marker arrives")
             .unwrap();
-        match note.payload() {
-            "end" => break,
-            payload if payload == name => woken += 1,
-            _ => {}
+        if note.payload() == "end" {
+            return seen;
         }
+        seen.push((note.channel().to_owned(), note.payload().to_owned()));
     }
-    assert_eq!(woken, 2, "one wake-up of {name:?} per release");
+}
+
+/// A release with clients in the name's line reserves the row for the
+/// client at its head and wakes that client alone, on its own channel
+/// (`lockkit-<client>`): every listening session's server process reads
+/// each notification. The clients are served in the order they came, each
+/// leaving the line as its turn comes. A release that nobody waits for
+/// notifies the table's channel, which wakes every client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_goes_to_the_client_first_in_line() {
+    let server = PostgresServer::start().await;
+    let name = "first-in-line";
+    let channel = "lockkit_lockkit_locks";
+    let places = r"SELECT count(*) FROM lockkit_locks WHERE name LIKE E'\001queue:%'";
+    let line = format!(
+        r"SELECT string_agg(owner, ',' ORDER BY fence) FROM lockkit_locks WHERE name LIKE E'\001queue:{name}\001%'"
+    );
+    let holder = connect(&server, Mode::Lease).await.unwrap();
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let mut waiters = Vec::new();
+    for n in 1..=3 {
+        let client = connect(&server, Mode::Lease).await.unwrap();
+        waiters.push(waiter::spawn_patient_acquire(client, name));
+        assert!(
+            lockkit_testkit::eventually(Duration::from_secs(30), || async {
+                server.psql(places).await.unwrap().trim() == n.to_string()
+            })
+            .await,
+            "waiting client {n} never took its place in line"
+        );
+    }
+    let order = server.psql(&line).await.unwrap();
+    let order: Vec<String> = order
+        .trim()
+        .split(',')
+        .map(|c| format!("lockkit-{c}"))
+        .collect();
+    assert_eq!(order.len(), 3, "{order:?}");
+    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    let mut channels: Vec<&str> = order.iter().map(String::as_str).collect();
+    channels.push(channel);
+    listener.listen_all(channels).await.unwrap();
+    held.release().await.unwrap();
+    assert_eq!(
+        notified(&server, &mut listener).await,
+        [(order[0].clone(), name.to_owned())],
+        "the release wakes the client that came first, and no one else"
+    );
+    // Each waiter in its turn, in the order they came.
+    for (turn, waiting) in waiters.into_iter().enumerate() {
+        let (guard, _) = waiting.await.expect("a waiting task");
+        guard
+            .unwrap_or_else(|e| panic!("waiter {turn}'s acquire: {e}"))
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        server.psql(places).await.unwrap().trim(),
+        "0",
+        "each client left the line when its turn came"
+    );
+    let _ = notified(&server, &mut listener).await;
+    let again = holder.acquire(name, &opts()).await.unwrap();
+    again.release().await.unwrap();
+    assert_eq!(
+        notified(&server, &mut listener).await,
+        [(channel.to_owned(), name.to_owned())],
+        "with nobody in line, a release wakes every client"
+    );
 }
 
 /// `advisory` mode tries first: a free lock is taken by the try form

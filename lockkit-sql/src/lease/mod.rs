@@ -140,6 +140,13 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         let _ = (settings, name);
         Box::pin(std::future::ready(ReleaseWatch::none()))
     }
+
+    /// How many clients wait in line for `name`, where the database keeps
+    /// a line (Postgres); `None` by default.
+    fn waiting<'a>(&'a self, settings: &'a Settings, name: &'a str) -> Answer<'a, Option<usize>> {
+        let _ = (settings, name);
+        Box::pin(std::future::ready(Ok(None)))
+    }
 }
 
 /// A live lease row.
@@ -486,12 +493,21 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         if let Some(name) = group {
             holder = self.read(&holder_row_name(name, LockKind::Shared)).await?;
         }
+        let waiters = match &key.holding {
+            Holding::Lock { name, .. } => {
+                let settings = &self.rows.settings;
+                let asked = self.rows.dialect.waiting(settings, name);
+                settings.bounded("count the clients in line", asked).await?
+            }
+            _ => None,
+        };
         Ok(match last {
             Some((fence, remaining)) => {
                 let status = LockStatus::held()
                     .with_remaining(Some(remaining))
                     .with_holders(Some(holders))
-                    .with_holder(holder);
+                    .with_holder(holder)
+                    .with_waiters(waiters);
                 match &key.holding {
                     // Slots count their own tokens: none stands for the semaphore.
                     Holding::Permit { .. } => status,

@@ -39,10 +39,13 @@ impl<D: LeaseDialect> Rows<D> {
                 }
                 let statements = dialect.statements();
                 let args = Args::of(&name).owner(&owner);
-                let values = statements.values::<D>(&statements.release, args);
-                D::Db::changed(conn, (&statements.release.text, &values))
-                    .await
-                    .map(drop)
+                for release in &statements.release {
+                    let values = statements.values::<D>(release, args);
+                    if D::Db::changed(conn, (&release.text, &values)).await? >= 1 {
+                        break;
+                    }
+                }
+                Ok(())
             })
         })
     }
@@ -131,8 +134,7 @@ impl<D: LeaseDialect> Rows<D> {
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
         let release = &self.dialect.statements().release;
         let args = Args::of(name).owner(owner);
-        self.frees(name, "release", slice::from_ref(release), args)
-            .await
+        self.frees(name, "release", release, args).await
     }
 
     pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {
@@ -291,10 +293,10 @@ impl<D: LeaseDialect> Rows<D> {
         owner: Option<&str>,
         what: &str,
     ) -> Result<()> {
-        // Without a name to wake, the record's own: nobody waits on it.
+        // Without a name to wake, none (Postgres sends no `NOTIFY`).
         let args = Args {
             owner,
-            woken: woken.unwrap_or(row),
+            woken: woken.unwrap_or(""),
             ..Args::of(row)
         };
         let forget = slice::from_ref(&self.dialect.statements().forget);

@@ -26,12 +26,15 @@ pub(crate) enum Param {
     /// The lease, in the unit the dialect binds.
     Ttl,
     /// The name whose waiters a deleted record wakes (Postgres' `NOTIFY`
-    /// payload).
+    /// payload), or empty for none.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Woken,
     /// The release channel (Postgres' `NOTIFY`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Channel,
+    /// This client, as the lines of waiting clients name it (Postgres).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Client,
 }
 
 /// One lease statement: its text (built from a validated table name) and
@@ -124,8 +127,10 @@ pub(crate) struct LeaseStatements {
     /// Owner-conditional extension of a live lease: a row changed if it
     /// was `owner`'s.
     pub(crate) extend: LeaseSql,
-    /// Owner-conditional release: a row changed if it was `owner`'s.
-    pub(crate) release: LeaseSql,
+    /// Owner-conditional release: a row changed if it was `owner`'s. Tried
+    /// in order until one changes a row (Postgres: the second, when the
+    /// first changed nothing, hands the row to the line of waiting clients).
+    pub(crate) release: Vec<LeaseSql>,
     /// The release of `owner`'s lease once it has run out (a holding kept
     /// to its `min_hold`): the row left as a release leaves it.
     pub(crate) purge: LeaseSql,
@@ -147,6 +152,9 @@ pub(crate) struct LeaseStatements {
     pub(crate) forget: LeaseSql,
     /// Postgres' release channel (`lockkit_<table>`); empty elsewhere.
     pub(crate) channel: String,
+    /// This client, as Postgres' lines of waiting clients name it (16 hex
+    /// digits, random); empty elsewhere.
+    pub(crate) client: String,
 }
 
 impl LeaseStatements {
@@ -175,6 +183,7 @@ impl LeaseStatements {
             Param::To => Value::Text(args.to),
             Param::Woken => Value::Text(args.woken),
             Param::Channel => Value::Text(&self.channel),
+            Param::Client => Value::Text(&self.client),
         };
         sql.params.iter().map(param).collect()
     }

@@ -32,7 +32,7 @@ use statements::{FenceSource, MySql};
 /// [`lease_statements`](crate::lease_statements)).
 pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
     let sql = MySql::new(table, FenceSource::Sequence);
-    (sql.lease.acquire.text, sql.lease.release.text)
+    (sql.lease.acquire.text, sql.lease.release[0].text.clone())
 }
 
 /// Connects a client to the database of `config`, in its mode.

@@ -249,7 +249,7 @@ impl MySql {
                 "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ), &[Ttl, Name, Owner]),
-                release: LeaseSql::new(release_marked.clone(), &[Name, Name, Owner]),
+                release: vec![LeaseSql::new(release_marked.clone(), &[Name, Name, Owner])],
                 purge: LeaseSql::new(format!("{release} WHERE name = ? AND owner = ? AND expires_at <= UTC_TIMESTAMP(6)"), &[Name, Owner]),
                 status: LeaseSql::new(format!(
                 "SELECT CAST(fence AS SIGNED), \
@@ -277,6 +277,7 @@ impl MySql {
             ), &[Name, Owner, Ttl]),
                 forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)"), &[Name, Owner]),
                 channel: String::new(),
+                client: String::new(),
             },
 
             // The insert's duplicate check (of a row that appeared after the

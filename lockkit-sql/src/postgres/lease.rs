@@ -12,7 +12,7 @@ use sqlx::Postgres;
 use super::notify::PgNotifications;
 use super::statements::PgSql;
 use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements};
-use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
+use crate::settings::{PG_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on Postgres.
@@ -35,10 +35,7 @@ fn granted((fence, remaining): (Option<i64>, Option<i64>)) -> Granted {
 
 impl LeaseDialect for PgLease {
     type Db = Postgres;
-    const CAPABILITIES: Capabilities = NOTIFIED_LEASE_CAPABILITIES;
-    /// `NOTIFY` wakes every waiting client on each release, and a busy
-    /// upsert waits for the row lock of whoever upserts it at that moment.
-    const READ_FIRST: bool = true;
+    const CAPABILITIES: Capabilities = PG_LEASE_CAPABILITIES;
 
     fn statements(&self) -> &LeaseStatements {
         &self.sql.lease
@@ -57,5 +54,9 @@ impl LeaseDialect for PgLease {
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
         Box::pin(self.notifications.watch(self.sql.channel(), settings, name))
+    }
+
+    fn waiting<'a>(&'a self, _: &'a Settings, name: &'a str) -> Answer<'a, Option<usize>> {
+        Box::pin(self.notifications.in_line(name).map_ok(Some))
     }
 }

@@ -31,7 +31,7 @@ use statements::PgSql;
 /// [`lease_statements`](crate::lease_statements)).
 pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
     let sql = PgSql::new(table);
-    (sql.lease.acquire.text, sql.lease.release.text)
+    (sql.lease.acquire.text, sql.lease.release[0].text.clone())
 }
 
 /// Connects a client to the database of `config`, in its mode.
@@ -55,7 +55,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     let sql = Arc::new(PgSql::new(&config.table));
     let lease = PgLease {
         sql: sql.clone(),
-        notifications: PgNotifications::new(options.clone()),
+        notifications: PgNotifications::new(options.clone(), pool.clone(), sql.clone(), settings),
     };
     let session = PgSession::new(options.clone(), pool.clone(), sql.clone(), settings);
     let migrator = PgMigrator { options, sql };

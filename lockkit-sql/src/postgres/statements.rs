@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::lease::Param::{Channel, Name, Owner, To, Token, Ttl, Waiting, Woken};
+use crate::lease::Param::{Channel, Client, Name, Owner, To, Token, Ttl, Waiting, Woken};
 use crate::lease::{LeaseSql, LeaseStatements};
 use lockkit_core::backend::Intent;
 
@@ -15,6 +15,17 @@ use crate::session::LockingSql;
 pub(super) struct PgSql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
+    /// A waiting client's place in the line of a name (`$1`): its row
+    /// (see [`FIRST`]) made, or kept for `$3` ms more (its place kept
+    /// while it is live); `$2`: the client. Places of the name that ran out
+    /// (clients that stopped without leaving) are swept in passing.
+    pub(super) enqueue: Arc<str>,
+    /// The place of client `$2` in the line of name `$1` left.
+    pub(super) dequeue: Arc<str>,
+    /// Every place of client `$1` left.
+    pub(super) leave_lines: Arc<str>,
+    /// How many clients wait in the line of `$1`.
+    pub(super) in_line: Arc<str>,
     /// The row of a name inserted unless it exists; never waits for a
     /// holder's row lock.
     pub(super) make_row: Arc<str>,
@@ -40,6 +51,8 @@ impl PgSql {
         let seq = format!("{table}_fence_seq");
         PgSql {
             lease: LeaseStatements {
+                // Also granted on a row its release reserved for this
+                // client (see `release`).
                 acquire: LeaseSql::new(format!(
                 "WITH {GATE}, \
                  taken AS (\
@@ -47,19 +60,19 @@ impl PgSql {
                     SELECT $1, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond' FROM g \
                     ON CONFLICT (name) DO UPDATE \
                         SET owner = EXCLUDED.owner, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at \
-                        WHERE l.expires_at <= now() \
+                        WHERE l.expires_at <= now() OR l.owner = {FOR} || $4 \
                     RETURNING l.fence) \
                  SELECT (SELECT fence FROM taken), \
-                        (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint \
-                         FROM {table} WHERE name = $1)"
-            ), &[Name, Owner, Ttl]),
+                        (SELECT {REMAINING} FROM {table} WHERE name = $1)"
+            ), &[Name, Owner, Ttl, Client]),
                 hand_over: LeaseSql::new(format!(
                 "UPDATE {table} SET owner = $3, fence = nextval('{seq}'), \
                      expires_at = now() + $4::bigint * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires_at > now() \
                  RETURNING fence"
             ), &[Name, Owner, To, Ttl]),
-                // Readers: see the `lease` module. `$3`: the waiting record's row.
+                // Readers: see the `lease` module. `$3`: the waiting record's
+                // row; a row reserved for this client (`$4`) starts a group.
                 share: LeaseSql::new(format!(
                 "WITH {GATE}, \
                  d AS MATERIALIZED (SELECT nextval('{seq}') AS f FROM g), \
@@ -68,26 +81,53 @@ impl PgSql {
                     SELECT $1, {GROUP} || d.f || ':1', d.f, now() + $2::bigint * interval '1 millisecond' FROM d \
                     WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = $3 AND expires_at > now()) \
                     ON CONFLICT (name) DO UPDATE \
-                        SET owner = CASE WHEN l.expires_at <= now() THEN EXCLUDED.owner \
+                        SET owner = CASE WHEN l.expires_at <= now() OR l.owner = {FOR} || $4 THEN EXCLUDED.owner \
                                 ELSE split_part(l.owner, ':', 1) || ':' || ({COUNT} + 1) END, \
                             fence = EXCLUDED.fence, \
-                            expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at) \
-                        WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} \
+                            expires_at = CASE WHEN l.owner = {FOR} || $4 THEN EXCLUDED.expires_at \
+                                ELSE GREATEST(l.expires_at, EXCLUDED.expires_at) END \
+                        WHERE l.expires_at <= now() OR left(l.owner, 2) = {GROUP} OR l.owner = {FOR} || $4 \
                     RETURNING l.fence) \
                  SELECT (SELECT fence FROM joined), \
                         (SELECT GREATEST(0, CEIL(EXTRACT(EPOCH FROM (MAX(expires_at) - now())) * 1000))::bigint \
                          FROM {table} WHERE name IN ($1, $3))",
                 COUNT = group_count("l.owner"),
-            ), &[Name, Ttl, Waiting]),
+            ), &[Name, Ttl, Waiting, Client]),
                 extend: LeaseSql::new(format!(
                 "UPDATE {table} SET expires_at = now() + $3::bigint * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires_at > now()"
             ), &[Name, Owner, Ttl]),
-                release: LeaseSql::new(format!(
-                "DELETE FROM {table} \
-                 WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                // With nobody in the name's line (see [`FIRST`]), the row
+                // goes and every client is woken on the table's channel.
+                // Otherwise the second statement runs: the row is not
+                // deleted but reserved, for [`RESERVED_MS`], for the client
+                // at the head of the line, which leaves the line and is
+                // woken on its own channel (`lockkit-<client>`, see
+                // `notify`); or deleted, should the line have emptied
+                // meanwhile.
+                release: vec![
+                    LeaseSql::new(format!(
+                "DELETE FROM {table} WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                    AND NOT EXISTS (SELECT 1 FROM {table} WHERE {IN_LINE}) \
                  RETURNING pg_notify($3, $1)::text"
             ), &[Name, Owner, Channel]),
+                    LeaseSql::new(format!(
+                "WITH head AS MATERIALIZED (\
+                    SELECT owner FROM {table} WHERE {IN_LINE} ORDER BY fence LIMIT 1), \
+                 gone AS (\
+                    DELETE FROM {table} WHERE name = $1 AND owner = $2 AND expires_at > now() \
+                        AND NOT EXISTS (SELECT 1 FROM head) \
+                    RETURNING $3::text AS channel), \
+                 kept AS (\
+                    UPDATE {table} SET owner = {FOR} || head.owner, \
+                        expires_at = now() + interval '{RESERVED_MS} milliseconds' \
+                    FROM head WHERE name = $1 AND {table}.owner = $2 AND expires_at > now() \
+                    RETURNING 'lockkit-' || head.owner AS channel), \
+                 served AS (\
+                    DELETE FROM {table} WHERE name = {FIRST} || (SELECT head.owner FROM kept, head)) \
+                 SELECT pg_notify(channel, $1)::text FROM gone UNION ALL SELECT pg_notify(channel, $1)::text FROM kept"
+            ), &[Name, Owner, Channel]),
+                ],
                 purge: LeaseSql::new(format!(
                 "DELETE FROM {table} WHERE name = $1 AND owner = $2 AND expires_at <= now()"
             ), &[Name, Owner]),
@@ -121,11 +161,30 @@ impl PgSql {
                  VALUES ($1, $2, 0, now() + $3::bigint * interval '1 millisecond') \
                  ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
             ), &[Name, Owner, Ttl]),
+                // Notifies only with a name to wake (`$4` not empty): every
+                // listening session's server process reads each `NOTIFY`.
                 forget: LeaseSql::new(format!(
-                "DELETE FROM {table} WHERE name = $1 AND owner = COALESCE($2, owner) RETURNING pg_notify($3, $4)::text"
+                "DELETE FROM {table} WHERE name = $1 AND owner = COALESCE($2, owner) \
+                 RETURNING CASE WHEN $4 <> '' THEN pg_notify($3, $4)::text END"
             ), &[Name, Owner, Channel, Woken]),
                 channel: format!("lockkit_{table}"),
+                client: format!("{:016x}", fastrand::u64(..)),
             },
+            enqueue: format!(
+                "WITH swept AS (\
+                    DELETE FROM {table} \
+                    WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || $2 \
+                      AND expires_at <= now()) \
+                 INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                 VALUES ({FIRST} || $2, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond') \
+                 ON CONFLICT (name) DO UPDATE \
+                    SET fence = CASE WHEN l.expires_at <= now() THEN EXCLUDED.fence ELSE l.fence END, \
+                        expires_at = EXCLUDED.expires_at"
+            )
+            .into(),
+            dequeue: format!("DELETE FROM {table} WHERE name = {FIRST} || $2").into(),
+            leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = $1").into(),
+            in_line: format!("SELECT count(*) FROM {table} WHERE {IN_LINE}").into(),
             make_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
                  ON CONFLICT (name) DO NOTHING"
@@ -209,6 +268,37 @@ impl PgSql {
 /// another name's gate or `row` mode's only makes one statement wait for
 /// another.
 const GATE: &str = "g AS MATERIALIZED (SELECT pg_advisory_xact_lock(1818979429, hashtext($1)))";
+
+/// The places of the clients that wait for name `$1` in `lease` mode are
+/// rows `\x01queue:<name>\x01<client>`, whose owner is the client and whose
+/// fence (drawn from the sequence) orders them: every one of them sorts
+/// after this text and before [`PAST`]. Lock names cannot contain `\x01`,
+/// so these rows are apart from every lock's row and from every other
+/// name's line.
+const FIRST: &str = "(chr(1) || 'queue:' || $1 || chr(1))";
+
+/// The text every place in the line of `$1` sorts before (see [`FIRST`]).
+const PAST: &str = "(chr(1) || 'queue:' || $1 || chr(2))";
+
+/// The places in the line of `$1` that are live (see [`FIRST`]).
+const IN_LINE: &str = "name > (chr(1) || 'queue:' || $1 || chr(1)) \
+                       AND name < (chr(1) || 'queue:' || $1 || chr(2)) AND expires_at > now()";
+
+/// How long a row's lease still runs, in whole milliseconds (0 once run out).
+const REMAINING: &str =
+    "GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - now())) * 1000))::bigint";
+
+/// Every place in every line (see [`FIRST`]).
+const LINES: &str = "name > chr(1) || 'queue:' AND name < chr(1) || 'queue;'";
+
+/// The owner of a row reserved for a client (followed by the client): no
+/// owner token starts with `\x01`.
+const FOR: &str = "(chr(1) || 'for:')";
+
+/// How long a released row stays reserved for the client at the head of
+/// the line (ms): its waiter is woken and asks at once; should it not
+/// within this time (its process died), anyone may take the row.
+pub(super) const RESERVED_MS: u32 = 2000;
 
 /// The first half of a lease gate's key (written out in [`GATE`], whose
 /// text must be a literal; a unit test keeps the two equal).

@@ -31,7 +31,7 @@ use statements::SqliteSql;
 /// [`lease_statements`](crate::lease_statements)).
 pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
     let sql = SqliteSql::new(table);
-    (sql.lease.acquire.text, sql.lease.release.text)
+    (sql.lease.acquire.text, sql.lease.release[0].text.clone())
 }
 
 /// Connects a client to the database of `config` (`lease` mode).

@@ -85,12 +85,12 @@ impl SqliteSql {
                     ),
                     &[Name, Owner, Ttl],
                 ),
-                release: LeaseSql::new(
+                release: vec![LeaseSql::new(
                     format!(
                         "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
                     ),
                     &[Name, Owner],
-                ),
+                )],
                 purge: LeaseSql::new(
                     format!(
                         "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at <= {NOW_MS}"
@@ -140,6 +140,7 @@ impl SqliteSql {
                     &[Name, Owner],
                 ),
                 channel: String::new(),
+                client: String::new(),
             },
             remaining: LeaseSql::new(
                 format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1"),
