@@ -329,7 +329,7 @@ impl Settings {
     }
 
     /// Runs a statement bounded by the command timeout.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) async fn bounded<T>(
         &self,
         what: &str,
