@@ -493,16 +493,17 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
         if let Some(name) = group {
             holder = self.read(&holder_row_name(name, LockKind::Shared)).await?;
         }
-        let waiters = match &key.holding {
-            Holding::Lock { name, .. } => {
-                let settings = &self.rows.settings;
-                let asked = self.rows.dialect.waiting(settings, name);
-                settings.bounded("count the clients in line", asked).await?
-            }
-            _ => None,
-        };
         Ok(match last {
             Some((fence, remaining)) => {
+                // Counted only where held: a free lock's status has no waiters.
+                let waiters = match &key.holding {
+                    Holding::Lock { name, .. } => {
+                        let settings = &self.rows.settings;
+                        let asked = self.rows.dialect.waiting(settings, name);
+                        settings.bounded("count the clients in line", asked).await?
+                    }
+                    _ => None,
+                };
                 let status = LockStatus::held()
                     .with_remaining(Some(remaining))
                     .with_holders(Some(holders))

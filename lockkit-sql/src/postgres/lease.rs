@@ -53,7 +53,7 @@ impl LeaseDialect for PgLease {
     }
 
     fn watch<'a>(&'a self, settings: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
-        Box::pin(self.notifications.watch(self.sql.channel(), settings, name))
+        Box::pin(self.notifications.watch(settings, name))
     }
 
     fn waiting<'a>(&'a self, _: &'a Settings, name: &'a str) -> Answer<'a, Option<usize>> {

@@ -119,13 +119,8 @@ impl PgNotifications {
 
     /// A watch on `name`; inactive (the waiter falls back to backoff and the
     /// holder's expiry) when `LISTEN` cannot be set up in time.
-    pub(super) async fn watch(
-        &self,
-        channel: &str,
-        settings: &Settings,
-        name: &str,
-    ) -> ReleaseWatch {
-        let mut listening = self.start(channel, settings);
+    pub(super) async fn watch(&self, settings: &Settings, name: &str) -> ReleaseWatch {
+        let mut listening = self.start(settings);
         let (watch, _) = self.hub.watch(name);
         let joined = async {
             let listening = listening.wait_for(|on| *on).await.is_ok();
@@ -163,7 +158,7 @@ impl PgNotifications {
 
     /// The listener and the keeper, started on first use; whether `LISTEN`
     /// is in place.
-    fn start(&self, channel: &str, settings: &Settings) -> watch::Receiver<bool> {
+    fn start(&self, settings: &Settings) -> watch::Receiver<bool> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let running = state.get_or_insert_with(|| {
             let (tx, rx) = watch::channel(false);
@@ -172,7 +167,7 @@ impl PgNotifications {
                 .acquire_timeout(settings.connect_timeout)
                 .connect_lazy_with(self.options.clone());
             let own = format!("lockkit-{}", self.line.sql.lease.client);
-            let channels = [channel.to_owned(), own];
+            let channels = [self.line.sql.channel().to_owned(), own];
             let listener = tokio::spawn(listen(pool, channels, self.hub.clone(), tx));
             let requests = self
                 .requests
