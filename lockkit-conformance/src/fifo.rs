@@ -64,12 +64,13 @@ pub async fn fifo_backends_serve_waiters_in_order(h: &dyn Harness) {
 }
 
 /// Where waits are notified ([`notified_wait`](lockkit_core::Capabilities::notified_wait))
-/// and `status` counts the waiters: a client that releases a name and at
-/// once asks for it again queues behind a client that was waiting for it,
-/// instead of taking it straight back (which, with a critical section of a
-/// few round trips, would starve the waiting clients and wake them all for
-/// nothing on every release). Backends whose `status` does not count
-/// waiters cannot show that one was waiting, and are not held to it.
+/// and `status` counts the waiters (or the harness sees them on the
+/// server, [`Harness::waiting_clients`]): a client that releases a name
+/// and at once asks for it again queues behind a client that was waiting
+/// for it, instead of taking it straight back (which, with a critical
+/// section of a few round trips, would starve the waiting clients and wake
+/// them all for nothing on every release). Backends where neither shows
+/// that a client was waiting are not held to it.
 pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
     let releaser = h.client().await;
     if !releaser.capabilities().notified_wait {
@@ -84,7 +85,8 @@ pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
         .await
         .expect("the first holder takes the lock");
     let counted = releaser.status(&name).await.ok().and_then(|s| s.waiters);
-    if counted.is_none() {
+    let seen = counted.is_some() || h.waiting_clients(&name).await.is_some();
+    if !seen {
         guard.release().await.expect("the holder releases");
         return;
     }
@@ -101,7 +103,10 @@ pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
             guard.release().await.map(drop)
         })
     };
-    until_queued(releaser.as_ref(), &name, 1).await;
+    match counted {
+        Some(_) => until_queued(releaser.as_ref(), &name, 1).await,
+        None => until_seen_waiting(h, &name).await,
+    }
     guard.release().await.expect("the holder releases");
     let again = releaser
         .acquire(&name, &opts)
@@ -169,6 +174,24 @@ pub async fn a_release_wakes_the_watchers_of_other_clients(h: &dyn Harness) {
 /// release to reach a watch: a notification's trip, with room for a loaded
 /// machine.
 const WAKE_GRACE: Duration = Duration::from_secs(20);
+
+/// Returns once the harness sees a client waiting for `name` on the
+/// server (see [`Harness::waiting_clients`]). Panics if none does within
+/// 10 s.
+async fn until_seen_waiting(h: &dyn Harness, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = h.waiting_clients(name).await.unwrap_or(0);
+        if seen >= 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiting client never showed on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// Returns once `n` waiters queue on `name`, where `status` counts them;
 /// after a pause of 500 ms where it does not. Panics if they do not within

@@ -64,6 +64,15 @@ pub trait Harness: Send + Sync {
     /// shortly (an expiring key, a container node the server reaps) may be
     /// waited for, for a few seconds at most.
     async fn stored_entries(&self, prefix: &str) -> usize;
+
+    /// How many clients the shared server shows waiting for `name`, where
+    /// `status` does not count them but the harness can read them from the
+    /// server (MariaDB's `lease` mode: the release bells in its process
+    /// list); `None` (the default) where it cannot.
+    async fn waiting_clients(&self, name: &str) -> Option<usize> {
+        let _ = name;
+        None
+    }
 }
 
 /// A server that one case owns and may kill; see [`Harness::disposable`].

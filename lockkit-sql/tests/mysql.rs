@@ -117,6 +117,29 @@ impl SqlServer for MariaDbServer {
     fn name_contains(part: &str) -> String {
         format!("LOCATE({}, name) > 0", literal(part))
     }
+
+    /// In `lease` mode, the clients whose release bell of `name` sleeps in
+    /// the process list (one per waiting client; see the guide's MySQL
+    /// section): `lockkit bell <table> <hash> <client>`, the hash being
+    /// that of the name's bell mark row.
+    async fn waiting_clients(&self, mode: Mode, name: &str) -> Option<usize> {
+        if mode != Mode::Lease {
+            return None;
+        }
+        let out = self
+            .client_sql(&format!(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE CONCAT('%''lockkit bell lockkit\\_locks ', \
+                     LEFT(SHA2({}, 256), 40), ' %')",
+                literal(name)
+            ))
+            .await;
+        Some(
+            out.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("a count: {out:?}")),
+        )
+    }
 }
 
 mod lease {
@@ -180,19 +203,30 @@ async fn bells_go_with_their_waiters(counter: bool) {
         server
             .sql(
                 "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE INFO LIKE CONCAT('SELECT SLEEP(1), ''lockkit', ' bell%')",
+                 WHERE INFO LIKE CONCAT('%''lockkit', ' bell %')",
             )
             .await
             .expect("count the bells")
     };
+    // A name's mark is `\x01bell:<hash>`; a sleeper's row adds `\x01<client>`.
     let marks = || async {
         server
             .sql(
                 "SELECT COUNT(*) FROM lockkit_locks \
-                 WHERE name LIKE CONCAT(CHAR(1), 'bell:%') AND expires_at > UTC_TIMESTAMP(6)",
+                 WHERE name LIKE CONCAT(CHAR(1), 'bell:%') AND LOCATE(CHAR(1), name, 2) = 0 \
+                   AND expires_at > UTC_TIMESTAMP(6)",
             )
             .await
             .expect("count the live marks")
+    };
+    let sleeper_rows = || async {
+        server
+            .sql(
+                "SELECT COUNT(*) FROM lockkit_locks \
+                 WHERE name LIKE CONCAT(CHAR(1), 'bell:%') AND LOCATE(CHAR(1), name, 2) > 0",
+            )
+            .await
+            .expect("count the sleepers' rows")
     };
     let holder = client().await;
     let guard = holder.acquire("job", &opts()).await.unwrap();
@@ -205,6 +239,11 @@ async fn bells_go_with_their_waiters(counter: bool) {
         "one bell sleeps for the watching client"
     );
     assert_eq!(marks().await, "1", "and one row marks it");
+    assert_eq!(
+        sleeper_rows().await,
+        "1",
+        "and one holds the bell's connection"
+    );
     guard.release().await.unwrap();
     tokio::time::timeout(Duration::from_secs(20), watch.changed())
         .await
@@ -221,13 +260,15 @@ async fn bells_go_with_their_waiters(counter: bool) {
         .await
         .expect("the release rang the running bell");
     drop((watch, again));
-    let gone =
-        lockkit_testkit::eventually(Duration::from_secs(30), || async { bells().await == "0" })
-            .await;
+    let gone = lockkit_testkit::eventually(Duration::from_secs(30), || async {
+        bells().await == "0" && sleeper_rows().await == "0"
+    })
+    .await;
     assert!(
         gone,
-        "the bell outlived its watcher: {} shown",
-        bells().await
+        "the bell outlived its watcher: {} shown, {} sleeper rows",
+        bells().await,
+        sleeper_rows().await
     );
     let left: u32 = marks().await.parse().expect("a count");
     assert!(left <= 1, "{left} marks of one name");

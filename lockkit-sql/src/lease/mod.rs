@@ -118,14 +118,31 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         Self::Db::number(conn, (&sql.text, &values))
     }
 
+    /// Runs the owner's release ([`LeaseStatements::release`], for the
+    /// owner in `args`): the rows changed (0: the lease was not the
+    /// owner's). By default the statements in order, until one changes a
+    /// row; a dialect whose release decides between them on the server's
+    /// answers runs its own (MySQL/MariaDB: see `mysql::lease`).
+    fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
+        Box::pin(async move {
+            let statements = self.statements();
+            for release in &statements.release {
+                let values = statements.values::<Self>(release, args);
+                let changed = Self::Db::changed(&mut *conn, (&release.text, &values)).await?;
+                if changed >= 1 {
+                    return Ok(changed);
+                }
+            }
+            Ok(0)
+        })
+    }
+
     /// Wakes the waiters of `name` after a statement freed it (a release, a
     /// reader group's last leave, a withdrawn waiting record), where the
-    /// statement itself does not (Postgres notifies in it); `changed`: the
-    /// rows the statement changed (on MySQL/MariaDB a release's count tells
-    /// whether anyone sleeps on the name's release bell). Nothing by
-    /// default.
-    fn released(&self, name: &str, changed: u64) {
-        let _ = (name, changed);
+    /// statement itself does not (Postgres notifies in it, MySQL/MariaDB's
+    /// release rings its bells). Nothing by default.
+    fn released(&self, name: &str) {
+        let _ = name;
     }
 
     /// Whether a waiting writer whose waiting record is fresh reads the row

@@ -37,15 +37,8 @@ impl<D: LeaseDialect> Rows<D> {
                 if let Some(session) = session {
                     D::end_session(conn, session).await?;
                 }
-                let statements = dialect.statements();
                 let args = Args::of(&name).owner(&owner);
-                for release in &statements.release {
-                    let values = statements.values::<D>(release, args);
-                    if D::Db::changed(conn, (&release.text, &values)).await? >= 1 {
-                        break;
-                    }
-                }
-                Ok(())
+                dialect.release(conn, args).await.map(drop)
             })
         })
     }
@@ -83,12 +76,6 @@ impl<D: LeaseDialect> Rows<D> {
     /// mostly; a leave where the last reader deletes the row tries that
     /// first.)
     async fn changes(&self, what: &str, sqls: &[LeaseSql], args: Args<'_>) -> Result<bool> {
-        Ok(self.changed_rows(what, sqls, args).await? >= 1)
-    }
-
-    /// [`changes`](Self::changes), answering how many rows the statement
-    /// that changed any changed (0: none did).
-    async fn changed_rows(&self, what: &str, sqls: &[LeaseSql], args: Args<'_>) -> Result<u64> {
         let statements = self.dialect.statements();
         let mut loan = self.pool.lend(&self.settings).await?;
         let answer = self
@@ -96,12 +83,11 @@ impl<D: LeaseDialect> Rows<D> {
             .timed(async {
                 for sql in sqls {
                     let values = statements.values::<D>(sql, args);
-                    let changed = D::Db::changed(&mut loan, (&sql.text, &values)).await?;
-                    if changed >= 1 {
-                        return Ok(changed);
+                    if D::Db::changed(&mut loan, (&sql.text, &values)).await? >= 1 {
+                        return Ok(true);
                     }
                 }
-                Ok(0)
+                Ok(false)
             })
             .await;
         loan.finish(&self.settings, what, answer)
@@ -118,11 +104,11 @@ impl<D: LeaseDialect> Rows<D> {
         sqls: &[LeaseSql],
         args: Args<'_>,
     ) -> Result<bool> {
-        let changed = self.changed_rows(what, sqls, args).await?;
-        if changed >= 1 {
-            self.dialect.released(name, changed);
+        let changed = self.changes(what, sqls, args).await?;
+        if changed {
+            self.dialect.released(name);
         }
-        Ok(changed >= 1)
+        Ok(changed)
     }
 
     pub(super) async fn extend_row(&self, name: &str, owner: &str, ttl: Duration) -> Result<bool> {
@@ -132,9 +118,17 @@ impl<D: LeaseDialect> Rows<D> {
     }
 
     pub(super) async fn release_row(&self, name: &str, owner: &str) -> Result<bool> {
-        let release = &self.dialect.statements().release;
         let args = Args::of(name).owner(owner);
-        self.frees(name, "release", release, args).await
+        let mut loan = self.pool.lend(&self.settings).await?;
+        let answer = self
+            .settings
+            .timed(self.dialect.release(&mut loan, args))
+            .await;
+        let released = loan.finish(&self.settings, "release", answer)? >= 1;
+        if released {
+            self.dialect.released(name);
+        }
+        Ok(released)
     }
 
     pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {

@@ -1,31 +1,42 @@
 //! Release bells of `lease` mode on MySQL and MariaDB: a waiting client
-//! parks a connection of its own in a `SLEEP` that names the lock, and a
+//! parks a connection of its own in a wait that names the lock, and a
 //! release that finds it interrupts it with `KILL QUERY`.
 //!
 //! Neither server notifies a client, but a session can end another's
 //! statement. While a client has waiters for a name, a connection of its
-//! own marks the name (a row `\x01bell:<hash>` in the lock table, shared by
-//! every client that waits) and runs [`PERIOD`]-long sleeps, `SELECT
-//! SLEEP(1), 'lockkit bell <table> <hash> <client>'`, one after another,
-//! renewing the mark before each; the sleep shows in the server's process
-//! list with that text. A release deletes the name's mark in the same
-//! statement (ends it, on MySQL's path, where lease rows stay), and its
-//! changed-row count tells whether there was one. Only then does the client
-//! that released look in the process list for the name's bells of other
-//! clients and end the sleep of the (at most [`RUNG`]) longest sleepers,
-//! whose clients then try at once and mark the name again. So a release
-//! that nobody waits for costs what it did, and one that someone waits for
-//! costs two statements more (the look and a `KILL QUERY`), however many
-//! clients wait. A second sleeper is woken in case the first has just
-//! stopped waiting (its sleep runs out within [`PERIOD`]); a sleeper not
-//! woken marks the name again at its next sleep. A mark left by the last
-//! waiter goes with the name's next release.
+//! own (the name's *sleeper*) waits [`PERIOD`] at a time for the client's
+//! *door*, a user lock that one more connection of the client holds:
+//! `SELECT GET_LOCK('lockkit door <client>', 1), 'lockkit bell <table>
+//! <hash> <client>'`, one after another. Before each it marks the name in
+//! the lock table, in one statement: the name's mark `\x01bell:<hash>`,
+//! shared by every client that waits, and its own row
+//! `\x01bell:<hash>\x01<client>`, which holds its connection id.
 //!
-//! A user sees and ends its own sessions only: clients that log in as
-//! different users need the `PROCESS` and `CONNECTION ADMIN` (MariaDB:
-//! `CONNECTION ADMIN`, or `SUPER`) privileges to wake each other. Where a
-//! bell cannot be rung or watched, waiters back off, never past the
-//! holder's expiry, as they do without bells.
+//! A release that finds no live mark deletes the row, as it always did. One
+//! that finds a mark claims the sleeper rows of up to
+//! [`RUNG`](super::statements::RUNG) other clients, those that marked least
+//! recently (see `MyLease::release`), leaves the row to the other clients
+//! for a moment, and ends those sleepers' waits; their clients then try at
+//! once. So a release that nobody waits for costs one statement, and one
+//! that others wait for costs three and a `KILL QUERY` per sleeper woken,
+//! however many clients wait. A second sleeper is woken in case the first
+//! has just stopped waiting (its wait runs out within [`PERIOD`]). A waiter
+//! whose bell sleeps does not back off: it asks again when rung, or after
+//! [`ASK_AGAIN`] all the same (a ring that came between two waits of its
+//! bell finds nothing to end). A sleeper deletes its row as it stops; rows
+//! of clients that stopped without that go when the next sleeper of the
+//! name starts, and a name's mark with its next release.
+//!
+//! The wait is for a lock rather than a `SLEEP()`: MariaDB's sleeps share
+//! one mutex, and a `KILL QUERY` of a sleep while another sleep starts or
+//! ends can take the server seconds (measured: two seconds and more, where
+//! a wait for a lock ends within a millisecond).
+//!
+//! A user ends its own sessions only: clients that log in as different
+//! users need the `CONNECTION ADMIN` (MariaDB: `CONNECTION ADMIN`, or
+//! `SUPER`) privilege to wake each other, and `PROCESS` to see that a wait
+//! has begun. Where a bell cannot be rung or watched, waiters back off,
+//! never past the holder's expiry, as they do without bells.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -33,7 +44,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
-use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{
+    MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions,
+};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, ConnectOptions as _, Connection as _};
 use tokio::sync::watch;
@@ -49,8 +62,11 @@ use crate::statement::trusted;
 /// its client's last waiter of the name has left.
 const PERIOD: u32 = 1;
 
-/// How many sleepers a release wakes at most.
-const RUNG: u32 = 2;
+/// How long a waiter whose bell sleeps waits for a ring before it asks
+/// again all the same (its watch [tells turns](ReleaseWatch::telling_turns):
+/// it does not back off meanwhile): one sleep of the bell, so that a ring
+/// that found its bell between two sleeps costs it no more.
+pub(super) const ASK_AGAIN: Duration = Duration::from_secs(PERIOD as u64);
 
 /// How many names one client watches with bells at once; waiters of more
 /// names back off.
@@ -75,19 +91,19 @@ struct Shared {
     settings: Settings,
     /// `lockkit bell <table> `.
     prefix: String,
-    /// This client, in its bells' text.
+    /// This client, in its bells' text and its sleepers' rows.
     client: String,
-    /// The look for up to [`RUNG`] sleepers of a name in the process list,
-    /// the longest first; binds the bells' `LIKE` pattern and this client's
-    /// own bell.
-    find: String,
     hub: NotifyHub,
     sleepers: Mutex<HashMap<String, Sleeper>>,
+    /// The connection that holds this client's door (see [`Shared::bell`])
+    /// once a sleeper needed it; `None` before, or after it was found gone.
+    door: tokio::sync::Mutex<Option<MySqlConnection>>,
 }
 
 struct Sleeper {
-    /// `true` once the first sleep shows in the process list.
-    armed: watch::Receiver<bool>,
+    /// The sleeper's connection id, once its first sleep shows in the
+    /// process list.
+    armed: watch::Receiver<Option<i64>>,
     task: AbortHandle,
 }
 
@@ -103,14 +119,12 @@ impl fmt::Debug for Bells {
 
 impl Bells {
     /// The bells of lock table `table` (validated), for a client connecting
-    /// with `options`; `mariadb` picks the process list's millisecond
-    /// column. Connects nothing until a release rings or a waiter watches.
+    /// with `options`. Connects nothing until a waiter watches.
     pub(super) fn new(
         options: MySqlConnectOptions,
         sql: Arc<MySql>,
         settings: &Settings,
         table: &str,
-        mariadb: bool,
     ) -> Self {
         let pool = MySqlPoolOptions::new()
             .max_connections(RINGERS)
@@ -118,6 +132,7 @@ impl Bells {
             .acquire_timeout(settings.connect_timeout)
             .test_before_acquire(false)
             .connect_lazy_with(options.clone());
+        let client = sql.lease.client.clone();
         Bells {
             shared: Arc::new(Shared {
                 options,
@@ -125,32 +140,49 @@ impl Bells {
                 pool,
                 settings: settings.clone(),
                 prefix: format!("lockkit bell {table} "),
-                client: format!("{:016x}", fastrand::u64(..)),
-                // How long a statement has run: in ms on MariaDB, in s on MySQL.
-                find: format!(
-                    "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-                     WHERE INFO LIKE ? AND INFO <> ? ORDER BY {} DESC LIMIT {RUNG}",
-                    if mariadb { "TIME_MS" } else { "TIME" }
-                ),
+                client,
                 // Topics stay until their sleeper stops (`stop_if_idle`).
                 hub: NotifyHub::with_idle_hook(|_| {}),
                 sleepers: Mutex::new(HashMap::new()),
+                door: tokio::sync::Mutex::new(None),
             }),
         }
     }
 
-    /// Wakes up to [`RUNG`] other clients sleeping on `name`'s bell, in the
-    /// background: the release that freed it (and found its mark) has
-    /// returned. Failures are only traced; the waiters then find the release
-    /// on their next try.
-    pub(super) fn ring(&self, name: &str) {
+    /// The connections of up to [`RUNG`](super::statements::RUNG) other
+    /// clients sleeping on `name`'s bell, the one that marked least recently
+    /// first, claimed on `conn` where the server can (see
+    /// `MySql::bell_sleepers`). None when they cannot be read (the failure is only traced:
+    /// the release then goes as if nobody waited, and the waiters find it
+    /// on their next try).
+    pub(super) async fn sleepers(&self, conn: &mut MySqlConnection, name: &str) -> Vec<i64> {
+        let key = Key::of(name);
+        let own = self.shared.own_row(&key);
+        let found = sqlx::query_scalar(trusted(&self.shared.sql.bell_sleepers))
+            .bind(key.first().into_bytes())
+            .bind(key.past().into_bytes())
+            .bind(own.as_bytes())
+            .fetch_all(conn)
+            .await;
+        found.unwrap_or_else(|error| {
+            tracing::debug!(%error, "could not read the sleepers of a release bell");
+            Vec::new()
+        })
+    }
+
+    /// Ends the sleep of `sleepers` (see [`sleepers`](Self::sleepers)), in
+    /// the background, one after another: the release that freed their name
+    /// returns at once (a `KILL QUERY` may take the server a while, and
+    /// concurrent ones of one connection far longer). Failures are only
+    /// traced (a sleeper that went meanwhile is no error of the release's):
+    /// the waiters then find the release on their next try.
+    pub(super) fn wake(&self, sleepers: Vec<i64>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let shared = self.shared.clone();
-        let key = Key::of(name);
         runtime.spawn(async move {
-            let rung = shared.settings.timed(shared.ring(&key.hash)).await;
+            let rung = shared.settings.timed(shared.ring(&sleepers)).await;
             match rung {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::debug!(%error, "could not ring a release bell"),
@@ -172,7 +204,7 @@ impl Bells {
             }
             let (watch, _) = self.shared.hub.watch(&key.hash);
             let sleeper = sleepers.entry(key.hash.clone()).or_insert_with(|| {
-                let (tx, armed) = watch::channel(false);
+                let (tx, armed) = watch::channel(None);
                 let task = tokio::spawn(self.shared.clone().sleep(key.clone(), tx));
                 Sleeper {
                     armed,
@@ -181,11 +213,13 @@ impl Bells {
             });
             (watch, sleeper.armed.clone(), running)
         };
-        if running && *armed.borrow() {
+        let shown = *armed.borrow();
+        if let (true, Some(id)) = (running, shown) {
             // A release since its last sleep began may have deleted the
             // mark of a sleeper that is still running (this client's own
             // release, or another's that woke other sleepers).
-            let marked = self.shared.mark(&key).execute(&self.shared.pool);
+            let own = self.shared.own_row(&key);
+            let marked = self.shared.mark(&key, &own, id).execute(&self.shared.pool);
             if let Err(error) = self
                 .shared
                 .settings
@@ -194,16 +228,16 @@ impl Bells {
             {
                 tracing::debug!(%error, "could not mark a release bell");
             }
-            return watch;
+            return watch.telling_turns();
         }
         // A new bell connects, marks and shows its sleep.
         let settings = &self.shared.settings;
         let ready = tokio::time::timeout(
             settings.connect_timeout + settings.command_timeout,
-            armed.wait_for(|on| *on),
+            armed.wait_for(Option::is_some),
         );
         match ready.await {
-            Ok(Ok(_)) => watch,
+            Ok(Ok(_)) => watch.telling_turns(),
             _ => {
                 tracing::debug!(mysql.address = %self.shared.settings.address, "no release bell in time; waiting by polling");
                 ReleaseWatch::none()
@@ -234,18 +268,17 @@ impl Key {
         let hash = mark.trim_start_matches("\u{1}bell:").to_owned();
         Key { hash, mark }
     }
-}
 
-/// `text` as a `LIKE` pattern that matches it literally.
-fn like_literal(text: &str) -> String {
-    let mut pattern = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '\\' | '%' | '_') {
-            pattern.push('\\');
-        }
-        pattern.push(c);
+    /// What every sleeper row of the name sorts after: the mark and
+    /// `\x01` (a sleeper row is the mark, `\x01` and its client).
+    fn first(&self) -> String {
+        format!("{}\u{1}", self.mark)
     }
-    pattern
+
+    /// What every sleeper row of the name sorts before.
+    fn past(&self) -> String {
+        format!("{}\u{2}", self.mark)
+    }
 }
 
 impl Shared {
@@ -253,34 +286,93 @@ impl Shared {
         self.sleepers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The statement that marks (or marks again) the name of `key`.
-    fn mark<'q>(&'q self, key: &'q Key) -> Query<'q, sqlx::MySql, MySqlArguments> {
-        sqlx::query(trusted(&self.sql.bell_mark)).bind(key.mark.as_bytes())
+    /// The row of this client's sleeper of `key`.
+    fn own_row(&self, key: &Key) -> String {
+        format!("{}{}", key.first(), self.client)
+    }
+
+    /// The statement that marks (or marks again) the name of `key`, and
+    /// this client's sleeper row `own` on connection `id`.
+    fn mark<'q>(
+        &'q self,
+        key: &'q Key,
+        own: &'q str,
+        id: i64,
+    ) -> Query<'q, sqlx::MySql, MySqlArguments> {
+        sqlx::query(trusted(&self.sql.bell_mark))
+            .bind(key.mark.as_bytes())
+            .bind(own.as_bytes())
+            .bind(id)
     }
 
     /// The statement a sleeper of this client runs for the name `key`.
+    ///
+    /// The sleep is a wait for this client's *door*, a user lock that
+    /// another connection of the client holds ([`open_door`](Self::open_door)):
+    /// `GET_LOCK` answers 0 after [`PERIOD`], and a `KILL QUERY` ends it at
+    /// once (see the module's notes on `SLEEP()`).
     fn bell(&self, key: &str) -> String {
         format!(
-            "SELECT SLEEP({PERIOD}), '{}{key} {}'",
-            self.prefix, self.client
+            "SELECT CAST(GET_LOCK('{}', {PERIOD}) AS SIGNED), '{}{key} {}'",
+            self.door_lock(),
+            self.prefix,
+            self.client
         )
     }
 
-    /// Ends the sleep of up to [`RUNG`] other clients' sleepers of `key`,
-    /// the longest first.
-    async fn ring(&self, key: &str) -> sqlx::Result<()> {
-        let pattern = format!(
-            "{}%",
-            like_literal(&format!("SELECT SLEEP({PERIOD}), '{}{key} ", self.prefix))
-        );
+    /// The name of this client's door lock.
+    fn door_lock(&self) -> String {
+        format!("lockkit door {}", self.client)
+    }
+
+    /// Makes sure that this client's door is held, by a connection of its
+    /// own, opened the first time (and again after it was found gone).
+    async fn open_door(&self) -> Result<(), String> {
+        let mut door = self.door.lock().await;
+        if door.is_some() {
+            return Ok(());
+        }
+        let connect = self
+            .settings
+            .connecting("open a release bell's door", self.options.connect());
+        let mut conn = connect.await.map_err(|e| e.to_string())?;
+        let take = format!("SELECT CAST(GET_LOCK('{}', 0) AS SIGNED)", self.door_lock());
+        let taken = sqlx::query_scalar::<_, Option<i64>>(AssertSqlSafe(take)).fetch_one(&mut conn);
+        match self
+            .settings
+            .bounded("lock a release bell's door", taken)
+            .await
+        {
+            Ok(Some(1)) => {
+                *door = Some(conn);
+                Ok(())
+            }
+            Ok(answer) => Err(format!(
+                "the door of the release bells is taken ({answer:?})"
+            )),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// The door was found open (a sleeper's wait for it was granted: its
+    /// connection is gone): the sleeper on `conn` gives the lock back, and
+    /// the next sleeper opens the door again.
+    async fn door_gone(&self, conn: &mut MySqlConnection) -> Result<(), String> {
+        *self.door.lock().await = None;
+        let give = format!("DO RELEASE_LOCK('{}')", self.door_lock());
+        let given = sqlx::raw_sql(AssertSqlSafe(give)).execute(conn);
+        self.settings
+            .bounded("give back a release bell's door", given)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Ends the sleep of `sleepers`, one after another, on a connection of
+    /// the bells' pool.
+    async fn ring(&self, sleepers: &[i64]) -> sqlx::Result<()> {
         let mut conn = self.pool.acquire().await?;
-        let sleepers: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(self.find.as_str()))
-            .bind(pattern)
-            .bind(self.bell(key))
-            .fetch_all(&mut *conn)
-            .await?;
         for id in sleepers {
-            // A sleeper that went meanwhile is no error of the release's.
             let kill = format!("KILL QUERY {id}");
             if let Err(error) = sqlx::raw_sql(AssertSqlSafe(kill)).execute(&mut *conn).await {
                 tracing::trace!(connection = id, %error, "KILL QUERY of a release bell");
@@ -305,7 +397,7 @@ impl Shared {
     /// long as anyone watches the name, and wakes the watchers when a sleep
     /// is ended early. `armed` turns `true` once its first sleep shows in
     /// the process list, where a release can find it.
-    async fn sleep(self: Arc<Self>, key: Key, armed: watch::Sender<bool>) {
+    async fn sleep(self: Arc<Self>, key: Key, armed: watch::Sender<Option<i64>>) {
         loop {
             match self.sleep_on_one_connection(&key, &armed).await {
                 Ok(()) => return,
@@ -327,9 +419,10 @@ impl Shared {
     async fn sleep_on_one_connection(
         &self,
         key: &Key,
-        armed: &watch::Sender<bool>,
+        armed: &watch::Sender<Option<i64>>,
     ) -> Result<(), String> {
         let bell = &self.bell(&key.hash);
+        let own = self.own_row(key);
         let connect = self
             .settings
             .connecting("open a release bell", self.options.connect());
@@ -342,35 +435,73 @@ impl Shared {
             )
             .await
             .map_err(|e| e.to_string())?;
+        // The rows of sleepers of the name whose clients stopped without
+        // deleting them.
+        let swept = sqlx::query(trusted(&self.sql.bell_sweep))
+            .bind(key.first().into_bytes())
+            .bind(key.past().into_bytes())
+            .execute(&mut conn);
+        self.settings
+            .bounded("sweep a release bell's rows", swept)
+            .await
+            .map_err(|e| e.to_string())?;
         loop {
-            let marked = self.mark(key).execute(&mut conn);
-            self.settings
-                .bounded("mark a release bell", marked)
-                .await
-                .map_err(|e| e.to_string())?;
-            let slept = {
-                let sleeping = sqlx::raw_sql(AssertSqlSafe(bell.to_owned())).execute(&mut conn);
-                tokio::pin!(sleeping);
-                if *armed.borrow() {
-                    sleeping.await
-                } else {
-                    tokio::select! {
-                        slept = &mut sleeping => slept,
-                        () = self.until_shown(id, bell) => {
-                            armed.send_replace(true);
-                            sleeping.await
+            self.open_door().await?;
+            let marked = self
+                .settings
+                .timed(self.mark(key, &own, id).execute(&mut conn));
+            let slept = match marked.await {
+                Ok(Ok(_)) => {
+                    let sleeping =
+                        sqlx::query_as::<_, (Option<i64>, String)>(AssertSqlSafe(bell.to_owned()))
+                            .fetch_one(&mut conn);
+                    tokio::pin!(sleeping);
+                    if armed.borrow().is_some() {
+                        sleeping.await
+                    } else {
+                        tokio::select! {
+                            slept = &mut sleeping => slept,
+                            () = self.until_shown(id, bell) => {
+                                armed.send_replace(Some(id));
+                                sleeping.await
+                            }
                         }
                     }
                 }
+                // A release that read this sleeper's row ended the mark
+                // instead of a sleep.
+                Ok(Err(error)) => Err(error),
+                Err(_) => return Err("marking a release bell timed out".to_owned()),
             };
             match slept {
-                Ok(_) => {}
+                // The door held it out for the whole period.
+                Ok((Some(0), _)) => {}
+                // Ended by a release (an interrupted `GET_LOCK` answers
+                // NULL, or fails).
+                Ok((None, _)) => {
+                    self.hub.notify(&key.hash);
+                }
                 Err(error) if is_interrupted(&error) => {
+                    self.hub.notify(&key.hash);
+                }
+                Ok((Some(_), _)) => {
+                    // A release may have been missed: everyone looks again.
+                    self.door_gone(&mut conn).await?;
                     self.hub.notify(&key.hash);
                 }
                 Err(error) => return Err(error.to_string()),
             }
             if self.stop_if_idle(&key.hash) {
+                let unmarked = sqlx::query(trusted(&self.sql.bell_unmark))
+                    .bind(own.as_bytes())
+                    .execute(&mut conn);
+                if let Err(error) = self
+                    .settings
+                    .bounded("unmark a release bell", unmarked)
+                    .await
+                {
+                    tracing::debug!(%error, "could not delete a release bell's row");
+                }
                 if let Err(error) = conn.close().await {
                     tracing::trace!(%error, "closing a release bell's connection");
                 }
@@ -419,15 +550,6 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn like_patterns_match_the_bell_literally() {
-        assert_eq!(
-            like_literal("lockkit bell my_locks 1f"),
-            r"lockkit bell my\_locks 1f"
-        );
-        assert_eq!(like_literal(r"50% \ x"), r"50\% \\ x");
-    }
 
     #[test]
     fn a_key_is_the_hash_of_the_mark() {

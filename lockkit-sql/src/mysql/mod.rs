@@ -62,14 +62,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     };
     tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
     let sql = Arc::new(MySql::new(&config.table, fence_source));
-    let mariadb = statements::is_mariadb(&version);
-    let bells = Bells::new(
-        options.clone(),
-        sql.clone(),
-        settings,
-        &config.table,
-        mariadb,
-    );
+    let bells = Bells::new(options.clone(), sql.clone(), settings, &config.table);
     let lease = MyLease {
         sql: sql.clone(),
         bells,

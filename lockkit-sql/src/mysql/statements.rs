@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use lockkit_core::backend::Intent;
 
-use crate::lease::Param::{Name, Owner, To, Token, Ttl, Waiting};
+use crate::lease::Param::{Client, Name, Owner, To, Token, Ttl, Waiting};
 use crate::lease::{LeaseSql, LeaseStatements};
 use crate::session::LockingSql;
 
@@ -30,6 +30,25 @@ const BELL_MARK: &str = "b.name = CONCAT(CHAR(1), 'bell:', LEFT(SHA2(?, 256), 40
 /// How long a release bell mark lasts without being renewed (s): well
 /// beyond one sleep of the bell, which renews it.
 pub(super) const BELL_MARK_SECS: u32 = 5;
+
+/// How many sleepers a release wakes at most (see `bells`).
+pub(super) const RUNG: u32 = 2;
+
+/// The owner of a row that a release left to the other clients (followed
+/// by the releasing client, see `MyLease::release`): no owner token starts
+/// with `\x01`.
+const NOT_FOR: &str = "CONCAT(CHAR(1), 'not:')";
+
+/// Whether the row may be taken by the client bound here: its lease ran
+/// out, or a release left it to the other clients and this is one of them.
+const FREE: &str = "(expires_at <= UTC_TIMESTAMP(6) \
+    OR (LEFT(owner, 5) = CONCAT(CHAR(1), 'not:') AND owner <> CONCAT(CHAR(1), 'not:', ?)))";
+
+/// How long a row that a release left to the other clients stays theirs
+/// (ms): the clients it wakes ask at once; should none of them ask within
+/// this time (they stopped waiting meanwhile), the releasing client may
+/// take the row again.
+pub(super) const RESERVED_MS: u32 = 500;
 
 /// Added to the holder's remaining lease (in µs) to tell a busy answer from
 /// a fencing token in `LAST_INSERT_ID` (tokens stay far below it).
@@ -90,9 +109,32 @@ pub(super) struct MySql {
     /// With `{rows}` to replace by one `VALUES` row per name.
     pub(super) ensure_rows: String,
     pub(super) named_lock: Arc<str>,
-    /// The release bell mark of a name (see `bells`), made or renewed for
-    /// [`BELL_MARK_SECS`]; binds the mark's row name.
+    /// The release bell marks of a name (see `bells`), made or renewed for
+    /// [`BELL_MARK_SECS`]: the name's mark (binds its row name), and the
+    /// row of this client's sleeper (binds its row name and the sleeper's
+    /// connection id, kept as the row's `fence`).
     pub(super) bell_mark: Arc<str>,
+    /// The connection ids of up to [`RUNG`] sleepers of other clients on a
+    /// name's bell, the one that marked least recently (the longest asleep)
+    /// first: binds the first and the past row name of the name's sleeper
+    /// rows, then this client's own. With a `SEQUENCE` (MariaDB), the rows
+    /// are claimed: deleted, their ids returned (`DELETE … RETURNING`), so
+    /// that two releases never wake the same sleeper (it marks again before
+    /// it sleeps again); elsewhere (MySQL has no `RETURNING`) a plain read.
+    pub(super) bell_sleepers: Arc<str>,
+    /// A sleeper's row deleted as it stops; binds the row name.
+    pub(super) bell_unmark: Arc<str>,
+    /// The sleeper rows of a name that ran out (their clients stopped
+    /// without deleting them) deleted; binds the first and the past row
+    /// name of the name's sleeper rows.
+    pub(super) bell_sweep: Arc<str>,
+    /// The owner's release that also clears the name's live release bell
+    /// mark: what a release runs when the mark's sleepers are all this
+    /// client's.
+    pub(super) release_marked: LeaseSql,
+    /// The owner's release that leaves the row to the other clients for
+    /// [`RESERVED_MS`] (see `MyLease::release`).
+    pub(super) reserve: LeaseSql,
     /// `Counter` only: the `UPDATE` that draws a token.
     pub(super) next_fence: Arc<str>,
     pub(super) fence_source: FenceSource,
@@ -194,6 +236,7 @@ impl MySql {
             next,
             hand_over: handed,
             release,
+            release_free,
             release_marked,
             leave_last,
         } = &lease;
@@ -210,11 +253,11 @@ impl MySql {
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, ?, {first}, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
                  ON DUPLICATE KEY UPDATE \
-                   owner = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(owner), owner), \
-                   fence = IF(expires_at <= UTC_TIMESTAMP(6), {next}, \
+                   fence = IF({FREE}, {next}, \
                        IF(LAST_INSERT_ID({BUSY_FLAG} + GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at))) > 0, fence, fence)), \
-                   expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)"
-            ), &[Name, Owner, Name, Ttl]),
+                   owner = IF(LAST_INSERT_ID() < {BUSY_FLAG}, VALUES(owner), owner), \
+                   expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, VALUES(expires_at), expires_at)"
+            ), &[Name, Owner, Name, Ttl, Client]),
                 // Readers: see the `lease` module. As in `acquire`, the answer
                 // comes back in LAST_INSERT_ID, and the assignments run in
                 // order: `fence` first decides (and the other two read the
@@ -233,7 +276,7 @@ impl MySql {
                      (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
                       WHERE w.expires_at > UTC_TIMESTAMP(6)) \
                  ON DUPLICATE KEY UPDATE \
-                   fence = IF((expires_at <= UTC_TIMESTAMP(6) OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
+                   fence = IF(({FREE} OR LEFT(owner, 2) = {GROUP}) AND NOT EXISTS \
                          (SELECT 1 FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w \
                           WHERE w.expires_at > UTC_TIMESTAMP(6)), \
                        {next}, \
@@ -241,21 +284,24 @@ impl MySql {
                            IFNULL((SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), w.expires_at) \
                                    FROM (SELECT expires_at FROM {table} WHERE name = ?) AS w), 0))) > 0, fence, fence)), \
                    owner = IF(LAST_INSERT_ID() < {BUSY_FLAG}, \
-                       IF(expires_at <= UTC_TIMESTAMP(6), CONCAT({GROUP}, fence, ':1'), \
-                          CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1)), owner), \
+                       IF(LEFT(owner, 2) = {GROUP} AND expires_at > UTC_TIMESTAMP(6), \
+                          CONCAT(SUBSTRING_INDEX(owner, ':', 1), ':', {COUNT} + 1), CONCAT({GROUP}, fence, ':1')), owner), \
                    expires_at = IF(LAST_INSERT_ID() < {BUSY_FLAG}, GREATEST(expires_at, VALUES(expires_at)), expires_at)"
-            ), &[Name, Name, Ttl, Waiting, Waiting, Waiting]),
+            ), &[Name, Name, Ttl, Waiting, Client, Waiting, Waiting]),
                 extend: LeaseSql::new(format!(
                 "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
                  WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)"
             ), &[Ttl, Name, Owner]),
-                release: vec![LeaseSql::new(release_marked.clone(), &[Name, Name, Owner])],
+                // With a live release bell mark, nothing: `MyLease::release`
+                // then runs `reserve` or `release_marked`.
+                release: vec![LeaseSql::new(release_free.clone(), &[Name, Name, Owner])],
                 purge: LeaseSql::new(format!("{release} WHERE name = ? AND owner = ? AND expires_at <= UTC_TIMESTAMP(6)"), &[Name, Owner]),
                 status: LeaseSql::new(format!(
                 "SELECT CAST(fence AS SIGNED), \
                         CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1000) AS SIGNED), \
                         owner \
-                 FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)"
+                 FROM {table} WHERE name = ? AND expires_at > UTC_TIMESTAMP(6) \
+                   AND (owner IS NULL OR LEFT(owner, 5) <> {NOT_FOR})"
             ), &[Name]),
                 extend_share: LeaseSql::new(format!(
                 "UPDATE {table} SET expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
@@ -277,7 +323,7 @@ impl MySql {
             ), &[Name, Owner, Ttl]),
                 forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)"), &[Name, Owner]),
                 channel: String::new(),
-                client: String::new(),
+                client: format!("{:016x}", fastrand::u64(..)),
             },
 
             // The insert's duplicate check (of a row that appeared after the
@@ -317,10 +363,36 @@ impl MySql {
             named_lock: named_lock.into(),
             bell_mark: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
-                 VALUES (?, NULL, 0, UTC_TIMESTAMP(6) + INTERVAL {BELL_MARK_SECS} SECOND) \
-                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+                 VALUES (?, NULL, 0, UTC_TIMESTAMP(6) + INTERVAL {BELL_MARK_SECS} SECOND), \
+                        (?, NULL, ?, UTC_TIMESTAMP(6) + INTERVAL {BELL_MARK_SECS} SECOND) \
+                 ON DUPLICATE KEY UPDATE fence = VALUES(fence), expires_at = VALUES(expires_at)"
             )
             .into(),
+            bell_sleepers: match fence_source {
+                FenceSource::Sequence => format!(
+                    "DELETE FROM {table} \
+                     WHERE name > ? AND name < ? AND name <> ? AND expires_at > UTC_TIMESTAMP(6) \
+                     ORDER BY expires_at LIMIT {RUNG} RETURNING CAST(fence AS SIGNED)"
+                ),
+                FenceSource::Counter => format!(
+                    "SELECT CAST(fence AS SIGNED) FROM {table} \
+                     WHERE name > ? AND name < ? AND name <> ? AND expires_at > UTC_TIMESTAMP(6) \
+                     ORDER BY expires_at LIMIT {RUNG}"
+                ),
+            }
+            .into(),
+            bell_unmark: format!("DELETE FROM {table} WHERE name = ?").into(),
+            bell_sweep: format!(
+                "DELETE FROM {table} WHERE name > ? AND name < ? AND expires_at <= UTC_TIMESTAMP(6)"
+            )
+            .into(),
+            release_marked: LeaseSql::new(release_marked.clone(), &[Name, Name, Owner]),
+            reserve: LeaseSql::new(format!(
+                "UPDATE {table} SET owner = CONCAT({NOT_FOR}, ?), \
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
+                 WHERE name = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)",
+                RESERVED_MS * 1000
+            ), &[Client, Name, Owner]),
             // The classic sequence of MySQL's manual; committed at once, so
             // no rollback can undo it.
             next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
@@ -360,9 +432,13 @@ struct LeaseTokens {
     hand_over: String,
     /// A release's statement up to its `WHERE`.
     release: String,
+    /// The owner's release, unless a live release bell mark says that a
+    /// client sleeps on the name (see [`BELL_MARK`]); an expired mark goes
+    /// with it. Binds the name twice, then the owner.
+    release_free: String,
     /// The owner's release, which also clears the name's release bell mark
-    /// (see [`BELL_MARK`]): a changed-row count above 1 tells that a client
-    /// sleeps on the name's bell. Binds the name twice, then the owner.
+    /// (see [`BELL_MARK`]), live or not. Binds the name twice, then the
+    /// owner.
     release_marked: String,
     /// Where rows are deleted: the last reader's leave (binds as `leave`),
     /// tried first; `leave` then counts a group down.
@@ -380,6 +456,11 @@ impl LeaseTokens {
                 next: "LAST_INSERT_ID(VALUES(fence))".to_owned(),
                 hand_over: format!("LAST_INSERT_ID(NEXTVAL({seq}))"),
                 release: format!("DELETE FROM {table}"),
+                release_free: format!(
+                    "DELETE t, b FROM {table} AS t LEFT JOIN {table} AS b ON {BELL_MARK} \
+                     WHERE t.name = ? AND t.owner = ? AND t.expires_at > UTC_TIMESTAMP(6) \
+                       AND (b.name IS NULL OR b.expires_at <= UTC_TIMESTAMP(6))"
+                ),
                 release_marked: format!(
                     "DELETE t, b FROM {table} AS t LEFT JOIN {table} AS b ON {BELL_MARK} \
                      WHERE t.name = ? AND t.owner = ? AND t.expires_at > UTC_TIMESTAMP(6)"
@@ -394,7 +475,12 @@ impl LeaseTokens {
                 next: "LAST_INSERT_ID(fence + 1)".to_owned(),
                 hand_over: "LAST_INSERT_ID(fence + 1)".to_owned(),
                 release: format!("UPDATE {table} SET owner = NULL, expires_at = UTC_TIMESTAMP(6)"),
-                // The mark counts as changed only if it had not run out.
+                release_free: format!(
+                    "UPDATE {table} AS t LEFT JOIN {table} AS b ON {BELL_MARK} \
+                     SET t.owner = NULL, t.expires_at = UTC_TIMESTAMP(6) \
+                     WHERE t.name = ? AND t.owner = ? AND t.expires_at > UTC_TIMESTAMP(6) \
+                       AND (b.name IS NULL OR b.expires_at <= UTC_TIMESTAMP(6))"
+                ),
                 release_marked: format!(
                     "UPDATE {table} AS t LEFT JOIN {table} AS b ON {BELL_MARK} \
                      SET t.owner = NULL, t.expires_at = UTC_TIMESTAMP(6), \

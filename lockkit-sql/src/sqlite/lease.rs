@@ -60,7 +60,7 @@ impl LeaseDialect for SqliteLease {
         })
     }
 
-    fn released(&self, name: &str, _: u64) {
+    fn released(&self, name: &str) {
         self.bells.ring(name);
     }
 

@@ -30,6 +30,14 @@ pub(crate) trait SqlServer: TestServer {
     /// The condition that the `name` column contains `part`, in SQL.
     fn name_contains(part: &str) -> String;
 
+    /// How many clients the server shows waiting for `name` in `mode`,
+    /// where it shows them apart from `status` (see
+    /// `Harness::waiting_clients`); `None` by default.
+    async fn waiting_clients(&self, mode: Mode, name: &str) -> Option<usize> {
+        let _ = (mode, name);
+        None
+    }
+
     /// How many rows of the lock table have a name that contains `part`
     /// (the lock's own, its permit slots', its waiting writer's).
     async fn rows_naming(&self, part: &str) -> usize {
@@ -111,6 +119,10 @@ impl<S: SqlServer> Harness for SqlHarness<S> {
 
     async fn stored_entries(&self, prefix: &str) -> usize {
         self.server.rows_naming(prefix).await
+    }
+
+    async fn waiting_clients(&self, name: &str) -> Option<usize> {
+        self.server.waiting_clients(self.mode, name).await
     }
 }
 
