@@ -240,6 +240,7 @@ impl RawMy {
             .bind(&owner)
             .bind(name.as_bytes())
             .bind(RAW_TTL.as_micros() as i64)
+            .bind("raw-floor")
             .execute(&mut *conn)
             .await
             .expect("lease upsert");
@@ -248,8 +249,8 @@ impl RawMy {
             fence > 0 && fence < 1 << 62,
             "raw lease: {name:?} was not free"
         );
-        // The release that also clears the name's release bell mark (it
-        // binds the name twice): the wake-up's whole cost when nobody waits.
+        // The release when no bell marks the name (it binds the name
+        // twice): the wake-up's whole cost when nobody waits.
         let released = sqlx::query(AssertSqlSafe(self.lease.release.as_str()))
             .bind(name.as_bytes())
             .bind(name.as_bytes())

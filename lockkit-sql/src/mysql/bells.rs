@@ -247,12 +247,40 @@ impl Bells {
 }
 
 impl Drop for Bells {
+    /// Stops the sleepers, and deletes their rows in the background (a
+    /// sleeper stopped here does not delete its own).
     fn drop(&mut self) {
-        for (_, sleeper) in self.shared.lock().drain() {
+        let mut rows = Vec::new();
+        for (hash, sleeper) in self.shared.lock().drain() {
             sleeper.task.abort();
+            rows.push(format!("{}{hash}\u{1}{}", BELL_PREFIX, self.shared.client));
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if rows.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        runtime.spawn(async move {
+            for row in rows {
+                let unmarked = sqlx::query(trusted(&shared.sql.bell_unmark))
+                    .bind(row.as_bytes())
+                    .execute(&shared.pool);
+                if let Err(error) = shared
+                    .settings
+                    .bounded("unmark a release bell", unmarked)
+                    .await
+                {
+                    tracing::debug!(%error, "could not delete a release bell's row");
+                }
+            }
+        });
     }
 }
+
+/// How a name's mark row starts (see `bell_mark_row`).
+const BELL_PREFIX: &str = "\u{1}bell:";
 
 /// A name as its bell knows it: the hash of its side rows (see
 /// `bell_mark_row`), and the row that marks it.
@@ -265,7 +293,7 @@ struct Key {
 impl Key {
     fn of(name: &str) -> Key {
         let mark = bell_mark_row(name);
-        let hash = mark.trim_start_matches("\u{1}bell:").to_owned();
+        let hash = mark.trim_start_matches(BELL_PREFIX).to_owned();
         Key { hash, mark }
     }
 
