@@ -253,7 +253,7 @@ impl Drop for Bells {
         let mut rows = Vec::new();
         for (hash, sleeper) in self.shared.lock().drain() {
             sleeper.task.abort();
-            rows.push(format!("{}{hash}\u{1}{}", BELL_PREFIX, self.shared.client));
+            rows.push(self.shared.own_row(&Key::of_hash(hash)));
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -295,6 +295,14 @@ impl Key {
         let mark = bell_mark_row(name);
         let hash = mark.trim_start_matches(BELL_PREFIX).to_owned();
         Key { hash, mark }
+    }
+
+    /// The key whose mark's hash is `hash`.
+    fn of_hash(hash: String) -> Key {
+        Key {
+            mark: format!("{BELL_PREFIX}{hash}"),
+            hash,
+        }
     }
 
     /// What every sleeper row of the name sorts after: the mark and

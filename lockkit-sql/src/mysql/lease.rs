@@ -16,7 +16,7 @@ use super::statements::{BUSY_FLAG, CONNECTION_ID, MySql};
 use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements};
 use crate::pool::SessionId;
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Value, micros, trusted};
+use crate::statement::{Answer, Bind as _, Runs as _, Value, micros, trusted};
 
 /// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
 /// [`BUSY_FLAG`] plus the remaining wait in µs (asked again within
@@ -45,18 +45,14 @@ pub(super) struct MyLease {
 
 impl MyLease {
     /// Runs `sql` with `args` on `conn`: the rows it changed.
-    async fn run(
-        &self,
-        conn: &mut Conn<Self>,
-        sql: &LeaseSql,
-        args: Args<'_>,
-    ) -> sqlx::Result<u64> {
+    fn run<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        sql: &'c LeaseSql,
+        args: Args<'c>,
+    ) -> Answer<'c, u64> {
         let values = self.sql.lease.values::<Self>(sql, args);
-        let done = sqlx::query(trusted(&sql.text))
-            .bind_all(&values)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
+        <Self as LeaseDialect>::Db::changed(conn, (&sql.text, &values))
     }
 }
 
