@@ -43,8 +43,9 @@ pub struct LockStatus {
     /// hand).
     pub remaining: Option<Duration>,
     /// How many contenders queue behind the holder, where the server queues
-    /// them (ZooKeeper, Postgres advisory locks, fair Redis locks: there one
-    /// per waiting client, whose tasks queue among themselves).
+    /// them (ZooKeeper, Postgres advisory locks, fair Redis locks, and the
+    /// lines of waiting clients of Postgres and SQLite `lease` mode: there
+    /// one per waiting client, whose tasks queue among themselves).
     pub waiters: Option<usize>,
     /// The holder's identity ([`LockOptions::holder`](crate::LockOptions::holder));
     /// for shared or semaphore holdings, any one of them. `None` where none

@@ -55,11 +55,13 @@ pub use settings::{
 #[doc(hidden)]
 #[derive(Clone, Debug)]
 pub struct LeaseStatements {
-    /// The upsert (binds as `lease` mode binds it: on Postgres the name,
-    /// the owner, the lease in milliseconds and the client, as the lines
-    /// of waiting clients name it).
+    /// The upsert (binds as `lease` mode binds it: on Postgres and SQLite
+    /// the name, the owner, the lease in milliseconds and the client, as
+    /// the lines of waiting clients name it).
     pub acquire: String,
-    /// The owner-conditional release.
+    /// The owner-conditional release (on SQLite it binds the name, the
+    /// owner and the client, and releases only while no other client
+    /// waits in the name's line).
     pub release: String,
 }
 

@@ -359,3 +359,86 @@ async fn tokens_rise_above_an_earlier_table() {
         guard.release().await.expect("release");
     }
 }
+
+/// A client that waits for a name (here: watches its releases, as its
+/// waiters do) has a place in the name's line
+/// (`\x01queue:<name>\x01<client>`); the holder's release, finding it,
+/// leaves the row to the other clients (`\x01not:<client>`) instead of
+/// deleting it, and the releasing client takes it again only once nobody
+/// took it in time. The place goes once the client stops waiting, and a
+/// place left by a client that died is swept as it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn places_in_line_come_and_go_with_their_waiters() {
+    let harness = SqliteHarness::new();
+    let admin = format!("sqlite://{}", harness.db.display());
+    let count = |sql: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let mut conn = SqliteConnection::connect(&admin)
+                .await
+                .expect("admin connection");
+            let n: i64 = sqlx::query_scalar(sql)
+                .bind("in-line")
+                .fetch_one(&mut conn)
+                .await
+                .expect("count rows");
+            n
+        }
+    };
+    const PLACES: &str = "SELECT count(*) FROM lockkit_locks \
+        WHERE name > char(1) || 'queue:' || ?1 || char(1) AND name < char(1) || 'queue:' || ?1 || char(2)";
+    const LEFT_TO_OTHERS: &str = "SELECT count(*) FROM lockkit_locks \
+        WHERE name = ?1 AND substr(owner, 1, 5) = char(1) || 'not:'";
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .wait_for(Duration::from_secs(30));
+    let holder = harness.client().await;
+    let held = holder.acquire("in-line", &opts).await.unwrap();
+    // A place of a client that died, run out already.
+    let mut conn = SqliteConnection::connect(&admin).await.unwrap();
+    sqlx::query(
+        "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
+         VALUES (char(1) || 'queue:' || ?1 || char(1) || 'gone', 'gone', 0, 0)",
+    )
+    .bind("in-line")
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let watcher = harness.client().await;
+    let watch = watcher.watch_releases("in-line").await.unwrap();
+    assert!(watch.is_active(), "a watch of a held name on Linux rings");
+    assert_eq!(count(PLACES).await, 2, "the watching client took a place");
+    assert_eq!(
+        holder.status("in-line").await.unwrap().waiters,
+        Some(1),
+        "status counts the live place, not the one that ran out"
+    );
+    held.release().await.unwrap();
+    assert_eq!(
+        count(LEFT_TO_OTHERS).await,
+        1,
+        "the release left the row to the client in line"
+    );
+    assert!(
+        !holder.status("in-line").await.unwrap().held,
+        "a row left to the others shows as free"
+    );
+    let again = holder
+        .acquire("in-line", &opts)
+        .await
+        .expect("the releasing client takes the lock once nobody took it in time");
+    drop(watch);
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            count(PLACES).await == 0
+        })
+        .await,
+        "the place stayed after its client stopped waiting, or the dead client's was not swept"
+    );
+    again.release().await.unwrap();
+    assert_eq!(
+        count("SELECT count(*) FROM lockkit_locks WHERE name = ?1").await,
+        0,
+        "a release nobody waits for deletes the row"
+    );
+}

@@ -25,6 +25,8 @@
 //! [`holder_row_name`]) if no live reader has it, and gives it up when it
 //! leaves: the group shows one of its readers' identities.
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod line;
 mod reader;
 mod records;
 mod rows;
@@ -48,6 +50,8 @@ use crate::pool::{KeptPool, SessionId};
 use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use line::{Line, PLACE_TTL, Places};
 #[cfg(feature = "mysql")]
 pub(crate) use records::bell_mark_row;
 use records::waiting_row_name;
@@ -159,7 +163,7 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     }
 
     /// How many clients wait in line for `name`, where the database keeps
-    /// a line (Postgres); `None` by default.
+    /// a line (Postgres, SQLite: see `line`); `None` by default.
     fn waiting<'a>(&'a self, settings: &'a Settings, name: &'a str) -> Answer<'a, Option<usize>> {
         let _ = (settings, name);
         Box::pin(std::future::ready(Ok(None)))

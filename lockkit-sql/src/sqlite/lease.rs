@@ -1,17 +1,27 @@
 //! `lease` mode on SQLite: a grant's upsert answers the new fence
 //! (`RETURNING`), and when it did not grant, a second statement on the same
 //! connection reads how long what stands in the way still runs.
+//!
+//! A client whose waiters wait for a name has a place in the name's line
+//! (see [`Line`]) while they wait. A release that finds another client in
+//! line leaves the row to the other clients for a moment rather than
+//! delete it (see the statements), and rings the name's bell: they all
+//! wake, and the first to ask takes the lock, where the releasing process,
+//! awake already, would mostly take it straight back.
 
 use std::sync::Arc;
 
+use futures_util::TryFutureExt as _;
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken};
-use sqlx::Sqlite;
+use sqlx::{Sqlite, SqlitePool};
 
 use super::bells::Bells;
 use super::statements::SqliteSql;
-use crate::lease::{Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
+use crate::lease::{
+    Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements, Line, PLACE_TTL, Places,
+};
 use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
@@ -20,6 +30,57 @@ use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 pub(super) struct SqliteLease {
     pub(super) sql: Arc<SqliteSql>,
     pub(super) bells: Bells,
+    /// The client's places in lines; none for an in-memory database (one
+    /// client alone uses it).
+    pub(super) line: Option<Line<SqlitePlaces>>,
+}
+
+/// This client's places in the lines of the names its waiters wait for.
+#[derive(Debug)]
+pub(super) struct SqlitePlaces {
+    pub(super) pool: SqlitePool,
+    pub(super) sql: Arc<SqliteSql>,
+    pub(super) settings: Settings,
+}
+
+impl SqlitePlaces {
+    /// Runs one of the line's statements, bounded by the command timeout;
+    /// whether it ran. A failure is logged: the client's waiters then wait
+    /// without a place, and a release may go straight back to its holder.
+    async fn run(&self, what: &str, query: SqliteQuery<'_>) -> bool {
+        match self.settings.bounded(what, query.execute(&self.pool)).await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::debug!(%error, "could not {what}");
+                false
+            }
+        }
+    }
+}
+
+/// A statement with its values bound.
+type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
+
+impl Places for SqlitePlaces {
+    fn join<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
+        let enqueue = sqlx::query(trusted(&self.sql.enqueue))
+            .bind(name)
+            .bind(&self.sql.lease.client)
+            .bind(PLACE_TTL.as_millis() as i64);
+        Box::pin(self.run("take a place in line", enqueue))
+    }
+
+    fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
+        let dequeue = sqlx::query(trusted(&self.sql.dequeue))
+            .bind(name)
+            .bind(&self.sql.lease.client);
+        Box::pin(self.run("leave a line", dequeue))
+    }
+
+    fn leave_all(&self) -> BoxFuture<'_, bool> {
+        let query = sqlx::query(trusted(&self.sql.leave_lines)).bind(&self.sql.lease.client);
+        Box::pin(self.run("leave its lines", query))
+    }
 }
 
 impl LeaseDialect for SqliteLease {
@@ -64,7 +125,29 @@ impl LeaseDialect for SqliteLease {
         self.bells.ring(name);
     }
 
+    /// The bell of the name's bucket, and a place in the name's line while
+    /// the watch lives.
     fn watch<'a>(&'a self, _: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
-        Box::pin(std::future::ready(self.bells.watch(name)))
+        Box::pin(async move {
+            let bell = self.bells.watch(name);
+            match &self.line {
+                Some(line) if bell.is_active() => {
+                    let (place, _) = line.join(name).await;
+                    ReleaseWatch::merge([bell, place])
+                }
+                _ => bell,
+            }
+        })
+    }
+
+    /// The live places in the name's line.
+    fn waiting<'a>(&'a self, _: &'a Settings, name: &'a str) -> Answer<'a, Option<usize>> {
+        let Some(line) = &self.line else {
+            return Box::pin(std::future::ready(Ok(None)));
+        };
+        let count = sqlx::query_scalar::<_, i64>(trusted(&self.sql.in_line))
+            .bind(name)
+            .fetch_one(&line.places().pool);
+        Box::pin(count.map_ok(|n| Some(usize::try_from(n).unwrap_or(0))))
     }
 }

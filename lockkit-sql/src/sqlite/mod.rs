@@ -18,12 +18,12 @@ use lockkit_core::backend::LeaseLock;
 use sqlx::ConnectOptions as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use crate::lease::LeaseRows;
+use crate::lease::{LeaseRows, Line};
 use crate::open::Opened;
 use crate::pool::KeptPool;
 use crate::settings::{Settings, SqlConfig};
 use bells::Bells;
-use lease::SqliteLease;
+use lease::{SqliteLease, SqlitePlaces};
 use migration::SqliteMigrator;
 use statements::SqliteSql;
 
@@ -72,10 +72,16 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
             .await?,
     );
     let sql = Arc::new(SqliteSql::new(&config.table));
+    let places = SqlitePlaces {
+        pool: pool.clone(),
+        sql: sql.clone(),
+        settings: settings.clone(),
+    };
     let lock = LeaseLock::new(LeaseRows::new(
         SqliteLease {
             sql: sql.clone(),
             bells: Bells::new((!in_memory).then(|| options.get_filename())),
+            line: (!in_memory).then(|| Line::new(places, false)),
         },
         KeptPool::new(pool),
         settings.clone(),

@@ -1,7 +1,9 @@
 //! Every SQL text of one lock table on SQLite, built once from its
 //! validated name.
 
-use crate::lease::Param::{Name, Owner, To, Token, Ttl, Waiting};
+use std::sync::Arc;
+
+use crate::lease::Param::{Client, Name, Owner, To, Token, Ttl, Waiting};
 use crate::lease::{LeaseSql, LeaseStatements};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
@@ -18,8 +20,42 @@ pub(super) struct SqliteSql {
     /// After a reader's upsert that did not grant: the longer of the
     /// row's and the waiting record's remaining lease.
     pub(super) share_remaining: LeaseSql,
+    /// A waiting client's place in the line of a name (`?1`): its row (see
+    /// [`FIRST`]) made, or kept for `?3` ms more; `?2`: the client.
+    pub(super) enqueue: Arc<str>,
+    /// The place of client `?2` in the line of name `?1` left, and the
+    /// places there that ran out (clients that stopped without leaving)
+    /// swept in passing.
+    pub(super) dequeue: Arc<str>,
+    /// Every place of client `?1` left.
+    pub(super) leave_lines: Arc<str>,
+    /// How many clients wait in the line of `?1`.
+    pub(super) in_line: Arc<str>,
     pub(super) migrate: String,
 }
+
+/// The places of the clients that wait for name `?1` are rows
+/// `\x01queue:<name>\x01<client>`, whose owner is the client: every one
+/// of them sorts after this text and before [`PAST`]. Lock names cannot
+/// contain `\x01`, so these rows are apart from every lock's row and from
+/// every other name's line.
+const FIRST: &str = "(char(1) || 'queue:' || ?1 || char(1))";
+
+/// The text every place in the line of `?1` sorts before (see [`FIRST`]).
+const PAST: &str = "(char(1) || 'queue:' || ?1 || char(2))";
+
+/// Every place in every line (see [`FIRST`]).
+const LINES: &str = "name > char(1) || 'queue:' AND name < char(1) || 'queue;'";
+
+/// The owner of a row that a release left to the other clients (followed
+/// by the releasing client): no owner token starts with `\x01`.
+const NOT_FOR: &str = "(char(1) || 'not:')";
+
+/// How long a row that a release left to the clients in line stays theirs
+/// (ms): the bell wakes them and they ask at once; should none of them ask
+/// within this time (they stopped waiting meanwhile), the releasing client
+/// may take the row again.
+pub(super) const RESERVED_MS: u32 = 500;
 
 /// The prefix of a reader group's owner (see the `lease` module).
 const GROUP: &str = "(char(1) || 'r')";
@@ -50,9 +86,10 @@ impl SqliteSql {
                  ON CONFLICT (name) DO UPDATE \
                      SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
                      WHERE expires_at <= {NOW_MS} \
+                        OR (substr(owner, 1, 5) = {NOT_FOR} AND owner <> {NOT_FOR} || ?4) \
                  RETURNING fence"
                     ),
-                    &[Name, Owner, Ttl],
+                    &[Name, Owner, Ttl, Client],
                 ),
                 hand_over: LeaseSql::new(
                     format!(
@@ -85,12 +122,28 @@ impl SqliteSql {
                     ),
                     &[Name, Owner, Ttl],
                 ),
-                release: vec![LeaseSql::new(
-                    format!(
-                        "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+                // With no other client in the name's line (see [`FIRST`]),
+                // the row goes; otherwise the second statement leaves it to
+                // them for [`RESERVED_MS`] (the releasing client may not
+                // take it back meanwhile), and the bell wakes them.
+                release: vec![
+                    LeaseSql::new(
+                        format!(
+                            "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
+                             AND NOT EXISTS (SELECT 1 FROM {table} \
+                                 WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || ?3 \
+                                   AND expires_at > {NOW_MS})"
+                        ),
+                        &[Name, Owner, Client],
                     ),
-                    &[Name, Owner],
-                )],
+                    LeaseSql::new(
+                        format!(
+                            "UPDATE {table} SET owner = {NOT_FOR} || ?3, expires_at = {NOW_MS} + {RESERVED_MS} \
+                             WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+                        ),
+                        &[Name, Owner, Client],
+                    ),
+                ],
                 purge: LeaseSql::new(
                     format!(
                         "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at <= {NOW_MS}"
@@ -99,7 +152,8 @@ impl SqliteSql {
                 ),
                 status: LeaseSql::new(
                     format!(
-                        "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS}"
+                        "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} \
+                         AND (owner IS NULL OR substr(owner, 1, 5) <> {NOT_FOR})"
                     ),
                     &[Name],
                 ),
@@ -140,7 +194,7 @@ impl SqliteSql {
                     &[Name, Owner],
                 ),
                 channel: String::new(),
-                client: String::new(),
+                client: format!("{:016x}", fastrand::u64(..)),
             },
             remaining: LeaseSql::new(
                 format!("SELECT MAX(0, expires_at - {NOW_MS}) FROM {table} WHERE name = ?1"),
@@ -152,6 +206,19 @@ impl SqliteSql {
                 ),
                 &[Name, Waiting],
             ),
+            enqueue: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ({FIRST} || ?2, ?2, 0, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET expires_at = excluded.expires_at"
+            ).into(),
+            dequeue: format!(
+                "DELETE FROM {table} WHERE name > {FIRST} AND name < {PAST} \
+                 AND (name = {FIRST} || ?2 OR expires_at <= {NOW_MS})"
+            )
+            .into(),
+            leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = ?1").into(),
+            in_line: format!(
+                "SELECT count(*) FROM {table} WHERE name > {FIRST} AND name < {PAST} AND expires_at > {NOW_MS}"
+            ).into(),
             // The high-water mark starts at the highest token stored (a
             // table of an earlier version keeps a token per row).
             migrate: format!(
