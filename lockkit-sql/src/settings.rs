@@ -182,10 +182,11 @@ pub const POLLED_LEASE_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnC
     .with_semaphore(true);
 
 /// What `lease` mode guarantees on SQLite: on Linux a release rings a bell
-/// file that wakes the waiters of other processes (inotify), elsewhere they
-/// back off as on MySQL.
+/// file that wakes the waiters of other processes (inotify), and the
+/// waiting clients take turns in the order they came, as on Postgres;
+/// elsewhere they back off as on MySQL.
 pub const SQLITE_LEASE_CAPABILITIES: Capabilities = if cfg!(target_os = "linux") {
-    NOTIFIED_LEASE_CAPABILITIES
+    NOTIFIED_LEASE_CAPABILITIES.with_fifo(true)
 } else {
     POLLED_LEASE_CAPABILITIES
 };

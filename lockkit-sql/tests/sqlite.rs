@@ -363,10 +363,10 @@ async fn tokens_rise_above_an_earlier_table() {
 /// A client that waits for a name (here: watches its releases, as its
 /// waiters do) has a place in the name's line
 /// (`\x01queue:<name>\x01<client>`); the holder's release, finding it,
-/// leaves the row to the other clients (`\x01not:<client>`) instead of
-/// deleting it, and the releasing client takes it again only once nobody
-/// took it in time. The place goes once the client stops waiting, and a
-/// place left by a client that died is swept as it goes.
+/// reserves the row for that client (`\x01for:<client>`) instead of
+/// deleting it, and ends its place; the releasing client takes the row
+/// again only once the reservation ran out. Places that ended or ran out
+/// (a client that died) are swept as a place of the line goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn places_in_line_come_and_go_with_their_waiters() {
     let harness = SqliteHarness::new();
@@ -387,8 +387,11 @@ async fn places_in_line_come_and_go_with_their_waiters() {
     };
     const PLACES: &str = "SELECT count(*) FROM lockkit_locks \
         WHERE name > char(1) || 'queue:' || ?1 || char(1) AND name < char(1) || 'queue:' || ?1 || char(2)";
-    const LEFT_TO_OTHERS: &str = "SELECT count(*) FROM lockkit_locks \
-        WHERE name = ?1 AND substr(owner, 1, 5) = char(1) || 'not:'";
+    const LIVE_PLACES: &str = "SELECT count(*) FROM lockkit_locks \
+        WHERE name > char(1) || 'queue:' || ?1 || char(1) AND name < char(1) || 'queue:' || ?1 || char(2) \
+          AND expires_at > CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+    const RESERVED: &str = "SELECT count(*) FROM lockkit_locks \
+        WHERE name = ?1 AND substr(owner, 1, 5) = char(1) || 'for:'";
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(20))
         .wait_for(Duration::from_secs(30));
@@ -415,26 +418,24 @@ async fn places_in_line_come_and_go_with_their_waiters() {
     );
     held.release().await.unwrap();
     assert_eq!(
-        count(LEFT_TO_OTHERS).await,
+        count(RESERVED).await,
         1,
-        "the release left the row to the client in line"
+        "the release reserved the row for the client in line"
+    );
+    assert_eq!(count(LIVE_PLACES).await, 0, "the served place ended");
+    assert!(
+        !watcher.status("in-line").await.unwrap().held,
+        "a row reserved for a client shows as free to it"
     );
     assert!(
-        !holder.status("in-line").await.unwrap().held,
-        "a row left to the others shows as free"
+        holder.status("in-line").await.unwrap().held,
+        "and as held to the others"
     );
     let again = holder
         .acquire("in-line", &opts)
         .await
-        .expect("the releasing client takes the lock once nobody took it in time");
+        .expect("the releasing client takes the lock once the reservation ran out");
     drop(watch);
-    assert!(
-        lockkit_testkit::eventually(Duration::from_secs(30), || async {
-            count(PLACES).await == 0
-        })
-        .await,
-        "the place stayed after its client stopped waiting, or the dead client's was not swept"
-    );
     again.release().await.unwrap();
     assert_eq!(
         count("SELECT count(*) FROM lockkit_locks WHERE name = ?1").await,

@@ -123,10 +123,12 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Runs the owner's release ([`LeaseStatements::release`], for the
-    /// owner in `args`): the rows changed (0: the lease was not the
-    /// owner's). By default the statements in order, until one changes a
-    /// row; a dialect whose release decides between them on the server's
-    /// answers runs its own (MySQL/MariaDB: see `mysql::lease`).
+    /// owner in `args`) and wakes the waiters it freed the lock for: the
+    /// rows changed (0: the lease was not the owner's). By default the
+    /// statements in order, until one changes a row, then
+    /// [`released`](Self::released); a dialect whose release decides
+    /// between them on the server's answers runs its own (MySQL/MariaDB:
+    /// see `mysql::lease`; SQLite: `sqlite::lease`).
     fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
         Box::pin(async move {
             let statements = self.statements();
@@ -134,6 +136,7 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
                 let values = statements.values::<Self>(release, args);
                 let changed = Self::Db::changed(&mut *conn, (&release.text, &values)).await?;
                 if changed >= 1 {
+                    self.released(args.name);
                     return Ok(changed);
                 }
             }

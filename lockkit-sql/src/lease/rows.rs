@@ -124,11 +124,8 @@ impl<D: LeaseDialect> Rows<D> {
             .settings
             .timed(self.dialect.release(&mut loan, args))
             .await;
-        let released = loan.finish(&self.settings, "release", answer)? >= 1;
-        if released {
-            self.dialect.released(name);
-        }
-        Ok(released)
+        // The dialect's release wakes the waiters (see `LeaseDialect::release`).
+        Ok(loan.finish(&self.settings, "release", answer)? >= 1)
     }
 
     pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {

@@ -5,7 +5,11 @@
 //! `<database>-lockkit-bells/<bucket>` ([`BUCKETS`] files at most, however
 //! many names are used). A client with waiters watches that directory once
 //! and wakes its waiters of the names whose bucket rang; waiters of another
-//! name in the same bucket wake for nothing and wait again. Where there are
+//! name in the same bucket wake for nothing and wait again. A release that
+//! reserves the lock for the client at the head of the name's line rings
+//! that client's own bell instead, `client-<bucket>` (the bucket of the
+//! client's id, [`BUCKETS`] files at most however many clients come and
+//! go), which wakes every waiter of the clients of that bucket. Where there are
 //! no bells (another system, an in-memory database, a directory that cannot
 //! be made) waiters back off, never past the holder's expiry, as they do
 //! without bells.
@@ -36,14 +40,21 @@ pub(super) fn bells_dir(database: &Path) -> PathBuf {
     PathBuf::from(dir)
 }
 
+/// The file name of the bell of the clients of `client`'s bucket.
+fn client_bell(client: &str) -> String {
+    format!("client-{}", bucket(client))
+}
+
 /// A client's bells: the files it rang (kept open), and its watch.
 #[derive(Debug)]
 pub(super) struct Bells {
     /// `None` where there are no bells.
     dir: Option<PathBuf>,
+    /// This client's own bell (see [`client_bell`]).
+    own: String,
     hub: NotifyHub,
-    /// Open bell files by bucket.
-    rung: Mutex<HashMap<u64, File>>,
+    /// Open bell files by name.
+    rung: Mutex<HashMap<String, File>>,
     /// Once the first waiter asked: the task that reads the watch, or why
     /// there is none.
     watching: Mutex<Option<Watching>>,
@@ -56,13 +67,15 @@ enum Watching {
 }
 
 impl Bells {
-    /// The bells of the database file at `database`; none for `None` (an
-    /// in-memory database) and on systems without inotify.
-    pub(super) fn new(database: Option<&Path>) -> Self {
+    /// The bells of the database file at `database`, for the client
+    /// `client`; none for `None` (an in-memory database) and on systems
+    /// without inotify.
+    pub(super) fn new(database: Option<&Path>, client: &str) -> Self {
         Bells {
             dir: database
                 .filter(|_| cfg!(target_os = "linux"))
                 .map(bells_dir),
+            own: client_bell(client),
             hub: NotifyHub::new(),
             rung: Mutex::new(HashMap::new()),
             watching: Mutex::new(None),
@@ -73,13 +86,21 @@ impl Bells {
     /// bells (their directory exists). Failures are only traced: the
     /// waiters then find the release on their next try.
     pub(super) fn ring(&self, name: &str) {
+        self.ring_file(bucket(name).to_string());
+    }
+
+    /// Rings the bell of `client` (see [`client_bell`]): its turn came.
+    pub(super) fn ring_client(&self, client: &str) {
+        self.ring_file(client_bell(client));
+    }
+
+    fn ring_file(&self, bell: String) {
         let Some(dir) = &self.dir else { return };
-        let bucket = bucket(name);
         let mut rung = self.rung.lock().unwrap_or_else(|p| p.into_inner());
-        let file = match rung.entry(bucket) {
+        let file = match rung.entry(bell) {
             std::collections::hash_map::Entry::Occupied(file) => file.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
-                let path = dir.join(bucket.to_string());
+                let path = dir.join(entry.key());
                 match std::fs::OpenOptions::new()
                     .write(true)
                     .create(true)
@@ -95,9 +116,9 @@ impl Bells {
                 }
             }
         };
-        if let Err(error) = ring_file(file) {
+        if let Err(error) = write_bell(file) {
             tracing::debug!(%error, "could not ring a release bell");
-            rung.remove(&bucket);
+            rung.clear();
         }
     }
 
@@ -108,7 +129,7 @@ impl Bells {
             return ReleaseWatch::none();
         };
         let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
-        let watching = watching.get_or_insert_with(|| match start(dir, self.hub.clone()) {
+        let watching = watching.get_or_insert_with(|| match start(dir, &self.own, self.hub.clone()) {
             Ok(task) => Watching::On(task),
             Err(error) => {
                 tracing::warn!(dir = %dir.display(), %error, "cannot watch the release bells; waiting by polling");
@@ -133,19 +154,20 @@ impl Drop for Bells {
 
 /// One byte written at the start of a bell file.
 #[cfg(unix)]
-fn ring_file(file: &File) -> std::io::Result<()> {
+fn write_bell(file: &File) -> std::io::Result<()> {
     std::os::unix::fs::FileExt::write_at(file, &[1], 0).map(drop)
 }
 
 #[cfg(not(unix))]
-fn ring_file(_: &File) -> std::io::Result<()> {
+fn write_bell(_: &File) -> std::io::Result<()> {
     Ok(())
 }
 
 /// Makes the bells' directory, watches it, and spawns the task that wakes
-/// the waiters of each bucket that rings.
+/// the waiters of each bucket that rings, and every waiter when the
+/// client's own bell (`own`) rings.
 #[cfg(target_os = "linux")]
-fn start(dir: &Path, hub: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
+fn start(dir: &Path, own: &str, hub: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
     use futures_util::StreamExt as _;
     use inotify::{Inotify, WatchMask};
 
@@ -153,14 +175,20 @@ fn start(dir: &Path, hub: NotifyHub) -> std::io::Result<tokio::task::AbortHandle
     let inotify = Inotify::init()?;
     inotify.watches().add(dir, WatchMask::MODIFY)?;
     let mut events = inotify.into_event_stream([0_u8; 1024])?;
+    let own = std::ffi::OsString::from(own);
     let task = tokio::spawn(async move {
         while let Some(event) = events.next().await {
             match event {
-                Ok(event) => {
-                    if let Some(bucket) = event.name.as_ref().and_then(|n| n.to_str()) {
+                Ok(event) => match event.name.as_deref().and_then(|n| n.to_str()) {
+                    Some(bell) if bell.starts_with("client-") && own == bell => {
+                        hub.notify_all();
+                    }
+                    Some(bell) if bell.starts_with("client-") => {}
+                    Some(bucket) => {
                         hub.notify(bucket);
                     }
-                }
+                    None => {}
+                },
                 Err(error) => {
                     // Events may be lost: everyone looks again.
                     tracing::debug!(%error, "reading the release bells failed");
@@ -174,7 +202,7 @@ fn start(dir: &Path, hub: NotifyHub) -> std::io::Result<tokio::task::AbortHandle
 }
 
 #[cfg(not(target_os = "linux"))]
-fn start(_: &Path, _: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
+fn start(_: &Path, _: &str, _: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
     Err(std::io::Error::other("release bells need inotify (Linux)"))
 }
 

@@ -4,10 +4,10 @@
 //!
 //! A client whose waiters wait for a name has a place in the name's line
 //! (see [`Line`]) while they wait. A release that finds another client in
-//! line leaves the row to the other clients for a moment rather than
-//! delete it (see the statements), and rings the name's bell: they all
-//! wake, and the first to ask takes the lock, where the releasing process,
-//! awake already, would mostly take it straight back.
+//! line reserves the row for the client at the head of the line for a
+//! moment rather than delete it, and rings that client's own bell (see
+//! `bells`): it alone wakes, and the releasing process, awake already,
+//! cannot take the lock straight back.
 
 use std::sync::Arc;
 
@@ -18,12 +18,13 @@ use lockkit_core::{Capabilities, FencingToken};
 use sqlx::{Sqlite, SqlitePool};
 
 use super::bells::Bells;
-use super::statements::SqliteSql;
+use super::statements::{FOR, SqliteSql};
 use crate::lease::{
-    Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements, Line, PLACE_TTL, Places,
+    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line, PLACE_TTL,
+    Places,
 };
 use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
+use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
 
 /// `lease` mode on SQLite, its waiters woken by the release bells.
 #[derive(Debug)]
@@ -121,20 +122,56 @@ impl LeaseDialect for SqliteLease {
         })
     }
 
+    /// With no other client in the name's line, the row goes and the
+    /// name's bell rings (one statement). Otherwise the row is reserved
+    /// for the client at the head of the line and that client's place
+    /// ends (a second statement), and its own bell rings: it alone wakes,
+    /// however many wait.
+    fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
+        Box::pin(async move {
+            let lease = &self.sql.lease;
+            let run = |sql: &'c LeaseSql| (sql, lease.values::<Self>(sql, args));
+            let (alone, values) = run(&lease.release[0]);
+            let changed = Sqlite::changed(&mut *conn, (&alone.text, &values)).await?;
+            if changed >= 1 {
+                self.bells.ring(args.name);
+                return Ok(changed);
+            }
+            let (reserve, values) = run(&self.sql.reserve);
+            let owners: Vec<String> = sqlx::query_scalar(trusted(&reserve.text))
+                .bind_all(&values)
+                .fetch_all(&mut *conn)
+                .await?;
+            if let Some(head) = owners.iter().find_map(|owner| owner.strip_prefix(FOR)) {
+                self.bells.ring_client(head);
+                return Ok(1);
+            }
+            // The line emptied meanwhile.
+            let (release, values) = run(&self.sql.release_alone);
+            let changed = Sqlite::changed(conn, (&release.text, &values)).await?;
+            if changed >= 1 {
+                self.bells.ring(args.name);
+            }
+            Ok(changed)
+        })
+    }
+
     fn released(&self, name: &str) {
         self.bells.ring(name);
     }
 
     /// The bell of the name's bucket, and a place in the name's line while
-    /// the watch lives.
+    /// the watch lives. In line, the client is woken when its turn comes
+    /// (its own bell rings): its waiters sleep until then, or until what
+    /// stands in the way runs out, rather than ask again on the backoff.
     fn watch<'a>(&'a self, _: &'a Settings, name: &'a str) -> BoxFuture<'a, ReleaseWatch> {
         Box::pin(async move {
             let bell = self.bells.watch(name);
             match &self.line {
-                Some(line) if bell.is_active() => {
-                    let (place, _) = line.join(name).await;
-                    ReleaseWatch::merge([bell, place])
-                }
+                Some(line) if bell.is_active() => match line.join(name).await {
+                    (place, true) => ReleaseWatch::merge([bell, place]).telling_turns(),
+                    (place, false) => ReleaseWatch::merge([bell, place]),
+                },
                 _ => bell,
             }
         })

@@ -80,8 +80,12 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     let lock = LeaseLock::new(LeaseRows::new(
         SqliteLease {
             sql: sql.clone(),
-            bells: Bells::new((!in_memory).then(|| options.get_filename())),
-            line: (!in_memory).then(|| Line::new(places, false)),
+            bells: Bells::new(
+                (!in_memory).then(|| options.get_filename()),
+                &sql.lease.client,
+            ),
+            // Waiters in line sleep until their turn: a renewal wakes them too.
+            line: (!in_memory).then(|| Line::new(places, true)),
         },
         KeptPool::new(pool),
         settings.clone(),

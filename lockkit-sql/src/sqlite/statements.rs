@@ -20,6 +20,14 @@ pub(super) struct SqliteSql {
     /// After a reader's upsert that did not grant: the longer of the
     /// row's and the waiting record's remaining lease.
     pub(super) share_remaining: LeaseSql,
+    /// The owner's release when other clients are in the name's line: the
+    /// row reserved for [`RESERVED_MS`] for the client at the head of the
+    /// line (other than this one, `?3`), whose place ends. Answers the
+    /// owners it wrote: the row's (`\x01for:<client>`) and the place's;
+    /// nothing when the line has emptied meanwhile.
+    pub(super) reserve: LeaseSql,
+    /// The owner's release that deletes the row whoever waits.
+    pub(super) release_alone: LeaseSql,
     /// A waiting client's place in the line of a name (`?1`): its row (see
     /// [`FIRST`]) made, or kept for `?3` ms more; `?2`: the client.
     pub(super) enqueue: Arc<str>,
@@ -47,14 +55,16 @@ const PAST: &str = "(char(1) || 'queue:' || ?1 || char(2))";
 /// Every place in every line (see [`FIRST`]).
 const LINES: &str = "name > char(1) || 'queue:' AND name < char(1) || 'queue;'";
 
-/// The owner of a row that a release left to the other clients (followed
-/// by the releasing client): no owner token starts with `\x01`.
-const NOT_FOR: &str = "(char(1) || 'not:')";
+/// The owner of a row reserved for a client (followed by the client): no
+/// owner token starts with `\x01`.
+pub(super) const FOR: &str = "\u{1}for:";
 
-/// How long a row that a release left to the clients in line stays theirs
-/// (ms): the bell wakes them and they ask at once; should none of them ask
-/// within this time (they stopped waiting meanwhile), the releasing client
-/// may take the row again.
+/// [`FOR`] in SQL.
+const FOR_SQL: &str = "(char(1) || 'for:')";
+
+/// How long a released row stays reserved for the client at the head of
+/// the line (ms): its bell wakes it and it asks at once; should it not
+/// within this time (it stopped waiting, or died), anyone may take the row.
 pub(super) const RESERVED_MS: u32 = 500;
 
 /// The prefix of a reader group's owner (see the `lease` module).
@@ -85,8 +95,7 @@ impl SqliteSql {
                         "INSERT INTO {table} (name, owner, fence, expires_at) VALUES (?1, ?2, {next}, {NOW_MS} + ?3) \
                  ON CONFLICT (name) DO UPDATE \
                      SET owner = excluded.owner, fence = excluded.fence, expires_at = excluded.expires_at \
-                     WHERE expires_at <= {NOW_MS} \
-                        OR (substr(owner, 1, 5) = {NOT_FOR} AND owner <> {NOT_FOR} || ?4) \
+                     WHERE expires_at <= {NOW_MS} OR owner = {FOR_SQL} || ?4 \
                  RETURNING fence"
                     ),
                     &[Name, Owner, Ttl, Client],
@@ -99,21 +108,23 @@ impl SqliteSql {
                     ),
                     &[Name, Owner, To, Ttl],
                 ),
-                // Readers: see the `lease` module. `?3`: the waiting record's row.
+                // Readers: see the `lease` module. `?3`: the waiting record's
+                // row; a row reserved for this client (`?4`) starts a group.
                 share: LeaseSql::new(
                     format!(
                         "INSERT INTO {table} (name, owner, fence, expires_at) \
                  SELECT ?1, {GROUP} || t.f || ':1', t.f, {NOW_MS} + ?2 FROM (SELECT {next} AS f) AS t \
                  WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?3 AND expires_at > {NOW_MS}) \
                  ON CONFLICT (name) DO UPDATE \
-                     SET owner = CASE WHEN expires_at <= {NOW_MS} THEN excluded.owner \
+                     SET owner = CASE WHEN expires_at <= {NOW_MS} OR owner = {FOR_SQL} || ?4 THEN excluded.owner \
                              ELSE substr(owner, 1, instr(owner, ':')) || ({COUNT} + 1) END, \
                          fence = excluded.fence, \
-                         expires_at = MAX(expires_at, excluded.expires_at) \
-                     WHERE expires_at <= {NOW_MS} OR substr(owner, 1, 2) = {GROUP} \
+                         expires_at = CASE WHEN owner = {FOR_SQL} || ?4 THEN excluded.expires_at \
+                             ELSE MAX(expires_at, excluded.expires_at) END \
+                     WHERE expires_at <= {NOW_MS} OR substr(owner, 1, 2) = {GROUP} OR owner = {FOR_SQL} || ?4 \
                  RETURNING fence"
                     ),
-                    &[Name, Ttl, Waiting],
+                    &[Name, Ttl, Waiting, Client],
                 ),
                 extend: LeaseSql::new(
                     format!(
@@ -123,27 +134,17 @@ impl SqliteSql {
                     &[Name, Owner, Ttl],
                 ),
                 // With no other client in the name's line (see [`FIRST`]),
-                // the row goes; otherwise the second statement leaves it to
-                // them for [`RESERVED_MS`] (the releasing client may not
-                // take it back meanwhile), and the bell wakes them.
-                release: vec![
-                    LeaseSql::new(
-                        format!(
-                            "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
-                             AND NOT EXISTS (SELECT 1 FROM {table} \
-                                 WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || ?3 \
-                                   AND expires_at > {NOW_MS})"
-                        ),
-                        &[Name, Owner, Client],
+                // the row goes; otherwise `reserve` runs (see
+                // `SqliteLease::release`).
+                release: vec![LeaseSql::new(
+                    format!(
+                        "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS} \
+                         AND NOT EXISTS (SELECT 1 FROM {table} \
+                             WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || ?3 \
+                               AND expires_at > {NOW_MS})"
                     ),
-                    LeaseSql::new(
-                        format!(
-                            "UPDATE {table} SET owner = {NOT_FOR} || ?3, expires_at = {NOW_MS} + {RESERVED_MS} \
-                             WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
-                        ),
-                        &[Name, Owner, Client],
-                    ),
-                ],
+                    &[Name, Owner, Client],
+                )],
                 purge: LeaseSql::new(
                     format!(
                         "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at <= {NOW_MS}"
@@ -153,9 +154,9 @@ impl SqliteSql {
                 status: LeaseSql::new(
                     format!(
                         "SELECT fence, expires_at - {NOW_MS}, owner FROM {table} WHERE name = ?1 AND expires_at > {NOW_MS} \
-                         AND (owner IS NULL OR substr(owner, 1, 5) <> {NOT_FOR})"
+                         AND (owner IS NULL OR owner <> {FOR_SQL} || ?2)"
                     ),
-                    &[Name],
+                    &[Name, Client],
                 ),
                 extend_share: LeaseSql::new(
                     format!(
@@ -206,9 +207,37 @@ impl SqliteSql {
                 ),
                 &[Name, Waiting],
             ),
+            // The lock's row and the head's place, in one statement: the
+            // place runs out at once (a place that ran out is no place; a
+            // new one, should the client wait again, goes to the back).
+            reserve: LeaseSql::new(
+                format!(
+                    "UPDATE {table} \
+                     SET owner = CASE WHEN {table}.name = ?1 THEN {FOR_SQL} || h.owner ELSE {table}.owner END, \
+                         expires_at = CASE WHEN {table}.name = ?1 THEN {NOW_MS} + {RESERVED_MS} ELSE 0 END \
+                     FROM (SELECT owner FROM {table} \
+                           WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || ?3 \
+                             AND expires_at > {NOW_MS} \
+                             AND EXISTS (SELECT 1 FROM {table} \
+                                 WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}) \
+                           ORDER BY fence LIMIT 1) AS h \
+                     WHERE {table}.name IN (?1, {FIRST} || h.owner) \
+                     RETURNING owner"
+                ),
+                &[Name, Owner, Client],
+            ),
+            release_alone: LeaseSql::new(
+                format!(
+                    "DELETE FROM {table} WHERE name = ?1 AND owner = ?2 AND expires_at > {NOW_MS}"
+                ),
+                &[Name, Owner],
+            ),
+            // A new place draws its order from the tokens' high-water mark.
             enqueue: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ({FIRST} || ?2, ?2, 0, {NOW_MS} + ?3) \
-                 ON CONFLICT (name) DO UPDATE SET expires_at = excluded.expires_at"
+                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ({FIRST} || ?2, ?2, {next}, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE \
+                     SET fence = CASE WHEN expires_at <= {NOW_MS} THEN excluded.fence ELSE fence END, \
+                         expires_at = excluded.expires_at"
             ).into(),
             dequeue: format!(
                 "DELETE FROM {table} WHERE name > {FIRST} AND name < {PAST} \
