@@ -432,6 +432,13 @@ async fn places_in_line_come_and_go_with_their_waiters() {
         .await
         .expect("the releasing client takes the lock once the reservation ran out");
     drop(watch);
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            count(PLACES).await == 0
+        })
+        .await,
+        "the places that ended or ran out stayed after the watching client left the line"
+    );
     again.release().await.unwrap();
     assert_eq!(
         count("SELECT count(*) FROM lockkit_locks WHERE name = ?1").await,

@@ -11,6 +11,7 @@
 //! them, and the [`Line`]'s keeper task orders the writes.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +19,8 @@ use futures_util::future::BoxFuture;
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
+
+use crate::settings::Settings;
 
 /// How long a client's place in a line lasts unless renewed: the keeper
 /// renews its places every third of it.
@@ -36,6 +39,24 @@ pub(crate) trait Places: Send + Sync + 'static {
     fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool>;
     /// Leaves every line (the client is dropped).
     fn leave_all(&self) -> BoxFuture<'_, bool>;
+}
+
+/// Runs one of the places' statements, bounded by the command timeout;
+/// whether it ran. A failure is logged: the client's waiters then wait
+/// without a place, backing off where they would otherwise sleep until
+/// their turn.
+pub(crate) async fn ran<T>(
+    settings: &Settings,
+    what: &str,
+    statement: impl Future<Output = sqlx::Result<T>>,
+) -> bool {
+    match settings.bounded(what, statement).await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::debug!(%error, "could not {what}; the waiters wait without a place");
+            false
+        }
+    }
 }
 
 /// What the keeper does, one after the other, so that a place left and

@@ -38,14 +38,12 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
-use sqlx::Postgres;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::query::Query;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::statements::PgSql;
-use crate::lease::{Line, PLACE_TTL, Places};
+use crate::lease::{Line, PLACE_TTL, Places, ran};
 use crate::settings::Settings;
 use crate::statement::trusted;
 
@@ -159,34 +157,31 @@ impl Places for PgPlaces {
             .bind(name)
             .bind(&self.sql.lease.client)
             .bind(PLACE_TTL.as_millis() as i64);
-        Box::pin(self.run("take a place in line", query))
+        Box::pin(ran(
+            &self.settings,
+            "take a place in line",
+            query.execute(&self.pool),
+        ))
     }
 
     fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
         let query = sqlx::query(trusted(&self.sql.dequeue))
             .bind(name)
             .bind(&self.sql.lease.client);
-        Box::pin(self.run("leave a line", query))
+        Box::pin(ran(
+            &self.settings,
+            "leave a line",
+            query.execute(&self.pool),
+        ))
     }
 
     fn leave_all(&self) -> BoxFuture<'_, bool> {
         let query = sqlx::query(trusted(&self.sql.leave_lines)).bind(&self.sql.lease.client);
-        Box::pin(self.run("leave its lines", query))
-    }
-}
-
-impl PgPlaces {
-    /// Runs one of the line's statements, bounded by the command timeout;
-    /// whether it ran. A failure is logged: the waiters wait on, backing
-    /// off as they do without a place.
-    async fn run(&self, what: &str, query: Query<'_, Postgres, PgArguments>) -> bool {
-        match self.settings.bounded(what, query.execute(&self.pool)).await {
-            Ok(_) => true,
-            Err(error) => {
-                tracing::debug!(%error, "could not {what}; the waiters back off instead");
-                false
-            }
-        }
+        Box::pin(ran(
+            &self.settings,
+            "leave its lines",
+            query.execute(&self.pool),
+        ))
     }
 }
 

@@ -97,7 +97,7 @@ impl Bells {
     fn ring_file(&self, bell: String) {
         let Some(dir) = &self.dir else { return };
         let mut rung = self.rung.lock().unwrap_or_else(|p| p.into_inner());
-        let file = match rung.entry(bell) {
+        let file = match rung.entry(bell.clone()) {
             std::collections::hash_map::Entry::Occupied(file) => file.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
                 let path = dir.join(entry.key());
@@ -118,7 +118,7 @@ impl Bells {
         };
         if let Err(error) = write_bell(file) {
             tracing::debug!(%error, "could not ring a release bell");
-            rung.clear();
+            rung.remove(&bell);
         }
     }
 
@@ -175,12 +175,12 @@ fn start(dir: &Path, own: &str, hub: NotifyHub) -> std::io::Result<tokio::task::
     let inotify = Inotify::init()?;
     inotify.watches().add(dir, WatchMask::MODIFY)?;
     let mut events = inotify.into_event_stream([0_u8; 1024])?;
-    let own = std::ffi::OsString::from(own);
+    let own = own.to_owned();
     let task = tokio::spawn(async move {
         while let Some(event) = events.next().await {
             match event {
                 Ok(event) => match event.name.as_deref().and_then(|n| n.to_str()) {
-                    Some(bell) if bell.starts_with("client-") && own == bell => {
+                    Some(bell) if bell == own => {
                         hub.notify_all();
                     }
                     Some(bell) if bell.starts_with("client-") => {}

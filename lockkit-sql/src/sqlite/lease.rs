@@ -21,7 +21,7 @@ use super::bells::Bells;
 use super::statements::{FOR, SqliteSql};
 use crate::lease::{
     Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line, PLACE_TTL,
-    Places,
+    Places, ran,
 };
 use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
@@ -44,43 +44,37 @@ pub(super) struct SqlitePlaces {
     pub(super) settings: Settings,
 }
 
-impl SqlitePlaces {
-    /// Runs one of the line's statements, bounded by the command timeout;
-    /// whether it ran. A failure is logged: the client's waiters then wait
-    /// without a place, and a release may go straight back to its holder.
-    async fn run(&self, what: &str, query: SqliteQuery<'_>) -> bool {
-        match self.settings.bounded(what, query.execute(&self.pool)).await {
-            Ok(_) => true,
-            Err(error) => {
-                tracing::debug!(%error, "could not {what}");
-                false
-            }
-        }
-    }
-}
-
-/// A statement with its values bound.
-type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>;
-
 impl Places for SqlitePlaces {
     fn join<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
         let enqueue = sqlx::query(trusted(&self.sql.enqueue))
             .bind(name)
             .bind(&self.sql.lease.client)
             .bind(PLACE_TTL.as_millis() as i64);
-        Box::pin(self.run("take a place in line", enqueue))
+        Box::pin(ran(
+            &self.settings,
+            "take a place in line",
+            enqueue.execute(&self.pool),
+        ))
     }
 
     fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
         let dequeue = sqlx::query(trusted(&self.sql.dequeue))
             .bind(name)
             .bind(&self.sql.lease.client);
-        Box::pin(self.run("leave a line", dequeue))
+        Box::pin(ran(
+            &self.settings,
+            "leave a line",
+            dequeue.execute(&self.pool),
+        ))
     }
 
     fn leave_all(&self) -> BoxFuture<'_, bool> {
         let query = sqlx::query(trusted(&self.sql.leave_lines)).bind(&self.sql.lease.client);
-        Box::pin(self.run("leave its lines", query))
+        Box::pin(ran(
+            &self.settings,
+            "leave its lines",
+            query.execute(&self.pool),
+        ))
     }
 }
 
@@ -134,7 +128,7 @@ impl LeaseDialect for SqliteLease {
             let (alone, values) = run(&lease.release[0]);
             let changed = Sqlite::changed(&mut *conn, (&alone.text, &values)).await?;
             if changed >= 1 {
-                self.bells.ring(args.name);
+                self.released(args.name);
                 return Ok(changed);
             }
             let (reserve, values) = run(&self.sql.reserve);
@@ -150,7 +144,7 @@ impl LeaseDialect for SqliteLease {
             let (release, values) = run(&self.sql.release_alone);
             let changed = Sqlite::changed(conn, (&release.text, &values)).await?;
             if changed >= 1 {
-                self.bells.ring(args.name);
+                self.released(args.name);
             }
             Ok(changed)
         })
