@@ -11,50 +11,81 @@
 //! them, and the [`Line`]'s keeper task orders the writes.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::settings::Settings;
+use crate::statement::{Runs, Value};
 
 /// How long a client's place in a line lasts unless renewed: the keeper
 /// renews its places every third of it.
 pub(crate) const PLACE_TTL: Duration = Duration::from_secs(10);
 
-/// The statements that take and leave a client's places, each bounded by
-/// the command timeout. Each answers whether it ran: a failure is logged,
-/// and the waiters wait on as they do without a place. The places of a
-/// line that ran out (clients that stopped without leaving) are swept in
-/// passing, as the dialect's statements take or leave a place there.
-pub(crate) trait Places: Send + Sync + 'static {
-    /// Takes a place at the back of the line of `name`, or keeps the one
+/// The statements of a client's places, as a dialect writes them: each
+/// binds the name of the lock (not `leave_all`), then the client, then
+/// (`enqueue`) the place's lease in milliseconds. The places of a line that
+/// ran out (clients that stopped without leaving) are swept in passing, as
+/// the dialect's statements take or leave a place there.
+#[derive(Debug)]
+pub(crate) struct PlaceSql {
+    /// Takes a place at the back of the line of the name, or keeps the one
     /// the client has for [`PLACE_TTL`] more.
-    fn join<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool>;
-    /// Leaves the line of `name`.
-    fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool>;
+    pub(crate) enqueue: Arc<str>,
+    /// Leaves the line of the name.
+    pub(crate) dequeue: Arc<str>,
     /// Leaves every line (the client is dropped).
-    fn leave_all(&self) -> BoxFuture<'_, bool>;
+    pub(crate) leave_lines: Arc<str>,
 }
 
-/// Runs one of the places' statements, bounded by the command timeout;
-/// whether it ran. A failure is logged: the client's waiters then wait
-/// without a place, backing off where they would otherwise sleep until
-/// their turn.
-pub(crate) async fn ran<T>(
-    settings: &Settings,
-    what: &str,
-    statement: impl Future<Output = sqlx::Result<T>>,
-) -> bool {
-    match settings.bounded(what, statement).await {
-        Ok(_) => true,
-        Err(error) => {
-            tracing::debug!(%error, "could not {what}; the waiters wait without a place");
-            false
+/// A client's places: its statements, run on a pool, each bounded by the
+/// command timeout.
+#[derive(Debug)]
+pub(crate) struct Places<DB: sqlx::Database> {
+    pub(crate) pool: sqlx::Pool<DB>,
+    pub(crate) sql: PlaceSql,
+    /// This client, as the lines name it.
+    pub(crate) client: String,
+    pub(crate) settings: Settings,
+}
+
+impl<DB: Runs> Places<DB> {
+    async fn join(&self, name: &str) -> bool {
+        let ttl = Value::Int(PLACE_TTL.as_millis() as i64);
+        let values = [Value::Text(name), Value::Text(&self.client), ttl];
+        self.run("take a place in line", &self.sql.enqueue, &values)
+            .await
+    }
+
+    async fn leave(&self, name: &str) -> bool {
+        let values = [Value::Text(name), Value::Text(&self.client)];
+        self.run("leave a line", &self.sql.dequeue, &values).await
+    }
+
+    async fn leave_all(&self) -> bool {
+        let values = [Value::Text(&self.client)];
+        self.run("leave its lines", &self.sql.leave_lines, &values)
+            .await
+    }
+
+    /// Runs `sql` with `values` on a connection of the pool, bounded by
+    /// the command timeout; whether it ran. A failure is logged: the
+    /// client's waiters then wait without a place, backing off where they
+    /// would otherwise sleep until their turn.
+    async fn run(&self, what: &str, sql: &Arc<str>, values: &[Value<'_>]) -> bool {
+        let statement = async {
+            let mut conn = self.pool.acquire().await?;
+            DB::changed(&mut conn, (sql, values)).await
+        };
+        match self.settings.bounded(what, statement).await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::debug!(%error, "could not {what}; the waiters wait without a place");
+                false
+            }
         }
     }
 }
@@ -72,8 +103,8 @@ enum Request {
 
 /// A client's places, and the keeper task that takes, renews and leaves
 /// them (started on first use).
-pub(crate) struct Line<P: Places> {
-    places: Arc<P>,
+pub(crate) struct Line<DB: Runs> {
+    places: Arc<Places<DB>>,
     /// One topic per name the client waits for: the last watch of a name
     /// dropped leaves its line.
     hub: NotifyHub,
@@ -89,7 +120,7 @@ pub(crate) struct Line<P: Places> {
     wake_on_renew: bool,
 }
 
-impl<P: Places> std::fmt::Debug for Line<P> {
+impl<DB: Runs> std::fmt::Debug for Line<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Line")
             .field("names", &self.hub.len())
@@ -97,8 +128,8 @@ impl<P: Places> std::fmt::Debug for Line<P> {
     }
 }
 
-impl<P: Places> Line<P> {
-    pub(crate) fn new(places: P, wake_on_renew: bool) -> Self {
+impl<DB: Runs> Line<DB> {
+    pub(crate) fn new(places: Places<DB>, wake_on_renew: bool) -> Self {
         let (requests, pending) = mpsc::unbounded_channel();
         let idle = requests.clone();
         Line {
@@ -114,7 +145,7 @@ impl<P: Places> Line<P> {
     }
 
     /// The statements that write the places.
-    pub(crate) fn places(&self) -> &P {
+    pub(crate) fn places(&self) -> &Places<DB> {
         &self.places
     }
 
@@ -154,7 +185,7 @@ impl<P: Places> Line<P> {
     }
 }
 
-impl<P: Places> Drop for Line<P> {
+impl<DB: Runs> Drop for Line<DB> {
     fn drop(&mut self) {
         let keeper = self.keeper.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(task) = keeper.take() {
@@ -172,8 +203,8 @@ impl<P: Places> Drop for Line<P> {
 /// other, and every third of [`PLACE_TTL`] renews this client's places
 /// (taking again those that went: a reservation may end the place it
 /// serves, and another waiter of the client may wait on).
-async fn keep<P: Places>(
-    places: Arc<P>,
+async fn keep<DB: Runs>(
+    places: Arc<Places<DB>>,
     hub: NotifyHub,
     requests: Option<mpsc::UnboundedReceiver<Request>>,
     wake_on_renew: bool,

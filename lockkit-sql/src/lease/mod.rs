@@ -51,7 +51,7 @@ use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) use line::{Line, PLACE_TTL, Places, ran};
+pub(crate) use line::{Line, PlaceSql, Places};
 #[cfg(feature = "mysql")]
 pub(crate) use records::bell_mark_row;
 use records::waiting_row_name;

@@ -25,25 +25,26 @@
 //! clients that listen.)
 //!
 //! Waiters in line sleep until their client is woken, or until what stands
-//! in the way runs out; and, every third of [`PLACE_TTL`], when the client
-//! renews its places (taking them again where they went), they ask once. A
-//! client that stopped without leaving the line (its process died) keeps its
-//! place until it runs out, at most [`PLACE_TTL`]; it is swept when a
-//! client next takes a place in that line, and a reservation for it holds
+//! in the way runs out; and, every third of a place's lease (`PLACE_TTL`,
+//! 10 s, see `lease::line`), when the client renews its places (taking them
+//! again where they went), they ask once. A client that stopped without
+//! leaving the line (its process died) keeps its place until it runs out,
+//! within `PLACE_TTL`; it is swept when a client next takes a place in that
+//! line, and a reservation for it holds
 //! the name up for at most `RESERVED_MS`. A client whose place could not
 //! be taken backs off and asks again (never past the holder's expiry).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::statements::PgSql;
-use crate::lease::{Line, PLACE_TTL, Places, ran};
+use crate::lease::{Line, PlaceSql, Places};
 use crate::settings::Settings;
 use crate::statement::trusted;
 
@@ -56,17 +57,9 @@ use crate::statement::trusted;
 pub(super) struct PgNotifications {
     options: PgConnectOptions,
     sql: Arc<PgSql>,
-    line: Line<PgPlaces>,
+    line: Line<Postgres>,
     /// `true` once `LISTEN` is in place; the listener.
     state: Mutex<Option<(watch::Receiver<bool>, AbortHandle)>>,
-}
-
-/// This client's places in the lines of the names its waiters wait for.
-#[derive(Debug)]
-struct PgPlaces {
-    pool: PgPool,
-    sql: Arc<PgSql>,
-    settings: Settings,
 }
 
 impl PgNotifications {
@@ -76,9 +69,14 @@ impl PgNotifications {
         sql: Arc<PgSql>,
         settings: &Settings,
     ) -> Self {
-        let places = PgPlaces {
+        let places = Places {
             pool,
-            sql: sql.clone(),
+            sql: PlaceSql {
+                enqueue: sql.enqueue.clone(),
+                dequeue: sql.dequeue.clone(),
+                leave_lines: sql.leave_lines.clone(),
+            },
+            client: sql.lease.client.clone(),
             settings: settings.clone(),
         };
         PgNotifications {
@@ -148,40 +146,6 @@ impl Drop for PgNotifications {
         if let Some((_, listener)) = state.take() {
             listener.abort();
         }
-    }
-}
-
-impl Places for PgPlaces {
-    fn join<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
-        let query = sqlx::query(trusted(&self.sql.enqueue))
-            .bind(name)
-            .bind(&self.sql.lease.client)
-            .bind(PLACE_TTL.as_millis() as i64);
-        Box::pin(ran(
-            &self.settings,
-            "take a place in line",
-            query.execute(&self.pool),
-        ))
-    }
-
-    fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
-        let query = sqlx::query(trusted(&self.sql.dequeue))
-            .bind(name)
-            .bind(&self.sql.lease.client);
-        Box::pin(ran(
-            &self.settings,
-            "leave a line",
-            query.execute(&self.pool),
-        ))
-    }
-
-    fn leave_all(&self) -> BoxFuture<'_, bool> {
-        let query = sqlx::query(trusted(&self.sql.leave_lines)).bind(&self.sql.lease.client);
-        Box::pin(ran(
-            &self.settings,
-            "leave its lines",
-            query.execute(&self.pool),
-        ))
     }
 }
 

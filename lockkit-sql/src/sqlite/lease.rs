@@ -15,13 +15,12 @@ use futures_util::TryFutureExt as _;
 use futures_util::future::BoxFuture;
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken};
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::Sqlite;
 
 use super::bells::Bells;
 use super::statements::{FOR, SqliteSql};
 use crate::lease::{
-    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line, PLACE_TTL,
-    Places, ran,
+    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line,
 };
 use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
@@ -33,49 +32,7 @@ pub(super) struct SqliteLease {
     pub(super) bells: Bells,
     /// The client's places in lines; none for an in-memory database (one
     /// client alone uses it).
-    pub(super) line: Option<Line<SqlitePlaces>>,
-}
-
-/// This client's places in the lines of the names its waiters wait for.
-#[derive(Debug)]
-pub(super) struct SqlitePlaces {
-    pub(super) pool: SqlitePool,
-    pub(super) sql: Arc<SqliteSql>,
-    pub(super) settings: Settings,
-}
-
-impl Places for SqlitePlaces {
-    fn join<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
-        let enqueue = sqlx::query(trusted(&self.sql.enqueue))
-            .bind(name)
-            .bind(&self.sql.lease.client)
-            .bind(PLACE_TTL.as_millis() as i64);
-        Box::pin(ran(
-            &self.settings,
-            "take a place in line",
-            enqueue.execute(&self.pool),
-        ))
-    }
-
-    fn leave<'a>(&'a self, name: &'a str) -> BoxFuture<'a, bool> {
-        let dequeue = sqlx::query(trusted(&self.sql.dequeue))
-            .bind(name)
-            .bind(&self.sql.lease.client);
-        Box::pin(ran(
-            &self.settings,
-            "leave a line",
-            dequeue.execute(&self.pool),
-        ))
-    }
-
-    fn leave_all(&self) -> BoxFuture<'_, bool> {
-        let query = sqlx::query(trusted(&self.sql.leave_lines)).bind(&self.sql.lease.client);
-        Box::pin(ran(
-            &self.settings,
-            "leave its lines",
-            query.execute(&self.pool),
-        ))
-    }
+    pub(super) line: Option<Line<Sqlite>>,
 }
 
 impl LeaseDialect for SqliteLease {

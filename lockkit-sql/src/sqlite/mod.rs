@@ -18,12 +18,12 @@ use lockkit_core::backend::LeaseLock;
 use sqlx::ConnectOptions as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use crate::lease::{LeaseRows, Line};
+use crate::lease::{LeaseRows, Line, PlaceSql, Places};
 use crate::open::Opened;
 use crate::pool::KeptPool;
 use crate::settings::{Settings, SqlConfig};
 use bells::Bells;
-use lease::{SqliteLease, SqlitePlaces};
+use lease::SqliteLease;
 use migration::SqliteMigrator;
 use statements::SqliteSql;
 
@@ -72,9 +72,14 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
             .await?,
     );
     let sql = Arc::new(SqliteSql::new(&config.table));
-    let places = SqlitePlaces {
+    let places = Places {
         pool: pool.clone(),
-        sql: sql.clone(),
+        sql: PlaceSql {
+            enqueue: sql.enqueue.clone(),
+            dequeue: sql.dequeue.clone(),
+            leave_lines: sql.leave_lines.clone(),
+        },
+        client: sql.lease.client.clone(),
         settings: settings.clone(),
     };
     let lock = LeaseLock::new(LeaseRows::new(
