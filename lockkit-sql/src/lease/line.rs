@@ -30,7 +30,7 @@ pub(crate) const PLACE_TTL: Duration = Duration::from_secs(10);
 /// (`enqueue`) the place's lease in milliseconds. The places of a line that
 /// ran out (clients that stopped without leaving) are swept in passing, as
 /// the dialect's statements take or leave a place there.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct PlaceSql {
     /// Takes a place at the back of the line of the name, or keeps the one
     /// the client has for [`PLACE_TTL`] more.

@@ -44,7 +44,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::statements::PgSql;
-use crate::lease::{Line, PlaceSql, Places};
+use crate::lease::{Line, Places};
 use crate::settings::Settings;
 use crate::statement::trusted;
 
@@ -71,11 +71,7 @@ impl PgNotifications {
     ) -> Self {
         let places = Places {
             pool,
-            sql: PlaceSql {
-                enqueue: sql.enqueue.clone(),
-                dequeue: sql.dequeue.clone(),
-                leave_lines: sql.leave_lines.clone(),
-            },
+            sql: sql.places.clone(),
             client: sql.lease.client.clone(),
             settings: settings.clone(),
         };

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::lease::Param::{Channel, Client, Name, Owner, To, Token, Ttl, Waiting, Woken};
-use crate::lease::{LeaseSql, LeaseStatements};
+use crate::lease::{LeaseSql, LeaseStatements, PlaceSql};
 use lockkit_core::backend::Intent;
 
 use crate::names::advisory_key;
@@ -15,15 +15,13 @@ use crate::session::LockingSql;
 pub(super) struct PgSql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    /// A waiting client's place in the line of a name (`$1`): its row
-    /// (see [`FIRST`]) made, or kept for `$3` ms more (its place kept
-    /// while it is live); `$2`: the client. Places of the name that ran out
-    /// (clients that stopped without leaving) are swept in passing.
-    pub(super) enqueue: Arc<str>,
-    /// The place of client `$2` in the line of name `$1` left.
-    pub(super) dequeue: Arc<str>,
-    /// Every place of client `$1` left.
-    pub(super) leave_lines: Arc<str>,
+    /// A waiting client's places (see [`FIRST`]). `enqueue`: its row in
+    /// the line of a name (`$1`) made, or kept for `$3` ms more (its place
+    /// kept while it is live), `$2` being the client; places of the name
+    /// that ran out (clients that stopped without leaving) are swept in
+    /// passing. `dequeue`: the place of client `$2` in the line of name
+    /// `$1` left. `leave_lines`: every place of client `$1` left.
+    pub(super) places: PlaceSql,
     /// How many clients wait in the line of `$1`.
     pub(super) in_line: Arc<str>,
     /// The row of a name inserted unless it exists; never waits for a
@@ -170,20 +168,22 @@ impl PgSql {
                 channel: format!("lockkit_{table}"),
                 client: format!("{:016x}", fastrand::u64(..)),
             },
-            enqueue: format!(
-                "WITH swept AS (\
-                    DELETE FROM {table} \
-                    WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || $2 \
-                      AND expires_at <= now()) \
-                 INSERT INTO {table} AS l (name, owner, fence, expires_at) \
-                 VALUES ({FIRST} || $2, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond') \
-                 ON CONFLICT (name) DO UPDATE \
-                    SET fence = CASE WHEN l.expires_at <= now() THEN EXCLUDED.fence ELSE l.fence END, \
-                        expires_at = EXCLUDED.expires_at"
-            )
-            .into(),
-            dequeue: format!("DELETE FROM {table} WHERE name = {FIRST} || $2").into(),
-            leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = $1").into(),
+            places: PlaceSql {
+                enqueue: format!(
+                    "WITH swept AS (\
+                        DELETE FROM {table} \
+                        WHERE name > {FIRST} AND name < {PAST} AND name <> {FIRST} || $2 \
+                          AND expires_at <= now()) \
+                     INSERT INTO {table} AS l (name, owner, fence, expires_at) \
+                     VALUES ({FIRST} || $2, $2, nextval('{seq}'), now() + $3::bigint * interval '1 millisecond') \
+                     ON CONFLICT (name) DO UPDATE \
+                        SET fence = CASE WHEN l.expires_at <= now() THEN EXCLUDED.fence ELSE l.fence END, \
+                            expires_at = EXCLUDED.expires_at"
+                )
+                .into(),
+                dequeue: format!("DELETE FROM {table} WHERE name = {FIRST} || $2").into(),
+                leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = $1").into(),
+            },
             in_line: format!("SELECT count(*) FROM {table} WHERE {IN_LINE}").into(),
             make_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \

@@ -18,7 +18,7 @@ use lockkit_core::backend::LeaseLock;
 use sqlx::ConnectOptions as _;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use crate::lease::{LeaseRows, Line, PlaceSql, Places};
+use crate::lease::{LeaseRows, Line, Places};
 use crate::open::Opened;
 use crate::pool::KeptPool;
 use crate::settings::{Settings, SqlConfig};
@@ -74,11 +74,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     let sql = Arc::new(SqliteSql::new(&config.table));
     let places = Places {
         pool: pool.clone(),
-        sql: PlaceSql {
-            enqueue: sql.enqueue.clone(),
-            dequeue: sql.dequeue.clone(),
-            leave_lines: sql.leave_lines.clone(),
-        },
+        sql: sql.places.clone(),
         client: sql.lease.client.clone(),
         settings: settings.clone(),
     };

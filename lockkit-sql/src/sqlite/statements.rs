@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::lease::Param::{Client, Name, Owner, To, Token, Ttl, Waiting};
-use crate::lease::{LeaseSql, LeaseStatements};
+use crate::lease::{LeaseSql, LeaseStatements, PlaceSql};
 
 /// Milliseconds since the Unix epoch by SQLite's clock, stable within one
 /// statement.
@@ -28,15 +28,14 @@ pub(super) struct SqliteSql {
     pub(super) reserve: LeaseSql,
     /// The owner's release that deletes the row whoever waits.
     pub(super) release_alone: LeaseSql,
-    /// A waiting client's place in the line of a name (`?1`): its row (see
-    /// [`FIRST`]) made, or kept for `?3` ms more; `?2`: the client.
-    pub(super) enqueue: Arc<str>,
-    /// The place of client `?2` in the line of name `?1` left, and the
-    /// places there that ran out (clients that stopped without leaving)
-    /// swept in passing.
-    pub(super) dequeue: Arc<str>,
-    /// Every place of client `?1` left.
-    pub(super) leave_lines: Arc<str>,
+    /// A waiting client's places (see [`FIRST`]). `enqueue`: its row in
+    /// the line of a name (`?1`) made, or kept for `?3` ms more, `?2` being
+    /// the client; a new place draws its order from the tokens' high-water
+    /// mark. `dequeue`: the place of client `?2` in the line of name `?1`
+    /// left, and the places there that ran out (clients that stopped
+    /// without leaving) swept in passing. `leave_lines`: every place of
+    /// client `?1` left.
+    pub(super) places: PlaceSql,
     /// How many clients wait in the line of `?1`.
     pub(super) in_line: Arc<str>,
     pub(super) migrate: String,
@@ -232,19 +231,20 @@ impl SqliteSql {
                 ),
                 &[Name, Owner],
             ),
-            // A new place draws its order from the tokens' high-water mark.
-            enqueue: format!(
-                "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ({FIRST} || ?2, ?2, {next}, {NOW_MS} + ?3) \
-                 ON CONFLICT (name) DO UPDATE \
-                     SET fence = CASE WHEN expires_at <= {NOW_MS} THEN excluded.fence ELSE fence END, \
-                         expires_at = excluded.expires_at"
-            ).into(),
-            dequeue: format!(
-                "DELETE FROM {table} WHERE name > {FIRST} AND name < {PAST} \
-                 AND (name = {FIRST} || ?2 OR expires_at <= {NOW_MS})"
-            )
-            .into(),
-            leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = ?1").into(),
+            places: PlaceSql {
+                enqueue: format!(
+                    "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ({FIRST} || ?2, ?2, {next}, {NOW_MS} + ?3) \
+                     ON CONFLICT (name) DO UPDATE \
+                         SET fence = CASE WHEN expires_at <= {NOW_MS} THEN excluded.fence ELSE fence END, \
+                             expires_at = excluded.expires_at"
+                ).into(),
+                dequeue: format!(
+                    "DELETE FROM {table} WHERE name > {FIRST} AND name < {PAST} \
+                     AND (name = {FIRST} || ?2 OR expires_at <= {NOW_MS})"
+                )
+                .into(),
+                leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = ?1").into(),
+            },
             in_line: format!(
                 "SELECT count(*) FROM {table} WHERE name > {FIRST} AND name < {PAST} AND expires_at > {NOW_MS}"
             ).into(),
