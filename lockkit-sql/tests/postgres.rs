@@ -457,6 +457,66 @@ async fn a_release_goes_to_the_client_first_in_line() {
     );
 }
 
+/// A release may reserve a name for a client just as its last waiter stops
+/// (gives up, or is cancelled), before the client has left the line. When
+/// the notification comes on that client's own channel, it finds no waiter
+/// for the name and passes the turn on: here, with nobody else in line,
+/// the reserved row goes at once rather than when the reservation runs out
+/// (a minute, here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_no_waiter_wants_is_passed_on() {
+    let server = PostgresServer::start().await;
+    let name = "unwanted";
+    let place =
+        format!(r"SELECT owner FROM lockkit_locks WHERE name LIKE E'\001queue:{name}\001%'");
+    let holder = connect(&server, Mode::Lease).await.unwrap();
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let client = connect(&server, Mode::Lease).await.unwrap();
+    let watch = client.watch_releases(name).await.unwrap();
+    let owner = server.psql(&place).await.unwrap().trim().to_owned();
+    assert!(
+        !owner.is_empty(),
+        "the watching client took a place in line"
+    );
+    drop(watch);
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            server.psql(&place).await.unwrap().trim().is_empty()
+        })
+        .await,
+        "the client left the line when its waiter stopped"
+    );
+    // The holder's release, had it come a moment earlier: the row reserved
+    // for the client that was in line, and that client notified.
+    let reserved = server
+        .psql(&format!(
+            "UPDATE lockkit_locks SET owner = chr(1) || 'for:' || {owner}, \
+                 expires_at = now() + interval '60 seconds' \
+             WHERE name = {name} RETURNING 1; \
+             SELECT pg_notify('lockkit-' || {owner}, {name})",
+            owner = literal(&owner),
+            name = literal(name),
+        ))
+        .await
+        .unwrap();
+    assert!(reserved.lines().any(|l| l == "1"), "{reserved:?}");
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            let rows = format!(
+                "SELECT count(*) FROM lockkit_locks WHERE name = {}",
+                literal(name)
+            );
+            server.psql(&rows).await.unwrap().trim() == "0"
+        })
+        .await,
+        "the client did not pass on the turn nobody wanted"
+    );
+    let other = connect(&server, Mode::Lease).await.unwrap();
+    let status = other.status(name).await.unwrap();
+    assert!(!status.held, "the name is free: {status:?}");
+    drop(held);
+}
+
 /// `advisory` mode tries first: a free lock is taken by the try form
 /// (`pg_try_advisory_lock`), which sets no `lock_timeout`; only a refused
 /// acquire sends the waiting form, which sets it and joins the server's

@@ -446,3 +446,88 @@ async fn places_in_line_come_and_go_with_their_waiters() {
         "a release nobody waits for deletes the row"
     );
 }
+
+/// A release may reserve a name for a client just as its last waiter stops
+/// (gives up, or is cancelled), before the client has left the line. When
+/// that client's bell rings, it finds no waiter for the name and passes
+/// the turn on: here, with nobody else in line, the reserved row goes at
+/// once rather than when the reservation runs out (a minute, here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_no_waiter_wants_is_passed_on() {
+    let harness = SqliteHarness::new();
+    let admin = format!("sqlite://{}", harness.db.display());
+    let name = "unwanted";
+    let opts = LockOptions::new().ttl(Duration::from_secs(60));
+    let holder = harness.client().await;
+    let held = holder.acquire(name, &opts).await.unwrap();
+    let mut conn = SqliteConnection::connect(&admin).await.unwrap();
+    let client = harness.client().await;
+    let watch = client.watch_releases(name).await.unwrap();
+    let place: String = sqlx::query_scalar(
+        "SELECT owner FROM lockkit_locks \
+         WHERE name > char(1) || 'queue:' || ?1 || char(1) AND name < char(1) || 'queue:' || ?1 || char(2)",
+    )
+    .bind(name)
+    .fetch_one(&mut conn)
+    .await
+    .expect("the watching client's place in line");
+    drop(watch);
+    let rows = |sql: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let mut conn = SqliteConnection::connect(&admin).await.unwrap();
+            let n: i64 = sqlx::query_scalar(sql)
+                .bind(name)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            rows(
+                "SELECT count(*) FROM lockkit_locks \
+                 WHERE name > char(1) || 'queue:' || ?1 || char(1) AND name < char(1) || 'queue:' || ?1 || char(2)"
+            )
+            .await
+                == 0
+        })
+        .await,
+        "the client left the line when its waiter stopped"
+    );
+
+    // The holder's release, had it come a moment earlier: the row reserved
+    // for the client that was in line, and its bell rung.
+    let reserved = sqlx::query(
+        "UPDATE lockkit_locks SET owner = char(1) || 'for:' || ?2, \
+             expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 60000 \
+         WHERE name = ?1",
+    )
+    .bind(name)
+    .bind(&place)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(reserved.rows_affected(), 1);
+    let bells = format!("{}-lockkit-bells", harness.db.display());
+    for bucket in 0..64 {
+        std::fs::write(format!("{bells}/client-{bucket}"), [1]).expect("ring a client's bell");
+    }
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            rows("SELECT count(*) FROM lockkit_locks WHERE name = ?1").await == 0
+        })
+        .await,
+        "the client did not pass on the turn nobody wanted"
+    );
+    assert!(
+        held.release().await.is_err(),
+        "the holder's lease was taken from it"
+    );
+    let again = holder
+        .acquire(name, &opts.wait_for(Duration::from_secs(30)))
+        .await
+        .expect("the name is free");
+    again.release().await.unwrap();
+}

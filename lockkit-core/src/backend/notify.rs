@@ -217,6 +217,13 @@ impl NotifyHub {
         }
     }
 
+    /// Whether anyone watches `key` now (a topic kept after its last
+    /// watcher went, see [`with_idle_hook`](Self::with_idle_hook), is not
+    /// watched).
+    pub fn watched(&self, key: &str) -> bool {
+        self.topics().get(key).is_some_and(|t| t.watchers > 0)
+    }
+
     /// Wakes every watcher (e.g. after a reconnect, when messages may have been missed).
     pub fn notify_all(&self) {
         for topic in self.topics().values() {
@@ -322,11 +329,14 @@ mod tests {
         let seen = idle.clone();
         let hub = NotifyHub::with_idle_hook(move |key| seen.lock().unwrap().push(key.to_owned()));
         let (w, _) = hub.watch("x");
+        assert!(hub.watched("x"));
         drop(w);
         assert_eq!(*idle.lock().unwrap(), ["x"]);
         assert_eq!(hub.len(), 1);
+        assert!(!hub.watched("x"), "a lingering topic is not watched");
         let (w, new) = hub.watch("x");
         assert!(!new, "a lingering topic is reused");
+        assert!(hub.watched("x"));
         assert!(!hub.remove_if_idle("x"));
         drop(w);
         assert!(hub.remove_if_idle("x"));

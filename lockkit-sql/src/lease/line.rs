@@ -9,9 +9,15 @@
 //! and asks again at once does not take the lock straight back from them.
 //! The places themselves are rows of the lock table; [`Places`] writes
 //! them, and the [`Line`]'s keeper task orders the writes.
+//!
+//! A release may reserve a name for this client just as its last waiter of
+//! the name stops (gives up, or is cancelled), before the keeper has left
+//! the line. The client's [`Turns`] then pass the turn on at once (the
+//! release is run again, for the reservation), rather than hold the name
+//! up until the reservation runs out.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
@@ -24,6 +30,14 @@ use crate::statement::{Runs, Value};
 /// How long a client's place in a line lasts unless renewed: the keeper
 /// renews its places every third of it.
 pub(crate) const PLACE_TTL: Duration = Duration::from_secs(10);
+
+/// The owner of a row that a release reserved for a client, followed by
+/// the client: no owner token starts with `\x01`.
+pub(crate) const RESERVED_FOR: &str = "\u{1}for:";
+
+/// The most names a client remembers having left (see [`Turns`]): past
+/// it, those whose places are gone already are forgotten.
+const LEFT_MAX: usize = 256;
 
 /// The statements of a client's places, as a dialect writes them: each
 /// binds the name of the lock (not `leave_all`), then the client, then
@@ -105,9 +119,10 @@ enum Request {
 /// them (started on first use).
 pub(crate) struct Line<DB: Runs> {
     places: Arc<Places<DB>>,
-    /// One topic per name the client waits for: the last watch of a name
-    /// dropped leaves its line.
-    hub: NotifyHub,
+    /// What the client does when its turn comes; its hub has one topic per
+    /// name the client waits for: the last watch of a name dropped leaves
+    /// its line.
+    turns: Turns,
     requests: mpsc::UnboundedSender<Request>,
     /// The requests for the keeper, until it starts.
     pending: Mutex<Option<mpsc::UnboundedReceiver<Request>>>,
@@ -123,7 +138,7 @@ pub(crate) struct Line<DB: Runs> {
 impl<DB: Runs> std::fmt::Debug for Line<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Line")
-            .field("names", &self.hub.len())
+            .field("names", &self.turns.hub.len())
             .finish_non_exhaustive()
     }
 }
@@ -132,11 +147,17 @@ impl<DB: Runs> Line<DB> {
     pub(crate) fn new(places: Places<DB>, wake_on_renew: bool) -> Self {
         let (requests, pending) = mpsc::unbounded_channel();
         let idle = requests.clone();
+        let left = Arc::new(Left::default());
+        let stopped = left.clone();
         Line {
             places: Arc::new(places),
-            hub: NotifyHub::with_idle_hook(move |name| {
-                let _ = idle.send(Request::Leave(name.to_owned()));
-            }),
+            turns: Turns {
+                hub: NotifyHub::with_idle_hook(move |name| {
+                    stopped.stopped(name);
+                    let _ = idle.send(Request::Leave(name.to_owned()));
+                }),
+                left,
+            },
             requests,
             pending: Mutex::new(Some(pending)),
             keeper: Mutex::new(None),
@@ -149,18 +170,17 @@ impl<DB: Runs> Line<DB> {
         &self.places
     }
 
-    /// The hub whose topics are the names the client waits for (Postgres'
-    /// notifications wake its waiters through it).
-    #[cfg(feature = "postgres")]
-    pub(crate) fn hub(&self) -> &NotifyHub {
-        &self.hub
+    /// What the client does when its turn comes (its notifier tells it).
+    pub(crate) fn turns(&self) -> &Turns {
+        &self.turns
     }
 
     /// A watch on `name` that keeps the client in its line while it lives,
     /// and whether the place was taken (or kept) by the time this returns.
     pub(crate) async fn join(&self, name: &str) -> (ReleaseWatch, bool) {
         self.start();
-        let (watch, _) = self.hub.watch(name);
+        self.turns.left.joined(name);
+        let (watch, _) = self.turns.hub.watch(name);
         let (done, joined) = oneshot::channel();
         let _ = self.requests.send(Request::Join(name.to_owned(), done));
         (watch, joined.await.unwrap_or(false))
@@ -176,7 +196,7 @@ impl<DB: Runs> Line<DB> {
                 .take();
             let task = tokio::spawn(keep(
                 self.places.clone(),
-                self.hub.clone(),
+                self.turns.clone(),
                 pending,
                 self.wake_on_renew,
             ));
@@ -205,7 +225,7 @@ impl<DB: Runs> Drop for Line<DB> {
 /// serves, and another waiter of the client may wait on).
 async fn keep<DB: Runs>(
     places: Arc<Places<DB>>,
-    hub: NotifyHub,
+    turns: Turns,
     requests: Option<mpsc::UnboundedReceiver<Request>>,
     wake_on_renew: bool,
 ) {
@@ -225,8 +245,10 @@ async fn keep<DB: Runs>(
                     names.insert(name);
                 }
                 Some(Request::Leave(name)) => {
-                    if hub.remove_if_idle(&name) {
-                        places.leave(&name).await;
+                    if turns.hub.remove_if_idle(&name) {
+                        if places.leave(&name).await {
+                            turns.left.gone(&name);
+                        }
                         names.remove(&name);
                     }
                 }
@@ -238,10 +260,123 @@ async fn keep<DB: Runs>(
                         places.join(name).await;
                     }
                     if wake_on_renew {
-                        hub.notify_all();
+                        turns.hub.notify_all();
                     }
                 }
             }
+        }
+    }
+}
+
+/// What a client does when a release reserved a name for it: its waiters
+/// of the name take the lock; or, when none waits any longer (the last
+/// gave up or was cancelled after the release found the client in line),
+/// the client passes the turn on at once, by the dialect's release of the
+/// reservation (see [`on_pass`](Self::on_pass)): to the next client in
+/// line, or to nobody. Without it, the name would stay held up until the
+/// reservation ran out.
+#[derive(Clone)]
+pub(crate) struct Turns {
+    /// One topic per name the client waits for.
+    hub: NotifyHub,
+    left: Arc<Left>,
+}
+
+impl std::fmt::Debug for Turns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turns")
+            .field("hub", &self.hub)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The names whose last waiter stopped, and how a turn is passed on.
+#[derive(Default)]
+struct Left {
+    /// By name: whether the client's place there is gone (a reservation
+    /// for the client can no longer be made) or may still stand.
+    names: Mutex<HashMap<String, bool>>,
+    pass: OnceLock<Box<dyn Fn(String) + Send + Sync>>,
+}
+
+impl Left {
+    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, bool>> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last waiter of `name` stopped; its place may still stand.
+    fn stopped(&self, name: &str) {
+        let mut names = self.names();
+        if names.len() >= LEFT_MAX {
+            names.retain(|_, gone| !*gone);
+        }
+        names.insert(name.to_owned(), false);
+    }
+
+    /// A waiter of `name` waits again.
+    fn joined(&self, name: &str) {
+        self.names().remove(name);
+    }
+
+    /// The client's place in the line of `name` is gone.
+    fn gone(&self, name: &str) {
+        if let Some(gone) = self.names().get_mut(name) {
+            *gone = true;
+        }
+    }
+
+    fn pass(&self, name: String) {
+        match self.pass.get() {
+            Some(pass) => pass(name),
+            None => tracing::debug!(name, "a turn nobody wants runs out"),
+        }
+    }
+}
+
+impl Turns {
+    /// How a turn is passed on: `pass(name)` releases the row of `name`
+    /// reserved for this client (set once, by the lease engine).
+    pub(crate) fn on_pass(&self, pass: impl Fn(String) + Send + Sync + 'static) {
+        let _ = self.left.pass.set(Box::new(pass));
+    }
+
+    /// The hub whose topics are the names the client waits for.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn hub(&self) -> &NotifyHub {
+        &self.hub
+    }
+
+    /// A release reserved `name` for this client: its waiters of the name
+    /// wake, or, with none, the turn is passed on.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn came(&self, name: &str) {
+        if self.hub.watched(name) {
+            self.hub.notify(name);
+        } else {
+            self.left.pass(name.to_owned());
+        }
+    }
+
+    /// A release reserved some name for this client, or for another whose
+    /// bell it shares (the notifier does not say which): the turns of the
+    /// names whose last waiter stopped, and that nobody waits for again,
+    /// are passed on. (A passed turn that was not this client's releases
+    /// nothing.) A name whose place was gone by then is forgotten: no
+    /// reservation can be made for the client there since.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn came_for_some(&self) {
+        let unwanted: Vec<String> = {
+            let mut names = self.left.names();
+            let unwanted = names
+                .keys()
+                .filter(|name| !self.hub.watched(name))
+                .cloned()
+                .collect();
+            names.retain(|name, gone| !*gone && !self.hub.watched(name));
+            unwanted
+        };
+        for name in unwanted {
+            self.left.pass(name);
         }
     }
 }

@@ -51,7 +51,7 @@ use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) use line::{Line, PlaceSql, Places};
+pub(crate) use line::{Line, PlaceSql, Places, RESERVED_FOR, Turns};
 #[cfg(feature = "mysql")]
 pub(crate) use records::bell_mark_row;
 use records::waiting_row_name;
@@ -171,6 +171,14 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         let _ = (settings, name);
         Box::pin(std::future::ready(Ok(None)))
     }
+
+    /// The client's turns, where a release reserves a name for the client
+    /// at the head of its line (Postgres, SQLite: see `line`): the engine
+    /// passes on those that no waiter wants. `None` by default.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    fn turns(&self) -> Option<&Turns> {
+        None
+    }
 }
 
 /// A live lease row.
@@ -208,13 +216,23 @@ pub(crate) struct LeaseRows<D: LeaseDialect> {
 
 impl<D: LeaseDialect> LeaseRows<D> {
     pub(crate) fn new(dialect: D, pool: KeptPool<D::Db>, settings: Settings) -> Self {
-        LeaseRows {
-            rows: Arc::new(Rows {
-                dialect: Arc::new(dialect),
-                pool,
-                settings,
-            }),
+        let rows = Arc::new(Rows {
+            dialect: Arc::new(dialect),
+            pool,
+            settings,
+        });
+        #[cfg(any(feature = "postgres", feature = "sqlite"))]
+        if let Some(turns) = rows.dialect.turns() {
+            let rows = Arc::downgrade(&rows);
+            turns.on_pass(move |name| {
+                if let (Some(rows), Ok(runtime)) =
+                    (rows.upgrade(), tokio::runtime::Handle::try_current())
+                {
+                    runtime.spawn(async move { rows.pass_turn(&name).await });
+                }
+            });
         }
+        LeaseRows { rows }
     }
 }
 

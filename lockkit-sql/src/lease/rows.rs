@@ -128,6 +128,22 @@ impl<D: LeaseDialect> Rows<D> {
         Ok(loan.finish(&self.settings, "release", answer)? >= 1)
     }
 
+    /// Releases the row of `name` that a release reserved for this client,
+    /// none of whose waiters wants it any longer (see `line::Turns`): to
+    /// the next client in line, or to nobody, as the owner's release would.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(super) async fn pass_turn(&self, name: &str) {
+        let client = &self.dialect.statements().client;
+        let reserved = format!("{}{client}", super::RESERVED_FOR);
+        match self.release_row(name, &reserved).await {
+            Ok(true) => tracing::debug!(name, "passed on a turn that no waiter wanted"),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::debug!(name, %error, "could not pass on a turn; it runs out");
+            }
+        }
+    }
+
     pub(super) async fn purge_row(&self, name: &str, owner: &str) -> Result<bool> {
         let purge = &self.dialect.statements().purge;
         let args = Args::of(name).owner(owner);

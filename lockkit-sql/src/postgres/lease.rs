@@ -11,7 +11,7 @@ use sqlx::Postgres;
 
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements};
+use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements, Turns};
 use crate::settings::{PG_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
@@ -58,5 +58,9 @@ impl LeaseDialect for PgLease {
 
     fn waiting<'a>(&'a self, _: &'a Settings, name: &'a str) -> Answer<'a, Option<usize>> {
         Box::pin(self.notifications.in_line(name).map_ok(Some))
+    }
+
+    fn turns(&self) -> Option<&Turns> {
+        Some(self.notifications.turns())
     }
 }

@@ -37,14 +37,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::backend::{NotifyHub, ReleaseWatch};
+use lockkit_core::backend::ReleaseWatch;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::statements::PgSql;
-use crate::lease::{Line, Places};
+use crate::lease::{Line, Places, Turns};
 use crate::settings::Settings;
 use crate::statement::trusted;
 
@@ -109,6 +109,11 @@ impl PgNotifications {
         }
     }
 
+    /// The client's turns (see [`Turns`]).
+    pub(super) fn turns(&self) -> &Turns {
+        self.line.turns()
+    }
+
     /// How many clients wait in the line of `name`.
     pub(super) async fn in_line(&self, name: &str) -> sqlx::Result<usize> {
         let count: i64 = sqlx::query_scalar(trusted(&self.sql.in_line))
@@ -129,7 +134,7 @@ impl PgNotifications {
                 .connect_lazy_with(self.options.clone());
             let own = format!("lockkit-{}", self.sql.lease.client);
             let channels = [self.sql.channel().to_owned(), own];
-            let listener = tokio::spawn(listen(pool, channels, self.line.hub().clone(), tx));
+            let listener = tokio::spawn(listen(pool, channels, self.line.turns().clone(), tx));
             (rx, listener.abort_handle())
         });
         listening.clone()
@@ -145,16 +150,15 @@ impl Drop for PgNotifications {
     }
 }
 
-/// The listener task: `LISTEN` on the table's channel and on this client's,
-/// then wake the waiters of each notification's name. After a lost
-/// connection every waiter is woken, as notifications may have been
-/// missed; sqlx reconnects and listens again.
-async fn listen(
-    pool: PgPool,
-    channels: [String; 2],
-    hub: NotifyHub,
-    listening: watch::Sender<bool>,
-) {
+/// The listener task: `LISTEN` on the table's channel and on this client's
+/// (`channels`, in that order), then wake the waiters of each
+/// notification's name; on the client's own channel, the name was
+/// reserved for it, and should none of its waiters want it any longer the
+/// turn is passed on (see [`Turns`]). After a lost connection every waiter
+/// is woken, as notifications may have been missed; sqlx reconnects and
+/// listens again.
+async fn listen(pool: PgPool, channels: [String; 2], turns: Turns, listening: watch::Sender<bool>) {
+    let hub = turns.hub();
     loop {
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(listener) => listener,
@@ -175,6 +179,9 @@ async fn listen(
         listening.send_replace(true);
         loop {
             match listener.try_recv().await {
+                Ok(Some(notification)) if notification.channel() == channels[1] => {
+                    turns.came(notification.payload());
+                }
                 Ok(Some(notification)) => {
                     hub.notify(notification.payload());
                 }

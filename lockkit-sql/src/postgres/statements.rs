@@ -291,13 +291,15 @@ const REMAINING: &str =
 /// Every place in every line (see [`FIRST`]).
 const LINES: &str = "name > chr(1) || 'queue:' AND name < chr(1) || 'queue;'";
 
-/// The owner of a row reserved for a client (followed by the client): no
-/// owner token starts with `\x01`.
+/// [`RESERVED_FOR`](crate::lease::RESERVED_FOR) in SQL: the owner of a
+/// row reserved for a client is this followed by the client.
 const FOR: &str = "(chr(1) || 'for:')";
 
 /// How long a released row stays reserved for the client at the head of
-/// the line (ms): its waiter is woken and asks at once; should it not
-/// within this time (its process died), anyone may take the row.
+/// the line (ms): its waiter is woken and asks at once, or, with none
+/// waiting any longer, the client passes the turn on (see
+/// `lease::line::Turns`); should it do neither within this time (its
+/// process died), anyone may take the row.
 pub(super) const RESERVED_MS: u32 = 2000;
 
 /// The first half of a lease gate's key (written out in [`GATE`], whose

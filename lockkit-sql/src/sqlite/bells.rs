@@ -9,10 +9,11 @@
 //! reserves the lock for the client at the head of the name's line rings
 //! that client's own bell instead, `client-<bucket>` (the bucket of the
 //! client's id, [`BUCKETS`] files at most however many clients come and
-//! go), which wakes every waiter of the clients of that bucket. Where there are
-//! no bells (another system, an in-memory database, a directory that cannot
-//! be made) waiters back off, never past the holder's expiry, as they do
-//! without bells.
+//! go), which wakes every waiter of the clients of that bucket, and passes
+//! on the turns that none of their waiters wants any longer (see
+//! [`Turns`]). Where there are no bells (another system, an in-memory
+//! database, a directory that cannot be made) waiters back off, never past
+//! the holder's expiry, as they do without bells.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
+
+use crate::lease::Turns;
 
 /// How many bell files a database has at most.
 pub(super) const BUCKETS: u64 = 64;
@@ -52,6 +55,8 @@ pub(super) struct Bells {
     dir: Option<PathBuf>,
     /// This client's own bell (see [`client_bell`]).
     own: String,
+    /// What the client does when its own bell rings; none without a line.
+    turns: Option<Turns>,
     hub: NotifyHub,
     /// Open bell files by name.
     rung: Mutex<HashMap<String, File>>,
@@ -68,14 +73,15 @@ enum Watching {
 
 impl Bells {
     /// The bells of the database file at `database`, for the client
-    /// `client`; none for `None` (an in-memory database) and on systems
-    /// without inotify.
-    pub(super) fn new(database: Option<&Path>, client: &str) -> Self {
+    /// `client` and its `turns`; none for `None` (an in-memory database)
+    /// and on systems without inotify.
+    pub(super) fn new(database: Option<&Path>, client: &str, turns: Option<Turns>) -> Self {
         Bells {
             dir: database
                 .filter(|_| cfg!(target_os = "linux"))
                 .map(bells_dir),
             own: client_bell(client),
+            turns,
             hub: NotifyHub::new(),
             rung: Mutex::new(HashMap::new()),
             watching: Mutex::new(None),
@@ -129,7 +135,7 @@ impl Bells {
             return ReleaseWatch::none();
         };
         let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
-        let watching = watching.get_or_insert_with(|| match start(dir, &self.own, self.hub.clone()) {
+        let watching = watching.get_or_insert_with(|| match start(dir, &self.own, self.hub.clone(), self.turns.clone()) {
             Ok(task) => Watching::On(task),
             Err(error) => {
                 tracing::warn!(dir = %dir.display(), %error, "cannot watch the release bells; waiting by polling");
@@ -165,9 +171,15 @@ fn write_bell(_: &File) -> std::io::Result<()> {
 
 /// Makes the bells' directory, watches it, and spawns the task that wakes
 /// the waiters of each bucket that rings, and every waiter when the
-/// client's own bell (`own`) rings.
+/// client's own bell (`own`) rings, its turns then passing on those that
+/// no waiter wants.
 #[cfg(target_os = "linux")]
-fn start(dir: &Path, own: &str, hub: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
+fn start(
+    dir: &Path,
+    own: &str,
+    hub: NotifyHub,
+    turns: Option<Turns>,
+) -> std::io::Result<tokio::task::AbortHandle> {
     use futures_util::StreamExt as _;
     use inotify::{Inotify, WatchMask};
 
@@ -182,6 +194,9 @@ fn start(dir: &Path, own: &str, hub: NotifyHub) -> std::io::Result<tokio::task::
                 Ok(event) => match event.name.as_deref().and_then(|n| n.to_str()) {
                     Some(bell) if bell == own => {
                         hub.notify_all();
+                        if let Some(turns) = &turns {
+                            turns.came_for_some();
+                        }
                     }
                     Some(bell) if bell.starts_with("client-") => {}
                     Some(bucket) => {
@@ -202,7 +217,12 @@ fn start(dir: &Path, own: &str, hub: NotifyHub) -> std::io::Result<tokio::task::
 }
 
 #[cfg(not(target_os = "linux"))]
-fn start(_: &Path, _: &str, _: NotifyHub) -> std::io::Result<tokio::task::AbortHandle> {
+fn start(
+    _: &Path,
+    _: &str,
+    _: NotifyHub,
+    _: Option<Turns>,
+) -> std::io::Result<tokio::task::AbortHandle> {
     Err(std::io::Error::other("release bells need inotify (Linux)"))
 }
 

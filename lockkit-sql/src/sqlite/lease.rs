@@ -18,9 +18,10 @@ use lockkit_core::{Capabilities, FencingToken};
 use sqlx::Sqlite;
 
 use super::bells::Bells;
-use super::statements::{FOR, SqliteSql};
+use super::statements::SqliteSql;
 use crate::lease::{
-    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line,
+    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line, RESERVED_FOR,
+    Turns,
 };
 use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
@@ -93,7 +94,10 @@ impl LeaseDialect for SqliteLease {
                 .bind_all(&values)
                 .fetch_all(&mut *conn)
                 .await?;
-            if let Some(head) = owners.iter().find_map(|owner| owner.strip_prefix(FOR)) {
+            if let Some(head) = owners
+                .iter()
+                .find_map(|owner| owner.strip_prefix(RESERVED_FOR))
+            {
                 self.bells.ring_client(head);
                 return Ok(1);
             }
@@ -137,5 +141,9 @@ impl LeaseDialect for SqliteLease {
             .bind(name)
             .fetch_one(&line.places().pool);
         Box::pin(count.map_ok(|n| Some(usize::try_from(n).unwrap_or(0))))
+    }
+
+    fn turns(&self) -> Option<&Turns> {
+        self.line.as_ref().map(Line::turns)
     }
 }

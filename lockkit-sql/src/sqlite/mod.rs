@@ -78,15 +78,18 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
         client: sql.lease.client.clone(),
         settings: settings.clone(),
     };
+    // Waiters in line sleep until their turn: a renewal wakes them too.
+    let line = (!in_memory).then(|| Line::new(places, true));
+    let bells = Bells::new(
+        (!in_memory).then(|| options.get_filename()),
+        &sql.lease.client,
+        line.as_ref().map(|line| line.turns().clone()),
+    );
     let lock = LeaseLock::new(LeaseRows::new(
         SqliteLease {
             sql: sql.clone(),
-            bells: Bells::new(
-                (!in_memory).then(|| options.get_filename()),
-                &sql.lease.client,
-            ),
-            // Waiters in line sleep until their turn: a renewal wakes them too.
-            line: (!in_memory).then(|| Line::new(places, true)),
+            bells,
+            line,
         },
         KeptPool::new(pool),
         settings.clone(),

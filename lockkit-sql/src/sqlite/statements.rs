@@ -54,16 +54,15 @@ const PAST: &str = "(char(1) || 'queue:' || ?1 || char(2))";
 /// Every place in every line (see [`FIRST`]).
 const LINES: &str = "name > char(1) || 'queue:' AND name < char(1) || 'queue;'";
 
-/// The owner of a row reserved for a client (followed by the client): no
-/// owner token starts with `\x01`.
-pub(super) const FOR: &str = "\u{1}for:";
-
-/// [`FOR`] in SQL.
+/// [`RESERVED_FOR`](crate::lease::RESERVED_FOR) in SQL: the owner of a
+/// row reserved for a client is this followed by the client.
 const FOR_SQL: &str = "(char(1) || 'for:')";
 
 /// How long a released row stays reserved for the client at the head of
-/// the line (ms): its bell wakes it and it asks at once; should it not
-/// within this time (it stopped waiting, or died), anyone may take the row.
+/// the line (ms): its bell wakes it and it asks at once, or, with no
+/// waiter wanting the lock any longer, passes the turn on (see
+/// `lease::line::Turns`); should it do neither within this time (its
+/// process died), anyone may take the row.
 pub(super) const RESERVED_MS: u32 = 500;
 
 /// The prefix of a reader group's owner (see the `lease` module).
