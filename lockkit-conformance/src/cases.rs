@@ -466,6 +466,47 @@ pub async fn acquire_times_out_near_deadline(h: &dyn Harness) {
     holder.release().await.unwrap();
 }
 
+/// A waiter that gives up has left the name's line by the time its
+/// `acquire` returns `Timeout`, where `status` counts waiters: a release
+/// then does not wait on a client that no longer waits (a process that
+/// exits right after giving up, say).
+pub async fn a_waiter_that_gives_up_leaves_the_line(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("gives-up");
+    let holder = must_acquire(a.as_ref(), &name, &opts(Duration::from_secs(60))).await;
+    if a.status(&name).await.unwrap().waiters.is_none() {
+        holder.release().await.unwrap();
+        return;
+    }
+    // Long enough for the waiter to be counted however slow the machine.
+    let wait = Duration::from_secs(5);
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move {
+            b.acquire(&name, &opts(Duration::from_secs(30)).wait_for(wait))
+                .await
+        })
+    };
+    let mut seen = false;
+    while !waiter.is_finished() {
+        if a.status(&name).await.unwrap().waiters == Some(1) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(ms(20)).await;
+    }
+    assert!(seen, "the waiter was never counted within its {wait:?}");
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    let after = a.status(&name).await.unwrap();
+    assert_eq!(
+        after.waiters,
+        Some(0),
+        "the waiter that gave up is still counted: {after:?}"
+    );
+    holder.release().await.unwrap();
+}
+
 /// `no_wait` and `try_acquire` make one attempt and return at once.
 pub async fn no_wait_gives_timeout_at_once(h: &dyn Harness) {
     let (a, b) = (h.client().await, h.client().await);

@@ -132,6 +132,7 @@ macro_rules! conformance_suite {
             is_current_tells_the_holding,
             acquire_succeeds_when_holder_releases,
             acquire_times_out_near_deadline,
+            a_waiter_that_gives_up_leaves_the_line,
             no_wait_gives_timeout_at_once,
             no_overlap_under_contention,
             cancelled_acquires_leak_no_lease,

@@ -270,16 +270,25 @@ impl<B: LeaseBackend> LeaseLock<B> {
             Intent::Try => None,
         };
         loop {
-            match grant.attempt(&mut waiter, intent).await? {
-                Attempt::Acquired(fencing) => return Ok(grant.into_guard(fencing, slot)),
-                Attempt::Busy { retry_after } => {
+            let waited = match grant.attempt(&mut waiter, intent).await {
+                Ok(Attempt::Acquired(fencing)) => return Ok(grant.into_guard(fencing, slot)),
+                Ok(Attempt::Busy { retry_after }) => {
                     let key = grant.key.clone();
                     waiter
                         .busy(retry_after, &mut watch, || async move {
                             self.backend.watch(&key).await
                         })
-                        .await?
+                        .await
                 }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = waited {
+                // Giving up: what the watch holds on the server (a place in
+                // line) goes before the caller hears of it.
+                if let Some(watch) = watch.take() {
+                    watch.close().await;
+                }
+                return Err(error);
             }
         }
     }

@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 
@@ -19,7 +21,13 @@ pub struct ReleaseWatch {
     /// Whether it tells its waiter when its turn has come (see
     /// [`telling_turns`](ReleaseWatch::telling_turns)).
     turns: bool,
+    /// What [`close`](ReleaseWatch::close) awaits.
+    closings: Vec<Closing>,
 }
+
+/// A backend's clean-up that a waiter that gives up awaits (see
+/// [`ReleaseWatch::closing_with`]).
+type Closing = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 impl ReleaseWatch {
     /// A watch that never fires, for backends without notifications.
@@ -28,6 +36,7 @@ impl ReleaseWatch {
             sources: Vec::new(),
             _registrations: Vec::new(),
             turns: false,
+            closings: Vec::new(),
         }
     }
 
@@ -37,6 +46,7 @@ impl ReleaseWatch {
             sources: vec![rx],
             _registrations: Vec::new(),
             turns: false,
+            closings: Vec::new(),
         }
     }
 
@@ -48,6 +58,7 @@ impl ReleaseWatch {
             merged.sources.extend(watch.sources);
             merged._registrations.extend(watch._registrations);
             merged.turns |= watch.turns;
+            merged.closings.extend(watch.closings);
         }
         merged
     }
@@ -63,6 +74,37 @@ impl ReleaseWatch {
     pub fn telling_turns(mut self) -> Self {
         self.turns = self.is_active();
         self
+    }
+
+    /// The same watch, with `close` run by [`close`](Self::close) once the
+    /// watch has stopped: the backend's clean-up that a waiter that gives
+    /// up awaits before its `acquire` returns (a place in a line on the
+    /// server left, say), where dropping the watch would only start it. A
+    /// watch that is just dropped (its waiter was granted, or cancelled)
+    /// runs none. `close` should be bounded in time.
+    pub fn closing_with<F, Fut>(mut self, close: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.closings.push(Box::new(move || Box::pin(close())));
+        self
+    }
+
+    /// Stops the watch, then awaits the clean-ups given with
+    /// [`closing_with`](Self::closing_with), in order.
+    pub async fn close(self) {
+        let ReleaseWatch {
+            sources,
+            _registrations,
+            closings,
+            ..
+        } = self;
+        drop(sources);
+        drop(_registrations);
+        for closing in closings {
+            closing().await;
+        }
     }
 
     /// Whether the watch tells its waiter when its turn has come (see
@@ -202,6 +244,7 @@ impl NotifyHub {
                 key: key.into(),
             }],
             turns: false,
+            closings: Vec::new(),
         };
         (watch, new)
     }
@@ -341,6 +384,29 @@ mod tests {
         drop(w);
         assert!(hub.remove_if_idle("x"));
         assert!(hub.is_empty());
+    }
+
+    #[tokio::test]
+    async fn close_stops_the_watch_then_awaits_its_clean_ups() {
+        let idle = Arc::new(Mutex::new(Vec::new()));
+        let seen = idle.clone();
+        let hub = NotifyHub::with_idle_hook(move |key| seen.lock().unwrap().push(key.to_owned()));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let watch = |key: &'static str| {
+            let (order, idle) = (order.clone(), idle.clone());
+            hub.watch(key).0.closing_with(move || async move {
+                tokio::task::yield_now().await;
+                // The watch stopped before its clean-up ran.
+                let stopped = idle.lock().unwrap().contains(&key.to_owned());
+                order.lock().unwrap().push((key, stopped));
+            })
+        };
+        let merged = ReleaseWatch::merge([watch("a"), watch("b")]).telling_turns();
+        merged.close().await;
+        assert_eq!(*order.lock().unwrap(), [("a", true), ("b", true)]);
+        // Dropped, a watch runs no clean-up.
+        drop(watch("c"));
+        assert_eq!(order.lock().unwrap().len(), 2);
     }
 
     #[tokio::test]

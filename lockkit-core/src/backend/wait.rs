@@ -242,11 +242,20 @@ where
     let mut waiter = Waiter::new(name, opts);
     let mut watch = None;
     loop {
-        match waiter.attempt(attempt()).await? {
-            Attempt::Acquired(held) => return Ok(held),
-            Attempt::Busy { retry_after } => {
-                waiter.busy(retry_after, &mut watch, &mut subscribe).await?
+        let waited = match waiter.attempt(attempt()).await {
+            Ok(Attempt::Acquired(held)) => return Ok(held),
+            Ok(Attempt::Busy { retry_after }) => {
+                waiter.busy(retry_after, &mut watch, &mut subscribe).await
             }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = waited {
+            // Giving up: the watch's clean-up runs before the caller hears
+            // of it (see `ReleaseWatch::closing_with`).
+            if let Some(watch) = watch.take() {
+                watch.close().await;
+            }
+            return Err(error);
         }
     }
 }

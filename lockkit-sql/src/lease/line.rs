@@ -113,6 +113,8 @@ enum Request {
     /// The last waiter of the name stopped: leave its line, unless one
     /// waits again by now.
     Leave(String),
+    /// Answer once the requests before this one are done.
+    Flush(oneshot::Sender<()>),
 }
 
 /// A client's places, and the keeper task that takes, renews and leaves
@@ -177,12 +179,23 @@ impl<DB: Runs> Line<DB> {
 
     /// A watch on `name` that keeps the client in its line while it lives,
     /// and whether the place was taken (or kept) by the time this returns.
+    /// A waiter that gives up and [closes](ReleaseWatch::close) the watch
+    /// has left the line (if it was the client's last waiter of the name)
+    /// once that returns, within the command timeout.
     pub(crate) async fn join(&self, name: &str) -> (ReleaseWatch, bool) {
         self.start();
         self.turns.left.joined(name);
         let (watch, _) = self.turns.hub.watch(name);
         let (done, joined) = oneshot::channel();
         let _ = self.requests.send(Request::Join(name.to_owned(), done));
+        let requests = self.requests.clone();
+        let bound = self.places.settings.command_timeout;
+        let watch = watch.closing_with(move || async move {
+            let (done, flushed) = oneshot::channel();
+            if requests.send(Request::Flush(done)).is_ok() {
+                let _ = tokio::time::timeout(bound, flushed).await;
+            }
+        });
         (watch, joined.await.unwrap_or(false))
     }
 
@@ -251,6 +264,9 @@ async fn keep<DB: Runs>(
                         }
                         names.remove(&name);
                     }
+                }
+                Some(Request::Flush(done)) => {
+                    let _ = done.send(());
                 }
                 None => return,
             },
