@@ -409,11 +409,15 @@ fn handoff_name(mode: &str) -> &'static str {
 
 const PG_NOW_US: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 /// An idle connection whose last statement, since the mark, was a grant's
-/// upsert or (a waiting writer reads before it writes again) the read of
-/// the lease row.
+/// upsert, the waiting writer's record that follows a refused one, or (a
+/// waiting writer reads before it writes again) the read of the lease row.
+/// (A waiter whose client watches the name already, from the handoff
+/// before, makes one attempt and then sleeps until its turn: its record is
+/// its last statement.)
 const PG_ATTEMPTS_SINCE: &str = "SELECT count(*) FROM pg_stat_activity \
     WHERE state = 'idle' \
       AND (query LIKE 'WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock%' \
+           OR query LIKE 'INSERT INTO lockkit_locks (name, owner, fence, expires_at) VALUES ($1, $2, 0,%' \
            OR query LIKE 'SELECT fence, GREATEST(0, CEIL(%') \
       AND state_change > to_timestamp($1::double precision / 1000000)";
 const PG_WAITING: &str = "SELECT count(*) FROM pg_locks WHERE NOT granted";
