@@ -36,7 +36,9 @@ pub(crate) const PLACE_TTL: Duration = Duration::from_secs(10);
 pub(crate) const RESERVED_FOR: &str = "\u{1}for:";
 
 /// The most names a client remembers having left (see [`Turns`]): past
-/// it, those whose places are gone already are forgotten.
+/// it, those whose places are gone already are forgotten, and if that is
+/// not enough (leaving fails, the database being away), all of them: a
+/// turn for one of those then runs out rather than being passed on.
 const LEFT_MAX: usize = 256;
 
 /// The statements of a client's places, as a dialect writes them: each
@@ -325,6 +327,9 @@ impl Left {
         let mut names = self.names();
         if names.len() >= LEFT_MAX {
             names.retain(|_, gone| !*gone);
+            if names.len() >= LEFT_MAX {
+                names.clear();
+            }
         }
         names.insert(name.to_owned(), false);
     }
@@ -394,5 +399,34 @@ impl Turns {
         for name in unwanted {
             self.left.pass(name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_left_stay_bounded() {
+        let left = Left::default();
+        // Places gone: forgotten first.
+        for n in 0..LEFT_MAX {
+            left.stopped(&format!("gone-{n}"));
+            left.gone(&format!("gone-{n}"));
+        }
+        left.stopped("pending");
+        assert_eq!(left.names().len(), 1, "the gone names were forgotten");
+        // Places that never went (leaving fails): all forgotten at the cap.
+        for n in 0..10 * LEFT_MAX {
+            left.stopped(&format!("stuck-{n}"));
+            assert!(left.names().len() <= LEFT_MAX);
+        }
+        left.stopped("back");
+        assert!(left.names().contains_key("back"));
+        left.joined("back");
+        assert!(
+            !left.names().contains_key("back"),
+            "a name waited for again is no longer left"
+        );
     }
 }
