@@ -283,8 +283,10 @@ impl<B: LeaseBackend> LeaseLock<B> {
                 Err(error) => Err(error),
             };
             if let Err(error) = waited {
-                // Giving up: what the watch holds on the server (a place in
-                // line) goes before the caller hears of it.
+                // Giving up: what the acquisition and its watch hold on the
+                // server (a waiting record, a place in line) goes before the
+                // caller hears of it.
+                grant.give_up().await;
                 if let Some(watch) = watch.take() {
                     watch.close().await;
                 }
@@ -467,6 +469,23 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             self.waiting_recorded = false;
         }
         Ok(outcome)
+    }
+
+    /// After the last attempt was refused and the wait is over: its record
+    /// as a waiting writer (and, where the backend keeps one with it, its
+    /// place in line) goes now, rather than in the background once the
+    /// grant is dropped. An attempt in doubt, or a release that fails, is
+    /// left to the drop, which tries again.
+    async fn give_up(&mut self) {
+        if self.in_doubt || !self.waiting_recorded {
+            return;
+        }
+        match self.backend.release(&self.key, &self.owner).await {
+            Ok(_) => self.waiting_recorded = false,
+            Err(error) => {
+                tracing::debug!(lock.key = ?self.key, %error, "could not withdraw a waiting record yet; trying again in the background");
+            }
+        }
     }
 
     /// The guard of the granted holding; `slot` is the client's turn on the
