@@ -30,9 +30,12 @@
 //! again where they went), they ask once. A client that stopped without
 //! leaving the line (its process died) keeps its place until it runs out,
 //! within `PLACE_TTL`; it is swept when a client next takes a place in that
-//! line, and a reservation for it holds
-//! the name up for at most `RESERVED_MS`. A client whose place could not
-//! be taken backs off and asks again (never past the holder's expiry).
+//! line, and a reservation for it holds the name up for at most
+//! `RESERVED_MS`. A client notified on its own channel for a name none of
+//! its waiters waits for any longer (the last one stopped after the release
+//! found the client in line) passes the turn on at once (see [`Turns`]). A
+//! client whose place could not be taken backs off and asks again (never
+//! past the holder's expiry).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
