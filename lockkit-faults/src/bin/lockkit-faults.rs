@@ -473,24 +473,29 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         }
     }
     let settings = &settings;
-    let results: Vec<RunResult> = futures_util::stream::iter(planned)
-        .map(|(backend, scenario, lock_delay)| async move {
-            let result = run(backend, scenario, lock_delay, settings).await;
-            tracing::info!(
-                "{}: {:?}{}",
-                result.slug(),
-                result.outcome,
-                result
-                    .error
-                    .as_deref()
-                    .map(|e| format!(" ERROR {e}"))
-                    .unwrap_or_default()
-            );
-            result
-        })
-        .buffered(args.jobs as usize)
-        .collect()
-        .await;
+    // Each run starts as soon as one of the `jobs` ends (a long run does not
+    // hold back the ones after it); the report puts them back in order.
+    let mut results: Vec<(usize, RunResult)> =
+        futures_util::stream::iter(planned.into_iter().enumerate())
+            .map(|(index, (backend, scenario, lock_delay))| async move {
+                let result = run(backend, scenario, lock_delay, settings).await;
+                tracing::info!(
+                    "{}: {:?}{}",
+                    result.slug(),
+                    result.outcome,
+                    result
+                        .error
+                        .as_deref()
+                        .map(|e| format!(" ERROR {e}"))
+                        .unwrap_or_default()
+                );
+                (index, result)
+            })
+            .buffer_unordered(args.jobs as usize)
+            .collect()
+            .await;
+    results.sort_by_key(|(index, _)| *index);
+    let results: Vec<RunResult> = results.into_iter().map(|(_, result)| result).collect();
     let table = report::table(&results, None);
     let _ = std::io::stdout().write_all(table.as_bytes());
     let mut problems = report::problems(&results);
