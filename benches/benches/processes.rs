@@ -525,5 +525,96 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rows: &[Row]) -> Stri
     for row in rows {
         let _ = writeln!(out, "{}", row.line());
     }
+    out.push_str(&targets(rows, processes));
+    out
+}
+
+/// Most straight-back grants lockkit's default mode may give.
+const STRAIGHT_BACK_MAX: f64 = 0.25;
+/// How much the server's commands per handoff may grow when the waiters
+/// are four times as many, on the backends whose count must be bounded.
+const COMMANDS_GROWTH_MAX: f64 = 1.25;
+
+/// Whether lockkit's server commands per handoff must not grow with the
+/// waiters on `backend`.
+fn commands_bounded(backend: Deployment) -> bool {
+    use Deployment::*;
+    matches!(
+        backend,
+        Redis | Redlock3 | Redlock5 | Etcd | EtcdCluster | PgLease | MariaDbLease | SqliteLease
+    )
+}
+
+/// The targets of lockkit's default mode, each judged on this run's rows:
+/// at most a quarter of the grants straight back, server commands per
+/// handoff that do not grow with the waiters (where they must not), and
+/// at least the throughput of every peer that ran on the same backend.
+fn targets(rows: &[Row], processes: usize) -> String {
+    let lockkit = |backend: Deployment, start: Start, n: usize| {
+        rows.iter().find(|r| {
+            r.backend == backend && r.client == (Client::Lockkit, NONE, start) && r.processes == n
+        })
+    };
+    let mut out = format!(
+        "\n### Targets of lockkit's default mode, judged on this run\n\n\
+         Straight back: at most {:.0} % of the grants at {processes} processes. \
+         Commands per handoff (Redis, Redlock, etcd and the SQL lease modes): with {processes} processes \
+         at most {COMMANDS_GROWTH_MAX} × the figure with {} (four times the waiters). \
+         Throughput: at least that of every peer that ran on the same backend, with as many processes.\n\n\
+         | backend | target | lockkit | yardstick | verdict |\n\
+         | --- | --- | --- | --- | --- |\n",
+        STRAIGHT_BACK_MAX * 100.0,
+        processes / 4,
+    );
+    let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
+    for row in rows {
+        let (client, params, start) = row.client;
+        let label = row.backend.label();
+        if client == Client::Lockkit && params.is_empty() && start == Start::Clean {
+            if row.processes == processes
+                && let Some(share) = row.straight_back
+            {
+                let _ = writeln!(
+                    out,
+                    "| {label} | straight back | {:.0} % | ≤ {:.0} % | {} |",
+                    share * 100.0,
+                    STRAIGHT_BACK_MAX * 100.0,
+                    verdict(share <= STRAIGHT_BACK_MAX),
+                );
+            }
+            if row.processes == processes && commands_bounded(row.backend) {
+                let fewer = lockkit(row.backend, Start::Clean, processes / 4)
+                    .and_then(|r| r.commands_per_handoff);
+                let line = match (row.commands_per_handoff, fewer) {
+                    (Some(many), Some(few)) => format!(
+                        "{many:.1} | {few:.1} with {} processes (× {:.2}) | {}",
+                        processes / 4,
+                        many / few,
+                        verdict(many <= few * COMMANDS_GROWTH_MAX),
+                    ),
+                    (Some(many), None) => {
+                        format!("{many:.1} | — | no run with {} processes", processes / 4)
+                    }
+                    (None, _) => "— | — | no server to count".to_owned(),
+                };
+                let _ = writeln!(out, "| {label} | commands per handoff | {line} |");
+            }
+        } else if client != Client::Lockkit
+            && let Some(ours) = lockkit(row.backend, start, row.processes)
+        {
+            let _ = writeln!(
+                out,
+                "| {label}{} | throughput | {:.0}/s | {:.0}/s ({}) | {} |",
+                match start {
+                    Start::Clean => "",
+                    Start::DeadInstance => ", one instance held by a dead client",
+                },
+                ours.per_second,
+                row.per_second,
+                client.library(),
+                verdict(ours.per_second >= row.per_second),
+            );
+        }
+    }
     out
 }
