@@ -34,10 +34,13 @@ rm -rf -- "$packages"
 mkdir -p "$packages/unpacked"
 args=()
 names=()
+# Each package's directory once unpacked: <name>-<version>.
+dirs=()
 for line in "${crates[@]}"; do
-    read -r crate _ <<<"$line"
+    read -r crate version <<<"$line"
     args+=(-p "$crate")
     names+=("$crate")
+    dirs+=("$crate-$version")
 done
 # --allow-dirty: CI packages the clone it was given; a developer may package
 # uncommitted work to check it.
@@ -48,25 +51,20 @@ manifest="$packages/unpacked/Cargo.toml"
     echo "# Written by scripts/package.sh: the packages, each checked alone."
     echo "[workspace]"
     echo "members = ["
-    for line in "${crates[@]}"; do
-        read -r crate version <<<"$line"
-        echo "    \"$crate-$version\","
-    done
+    printf '    "%s",\n' "${dirs[@]}"
     echo "]"
     echo 'resolver = "3"'
     echo
     echo "[patch.crates-io]"
-    for line in "${crates[@]}"; do
-        read -r crate version <<<"$line"
-        echo "$crate = { path = \"$crate-$version\" }"
+    for i in "${!names[@]}"; do
+        echo "${names[i]} = { path = \"${dirs[i]}\" }"
     done
     echo
     # The workspace's own profile, so that checked dependencies are shared.
     sed -n '/^\[profile\./,/^$/p' Cargo.toml
 } >"$manifest"
-for line in "${crates[@]}"; do
-    read -r crate version <<<"$line"
-    tar -xzf "$packages/build/package/$crate-$version.crate" -C "$packages/unpacked"
+for dir in "${dirs[@]}"; do
+    tar -xzf "$packages/build/package/$dir.crate" -C "$packages/unpacked"
 done
 # The workspace's versions of the dependencies.
 cp Cargo.lock "$packages/unpacked/"

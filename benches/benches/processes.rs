@@ -122,6 +122,16 @@ enum Start {
     DeadInstance,
 }
 
+impl Start {
+    /// What a report adds to the backend's label for a run that starts so.
+    fn label(self) -> &'static str {
+        match self {
+            Start::Clean => "",
+            Start::DeadInstance => ", one instance held by a dead client",
+        }
+    }
+}
+
 /// A run's library, lockkit's URL parameters, and how the run starts.
 type Library = (Client, Params, Start);
 
@@ -477,10 +487,7 @@ impl Row {
         format!(
             "| {}{} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
             self.backend.label(),
-            match self.client.2 {
-                Start::Clean => "",
-                Start::DeadInstance => ", one instance held by a dead client",
-            },
+            self.client.2.label(),
             match self.client {
                 (client, [], _) => client.library().to_owned(),
                 (client, params, _) => {
@@ -605,10 +612,7 @@ fn targets(rows: &[Row], processes: usize) -> String {
             let _ = writeln!(
                 out,
                 "| {label}{} | throughput | {:.0}/s | {:.0}/s ({}) | {} |",
-                match start {
-                    Start::Clean => "",
-                    Start::DeadInstance => ", one instance held by a dead client",
-                },
+                start.label(),
                 ours.per_second,
                 row.per_second,
                 client.library(),

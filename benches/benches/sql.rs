@@ -353,7 +353,7 @@ impl CycleFixture for Fixture {
 
     /// Checks that the cycles left no live lease and no advisory or named
     /// lock behind. (A row lock left behind would stall the next cycle.)
-    /// Checks that the batch left no lock behind. On SQLite it also
+    /// On SQLite it also
     /// empties the write-ahead log: the checkpoint its growth sets off
     /// (every 1000 pages, a few batches) would otherwise fall on the
     /// batches of one kind, as the phase of the rounds has it, and cost it
