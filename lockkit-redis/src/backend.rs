@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    Attempt, Handover, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch,
+    Attempt, Handover, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch, Turn,
 };
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 
@@ -157,10 +157,10 @@ impl LeaseBackend for RedisBackend {
         ttl: Duration,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let waiting = if intent == Intent::Wait {
-            Waiting::ByArrival
-        } else {
-            Waiting::No
+        let waiting = match intent {
+            Intent::Wait if self.grants_turns() => Waiting::Turn,
+            Intent::Wait => Waiting::ByArrival,
+            Intent::Try => Waiting::No,
         };
         self.instance
             .try_hold(key, owner.as_str(), ttl, self.fences(), waiting)
@@ -185,9 +185,33 @@ impl LeaseBackend for RedisBackend {
     }
 
     async fn release(&self, key: &RedisKey, owner: &OwnerToken) -> Result<bool> {
+        let release = if self.grants_turns() {
+            Release::Grant
+        } else {
+            Release::Wake
+        };
         self.instance
-            .release_holding(key, owner.as_str(), self.fences(), Release::Wake)
+            .release_holding(key, owner.as_str(), self.fences(), release)
             .await
+    }
+
+    /// On one server or a primary whose grants do not wait for replicas,
+    /// unless the lock is fair (whose queue wakes its head to ask): a
+    /// release makes the lease of the first waiter in line that asked for
+    /// its turn ([`Waiting::Turn`]) that waiter's, and tells it on its
+    /// turn channel, so that a handoff to another client costs it no
+    /// round trip of its own.
+    fn grants_turns(&self) -> bool {
+        self.instance.grants_turns() && !self.is_fair()
+    }
+
+    fn take_turn(&self, key: &RedisKey, owner: &OwnerToken) -> Option<Turn> {
+        let RedisKey::Exclusive(keys) = key else {
+            return None;
+        };
+        let (since, token) = self.instance.take_turn(keys, &key.stored(owner.as_str()))?;
+        let fencing = self.fences().then(|| FencingToken::new(token));
+        Some(Turn { fencing, since })
     }
 
     /// Not while every grant must be acknowledged by replicas (`WAIT`): a

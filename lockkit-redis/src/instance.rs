@@ -10,6 +10,7 @@ use lockkit_core::backend::{Attempt, connect_retrying};
 use lockkit_core::{FencingToken, LockError, Result};
 use redis::RedisError;
 use redis::aio::ConnectionManager;
+use tokio::time::Instant;
 
 use crate::connection::{
     Connection, client_for, manager_config, open, resp3, shard_subscriber, single,
@@ -21,6 +22,7 @@ use crate::renewals::{Held, Renewal, Renewals, Renewing};
 use crate::scripts::{Call, Publish, Release, Releases, SCRIPTS, SOURCES, Waiting, is_no_script};
 use crate::sentinel::Resolver;
 use crate::settings::{Reach, RedisConfig, ReplicaWait, Topology};
+use crate::turns;
 
 /// A connection to one Redis deployment — a single server, a Redis Cluster,
 /// or the master that Redis Sentinel names — with the lock operations as
@@ -346,9 +348,11 @@ impl RedisInstance {
                 &*queue.waiter,
             ),
             None => {
-                line = keys.line();
-                let line_keys = lock_keys.into_iter().chain([&line]).map(String::as_str);
-                (Call::new(&SCRIPTS.acquire, line_keys), &*self.inner.waiter)
+                line = [keys.line(), keys.turns()];
+                let turns = usize::from(waiting == Waiting::Turn);
+                let line_keys = lock_keys.into_iter().chain(&line[..1 + turns]);
+                let call = Call::new(&SCRIPTS.acquire, line_keys.map(String::as_str));
+                (call, &*self.inner.waiter)
             }
         };
         call.arg(owner)
@@ -357,8 +361,14 @@ impl RedisInstance {
             .arg(flag(waiting.waits()))
             .arg(waiter)
             .arg(ttl_millis(QUEUE_PLACE));
-        if let Waiting::Since(micros) = waiting {
-            call.arg(micros);
+        match waiting {
+            Waiting::Since(micros) => {
+                call.arg(micros);
+            }
+            Waiting::Turn => {
+                call.arg("").arg(turns::stamp());
+            }
+            Waiting::No | Waiting::ByArrival => {}
         }
         let undo = || self.release(keys, owner, fencing, Release::Wake);
         self.grant(&keys.lock, call, fencing, undo).await
@@ -575,9 +585,11 @@ impl RedisInstance {
                 call
             }
             None => {
-                let line = keys.line();
-                let line_keys = lock_keys.into_iter().chain([&line]).map(String::as_str);
-                let mut call = Call::new(&self.inner.releases.release, line_keys);
+                let line = [keys.line(), keys.turns()];
+                let turns = usize::from(release == Release::Grant);
+                let line_keys = lock_keys.into_iter().chain(&line[..1 + turns]);
+                let mut call =
+                    Call::new(&self.inner.releases.release, line_keys.map(String::as_str));
                 call.arg(owner)
                     .arg(&keys.channel)
                     .arg(release.arg())
@@ -656,6 +668,28 @@ impl RedisInstance {
             .run("hand the lease over", call.invoke(&mut conn))
             .await?;
         Ok(u64::try_from(token).ok())
+    }
+
+    /// The lease a release granted `owner` (as stored) on its turn in the
+    /// line of `keys` and told this client of (see [`Waiting::Turn`]), if
+    /// its message came: when the attempt whose place was granted was sent,
+    /// and the fencing token drawn for it (0 without fencing).
+    pub(crate) fn take_turn(&self, keys: &Keys, owner: &str) -> Option<(Instant, u64)> {
+        if self.inner.waiter.is_empty() {
+            return None;
+        }
+        let channel = keys.turn_channel(&self.inner.waiter);
+        let message = self.inner.notifications.take_message(&channel)?;
+        let (stamp, token) = turns::read(&message, owner)?;
+        Some((turns::instant_of(stamp), token))
+    }
+
+    /// Whether a waiting attempt of this connection can have its turn grant
+    /// it the lease ([`Waiting::Turn`]): where it waits in lines, and not
+    /// where grants wait for replicas (a grant a release makes is not
+    /// followed by `WAIT`).
+    pub(crate) fn grants_turns(&self) -> bool {
+        !self.inner.waiter.is_empty() && self.inner.wait.is_none()
     }
 
     /// Subscribes to a release channel (of a lock or a semaphore).

@@ -67,7 +67,9 @@ pub struct Queue {
 ///   it), with an expiry;
 /// * the waiting line: `{<prefix><name>}:line`, the clients waiting for the
 ///   lock by arrival (server time, µs), derived when needed
-///   ([`Keys::line`]); for a fair lock, its queue instead:
+///   ([`Keys::line`]), and its turns, `{<prefix><name>}:turns`, the lease
+///   each waiting client of lockkit's Redis backend is to get on its turn
+///   ([`Keys::turns`]); for a fair lock, its queue instead:
 ///   `{<prefix><name>}:queue` and `{<prefix><name>}:queue-deadlines`
 ///   ([`Queue`]);
 /// * release channel: `{<prefix><name>}:released`.
@@ -144,14 +146,27 @@ impl Keys {
     /// Derived from the readers' key when needed, not kept: a held lease
     /// keeps its keys, and only waits and releases need this one.
     pub fn line(&self) -> String {
+        self.sibling("line")
+    }
+
+    /// The key of the line's turns: a hash of the waiter ids in the
+    /// [`line`](Self::line) whose turn is to grant them a lease, each with
+    /// the lease it asked for (see `ACQUIRE` in the scripts). Derived as the
+    /// line is.
+    pub fn turns(&self) -> String {
+        self.sibling("turns")
+    }
+
+    /// The key `suffix` beside the readers' key, in its layout.
+    fn sibling(&self, suffix: &str) -> String {
         let readers = &self.readers;
         match readers.strip_suffix("readers") {
             // `{<lock key>}:readers`.
-            Some(head) if head.len() == self.lock.len() + 3 => [head, "line"].concat(),
+            Some(head) if head.len() == self.lock.len() + 3 => [head, suffix].concat(),
             // `{<tag>}:readers:<lock key>`, the tag without a `}`.
             _ => match readers.split_once("}:readers:") {
-                Some((tag, lock)) => [tag, "}:line:", lock].concat(),
-                None => [readers, ":line"].concat(),
+                Some((tag, lock)) => [tag, "}:", suffix, ":", lock].concat(),
+                None => [readers, ":", suffix].concat(),
             },
         }
     }
@@ -415,10 +430,12 @@ mod tests {
         assert_eq!(keys.readers, "{lockkit:orders/42}:readers");
         assert_eq!(keys.writer_waiting, "{lockkit:orders/42}:writer-waiting");
         assert_eq!(keys.line(), "{lockkit:orders/42}:line");
+        assert_eq!(keys.turns(), "{lockkit:orders/42}:turns");
         assert_eq!(keys.turn_channel("w"), "{lockkit:orders/42}:released:w");
         // A lock key that looks like a derived key's start.
         let odd = Keys::new("", "a}:readers").unwrap();
         assert_eq!(odd.line(), "{a}:readers}:line");
+        assert_eq!(odd.turns(), "{a}:readers}:turns");
         assert_eq!(Keys::new("", "job").unwrap().lock, "job");
         let sem = SemaphoreKeys::new("lockkit:", "orders/42").unwrap();
         assert_eq!(sem.permits, "{lockkit:orders/42}:semaphore");
@@ -470,6 +487,7 @@ mod tests {
                 let slot = key_slot(keys.lock.as_bytes());
                 for derived in [
                     &keys.line(),
+                    &keys.turns(),
                     &keys.fence,
                     &keys.readers,
                     &keys.writer_waiting,
@@ -490,6 +508,7 @@ mod tests {
         let keys = Keys::for_cluster("lockkit:", "a}b").unwrap();
         assert!(keys.fence.ends_with(":fence:lockkit:a}b"), "{keys:?}");
         assert!(keys.line().ends_with(":line:lockkit:a}b"), "{keys:?}");
+        assert!(keys.turns().ends_with(":turns:lockkit:a}b"), "{keys:?}");
         assert_eq!(
             Keys::for_cluster("lockkit:", "x{tag}y").unwrap().fence,
             "{tag}:fence:lockkit:x{tag}y"

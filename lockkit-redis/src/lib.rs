@@ -16,6 +16,7 @@ mod renewals;
 mod scripts;
 mod sentinel;
 mod settings;
+mod turns;
 mod url;
 
 pub use backend::{

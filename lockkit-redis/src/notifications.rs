@@ -9,7 +9,7 @@
 //! the current master, followed across failovers. Wherever it cannot
 //! subscribe, waiters fall back to polling (backoff and the holder's TTL).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -49,8 +49,14 @@ struct Subscriber {
     next_seed: usize,
 }
 
+/// The last message of each subscribed channel that said more than that
+/// a release happened: a granted turn (see [`crate::turns`]), until its
+/// waiter takes it. One per channel, dropped with the subscription.
+type Mailbox = Arc<std::sync::Mutex<HashMap<String, String>>>;
+
 pub(crate) struct Notifications {
     hub: NotifyHub,
+    mailbox: Mailbox,
     subscriber: tokio::sync::Mutex<Subscriber>,
     target: Target,
     config: ConnectionManagerConfig,
@@ -106,8 +112,10 @@ impl Notifications {
             }
         });
         let push_hub = hub.clone();
+        let mailbox = Mailbox::default();
+        let push_mailbox = mailbox.clone();
         let push: PushSender = Arc::new(move |push: PushInfo| {
-            dispatch(&push_hub, push);
+            dispatch(&push_hub, &push_mailbox, push);
             Ok(())
         });
         let target = target(push.clone())?;
@@ -116,6 +124,7 @@ impl Notifications {
             .set_automatic_resubscription();
         let notifications = Arc::new(Notifications {
             hub,
+            mailbox,
             subscriber: tokio::sync::Mutex::default(),
             target,
             config,
@@ -188,6 +197,11 @@ impl Notifications {
         // lock (`unsubscribe_later`), so it is there.
         let (watch, new) = self.hub.watch(channel);
         (!new).then_some(watch)
+    }
+
+    /// The message `channel` left for its waiter, if any (see [`Mailbox`]).
+    pub(crate) fn take_message(&self, channel: &str) -> Option<String> {
+        lock(&self.mailbox).remove(channel)
     }
 
     /// The subscriber connection to the current target: the existing one,
@@ -275,6 +289,7 @@ impl Notifications {
             let mut subscriber = this.subscriber.lock().await;
             if this.hub.remove_if_idle(&channel) {
                 subscriber.channels.remove(&channel);
+                lock(&this.mailbox).remove(&channel);
                 if let Some((_, conn)) = &subscriber.conn {
                     let mut conn = conn.clone();
                     let _ = tokio::time::timeout(this.command_timeout, conn.unsubscribe(&channel))
@@ -318,13 +333,34 @@ impl Drop for PendingTopic<'_> {
     }
 }
 
-fn dispatch(hub: &NotifyHub, push: PushInfo) {
+fn lock(mailbox: &Mailbox) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    mailbox.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wakes the watchers of a message's channel, after leaving a message with
+/// more to say than "released" in the mailbox (of a subscribed channel
+/// only: the mailbox stays as bounded as the subscriptions).
+fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, push: PushInfo) {
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
             if let Some(Value::BulkString(channel)) = push.data.first()
                 && let Ok(channel) = std::str::from_utf8(channel)
             {
-                hub.notify(channel);
+                let Some(Value::BulkString(message)) = push
+                    .data
+                    .get(1)
+                    .filter(|m| matches!(m, Value::BulkString(m) if !m.is_empty()))
+                else {
+                    hub.notify(channel);
+                    return;
+                };
+                // In the mailbox before the waiter wakes, and out again if
+                // nobody watches the channel.
+                let message = String::from_utf8_lossy(message).into_owned();
+                lock(mailbox).insert(channel.to_owned(), message);
+                if !hub.notify(channel) {
+                    lock(mailbox).remove(channel);
+                }
             }
         }
         // Messages may have been missed while disconnected: let every waiter retry.

@@ -75,15 +75,18 @@ macro_rules! sole_fence {
     };
 }
 
-/// The body of `next_sole_fence(key, ttl)` (see [`sole_fence!`]), to be
-/// written out where `key` and `ttl` are set: a script's main chunk
-/// creates a closure for every local function it defines, each time it
-/// runs, so the hot scripts ([`ACQUIRE`], [`RELEASE`]) define none.
-macro_rules! sole_fence_body {
+/// The draw of [`sole_fence_body!`], leaving the token in the local `n`.
+macro_rules! sole_fence_draw {
+    () => {
+        concat!("\n  local t = redis.call('TIME')", sole_fence_draw_at!())
+    };
+}
+
+/// [`sole_fence_draw!`] with the server's `TIME` read already, into `t`.
+macro_rules! sole_fence_draw_at {
     () => {
         concat!(
             "
-  local t = redis.call('TIME')
   local n = ",
             time_us!(),
             r"
@@ -93,9 +96,18 @@ macro_rules! sole_fence_body {
     n = last + 1
     redis.call('SET', key, string.format('%d', n), 'PX', ttl)
   end
-  return n
 "
         )
+    };
+}
+
+/// The body of `next_sole_fence(key, ttl)` (see [`sole_fence!`]), to be
+/// written out where `key` and `ttl` are set: a script's main chunk
+/// creates a closure for every local function it defines, each time it
+/// runs, so the hot scripts ([`ACQUIRE`], [`RELEASE`]) define none.
+macro_rules! sole_fence_body {
+    () => {
+        concat!(sole_fence_draw!(), "  return n\n")
     };
 }
 
@@ -209,19 +221,31 @@ macro_rules! take_lock {
     };
 }
 
-/// The start of every exclusive attempt: while live readers hold (or a
-/// waiting writer's record or a waiting line exists: `others`, one
-/// `EXISTS`), a refusal that says how long the first reader still holds,
-/// recording the caller as the waiting writer when ARGV[4] is "1".
-/// KEYS[3] readers, KEYS[4] waiting writer, `others_keys` the keys counted
-/// in `others`.
+/// The start of every exclusive attempt of a fair lock: while live
+/// readers hold (or a waiting writer's record or a waiting line exists:
+/// `others`, one `EXISTS`), the refusal of [`readers_refusal!`]. KEYS[3]
+/// readers, KEYS[4] waiting writer, `others_keys` the keys counted in
+/// `others`.
 macro_rules! readers_first {
     ($others_keys:literal) => {
         concat!(
             "
 local others = redis.call('EXISTS', ",
             $others_keys,
-            r")
+            ")",
+            readers_refusal!(""),
+        )
+    };
+}
+
+/// If `others` (see [`readers_first!`]) and live readers hold: `undo` (Lua
+/// that takes back what the attempt did so far), then a refusal that says
+/// how long the first reader still holds, recording the caller as the
+/// waiting writer when ARGV[4] is "1".
+macro_rules! readers_refusal {
+    ($undo:literal) => {
+        concat!(
+            r"
 if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   local t = redis.call('TIME')
   local now = ",
@@ -230,6 +254,9 @@ if others > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if first[1] then
+",
+            $undo,
+            r"
     local wait = tonumber(first[2]) - now
     if ARGV[4] == '1' then
       redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
@@ -295,18 +322,33 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// caller's waiter id (one per connection: its tasks queue among
 /// themselves first; "" for a client that does not queue in lines),
 /// ARGV[6] how long a place in the line lasts without being asked for
-/// again (ms), ARGV[7] (optional) where a new place goes in the line (µs
-/// since the Unix epoch by the client's clock, see [`Waiting::Since`]; by
-/// default the server's clock on arrival).
+/// again (ms), ARGV[7] (optional, may be "") where a new place goes in the
+/// line (µs since the Unix epoch by the client's clock, see
+/// [`Waiting::Since`]; by default the server's clock on arrival), ARGV[8]
+/// (optional, with KEYS[6] the line's turns, a hash of waiter ids) the
+/// caller's stamp, for a waiter whose turn grants it the lease (see
+/// [`Waiting::Turn`]).
 ///
-/// The lock is granted if it is free, or if it is reserved for the caller
+/// The lock is granted if it is free and no live reader holds (`SET NX`
+/// first: a lock key that exists keeps readers out, so a refused attempt
+/// asks nothing of them; one granted while readers hold is taken back at
+/// once, with the readers' refusal, see [`readers_refusal!`]), if it is
+/// reserved for the caller
 /// (`\x1e` and its waiter id: [`RELEASE`] reserves it for the head of the
-/// line, for a moment, and wakes that waiter alone); the caller then
+/// line, for a moment, and wakes that waiter alone), or if it is the
+/// caller's already (its turn came, and the release made the lease this
+/// owner's: it is counted from now, with a new token); the caller then
 /// leaves the line. A waiting attempt that is refused joins the line (a
 /// waiter already in it keeps its place) and is told to ask again within
-/// half a place, so that its place stays live. A waiter that vanished is
-/// taken out of the line when its turn comes, and holds the lock up for
-/// one reservation.
+/// half a place, so that its place stays live; with ARGV[8], it also
+/// records the lease its turn is to give it (`<fresh until>|<stamp>|<ttl>|
+/// <fencing flag>|<owner>`, under its waiter id in KEYS[6], which lasts as
+/// long as the line), fresh for three quarters of a place (server time,
+/// µs): a live waiter asks again sooner. A waiter that vanished is taken
+/// out of the line when its turn comes, and holds the lock up for one
+/// reservation; or, if its record is still fresh (it vanished in the
+/// second and a half before its turn), for the lease it asked for, as a
+/// holder that vanished would.
 ///
 /// Returns one integer, not a table (a table reply costs the server a Lua
 /// table and the client an array to parse, on every acquire): when
@@ -315,16 +357,28 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// never by itself; -2: the holding went meanwhile, retry at once), so that
 /// every refusal is negative. See `crate::instance::grant_answer`.
 const ACQUIRE: &str = concat!(
-    readers_first!("KEYS[3], KEYS[4], KEYS[5]"),
     r"
 local granted = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-if not granted and redis.call('GET', KEYS[1]) == '\30' .. ARGV[5] then
-  granted = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local others = 0
+if granted then
+  others = redis.call('EXISTS', KEYS[3], KEYS[4], KEYS[5])
+",
+    readers_refusal!("    redis.call('DEL', KEYS[1])"),
+    r"
+else
+  local held = redis.call('GET', KEYS[1])
+  if held == '\30' .. ARGV[5] or held == ARGV[1] then
+    granted = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    others = 1
+  end
 end
 if granted then
   if others > 0 then
     redis.call('DEL', KEYS[4])
     redis.call('ZREM', KEYS[5], ARGV[5])
+    if ARGV[8] then
+      redis.call('HDEL', KEYS[6], ARGV[5])
+    end
   end
 ",
     granted!(),
@@ -333,7 +387,7 @@ end
 local wait = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' and ARGV[5] ~= '' then
   local place = ARGV[7]
-  if not place then
+  if not place or place == '' then
     local t = redis.call('TIME')
     place = ",
     time_us!(),
@@ -341,6 +395,11 @@ if ARGV[4] == '1' and ARGV[5] ~= '' then
   end
   redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
+  if ARGV[8] then
+    local fresh = string.format('%d', tonumber(place) + tonumber(ARGV[6]) * 750)
+    redis.call('HSET', KEYS[6], ARGV[5], fresh .. '|' .. ARGV[8] .. '|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[1])
+    redis.call('PEXPIRE', KEYS[6], ARGV[6])
+  end
   local half = math.floor(tonumber(ARGV[6]) / 2)
   if wait == -1 or wait > half then
     wait = half
@@ -610,8 +669,35 @@ return 0
     };
 }
 
+/// What [`RELEASE`] does with the fence counter of a holding that drew a
+/// token (`released` 1, ARGV[6] "1"), unless the next holder draws from it
+/// at once: `fence` is true when the counter can go (the server's clock
+/// has passed its value); one the clock has not passed, after the clock
+/// went back, is left to expire once it has.
+macro_rules! releasers_fence {
+    () => {
+        concat!(
+            r"
+local fence = false
+local n = released == 1 and ARGV[6] == '1' and tonumber(redis.call('GET', KEYS[3]))
+if n then
+  local t = redis.call('TIME')
+  if n >= ",
+            time_us!(),
+            r" then
+    redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
+  else
+    fence = true
+  end
+end
+"
+        )
+    };
+}
+
 /// KEYS[1] lock key, KEYS[2] waiting writer, KEYS[3] fence counter, KEYS[4]
-/// the waiting line (see [`ACQUIRE`]); ARGV[1] owner token, ARGV[2]
+/// the waiting line (see [`ACQUIRE`]), KEYS[5] (optional) the line's turns;
+/// ARGV[1] owner token, ARGV[2]
 /// release channel, ARGV[3] "1" to wake waiters, "0" not to (a rollback,
 /// see [`Release`]), ARGV[4] the caller's waiter id, ARGV[5]
 /// how long a reservation lasts (ms), ARGV[6] "1" if the holding drew a
@@ -628,7 +714,13 @@ return 0
 /// release spares the `GET` and the `TIME` it would take. Then, when asked to wake waiters,
 /// the head of the line leaves it and the lock is reserved for it for
 /// ARGV[5] ms, and only it is woken, on its own channel
-/// (`<release channel>:<waiter id>`); with nobody in line the key goes and
+/// (`<release channel>:<waiter id>`). A head whose turn is recorded in
+/// KEYS[5] (the line's turns, see [`ACQUIRE`]; optional), while its record
+/// is fresh, is granted the lease it recorded instead, with a fencing token
+/// drawn for it if it asked
+/// (its waiting-writer record goes, as a grant's does), and the message on
+/// its channel says so: `<its stamp>|<token, 0 without>|<owner>`, so that
+/// it holds without asking again. With nobody in line the key goes and
 /// the release is published on the lock's channel (readers, and waiters
 /// of clients without a line, listen there). A handoff thus wakes one
 /// client and costs the same whatever the number of waiters, and a holder
@@ -650,20 +742,8 @@ const RELEASE: &str = concat!(
     r"
 local held = redis.call('GET', KEYS[1])
 local released = 0
-local fence = false
 if held == ARGV[1] then
   released = 1
-  local n = ARGV[6] == '1' and tonumber(redis.call('GET', KEYS[3]))
-  if n then
-    local t = redis.call('TIME')
-    if n >= ",
-    time_us!(),
-    r" then
-      redis.call('PEXPIREAT', KEYS[3], math.floor(n / 1000) + 2)
-    else
-      fence = true
-    end
-  end
 elseif held == '\30' .. ARGV[4] then
   if ARGV[3] ~= '1' then
     return 0
@@ -672,6 +752,9 @@ elseif held == '\30' .. ARGV[4] then
 else
   if ARGV[3] == '1' then
     redis.call('ZREM', KEYS[4], ARGV[4])
+    if KEYS[5] then
+      redis.call('HDEL', KEYS[5], ARGV[4])
+    end
   end
   if redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
@@ -683,6 +766,38 @@ local head = nil
 if ARGV[3] == '1' then
   head = redis.call('ZPOPMIN', KEYS[4])[1]
 end
+local turn = head and KEYS[5] and redis.call('HGET', KEYS[5], head)
+if turn then
+  redis.call('HDEL', KEYS[5], head)
+  local fresh, since, ttl, fencing, owner = string.match(turn, '^(%d+)|(%d+)|(%d+)|(%d)|(.*)$')
+  local t = redis.call('TIME')
+  if fresh and tonumber(fresh) >= ",
+    time_us!(),
+    r" then
+    redis.call('SET', KEYS[1], owner, 'PX', ttl)
+    redis.call('DEL', KEYS[2])
+    local token = 0
+    if fencing == '1' then
+      local key = KEYS[3]
+",
+    sole_fence_draw_at!(),
+    r"
+      token = n
+    else
+",
+    releasers_fence!(),
+    r"
+      if fence then
+        redis.call('DEL', KEYS[3])
+      end
+    end
+    redis.call('PUBLISH', ARGV[2] .. ':' .. head, since .. '|' .. string.format('%d', token) .. '|' .. owner)
+    return released
+  end
+end
+",
+    releasers_fence!(),
+    r"
 if head then
   redis.call('SET', KEYS[1], '\30' .. head, 'PX', ARGV[5])
   if fence then
@@ -792,6 +907,10 @@ pub enum Release {
     /// [`Keys::line`](crate::Keys::line)), or with nobody in line
     /// publishes the release: what a holder's release does.
     Wake,
+    /// As `Wake`, and a first client in line that recorded the lease its
+    /// turn is to give it ([`Waiting::Turn`]) gets that lease at once, and
+    /// is told so: what a holder's release does on one server.
+    Grant,
     /// Wakes nobody, and leaves this client's place in the line and a
     /// turn reserved for it as they are: the rollback of a grant that won
     /// no quorum (Redlock), whose client still waits.
@@ -809,7 +928,7 @@ impl Release {
     /// The release scripts' argument (ARGV[3]: "1" to wake waiters).
     pub(crate) fn arg(self) -> &'static str {
         match self {
-            Release::Wake => "1",
+            Release::Wake | Release::Grant => "1",
             Release::Quiet | Release::Back(_) => "0",
         }
     }
@@ -829,6 +948,13 @@ pub enum Waiting {
     /// Redlock's instances then agree on the head of the line, so that a
     /// release on each of them reserves the lock for the same waiter.
     Since(u64),
+    /// A waiting attempt placed in the line by arrival, whose turn grants
+    /// it the lease it asked for: the release of the holding before it
+    /// makes the lease this owner's ([`Release::Grant`]) and says so on the
+    /// waiter's turn channel, so that the waiter holds without asking
+    /// again. Its record goes with its place in the line
+    /// ([`Keys::turns`](crate::Keys::turns)).
+    Turn,
 }
 
 impl Waiting {

@@ -677,6 +677,59 @@ async fn a_vanished_waiter_costs_one_reservation() {
     );
 }
 
+/// A release grants the first client in line the lease it recorded with
+/// its place (`{<key>}:turns`), while that record is fresh: the key holds
+/// the client's owner token for its TTL, with a fencing token above the
+/// releaser's, and the client's channel says so. A record gone stale (a
+/// client that stopped asking, as a crashed one does) gets a reservation
+/// instead, which costs the line one turn, not a lease. Records put there
+/// by hand, as a client of another process leaves them; the freshness is
+/// the server's clock against a bound far in the past or the future.
+#[tokio::test]
+async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
+    let server = RedisServer::start().await;
+    let holder = connect(&server.url()).await;
+    let (line, turns) = ("{lockkit:granted}:line", "{lockkit:granted}:turns");
+    for (fresh, granted) in [("99999999999999999", true), ("1", false)] {
+        let guard = holder.acquire("granted", &opts()).await.unwrap();
+        let releasers = guard.fencing_token().expect("a token").get();
+        server.command(&["ZADD", line, "1", "gone"]).await.unwrap();
+        let record = format!("{fresh}|7|30000|1|gone-owner");
+        server
+            .command(&["HSET", turns, "gone", &record])
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        let value = server.command(&["GET", "lockkit:granted"]).await.unwrap();
+        let pttl: u64 = server
+            .command(&["PTTL", "lockkit:granted"])
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        let left = server.command(&["HLEN", turns]).await.unwrap();
+        assert_eq!(left, "0", "the head's record went with its turn");
+        if granted {
+            assert_eq!(value, "gone-owner", "the head's lease");
+            assert!(pttl > 5_000 && pttl <= 30_000, "{pttl}");
+            let fence: u64 = server
+                .command(&["GET", "{lockkit:granted}:fence"])
+                .await
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(fence > releasers, "token {fence} after {releasers}");
+        } else {
+            assert_eq!(value, "\u{1e}gone", "a stale record gets a reservation");
+            assert!(pttl <= lockkit_redis::TURN.as_millis() as u64, "{pttl}");
+        }
+        server
+            .command(&["DEL", "lockkit:granted", "{lockkit:granted}:fence"])
+            .await
+            .unwrap();
+    }
+}
+
 /// A turn outside 1 ms ..= 1 min is refused before anything is sent.
 #[tokio::test]
 async fn a_turn_out_of_range_is_refused() {

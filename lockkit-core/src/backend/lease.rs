@@ -158,6 +158,40 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
         let _ = key;
         None
     }
+
+    /// Whether the server grants a waiting exclusive acquisition its lease
+    /// by itself when its turn in line comes, and tells it (see
+    /// [`take_turn`](Self::take_turn)). Default: false. When true, an
+    /// acquisition keeps one owner token across its refused attempts (the
+    /// server's line holds it), which is only sound where a refused attempt
+    /// leaves nothing in flight that a later one could meet (a rollback on
+    /// another server, say).
+    fn grants_turns(&self) -> bool {
+        false
+    }
+
+    /// A lease the server granted `owner` on its turn in line, since its
+    /// last attempt, and told this client of (a message with the release),
+    /// taken from where the message left it; `None` if no such message came
+    /// (the default). Asked after each wake of a waiting acquisition when
+    /// [`grants_turns`](Self::grants_turns) says so; the next attempt
+    /// finds a lease that is `owner`'s already and counts it from then, so
+    /// a message that got lost costs one round trip, no more.
+    fn take_turn(&self, key: &Self::Key, owner: &OwnerToken) -> Option<Turn> {
+        let _ = (key, owner);
+        None
+    }
+}
+
+/// A lease the server granted a waiting acquisition when its turn came,
+/// without being asked again (see [`LeaseBackend::take_turn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Turn {
+    /// Its fencing token, where the backend fences.
+    pub fencing: Option<FencingToken>,
+    /// When the attempt whose place in line the server granted was sent:
+    /// the lease started after it, and its validity counts from here.
+    pub since: Instant,
 }
 
 /// The answer of [`LeaseBackend::hand_over`].
@@ -282,6 +316,11 @@ impl<B: LeaseBackend> LeaseLock<B> {
                 }
                 Err(error) => Err(error),
             };
+            if waited.is_ok()
+                && let Some(turn) = grant.take_turn()
+            {
+                return Ok(grant.into_turn_guard(turn, slot));
+            }
             if let Err(error) = waited {
                 // Giving up: what the acquisition and its watch hold on the
                 // server (a waiting record, a place in line) goes before the
@@ -408,6 +447,9 @@ struct Grant<'a, B: LeaseBackend> {
     /// Whether a busy attempt can record a waiting writer at all: an
     /// exclusive acquisition on a backend with shared holdings.
     records_waiting: bool,
+    /// Whether the owner stays across attempts: an exclusive acquisition on
+    /// a backend that grants turns ([`LeaseBackend::grants_turns`]).
+    keeps_owner: bool,
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
@@ -423,7 +465,31 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             in_doubt: false,
             waiting_recorded: false,
             records_waiting: opts.kind() == LockKind::Exclusive && backend.capabilities().shared,
+            keeps_owner: opts.kind() == LockKind::Exclusive && backend.grants_turns(),
         }
+    }
+
+    /// A lease the server granted this acquisition on its turn (see
+    /// [`LeaseBackend::take_turn`]), if one came and is still valid by this
+    /// client's reckoning; a stale one is left to the next attempt, which
+    /// finds it (or its successor) on the server.
+    fn take_turn(&mut self) -> Option<Turn> {
+        if !self.keeps_owner {
+            return None;
+        }
+        let turn = self.backend.take_turn(&self.key, &self.owner)?;
+        let fresh = Instant::now() < turn.since + self.ttl - clock_drift(self.ttl);
+        fresh.then_some(turn)
+    }
+
+    /// The guard of a lease granted on this acquisition's turn: as
+    /// [`into_guard`](Self::into_guard), counted from when the attempt whose
+    /// place was granted was sent.
+    fn into_turn_guard(mut self, turn: Turn, slot: Option<LocalSlot>) -> LockGuard {
+        self.sent = turn.since;
+        self.in_doubt = false;
+        self.waiting_recorded = false;
+        self.into_guard(turn.fencing, slot)
     }
 
     /// The lease asked of the server: the TTL with the bounds applied.
@@ -433,19 +499,24 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
 
     /// One `try_lock`, bounded by the waiter. Every attempt has an owner token
     /// of its own, so that whatever cleans up after one attempt (a rollback
-    /// still in flight on a slow server) can never touch the next one's lease.
+    /// still in flight on a slow server) can never touch the next one's lease;
+    /// except on a backend that grants turns, whose line holds the owner
+    /// (see [`LeaseBackend::grants_turns`]).
     async fn attempt(
         &mut self,
         waiter: &mut Waiter<'_>,
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         crate::metrics::attempt(self.backend.backend_name());
-        self.owner = OwnerToken::new();
+        if !self.keeps_owner {
+            self.owner = OwnerToken::new();
+        }
         self.sent = Instant::now();
         self.in_doubt = true;
         // The new attempt replaces (or, granted, removes) any record the
         // previous one left.
-        self.waiting_recorded = self.records_waiting && intent == Intent::Wait;
+        self.waiting_recorded =
+            (self.records_waiting || self.keeps_owner) && intent == Intent::Wait;
         let outcome = waiter
             .attempt(
                 self.backend
