@@ -341,17 +341,14 @@ impl RedisInstance {
         waiting: Waiting,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let lock_keys = [&keys.lock, &keys.fence, &keys.readers, &keys.writer_waiting];
-        let line;
         let (mut call, waiter) = match &keys.queue {
             Some(queue) => (
                 Call::new(&SCRIPTS.acquire_fair, and_queue_keys(lock_keys, keys)),
                 &*queue.waiter,
             ),
             None => {
-                line = [keys.line(), keys.turns()];
-                let turns = usize::from(waiting == Waiting::Turn);
-                let line_keys = lock_keys.into_iter().chain(&line[..1 + turns]);
-                let call = Call::new(&SCRIPTS.acquire, line_keys.map(String::as_str));
+                let line = LineKeys::of(keys, waiting == Waiting::Turn);
+                let call = Call::new(&SCRIPTS.acquire, line.after(lock_keys));
                 (call, &*self.inner.waiter)
             }
         };
@@ -585,11 +582,8 @@ impl RedisInstance {
                 call
             }
             None => {
-                let line = [keys.line(), keys.turns()];
-                let turns = usize::from(release == Release::Grant);
-                let line_keys = lock_keys.into_iter().chain(&line[..1 + turns]);
-                let mut call =
-                    Call::new(&self.inner.releases.release, line_keys.map(String::as_str));
+                let line = LineKeys::of(keys, release == Release::Grant);
+                let mut call = Call::new(&self.inner.releases.release, line.after(lock_keys));
                 call.arg(owner)
                     .arg(&keys.channel)
                     .arg(release.arg())
@@ -794,6 +788,32 @@ fn and_queue_keys<'k, const N: usize>(
 ) -> impl Iterator<Item = &'k str> + Clone {
     let queue_keys = keys.queue.iter().flat_map(|q| [&q.order, &q.deadlines]);
     lock_keys.into_iter().chain(queue_keys).map(String::as_str)
+}
+
+/// The keys of a lock's waiting line that a script of a lock that is not
+/// fair takes after its lock keys: the line, and its turns where the call
+/// grants or asks for turns (derived only then).
+struct LineKeys {
+    line: String,
+    turns: Option<String>,
+}
+
+impl LineKeys {
+    fn of(keys: &Keys, turns: bool) -> LineKeys {
+        LineKeys {
+            line: keys.line(),
+            turns: turns.then(|| keys.turns()),
+        }
+    }
+
+    /// `lock_keys`, then these.
+    fn after<'k, const N: usize>(
+        &'k self,
+        lock_keys: [&'k String; N],
+    ) -> impl Iterator<Item = &'k str> + Clone {
+        let line = std::iter::once(&self.line).chain(&self.turns);
+        lock_keys.into_iter().chain(line).map(String::as_str)
+    }
 }
 
 /// What a grant script's answer says (see `ACQUIRE` in `crate::scripts`):

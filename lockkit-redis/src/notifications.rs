@@ -346,20 +346,19 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, push: PushInfo) {
             if let Some(Value::BulkString(channel)) = push.data.first()
                 && let Ok(channel) = std::str::from_utf8(channel)
             {
-                let Some(Value::BulkString(message)) = push
-                    .data
-                    .get(1)
-                    .filter(|m| matches!(m, Value::BulkString(m) if !m.is_empty()))
-                else {
-                    hub.notify(channel);
-                    return;
-                };
-                // In the mailbox before the waiter wakes, and out again if
-                // nobody watches the channel.
-                let message = String::from_utf8_lossy(message).into_owned();
-                lock(mailbox).insert(channel.to_owned(), message);
-                if !hub.notify(channel) {
-                    lock(mailbox).remove(channel);
+                match push.data.get(1) {
+                    // In the mailbox before the waiter wakes, and out again
+                    // if nobody watches the channel.
+                    Some(Value::BulkString(message)) if !message.is_empty() => {
+                        let message = String::from_utf8_lossy(message).into_owned();
+                        lock(mailbox).insert(channel.to_owned(), message);
+                        if !hub.notify(channel) {
+                            lock(mailbox).remove(channel);
+                        }
+                    }
+                    _ => {
+                        hub.notify(channel);
+                    }
                 }
             }
         }

@@ -75,15 +75,9 @@ macro_rules! sole_fence {
     };
 }
 
-/// The draw of [`sole_fence_body!`], leaving the token in the local `n`.
+/// The draw of [`sole_fence_body!`], with the server's `TIME` read
+/// already, into `t`: it leaves the token in the local `n`.
 macro_rules! sole_fence_draw {
-    () => {
-        concat!("\n  local t = redis.call('TIME')", sole_fence_draw_at!())
-    };
-}
-
-/// [`sole_fence_draw!`] with the server's `TIME` read already, into `t`.
-macro_rules! sole_fence_draw_at {
     () => {
         concat!(
             "
@@ -107,7 +101,11 @@ macro_rules! sole_fence_draw_at {
 /// runs, so the hot scripts ([`ACQUIRE`], [`RELEASE`]) define none.
 macro_rules! sole_fence_body {
     () => {
-        concat!(sole_fence_draw!(), "  return n\n")
+        concat!(
+            "\n  local t = redis.call('TIME')",
+            sole_fence_draw!(),
+            "  return n\n"
+        )
     };
 }
 
@@ -780,7 +778,7 @@ if turn then
     if fencing == '1' then
       local key = KEYS[3]
 ",
-    sole_fence_draw_at!(),
+    sole_fence_draw!(),
     r"
       token = n
     else

@@ -644,12 +644,7 @@ async fn a_vanished_waiter_costs_one_reservation() {
         value, "\u{1e}vanished",
         "the lock key holds the reservation"
     );
-    let pttl: i64 = server
-        .command(&["PTTL", "lockkit:lined"])
-        .await
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pttl: i64 = number(&server, &["PTTL", "lockkit:lined"]).await;
     assert!((1..=TURN.as_millis() as i64).contains(&pttl), "{pttl}");
     let left = server.command(&["ZCARD", line]).await.unwrap();
     assert_eq!(left, "0", "the head left the line when its turn came");
@@ -701,23 +696,13 @@ async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
             .unwrap();
         guard.release().await.unwrap();
         let value = server.command(&["GET", "lockkit:granted"]).await.unwrap();
-        let pttl: u64 = server
-            .command(&["PTTL", "lockkit:granted"])
-            .await
-            .unwrap()
-            .parse()
-            .unwrap();
+        let pttl: u64 = number(&server, &["PTTL", "lockkit:granted"]).await;
         let left = server.command(&["HLEN", turns]).await.unwrap();
         assert_eq!(left, "0", "the head's record went with its turn");
         if granted {
             assert_eq!(value, "gone-owner", "the head's lease");
             assert!(pttl > 5_000 && pttl <= 30_000, "{pttl}");
-            let fence: u64 = server
-                .command(&["GET", "{lockkit:granted}:fence"])
-                .await
-                .unwrap()
-                .parse()
-                .unwrap();
+            let fence: u64 = number(&server, &["GET", "{lockkit:granted}:fence"]).await;
             assert!(fence > releasers, "token {fence} after {releasers}");
         } else {
             assert_eq!(value, "\u{1e}gone", "a stale record gets a reservation");
@@ -728,6 +713,17 @@ async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
             .await
             .unwrap();
     }
+}
+
+/// The server's answer to `command`, a number.
+async fn number<T: std::str::FromStr<Err: std::fmt::Debug>>(
+    server: &RedisServer,
+    command: &[&str],
+) -> T {
+    let answer = server.command(command).await.unwrap();
+    answer
+        .parse()
+        .unwrap_or_else(|e| panic!("{command:?}: {answer:?} ({e:?})"))
 }
 
 /// A turn outside 1 ms ..= 1 min is refused before anything is sent.
