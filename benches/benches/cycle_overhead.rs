@@ -8,11 +8,14 @@
 //!   PX 30000` then an `EVALSHA` compare-and-delete (on Redlock, each on
 //!   every instance at once);
 //! * lockkit: `try_acquire` (ttl 30 s, `auto_renew(false)`) then `release`,
-//!   through `lockkit::connect`, fencing tokens and release notifications
-//!   included.
+//!   through `lockkit::connect`, release notifications and the waiting line
+//!   included; on Redis once without a fencing token (`fencing=false`), as
+//!   the floor draws none, which the target judges, and once with one (the
+//!   default), so that the token's cost stands beside it. Redlock draws no
+//!   token.
 //!
-//! Each run interleaves blocks of 100 raw cycles and 100 lockkit cycles (20
-//! blocks after 2 warm-up blocks, the order alternating), and its ratio is
+//! Each run interleaves blocks of 100 cycles of each kind (20 blocks after
+//! 2 warm-up blocks, the order rotated), and its ratio is
 //! the median of the blocks' lockkit/raw ratios; the verdict is on the
 //! median over 7 runs, with every run's ratio shown. The summary goes to
 //! `target/lockkit-bench/cycle-overhead-summary.md`
@@ -67,8 +70,8 @@ fn main() {
                 .collect();
             for (i, run) in measured.iter().enumerate() {
                 println!(
-                    "{deployment} {flavour} run {i}: raw {:.1} µs, lockkit {:.1} µs, paired ratio {:.3}",
-                    run.raw_us, run.lockkit_us, run.ratio
+                    "{deployment} {flavour} run {i}: raw {:.1} µs, lockkit {:.1} µs (paired ratio {:.3}), with a token {:.1} µs ({:.3})",
+                    run.raw_us, run.lockkit_us, run.ratio, run.fenced_us, run.fenced_ratio
                 );
             }
             rows.push(Row {
@@ -82,20 +85,24 @@ fn main() {
     save_summary(mode, "cycle-overhead", &summary(mode, &rows));
 }
 
-/// The two cycles compared.
+/// The cycles compared: the floor, lockkit's without a fencing token (as
+/// the floor), and lockkit's as a default client runs it (with a token
+/// where the backend draws one).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Cycle {
     Raw,
     Lockkit,
+    Fenced,
 }
 
 impl CycleKind for Cycle {
-    const ALL: &'static [Cycle] = &[Cycle::Raw, Cycle::Lockkit];
+    const ALL: &'static [Cycle] = &[Cycle::Raw, Cycle::Lockkit, Cycle::Fenced];
 
     fn bench(self) -> &'static str {
         match self {
             Cycle::Raw => "raw_floor",
             Cycle::Lockkit => "lockkit_cycle",
+            Cycle::Fenced => "lockkit_cycle_fenced",
         }
     }
 }
@@ -104,7 +111,11 @@ impl CycleKind for Cycle {
 struct Fixture {
     raw: Vec<MultiplexedConnection>,
     script: redis::Script,
+    /// A client that draws no fencing token (`fencing=false` on Redis;
+    /// Redlock draws none).
     locks: std::sync::Arc<dyn DistributedLock>,
+    /// A default client: with a token where the backend draws one.
+    fenced: std::sync::Arc<dyn DistributedLock>,
     opts: LockOptions,
     tokens: AtomicU64,
     name: String,
@@ -114,7 +125,10 @@ struct Fixture {
 struct Run {
     raw_us: f64,
     lockkit_us: f64,
+    fenced_us: f64,
+    /// The tokenless cycle's, which the target judges.
     ratio: f64,
+    fenced_ratio: f64,
 }
 
 impl Fixture {
@@ -129,13 +143,26 @@ impl Fixture {
         for addr in servers.addrs(deployment) {
             raw.push(raw_connection(addr, &script).await);
         }
-        let locks = lockkit::connect(&servers.url(deployment))
-            .await
-            .expect("a lockkit client");
+        let hosts: Vec<String> = servers
+            .addrs(deployment)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let tokenless = match deployment {
+            Deployment::Redis => vec![("fencing", "false".to_owned())],
+            _ => Vec::new(),
+        };
+        let client = |params: Vec<(&'static str, String)>| {
+            let url = servers.url_with(deployment, &hosts, &params);
+            async move { lockkit::connect(&url).await.expect("a lockkit client") }
+        };
+        let locks = client(tokenless).await;
+        let fenced = client(Vec::new()).await;
         Fixture {
             raw,
             script,
             locks,
+            fenced,
             opts: LockOptions::new().ttl(TTL).auto_renew(false),
             tokens: AtomicU64::new(0),
             name: format!("bench:overhead:lockkit:{flavour}"),
@@ -143,17 +170,22 @@ impl Fixture {
     }
 
     /// Warm-up blocks (not counted), then `blocks` interleaved blocks of
-    /// `per_block` cycles of each side, the order alternating.
+    /// `per_block` cycles of each kind, the order rotated.
     async fn run(&self, blocks: usize, per_block: usize) -> Run {
         Interleaved::<Cycle>::measure(self, WARM_UP_BLOCKS, per_block).await;
         let measured = Interleaved::<Cycle>::measure(self, blocks, per_block).await;
         let us = |kind| measured.median(kind).expect("measured blocks") / 1e3;
+        let ratio = |kind| {
+            measured
+                .paired_ratio(kind, Cycle::Raw)
+                .expect("measured blocks")
+        };
         Run {
             raw_us: us(Cycle::Raw),
             lockkit_us: us(Cycle::Lockkit),
-            ratio: measured
-                .paired_ratio(Cycle::Lockkit, Cycle::Raw)
-                .expect("measured blocks"),
+            fenced_us: us(Cycle::Fenced),
+            ratio: ratio(Cycle::Lockkit),
+            fenced_ratio: ratio(Cycle::Fenced),
         }
     }
 
@@ -206,9 +238,13 @@ impl CycleFixture for Fixture {
     async fn run(&self, kind: Cycle) {
         match kind {
             Cycle::Raw => self.raw_cycle().await,
-            Cycle::Lockkit => {
-                let guard = self
-                    .locks
+            Cycle::Lockkit | Cycle::Fenced => {
+                let locks = if kind == Cycle::Lockkit {
+                    &self.locks
+                } else {
+                    &self.fenced
+                };
+                let guard = locks
                     .try_acquire(&self.name, &self.opts)
                     .await
                     .expect("try_acquire")
@@ -243,16 +279,32 @@ struct Row {
 fn summary(mode: RunMode, rows: &[Row]) -> String {
     let mut out = format!(
         "## The exclusive cycle over its raw floor, one client ({} run)\n\n\
-         | backend | runtime | raw floor (median of run medians) | lockkit cycle | × floor, each run (paired) | median of runs | target |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+         The lockkit cycle draws no fencing token, as the floor draws none (`fencing=false` on Redis; Redlock draws none); \
+         the last columns give the cycle of a default client, with its token, over the same floor (the token's cost).\n\n\
+         | backend | runtime | raw floor (median of run medians) | lockkit cycle | × floor, each run (paired) | median of runs | target | with a fencing token | × floor, median of runs |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         mode.label()
     );
     for row in rows {
         let each: Vec<String> = row.runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
         let ratio = median(row.runs.iter().map(|r| r.ratio).collect());
         let (ratio, verdict) = Limit::AtMost(row.target).judge(Some(ratio));
+        let (fenced, fenced_ratio) = if row.backend == Deployment::Redis {
+            (
+                format!(
+                    "{:.1} µs",
+                    median(row.runs.iter().map(|r| r.fenced_us).collect())
+                ),
+                format!(
+                    "{:.3}",
+                    median(row.runs.iter().map(|r| r.fenced_ratio).collect())
+                ),
+            )
+        } else {
+            ("— (no token)".to_owned(), "—".to_owned())
+        };
         out.push_str(&format!(
-            "| {} | {} | {:.1} µs | {:.1} µs | {} | {ratio} | {verdict} |\n",
+            "| {} | {} | {:.1} µs | {:.1} µs | {} | {ratio} | {verdict} | {fenced} | {fenced_ratio} |\n",
             row.backend,
             row.flavour.replace('_', "-"),
             median(row.runs.iter().map(|r| r.raw_us).collect()),

@@ -205,6 +205,8 @@ impl CycleFixture for Fixture {
 
 /// Lock name of the handoff benchmark.
 const HANDOFF_NAME: &str = "bench-handoff";
+/// Its waiting line on the server (the default prefix `lockkit:`).
+const HANDOFF_LINE: &str = "{lockkit:bench-handoff}:line";
 
 /// How many `EVALSHA` calls the server has served so far (`INFO commandstats`).
 async fn evalsha_calls(conn: &ConnectionManager) -> u64 {
@@ -234,11 +236,22 @@ impl HandoffProbe for RedisProbe {
         evalsha_calls(&self.admin).await
     }
 
-    /// Waits until the waiter's first attempt and the attempt right after
-    /// subscribing (two `EVALSHA`s) have reached the server.
+    /// Waits until the waiter's attempt has reached the server and left
+    /// its place in the name's line. (Its release watch is live before
+    /// that attempt: the waiter's client subscribed in the warm-up
+    /// handoffs, and its subscription lingers between them.)
     async fn until_parked(&self, calls_before: u64) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while evalsha_calls(&self.admin).await < calls_before + 2 {
+        let mut conn = self.admin.clone();
+        loop {
+            let in_line: u64 = redis::cmd("ZCARD")
+                .arg(HANDOFF_LINE)
+                .query_async(&mut conn)
+                .await
+                .expect("ZCARD of the line");
+            if in_line >= 1 && evalsha_calls(&self.admin).await > calls_before {
+                return;
+            }
             assert!(Instant::now() < deadline, "the waiter never parked");
         }
     }
