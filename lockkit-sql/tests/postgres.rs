@@ -448,12 +448,21 @@ async fn a_release_goes_to_the_client_first_in_line() {
         "each client left the line when its turn came"
     );
     let _ = notified(&server, &mut listener).await;
+    // The holder's client found a line at its last release of the name, so
+    // its next release runs the statement that serves the line at once:
+    // with the line empty, that one frees the row as the other would.
     let again = holder.acquire(name, &opts()).await.unwrap();
     again.release().await.unwrap();
     assert_eq!(
         notified(&server, &mut listener).await,
         [(channel.to_owned(), name.to_owned())],
         "with nobody in line, a release wakes every client"
+    );
+    let rows = format!("SELECT count(*) FROM lockkit_locks WHERE name = '{name}'");
+    assert_eq!(
+        server.psql(&rows).await.unwrap().trim(),
+        "0",
+        "a release with nobody in line leaves no row"
     );
 }
 

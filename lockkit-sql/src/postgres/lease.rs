@@ -1,7 +1,8 @@
 //! `lease` mode on PostgreSQL, woken by `LISTEN/NOTIFY`: a grant answers
 //! one row, the new fence or the remaining lease of what stands in the way.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use futures_util::TryFutureExt as _;
 use futures_util::future::BoxFuture;
@@ -11,15 +12,75 @@ use sqlx::Postgres;
 
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{Ask, Conn, Granted, LeaseDialect, LeaseStatements, Turns};
+use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseSql, LeaseStatements, Turns};
 use crate::settings::{PG_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
+use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
 pub(super) struct PgLease {
     pub(super) sql: Arc<PgSql>,
     pub(super) notifications: PgNotifications,
+    /// Names whose release found clients in line lately (see
+    /// [`LinesSeen`]).
+    pub(super) lines: LinesSeen,
+}
+
+/// Runs one of the release's statements: the rows it changed.
+async fn run(
+    statements: &LeaseStatements,
+    conn: &mut Conn<PgLease>,
+    sql: &LeaseSql,
+    args: Args<'_>,
+) -> sqlx::Result<u64> {
+    let values = statements.values::<PgLease>(sql, args);
+    Postgres::changed(conn, (&sql.text, &values)).await
+}
+
+/// How many of a name's releases after one that found clients in its line
+/// go straight to the statement that serves the line.
+const LINED_RELEASES: u8 = 8;
+
+/// How many names [`LinesSeen`] remembers; past it, it starts afresh.
+const LINES_SEEN_MAX: usize = 256;
+
+/// The names whose release lately found clients in line, so that the next
+/// releases of those names run the statement that serves the line (and
+/// frees the row when the line has emptied) at once, rather than first the
+/// one that only frees a row nobody waits for: a contended handoff costs
+/// the releaser one statement, not two. The hint runs out after
+/// [`LINED_RELEASES`] releases (the statement that serves the line does not
+/// say whether it found one); the next release then tries the first
+/// statement again, and renews the hint if it finds a line. A name
+/// released without contention costs one statement as before.
+#[derive(Debug, Default)]
+pub(super) struct LinesSeen {
+    names: Mutex<HashMap<String, u8>>,
+}
+
+impl LinesSeen {
+    /// Whether a release of `name` found clients in line lately; counts
+    /// this release against the hint.
+    fn take(&self, name: &str) -> bool {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(left) = names.get_mut(name) else {
+            return false;
+        };
+        *left -= 1;
+        if *left == 0 {
+            names.remove(name);
+        }
+        true
+    }
+
+    /// A release of `name` found clients in its line.
+    fn saw(&self, name: &str) {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if names.len() >= LINES_SEEN_MAX && !names.contains_key(name) {
+            names.clear();
+        }
+        names.insert(name.to_owned(), LINED_RELEASES);
+    }
 }
 
 /// A grant's answer: the new fence, or the remaining milliseconds of what
@@ -39,6 +100,33 @@ impl LeaseDialect for PgLease {
 
     fn statements(&self) -> &LeaseStatements {
         &self.sql.lease
+    }
+
+    /// The release's statements (see `statements::PgSql`), in order until
+    /// one changes a row, as by default: the first frees a row nobody
+    /// waits for; the last serves the line, and frees the row if the line
+    /// is empty. A release of a name whose line was seen lately runs the
+    /// last alone (see [`LinesSeen`]).
+    fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
+        Box::pin(async move {
+            let statements = &self.sql.lease;
+            if let Some(served) = statements.release.last()
+                && self.lines.take(args.name)
+            {
+                return run(statements, conn, served, args).await;
+            }
+            for (i, release) in statements.release.iter().enumerate() {
+                let changed = run(statements, &mut *conn, release, args).await?;
+                if changed >= 1 {
+                    if i > 0 {
+                        // Others wait in line.
+                        self.lines.saw(args.name);
+                    }
+                    return Ok(changed);
+                }
+            }
+            Ok(0)
+        })
     }
 
     fn grant<'c>(&'c self, conn: &'c mut Conn<Self>, ask: Ask<'c>) -> Answer<'c, Granted> {
@@ -62,5 +150,33 @@ impl LeaseDialect for PgLease {
 
     fn turns(&self) -> Option<&Turns> {
         Some(self.notifications.turns())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_seen_hints_the_next_releases_until_the_hint_runs_out() {
+        let lines = LinesSeen::default();
+        assert!(!lines.take("a"), "no line seen yet");
+        lines.saw("a");
+        for _ in 0..LINED_RELEASES {
+            assert!(lines.take("a"));
+        }
+        assert!(!lines.take("a"), "the hint ran out");
+        assert!(!lines.take("b"), "a hint is the name's own");
+    }
+
+    #[test]
+    fn lines_seen_stay_bounded() {
+        let lines = LinesSeen::default();
+        for i in 0..3 * LINES_SEEN_MAX {
+            lines.saw(&format!("name-{i}"));
+        }
+        let kept = lines.names.lock().unwrap().len();
+        assert!((1..=LINES_SEEN_MAX).contains(&kept), "{kept}");
+        assert!(lines.take(&format!("name-{}", 3 * LINES_SEEN_MAX - 1)));
     }
 }

@@ -21,7 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::open::{Opened, close, with_sessions};
 use crate::settings::{Settings, SqlConfig};
-use lease::PgLease;
+use lease::{LinesSeen, PgLease};
 use migration::PgMigrator;
 use notify::PgNotifications;
 use session::PgSession;
@@ -56,6 +56,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
     let lease = PgLease {
         sql: sql.clone(),
         notifications: PgNotifications::new(options.clone(), pool.clone(), sql.clone(), settings),
+        lines: LinesSeen::default(),
     };
     let session = PgSession::new(options.clone(), pool.clone(), sql.clone(), settings);
     let migrator = PgMigrator { options, sql };
