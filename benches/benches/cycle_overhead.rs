@@ -85,6 +85,12 @@ fn main() {
     save_summary(mode, "cycle-overhead", &summary(mode, &rows));
 }
 
+/// Whether a default client of `deployment` draws a fencing token in its
+/// cycle (Redis does; Redlock draws none).
+fn draws_token(deployment: Deployment) -> bool {
+    deployment == Deployment::Redis
+}
+
 /// The cycles compared: the floor, lockkit's without a fencing token (as
 /// the floor), and lockkit's as a default client runs it (with a token
 /// where the backend draws one).
@@ -148,9 +154,10 @@ impl Fixture {
             .iter()
             .map(ToString::to_string)
             .collect();
-        let tokenless = match deployment {
-            Deployment::Redis => vec![("fencing", "false".to_owned())],
-            _ => Vec::new(),
+        let tokenless = if draws_token(deployment) {
+            vec![("fencing", "false".to_owned())]
+        } else {
+            Vec::new()
         };
         let client = |params: Vec<(&'static str, String)>| {
             let url = servers.url_with(deployment, &hosts, &params);
@@ -289,7 +296,7 @@ fn summary(mode: RunMode, rows: &[Row]) -> String {
         let each: Vec<String> = row.runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
         let ratio = median(row.runs.iter().map(|r| r.ratio).collect());
         let (ratio, verdict) = Limit::AtMost(row.target).judge(Some(ratio));
-        let (fenced, fenced_ratio) = if row.backend == Deployment::Redis {
+        let (fenced, fenced_ratio) = if draws_token(row.backend) {
             (
                 format!(
                     "{:.1} µs",

@@ -122,27 +122,25 @@ pub(crate) trait LeaseDialect: Send + Sync + fmt::Debug + 'static {
         Self::Db::number(conn, (&sql.text, &values))
     }
 
+    /// Runs `sql`, one of [`LeaseStatements`], with `args`: the rows it
+    /// changed.
+    fn run<'c>(
+        &'c self,
+        conn: &'c mut Conn<Self>,
+        sql: &'c LeaseSql,
+        args: Args<'c>,
+    ) -> Answer<'c, u64> {
+        let values = self.statements().values::<Self>(sql, args);
+        Self::Db::changed(conn, (&sql.text, &values))
+    }
+
     /// Runs the owner's release ([`LeaseStatements::release`], for the
     /// owner in `args`) and wakes the waiters it freed the lock for: the
-    /// rows changed (0: the lease was not the owner's). By default the
-    /// statements in order, until one changes a row, then
-    /// [`released`](Self::released); a dialect whose release decides
-    /// between them on the server's answers runs its own (MySQL/MariaDB:
-    /// see `mysql::lease`; SQLite: `sqlite::lease`).
-    fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
-        Box::pin(async move {
-            let statements = self.statements();
-            for release in &statements.release {
-                let values = statements.values::<Self>(release, args);
-                let changed = Self::Db::changed(&mut *conn, (&release.text, &values)).await?;
-                if changed >= 1 {
-                    self.released(args.name);
-                    return Ok(changed);
-                }
-            }
-            Ok(0)
-        })
-    }
+    /// rows changed (0: the lease was not the owner's). Each dialect decides
+    /// between its statements on the server's answers (PostgreSQL:
+    /// `postgres::lease`; MySQL/MariaDB: `mysql::lease`; SQLite:
+    /// `sqlite::lease`).
+    fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64>;
 
     /// Wakes the waiters of `name` after a statement freed it (a release, a
     /// reader group's last leave, a withdrawn waiting record), where the

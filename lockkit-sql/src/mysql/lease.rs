@@ -13,10 +13,10 @@ use sqlx::AssertSqlSafe;
 
 use super::bells::{ASK_AGAIN, Bells};
 use super::statements::{BUSY_FLAG, CONNECTION_ID, MySql};
-use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements};
+use crate::lease::{Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements};
 use crate::pool::SessionId;
 use crate::settings::{NOTIFIED_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Runs as _, Value, micros, trusted};
+use crate::statement::{Answer, Bind as _, Value, micros, trusted};
 
 /// What a lease upsert answered in `LAST_INSERT_ID`: the new fence, or
 /// [`BUSY_FLAG`] plus the remaining wait in µs (asked again within
@@ -41,19 +41,6 @@ fn upsert_answer(answer: u64) -> sqlx::Result<Granted> {
 pub(super) struct MyLease {
     pub(super) sql: Arc<MySql>,
     pub(super) bells: Bells,
-}
-
-impl MyLease {
-    /// Runs `sql` with `args` on `conn`: the rows it changed.
-    fn run<'c>(
-        &'c self,
-        conn: &'c mut Conn<Self>,
-        sql: &'c LeaseSql,
-        args: Args<'c>,
-    ) -> Answer<'c, u64> {
-        let values = self.sql.lease.values::<Self>(sql, args);
-        <Self as LeaseDialect>::Db::changed(conn, (&sql.text, &values))
-    }
 }
 
 impl LeaseDialect for MyLease {

@@ -12,9 +12,9 @@ use sqlx::Postgres;
 
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseSql, LeaseStatements, Turns};
+use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseStatements, Turns};
 use crate::settings::{PG_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
+use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on Postgres.
 #[derive(Debug)]
@@ -24,17 +24,6 @@ pub(super) struct PgLease {
     /// Names whose release found clients in line lately (see
     /// [`LinesSeen`]).
     pub(super) lines: LinesSeen,
-}
-
-/// Runs one of the release's statements: the rows it changed.
-async fn run(
-    statements: &LeaseStatements,
-    conn: &mut Conn<PgLease>,
-    sql: &LeaseSql,
-    args: Args<'_>,
-) -> sqlx::Result<u64> {
-    let values = statements.values::<PgLease>(sql, args);
-    Postgres::changed(conn, (&sql.text, &values)).await
 }
 
 /// How many of a name's releases after one that found clients in its line
@@ -103,7 +92,7 @@ impl LeaseDialect for PgLease {
     }
 
     /// The release's statements (see `statements::PgSql`), in order until
-    /// one changes a row, as by default: the first frees a row nobody
+    /// one changes a row: the first frees a row nobody
     /// waits for; the last serves the line, and frees the row if the line
     /// is empty. A release of a name whose line was seen lately runs the
     /// last alone (see [`LinesSeen`]).
@@ -113,10 +102,10 @@ impl LeaseDialect for PgLease {
             if let Some(served) = statements.release.last()
                 && self.lines.take(args.name)
             {
-                return run(statements, conn, served, args).await;
+                return self.run(conn, served, args).await;
             }
             for (i, release) in statements.release.iter().enumerate() {
-                let changed = run(statements, &mut *conn, release, args).await?;
+                let changed = self.run(&mut *conn, release, args).await?;
                 if changed >= 1 {
                     if i > 0 {
                         // Others wait in line.

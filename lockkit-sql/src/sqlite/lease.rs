@@ -20,11 +20,10 @@ use sqlx::Sqlite;
 use super::bells::Bells;
 use super::statements::SqliteSql;
 use crate::lease::{
-    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseSql, LeaseStatements, Line, RESERVED_FOR,
-    Turns,
+    Args, Ask, Conn, Grant, Granted, LeaseDialect, LeaseStatements, Line, RESERVED_FOR, Turns,
 };
 use crate::settings::{SQLITE_LEASE_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Runs as _, remaining_ms, trusted};
+use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
 /// `lease` mode on SQLite, its waiters woken by the release bells.
 #[derive(Debug)]
@@ -82,14 +81,13 @@ impl LeaseDialect for SqliteLease {
     fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
         Box::pin(async move {
             let lease = &self.sql.lease;
-            let run = |sql: &'c LeaseSql| (sql, lease.values::<Self>(sql, args));
-            let (alone, values) = run(&lease.release[0]);
-            let changed = Sqlite::changed(&mut *conn, (&alone.text, &values)).await?;
+            let changed = self.run(&mut *conn, &lease.release[0], args).await?;
             if changed >= 1 {
                 self.released(args.name);
                 return Ok(changed);
             }
-            let (reserve, values) = run(&self.sql.reserve);
+            let reserve = &self.sql.reserve;
+            let values = lease.values::<Self>(reserve, args);
             let owners: Vec<String> = sqlx::query_scalar(trusted(&reserve.text))
                 .bind_all(&values)
                 .fetch_all(&mut *conn)
@@ -102,8 +100,7 @@ impl LeaseDialect for SqliteLease {
                 return Ok(1);
             }
             // The line emptied meanwhile.
-            let (release, values) = run(&self.sql.release_alone);
-            let changed = Sqlite::changed(conn, (&release.text, &values)).await?;
+            let changed = self.run(conn, &self.sql.release_alone, args).await?;
             if changed >= 1 {
                 self.released(args.name);
             }
