@@ -386,11 +386,12 @@ async fn notified(
 }
 
 /// A release with clients in the name's line reserves the row for the
-/// client at its head and wakes that client alone, on its own channel
-/// (`lockkit-<client>`): every listening session's server process reads
-/// each notification. The clients are served in the order they came, each
-/// leaving the line as its turn comes. A release that nobody waits for
-/// notifies the table's channel, which wakes every client.
+/// client at its head and wakes that client alone, by its bell (a session
+/// of its own, `lockkit-bell-<client>`), with no `NOTIFY`: every listening
+/// session's server process reads each notification. The clients are
+/// served in the order they came, each leaving the line as its turn comes.
+/// A release that nobody waits for notifies the table's channel, which
+/// wakes every client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_goes_to_the_client_first_in_line() {
     let server = PostgresServer::start().await;
@@ -414,6 +415,15 @@ async fn a_release_goes_to_the_client_first_in_line() {
             "waiting client {n} never took its place in line"
         );
     }
+    let bells =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit-bell-%'";
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            server.psql(bells).await.unwrap().trim() == "3"
+        })
+        .await,
+        "the waiting clients' bells never showed"
+    );
     let order = server.psql(&line).await.unwrap();
     let order: Vec<String> = order
         .trim()
@@ -430,8 +440,8 @@ async fn a_release_goes_to_the_client_first_in_line() {
     held.release().await.unwrap();
     assert_eq!(
         notified(&server, &mut listener).await,
-        [(order[0].clone(), name.to_owned())],
-        "the release wakes the client that came first, and no one else"
+        [],
+        "the release rings the bell of the client that came first, and notifies no one"
     );
     // Each waiter in its turn, in the order they came.
     for (turn, waiting) in waiters.into_iter().enumerate() {
@@ -463,6 +473,47 @@ async fn a_release_goes_to_the_client_first_in_line() {
         server.psql(&rows).await.unwrap().trim(),
         "0",
         "a release with nobody in line leaves no row"
+    );
+}
+
+/// A client first in line whose bell is away (here a place written by
+/// hand, as a client of an earlier version would have it) is woken on its
+/// own channel, `lockkit-<client>`, and no one else is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_bell_is_notified_on_its_own_channel() {
+    let server = PostgresServer::start().await;
+    let name = "bell-away";
+    let holder = connect(&server, Mode::Lease).await.unwrap();
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let client = "00000000bel1away";
+    server
+        .psql(&format!(
+            "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
+             VALUES (chr(1) || 'queue:{name}' || chr(1) || '{client}', '{client}', \
+                     nextval('lockkit_locks_fence_seq'), now() + interval '1 minute')"
+        ))
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&server.url())
+        .await
+        .unwrap();
+    let own = format!("lockkit-{client}");
+    listener
+        .listen_all([own.as_str(), "lockkit_lockkit_locks"])
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+    assert_eq!(
+        notified(&server, &mut listener).await,
+        [(own, name.to_owned())],
+        "the release notifies the client first in line on its own channel"
+    );
+    let reserved =
+        format!("SELECT owner = chr(1) || 'for:{client}' FROM lockkit_locks WHERE name = '{name}'");
+    assert_eq!(
+        server.psql(&reserved).await.unwrap().trim(),
+        "t",
+        "the row is reserved for that client"
     );
 }
 

@@ -16,13 +16,15 @@
 //! release is run again, for the reservation), rather than hold the name
 //! up until the reservation runs out.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use lockkit_core::backend::{NotifyHub, ReleaseWatch};
+use tokio::sync::Notify;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use crate::settings::Settings;
 use crate::statement::{Runs, Value};
@@ -128,6 +130,9 @@ pub(crate) struct Line<DB: Runs> {
     /// its line.
     turns: Turns,
     requests: mpsc::UnboundedSender<Request>,
+    /// The names whose lines the client is in, as the keeper takes and
+    /// leaves its places.
+    in_line: Arc<InLine>,
     /// The requests for the keeper, until it starts.
     pending: Mutex<Option<mpsc::UnboundedReceiver<Request>>>,
     keeper: Mutex<Option<AbortHandle>>,
@@ -163,10 +168,17 @@ impl<DB: Runs> Line<DB> {
                 left,
             },
             requests,
+            in_line: Arc::default(),
             pending: Mutex::new(Some(pending)),
             keeper: Mutex::new(None),
             wake_on_renew,
         }
+    }
+
+    /// The names whose lines the client is in (see [`InLine`]).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn in_line(&self) -> &Arc<InLine> {
+        &self.in_line
     }
 
     /// The statements that write the places.
@@ -212,6 +224,7 @@ impl<DB: Runs> Line<DB> {
             let task = tokio::spawn(keep(
                 self.places.clone(),
                 self.turns.clone(),
+                self.in_line.clone(),
                 pending,
                 self.wake_on_renew,
             ));
@@ -241,14 +254,13 @@ impl<DB: Runs> Drop for Line<DB> {
 async fn keep<DB: Runs>(
     places: Arc<Places<DB>>,
     turns: Turns,
+    in_line: Arc<InLine>,
     requests: Option<mpsc::UnboundedReceiver<Request>>,
     wake_on_renew: bool,
 ) {
     let Some(mut requests) = requests else {
         return;
     };
-    // The names whose lines this client is in.
-    let mut names = BTreeSet::new();
     let mut renew = tokio::time::interval(PLACE_TTL / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     renew.tick().await;
@@ -256,15 +268,18 @@ async fn keep<DB: Runs>(
         tokio::select! {
             request = requests.recv() => match request {
                 Some(Request::Join(name, done)) => {
+                    // Counted in line before the place is taken: a release
+                    // may serve it as soon as it is.
+                    in_line.joined(&name);
                     let _ = done.send(places.join(&name).await);
-                    names.insert(name);
                 }
                 Some(Request::Leave(name)) => {
                     if turns.hub.remove_if_idle(&name) {
-                        if places.leave(&name).await {
+                        let gone = places.leave(&name).await;
+                        if gone {
                             turns.left.gone(&name);
                         }
-                        names.remove(&name);
+                        in_line.left(&name, gone);
                     }
                 }
                 Some(Request::Flush(done)) => {
@@ -273,6 +288,7 @@ async fn keep<DB: Runs>(
                 None => return,
             },
             _ = renew.tick() => {
+                let names = in_line.joined_names();
                 if !names.is_empty() {
                     for name in &names {
                         places.join(name).await;
@@ -282,6 +298,95 @@ async fn keep<DB: Runs>(
                     }
                 }
             }
+        }
+    }
+}
+
+/// How long a name stays counted in line after the client left it: a
+/// release that served the client's place just before it went reserved
+/// the name for the client, and the client's notifier must still see that
+/// reservation, to pass the turn on (see [`Turns`]).
+const LEFT_LINGER: Duration = Duration::from_secs(2);
+
+/// How many names that the client left lately [`InLine`] keeps; past it,
+/// the oldest are forgotten (a reservation for one of those then runs out
+/// rather than being passed on).
+const LEFT_KEPT: usize = 1024;
+
+/// The names whose lines a client is in: joined before its place is taken,
+/// and counted for [`LEFT_LINGER`] after it is left (for a [`PLACE_TTL`]
+/// more should leaving have failed, as the place then stands until it
+/// runs out). A notifier that asks the server for the names reserved for
+/// the client asks about these (PostgreSQL's bell, see `postgres::bell`).
+#[derive(Debug, Default)]
+pub(crate) struct InLine {
+    /// By name: `None` while in line, else until when it is counted.
+    names: Mutex<HashMap<String, Option<Instant>>>,
+    /// Told when a name joins.
+    joined: Notify,
+}
+
+impl InLine {
+    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<Instant>>> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn joined(&self, name: &str) {
+        self.names().insert(name.to_owned(), None);
+        self.joined.notify_waiters();
+    }
+
+    /// The client left the line of `name`; `gone`: its place is gone.
+    fn left(&self, name: &str, gone: bool) {
+        let linger = if gone {
+            LEFT_LINGER
+        } else {
+            PLACE_TTL + LEFT_LINGER
+        };
+        let mut names = self.names();
+        if names.len() >= LEFT_KEPT {
+            let now = Instant::now();
+            names.retain(|_, until| until.is_none_or(|until| until > now));
+            while names.len() >= LEFT_KEPT {
+                let oldest = names
+                    .iter()
+                    .filter_map(|(name, until)| until.map(|until| (until, name.clone())))
+                    .min();
+                match oldest {
+                    Some((_, name)) => names.remove(&name),
+                    None => break,
+                };
+            }
+        }
+        names.insert(name.to_owned(), Some(Instant::now() + linger));
+    }
+
+    /// The names whose lines the client is in now (its places to renew).
+    fn joined_names(&self) -> Vec<String> {
+        let names = self.names();
+        let joined = names.iter().filter(|(_, until)| until.is_none());
+        joined.map(|(name, _)| name.clone()).collect()
+    }
+
+    /// The names counted in line now, the lingering ones included; those
+    /// whose time is up are forgotten.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn counted(&self) -> Vec<String> {
+        let now = Instant::now();
+        let mut names = self.names();
+        names.retain(|_, until| until.is_none_or(|until| until > now));
+        names.keys().cloned().collect()
+    }
+
+    /// Returns once some name is counted in line.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn until_any(&self) {
+        loop {
+            let joined = self.joined.notified();
+            if !self.counted().is_empty() {
+                return;
+            }
+            joined.await;
         }
     }
 }
@@ -405,6 +510,39 @@ impl Turns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn names_left_are_counted_a_while_and_stay_bounded() {
+        let in_line = InLine::default();
+        in_line.joined("waited");
+        in_line.joined("left");
+        in_line.left("left", true);
+        let mut counted = in_line.counted();
+        counted.sort();
+        assert_eq!(counted, ["left", "waited"], "a name left lingers");
+        assert_eq!(
+            in_line.joined_names(),
+            ["waited"],
+            "only joined names are renewed"
+        );
+        tokio::time::advance(LEFT_LINGER + Duration::from_millis(1)).await;
+        assert_eq!(
+            in_line.counted(),
+            ["waited"],
+            "the lingering name is forgotten"
+        );
+        for n in 0..3 * LEFT_KEPT {
+            let name = format!("left-{n}");
+            in_line.joined(&name);
+            in_line.left(&name, false);
+            assert!(in_line.names().len() <= LEFT_KEPT);
+        }
+        assert!(
+            in_line.counted().contains(&"waited".to_owned()),
+            "a name in line is never forgotten"
+        );
+        in_line.until_any().await;
+    }
 
     #[test]
     fn the_names_left_stay_bounded() {

@@ -50,6 +50,8 @@ use crate::pool::{KeptPool, SessionId};
 use crate::settings::Settings;
 use crate::statement::{Answer, LiveColumns, Runs, Value, millis, remaining_ms};
 
+#[cfg(feature = "postgres")]
+pub(crate) use line::InLine;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use line::{Line, PlaceSql, Places, RESERVED_FOR, Turns};
 #[cfg(feature = "mysql")]

@@ -10,9 +10,10 @@ use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{Capabilities, FencingToken};
 use sqlx::Postgres;
 
+use super::bell;
 use super::notify::PgNotifications;
 use super::statements::PgSql;
-use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseStatements, Turns};
+use crate::lease::{Args, Ask, Conn, Granted, LeaseDialect, LeaseSql, LeaseStatements, Turns};
 use crate::settings::{PG_LEASE_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, remaining_ms, trusted};
 
@@ -37,11 +38,11 @@ const LINES_SEEN_MAX: usize = 256;
 /// releases of those names run the statement that serves the line (and
 /// frees the row when the line has emptied) at once, rather than first the
 /// one that only frees a row nobody waits for: a contended handoff costs
-/// the releaser one statement, not two. The hint runs out after
-/// [`LINED_RELEASES`] releases (the statement that serves the line does not
-/// say whether it found one); the next release then tries the first
-/// statement again, and renews the hint if it finds a line. A name
-/// released without contention costs one statement as before.
+/// the releaser one statement, not two. Each release that serves a
+/// client in line renews the hint, which runs out after
+/// [`LINED_RELEASES`] releases that found the line empty; the next release
+/// then tries the first statement again. A name released without
+/// contention costs one statement as before.
 #[derive(Debug, Default)]
 pub(super) struct LinesSeen {
     names: Mutex<HashMap<String, u8>>,
@@ -83,6 +84,34 @@ fn granted((fence, remaining): (Option<i64>, Option<i64>)) -> Granted {
     }
 }
 
+impl PgLease {
+    /// The release statement that serves the line (`served`): the rows
+    /// changed. When it reserved the row for the client first in line, that
+    /// client is woken (see [`bell::wake`]) once the reservation has
+    /// committed, and the name's next releases go straight to this
+    /// statement (see [`LinesSeen`]).
+    async fn serve_line(
+        &self,
+        conn: &mut Conn<Self>,
+        served: &LeaseSql,
+        args: Args<'_>,
+    ) -> sqlx::Result<u64> {
+        let values = self.sql.lease.values::<Self>(served, args);
+        let rows: Vec<Option<String>> = sqlx::query_scalar(trusted(&served.text))
+            .bind_all(&values)
+            .fetch_all(&mut *conn)
+            .await?;
+        for client in rows.iter().flatten() {
+            self.lines.saw(args.name);
+            if let Err(error) = bell::wake(conn, &self.sql, client, args.name).await {
+                // The client asks again as it renews its place.
+                tracing::debug!(%error, "could not wake the client first in line");
+            }
+        }
+        Ok(rows.len() as u64)
+    }
+}
+
 impl LeaseDialect for PgLease {
     type Db = Postgres;
     const CAPABILITIES: Capabilities = PG_LEASE_CAPABILITIES;
@@ -99,22 +128,18 @@ impl LeaseDialect for PgLease {
     fn release<'c>(&'c self, conn: &'c mut Conn<Self>, args: Args<'c>) -> Answer<'c, u64> {
         Box::pin(async move {
             let statements = &self.sql.lease;
-            if let Some(served) = statements.release.last()
-                && self.lines.take(args.name)
-            {
-                return self.run(conn, served, args).await;
-            }
-            for (i, release) in statements.release.iter().enumerate() {
-                let changed = self.run(&mut *conn, release, args).await?;
-                if changed >= 1 {
-                    if i > 0 {
-                        // Others wait in line.
-                        self.lines.saw(args.name);
+            let Some((served, first)) = statements.release.split_last() else {
+                return Ok(0);
+            };
+            if !self.lines.take(args.name) {
+                for release in first {
+                    let changed = self.run(&mut *conn, release, args).await?;
+                    if changed >= 1 {
+                        return Ok(changed);
                     }
-                    return Ok(changed);
                 }
             }
-            Ok(0)
+            self.serve_line(conn, served, args).await
         })
     }
 

@@ -1,10 +1,12 @@
-//! PostgreSQL: lease rows woken by `LISTEN/NOTIFY`, `SELECT … FOR UPDATE` row
-//! locks, and `pg_advisory_lock` session locks.
+//! PostgreSQL: lease rows woken by bells and `LISTEN/NOTIFY`, `SELECT … FOR
+//! UPDATE` row locks, and `pg_advisory_lock` session locks.
 //!
 //! [`open`] connects a client; [`statements`] holds every SQL text of a lock
 //! table, [`migration`] creates it, [`lease`] runs `lease` mode on it,
-//! [`notify`] wakes its waiters, and [`session`] holds the session modes.
+//! [`notify`] and [`bell`] wake its waiters, and [`session`] holds the
+//! session modes.
 
+mod bell;
 mod lease;
 mod migration;
 mod notify;

@@ -13,16 +13,17 @@
 //! waiters stops. A release that finds clients in line does not delete the
 //! lock's row: it reserves it for the client at the head of the line, for
 //! [`RESERVED_MS`](super::statements::RESERVED_MS), ends that client's
-//! place, and notifies that client alone, on its own channel
-//! (`lockkit-<client>`; each client listens on it and on the table's). Only
+//! place, and wakes that client alone: by its bell (see [`bell`]), or, where
+//! the bell is away, on its own channel (`lockkit-<client>`; each client
+//! listens on it and on the table's). Only
 //! that client is granted a reserved row; should it not ask in time (its
 //! process died), anyone may take the row once the reservation runs out. A
 //! release with nobody in line deletes the row and notifies the table's
 //! channel, which wakes every client's waiters of the name, as do the other
 //! statements that free a name (a reader group's last leave, a withdrawn
-//! waiting record). (Every listening session's server process still reads
-//! each notification, of whichever channel: that work grows with the
-//! clients that listen.)
+//! waiting record). (Every listening session's server process reads each
+//! notification, of whichever channel: that work grows with the clients
+//! that listen, which is why a handoff rings a bell instead.)
 //!
 //! Waiters in line sleep until their client is woken, or until what stands
 //! in the way runs out; and, every third of a place's lease (`PLACE_TTL`,
@@ -46,6 +47,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
+use super::bell;
 use super::statements::PgSql;
 use crate::lease::{Line, Places, Turns};
 use crate::settings::Settings;
@@ -61,8 +63,8 @@ pub(super) struct PgNotifications {
     options: PgConnectOptions,
     sql: Arc<PgSql>,
     line: Line<Postgres>,
-    /// `true` once `LISTEN` is in place; the listener.
-    state: Mutex<Option<(watch::Receiver<bool>, AbortHandle)>>,
+    /// `true` once `LISTEN` is in place; the listener and the bell.
+    state: Mutex<Option<(watch::Receiver<bool>, [AbortHandle; 2])>>,
 }
 
 impl PgNotifications {
@@ -138,7 +140,14 @@ impl PgNotifications {
             let own = format!("lockkit-{}", self.sql.lease.client);
             let channels = [self.sql.channel().to_owned(), own];
             let listener = tokio::spawn(listen(pool, channels, self.line.turns().clone(), tx));
-            (rx, listener.abort_handle())
+            let bell = tokio::spawn(bell::ring_loop(
+                self.options.clone(),
+                self.sql.clone(),
+                self.line.in_line().clone(),
+                self.line.turns().clone(),
+                settings.clone(),
+            ));
+            (rx, [listener.abort_handle(), bell.abort_handle()])
         });
         listening.clone()
     }
@@ -147,8 +156,10 @@ impl PgNotifications {
 impl Drop for PgNotifications {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, listener)) = state.take() {
-            listener.abort();
+        if let Some((_, tasks)) = state.take() {
+            for task in tasks {
+                task.abort();
+            }
         }
     }
 }

@@ -24,6 +24,15 @@ pub(super) struct PgSql {
     pub(super) places: PlaceSql,
     /// How many clients wait in the line of `$1`.
     pub(super) in_line: Arc<str>,
+    /// A client's bell (see `bell`): the names of `$1` reserved for client
+    /// `$2`, at once; or, with none, a sleep of `$3` seconds (one row,
+    /// NULL), which a ring cuts short.
+    pub(super) bell: Arc<str>,
+    /// A ring of a client's bell, the sessions whose `application_name` is
+    /// `$1` (see `bell`), for name `$3`: `'bell'` when one of them was
+    /// signalled; else, the bell being away, the client is notified on its
+    /// own channel `$2` (NULL).
+    pub(super) ring: Arc<str>,
     /// The row of a name inserted unless it exists; never waits for a
     /// holder's row lock.
     pub(super) make_row: Arc<str>,
@@ -99,10 +108,12 @@ impl PgSql {
                 // goes and every client is woken on the table's channel.
                 // Otherwise the second statement runs: the row is not
                 // deleted but reserved, for [`RESERVED_MS`], for the client
-                // at the head of the line, which leaves the line and is
-                // woken on its own channel (`lockkit-<client>`, see
-                // `notify`); or deleted, should the line have emptied
-                // meanwhile.
+                // at the head of the line, which leaves the line; the
+                // statement answers that client, whom the releaser then
+                // wakes (its bell, see `bell`, or its own channel,
+                // `lockkit-<client>`, see `notify`); or the row is deleted,
+                // should the line have emptied meanwhile (answering NULL,
+                // with every client woken on the table's channel).
                 release: vec![
                     LeaseSql::new(format!(
                 "DELETE FROM {table} WHERE name = $1 AND owner = $2 AND expires_at > now() \
@@ -120,10 +131,10 @@ impl PgSql {
                     UPDATE {table} SET owner = {FOR} || head.owner, \
                         expires_at = now() + interval '{RESERVED_MS} milliseconds' \
                     FROM head WHERE name = $1 AND {table}.owner = $2 AND expires_at > now() \
-                    RETURNING 'lockkit-' || head.owner AS channel), \
+                    RETURNING head.owner AS client), \
                  served AS (\
                     DELETE FROM {table} WHERE name = {FIRST} || (SELECT head.owner FROM kept, head)) \
-                 SELECT pg_notify(channel, $1)::text FROM gone UNION ALL SELECT pg_notify(channel, $1)::text FROM kept"
+                 SELECT NULLIF(pg_notify(channel, $1)::text, '') FROM gone UNION ALL SELECT client FROM kept"
             ), &[Name, Owner, Channel]),
                 ],
                 purge: LeaseSql::new(format!(
@@ -185,6 +196,26 @@ impl PgSql {
                 leave_lines: format!("DELETE FROM {table} WHERE {LINES} AND owner = $1").into(),
             },
             in_line: format!("SELECT count(*) FROM {table} WHERE {IN_LINE}").into(),
+            // The check first, in the statement's snapshot: a reservation
+            // committed before it is answered at once, and one committed
+            // after it comes with a ring (sent once it has committed)
+            // while the statement runs, or before the next one starts.
+            bell: format!(
+                "WITH r AS MATERIALIZED (\
+                    SELECT name FROM {table} WHERE name = ANY($1::text[]) AND owner = {FOR} || $2 \
+                      AND expires_at > now()) \
+                 SELECT name FROM r \
+                 UNION ALL SELECT NULL FROM pg_sleep($3::float8) WHERE NOT EXISTS (SELECT 1 FROM r)"
+            )
+            .into(),
+            // Only the sessions of that name are signalled (a materialized
+            // list: the cancel is never evaluated for another session).
+            ring: "WITH bell AS MATERIALIZED (\
+                    SELECT pid FROM pg_stat_activity \
+                    WHERE application_name = $1 AND datname = current_database()) \
+                 SELECT CASE WHEN (SELECT bool_or(pg_cancel_backend(pid)) FROM bell) THEN 'bell' \
+                        ELSE NULLIF((SELECT pg_notify($2, $3))::text, '') END"
+                .into(),
             make_row: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) VALUES ($1, NULL, 0, '-infinity') \
                  ON CONFLICT (name) DO NOTHING"
