@@ -21,8 +21,9 @@
 //! mode over the interleaved rounds run after the criterion groups, and for
 //! the session modes (`row`, `advisory`, `named`) the median handoff below
 //! 2 × the median of the `SELECT 1`s paired with the handoffs. Lease-mode
-//! handoffs are shown without a target: Postgres wakes its waiters by
-//! `LISTEN/NOTIFY`, MySQL and SQLite waiters back off. After every batch of
+//! handoffs are shown without a target: Postgres and MariaDB wake a waiting
+//! client by ending a statement its bell session sleeps in
+//! (`pg_cancel_backend`, `KILL QUERY`), SQLite by a bell file. After every batch of
 //! cycles (outside the timing) the lock table is checked to hold no live
 //! lease and no advisory or named lock to be left held.
 //!
@@ -377,8 +378,9 @@ impl CycleFixture for Fixture {
 #[derive(Clone, Copy, Debug)]
 enum Park {
     /// Postgres lease: the waiter's upsert has run since the mark (its pool
-    /// connection went idle after it, `pg_stat_activity`); it then waits for
-    /// the release's `NOTIFY`.
+    /// connection went idle after it, `pg_stat_activity`) and its client's
+    /// bell sleeps (a session named `lockkit-bell-<client>` runs a
+    /// statement); a release ends that sleep with `pg_cancel_backend`.
     PgAttempt,
     /// Postgres session modes: a lock request waits (`pg_locks`).
     PgLockWait,
@@ -431,6 +433,9 @@ const PG_ATTEMPTS_SINCE: &str = "SELECT count(*) FROM pg_stat_activity \
            OR query LIKE 'SELECT fence, GREATEST(0, CEIL(%') \
       AND state_change > to_timestamp($1::double precision / 1000000)";
 const PG_WAITING: &str = "SELECT count(*) FROM pg_locks WHERE NOT granted";
+/// A waiting client's bell, in its statement.
+const PG_BELLS: &str = "SELECT count(*) FROM pg_stat_activity \
+    WHERE application_name LIKE 'lockkit-bell-%' AND state = 'active'";
 const MY_INSERTS: &str = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.GLOBAL_STATUS \
     WHERE VARIABLE_NAME = 'COM_INSERT'";
 /// The release bells that wait (see lockkit-sql's `mysql::bells`).
@@ -452,7 +457,10 @@ impl SqlProbe<'_> {
     async fn parked(&self, (mark, started): (i64, Instant)) -> bool {
         let f = self.fixture;
         match self.park {
-            Park::PgAttempt => f.pg.scalar(PG_ATTEMPTS_SINCE, &[mark]).await > 0,
+            Park::PgAttempt => {
+                f.pg.scalar(PG_ATTEMPTS_SINCE, &[mark]).await > 0
+                    && f.pg.scalar(PG_BELLS, &[]).await > 0
+            }
             Park::PgLockWait => f.pg.scalar(PG_WAITING, &[]).await > 0,
             Park::MyAttempt => {
                 f.my.scalar(MY_INSERTS, &[]).await > mark && f.my.scalar(MY_BELLS, &[]).await > 0
@@ -736,7 +744,7 @@ fn summary(
     for (&(db, lock_mode, park), diag) in HANDOFFS.iter().zip(handoffs) {
         let session = lock_mode != "lease";
         let how = match park {
-            Park::PgAttempt => "woken by NOTIFY",
+            Park::PgAttempt => "woken by its bell",
             Park::MyAttempt => "woken by KILL QUERY",
             Park::For(_) => "woken by a bell file",
             Park::PgLockWait | Park::MyLockWait => "the server's queue",

@@ -517,6 +517,50 @@ async fn a_client_without_a_bell_is_notified_on_its_own_channel() {
     );
 }
 
+/// A client's bell session (`lockkit-bell-<client>`) opens while a waiter
+/// of the client waits, and closes once the client has waited for nothing
+/// for a while (10 s), the client still open: an idle client keeps no bell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bell_closes_once_its_client_waits_no_more() {
+    let server = PostgresServer::start().await;
+    let name = "idle-bell";
+    let bells =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit-bell-%'";
+    let holder = connect(&server, Mode::Lease).await.unwrap();
+    let waiter = connect(&server, Mode::Lease).await.unwrap();
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let task = waiter::spawn_patient_acquire(waiter.clone(), name);
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            server.psql(bells).await.unwrap().trim() == "1"
+        })
+        .await,
+        "the waiting client's bell never opened"
+    );
+    let (guard, _) = waiter::hand_over(held, task).await;
+    guard.release().await.unwrap();
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(60), || async {
+            server.psql(bells).await.unwrap().trim() == "0"
+        })
+        .await,
+        "the bell of a client that waits no more stayed open"
+    );
+    // The client still works, and its next waiter opens a bell again.
+    let held = holder.acquire(name, &opts()).await.unwrap();
+    let task = waiter::spawn_patient_acquire(waiter.clone(), name);
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            server.psql(bells).await.unwrap().trim() == "1"
+        })
+        .await,
+        "the bell did not open again"
+    );
+    let (guard, _) = waiter::hand_over(held, task).await;
+    guard.release().await.unwrap();
+    drop(waiter);
+}
+
 /// A release may reserve a name for a client just as its last waiter stops
 /// (gives up, or is cancelled), before the client has left the line. When
 /// the notification comes on that client's own channel, it finds no waiter

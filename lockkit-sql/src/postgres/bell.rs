@@ -12,9 +12,10 @@
 //! while ([`NAP`]). A release that reserves a name for the client (see
 //! `statements`) answers the client; the releaser then signals that
 //! client's bell sessions (`pg_cancel_backend`, once the reservation has
-//! committed), which ends the sleep, and the bell's next statement finds
-//! the reservation. Its waiters of the name then take the lock, or with
-//! none the turn is passed on (see [`Turns`]).
+//! committed), which ends the sleep. The client's waiters then ask at once
+//! (those of its first few names, see [`WAKE_AT_ONCE`]), and the bell's
+//! next statement finds any other reservation: its waiters then take the
+//! lock, or with none the turn is passed on (see [`Turns`]).
 //!
 //! No ring is lost: a ring that comes while a statement runs ends it, and
 //! one that comes between two statements is dropped by the server (a
@@ -26,8 +27,10 @@
 //! without `pg_signal_backend`: the ring fails, and the client is notified
 //! then too.
 //!
-//! A client's bell runs only while the client is in a line (or left one
-//! lately, see [`InLine`]); idle, it waits without a statement.
+//! A client's bell runs its statements only while the client is in a line
+//! (or left one lately, see [`InLine`]); its session is opened when the
+//! client first waits, and closed once it has waited for nothing for
+//! [`IDLE`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,9 +48,17 @@ use crate::statement::trusted;
 /// waiting client's bell asks the server when nothing rings.
 const NAP: Duration = Duration::from_secs(1);
 
+/// How long a bell's session stays open once its client waits for no name
+/// any more: a client that waits again soon finds it ready.
+const IDLE: Duration = Duration::from_secs(10);
+
 /// How many names one statement of a bell asks about at most; the waiters
 /// of the names past it are woken as the client renews its places.
 const NAMES_MAX: usize = 1024;
+
+/// How many names' waiters a ring wakes at once, without asking the server
+/// which of the client's names was reserved (see [`wake_at_once`]).
+const WAKE_AT_ONCE: usize = 4;
 
 /// The server's code for a statement ended by a cancel (`query_canceled`).
 const CANCELED: &str = "57014";
@@ -86,27 +97,36 @@ pub(super) async fn ring_loop(
                 continue;
             }
         };
-        let error = ring(&mut conn, &sql, &in_line, &turns, &settings).await;
-        tracing::debug!(%error, "the bell's session failed; opening another");
+        let failed = ring(&mut conn, &sql, &in_line, &turns, &settings).await;
         let _ = tokio::time::timeout(settings.command_timeout, conn.close()).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(error) = failed {
+            tracing::debug!(%error, "the bell's session failed; opening another");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 }
 
-/// The bell's statements on `conn`, until one fails other than by a ring.
+/// The bell's statements on `conn`, until one fails other than by a ring
+/// (the error), or until the client has waited for no name for [`IDLE`]
+/// (`None`).
 async fn ring(
     conn: &mut PgConnection,
     sql: &PgSql,
     in_line: &InLine,
     turns: &Turns,
     settings: &Settings,
-) -> sqlx::Error {
+) -> Option<sqlx::Error> {
     let client = sql.lease.client.as_str();
     // The names found last time, asked about again only after a ring or a
     // whole nap: their waiters are about to take them.
     let mut told: Vec<String> = Vec::new();
     loop {
-        in_line.until_any().await;
+        if tokio::time::timeout(IDLE, in_line.until_any())
+            .await
+            .is_err()
+        {
+            return None;
+        }
         let mut names = in_line.counted();
         names.retain(|name| !told.contains(name));
         names.truncate(NAMES_MAX);
@@ -123,18 +143,37 @@ async fn ring(
                 }
             }
             Ok(Err(sqlx::Error::Database(error))) if error.code().as_deref() == Some(CANCELED) => {
-                told.clear();
+                told = wake_at_once(in_line, turns);
             }
-            Ok(Err(error)) => return error,
+            Ok(Err(error)) => return Some(error),
             Err(_) => {
                 let late = std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "the bell's statement outlived its nap and the command timeout",
                 );
-                return sqlx::Error::Io(late);
+                return Some(sqlx::Error::Io(late));
             }
         }
     }
+}
+
+/// After a ring: the waiters of the client's names, when they are few
+/// ([`WAKE_AT_ONCE`]), are woken at once, without a statement to ask which
+/// name was reserved (their attempts find out); those names are returned,
+/// for the next statement to leave out. The next statement finds any other
+/// reservation (a name whose last waiter stopped, whose turn is then
+/// passed on).
+fn wake_at_once(in_line: &InLine, turns: &Turns) -> Vec<String> {
+    let hub = turns.hub();
+    let mut waited = in_line.counted();
+    waited.retain(|name| hub.watched(name));
+    if waited.len() > WAKE_AT_ONCE {
+        return Vec::new();
+    }
+    for name in &waited {
+        hub.notify(name);
+    }
+    waited
 }
 
 /// Wakes `client`, for whom a release just reserved `name`, on `conn`:
