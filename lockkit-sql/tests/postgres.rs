@@ -385,6 +385,21 @@ async fn notified(
     }
 }
 
+/// Waits (30 s at most) until `n` bell sessions (`lockkit-bell-<client>`)
+/// are open on `server`; panics with `what` otherwise.
+async fn until_bells(server: &PostgresServer, n: usize, what: &str) {
+    let bells =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit-bell-%'";
+    let want = n.to_string();
+    assert!(
+        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+            server.psql(bells).await.unwrap().trim() == want
+        })
+        .await,
+        "{what}"
+    );
+}
+
 /// A release with clients in the name's line reserves the row for the
 /// client at its head and wakes that client alone, by its bell (a session
 /// of its own, `lockkit-bell-<client>`), with no `NOTIFY`: every listening
@@ -415,15 +430,7 @@ async fn a_release_goes_to_the_client_first_in_line() {
             "waiting client {n} never took its place in line"
         );
     }
-    let bells =
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit-bell-%'";
-    assert!(
-        lockkit_testkit::eventually(Duration::from_secs(30), || async {
-            server.psql(bells).await.unwrap().trim() == "3"
-        })
-        .await,
-        "the waiting clients' bells never showed"
-    );
+    until_bells(&server, 3, "the waiting clients' bells never showed").await;
     let order = server.psql(&line).await.unwrap();
     let order: Vec<String> = order
         .trim()
@@ -524,38 +531,24 @@ async fn a_client_without_a_bell_is_notified_on_its_own_channel() {
 async fn a_bell_closes_once_its_client_waits_no_more() {
     let server = PostgresServer::start().await;
     let name = "idle-bell";
-    let bells =
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit-bell-%'";
     let holder = connect(&server, Mode::Lease).await.unwrap();
     let waiter = connect(&server, Mode::Lease).await.unwrap();
     let held = holder.acquire(name, &opts()).await.unwrap();
     let task = waiter::spawn_patient_acquire(waiter.clone(), name);
-    assert!(
-        lockkit_testkit::eventually(Duration::from_secs(30), || async {
-            server.psql(bells).await.unwrap().trim() == "1"
-        })
-        .await,
-        "the waiting client's bell never opened"
-    );
+    until_bells(&server, 1, "the waiting client's bell never opened").await;
     let (guard, _) = waiter::hand_over(held, task).await;
     guard.release().await.unwrap();
-    assert!(
-        lockkit_testkit::eventually(Duration::from_secs(60), || async {
-            server.psql(bells).await.unwrap().trim() == "0"
-        })
-        .await,
-        "the bell of a client that waits no more stayed open"
-    );
+    // It closes 10 s after the wait.
+    until_bells(
+        &server,
+        0,
+        "the bell of a client that waits no more stayed open",
+    )
+    .await;
     // The client still works, and its next waiter opens a bell again.
     let held = holder.acquire(name, &opts()).await.unwrap();
     let task = waiter::spawn_patient_acquire(waiter.clone(), name);
-    assert!(
-        lockkit_testkit::eventually(Duration::from_secs(30), || async {
-            server.psql(bells).await.unwrap().trim() == "1"
-        })
-        .await,
-        "the bell did not open again"
-    );
+    until_bells(&server, 1, "the bell did not open again").await;
     let (guard, _) = waiter::hand_over(held, task).await;
     guard.release().await.unwrap();
     drop(waiter);
