@@ -30,13 +30,14 @@ pub(crate) fn is_deadlock(error: &sqlx::Error) -> bool {
     db.code().as_deref() == Some("40P01") || mysql_code(db) == Some(1213)
 }
 
-/// Whether the statement was ended by another session's `KILL QUERY`
-/// (MySQL/MariaDB `ER_QUERY_INTERRUPTED`, 1317).
-#[cfg(feature = "mysql")]
+/// Whether the statement was ended by another session: MySQL/MariaDB's
+/// `KILL QUERY` (`ER_QUERY_INTERRUPTED`, 1317), PostgreSQL's
+/// `pg_cancel_backend` (`query_canceled`, 57014).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn is_interrupted(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
-        .is_some_and(|db| mysql_code(db) == Some(1317))
+        .is_some_and(|db| db.code().as_deref() == Some("57014") || mysql_code(db) == Some(1317))
 }
 
 // SQLite's primary result codes (the low byte of an extended code).

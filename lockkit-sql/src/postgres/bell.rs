@@ -39,6 +39,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions as _, Connection as _};
 
 use super::statements::PgSql;
+use crate::error::is_interrupted;
 use crate::lease::{InLine, Turns};
 use crate::settings::Settings;
 use crate::statement::trusted;
@@ -60,12 +61,15 @@ const NAMES_MAX: usize = 1024;
 /// which of the client's names was reserved (see [`wake_at_once`]).
 const WAKE_AT_ONCE: usize = 4;
 
-/// The server's code for a statement ended by a cancel (`query_canceled`).
-const CANCELED: &str = "57014";
-
 /// The `application_name` of the bell sessions of `client`.
 pub(super) fn bell_name(client: &str) -> String {
     format!("lockkit-bell-{client}")
+}
+
+/// The channel on which `client` alone is notified where its bell is away
+/// (the client listens on it, see `notify`).
+pub(super) fn own_channel(client: &str) -> String {
+    format!("lockkit-{client}")
 }
 
 /// The bell task of client `sql.lease.client`: while `in_line` counts a
@@ -142,7 +146,7 @@ async fn ring(
                     turns.came(name);
                 }
             }
-            Ok(Err(sqlx::Error::Database(error))) if error.code().as_deref() == Some(CANCELED) => {
+            Ok(Err(error)) if is_interrupted(&error) => {
                 told = wake_at_once(in_line, turns);
             }
             Ok(Err(error)) => return Some(error),
@@ -185,7 +189,7 @@ pub(super) async fn wake(
     client: &str,
     name: &str,
 ) -> sqlx::Result<()> {
-    let channel = format!("lockkit-{client}");
+    let channel = own_channel(client);
     let rung = sqlx::query(trusted(&sql.ring))
         .bind(bell_name(client))
         .bind(&channel)

@@ -137,7 +137,7 @@ impl PgNotifications {
                 .max_connections(1)
                 .acquire_timeout(settings.connect_timeout)
                 .connect_lazy_with(self.options.clone());
-            let own = format!("lockkit-{}", self.sql.lease.client);
+            let own = bell::own_channel(&self.sql.lease.client);
             let channels = [self.sql.channel().to_owned(), own];
             let listener = tokio::spawn(listen(pool, channels, self.line.turns().clone(), tx));
             let bell = tokio::spawn(bell::ring_loop(
