@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use futures_util::TryFutureExt as _;
 use lockkit_core::Capabilities;
 use sqlx::AssertSqlSafe;
 
 use super::session::{MyConn, MySqlSession};
 use super::statements::FenceSource;
+use crate::error::is_lock_busy;
 use crate::session::{LockingSql, RowLocking, ServerWait};
 use crate::settings::MYSQL_ROW_CAPABILITIES;
 use crate::statement::{Answer, Bind as _, Value, Value::Bytes, trusted};
@@ -42,14 +42,24 @@ impl RowLocking for MySqlSession {
         vec![Bytes(name.as_bytes())]
     }
 
-    /// An upsert's duplicate check would wait for a holder's row lock, so
-    /// the insert comes from a `SELECT` that finds no row, a plain read on
-    /// the lock's connection (which reads committed rows and takes no gap
-    /// locks).
+    /// An upsert's duplicate check would wait for a holder's row lock: on
+    /// MariaDB it gives up at once (a row held is a row that exists), on
+    /// MySQL the insert comes from a `SELECT` that finds no row, a plain
+    /// read on the lock's connection (which reads committed rows and takes
+    /// no gap locks). See `MySql::make_row`.
     fn make_missing_row<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
-        let name = Bytes(name.as_bytes());
-        let query = sqlx::query(trusted(&self.sql.make_row)).bind_all(&[name, name]);
-        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
+        let make = &self.sql.make_row;
+        let names = vec![Bytes(name.as_bytes()); make.binds];
+        Box::pin(async move {
+            match sqlx::query(trusted(&make.text))
+                .bind_all(&names)
+                .execute(&mut conn.conn)
+                .await
+            {
+                Err(error) if is_lock_busy(&error) => Ok(()),
+                made => made.map(drop),
+            }
+        })
     }
 
     /// The `IN` list has one placeholder per slot (at most
