@@ -22,10 +22,17 @@
 //! however many clients wait. A second sleeper is woken in case the first
 //! has just stopped waiting (its wait runs out within [`PERIOD`]). A waiter
 //! whose bell sleeps does not back off: it asks again when rung, or after
-//! [`ASK_AGAIN`] all the same (a ring that came between two waits of its
-//! bell finds nothing to end). A sleeper deletes its row as it stops; rows
-//! of clients that stopped without that go when the next sleeper of the
-//! name starts, and a name's mark with its next release.
+//! [`ASK_AGAIN`] all the same.
+//!
+//! No ring is lost between two waits. The server drops a `KILL QUERY` that
+//! finds no statement running, but a release claims the rows before it
+//! rings, and a sleeper tells a claim apart from a sleep that ran out: its
+//! wait begins only while its row is there (in the same statement), its
+//! row is made again only after a ring it heard, and after a wait that ran
+//! out it renews the row, which fails once the row was claimed. A sleeper
+//! deletes its row as it stops; rows of clients that stopped without that
+//! go when the next sleeper of the name starts, and a name's mark with its
+//! next release.
 //!
 //! The wait is for a lock rather than a `SLEEP()`: MariaDB's sleeps share
 //! one mutex, and a `KILL QUERY` of a sleep while another sleep starts or
@@ -89,6 +96,8 @@ struct Shared {
     /// waits for, nor takes, a connection of the lock's statements.
     pool: MySqlPool,
     settings: Settings,
+    /// The lock table (validated).
+    table: String,
     /// `lockkit bell <table> `.
     prefix: String,
     /// This client, in its bells' text and its sleepers' rows.
@@ -139,6 +148,7 @@ impl Bells {
                 sql,
                 pool,
                 settings: settings.clone(),
+                table: table.to_owned(),
                 prefix: format!("lockkit bell {table} "),
                 client,
                 // Topics stay until their sleeper stops (`stop_if_idle`).
@@ -214,12 +224,14 @@ impl Bells {
             (watch, sleeper.armed.clone(), running)
         };
         let shown = *armed.borrow();
-        if let (true, Some(id)) = (running, shown) {
+        if let (true, Some(_)) = (running, shown) {
             // A release since its last sleep began may have deleted the
-            // mark of a sleeper that is still running (this client's own
-            // release, or another's that woke other sleepers).
-            let own = self.shared.own_row(&key);
-            let marked = self.shared.mark(&key, &own, id).execute(&self.shared.pool);
+            // name's mark while the sleeper still runs (this client's own
+            // release, or another's that woke other sleepers). The
+            // sleeper's own row is its own to make again (see `bell`).
+            let marked = sqlx::query(trusted(&self.shared.sql.bell_mark_name))
+                .bind(key.mark.as_bytes())
+                .execute(&self.shared.pool);
             if let Err(error) = self
                 .shared
                 .settings
@@ -347,11 +359,26 @@ impl Shared {
     /// another connection of the client holds ([`open_door`](Self::open_door)):
     /// `GET_LOCK` answers 0 after [`PERIOD`], and a `KILL QUERY` ends it at
     /// once (see the module's notes on `SLEEP()`).
-    fn bell(&self, key: &str) -> String {
+    ///
+    /// It sleeps only while the sleeper's row is there; a release that
+    /// claimed the row (see [`Bells::sleepers`]) before the statement began
+    /// finds it answering NULL at once, as a ring would. The server drops a
+    /// `KILL QUERY` that comes between two statements, so without this a
+    /// ring that found the sleeper between its mark and its sleep would be
+    /// lost (its claimed row not marked again either, until the sleep ran
+    /// out): a claim commits before its ring is sent, so a ring either ends
+    /// the statement or comes before it, and then the statement sees the
+    /// claim.
+    fn bell(&self, key: &Key) -> String {
         format!(
-            "SELECT CAST(GET_LOCK('{}', {PERIOD}) AS SIGNED), '{}{key} {}'",
+            "SELECT CAST(IF(EXISTS(SELECT 1 FROM {} WHERE name = CONCAT(CHAR(1), 'bell:{}', CHAR(1), '{}')), \
+                    GET_LOCK('{}', {PERIOD}), NULL) AS SIGNED), '{}{} {}'",
+            self.table,
+            key.hash,
+            self.client,
             self.door_lock(),
             self.prefix,
+            key.hash,
             self.client
         )
     }
@@ -457,7 +484,7 @@ impl Shared {
         key: &Key,
         armed: &watch::Sender<Option<i64>>,
     ) -> Result<(), String> {
-        let bell = &self.bell(&key.hash);
+        let bell = &self.bell(key);
         let own = self.own_row(key);
         let connect = self
             .settings
@@ -481,11 +508,18 @@ impl Shared {
             .bounded("sweep a release bell's rows", swept)
             .await
             .map_err(|e| e.to_string())?;
+        // Whether the sleeper's row outlived its last sleep (which ran out):
+        // only the name's mark is then renewed before the next one.
+        let mut kept = false;
         loop {
             self.open_door().await?;
-            let marked = self
-                .settings
-                .timed(self.mark(key, &own, id).execute(&mut conn));
+            let mark = if kept {
+                sqlx::query(trusted(&self.sql.bell_mark_name)).bind(key.mark.as_bytes())
+            } else {
+                self.mark(key, &own, id)
+            };
+            let marked = self.settings.timed(mark.execute(&mut conn));
+            kept = false;
             let slept = match marked.await {
                 Ok(Ok(_)) => {
                     let sleeping =
@@ -510,10 +544,28 @@ impl Shared {
                 Err(_) => return Err("marking a release bell timed out".to_owned()),
             };
             match slept {
-                // The door held it out for the whole period.
-                Ok((Some(0), _)) => {}
+                // The door held it out for the whole period. The row is
+                // renewed, unless a release claimed it meanwhile: the ring
+                // then came between two statements, and the server dropped
+                // it (see `bell`).
+                Ok((Some(0), _)) => {
+                    let renewed = sqlx::query(trusted(&self.sql.bell_renew))
+                        .bind(own.as_bytes())
+                        .execute(&mut conn);
+                    kept = self
+                        .settings
+                        .bounded("renew a release bell's row", renewed)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .rows_affected()
+                        == 1;
+                    if !kept {
+                        self.hub.notify(&key.hash);
+                    }
+                }
                 // Ended by a release (an interrupted `GET_LOCK` answers
-                // NULL, or fails).
+                // NULL, or fails; the sleeper's row was claimed before the
+                // sleep began, see `bell`).
                 Ok((None, _)) => {
                     self.hub.notify(&key.hash);
                 }

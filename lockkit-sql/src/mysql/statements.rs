@@ -122,6 +122,14 @@ pub(super) struct MySql {
     /// row of this client's sleeper (binds its row name and the sleeper's
     /// connection id, kept as the row's `fence`).
     pub(super) bell_mark: Arc<str>,
+    /// The name's release bell mark alone, made or renewed for
+    /// [`BELL_MARK_SECS`] (binds its row name): a sleeper's row is made
+    /// only by [`bell_mark`](Self::bell_mark), so that a row a release
+    /// claimed is never made again unseen.
+    pub(super) bell_mark_name: Arc<str>,
+    /// A sleeper's row renewed for [`BELL_MARK_SECS`], if it is there (binds
+    /// its row name): one changed row, or none once a release claimed it.
+    pub(super) bell_renew: Arc<str>,
     /// The connection ids of up to [`RUNG`] sleepers of other clients on a
     /// name's bell, the one that marked least recently (the longest asleep)
     /// first: binds the first and the past row name of the name's sleeper
@@ -410,6 +418,17 @@ impl MySql {
                      ORDER BY expires_at LIMIT {RUNG}"
                 ),
             }
+            .into(),
+            bell_mark_name: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 VALUES (?, NULL, 0, UTC_TIMESTAMP(6) + INTERVAL {BELL_MARK_SECS} SECOND) \
+                 ON DUPLICATE KEY UPDATE expires_at = VALUES(expires_at)"
+            )
+            .into(),
+            bell_renew: format!(
+                "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {BELL_MARK_SECS} SECOND \
+                 WHERE name = ?"
+            )
             .into(),
             bell_unmark: format!("DELETE FROM {table} WHERE name = ?").into(),
             bell_sweep: format!(
