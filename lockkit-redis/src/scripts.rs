@@ -725,10 +725,17 @@ end
 /// that releases and asks again at once queues behind them.
 ///
 /// A rollback (ARGV[3] "0": Redlock undoing a grant that won no quorum)
-/// deletes the key and wakes nobody; with ARGV[7], a waiting caller's
+/// deletes the key and wakes nobody. With ARGV[7], a waiting caller's
 /// place (µs, see [`Release::Back`]), and ARGV[8], how long a place lasts
 /// without being asked for again (ms), it puts the caller back in the line
-/// at that place.
+/// at that place, and the lock is reserved for the head of the line as a
+/// release would reserve it (the head woken, unless it is the caller,
+/// which asks again on its own), rather than left free: the grant often
+/// came from a reservation for the caller, which another instance, whose
+/// release came later, refused, and a key left free would go to whichever
+/// waiter asked first, splitting the votes again (where every instance's
+/// grant is needed, as with one instance held by a client that died,
+/// waiters could go on splitting them for many rounds).
 ///
 /// If the key is reserved for the caller (an acquire that gave up after
 /// its turn came), the turn passes to the next waiter the same way; a
@@ -762,6 +769,10 @@ else
 end
 local head = nil
 if ARGV[3] == '1' then
+  head = redis.call('ZPOPMIN', KEYS[4])[1]
+elseif ARGV[7] then
+  redis.call('ZADD', KEYS[4], 'NX', ARGV[7], ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[8])
   head = redis.call('ZPOPMIN', KEYS[4])[1]
 end
 local turn = head and KEYS[5] and redis.call('HGET', KEYS[5], head)
@@ -801,7 +812,9 @@ if head then
   if fence then
     redis.call('DEL', KEYS[3])
   end
-  redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+  if head ~= ARGV[4] then
+    redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+  end
   return released
 end
 if fence then
@@ -811,9 +824,6 @@ else
 end
 if ARGV[3] == '1' then
   redis.call('PUBLISH', ARGV[2], '')
-elseif ARGV[7] then
-  redis.call('ZADD', KEYS[4], 'NX', ARGV[7], ARGV[4])
-  redis.call('PEXPIRE', KEYS[4], ARGV[8])
 end
 return released
 "
@@ -914,11 +924,12 @@ pub enum Release {
     /// no quorum (Redlock), whose client still waits.
     Quiet,
     /// As `Quiet`, and puts this client back in the line at this place
-    /// (microseconds since the Unix epoch, as [`Waiting::Since`]): the
-    /// rollback of a waiting attempt's grant. The grant took the client
-    /// out of this instance's line; back in at the place the other
-    /// instances have it, the lines stay alike, and the instances go on
-    /// reserving the lock for the same waiter.
+    /// (microseconds since the Unix epoch, as [`Waiting::Since`]), then
+    /// reserves the lock for the head of the line (waking it if it is
+    /// another client): the rollback of a waiting attempt's grant. The
+    /// grant took the client out of this instance's line; back in at the
+    /// place the other instances have it, the lines stay alike, and the
+    /// instances go on reserving the lock for the same waiter.
     Back(u64),
 }
 

@@ -430,8 +430,11 @@ async fn a_silent_holder_instance_does_not_make_a_held_lock_look_free() {
 /// their releases reserve the lock for the same waiter. (Without that, the
 /// free instance's line lost the waiter on every grant, and with many
 /// processes the instances reserved the lock for different waiters, none of
-/// which won a quorum until the reservations lapsed.) Once the dead
-/// client's leases go, the waiter gets the lock.
+/// which won a quorum until the reservations lapsed.) As the waiter is
+/// then first in that line, the rollback also reserves the free instance's
+/// key for it, as a release would, taking it out of the line again: there
+/// the waiter holds its turn rather than a place. Once the dead client's
+/// leases go, the waiter gets the lock.
 #[tokio::test]
 async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
     let servers = Arc::new(servers(3).await);
@@ -458,12 +461,20 @@ async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
         }
         lines
     };
+    let turn = |servers: Arc<Vec<RedisServer>>| async move {
+        servers[0]
+            .command(&["GET", key])
+            .await
+            .unwrap_or_else(|e| format!("error: {e}"))
+    };
     let alike = lockkit_testkit::eventually(MARGIN, || {
-        let lines = lines(servers.clone());
+        let (lines, turn) = (lines(servers.clone()), turn(servers.clone()));
         async move {
-            let lines = lines.await;
+            let (lines, turn) = (lines.await, turn.await);
             // One waiter (its id, one per connection, and its place), at
-            // the same place on every instance.
+            // the same place on both held instances; on the free one at
+            // that place too, or holding the turn there (the key reserved
+            // for its id on that instance's connection).
             let places: Vec<Option<&str>> = lines
                 .iter()
                 .map(|line| match line.split(' ').collect::<Vec<_>>()[..] {
@@ -471,14 +482,17 @@ async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
                     _ => None,
                 })
                 .collect();
-            places[0].is_some() && places.iter().all(|p| *p == places[0])
+            places[1].is_some()
+                && places[1] == places[2]
+                && (places[0] == places[1] || turn.starts_with('\u{1e}'))
         }
     })
     .await;
     assert!(
         alike,
-        "the waiter's place in the instances' lines: {:?}",
-        lines(servers.clone()).await
+        "the waiter's place in the instances' lines: {:?}, the free instance's key: {:?}",
+        lines(servers.clone()).await,
+        turn(servers.clone()).await
     );
     assert!(!waiting.is_finished(), "granted by one instance of three");
     for server in &servers[1..] {
@@ -489,6 +503,86 @@ async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
         .expect("the waiter gets the lock once the dead client's leases go")
         .expect("the waiting task")
         .expect("acquire");
-    assert_eq!(holders(&servers, "split").await, 3);
+    // A quorum: a try between the two deletions wins with the free
+    // instance and the first one cleared.
+    let held = holders(&servers, "split").await;
+    assert!(held >= 2, "held on {held} instances of 3");
     guard.release().await.expect("release");
+}
+
+/// A rolled-back grant reserves the lock for the first waiter in line, as a
+/// release would, rather than leaving it free for whichever waiter asks
+/// next. Two of three instances are held by a client that died; waiters A
+/// and then B, of two clients, are refused there on every try, and the free
+/// instance grants whichever asks while it is free. Each grant is rolled
+/// back, and the free instance's key ends up reserved for A, the first in
+/// line, while B keeps its place in that instance's line.
+#[tokio::test]
+async fn a_rolled_back_grant_reserves_the_lock_for_the_first_in_line() {
+    let servers = Arc::new(servers(3).await);
+    let (key, line) = ("lockkit:first", "{lockkit:first}:line");
+    for server in &servers[1..] {
+        let set = server
+            .command(&["SET", key, "a-client-that-died", "PX", "600000"])
+            .await;
+        assert_eq!(set.as_deref().ok(), Some("OK"), "{set:?}");
+    }
+    let places = |server: usize| {
+        let servers = servers.clone();
+        async move {
+            let places = servers[server]
+                .command(&["ZRANGE", line, "0", "-1", "WITHSCORES"])
+                .await
+                .unwrap_or_default();
+            let words: Vec<String> = places.split(' ').map(str::to_owned).collect();
+            words
+                .chunks(2)
+                .filter_map(|pair| pair.get(1).cloned())
+                .collect::<Vec<String>>()
+        }
+    };
+    let waiter = |locks: RedlockLock| {
+        tokio::spawn(async move {
+            locks
+                .acquire("first", &opts().wait_for(Duration::from_secs(60)))
+                .await
+        })
+    };
+    let a = waiter(connect(&servers).await);
+    let a_placed = lockkit_testkit::eventually(MARGIN, || {
+        let places = places(1);
+        async move { places.await.len() == 1 }
+    })
+    .await;
+    assert!(
+        a_placed,
+        "A's place on a held instance: {:?}",
+        places(1).await
+    );
+    let b = waiter(connect(&servers).await);
+    let reserved = lockkit_testkit::eventually(MARGIN, || {
+        let (held, free, servers) = (places(1), places(0), servers.clone());
+        async move {
+            let held = held.await;
+            let free = free.await;
+            let turn = servers[0].command(&["GET", key]).await.unwrap_or_default();
+            // A first and B second on the held instances; on the free one,
+            // the key reserved and B alone in line.
+            held.len() == 2 && turn.starts_with('\u{1e}') && free == held[1..]
+        }
+    })
+    .await;
+    assert!(
+        reserved,
+        "held instance's line {:?}, free instance's line {:?} and key {:?}",
+        places(1).await,
+        places(0).await,
+        servers[0].command(&["GET", key]).await
+    );
+    assert!(
+        !a.is_finished() && !b.is_finished(),
+        "granted by one instance of three"
+    );
+    a.abort();
+    b.abort();
 }
