@@ -421,6 +421,17 @@ async fn a_silent_holder_instance_does_not_make_a_held_lock_look_free() {
     assert!(!b.status("silent").await.unwrap().held);
 }
 
+/// Sets `key` on `servers` as a client that died would have left it: held
+/// for longer than any test runs.
+async fn held_by_a_dead_client(servers: &[RedisServer], key: &str) {
+    for server in servers {
+        let set = server
+            .command(&["SET", key, "a-client-that-died", "PX", "600000"])
+            .await;
+        assert_eq!(set.as_deref().ok(), Some("OK"), "{set:?}");
+    }
+}
+
 /// A waiter whose grant won no quorum keeps its place in every instance's
 /// waiting line. Two of three instances are held by a client that died
 /// (their leases outlive the test): the free instance grants the waiter on
@@ -440,12 +451,7 @@ async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
     let servers = Arc::new(servers(3).await);
     let locks = connect(&servers).await;
     let (key, line) = ("lockkit:split", "{lockkit:split}:line");
-    for server in &servers[1..] {
-        let set = server
-            .command(&["SET", key, "a-client-that-died", "PX", "600000"])
-            .await;
-        assert_eq!(set.as_deref().ok(), Some("OK"), "{set:?}");
-    }
+    held_by_a_dead_client(&servers[1..], key).await;
     let waiting = tokio::spawn(async move {
         locks
             .acquire("split", &opts().wait_for(Duration::from_secs(60)))
@@ -521,12 +527,7 @@ async fn a_rolled_back_grant_keeps_the_waiters_place_in_line() {
 async fn a_rolled_back_grant_reserves_the_lock_for_the_first_in_line() {
     let servers = Arc::new(servers(3).await);
     let (key, line) = ("lockkit:first", "{lockkit:first}:line");
-    for server in &servers[1..] {
-        let set = server
-            .command(&["SET", key, "a-client-that-died", "PX", "600000"])
-            .await;
-        assert_eq!(set.as_deref().ok(), Some("OK"), "{set:?}");
-    }
+    held_by_a_dead_client(&servers[1..], key).await;
     let places = |server: usize| {
         let servers = servers.clone();
         async move {
