@@ -812,7 +812,7 @@ if head then
   if fence then
     redis.call('DEL', KEYS[3])
   end
-  if head ~= ARGV[4] then
+  if ARGV[3] == '1' or head ~= ARGV[4] then
     redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
   end
   return released
