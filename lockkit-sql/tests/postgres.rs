@@ -385,14 +385,15 @@ async fn notified(
     }
 }
 
-/// Waits (30 s at most) until `n` bell sessions (`lockkit-bell-<client>`)
-/// are open on `server`; panics with `what` otherwise.
-async fn until_bells(server: &PostgresServer, n: usize, what: &str) {
+/// Waits (`within` at most) until `n` bell sessions
+/// (`lockkit-bell-<client>`) are open on `server`; panics with `what`
+/// otherwise.
+async fn until_bells(server: &PostgresServer, n: usize, within: Duration, what: &str) {
     let bells =
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lockkit-bell-%'";
     let want = n.to_string();
     assert!(
-        lockkit_testkit::eventually(Duration::from_secs(30), || async {
+        lockkit_testkit::eventually(within, || async {
             server.psql(bells).await.unwrap().trim() == want
         })
         .await,
@@ -430,7 +431,13 @@ async fn a_release_goes_to_the_client_first_in_line() {
             "waiting client {n} never took its place in line"
         );
     }
-    until_bells(&server, 3, "the waiting clients' bells never showed").await;
+    until_bells(
+        &server,
+        3,
+        Duration::from_secs(30),
+        "the waiting clients' bells never showed",
+    )
+    .await;
     let order = server.psql(&line).await.unwrap();
     let order: Vec<String> = order
         .trim()
@@ -535,20 +542,33 @@ async fn a_bell_closes_once_its_client_waits_no_more() {
     let waiter = connect(&server, Mode::Lease).await.unwrap();
     let held = holder.acquire(name, &opts()).await.unwrap();
     let task = waiter::spawn_patient_acquire(waiter.clone(), name);
-    until_bells(&server, 1, "the waiting client's bell never opened").await;
+    until_bells(
+        &server,
+        1,
+        Duration::from_secs(30),
+        "the waiting client's bell never opened",
+    )
+    .await;
     let (guard, _) = waiter::hand_over(held, task).await;
     guard.release().await.unwrap();
     // It closes 10 s after the wait.
     until_bells(
         &server,
         0,
+        Duration::from_secs(60),
         "the bell of a client that waits no more stayed open",
     )
     .await;
     // The client still works, and its next waiter opens a bell again.
     let held = holder.acquire(name, &opts()).await.unwrap();
     let task = waiter::spawn_patient_acquire(waiter.clone(), name);
-    until_bells(&server, 1, "the bell did not open again").await;
+    until_bells(
+        &server,
+        1,
+        Duration::from_secs(30),
+        "the bell did not open again",
+    )
+    .await;
     let (guard, _) = waiter::hand_over(held, task).await;
     guard.release().await.unwrap();
     drop(waiter);

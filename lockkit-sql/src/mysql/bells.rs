@@ -229,9 +229,7 @@ impl Bells {
             // name's mark while the sleeper still runs (this client's own
             // release, or another's that woke other sleepers). The
             // sleeper's own row is its own to make again (see `bell`).
-            let marked = sqlx::query(trusted(&self.shared.sql.bell_mark_name))
-                .bind(key.mark.as_bytes())
-                .execute(&self.shared.pool);
+            let marked = self.shared.mark_name(&key).execute(&self.shared.pool);
             if let Err(error) = self
                 .shared
                 .settings
@@ -353,6 +351,12 @@ impl Shared {
             .bind(id)
     }
 
+    /// The statement that marks (or marks again) the name of `key` alone,
+    /// leaving the sleeper rows as they are (see `MySql::bell_mark_name`).
+    fn mark_name<'q>(&'q self, key: &'q Key) -> Query<'q, sqlx::MySql, MySqlArguments> {
+        sqlx::query(trusted(&self.sql.bell_mark_name)).bind(key.mark.as_bytes())
+    }
+
     /// The statement a sleeper of this client runs for the name `key`.
     ///
     /// The sleep is a wait for this client's *door*, a user lock that
@@ -370,12 +374,16 @@ impl Shared {
     /// the statement or comes before it, and then the statement sees the
     /// claim.
     fn bell(&self, key: &Key) -> String {
+        // The sleeper's row name, as a hex literal (it holds `\x01`s).
+        let own: String = self
+            .own_row(key)
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         format!(
-            "SELECT CAST(IF(EXISTS(SELECT 1 FROM {} WHERE name = CONCAT(CHAR(1), 'bell:{}', CHAR(1), '{}')), \
+            "SELECT CAST(IF(EXISTS(SELECT 1 FROM {} WHERE name = X'{own}'), \
                     GET_LOCK('{}', {PERIOD}), NULL) AS SIGNED), '{}{} {}'",
             self.table,
-            key.hash,
-            self.client,
             self.door_lock(),
             self.prefix,
             key.hash,
@@ -514,7 +522,7 @@ impl Shared {
         loop {
             self.open_door().await?;
             let mark = if kept {
-                sqlx::query(trusted(&self.sql.bell_mark_name)).bind(key.mark.as_bytes())
+                self.mark_name(key)
             } else {
                 self.mark(key, &own, id)
             };
