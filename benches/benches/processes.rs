@@ -24,12 +24,17 @@
 //!   committed and rolled-back transactions, MariaDB's `Questions`), over the
 //!   number of sections; none for SQLite, which has no server.
 //!
-//! lockkit runs once more with 4 processes, to show whether the work per
-//! handoff grows with the number of waiters, and on Redlock with three
-//! instances lockkit and rslock run once more with one instance held by a
-//! client that died. On Redis and Redlock `rslock` 0.10 runs the same work in as many
-//! processes, and `distributed-lock` 0.2 on PostgreSQL (advisory) and
-//! MariaDB (`GET_LOCK`), one after the other on the same servers.
+//! Every run is made with the workers on a multi-thread tokio runtime and
+//! again on a current-thread one. lockkit runs once more with 4 processes
+//! (multi-thread), to show whether the work per handoff grows with the
+//! number of waiters, and on Redlock with three instances lockkit and
+//! rslock run once more with one instance held by a client that died
+//! (multi-thread). On Redis and Redlock `rslock` 0.10 runs the same work in
+//! as many processes, and `distributed-lock` 0.2 on PostgreSQL (advisory)
+//! and MariaDB (`GET_LOCK`), one after the other on the same servers. On
+//! Redis a ring of processes without a lock, each publishing to the next
+//! one's channel when its section is done, measures the floor of a handoff
+//! between processes (see [`Entrant::Ring`]).
 //!
 //! Run with `cargo bench -p lockkit-benches --bench processes`
 //! (`LOCKKIT_BENCH_BACKENDS=redis,pg-advisory` limits the backends,
@@ -40,6 +45,7 @@ use std::fmt::Write as _;
 use std::process::Stdio;
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use lockkit_benches::{
     Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, percentile, runtime,
     save_summary, selected, wall_ns,
@@ -53,6 +59,13 @@ use tokio::time::Instant;
 
 /// The worker's settings, as JSON in this variable.
 const WORKER: &str = "LOCKKIT_PROCESSES_WORKER";
+/// The worker's place among the run's processes (0, 1, …), in this variable.
+const INDEX: &str = "LOCKKIT_PROCESSES_INDEX";
+/// The runtime flavours every run is made on, multi-thread first.
+const FLAVOURS: [Flavour; 2] = [Flavour::Multi, Flavour::Current];
+/// The channels of the handoff ring (see [`Entrant::Ring`]): this, then
+/// the worker's index.
+const RING: &str = "bench-processes-ring:";
 /// The counter the critical sections count on (on the section server).
 const COUNTER: &str = "bench-processes-counter";
 const TTL: Duration = Duration::from_secs(30);
@@ -83,27 +96,127 @@ fn main() {
         let section = RedisServer::start().await;
         let mut rows = Vec::new();
         for &backend in &backends {
-            for (client, params, start) in libraries(backend) {
-                // lockkit also with a quarter of the processes: whether the
-                // server's work per handoff grows with the waiters.
-                // (A test-mode run: lockkit alone, once per backend.)
-                let counts = match (client, start, mode) {
-                    (Client::Lockkit, Start::Clean, RunMode::Test) => vec![processes],
-                    (_, _, RunMode::Test) => continue,
-                    (Client::Lockkit, Start::Clean, _) => vec![processes / 4, processes],
-                    _ => vec![processes],
-                };
-                for n in counts {
-                    let library = (client, params, start);
-                    let row = contend(&servers, backend, library, &section, n, run).await;
-                    println!("{}", row.line());
-                    rows.push(row);
+            for flavour in FLAVOURS {
+                for library in libraries(backend) {
+                    for n in counts(backend, library, flavour, mode, processes) {
+                        let row =
+                            contend(&servers, backend, library, flavour, &section, n, run).await;
+                        println!("{}", row.line());
+                        rows.push(row);
+                    }
                 }
             }
         }
         rows
     });
     save_summary(mode, "processes", &summary(mode, processes, run, &rows));
+}
+
+/// The process counts `library` runs with on `flavour`: every library with
+/// `processes`; lockkit's default mode on the multi-thread runtime also with
+/// a quarter of them (whether the server's work per handoff grows with the
+/// waiters). The fair mode and the dead instance run on the multi-thread
+/// runtime only. A test-mode run: lockkit alone, once per backend, and on
+/// Redis also on the current-thread runtime and the handoff ring.
+fn counts(
+    backend: Deployment,
+    library: Library,
+    flavour: Flavour,
+    mode: RunMode,
+    processes: usize,
+) -> Vec<usize> {
+    let lockkit = (Entrant::Client(Client::Lockkit), NONE, Start::Clean);
+    let multi = flavour == Flavour::Multi;
+    match mode {
+        RunMode::Test if library == lockkit && (multi || backend == Deployment::Redis) => {
+            vec![processes]
+        }
+        RunMode::Test if library.0 == Entrant::Ring && multi => vec![processes],
+        RunMode::Test => vec![],
+        _ if library == lockkit && multi => vec![processes / 4, processes],
+        _ if !multi && (library.1 != NONE || library.2 != Start::Clean) => vec![],
+        _ => vec![processes],
+    }
+}
+
+/// The tokio runtime a worker runs on: the multi-thread one of the other
+/// benches (a worker per core), or a current-thread one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flavour {
+    Multi,
+    Current,
+}
+
+impl Flavour {
+    fn name(self) -> &'static str {
+        match self {
+            Flavour::Multi => "multi-thread",
+            Flavour::Current => "current-thread",
+        }
+    }
+
+    fn runtime(self) -> tokio::runtime::Runtime {
+        match self {
+            Flavour::Multi => runtime(),
+            Flavour::Current => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread runtime"),
+        }
+    }
+}
+
+impl std::str::FromStr for Flavour {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        FLAVOURS
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| format!("no runtime flavour {name:?}"))
+    }
+}
+
+/// Who contends in a run: a lock library, or the floor of a handoff
+/// between processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Entrant {
+    Client(Client),
+    /// No lock: the processes pass the critical section round a ring, each
+    /// waiting for a message on a channel of its own on the lock's Redis
+    /// server and publishing to the next one's when its section is done,
+    /// by hand through redis-rs. What any lock that hands over between
+    /// processes through that server pays at least: one `PUBLISH`, its
+    /// delivery, and the next process's wake-up.
+    Ring,
+}
+
+impl Entrant {
+    /// The name the worker's settings carry.
+    fn name(self) -> &'static str {
+        match self {
+            Entrant::Client(client) => client.name(),
+            Entrant::Ring => "ring",
+        }
+    }
+
+    /// How reports name it.
+    fn library(self) -> &'static str {
+        match self {
+            Entrant::Client(client) => client.library(),
+            Entrant::Ring => "floor: a ring of `PUBLISH`es, no lock",
+        }
+    }
+}
+
+/// How reports name a run's library: the library, then lockkit's URL
+/// parameters if it has any.
+fn label((entrant, params, _): Library) -> String {
+    if params.is_empty() {
+        return entrant.library().to_owned();
+    }
+    let params: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{} (`{}`)", entrant.library(), params.join("&"))
 }
 
 /// Extra URL parameters of a lockkit run.
@@ -133,28 +246,31 @@ impl Start {
 }
 
 /// A run's library, lockkit's URL parameters, and how the run starts.
-type Library = (Client, Params, Start);
+type Library = (Entrant, Params, Start);
 
 /// Which libraries run on `backend`: lockkit everywhere (on Redis also as a
 /// fair lock), the peers where they have a lock of that kind; on Redlock
 /// with three instances, both once more with one instance held by a dead
-/// client.
+/// client; on Redis the handoff ring, the floor of a handoff.
 fn libraries(backend: Deployment) -> Vec<Library> {
     use Deployment::*;
-    let mut libraries = vec![(Client::Lockkit, NONE, Start::Clean)];
+    let lockkit = Entrant::Client(Client::Lockkit);
+    let rslock = Entrant::Client(Client::Rslock);
+    let mut libraries = vec![(lockkit, NONE, Start::Clean)];
     match backend {
         Redis => libraries.extend([
-            (Client::Lockkit, FAIR, Start::Clean),
-            (Client::Rslock, NONE, Start::Clean),
+            (lockkit, FAIR, Start::Clean),
+            (rslock, NONE, Start::Clean),
+            (Entrant::Ring, NONE, Start::Clean),
         ]),
         Redlock3 => libraries.extend([
-            (Client::Rslock, NONE, Start::Clean),
-            (Client::Lockkit, NONE, Start::DeadInstance),
-            (Client::Rslock, NONE, Start::DeadInstance),
+            (rslock, NONE, Start::Clean),
+            (lockkit, NONE, Start::DeadInstance),
+            (rslock, NONE, Start::DeadInstance),
         ]),
-        Redlock5 => libraries.push((Client::Rslock, NONE, Start::Clean)),
+        Redlock5 => libraries.push((rslock, NONE, Start::Clean)),
         PgAdvisory | MariaDbNamed => {
-            libraries.push((Client::DistributedLock, NONE, Start::Clean));
+            libraries.push((Entrant::Client(Client::DistributedLock), NONE, Start::Clean));
         }
         _ => {}
     }
@@ -175,11 +291,12 @@ async fn contend(
     servers: &Servers,
     backend: Deployment,
     library: Library,
+    flavour: Flavour,
     section: &RedisServer,
     processes: usize,
     run: Duration,
 ) -> Row {
-    let (client, params, start) = library;
+    let (entrant, params, start) = library;
     section
         .command(&["SET", COUNTER, "0"])
         .await
@@ -203,7 +320,10 @@ async fn contend(
         .iter()
         .map(|&(key, value)| (key, value.to_owned()))
         .collect();
-    let url = servers.url_with(backend, &hosts, &extra);
+    let url = match entrant {
+        Entrant::Ring => servers.redis()[0].url(),
+        Entrant::Client(_) => servers.url_with(backend, &hosts, &extra),
+    };
     let before = commands(servers, backend).await;
     // Every worker starts at the same moment, after its connections are up.
     // (Sixteen processes open their connections in well under a second.)
@@ -215,7 +335,9 @@ async fn contend(
         };
     let spec = json!({
         "url": url,
-        "client": client.name(),
+        "client": entrant.name(),
+        "flavour": flavour.name(),
+        "processes": processes,
         "section": section.url(),
         "start_at": start_at,
         "end_at": start_at + run.as_nanos() as u64,
@@ -223,9 +345,10 @@ async fn contend(
     .to_string();
     let exe = std::env::current_exe().expect("this program's path");
     let children: Vec<_> = (0..processes)
-        .map(|_| {
+        .map(|index| {
             tokio::process::Command::new(&exe)
                 .env(WORKER, &spec)
+                .env(INDEX, index.to_string())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true)
@@ -278,6 +401,7 @@ async fn contend(
     Row::of(
         backend,
         library,
+        flavour,
         processes,
         run,
         sections,
@@ -292,62 +416,159 @@ fn worker(spec: &str) {
     let spec: Value = serde_json::from_str(spec).expect("the worker's settings");
     let field = |key: &str| spec[key].as_str().unwrap_or_default().to_owned();
     let (url, section) = (field("url"), field("section"));
-    let client: Client = field("client").parse().expect("a client");
+    let flavour: Flavour = field("flavour").parse().expect("a runtime flavour");
+    let entrant = match field("client").as_str() {
+        "ring" => Entrant::Ring,
+        client => Entrant::Client(client.parse().expect("a client")),
+    };
+    let index: usize = std::env::var(INDEX)
+        .ok()
+        .and_then(|i| i.parse().ok())
+        .expect("the worker's index");
+    let processes = spec["processes"].as_u64().unwrap_or(1) as usize;
     let (start_at, end_at) = (
         spec["start_at"].as_u64().unwrap_or(0),
         spec["end_at"].as_u64().unwrap_or(0),
     );
-    let out = runtime().block_on(async move {
-        let locker = match Locker::connect(client, &url).await {
-            Ok(Some(locker)) => locker,
-            other => return json!({"sections": [], "error": format!("connect: {other:?}")}),
-        };
+    // The loop runs as a task of its own, as a service's work does, not
+    // on the thread that waits for the runtime: there, on the multi-thread
+    // runtime, every wake-up from a worker thread would cross threads.
+    let work = async move {
         let redis = redis::Client::open(section.as_str()).expect("the section server's URL");
         let mut conn = redis
             .get_multiplexed_async_connection()
             .await
             .expect("connect to the section server");
-        let now = wall_ns();
-        tokio::time::sleep(Duration::from_nanos(start_at.saturating_sub(now))).await;
-        let deadline = Instant::now() + Duration::from_nanos(end_at.saturating_sub(wall_ns()));
-        let mut sections = Vec::new();
-        let mut error = None;
-        // The lock is the load generator's key 0 (`lockkit-load/0`).
-        while Instant::now() < deadline {
-            let held = match locker
-                .acquire(
-                    0,
-                    LoadKind::Exclusive,
-                    TTL,
-                    deadline + Duration::from_secs(10),
-                )
-                .await
-            {
-                Ok(Some((held, _))) => held,
-                Ok(None) => break,
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
-            };
-            let acquired = wall_ns();
-            let seen: Option<u64> = conn.get(COUNTER).await.expect("GET the counter");
-            let place = seen.unwrap_or(0);
-            let () = conn.set(COUNTER, place + 1).await.expect("SET the counter");
-            let released = wall_ns();
-            if let Err(e) = locker.release(held).await {
-                error = Some(e);
-                break;
+        let times = (start_at, end_at);
+        let (sections, error) = match entrant {
+            Entrant::Client(client) => {
+                let locker = match Locker::connect(client, &url).await {
+                    Ok(Some(locker)) => locker,
+                    other => return json!({"sections": [], "error": format!("connect: {other:?}")}),
+                };
+                locked(&locker, &mut conn, times).await
             }
-            sections.push(json!([place, acquired, released]));
-        }
+            Entrant::Ring => ring(&url, index, processes, &mut conn, times).await,
+        };
         // Redlock finishes a slow instance's part of the last release in
         // the background: exiting at once would leave that instance's grant
         // to expire into the next run.
         tokio::time::sleep(LINGER).await;
         json!({"sections": sections, "error": error})
-    });
+    };
+    let out = flavour
+        .runtime()
+        .block_on(async { tokio::spawn(work).await })
+        .unwrap_or_else(|e| json!({"sections": [], "error": format!("the worker's task: {e}")}));
     println!("{out}");
+}
+
+/// A worker's sections (as JSON `[place, acquired, released]`) and the
+/// error that ended them early, if one did.
+type Worked = (Vec<Value>, Option<String>);
+
+/// Waits until `start_at` (wall-clock ns), then answers the instant the
+/// run ends, `end_at`.
+async fn start(start_at: u64, end_at: u64) -> Instant {
+    tokio::time::sleep(Duration::from_nanos(start_at.saturating_sub(wall_ns()))).await;
+    Instant::now() + Duration::from_nanos(end_at.saturating_sub(wall_ns()))
+}
+
+/// The critical section: two round trips to the section server. Answers
+/// the counter's value it read, the section's place in the order of grants.
+async fn section(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let seen: Option<u64> = conn.get(COUNTER).await.expect("GET the counter");
+    let place = seen.unwrap_or(0);
+    let () = conn.set(COUNTER, place + 1).await.expect("SET the counter");
+    place
+}
+
+/// A lock library's worker: `acquire`, the section, `release`, until the
+/// run ends.
+async fn locked(
+    locker: &Locker,
+    conn: &mut redis::aio::MultiplexedConnection,
+    (start_at, end_at): (u64, u64),
+) -> Worked {
+    let deadline = start(start_at, end_at).await;
+    let mut sections = Vec::new();
+    // The lock is the load generator's key 0 (`lockkit-load/0`).
+    while Instant::now() < deadline {
+        let held = match locker
+            .acquire(
+                0,
+                LoadKind::Exclusive,
+                TTL,
+                deadline + Duration::from_secs(10),
+            )
+            .await
+        {
+            Ok(Some((held, _))) => held,
+            Ok(None) => break,
+            Err(e) => return (sections, Some(e.to_string())),
+        };
+        let acquired = wall_ns();
+        let place = section(conn).await;
+        let released = wall_ns();
+        if let Err(e) = locker.release(held).await {
+            return (sections, Some(e.to_string()));
+        }
+        sections.push(json!([place, acquired, released]));
+    }
+    (sections, None)
+}
+
+/// The handoff ring's worker (see [`Entrant::Ring`]): worker 0 starts with
+/// the section; each one, when its section is done, publishes to the next
+/// one's channel. After the run's end a worker that gets its turn passes it
+/// on without a section and stops.
+async fn ring(
+    url: &str,
+    index: usize,
+    processes: usize,
+    conn: &mut redis::aio::MultiplexedConnection,
+    (start_at, end_at): (u64, u64),
+) -> Worked {
+    let mut sections = Vec::new();
+    let client = redis::Client::open(url).expect("the lock server's URL");
+    let mut subscriber = client.get_async_pubsub().await.expect("a subscriber");
+    subscriber
+        .subscribe(format!("{RING}{index}"))
+        .await
+        .expect("SUBSCRIBE to the ring");
+    let mut turns = subscriber.into_on_message();
+    let mut publisher = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the lock server");
+    let next = format!("{RING}{}", (index + 1) % processes.max(1));
+    let deadline = start(start_at, end_at).await;
+    let mut turn = index == 0;
+    loop {
+        if !turn {
+            let wait = tokio::time::timeout_at(deadline + Duration::from_secs(10), turns.next());
+            if !matches!(wait.await, Ok(Some(_))) {
+                return (sections, Some("the ring's turn never came".to_owned()));
+            }
+        }
+        turn = false;
+        let over = Instant::now() >= deadline;
+        let (acquired, place, released) = if over {
+            (0, 0, 0)
+        } else {
+            let acquired = wall_ns();
+            let place = section(conn).await;
+            (acquired, place, wall_ns())
+        };
+        let heard: i64 = publisher.publish(&next, "turn").await.expect("PUBLISH");
+        if over {
+            return (sections, None);
+        }
+        sections.push(json!([place, acquired, released]));
+        if heard != 1 {
+            return (sections, Some(format!("{heard} workers heard the turn")));
+        }
+    }
 }
 
 /// The lock servers' count of commands (see the module's documentation);
@@ -428,6 +649,7 @@ struct Row {
     backend: Deployment,
     /// The library, lockkit's URL parameters, how the run started.
     client: Library,
+    flavour: Flavour,
     processes: usize,
     sections: usize,
     per_second: f64,
@@ -445,6 +667,7 @@ impl Row {
     fn of(
         backend: Deployment,
         client: Library,
+        flavour: Flavour,
         processes: usize,
         run: Duration,
         mut sections: Vec<(usize, Section)>,
@@ -468,6 +691,7 @@ impl Row {
         Row {
             backend,
             client,
+            flavour,
             processes,
             sections: sections.len(),
             per_second: sections.len() as f64 / run.as_secs_f64(),
@@ -485,17 +709,11 @@ impl Row {
     fn line(&self) -> String {
         let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
         format!(
-            "| {}{} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
             self.backend.label(),
             self.client.2.label(),
-            match self.client {
-                (client, [], _) => client.library().to_owned(),
-                (client, params, _) => {
-                    let params: Vec<String> =
-                        params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    format!("{} (`{}`)", client.library(), params.join("&"))
-                }
-            },
+            label(self.client),
+            self.flavour.name(),
             self.processes,
             self.sections,
             self.per_second,
@@ -516,15 +734,17 @@ impl Row {
 
 fn summary(mode: RunMode, processes: usize, run: Duration, rows: &[Row]) -> String {
     let mut out = format!(
-        "## {processes} processes on one name ({} run, {} s per library, backend and process count)\n\n\
+        "## {processes} processes on one name ({} run, {} s per library, backend, runtime and process count)\n\n\
          Each process one client, looping `acquire` → two round trips to another Redis server → `release`. \
+         Runtime: the workers' tokio runtime, multi-thread (a worker thread per core) or current-thread. \
          Straight back: of consecutive grants, the share that went to the process that had just released. \
          Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
          One instance held by a dead client: a lease on the lock's key on one of the three instances outlives the run, so every grant needs both others. \
+         The floor (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, publishes to the next process's channel, written by hand with redis-rs: what a handoff between processes through that server costs at least. \
          Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
-         | backend | library | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | books |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | backend | library | runtime | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | books |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         mode.label(),
         run.as_secs(),
         quarter = processes / 4,
@@ -533,6 +753,7 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rows: &[Row]) -> Stri
         let _ = writeln!(out, "{}", row.line());
     }
     out.push_str(&targets(rows, processes));
+    out.push_str(&floors(rows, processes));
     out
 }
 
@@ -552,45 +773,57 @@ fn commands_bounded(backend: Deployment) -> bool {
     )
 }
 
+/// The run of `library` on `backend` with `processes` on `flavour`, if it ran.
+fn find(
+    rows: &[Row],
+    backend: Deployment,
+    library: Library,
+    flavour: Flavour,
+    processes: usize,
+) -> Option<&Row> {
+    rows.iter().find(|r| {
+        r.backend == backend
+            && r.client == library
+            && r.flavour == flavour
+            && r.processes == processes
+    })
+}
+
 /// The targets of lockkit's default mode, each judged on this run's rows:
 /// at most a quarter of the grants straight back, server commands per
 /// handoff that do not grow with the waiters (where they must not), and
-/// at least the throughput of every peer that ran on the same backend.
+/// at least the throughput of every peer that ran on the same backend and
+/// runtime.
 fn targets(rows: &[Row], processes: usize) -> String {
-    let lockkit = |backend: Deployment, start: Start, n: usize| {
-        rows.iter().find(|r| {
-            r.backend == backend && r.client == (Client::Lockkit, NONE, start) && r.processes == n
-        })
-    };
+    let lockkit = |start: Start| (Entrant::Client(Client::Lockkit), NONE, start);
     let mut out = format!(
         "\n### Targets of lockkit's default mode, judged on this run\n\n\
          Straight back: at most {:.0} % of the grants at {processes} processes. \
-         Commands per handoff (Redis, Redlock, etcd and the SQL lease modes): with {processes} processes \
+         Commands per handoff (Redis, Redlock, etcd and the SQL lease modes, multi-thread runtime): with {processes} processes \
          at most {COMMANDS_GROWTH_MAX} × the figure with {} (four times the waiters). \
-         Throughput: at least that of every peer that ran on the same backend, with as many processes.\n\n\
-         | backend | target | lockkit | yardstick | verdict |\n\
-         | --- | --- | --- | --- | --- |\n",
+         Throughput: at least that of every peer that ran on the same backend and runtime, with as many processes.\n\n\
+         | backend | runtime | target | lockkit | yardstick | verdict |\n\
+         | --- | --- | --- | --- | --- | --- |\n",
         STRAIGHT_BACK_MAX * 100.0,
         processes / 4,
     );
     let verdict = |pass: bool| if pass { "PASS" } else { "MISS" };
     for row in rows {
-        let (client, params, start) = row.client;
+        let (entrant, _, start) = row.client;
         let label = row.backend.label();
-        if client == Client::Lockkit && params.is_empty() && start == Start::Clean {
-            if row.processes == processes
-                && let Some(share) = row.straight_back
-            {
+        let runtime = row.flavour.name();
+        if row.client == lockkit(Start::Clean) && row.processes == processes {
+            if let Some(share) = row.straight_back {
                 let _ = writeln!(
                     out,
-                    "| {label} | straight back | {:.0} % | ≤ {:.0} % | {} |",
+                    "| {label} | {runtime} | straight back | {:.0} % | ≤ {:.0} % | {} |",
                     share * 100.0,
                     STRAIGHT_BACK_MAX * 100.0,
                     verdict(share <= STRAIGHT_BACK_MAX),
                 );
             }
-            if row.processes == processes && commands_bounded(row.backend) {
-                let fewer = lockkit(row.backend, Start::Clean, processes / 4)
+            if row.flavour == Flavour::Multi && commands_bounded(row.backend) {
+                let fewer = find(rows, row.backend, row.client, row.flavour, processes / 4)
                     .and_then(|r| r.commands_per_handoff);
                 let line = match (row.commands_per_handoff, fewer) {
                     (Some(many), Some(few)) => format!(
@@ -604,19 +837,72 @@ fn targets(rows: &[Row], processes: usize) -> String {
                     }
                     (None, _) => "— | — | no server to count".to_owned(),
                 };
-                let _ = writeln!(out, "| {label} | commands per handoff | {line} |");
+                let _ = writeln!(
+                    out,
+                    "| {label} | {runtime} | commands per handoff | {line} |"
+                );
             }
-        } else if client != Client::Lockkit
-            && let Some(ours) = lockkit(row.backend, start, row.processes)
+        } else if let Entrant::Client(peer) = entrant
+            && peer != Client::Lockkit
+            && let Some(ours) = find(
+                rows,
+                row.backend,
+                lockkit(start),
+                row.flavour,
+                row.processes,
+            )
         {
             let _ = writeln!(
                 out,
-                "| {label}{} | throughput | {:.0}/s | {:.0}/s ({}) | {} |",
+                "| {label}{} | {runtime} | throughput | {:.0}/s | {:.0}/s ({}) | {} |",
                 start.label(),
                 ours.per_second,
                 row.per_second,
-                client.library(),
+                peer.library(),
                 verdict(ours.per_second >= row.per_second),
+            );
+        }
+    }
+    out
+}
+
+/// lockkit's default mode and the peers beside the floor of a handoff
+/// between processes (the ring), on each runtime where the floor ran.
+fn floors(rows: &[Row], processes: usize) -> String {
+    let floors: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.client.0 == Entrant::Ring && r.processes == processes)
+        .collect();
+    if floors.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n### Against the floor of a handoff between processes\n\n\
+         Critical sections per second over those of the floor (the ring, which hands every section to the next process and never back) on the same backend and runtime, with {processes} processes. \
+         A library above 1 gives grants straight back: a process that keeps the lock skips the handoff the floor pays every time.\n\n\
+         | backend | runtime | floor | library | per second | × floor | straight back |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    for floor in floors {
+        let same = rows.iter().filter(|r| {
+            r.backend == floor.backend
+                && r.flavour == floor.flavour
+                && r.processes == processes
+                && r.client.0 != Entrant::Ring
+                && r.client.2 == Start::Clean
+        });
+        for row in same {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0}/s | {} | {:.0}/s | {:.2} | {} |",
+                floor.backend.label(),
+                floor.flavour.name(),
+                floor.per_second,
+                label(row.client),
+                row.per_second,
+                row.per_second / floor.per_second,
+                row.straight_back
+                    .map_or("—".into(), |s| format!("{:.0} %", s * 100.0)),
             );
         }
     }
