@@ -19,8 +19,8 @@
 //!   `lockkit_benches::RawFloor`).
 //!
 //! Then, per backend, interleaved rounds (`lockkit_benches::Interleaved`:
-//! every kind in every round, the order rotated) of the raw floor, the
-//! cycle with auto-renew off and on, the cycle of a client that draws no
+//! every kind in every round, the order turned and reversed every other
+//! round) of the raw floor, the cycle with auto-renew off and on, the cycle of a client that draws no
 //! fencing token (single Redis only, where the token costs a write of its
 //! own), the shared (reader) and permit (semaphore of 4) cycles and the
 //! `try_acquire` of a held lock, so that
@@ -429,7 +429,7 @@ fn summary(
     let mut out = format!(
         "## lockkit's backends side by side ({rounds} interleaved rounds per backend)\n\n\
          {placement} \
-         Medians over interleaved rounds (every kind in every round, the order rotated); each ratio is paired: the median over rounds of the kind's round mean ÷ its base's in the same round. \
+         Medians over interleaved rounds (every kind in every round, the order turned and reversed every other round); each ratio is paired: the median over rounds of the kind's round mean ÷ its base's in the same round. \
          The base of the exclusive cycles and of the failed `try_acquire` is the backend's raw floor (the same lock cycle written by hand against the server; a failed try is one round trip where the floor's cycle is two on most servers); \
          that of the shared and permit cycles is the exclusive cycle (— where the backend has no such holding). \
          The cycle without a token is that of a client that draws no fencing token, over the same floor, where the token costs a write of its own (single Redis, `fencing=false`: — elsewhere, whose tokens come with the grant or not at all); the gap between the two cycles is the token's cost. \

@@ -15,8 +15,8 @@
 //!   token.
 //!
 //! Each run interleaves blocks of 100 cycles of each kind (20 blocks after
-//! 2 warm-up blocks, the order rotated), and its ratio is
-//! the median of the blocks' lockkit/raw ratios; the verdict is on the
+//! 2 warm-up blocks, the order turned and reversed every other round), and
+//! its ratio is the median of the blocks' lockkit/raw ratios; the verdict is on the
 //! median over 7 runs, with every run's ratio shown. The summary goes to
 //! `target/lockkit-bench/cycle-overhead-summary.md`
 //! (`scripts/reports.sh cycle-overhead` makes it a page of docs/reports/).
@@ -177,7 +177,8 @@ impl Fixture {
     }
 
     /// Warm-up blocks (not counted), then `blocks` interleaved blocks of
-    /// `per_block` cycles of each kind, the order rotated.
+    /// `per_block` cycles of each kind, the order turned and reversed every
+    /// other round.
     async fn run(&self, blocks: usize, per_block: usize) -> Run {
         Interleaved::<Cycle>::measure(self, WARM_UP_BLOCKS, per_block).await;
         let measured = Interleaved::<Cycle>::measure(self, blocks, per_block).await;

@@ -15,8 +15,9 @@
 //!   kind runs nothing.)
 //!
 //! The targets are judged on interleaved rounds (every kind in every round,
-//! their order rotated), so that the shared machine's drift cancels out: a
-//! shared cycle and a permit cycle within 1.2 × the exclusive cycle.
+//! their order turned and reversed every other round), so that the shared
+//! machine's drift cancels out: a shared cycle and a permit cycle within
+//! 1.2 × the exclusive cycle.
 //!
 //! The backends are the catalog's (`LOCKKIT_BENCH_BACKENDS=memory,redis`
 //! limits them); those whose capabilities claim neither kind are left out,

@@ -9,9 +9,10 @@
 //!   `holder("<hostname>:<pid>")`-like identity of realistic length.
 //!
 //! The target (at most 1.1 × the cycle without) is judged on interleaved
-//! rounds (both cycles in every round, their order rotated), so that the
-//! shared machine's drift cancels out. Backends that cannot record an
-//! identity are left out, and the summary says so. Run with
+//! rounds (both cycles in every round, their order turned and reversed
+//! every other round), so that the shared machine's drift cancels out.
+//! Backends that cannot record an identity are left out, and the summary
+//! says so. Run with
 //! `cargo bench -p lockkit-benches --bench holder`
 //! (`LOCKKIT_BENCH_BACKENDS=memory,redis` limits the backends); the summary
 //! is printed and written to `target/lockkit-bench/holder-summary.md`.

@@ -101,14 +101,30 @@ pub fn bench_then_pair<F: CycleFixture, T>(
     Some((more, paired))
 }
 
+/// Which kind runs at `step` of `round`: the kinds in turn, from a first one
+/// that moves on by one every other round, and in reverse order every
+/// other round, so that each kind runs right before and right after each
+/// of its neighbours equally often. (A kind that runs right after another
+/// on the same server finds the server, and the machine, in the state the
+/// other left them: awake, or not.)
+fn order(round: usize, step: usize, kinds: usize) -> usize {
+    let first = round / 2;
+    if round.is_multiple_of(2) {
+        (first + step) % kinds
+    } else {
+        (first + kinds - 1 - step) % kinds
+    }
+}
+
 /// A row of [`Interleaved::summary`]: label, kind, the base of its paired
 /// ratio, and the target on that ratio.
 pub type Row<'a, K> = (&'a str, K, K, Option<Limit>);
 
 /// Per-round mean cycle times (ns) from rounds of cycles of each kind, the
-/// kinds interleaved (and their order rotated) within every round. A slow or
-/// fast phase of the shared machine then hits all kinds of one round alike,
-/// and the per-round ratios cancel it out.
+/// kinds interleaved within every round (in an order that turns, and is
+/// reversed every other round: see [`order`]). A slow or fast phase of the
+/// shared machine then hits all kinds of one round alike, and the
+/// per-round ratios cancel it out.
 #[derive(Debug)]
 pub struct Interleaved<K> {
     /// `rounds[r][i]`: mean of kind `K::ALL[i]` in round `r`.
@@ -131,7 +147,7 @@ impl<K: CycleKind> Interleaved<K> {
         for round in 0..rounds {
             let mut means = vec![f64::NAN; kinds];
             for step in 0..kinds {
-                let index = (round + step) % kinds;
+                let index = order(round, step, kinds);
                 let mut total = Duration::ZERO;
                 for _ in 0..per_round {
                     total += fixture.run_timed(K::ALL[index]).await;
@@ -379,5 +395,32 @@ mod tests {
             "| b | 220 ns | 2.000 | — |"
         );
         assert_eq!(Interleaved::<K>::from_rounds(vec![], 0).median(K::A), None);
+    }
+
+    #[test]
+    fn every_kind_runs_once_a_round_and_before_and_after_each_neighbour_alike() {
+        let kinds = 5;
+        // (a, b): how often a ran right before b.
+        let mut before = vec![vec![0; kinds]; kinds];
+        for round in 0..2 * kinds {
+            let steps: Vec<usize> = (0..kinds).map(|step| order(round, step, kinds)).collect();
+            let mut seen = steps.clone();
+            seen.sort_unstable();
+            assert_eq!(
+                seen,
+                (0..kinds).collect::<Vec<_>>(),
+                "round {round}: {steps:?}"
+            );
+            for pair in steps.windows(2) {
+                before[pair[0]][pair[1]] += 1;
+            }
+        }
+        for a in 0..kinds {
+            for b in 0..kinds {
+                assert_eq!(before[a][b], before[b][a], "{a} before {b}: {before:?}");
+            }
+        }
+        // Neighbours in the kinds' order do run next to each other.
+        assert!(before[0][1] > 0);
     }
 }
