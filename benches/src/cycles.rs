@@ -122,7 +122,8 @@ pub type Row<'a, K> = (&'a str, K, K, Option<Limit>);
 
 /// Per-round mean cycle times (ns) from rounds of cycles of each kind, the
 /// kinds interleaved within every round (in an order that turns, and is
-/// reversed every other round: see [`order`]). A slow or fast phase of the
+/// reversed every other round, so that each kind runs right before and
+/// right after each neighbour equally often). A slow or fast phase of the
 /// shared machine then hits all kinds of one round alike, and the
 /// per-round ratios cancel it out.
 #[derive(Debug)]
