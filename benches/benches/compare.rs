@@ -20,10 +20,10 @@
 //!
 //! Then, per backend, interleaved rounds (`lockkit_benches::Interleaved`:
 //! every kind in every round, the order turned and reversed every other
-//! round) of the raw floor, the cycle with auto-renew off and on, the cycle of a client that draws no
-//! fencing token (single Redis only, where the token costs a write of its
-//! own), the shared (reader) and permit (semaphore of 4) cycles and the
-//! `try_acquire` of a held lock, so that
+//! round) of the raw floor, the cycle with auto-renew off and on, the
+//! cycle of a client that draws no fencing token (single Redis only, where
+//! the token costs a write of its own), the shared (reader) and permit
+//! (semaphore of 4) cycles and the `try_acquire` of a held lock, so that
 //! each ratio is paired: the median over rounds of one kind's round mean ÷
 //! its base's in the same round.
 //!

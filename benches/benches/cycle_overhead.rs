@@ -16,9 +16,9 @@
 //!
 //! Each run interleaves blocks of 100 cycles of each kind (20 blocks after
 //! 2 warm-up blocks, the order turned and reversed every other round), and
-//! its ratio is the median of the blocks' lockkit/raw ratios; the verdict is on the
-//! median over 7 runs, with every run's ratio shown. The summary goes to
-//! `target/lockkit-bench/cycle-overhead-summary.md`
+//! its ratio is the median of the blocks' lockkit/raw ratios; the verdict
+//! is on the median over 7 runs, with every run's ratio shown. The summary
+//! goes to `target/lockkit-bench/cycle-overhead-summary.md`
 //! (`scripts/reports.sh cycle-overhead` makes it a page of docs/reports/).
 //!
 //! `cargo bench -p lockkit-benches --bench cycle_overhead`

@@ -48,7 +48,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use lockkit_benches::{
     Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, percentile, runtime,
-    save_summary, selected, wall_ns,
+    runtime_of, save_summary, selected, wall_ns,
 };
 use lockkit_testkit::{RedisServer, TestServer, info_field};
 use redis::AsyncCommands as _;
@@ -158,10 +158,7 @@ impl Flavour {
     fn runtime(self) -> tokio::runtime::Runtime {
         match self {
             Flavour::Multi => runtime(),
-            Flavour::Current => tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a current-thread runtime"),
+            Flavour::Current => runtime_of("current_thread"),
         }
     }
 }
@@ -217,6 +214,12 @@ fn label((entrant, params, _): Library) -> String {
     }
     let params: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("{} (`{}`)", entrant.library(), params.join("&"))
+}
+
+/// A straight-back share as a report shows it: a percentage, or `—`
+/// without consecutive grants.
+fn share(straight_back: Option<f64>) -> String {
+    straight_back.map_or("—".into(), |s| format!("{:.0} %", s * 100.0))
 }
 
 /// Extra URL parameters of a lockkit run.
@@ -552,19 +555,18 @@ async fn ring(
             }
         }
         turn = false;
-        let over = Instant::now() >= deadline;
-        let (acquired, place, released) = if over {
-            (0, 0, 0)
-        } else {
+        let done = if Instant::now() < deadline {
             let acquired = wall_ns();
             let place = section(conn).await;
-            (acquired, place, wall_ns())
+            Some(json!([place, acquired, wall_ns()]))
+        } else {
+            None
         };
         let heard: i64 = publisher.publish(&next, "turn").await.expect("PUBLISH");
-        if over {
+        let Some(done) = done else {
             return (sections, None);
-        }
-        sections.push(json!([place, acquired, released]));
+        };
+        sections.push(done);
         if heard != 1 {
             return (sections, Some(format!("{heard} workers heard the turn")));
         }
@@ -717,8 +719,7 @@ impl Row {
             self.processes,
             self.sections,
             self.per_second,
-            self.straight_back
-                .map_or("—".into(), |s| format!("{:.0} %", s * 100.0)),
+            share(self.straight_back),
             opt(self.handoff_p50),
             opt(self.handoff_p99),
             self.commands_per_handoff
@@ -901,8 +902,7 @@ fn floors(rows: &[Row], processes: usize) -> String {
                 label(row.client),
                 row.per_second,
                 row.per_second / floor.per_second,
-                row.straight_back
-                    .map_or("—".into(), |s| format!("{:.0} %", s * 100.0)),
+                share(row.straight_back),
             );
         }
     }
