@@ -1,5 +1,6 @@
 //! How lock names and table names reach the database: lock names only ever as
-//! bound parameters, or through the documented derivations below; table names
+//! bound parameters, as hexadecimal literals (MySQL and MariaDB, see
+//! `hex_literal`), or through the documented derivations below; table names
 //! validated as plain identifiers before they are written into SQL.
 
 use std::borrow::Cow;
@@ -18,6 +19,22 @@ pub const MAX_TABLE_LEN: usize = 48;
 const NAMED_LOCK_MAX_CHARS: usize = 64;
 /// MariaDB's limit on a named lock, in bytes.
 const NAMED_LOCK_MAX_BYTES: usize = 192;
+
+/// A lock name as a MySQL/MariaDB hexadecimal literal of its UTF-8 bytes
+/// (`X'6a6f6273'` for `jobs`), for statements sent several in one message,
+/// where nothing can be bound: the text written into the SQL is hex digits
+/// alone, whatever the name holds.
+#[cfg(feature = "mysql")]
+pub(crate) fn hex_literal(name: &str) -> String {
+    use std::fmt::Write as _;
+    let mut literal = String::with_capacity(3 + 2 * name.len());
+    literal.push_str("X'");
+    for byte in name.bytes() {
+        let _ = write!(literal, "{byte:02x}");
+    }
+    literal.push('\'');
+    literal
+}
 
 /// The Postgres advisory-lock key of a lock name: the first 8 bytes of the
 /// SHA-256 of the name's UTF-8 bytes, read as a big-endian `i64`.
@@ -143,6 +160,17 @@ pub fn validate_table(table: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn a_hex_literal_is_hex_digits_whatever_the_name_holds() {
+        assert_eq!(hex_literal("jobs"), "X'6a6f6273'");
+        assert_eq!(hex_literal(""), "X''");
+        let literal = hex_literal("a'; DROP TABLE t; -- é?");
+        let digits = &literal[2..literal.len() - 1];
+        assert!(digits.bytes().all(|b| b.is_ascii_hexdigit()), "{literal}");
+        assert_eq!(digits.len(), 2 * "a'; DROP TABLE t; -- é?".len());
+    }
 
     #[test]
     fn advisory_key_is_the_documented_hash() {

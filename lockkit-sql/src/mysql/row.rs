@@ -1,16 +1,72 @@
 //! `row` mode's statements on MySQL and MariaDB.
+//!
+//! A lock's try sends the row's upsert, `BEGIN` and the locking `SELECT` in
+//! one message, and its release `ROLLBACK` and the row's clean-up in one:
+//! an uncontended cycle takes two round trips, where one statement at a
+//! time takes five. Statements sent several at once bind nothing (the text
+//! protocol): the name goes in as a hexadecimal literal (see
+//! [`hex_literal`]).
 
 use std::sync::Arc;
 
+use futures_util::TryStreamExt as _;
 use lockkit_core::Capabilities;
-use sqlx::AssertSqlSafe;
+use lockkit_core::backend::Intent;
+use sqlx::{AssertSqlSafe, Either, MySqlConnection, Row as _};
 
 use super::session::{MyConn, MySqlSession};
 use super::statements::FenceSource;
-use crate::error::is_lock_busy;
+use crate::error::{is_deadlock, is_lock_busy};
+use crate::names::hex_literal;
 use crate::session::{LockingSql, RowLocking, ServerWait};
 use crate::settings::MYSQL_ROW_CAPABILITIES;
 use crate::statement::{Answer, Bind as _, Value, Value::Bytes, trusted};
+
+/// What the server did with statements sent in one message.
+#[derive(Debug)]
+struct Batch {
+    /// How many of them it finished.
+    done: usize,
+    /// The first column of the first row any of them returned.
+    first: Option<i64>,
+    /// The error that stopped the rest, if one did.
+    error: Option<sqlx::Error>,
+}
+
+/// Sends `sql`, statements separated by `;` with nothing to bind, in one
+/// message on `conn`; the server runs them in order and stops at the first
+/// error.
+async fn batch(conn: &mut MySqlConnection, sql: String) -> Batch {
+    let mut answers = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(conn);
+    let mut batch = Batch {
+        done: 0,
+        first: None,
+        error: None,
+    };
+    loop {
+        match answers.try_next().await {
+            Ok(Some(Either::Left(_))) => batch.done += 1,
+            Ok(Some(Either::Right(row))) if batch.first.is_none() => {
+                match row.try_get::<Option<i64>, _>(0) {
+                    Ok(value) => batch.first = value,
+                    Err(error) => batch.error = Some(error),
+                }
+            }
+            Ok(Some(Either::Right(_))) => {}
+            Ok(None) => return batch,
+            Err(error) => {
+                batch.error = Some(error);
+                return batch;
+            }
+        }
+    }
+}
+
+/// Each `?` of `sql` replaced by `literal` (every statement of `row` mode
+/// binds the row's name alone, once or more).
+fn with_name(sql: &str, literal: &str) -> String {
+    sql.replace('?', literal)
+}
 
 /// `n` comma-separated placeholders.
 fn placeholders(n: usize) -> String {
@@ -21,7 +77,7 @@ impl RowLocking for MySqlSession {
     type Db = sqlx::MySql;
     const CAPABILITIES: Capabilities = MYSQL_ROW_CAPABILITIES;
 
-    fn connection(conn: &mut MyConn) -> &mut sqlx::MySqlConnection {
+    fn connection(conn: &mut MyConn) -> &mut MySqlConnection {
         &mut conn.conn
     }
 
@@ -40,6 +96,58 @@ impl RowLocking for MySqlSession {
     /// Names are `VARBINARY`.
     fn row_values(name: &str) -> Vec<Value<'_>> {
         vec![Bytes(name.as_bytes())]
+    }
+
+    /// One round trip: the row's upsert, `BEGIN` and the locking `SELECT`.
+    /// An upsert that found the row held (or deadlocked) stops the message
+    /// before `BEGIN`: a second one sends `BEGIN` and the `SELECT`, which
+    /// waits for the holder.
+    fn begin_and_select<'c>(
+        &'c self,
+        conn: &'c mut MyConn,
+        name: &'c str,
+        intent: Intent,
+        shared: bool,
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(async move {
+            let literal = hex_literal(name);
+            let select = with_name(self.locking().form(shared, intent), &literal);
+            let make = with_name(&self.sql.make_row.text, &literal);
+            let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
+            let again = match first.error {
+                None => return Ok(first.first),
+                // The upsert's: no transaction began.
+                Some(error) if first.done == 0 => {
+                    if !(is_lock_busy(&error) || is_deadlock(&error)) {
+                        return Err(error);
+                    }
+                    batch(&mut conn.conn, format!("BEGIN; {select}")).await
+                }
+                // The `SELECT`'s, in the transaction.
+                Some(error) => return Err(error),
+            };
+            match again.error {
+                None => Ok(again.first),
+                Some(error) => Err(error),
+            }
+        })
+    }
+
+    /// One round trip: `ROLLBACK`, then the row deleted unless someone
+    /// holds it.
+    fn rollback_and_delete<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
+        Box::pin(async move {
+            let delete = with_name(&self.sql.row_delete, &hex_literal(name));
+            let done = batch(&mut conn.conn, format!("ROLLBACK; {delete}")).await;
+            match done.error {
+                Some(error) if done.done == 0 => Err(error),
+                Some(error) => {
+                    tracing::debug!(%error, "could not delete a released row; it stays");
+                    Ok(())
+                }
+                None => Ok(()),
+            }
+        })
     }
 
     /// An upsert's duplicate check would wait for a holder's row lock: on
@@ -149,5 +257,37 @@ impl RowLocking for MySqlSession {
             tx.rollback().await?;
             Ok((held, None))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mysql::statements::MySql;
+
+    /// The statements sent in one message: each `?` is the row's name,
+    /// and none sits inside a quoted string.
+    #[test]
+    fn every_placeholder_of_a_batched_statement_is_the_name() {
+        for source in [FenceSource::Sequence, FenceSource::Counter] {
+            let sql = MySql::new("lockkit_locks", source);
+            let mut texts = vec![sql.make_row.text.to_string(), sql.row_delete.to_string()];
+            for shared in [false, true] {
+                for intent in [Intent::Wait, Intent::Try] {
+                    texts.push(sql.row.form(shared, intent).to_string());
+                }
+            }
+            for text in texts {
+                let outside_quotes: String = text.split('\'').step_by(2).collect();
+                assert_eq!(
+                    outside_quotes.matches('?').count(),
+                    text.matches('?').count(),
+                    "{text}"
+                );
+                let named = with_name(&text, &hex_literal("jobs"));
+                assert!(!named.contains('?'), "{named}");
+                assert!(named.contains("X'6a6f6273'"), "{named}");
+            }
+        }
     }
 }
