@@ -117,26 +117,6 @@ pub(crate) trait RowLocking: SessionDb {
         })
     }
 
-    /// The end of a holding of the row `name`: `ROLLBACK`, which hands the
-    /// lock to the next waiter at once, then the row's clean-up (see
-    /// [`delete_if_free`](Self::delete_if_free)), one statement after the
-    /// other; a database that takes several statements in one message sends
-    /// both in one round trip. A failed clean-up is only traced: it leaves
-    /// the row, which serves the name's next holder.
-    fn rollback_and_delete<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>
-    where
-        Self: Sized,
-        for<'e> &'e mut <Self::Db as Database>::Connection: Executor<'e, Database = Self::Db>,
-    {
-        Box::pin(async move {
-            run::<Self>(conn, "ROLLBACK").await?;
-            if let Err(error) = self.delete_if_free(conn, name).await {
-                tracing::debug!(%error, "could not delete a released row; it stays");
-            }
-            Ok(())
-        })
-    }
-
     /// What a grant still needs (a token drawn elsewhere): the fencing
     /// token. By default the one the `SELECT` drew.
     fn granted<'c>(&'c self, conn: &'c mut Self::Conn, token: i64) -> Answer<'c, i64> {
@@ -228,10 +208,8 @@ where
             RowKey::Row { name, .. } => name,
             RowKey::Slots { slots, taken } => &slots[taken.load(Ordering::SeqCst)],
         };
-        self.0
-            .rollback_and_delete(conn, name)
+        unlock_row(&self.0, conn, name)
             .await
-            .map(|()| true)
             .map_err(|error| self.settings().error("unlock", error))
     }
 
@@ -374,6 +352,27 @@ where
 
 /// How often in a row [`lock_row`] makes a vanished row again.
 const VANISHED_LIMIT: usize = 64;
+
+/// Ends a `row` mode holding of the row `name`: `ROLLBACK`, which hands
+/// the lock to the next waiter at once, then the row's clean-up (see
+/// [`RowLocking::delete_if_free`]). A failed clean-up leaves the row, which
+/// serves the name's next holder. The two go in two messages: sent in one,
+/// the clean-up runs on the server while the waiter that the `ROLLBACK`
+/// woke has yet to answer, and on a small machine slows that handoff.
+async fn unlock_row<R: RowLocking>(
+    locking: &R,
+    conn: &mut R::Conn,
+    name: &str,
+) -> sqlx::Result<bool>
+where
+    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
+{
+    run::<R>(conn, "ROLLBACK").await?;
+    if let Err(error) = locking.delete_if_free(conn, name).await {
+        tracing::debug!(%error, "could not delete a released row; it stays");
+    }
+    Ok(true)
+}
 
 /// Locks a free permit slot of a semaphore's rows (`slots`, see
 /// [`permit_row_name`]) in a transaction that
