@@ -713,7 +713,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
         ),
         ("sqlite: SELECT 1", SqliteSelect, SqliteSelect, None),
         (
-            "sqlite lease (a) raw floor: upsert above the high-water mark + delete; ratio to SELECT 1",
+            "sqlite lease (a) raw floor: upsert above the high-water mark + delete + a byte to a bell file; ratio to SELECT 1",
             SqliteRawLease,
             SqliteSelect,
             None,

@@ -312,13 +312,18 @@ impl RawMy {
 }
 
 /// SQLite: the lease upsert and release on one connection to the database
-/// file, opened as lockkit opens it (WAL, `synchronous = NORMAL`).
+/// file, opened as lockkit opens it (WAL, `synchronous = NORMAL`), and the
+/// release's wake-up of other processes' waiters: one byte written to a file
+/// of the bells' directory beside the database, which they watch (as the
+/// PostgreSQL floor's release sends its `NOTIFY`).
 #[derive(Debug)]
 pub struct RawSqlite {
     conn: Mutex<SqliteConnection>,
     /// lockkit's own lease statements, sent by hand.
     lease: LeaseStatements,
     owners: Owners,
+    /// The floor's bell, in `<database>-lockkit-bells/`.
+    bell: std::fs::File,
 }
 
 impl RawSqlite {
@@ -335,10 +340,20 @@ impl RawSqlite {
             .connect()
             .await
             .expect("an SQLite connection");
+        let mut bells = path.as_os_str().to_owned();
+        bells.push("-lockkit-bells");
+        std::fs::create_dir_all(&bells).expect("the bells' directory");
+        let bell = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(std::path::Path::new(&bells).join("raw-floor"))
+            .expect("the raw floor's bell");
         RawSqlite {
             conn: Mutex::new(conn),
             lease: lease_statements(Database::Sqlite),
             owners: Owners::default(),
+            bell,
         }
     }
 
@@ -365,5 +380,6 @@ impl RawSqlite {
             .await
             .expect("lease release");
         assert_eq!(released.rows_affected(), 1, "raw lease: release missed");
+        std::os::unix::fs::FileExt::write_at(&self.bell, &[1], 0).expect("ring the bell");
     }
 }
