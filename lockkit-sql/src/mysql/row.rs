@@ -253,7 +253,7 @@ mod tests {
     fn every_placeholder_of_a_batched_statement_is_the_name() {
         for source in [FenceSource::Sequence, FenceSource::Counter] {
             let sql = MySql::new("lockkit_locks", source);
-            let mut texts = vec![sql.make_row.text.to_string(), sql.row_delete.to_string()];
+            let mut texts = vec![sql.make_row.text.to_string()];
             for shared in [false, true] {
                 for intent in [Intent::Wait, Intent::Try] {
                     texts.push(sql.row.form(shared, intent).to_string());
