@@ -356,9 +356,9 @@ const VANISHED_LIMIT: usize = 64;
 /// Ends a `row` mode holding of the row `name`: `ROLLBACK`, which hands
 /// the lock to the next waiter at once, then the row's clean-up (see
 /// [`RowLocking::delete_if_free`]). A failed clean-up leaves the row, which
-/// serves the name's next holder. The two go in two messages: sent in one,
-/// the clean-up runs on the server while the waiter that the `ROLLBACK`
-/// woke has yet to answer, and on a small machine slows that handoff.
+/// serves the name's next holder. The two go in two messages: in one, the
+/// SQL bench's handoff to the waiter that the `ROLLBACK` woke was much
+/// slower than the server's own.
 async fn unlock_row<R: RowLocking>(
     locking: &R,
     conn: &mut R::Conn,
