@@ -32,6 +32,16 @@ struct Batch {
     error: Option<sqlx::Error>,
 }
 
+impl Batch {
+    /// The first row's value, or the error that stopped the statements.
+    fn answer(self) -> sqlx::Result<Option<i64>> {
+        match self.error {
+            Some(error) => Err(error),
+            None => Ok(self.first),
+        }
+    }
+}
+
 /// Sends `sql`, statements separated by `;` with nothing to bind, in one
 /// message on `conn`; the server runs them in order and stops at the first
 /// error.
@@ -98,9 +108,13 @@ impl RowLocking for MySqlSession {
     }
 
     /// One round trip: the row's upsert, `BEGIN` and the locking `SELECT`.
-    /// An upsert that found the row held (or deadlocked) stops the message
-    /// before `BEGIN`: a second one sends `BEGIN` and the `SELECT`, which
-    /// waits for the holder.
+    /// The upsert's duplicate check would wait for a holder's row lock: on
+    /// MariaDB it gives up at once (a row held is a row that exists), on
+    /// MySQL the insert comes from a `SELECT` that finds no row, a plain
+    /// read on the lock's connection (which reads committed rows and takes
+    /// no gap locks); see `MySql::make_row`. An upsert that found the row
+    /// held (or deadlocked) stops the message before `BEGIN`: a second one
+    /// sends `BEGIN` and the `SELECT`, which waits for the holder.
     fn begin_and_select<'c>(
         &'c self,
         conn: &'c mut MyConn,
@@ -111,43 +125,16 @@ impl RowLocking for MySqlSession {
         Box::pin(async move {
             let literal = hex_literal(name);
             let select = with_name(self.locking().form(shared, intent), &literal);
-            let make = with_name(&self.sql.make_row.text, &literal);
+            let make = with_name(&self.sql.make_row, &literal);
             let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
-            let again = match first.error {
-                None => return Ok(first.first),
+            match &first.error {
                 // The upsert's: no transaction began.
-                Some(error) if first.done == 0 => {
-                    if !(is_lock_busy(&error) || is_deadlock(&error)) {
-                        return Err(error);
-                    }
-                    batch(&mut conn.conn, format!("BEGIN; {select}")).await
+                Some(error) if first.done == 0 && (is_lock_busy(error) || is_deadlock(error)) => {
+                    batch(&mut conn.conn, format!("BEGIN; {select}"))
+                        .await
+                        .answer()
                 }
-                // The `SELECT`'s, in the transaction.
-                Some(error) => return Err(error),
-            };
-            match again.error {
-                None => Ok(again.first),
-                Some(error) => Err(error),
-            }
-        })
-    }
-
-    /// An upsert's duplicate check would wait for a holder's row lock: on
-    /// MariaDB it gives up at once (a row held is a row that exists), on
-    /// MySQL the insert comes from a `SELECT` that finds no row, a plain
-    /// read on the lock's connection (which reads committed rows and takes
-    /// no gap locks). See `MySql::make_row`.
-    fn make_missing_row<'c>(&'c self, conn: &'c mut MyConn, name: &'c str) -> Answer<'c, ()> {
-        let make = &self.sql.make_row;
-        let names = vec![Bytes(name.as_bytes()); make.binds];
-        Box::pin(async move {
-            match sqlx::query(trusted(&make.text))
-                .bind_all(&names)
-                .execute(&mut conn.conn)
-                .await
-            {
-                Err(error) if is_lock_busy(&error) => Ok(()),
-                made => made.map(drop),
+                _ => first.answer(),
             }
         })
     }
@@ -253,7 +240,7 @@ mod tests {
     fn every_placeholder_of_a_batched_statement_is_the_name() {
         for source in [FenceSource::Sequence, FenceSource::Counter] {
             let sql = MySql::new("lockkit_locks", source);
-            let mut texts = vec![sql.make_row.text.to_string()];
+            let mut texts = vec![sql.make_row.to_string()];
             for shared in [false, true] {
                 for intent in [Intent::Wait, Intent::Try] {
                     texts.push(sql.row.form(shared, intent).to_string());

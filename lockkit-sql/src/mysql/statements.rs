@@ -89,13 +89,6 @@ pub(super) fn is_mariadb(version: &str) -> bool {
 /// This session's connection id, as a signed integer.
 pub(super) const CONNECTION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
 
-/// A statement that binds the lock's name, `binds` times.
-#[derive(Debug)]
-pub(super) struct NameSql {
-    pub(super) text: Arc<str>,
-    pub(super) binds: usize,
-}
-
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
 pub(super) struct MySql {
@@ -104,7 +97,7 @@ pub(super) struct MySql {
     /// The row of a name inserted where it is missing, without waiting for
     /// a holder's row lock (under `READ COMMITTED`): on MariaDB it fails at
     /// once with a lock wait timeout (1205) when the row is held.
-    pub(super) make_row: NameSql,
+    pub(super) make_row: Arc<str>,
     /// `row` mode's lock, with its token.
     pub(super) row: LockingSql,
     pub(super) row_free: Arc<str>,
@@ -348,30 +341,24 @@ impl MySql {
                 // the server runs it faster than the insert from a
                 // `SELECT` of the same table below (a row-mode cycle about
                 // a fifth faster, see docs/reports/sql.md).
-                FenceSource::Sequence => NameSql {
-                    text: format!(
-                        "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-                         INSERT INTO {table} (name, owner, fence, expires_at) \
-                         VALUES (?, NULL, 0, '1000-01-01 00:00:00') \
-                         ON DUPLICATE KEY UPDATE name = name"
-                    )
-                    .into(),
-                    binds: 1,
-                },
+                FenceSource::Sequence => format!(
+                    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+                     INSERT INTO {table} (name, owner, fence, expires_at) \
+                     VALUES (?, NULL, 0, '1000-01-01 00:00:00') \
+                     ON DUPLICATE KEY UPDATE name = name"
+                )
+                .into(),
                 // MySQL's least wait is a second: the insert comes from a
                 // plain read that finds no row. Its duplicate check (of a
                 // row that appeared after the read) waits for that row's
                 // holder, as an upsert would for any.
-                FenceSource::Counter => NameSql {
-                    text: format!(
-                        "INSERT INTO {table} (name, owner, fence, expires_at) \
-                         SELECT ?, NULL, 0, '1000-01-01 00:00:00' FROM DUAL \
-                         WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?) \
-                         ON DUPLICATE KEY UPDATE name = {table}.name"
-                    )
-                    .into(),
-                    binds: 2,
-                },
+                FenceSource::Counter => format!(
+                    "INSERT INTO {table} (name, owner, fence, expires_at) \
+                     SELECT ?, NULL, 0, '1000-01-01 00:00:00' FROM DUAL \
+                     WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?) \
+                     ON DUPLICATE KEY UPDATE name = {table}.name"
+                )
+                .into(),
             },
             // MariaDB spells the share lock `LOCK IN SHARE MODE` (with
             // NOWAIT); MySQL 8, whose tokens come from the counter, `FOR SHARE`.

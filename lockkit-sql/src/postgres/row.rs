@@ -4,13 +4,15 @@ use std::sync::Arc;
 
 use futures_util::TryFutureExt as _;
 use lockkit_core::Capabilities;
+use lockkit_core::backend::Intent;
 use sqlx::Postgres;
 
 use super::session::{PgConn, PgSession};
 use super::statements::gate_halves;
+use crate::error::is_deadlock;
 use crate::session::{LockingSql, RowLocking, ServerWait};
 use crate::settings::PG_ROW_CAPABILITIES;
-use crate::statement::{Answer, Bind as _, Value, Value::Int, Value::Text, trusted};
+use crate::statement::{Answer, Bind as _, Runs as _, Value, Value::Int, Value::Text, trusted};
 
 impl RowLocking for PgSession {
     type Db = Postgres;
@@ -39,10 +41,30 @@ impl RowLocking for PgSession {
         vec![Text(name), Int(high.into()), Int(low.into())]
     }
 
-    /// `ON CONFLICT DO NOTHING` never waits for a holder's row lock.
-    fn make_missing_row<'c>(&'c self, conn: &'c mut PgConn, name: &'c str) -> Answer<'c, ()> {
-        let query = sqlx::query(trusted(&self.sql.make_row)).bind_all(&[Text(name)]);
-        Box::pin(query.execute(&mut conn.conn).map_ok(drop))
+    /// One statement after the other, as a hand-written cycle sends them;
+    /// the upsert's `ON CONFLICT DO NOTHING` never waits for a holder's row
+    /// lock. A deadlock of the upsert is left to the locking `SELECT`, which
+    /// finds the row missing and makes it again.
+    fn begin_and_select<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        name: &'c str,
+        intent: Intent,
+        shared: bool,
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(async move {
+            let made = sqlx::query(trusted(&self.sql.make_row))
+                .bind_all(&[Text(name)])
+                .execute(&mut conn.conn)
+                .await;
+            match made {
+                Err(error) if !is_deadlock(&error) => return Err(error),
+                _ => {}
+            }
+            sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
+            let sql = self.locking().form(shared, intent);
+            Postgres::number(&mut conn.conn, (sql, &Self::row_values(name))).await
+        })
     }
 
     fn select_free<'c>(

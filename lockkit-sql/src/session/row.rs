@@ -48,26 +48,6 @@ pub(crate) trait RowLocking: SessionDb {
     /// [`delete_sql`](Self::delete_sql).
     fn row_values(name: &str) -> Vec<Value<'_>>;
 
-    /// The locking `SELECT` of `name`'s row ([`locking`](Self::locking)):
-    /// `Some(token)` once granted, `None` when the row does not exist.
-    fn select<'c>(
-        &'c self,
-        conn: &'c mut Self::Conn,
-        name: &'c str,
-        intent: Intent,
-        shared: bool,
-    ) -> Answer<'c, Option<i64>> {
-        let sql = self.locking().form(shared, intent);
-        Self::Db::number(Self::connection(conn), (sql, &Self::row_values(name)))
-    }
-
-    /// Makes `name`'s row if it is missing, in one autocommitted statement
-    /// on the lock's own connection that never waits for a lock a holder
-    /// keeps on the row; run just before a lock begins its transaction
-    /// (and again after the locking `SELECT` found the row gone), since a
-    /// released name's row is deleted by its holder.
-    fn make_missing_row<'c>(&'c self, conn: &'c mut Self::Conn, name: &'c str) -> Answer<'c, ()>;
-
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is
     /// locked.
@@ -94,28 +74,21 @@ pub(crate) trait RowLocking: SessionDb {
         Box::pin(delete.map_ok(drop))
     }
 
-    /// A try of [`lock_row`]: the row made where it is missing, `BEGIN`,
-    /// and the locking `SELECT`, as [`begin_with_row`] and
-    /// [`select`](Self::select) send them, one statement after the other. A
-    /// database that takes several statements in one message sends them in
-    /// one round trip instead. After an error the caller rolls back (outside
-    /// a transaction, a `ROLLBACK` does nothing).
+    /// A try of [`lock_row`]: `name`'s row made if it is missing, in an
+    /// autocommitted statement on the lock's own connection that never
+    /// waits for a lock a holder keeps on the row (a released name's row is
+    /// deleted by its holder, so it is made before every try, and again
+    /// after the locking `SELECT` found it gone), then `BEGIN`, then the
+    /// locking `SELECT` ([`locking`](Self::locking)): `Some(token)` once
+    /// granted, `None` when the row does not exist. After an error the
+    /// caller rolls back (outside a transaction, a `ROLLBACK` does nothing).
     fn begin_and_select<'c>(
         &'c self,
         conn: &'c mut Self::Conn,
         name: &'c str,
         intent: Intent,
         shared: bool,
-    ) -> Answer<'c, Option<i64>>
-    where
-        Self: Sized,
-        for<'e> &'e mut <Self::Db as Database>::Connection: Executor<'e, Database = Self::Db>,
-    {
-        Box::pin(async move {
-            begin_with_row(self, conn, name).await?;
-            self.select(conn, name, intent, shared).await
-        })
-    }
+    ) -> Answer<'c, Option<i64>>;
 
     /// What a grant still needs (a token drawn elsewhere): the fencing
     /// token. By default the one the `SELECT` drew.
@@ -328,26 +301,6 @@ where
     Err(sqlx::Error::Protocol(format!(
         "the row of lock {name:?} vanished (or its lock deadlocked) {VANISHED_LIMIT} times in a row while being locked"
     )))
-}
-
-/// The row of `name` made where it is missing (see
-/// [`RowLocking::make_missing_row`]), then `BEGIN`, both on the lock's
-/// connection: the cycle of a free name sends what a hand-written one
-/// would, on one connection. A deadlock of the insert is left to the
-/// locking `SELECT`, which finds the row missing and makes it again.
-async fn begin_with_row<R: RowLocking>(
-    locking: &R,
-    conn: &mut R::Conn,
-    name: &str,
-) -> sqlx::Result<()>
-where
-    for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
-{
-    match locking.make_missing_row(conn, name).await {
-        Err(error) if !is_deadlock(&error) => return Err(error),
-        _ => {}
-    }
-    run::<R>(conn, "BEGIN").await
 }
 
 /// How often in a row [`lock_row`] makes a vanished row again.
