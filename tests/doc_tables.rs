@@ -22,10 +22,18 @@ fn the_guides_capability_table_is_current() {
             lockkit::redis::REDIS_FAIR_CAPABILITIES,
         ),
         (
+            "redis, `barging=true`",
+            lockkit::redis::REDIS_BARGING_CAPABILITIES,
+        ),
+        (
             "redis cluster, sentinel (without `wait_replicas`)",
             lockkit::redis::REDIS_REPLICATED_CAPABILITIES,
         ),
         ("redlock", lockkit::redlock::REDLOCK_CAPABILITIES),
+        (
+            "redlock, `barging=true`",
+            lockkit::redlock::REDLOCK_BARGING_CAPABILITIES,
+        ),
         ("zookeeper", lockkit::zk::ZK_CAPABILITIES),
         ("etcd", lockkit::etcd::ETCD_CAPABILITIES),
         ("postgres lease", sql(Mode::Lease, Database::Postgres)),

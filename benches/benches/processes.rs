@@ -29,7 +29,9 @@
 //! (multi-thread), to show whether the work per handoff grows with the
 //! number of waiters, and on Redlock with three instances lockkit and
 //! rslock run once more with one instance held by a client that died
-//! (multi-thread). On Redis and Redlock `rslock` 0.10 runs the same work in
+//! (multi-thread). On Redis and Redlock lockkit also runs as a barging lock
+//! (`barging=true`, on Redis also without fencing tokens), whose waiters ask
+//! on the backoff, in no line. On Redis and Redlock `rslock` 0.10 runs the same work in
 //! as many processes, and `distributed-lock` 0.2 on PostgreSQL (advisory)
 //! and MariaDB (`GET_LOCK`), one after the other on the same servers. On
 //! Redis a ring of processes without a lock, each publishing to the next
@@ -116,7 +118,7 @@ fn main() {
 /// `processes`; lockkit's default mode on the multi-thread runtime also with
 /// a quarter of them (whether the server's work per handoff grows with the
 /// waiters). The fair mode and the dead instance run on the multi-thread
-/// runtime only. A test-mode run: lockkit alone, once per backend, and on
+/// runtime only; the barging mode on both, as the peers. A test-mode run: lockkit alone, once per backend, and on
 /// Redis also on the current-thread runtime and the handoff ring.
 fn counts(
     backend: Deployment,
@@ -134,7 +136,8 @@ fn counts(
         RunMode::Test if library.0 == Entrant::Ring && multi => vec![processes],
         RunMode::Test => vec![],
         _ if library == lockkit && multi => vec![processes / 4, processes],
-        _ if !multi && (library.1 != NONE || library.2 != Start::Clean) => vec![],
+        // Barging is judged against the peers on both runtimes.
+        _ if !multi && (library.1 == FAIR || library.2 != Start::Clean) => vec![],
         _ => vec![processes],
     }
 }
@@ -226,6 +229,10 @@ fn share(straight_back: Option<f64>) -> String {
 type Params = &'static [(&'static str, &'static str)];
 const NONE: Params = &[];
 const FAIR: Params = &[("fair", "true")];
+const BARGING: Params = &[("barging", "true")];
+/// Barging without fencing tokens, as `rslock` grants them (Redis only;
+/// Redlock draws none).
+const BARGING_UNFENCED: Params = &[("barging", "true"), ("fencing", "false")];
 
 /// What the lock servers hold of the run's lock when a run starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,8 +259,9 @@ impl Start {
 type Library = (Entrant, Params, Start);
 
 /// Which libraries run on `backend`: lockkit everywhere (on Redis also as a
-/// fair lock), the peers where they have a lock of that kind; on Redlock
-/// with three instances, both once more with one instance held by a dead
+/// fair lock; on Redis and Redlock also as a barging one), the peers where
+/// they have a lock of that kind; on Redlock with three instances, lockkit
+/// (both modes) and rslock once more with one instance held by a dead
 /// client; on Redis the handoff ring, the floor of a handoff.
 fn libraries(backend: Deployment) -> Vec<Library> {
     use Deployment::*;
@@ -263,15 +271,22 @@ fn libraries(backend: Deployment) -> Vec<Library> {
     match backend {
         Redis => libraries.extend([
             (lockkit, FAIR, Start::Clean),
+            (lockkit, BARGING, Start::Clean),
+            (lockkit, BARGING_UNFENCED, Start::Clean),
             (rslock, NONE, Start::Clean),
             (Entrant::Ring, NONE, Start::Clean),
         ]),
         Redlock3 => libraries.extend([
+            (lockkit, BARGING, Start::Clean),
             (rslock, NONE, Start::Clean),
             (lockkit, NONE, Start::DeadInstance),
+            (lockkit, BARGING, Start::DeadInstance),
             (rslock, NONE, Start::DeadInstance),
         ]),
-        Redlock5 => libraries.push((rslock, NONE, Start::Clean)),
+        Redlock5 => libraries.extend([
+            (lockkit, BARGING, Start::Clean),
+            (rslock, NONE, Start::Clean),
+        ]),
         PgAdvisory | MariaDbNamed => {
             libraries.push((Entrant::Client(Client::DistributedLock), NONE, Start::Clean));
         }
@@ -794,7 +809,7 @@ fn find(
 /// at most a quarter of the grants straight back, server commands per
 /// handoff that do not grow with the waiters (where they must not), and
 /// at least the throughput of every peer that ran on the same backend and
-/// runtime.
+/// runtime; the last also for the barging mode, where it ran.
 fn targets(rows: &[Row], processes: usize) -> String {
     let lockkit = |start: Start| (Entrant::Client(Client::Lockkit), NONE, start);
     let mut out = format!(
@@ -802,7 +817,8 @@ fn targets(rows: &[Row], processes: usize) -> String {
          Straight back: at most {:.0} % of the grants at {processes} processes. \
          Commands per handoff (Redis, Redlock, etcd and the SQL lease modes, multi-thread runtime): with {processes} processes \
          at most {COMMANDS_GROWTH_MAX} × the figure with {} (four times the waiters). \
-         Throughput: at least that of every peer that ran on the same backend and runtime, with as many processes.\n\n\
+         Throughput: at least that of every peer that ran on the same backend and runtime, with as many processes; \
+         also judged for lockkit's barging mode (`barging=true`: waiters ask on the backoff, in no line), where it ran, whose straight-back share is not held to the default mode's bound.\n\n\
          | backend | runtime | target | lockkit | yardstick | verdict |\n\
          | --- | --- | --- | --- | --- | --- |\n",
         STRAIGHT_BACK_MAX * 100.0,
@@ -853,15 +869,28 @@ fn targets(rows: &[Row], processes: usize) -> String {
                 row.processes,
             )
         {
-            let _ = writeln!(
-                out,
-                "| {label}{} | {runtime} | throughput | {:.0}/s | {:.0}/s ({}) | {} |",
-                start.label(),
-                ours.per_second,
-                row.per_second,
-                peer.library(),
-                verdict(ours.per_second >= row.per_second),
-            );
+            let mut judged = vec![("throughput", ours)];
+            for (mode, params) in [
+                ("throughput, `barging=true`", BARGING),
+                ("throughput, `barging=true&fencing=false`", BARGING_UNFENCED),
+            ] {
+                let barging = (Entrant::Client(Client::Lockkit), params, start);
+                if let Some(barging) = find(rows, row.backend, barging, row.flavour, row.processes)
+                {
+                    judged.push((mode, barging));
+                }
+            }
+            for (target, ours) in judged {
+                let _ = writeln!(
+                    out,
+                    "| {label}{} | {runtime} | {target} | {:.0}/s | {:.0}/s ({}) | {} |",
+                    start.label(),
+                    ours.per_second,
+                    row.per_second,
+                    peer.library(),
+                    verdict(ours.per_second >= row.per_second),
+                );
+            }
         }
     }
     out

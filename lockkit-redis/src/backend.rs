@@ -35,6 +35,11 @@ pub const REDIS_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash::T
 /// served in order.
 pub const REDIS_FAIR_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_fifo(true);
 
+/// What a barging Redis lock guarantees on one server (`barging=true`, see
+/// [`RedisLockBuilder::barging`](crate::RedisLockBuilder::barging)): its
+/// writers ask on the backoff, not notified.
+pub const REDIS_BARGING_CAPABILITIES: Capabilities = REDIS_CAPABILITIES.with_notified_wait(false);
+
 /// What the Redis backend guarantees in Redis Cluster and Sentinel mode
 /// without `wait_replicas`, and wherever fencing is turned off: no fencing
 /// (see [`RedisBackend::fences`]).
@@ -49,6 +54,9 @@ pub struct RedisBackend {
     waiter: Option<Arc<str>>,
     /// Whether grants draw fencing tokens where the deployment can.
     fencing: bool,
+    /// Whether waiters of exclusive locks ask on the backoff, out of any
+    /// line and deaf to releases (see [`barging`](Self::barging)).
+    barging: bool,
 }
 
 impl RedisBackend {
@@ -59,6 +67,7 @@ impl RedisBackend {
             prefix: prefix.into(),
             waiter: None,
             fencing: true,
+            barging: false,
         }
     }
 
@@ -80,6 +89,24 @@ impl RedisBackend {
     /// Whether waiters are served in order.
     pub fn is_fair(&self) -> bool {
         self.waiter.is_some()
+    }
+
+    /// The same backend, whose waiters of exclusive locks hear no releases
+    /// and ask again on the backoff (see
+    /// [`RedisLockBuilder::barging`](crate::RedisLockBuilder::barging)).
+    /// Its instance should keep no lines
+    /// ([`RedisConfig::without_line`](crate::RedisConfig::without_line)),
+    /// as the builder's does; one that keeps them queues its waiters
+    /// without waking them for their turn. Not with [`fair`](Self::fair).
+    pub fn barging(mut self) -> Self {
+        self.barging = true;
+        self.waiter = None;
+        self
+    }
+
+    /// Whether waiters of exclusive locks ask on the backoff alone.
+    pub fn is_barging(&self) -> bool {
+        self.barging
     }
 
     /// The server connection.
@@ -147,7 +174,11 @@ impl LeaseBackend for RedisBackend {
         } else {
             REDIS_REPLICATED_CAPABILITIES
         };
+        // A barging lock's writers ask on the backoff (its readers and
+        // permits are still notified, but a capability speaks for all; see
+        // `REDIS_BARGING_CAPABILITIES`).
         caps.with_fifo(self.is_fair())
+            .with_notified_wait(!self.barging)
     }
 
     async fn try_lock(
@@ -252,10 +283,14 @@ impl LeaseBackend for RedisBackend {
     /// name: the holder's (or the latest reader's), unless the key was set
     /// by a client that draws none (redis-py, redsync). The waiters are
     /// counted one per waiting client (its tasks wait behind one place);
-    /// for a semaphore, not at all. A lock reserved for the next waiter is
-    /// free.
+    /// for a semaphore, and by a barging client (whose waiters are in no
+    /// line), not at all. A lock reserved for the next waiter is free.
     async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
-        let holdings = self.instance.holdings_of(key).await?;
+        let mut holdings = self.instance.holdings_of(key).await?;
+        if self.barging && matches!(key, RedisKey::Exclusive(_)) {
+            // Barging waiters are in no line: the line's count misses them.
+            holdings.waiters = None;
+        }
         if holdings.count == 0 {
             return Ok(LockStatus::free().with_waiters(holdings.waiters));
         }
@@ -272,11 +307,18 @@ impl LeaseBackend for RedisBackend {
             ))
     }
 
+    /// A barging lock's writers hear nothing: they ask on the backoff.
     async fn watch(&self, key: &RedisKey) -> Result<ReleaseWatch> {
+        if self.barging && matches!(key, RedisKey::Exclusive(_)) {
+            return Ok(ReleaseWatch::none());
+        }
         Ok(self.instance.watch_holding(key).await)
     }
 
     fn live_watch(&self, key: &RedisKey) -> Option<ReleaseWatch> {
+        if self.barging && matches!(key, RedisKey::Exclusive(_)) {
+            return Some(ReleaseWatch::none());
+        }
         self.instance.live_watch_of(key)
     }
 }

@@ -36,6 +36,7 @@ const MAX_TURN: Duration = Duration::from_secs(60);
 /// | --- | --- | --- |
 /// | `prefix` | key prefix; empty for plain keys that other libraries share | `lockkit:` |
 /// | `fair` | `true`: waiters of an exclusive lock are served in order across clients ([`fair`](RedisLockBuilder::fair)) | `false` |
+/// | `barging` | `true`: waiters of an exclusive lock ask again on the backoff, in no line, and a client that releases may take the lock straight back ([`barging`](RedisLockBuilder::barging)) | `false` |
 /// | `fencing` | `false`: grants carry no fencing token, and an acquire spares the write that draws one ([`fencing`](RedisLockBuilder::fencing)) | `true` (where the deployment can fence) |
 /// | `connect_timeout` | e.g. `500ms`, `2s` | 2 s |
 /// | `command_timeout` | per command | 1 s |
@@ -80,6 +81,7 @@ pub struct RedisLockBuilder {
     config: RedisConfig,
     prefix: String,
     fair: bool,
+    barging: bool,
     fencing: bool,
 }
 
@@ -92,6 +94,7 @@ impl RedisLockBuilder {
             config,
             prefix: lock.prefix,
             fair: lock.fair,
+            barging: lock.barging,
             fencing: lock.fencing,
         })
     }
@@ -119,6 +122,27 @@ impl RedisLockBuilder {
     /// the lock whenever it is free.
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = fair;
+        self
+    }
+
+    /// Lets the lock go to whoever asks first (default false; `barging=true`
+    /// in the URL): this client's waiters of an exclusive lock take no
+    /// place in the name's waiting line and hear no releases; they ask
+    /// again on the backoff of their [`LockOptions`](lockkit_core::LockOptions)
+    /// (never past the holder's expiry), and take the lock whenever they
+    /// find it free. Under many clients contending for one name, a client
+    /// that releases and asks again at once then mostly takes the lock
+    /// straight back, without a handoff between processes: the most
+    /// critical sections per second (what `rslock` and most lock
+    /// libraries do), at the price of order: a waiter may wait as long as
+    /// others keep finding the lock free first, and a handoff to a waiting
+    /// client takes up to its backoff. Readers, semaphores and the other
+    /// clients of the name are unchanged: a barging client's release still
+    /// hands the lock to the first client in line, if a client that is not
+    /// barging waits there. Excludes [`fair`](Self::fair): connecting
+    /// with both fails with `LockError::InvalidOptions`.
+    pub fn barging(mut self, barging: bool) -> Self {
+        self.barging = barging;
         self
     }
 
@@ -240,12 +264,41 @@ impl RedisLockBuilder {
                 "turn: {turn:?} is not between 1 ms and {MAX_TURN:?}"
             )));
         }
-        let instance = RedisInstance::connect(self.config).await?;
-        let backend = RedisBackend::new(instance, self.prefix).fencing(self.fencing);
-        Ok(LeaseLock::new(if self.fair {
-            backend.fair()
+        if self.fair && self.barging {
+            return Err(lockkit_core::LockError::invalid_options(
+                "fair and barging exclude each other: a fair lock's waiters keep their order, a barging lock's keep none",
+            ));
+        }
+        let config = if self.barging {
+            self.config.without_line()
         } else {
-            backend
+            self.config
+        };
+        let instance = RedisInstance::connect(config).await?;
+        let backend = RedisBackend::new(instance, self.prefix).fencing(self.fencing);
+        Ok(LeaseLock::new(match (self.fair, self.barging) {
+            (true, _) => backend.fair(),
+            (_, true) => backend.barging(),
+            _ => backend,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fair_and_barging_are_refused_before_connecting() {
+        let builder = RedisLockBuilder::from_url("redis://127.0.0.1:1")
+            .unwrap()
+            .fair(true)
+            .barging(true);
+        let err = builder.connect().await.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err, lockkit_core::LockError::InvalidOptions { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("exclude each other"), "{err}");
     }
 }

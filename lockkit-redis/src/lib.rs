@@ -20,8 +20,8 @@ mod turns;
 mod url;
 
 pub use backend::{
-    REDIS_CAPABILITIES, REDIS_FAIR_CAPABILITIES, REDIS_REPLICATED_CAPABILITIES, RedisBackend,
-    RedisLock,
+    REDIS_BARGING_CAPABILITIES, REDIS_CAPABILITIES, REDIS_FAIR_CAPABILITIES,
+    REDIS_REPLICATED_CAPABILITIES, RedisBackend, RedisLock,
 };
 pub use config::RedisLockBuilder;
 pub use holding::{Holder, Holdings, RedisKey};

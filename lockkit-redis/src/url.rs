@@ -32,10 +32,11 @@ impl RedisConfig {
                 "prefix is an option of the lock, not of the connection",
             ));
         }
-        if lock.fair {
+        if lock.fair || lock.barging {
+            let what = if lock.fair { "fair" } else { "barging" };
             return Err(LockError::invalid_url(
                 url,
-                "fair is an option of the lock, not of the connection",
+                format!("{what} is an option of the lock, not of the connection"),
             ));
         }
         if !lock.fencing {
@@ -62,6 +63,8 @@ pub(crate) struct LockParams {
     pub(crate) prefix: String,
     /// Whether waiters are served in order (`fair=true`).
     pub(crate) fair: bool,
+    /// Whether waiters ask on the backoff, out of any line (`barging=true`).
+    pub(crate) barging: bool,
     /// Whether grants draw fencing tokens where the deployment can
     /// (`fencing=false` turns it off).
     pub(crate) fencing: bool,
@@ -71,6 +74,7 @@ pub(crate) struct LockParams {
 struct Params {
     prefix: String,
     fair: bool,
+    barging: bool,
     fencing: bool,
     connect_timeout: Duration,
     command_timeout: Duration,
@@ -92,6 +96,7 @@ impl Params {
         let mut params = Params {
             prefix: DEFAULT_PREFIX.to_owned(),
             fair: false,
+            barging: false,
             fencing: true,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
@@ -107,6 +112,7 @@ impl Params {
             match &*key {
                 "prefix" => params.prefix = value.into_owned(),
                 "fair" => params.fair = bool_param(&key, &value).map_err(bad)?,
+                "barging" => params.barging = bool_param(&key, &value).map_err(bad)?,
                 "fencing" => params.fencing = bool_param(&key, &value).map_err(bad)?,
                 "connect_timeout" => {
                     params.connect_timeout = timeout_param(&key, &value).map_err(bad)?
@@ -156,18 +162,23 @@ impl Params {
                 other => {
                     let known = match form {
                         Form::Single => {
-                            "prefix, fair, fencing, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout, direct"
+                            "prefix, fair, barging, fencing, connect_timeout, command_timeout, ca_file, protocol, wait_replicas, wait_timeout, direct"
                         }
                         Form::Cluster => {
-                            "prefix, fair, fencing, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sharded_pubsub"
+                            "prefix, fair, barging, fencing, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sharded_pubsub"
                         }
                         Form::Sentinel => {
-                            "prefix, fair, fencing, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
+                            "prefix, fair, barging, fencing, connect_timeout, command_timeout, protocol, wait_replicas, wait_timeout, sentinel_password"
                         }
                     };
                     return Err(bad(format!("unknown parameter {other:?} (known: {known})")));
                 }
             }
+        }
+        if params.fair && params.barging {
+            return Err(bad(
+                "fair=true and barging=true exclude each other: a fair lock's waiters keep their order, a barging lock's keep none".into(),
+            ));
         }
         if params.wait_timeout.is_some() && params.wait_replicas.is_none() {
             return Err(bad("wait_timeout needs wait_replicas".into()));
@@ -179,6 +190,7 @@ impl Params {
         LockParams {
             prefix: self.prefix.clone(),
             fair: self.fair,
+            barging: self.barging,
             fencing: self.fencing,
         }
     }
@@ -416,6 +428,16 @@ mod tests {
         assert!(!parse_url("redis://h?fair=false").unwrap().1.fair);
         let err = parse_url("redis://h?fair=maybe").unwrap_err().to_string();
         assert!(err.contains("must be true or false"), "{err}");
+        assert!(parse_url("redis://h?barging=true").unwrap().1.barging);
+        assert!(!parse_url("redis://h").unwrap().1.barging);
+        let err = parse_url("redis://h?fair=true&barging=true")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exclude each other"), "{err}");
+        let err = RedisConfig::from_url("redis://h?barging=true")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("barging is an option of the lock"), "{err}");
         assert!(parse_url("redis://h").unwrap().1.fencing);
         assert!(!parse_url("redis://h?fencing=false").unwrap().1.fencing);
         assert!(

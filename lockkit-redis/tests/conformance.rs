@@ -1,5 +1,6 @@
 //! The conformance suite against a real redis-server started by the testkit:
-//! `plain` locks, and `fair` ones (`fair=true`: waiters served in order).
+//! `plain` locks, `fair` ones (`fair=true`: waiters served in order), and
+//! `barging` ones (`barging=true`: waiters ask on the backoff, in no line).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,23 +12,24 @@ use lockkit_testkit::{DisposableServer, RedisServer};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-fn client_url(server: &RedisServer, fair: bool) -> String {
+/// `mode`: the lock's URL parameter (`fair=…` or `barging=…`).
+fn client_url(server: &RedisServer, mode: &str) -> String {
     format!(
-        "{}?connect_timeout=500ms&command_timeout=500ms&fair={fair}",
+        "{}?connect_timeout=500ms&command_timeout=500ms&{mode}",
         server.url()
     )
 }
 
 struct RedisHarness {
     server: RedisServer,
-    fair: bool,
+    mode: &'static str,
 }
 
 impl RedisHarness {
-    async fn start(fair: bool) -> Self {
+    async fn start(mode: &'static str) -> Self {
         RedisHarness {
             server: RedisServer::start().await,
-            fair,
+            mode,
         }
     }
 }
@@ -36,7 +38,7 @@ impl RedisHarness {
 impl Harness for RedisHarness {
     async fn client(&self) -> Arc<dyn DistributedLock> {
         Arc::new(
-            lockkit_redis::connect(&client_url(&self.server, self.fair))
+            lockkit_redis::connect(&client_url(&self.server, self.mode))
                 .await
                 .expect("connect"),
         )
@@ -50,7 +52,7 @@ impl Harness for RedisHarness {
 
     async fn disposable(&self) -> Box<dyn Disposable> {
         let server = RedisServer::builder().shiftable_clock(true).start().await;
-        let url = client_url(&server, self.fair);
+        let url = client_url(&server, self.mode);
         Box::new(DisposableServer::new(server, url, lockkit_redis::DRIVER))
     }
 
@@ -67,9 +69,13 @@ impl Harness for RedisHarness {
 }
 
 mod plain {
-    lockkit_conformance::conformance_suite!(super::RedisHarness::start(false).await);
+    lockkit_conformance::conformance_suite!(super::RedisHarness::start("fair=false").await);
 }
 
 mod fair {
-    lockkit_conformance::conformance_suite!(super::RedisHarness::start(true).await);
+    lockkit_conformance::conformance_suite!(super::RedisHarness::start("fair=true").await);
+}
+
+mod barging {
+    lockkit_conformance::conformance_suite!(super::RedisHarness::start("barging=true").await);
 }

@@ -38,6 +38,12 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash:
     .with_semaphore(true)
     .with_holder(true);
 
+/// What a barging Redlock client guarantees (`barging=true`, see
+/// [`RedlockLockBuilder::barging`](crate::RedlockLockBuilder::barging)):
+/// its writers ask on the backoff, not notified.
+pub const REDLOCK_BARGING_CAPABILITIES: Capabilities =
+    REDLOCK_CAPABILITIES.with_notified_wait(false);
+
 /// The default upper bound of one request to one instance; the effective
 /// default is min(this, ttl / 10).
 pub const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -59,6 +65,9 @@ pub struct RedlockBackend {
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// The requests left running in the background, by instance.
     stragglers: Stragglers,
+    /// Whether waiters of exclusive locks ask on the backoff, out of any
+    /// line and deaf to releases (see [`barging`](Self::barging)).
+    barging: bool,
 }
 
 impl RedlockBackend {
@@ -77,7 +86,24 @@ impl RedlockBackend {
             instance_timeout,
             in_flight: Mutex::default(),
             stragglers,
+            barging: false,
         }
+    }
+
+    /// The same backend, whose waiters of exclusive locks hear no releases
+    /// and ask again on the backoff (see
+    /// [`RedlockLockBuilder::barging`](crate::RedlockLockBuilder::barging)).
+    /// Its instances should keep no lines
+    /// ([`RedisConfig::without_line`](lockkit_redis::RedisConfig::without_line)),
+    /// as the builder's do.
+    pub fn barging(mut self) -> Self {
+        self.barging = true;
+        self
+    }
+
+    /// Whether a waiter of `keys` asks on the backoff alone.
+    fn barges(&self, keys: &RedisKey) -> bool {
+        self.barging && matches!(keys, RedisKey::Exclusive(_))
     }
 
     /// The instances.
@@ -372,7 +398,11 @@ impl LeaseBackend for RedlockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        REDLOCK_CAPABILITIES
+        if self.barging {
+            REDLOCK_BARGING_CAPABILITIES
+        } else {
+            REDLOCK_CAPABILITIES
+        }
     }
 
     /// The keys of one server (no Redis Cluster layout), on every instance.
@@ -418,10 +448,12 @@ impl LeaseBackend for RedlockBackend {
         // reserves the lock for the same waiter (placed by the server's
         // clock, the places would follow each instance's own order of
         // arrival, and the reservations would split the votes).
-        let waiting = if intent == Intent::Wait {
-            Waiting::Since(placed.since)
-        } else {
-            Waiting::No
+        let waiting = match intent {
+            // In no line (its instances keep none), but still recorded as
+            // the waiting writer where readers keep it out.
+            Intent::Wait if self.barges(keys) => Waiting::ByArrival,
+            Intent::Wait => Waiting::Since(placed.since),
+            Intent::Try => Waiting::No,
         };
         let total = self.instances.len();
         let hold = request(keys, owner, move |instance, keys, owner| async move {
@@ -577,6 +609,8 @@ impl LeaseBackend for RedlockBackend {
         loop {
             match self.read_status(keys).await {
                 Err(LockError::Unavailable { .. }) if reads < STATUS_READS => reads += 1,
+                // Barging waiters are in no line: the lines' count misses them.
+                Ok(status) if self.barges(keys) => return Ok(status.with_waiters(None)),
                 answer => return answer,
             }
         }
@@ -590,6 +624,9 @@ impl LeaseBackend for RedlockBackend {
     /// waiter nothing.
     async fn watch(&self, placed: &Placed) -> Result<ReleaseWatch> {
         let keys = &placed.keys;
+        if self.barges(keys) {
+            return Ok(ReleaseWatch::none());
+        }
         let quorum = self.quorum_for(keys);
         let mut pending: FuturesUnordered<_> = self
             .instances
@@ -619,6 +656,9 @@ impl LeaseBackend for RedlockBackend {
     /// are live already, if they are a quorum.
     fn live_watch(&self, placed: &Placed) -> Option<ReleaseWatch> {
         let keys = &placed.keys;
+        if self.barges(keys) {
+            return Some(ReleaseWatch::none());
+        }
         let live: Vec<ReleaseWatch> = self
             .instances
             .iter()

@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lockkit_core::backend::{
-    LeaseLock, MultiHostUrl, check_timeout, host_list, redact_url, timeout_param,
+    LeaseLock, MultiHostUrl, bool_param, check_timeout, host_list, redact_url, timeout_param,
 };
 use lockkit_core::{LockError, Result};
 use lockkit_redis::{DEFAULT_PREFIX, RedisConfig, RedisInstance};
@@ -24,6 +24,7 @@ use crate::error::{BACKEND, unreachable_quorum};
 /// | parameter | meaning | default |
 /// | --- | --- | --- |
 /// | `prefix` | key prefix | `lockkit:` |
+/// | `barging` | `true`: waiters of an exclusive lock ask again on the backoff, in no line, and a client that releases may take the lock straight back ([`barging`](RedlockLockBuilder::barging)) | `false` |
 /// | `instance_timeout` | bound of each request to one instance | min(50 ms, ttl / 10) |
 /// | `connect_timeout` | per instance | 2 s |
 /// | `command_timeout` | per instance, for non-lock commands | 1 s |
@@ -43,6 +44,7 @@ pub struct RedlockLockBuilder {
     instances: Vec<RedisConfig>,
     prefix: String,
     instance_timeout: Option<Duration>,
+    barging: bool,
     redacted_url: String,
 }
 
@@ -53,6 +55,7 @@ impl fmt::Debug for RedlockLockBuilder {
             .field("instances", &self.instances.len())
             .field("prefix", &self.prefix)
             .field("instance_timeout", &self.instance_timeout)
+            .field("barging", &self.barging)
             .finish()
     }
 }
@@ -72,6 +75,7 @@ impl RedlockLockBuilder {
             instances,
             prefix: DEFAULT_PREFIX.to_owned(),
             instance_timeout: None,
+            barging: false,
             redacted_url,
         }
     }
@@ -92,6 +96,23 @@ impl RedlockLockBuilder {
     /// as a missing vote.
     pub fn instance_timeout(mut self, timeout: Duration) -> Self {
         self.instance_timeout = Some(timeout);
+        self
+    }
+
+    /// Lets the lock go to whoever asks first (default false; `barging=true`
+    /// in the URL): this client's waiters of an exclusive lock take no
+    /// place in the name's waiting line on any instance and hear no
+    /// releases; they ask again on the backoff of their
+    /// [`LockOptions`](lockkit_core::LockOptions), and take the lock
+    /// whenever a quorum finds it free. Under many clients contending for
+    /// one name, a client that releases and asks again at once then mostly
+    /// takes the lock straight back (as `rslock` does): the most critical
+    /// sections per second, at the price of order (a waiter may wait as
+    /// long as others keep finding the lock free first) and of a handoff
+    /// to a waiting client taking up to its backoff. Readers, semaphores
+    /// and the clients that do not barge are unchanged.
+    pub fn barging(mut self, barging: bool) -> Self {
+        self.barging = barging;
         self
     }
 
@@ -119,7 +140,14 @@ impl RedlockLockBuilder {
         // Each instance is tried within its connect timeout (a server still
         // starting is waited for); a quorum is enough to start, and the
         // instances not connected by then are made lazy.
-        let configs = self.instances;
+        let configs: Vec<RedisConfig> = if self.barging {
+            self.instances
+                .into_iter()
+                .map(RedisConfig::without_line)
+                .collect()
+        } else {
+            self.instances
+        };
         let mut attempts: FuturesUnordered<_> = configs
             .iter()
             .cloned()
@@ -179,11 +207,12 @@ impl RedlockLockBuilder {
                 "Redlock instance not connected when the quorum was; it connects on first use");
             instances.push(RedisInstance::connect_lazy(config)?);
         }
-        Ok(LeaseLock::new(RedlockBackend::new(
-            instances,
-            self.prefix,
-            self.instance_timeout,
-        )))
+        let backend = RedlockBackend::new(instances, self.prefix, self.instance_timeout);
+        Ok(LeaseLock::new(if self.barging {
+            backend.barging()
+        } else {
+            backend
+        }))
     }
 }
 
@@ -209,10 +238,12 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockLockBuilder> {
 
     let mut prefix = DEFAULT_PREFIX.to_owned();
     let mut instance_timeout = None;
+    let mut barging = false;
     let mut passed_on = Vec::new();
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match &*key {
             "prefix" => prefix = value.into_owned(),
+            "barging" => barging = bool_param(&key, &value).map_err(bad)?,
             "instance_timeout" => {
                 instance_timeout = Some(timeout_param(&key, &value).map_err(bad)?)
             }
@@ -222,7 +253,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockLockBuilder> {
             }
             other => {
                 return Err(bad(format!(
-                    "unknown parameter {other:?} (known: prefix, instance_timeout, connect_timeout, command_timeout)"
+                    "unknown parameter {other:?} (known: prefix, barging, instance_timeout, connect_timeout, command_timeout)"
                 )));
             }
         }
@@ -254,6 +285,7 @@ pub(crate) fn parse_url(raw: &str) -> Result<RedlockLockBuilder> {
         instances,
         prefix,
         instance_timeout,
+        barging,
         redacted_url: redact_url(raw),
     })
 }
@@ -278,6 +310,8 @@ mod tests {
                 .all(|c| c.connect_timeout() == Duration::from_millis(300))
         );
         assert!(!format!("{b:?}").contains("pw"));
+        assert!(!b.barging);
+        assert!(parse_url("redlock://a:1?barging=true").unwrap().barging);
     }
 
     #[test]
@@ -295,6 +329,7 @@ mod tests {
             "redlock://:secretpw@a:1?instance_timeout=0ms",
             "redlock://:secretpw@a:1?instance_timeout=soon",
             "redlock://:secretpw@a:1?prefx=typo",
+            "redlock://:secretpw@a:1?barging=sometimes",
             "redlock://:secretpw@a:1#frag",
         ] {
             let err = parse_url(bad).map(|_| ()).unwrap_err();

@@ -8,7 +8,10 @@ mod config;
 mod error;
 mod quorum;
 
-pub use backend::{DEFAULT_INSTANCE_TIMEOUT, REDLOCK_CAPABILITIES, RedlockBackend, RedlockLock};
+pub use backend::{
+    DEFAULT_INSTANCE_TIMEOUT, REDLOCK_BARGING_CAPABILITIES, REDLOCK_CAPABILITIES, RedlockBackend,
+    RedlockLock,
+};
 pub use config::RedlockLockBuilder;
 
 /// Connects to the instances of a `redlock://` URL; see [`RedlockLockBuilder`].

@@ -1,5 +1,6 @@
 //! The conformance suite against Redlock over 3 and over 5 real redis-server
-//! processes started by the testkit.
+//! processes started by the testkit, and over 3 with barging waiters
+//! (`barging=true`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,15 +16,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const COMPARE_AND_DELETE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
-struct Servers(Vec<RedisServer>);
+/// The instances, and the lock's URL parameters beyond the timeouts.
+struct Servers(Vec<RedisServer>, &'static str);
 
 impl Servers {
-    async fn start(n: usize) -> Self {
+    async fn start(n: usize, params: &'static str) -> Self {
         let mut servers = Vec::with_capacity(n);
         for _ in 0..n {
             servers.push(RedisServer::builder().shiftable_clock(true).start().await);
         }
-        Servers(servers)
+        Servers(servers, params)
     }
 
     fn url(&self) -> String {
@@ -36,8 +38,9 @@ impl Servers {
         // fault tests do): a debug build on a loaded CI machine is a slow
         // network, for which the docs say to raise it.
         format!(
-            "redlock://{}?connect_timeout=500ms&command_timeout=500ms&instance_timeout=250ms",
-            hosts.join(",")
+            "redlock://{}?connect_timeout=500ms&command_timeout=500ms&instance_timeout=250ms{}",
+            hosts.join(","),
+            self.1
         )
     }
 
@@ -51,9 +54,9 @@ struct RedlockHarness {
 }
 
 impl RedlockHarness {
-    async fn start(n: usize) -> Self {
+    async fn start(n: usize, params: &'static str) -> Self {
         RedlockHarness {
-            servers: Servers::start(n).await,
+            servers: Servers::start(n, params).await,
         }
     }
 }
@@ -96,7 +99,7 @@ impl Harness for RedlockHarness {
     }
 
     async fn disposable(&self) -> Box<dyn Disposable> {
-        let servers = Servers::start(self.servers.0.len()).await;
+        let servers = Servers::start(self.servers.0.len(), self.servers.1).await;
         let url = servers.url();
         Box::new(DisposableServer::new(
             servers.0,
@@ -123,10 +126,15 @@ impl Harness for RedlockHarness {
 
 mod three {
     use super::*;
-    lockkit_conformance::conformance_suite!(RedlockHarness::start(3).await);
+    lockkit_conformance::conformance_suite!(RedlockHarness::start(3, "").await);
 }
 
 mod five {
     use super::*;
-    lockkit_conformance::conformance_suite!(RedlockHarness::start(5).await);
+    lockkit_conformance::conformance_suite!(RedlockHarness::start(5, "").await);
+}
+
+mod three_barging {
+    use super::*;
+    lockkit_conformance::conformance_suite!(RedlockHarness::start(3, "&barging=true").await);
 }
