@@ -109,6 +109,11 @@ impl RedisBackend {
         self.barging
     }
 
+    /// Whether a waiter of `key` asks on the backoff alone.
+    fn barges(&self, key: &RedisKey) -> bool {
+        self.barging && matches!(key, RedisKey::Exclusive(_))
+    }
+
     /// The server connection.
     pub fn instance(&self) -> &RedisInstance {
         &self.instance
@@ -287,7 +292,7 @@ impl LeaseBackend for RedisBackend {
     /// line), not at all. A lock reserved for the next waiter is free.
     async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
         let mut holdings = self.instance.holdings_of(key).await?;
-        if self.barging && matches!(key, RedisKey::Exclusive(_)) {
+        if self.barges(key) {
             // Barging waiters are in no line: the line's count misses them.
             holdings.waiters = None;
         }
@@ -309,14 +314,14 @@ impl LeaseBackend for RedisBackend {
 
     /// A barging lock's writers hear nothing: they ask on the backoff.
     async fn watch(&self, key: &RedisKey) -> Result<ReleaseWatch> {
-        if self.barging && matches!(key, RedisKey::Exclusive(_)) {
+        if self.barges(key) {
             return Ok(ReleaseWatch::none());
         }
         Ok(self.instance.watch_holding(key).await)
     }
 
     fn live_watch(&self, key: &RedisKey) -> Option<ReleaseWatch> {
-        if self.barging && matches!(key, RedisKey::Exclusive(_)) {
+        if self.barges(key) {
             return Some(ReleaseWatch::none());
         }
         self.instance.live_watch_of(key)

@@ -8,7 +8,7 @@ use lockkit_core::backend::{LeaseLock, check_timeout};
 use crate::backend::{RedisBackend, RedisLock};
 use crate::instance::RedisInstance;
 use crate::settings::{RedisConfig, ReplicaWait};
-use crate::url::parse_url;
+use crate::url::{FAIR_OR_BARGING, parse_url};
 
 /// The longest [`RedisLockBuilder::turn`]: a reservation that outlasts
 /// this only keeps a lock idle.
@@ -265,9 +265,9 @@ impl RedisLockBuilder {
             )));
         }
         if self.fair && self.barging {
-            return Err(lockkit_core::LockError::invalid_options(
-                "fair and barging exclude each other: a fair lock's waiters keep their order, a barging lock's keep none",
-            ));
+            return Err(lockkit_core::LockError::invalid_options(format!(
+                "fair and barging {FAIR_OR_BARGING}"
+            )));
         }
         let config = if self.barging {
             self.config.without_line()

@@ -56,6 +56,11 @@ enum Form {
     Sentinel,
 }
 
+/// Why a lock cannot be both fair and barging (the URL's and the builder's
+/// refusal say it alike).
+pub(crate) const FAIR_OR_BARGING: &str =
+    "exclude each other: a fair lock's waiters keep their order, a barging lock's keep none";
+
 /// The options of the lock (not of the connection) a URL sets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockParams {
@@ -176,9 +181,7 @@ impl Params {
             }
         }
         if params.fair && params.barging {
-            return Err(bad(
-                "fair=true and barging=true exclude each other: a fair lock's waiters keep their order, a barging lock's keep none".into(),
-            ));
+            return Err(bad(format!("fair=true and barging=true {FAIR_OR_BARGING}")));
         }
         if params.wait_timeout.is_some() && params.wait_replicas.is_none() {
             return Err(bad("wait_timeout needs wait_replicas".into()));
