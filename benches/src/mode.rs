@@ -194,6 +194,11 @@ pub fn save_summary(mode: RunMode, name: &str, summary: &str) {
 /// starts, to some CPUs: a `taskset` CPU list, such as `0`.
 pub const PIN_CPUS: &str = "LOCKKIT_BENCH_CPUS";
 
+/// The CPU list this process was pinned to by [`pin_from_env`], if it was:
+/// what a summary's stamp names (a bench that never pins runs unpinned,
+/// whatever [`PIN_CPUS`] says).
+static PINNED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// Pins this process (every thread of it, and the servers it starts
 /// afterwards, which inherit it) to the CPUs [`PIN_CPUS`] names, if set;
 /// call it first in `main`. Returns the CPU list, or `None` when unpinned.
@@ -222,11 +227,12 @@ pub fn pin_from_env() -> Option<String> {
         status.success(),
         "{PIN_CPUS}={cpus}: taskset could not pin the benchmark ({status})"
     );
-    Some(cpus)
+    Some(PINNED.get_or_init(|| cpus).clone())
 }
 
 /// The command that runs this benchmark: cargo names a bench executable
-/// `<bench>-<hash>`. With [`PIN_CPUS`] set, the command sets it.
+/// `<bench>-<hash>`. When [`pin_from_env`] pinned this process, the
+/// command sets [`PIN_CPUS`] as it was.
 fn bench_command() -> String {
     let exe = std::env::current_exe().ok();
     let stem = exe
@@ -237,10 +243,9 @@ fn bench_command() -> String {
     let bench = stem
         .rsplit_once('-')
         .map_or(stem.as_str(), |(bench, _)| bench);
-    let pinned = match std::env::var(PIN_CPUS) {
-        Ok(cpus) if !cpus.is_empty() => format!("{PIN_CPUS}={cpus} "),
-        _ => String::new(),
-    };
+    let pinned = PINNED
+        .get()
+        .map_or(String::new(), |cpus| format!("{PIN_CPUS}={cpus} "));
     format!("{pinned}cargo bench -p lockkit-benches --bench {bench}")
 }
 
