@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
@@ -167,14 +167,14 @@ impl RedlockBackend {
     /// `until` says so (see [`ask`]); the rest completes in the background.
     async fn delete(
         &self,
-        keys: &RedisKey,
+        keys: &Arc<RedisKey>,
         owner: &OwnerToken,
         which: impl IntoIterator<Item = usize>,
         late: &InFlight,
         release: Release,
         until: Until<impl Fn(&Votes<bool>) -> bool>,
     ) -> Votes<bool> {
-        let (keys, owner) = (keys.clone(), owner.clone());
+        let (keys, owner) = (Arc::clone(keys), Arc::new(owner.clone()));
         ask(
             &self.instances,
             &self.stragglers,
@@ -186,7 +186,7 @@ impl RedlockBackend {
                     .iter()
                     .find(|(i, _)| *i == index)
                     .map(|(_, done)| done.clone());
-                let (keys, owner) = (keys.clone(), owner.clone());
+                let (keys, owner) = (Arc::clone(&keys), Arc::clone(&owner));
                 async move {
                     if let Some(done) = after {
                         finished(done).await;
@@ -354,7 +354,9 @@ impl RedlockBackend {
 /// next one must come back to the same place).
 #[derive(Clone, Debug)]
 pub struct Placed {
-    keys: RedisKey,
+    /// Shared with every instance's request about it, which must own what
+    /// it sends (it may finish in the background).
+    keys: Arc<RedisKey>,
     since: u64,
 }
 
@@ -377,16 +379,16 @@ fn granted(answer: &Attempt<Option<FencingToken>>) -> bool {
     matches!(answer, Attempt::Acquired(_))
 }
 
-/// A request for [`ask`] made from `op`: each instance gets owned copies of the
-/// keys and the owner token, so that a request the caller no longer waits for
-/// can still complete in the background.
+/// A request for [`ask`] made from `op`: each instance's request owns a
+/// share of the keys and of the owner token, so that one the caller no
+/// longer waits for can still complete in the background.
 fn request<Fut>(
-    keys: &RedisKey,
+    keys: &Arc<RedisKey>,
     owner: &OwnerToken,
-    op: impl Fn(RedisInstance, RedisKey, OwnerToken) -> Fut,
+    op: impl Fn(RedisInstance, Arc<RedisKey>, Arc<OwnerToken>) -> Fut,
 ) -> impl FnMut(usize, RedisInstance) -> Fut {
-    let (keys, owner) = (keys.clone(), owner.clone());
-    move |_, instance| op(instance, keys.clone(), owner.clone())
+    let (keys, owner) = (Arc::clone(keys), Arc::new(owner.clone()));
+    move |_, instance| op(instance, Arc::clone(&keys), Arc::clone(&owner))
 }
 
 #[lockkit_core::async_trait]
@@ -408,7 +410,7 @@ impl LeaseBackend for RedlockBackend {
     /// The keys of one server (no Redis Cluster layout), on every instance.
     fn key(&self, name: &str, kind: LockKind) -> Result<Placed> {
         Ok(Placed {
-            keys: RedisKey::new(&self.prefix, name, kind, false)?,
+            keys: Arc::new(RedisKey::new(&self.prefix, name, kind, false)?),
             since: unix_micros(),
         })
     }
@@ -417,7 +419,7 @@ impl LeaseBackend for RedlockBackend {
     /// [`RedisKey::with_holder`]).
     fn with_holder(&self, key: Placed, holder: &str) -> Placed {
         Placed {
-            keys: key.keys.with_holder(holder),
+            keys: Arc::new(Arc::unwrap_or_clone(key.keys).with_holder(holder)),
             ..key
         }
     }
@@ -466,7 +468,7 @@ impl LeaseBackend for RedlockBackend {
         // not wait for a frozen minority's timeout before it waits for the
         // release. (Not for readers and permits: the rollback of a late
         // grant of theirs is published, and would wake every waiter.)
-        let refusals_decide = matches!(keys, RedisKey::Exclusive(_));
+        let refusals_decide = matches!(**keys, RedisKey::Exclusive(_));
         let decided = |votes: &Votes<_>| {
             votes.count(granted) >= quorum
                 || (refusals_decide && votes.count(|a| !granted(a)) > total - quorum)

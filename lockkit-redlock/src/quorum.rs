@@ -57,21 +57,10 @@ impl<T> Votes<T> {
     }
 }
 
-/// Resolves once the request that holds `done`'s sender has finished (the
-/// sender is dropped with it).
+/// Resolves once the request whose signal `done` is has finished (the task
+/// that drives it drops the sender then, see [`ask`]).
 pub(crate) async fn finished(mut done: watch::Receiver<()>) {
     while done.changed().await.is_ok() {}
-}
-
-/// Wraps `request` so that the returned receiver fires when it has finished.
-fn tracked<T>(request: impl Future<Output = T>) -> (impl Future<Output = T>, watch::Receiver<()>) {
-    let (done, finished) = watch::channel(());
-    let request = async move {
-        let answer = request.await;
-        drop(done);
-        answer
-    };
-    (request, finished)
 }
 
 /// By instance: the last request that [`ask`] left to finish in the
@@ -184,28 +173,26 @@ where
 {
     let mut request = request;
     let asked: Vec<usize> = which.into_iter().collect();
-    let mut done = Vec::with_capacity(asked.len());
     let mut behind = Vec::new();
     let mut pending: FuturesUnordered<_> = asked
         .iter()
         .map(|&index| {
-            let before = stragglers.running(index, lock);
-            if before.is_some() {
-                behind.push(index);
-            }
-            // Boxed at once: the wrappers below would otherwise each hold
-            // the request's future by value, several times its size,
-            // copied into every instance's task on every request.
+            // Boxed, and so is the wait for a request before it: each
+            // instance's task then holds two pointers, not the request's
+            // future (over a kilobyte) beside a timer's, and stays small
+            // enough for the allocator's per-thread cache.
             let answer = Box::pin(request(index, instances[index].clone()));
-            let (answer, finished_here) = tracked(async move {
-                if let Some(before) = before {
-                    // Bounded: see above.
-                    let _ = tokio::time::timeout(timeout, finished(before)).await;
-                }
-                answer.await
+            let before = stragglers.running(index, lock).map(|before| {
+                behind.push(index);
+                // Bounded: see above.
+                Box::pin(tokio::time::timeout(timeout, finished(before)))
             });
-            done.push((index, finished_here));
-            async move { (index, answer.await) }
+            async move {
+                if let Some(before) = before {
+                    let _ = before.await;
+                }
+                (index, answer.await)
+            }
         })
         .collect();
     let mut votes = Votes {
@@ -267,17 +254,23 @@ where
     if !pending.is_empty()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {
-        votes.late = done
-            .into_iter()
-            .filter(|(index, _)| !heard.contains(index))
-            .collect();
-        for (index, finished_here) in &votes.late {
-            *stragglers.slot(*index) = Some(Straggler {
+        // A signal for each request left running, fired (its sender
+        // dropped) by the task that drives them once it has finished.
+        let mut signals = Vec::new();
+        for &index in asked.iter().filter(|i| !heard.contains(i)) {
+            let (signal, done) = watch::channel(());
+            *stragglers.slot(index) = Some(Straggler {
                 lock: lock.to_owned(),
-                done: finished_here.clone(),
+                done: done.clone(),
             });
+            votes.late.push((index, done));
+            signals.push((index, signal));
         }
-        runtime.spawn(async move { while pending.next().await.is_some() {} });
+        runtime.spawn(async move {
+            while let Some((index, _)) = pending.next().await {
+                signals.retain(|(i, _)| *i != index);
+            }
+        });
     }
     votes
 }
