@@ -340,14 +340,13 @@ impl RawSqlite {
             .connect()
             .await
             .expect("an SQLite connection");
-        let mut bells = path.as_os_str().to_owned();
-        bells.push("-lockkit-bells");
+        let bells = lockkit_sql::sqlite_bells_dir(path);
         std::fs::create_dir_all(&bells).expect("the bells' directory");
         let bell = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
-            .open(std::path::Path::new(&bells).join("raw-floor"))
+            .open(bells.join("raw-floor"))
             .expect("the raw floor's bell");
         RawSqlite {
             conn: Mutex::new(conn),

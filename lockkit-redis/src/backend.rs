@@ -109,11 +109,6 @@ impl RedisBackend {
         self.barging
     }
 
-    /// Whether a waiter of `key` asks on the backoff alone.
-    fn barges(&self, key: &RedisKey) -> bool {
-        self.barging && matches!(key, RedisKey::Exclusive(_))
-    }
-
     /// The server connection.
     pub fn instance(&self) -> &RedisInstance {
         &self.instance
@@ -292,7 +287,7 @@ impl LeaseBackend for RedisBackend {
     /// line), not at all. A lock reserved for the next waiter is free.
     async fn status(&self, key: &RedisKey) -> Result<LockStatus> {
         let mut holdings = self.instance.holdings_of(key).await?;
-        if self.barges(key) {
+        if key.barges(self.barging) {
             // Barging waiters are in no line: the line's count misses them.
             holdings.waiters = None;
         }
@@ -314,14 +309,14 @@ impl LeaseBackend for RedisBackend {
 
     /// A barging lock's writers hear nothing: they ask on the backoff.
     async fn watch(&self, key: &RedisKey) -> Result<ReleaseWatch> {
-        if self.barges(key) {
+        if key.barges(self.barging) {
             return Ok(ReleaseWatch::none());
         }
         Ok(self.instance.watch_holding(key).await)
     }
 
     fn live_watch(&self, key: &RedisKey) -> Option<ReleaseWatch> {
-        if self.barges(key) {
+        if key.barges(self.barging) {
             return Some(ReleaseWatch::none());
         }
         self.instance.live_watch_of(key)

@@ -55,6 +55,13 @@ impl RedisKey {
         })
     }
 
+    /// Whether a waiter for this holding asks again on the backoff alone,
+    /// without a place in line, on a client whose `barging` option is set:
+    /// writers do; readers and permits always wait in line.
+    pub fn barges(&self, barging: bool) -> bool {
+        barging && matches!(self, RedisKey::Exclusive(_))
+    }
+
     /// The same holding, recording `holder` as its holder's identity: the
     /// value stored for it (the lock key's value, or the member of the
     /// readers' or permits' set) is the owner token, `\x1f` and the

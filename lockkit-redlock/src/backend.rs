@@ -101,11 +101,6 @@ impl RedlockBackend {
         self
     }
 
-    /// Whether a waiter of `keys` asks on the backoff alone.
-    fn barges(&self, keys: &RedisKey) -> bool {
-        self.barging && matches!(keys, RedisKey::Exclusive(_))
-    }
-
     /// The instances.
     pub fn instances(&self) -> &[RedisInstance] {
         &self.instances
@@ -453,7 +448,7 @@ impl LeaseBackend for RedlockBackend {
         let waiting = match intent {
             // In no line (its instances keep none), but still recorded as
             // the waiting writer where readers keep it out.
-            Intent::Wait if self.barges(keys) => Waiting::ByArrival,
+            Intent::Wait if keys.barges(self.barging) => Waiting::ByArrival,
             Intent::Wait => Waiting::Since(placed.since),
             Intent::Try => Waiting::No,
         };
@@ -612,7 +607,7 @@ impl LeaseBackend for RedlockBackend {
             match self.read_status(keys).await {
                 Err(LockError::Unavailable { .. }) if reads < STATUS_READS => reads += 1,
                 // Barging waiters are in no line: the lines' count misses them.
-                Ok(status) if self.barges(keys) => return Ok(status.with_waiters(None)),
+                Ok(status) if keys.barges(self.barging) => return Ok(status.with_waiters(None)),
                 answer => return answer,
             }
         }
@@ -626,7 +621,7 @@ impl LeaseBackend for RedlockBackend {
     /// waiter nothing.
     async fn watch(&self, placed: &Placed) -> Result<ReleaseWatch> {
         let keys = &placed.keys;
-        if self.barges(keys) {
+        if keys.barges(self.barging) {
             return Ok(ReleaseWatch::none());
         }
         let quorum = self.quorum_for(keys);
@@ -658,7 +653,7 @@ impl LeaseBackend for RedlockBackend {
     /// are live already, if they are a quorum.
     fn live_watch(&self, placed: &Placed) -> Option<ReleaseWatch> {
         let keys = &placed.keys;
-        if self.barges(keys) {
+        if keys.barges(self.barging) {
             return Some(ReleaseWatch::none());
         }
         let live: Vec<ReleaseWatch> = self

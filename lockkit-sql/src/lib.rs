@@ -95,6 +95,16 @@ pub fn lease_statements(database: Database, table: &str) -> lockkit_core::Result
     })
 }
 
+/// The directory of the release bells of the SQLite database file at
+/// `database` (`<database>-lockkit-bells`, as the SQL backend guide
+/// describes), for benchmarks that ring a bell by hand; not part of the
+/// stable API.
+#[doc(hidden)]
+#[cfg(feature = "sqlite")]
+pub fn sqlite_bells_dir(database: &std::path::Path) -> std::path::PathBuf {
+    sqlite::bells::bells_dir(database)
+}
+
 /// Connects to the database of a SQL URL; see [`SqlLockBuilder`] for the
 /// forms and parameters.
 pub async fn connect(url: &str) -> lockkit_core::Result<SqlLock> {

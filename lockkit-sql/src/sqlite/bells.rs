@@ -37,7 +37,7 @@ fn bucket(name: &str) -> u64 {
 }
 
 /// The directory of the bells of the database file at `database`.
-pub(super) fn bells_dir(database: &Path) -> PathBuf {
+pub(crate) fn bells_dir(database: &Path) -> PathBuf {
     let mut dir = database.as_os_str().to_owned();
     dir.push("-lockkit-bells");
     PathBuf::from(dir)

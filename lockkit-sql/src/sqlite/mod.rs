@@ -4,7 +4,7 @@
 //! table, [`migration`] creates it, [`lease`] runs `lease` mode on it, and
 //! [`bells`] wakes the waiters of other processes.
 
-mod bells;
+pub(crate) mod bells;
 mod lease;
 mod migration;
 mod statements;
