@@ -24,6 +24,13 @@
 //!   committed and rolled-back transactions, MariaDB's `Questions`), over the
 //!   number of sections; none for SQLite, which has no server.
 //!
+//! A library's time on a backend and runtime is split into three rounds,
+//! and each round runs every library of that backend and runtime in turn
+//! (the order turned and reversed every other round), so that a drift of
+//! the machine falls on all of them; the throughput targets are judged on
+//! the median over rounds of lockkit's throughput ÷ the peer's in the same
+//! round.
+//!
 //! Every run is made with the workers on a multi-thread tokio runtime and
 //! again on a current-thread one. lockkit runs once more with 4 processes
 //! (multi-thread), to show whether the work per handoff grows with the
@@ -83,10 +90,12 @@ fn main() {
     if mode == RunMode::List {
         return;
     }
-    let (processes, run) = match mode {
-        RunMode::Bench => (16, Duration::from_secs(6)),
-        RunMode::Quick => (16, Duration::from_secs(3)),
-        _ => (4, Duration::from_millis(500)),
+    // Each library's time on a backend and runtime, split into rounds
+    // that take every library in turn (see `interleaved`).
+    let (processes, run, rounds) = match mode {
+        RunMode::Bench => (16, Duration::from_secs(6), 3),
+        RunMode::Quick => (16, Duration::from_secs(3), 3),
+        _ => (4, Duration::from_millis(500), 1),
     };
     // memory:// is one process's store: no contention across processes.
     let backends: Vec<Deployment> = selected()
@@ -99,19 +108,51 @@ fn main() {
         let mut rows = Vec::new();
         for &backend in &backends {
             for flavour in FLAVOURS {
-                for library in libraries(backend) {
-                    for n in counts(backend, library, flavour, mode, processes) {
+                let runs: Vec<(Library, usize)> = libraries(backend)
+                    .into_iter()
+                    .flat_map(|library| {
+                        counts(backend, library, flavour, mode, processes)
+                            .into_iter()
+                            .map(move |n| (library, n))
+                    })
+                    .collect();
+                let mut merged: Vec<Option<Row>> = runs.iter().map(|_| None).collect();
+                for round in 0..rounds {
+                    for i in interleaved(runs.len(), round) {
+                        let (library, n) = runs[i];
+                        let part = run / rounds as u32;
                         let row =
-                            contend(&servers, backend, library, flavour, &section, n, run).await;
-                        println!("{}", row.line());
-                        rows.push(row);
+                            contend(&servers, backend, library, flavour, &section, n, part).await;
+                        match &mut merged[i] {
+                            Some(sum) => sum.absorb(row),
+                            empty => *empty = Some(row),
+                        }
                     }
+                }
+                for row in merged.into_iter().flatten() {
+                    println!("{}", row.line());
+                    rows.push(row);
                 }
             }
         }
         rows
     });
-    save_summary(mode, "processes", &summary(mode, processes, run, &rows));
+    save_summary(
+        mode,
+        "processes",
+        &summary(mode, processes, run, rounds, &rows),
+    );
+}
+
+/// The order of `n` runs in round `round`: turned by one each round and
+/// reversed every other round, so that no library always runs first,
+/// last, or after the same one, and the machine's drift spreads over all.
+fn interleaved(n: usize, round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).map(|i| (i + round) % n.max(1)).collect();
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    order
 }
 
 /// The process counts `library` runs with on `flavour`: every library with
@@ -661,7 +702,8 @@ async fn etcd_requests(endpoint: &str) -> Option<u64> {
     Some(sum as u64)
 }
 
-/// One run's figures.
+/// A library's figures: one run's, or the sum of its interleaved rounds
+/// (see [`Row::absorb`]).
 struct Row {
     backend: Deployment,
     /// The library, lockkit's URL parameters, how the run started.
@@ -669,11 +711,19 @@ struct Row {
     flavour: Flavour,
     processes: usize,
     sections: usize,
-    per_second: f64,
-    straight_back: Option<f64>,
-    handoff_p50: Option<Duration>,
-    handoff_p99: Option<Duration>,
-    commands_per_handoff: Option<f64>,
+    /// How long the workers looped, over every round.
+    run: Duration,
+    /// Consecutive grants, and those among them to the process that had
+    /// just released (counted within each round).
+    pairs: usize,
+    straight: usize,
+    /// Every handoff to another process, sorted.
+    handoffs: Vec<Duration>,
+    /// The lock servers' commands over every round (none without a count).
+    commands: Option<u64>,
+    /// Critical sections per second, round by round (paired with the
+    /// other libraries' rounds of the same backend and runtime).
+    rounds: Vec<f64>,
     /// Whether the counter and the sections agree (no two holders at once).
     books: bool,
     errors: Vec<String>,
@@ -697,8 +747,6 @@ impl Row {
         let books = counted == sections.len() as u64
             && places_unique
             && sections.first().is_none_or(|(_, s)| s.0 == 0);
-        let pairs = sections.len().saturating_sub(1);
-        let straight = sections.windows(2).filter(|w| w[0].0 == w[1].0).count();
         let mut handoffs: Vec<Duration> = sections
             .windows(2)
             .filter(|w| w[0].0 != w[1].0)
@@ -711,16 +759,63 @@ impl Row {
             flavour,
             processes,
             sections: sections.len(),
-            per_second: sections.len() as f64 / run.as_secs_f64(),
-            straight_back: (pairs > 0).then(|| straight as f64 / pairs as f64),
-            handoff_p50: percentile(&handoffs, 50.0),
-            handoff_p99: percentile(&handoffs, 99.0),
-            commands_per_handoff: commands
-                .filter(|_| pairs > 0)
-                .map(|n| n as f64 / sections.len() as f64),
+            run,
+            pairs: sections.len().saturating_sub(1),
+            straight: sections.windows(2).filter(|w| w[0].0 == w[1].0).count(),
+            handoffs,
+            commands,
+            rounds: vec![sections.len() as f64 / run.as_secs_f64()],
             books,
             errors,
         }
+    }
+
+    /// Adds the figures of another round of the same library.
+    fn absorb(&mut self, round: Row) {
+        self.sections += round.sections;
+        self.run += round.run;
+        self.pairs += round.pairs;
+        self.straight += round.straight;
+        self.handoffs.extend(round.handoffs);
+        self.handoffs.sort();
+        self.commands = self.commands.zip(round.commands).map(|(a, b)| a + b);
+        self.rounds.extend(round.rounds);
+        self.books &= round.books;
+        self.errors.extend(round.errors);
+    }
+
+    fn per_second(&self) -> f64 {
+        self.sections as f64 / self.run.as_secs_f64()
+    }
+
+    fn straight_back(&self) -> Option<f64> {
+        (self.pairs > 0).then(|| self.straight as f64 / self.pairs as f64)
+    }
+
+    fn commands_per_handoff(&self) -> Option<f64> {
+        self.commands
+            .filter(|_| self.pairs > 0)
+            .map(|n| n as f64 / self.sections as f64)
+    }
+
+    /// The median over rounds of this row's throughput ÷ `base`'s in the
+    /// same round, and the number of rounds paired.
+    fn paired_ratio(&self, base: &Row) -> Option<(f64, usize)> {
+        let mut ratios: Vec<f64> = self
+            .rounds
+            .iter()
+            .zip(&base.rounds)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(a, b)| a / b)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let median = match n {
+            0 => return None,
+            _ if n % 2 == 1 => ratios[n / 2],
+            _ => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+        };
+        Some((median, n))
     }
 
     fn line(&self) -> String {
@@ -733,11 +828,11 @@ impl Row {
             self.flavour.name(),
             self.processes,
             self.sections,
-            self.per_second,
-            share(self.straight_back),
-            opt(self.handoff_p50),
-            opt(self.handoff_p99),
-            self.commands_per_handoff
+            self.per_second(),
+            share(self.straight_back()),
+            opt(percentile(&self.handoffs, 50.0)),
+            opt(percentile(&self.handoffs, 99.0)),
+            self.commands_per_handoff()
                 .map_or("—".into(), |c| format!("{c:.1}")),
             match (self.books, self.errors.first()) {
                 (true, None) => "OK".to_owned(),
@@ -748,9 +843,9 @@ impl Row {
     }
 }
 
-fn summary(mode: RunMode, processes: usize, run: Duration, rows: &[Row]) -> String {
+fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: &[Row]) -> String {
     let mut out = format!(
-        "## {processes} processes on one name ({} run, {} s per library, backend, runtime and process count)\n\n\
+        "## {processes} processes on one name ({} run, {} s per library, backend, runtime and process count, in {rounds} interleaved rounds)\n\n\
          Each process one client, looping `acquire` → two round trips to another Redis server → `release`. \
          Runtime: the workers' tokio runtime, multi-thread (a worker thread per core) or current-thread. \
          Straight back: of consecutive grants, the share that went to the process that had just released. \
@@ -817,10 +912,11 @@ fn targets(rows: &[Row], processes: usize) -> String {
          Straight back: at most {:.0} % of the grants at {processes} processes. \
          Commands per handoff (Redis, Redlock, etcd and the SQL lease modes, multi-thread runtime): with {processes} processes \
          at most {COMMANDS_GROWTH_MAX} × the figure with {} (four times the waiters). \
-         Throughput: at least that of every peer that ran on the same backend and runtime, with as many processes; \
+         Throughput: at least that of every peer that ran on the same backend and runtime, with as many processes, \
+         judged on the median over rounds of lockkit's throughput ÷ the peer's in the same round; \
          also judged for lockkit's barging mode (`barging=true`: waiters ask on the backoff, in no line), where it ran, whose straight-back share is not held to the default mode's bound.\n\n\
-         | backend | runtime | target | lockkit | yardstick | verdict |\n\
-         | --- | --- | --- | --- | --- | --- |\n",
+         | backend | runtime | target | lockkit | yardstick | lockkit ÷ yardstick | verdict |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
         STRAIGHT_BACK_MAX * 100.0,
         processes / 4,
     );
@@ -830,10 +926,10 @@ fn targets(rows: &[Row], processes: usize) -> String {
         let label = row.backend.label();
         let runtime = row.flavour.name();
         if row.client == lockkit(Start::Clean) && row.processes == processes {
-            if let Some(share) = row.straight_back {
+            if let Some(share) = row.straight_back() {
                 let _ = writeln!(
                     out,
-                    "| {label} | {runtime} | straight back | {:.0} % | ≤ {:.0} % | {} |",
+                    "| {label} | {runtime} | straight back | {:.0} % | ≤ {:.0} % | — | {} |",
                     share * 100.0,
                     STRAIGHT_BACK_MAX * 100.0,
                     verdict(share <= STRAIGHT_BACK_MAX),
@@ -841,18 +937,21 @@ fn targets(rows: &[Row], processes: usize) -> String {
             }
             if row.flavour == Flavour::Multi && commands_bounded(row.backend) {
                 let fewer = find(rows, row.backend, row.client, row.flavour, processes / 4)
-                    .and_then(|r| r.commands_per_handoff);
-                let line = match (row.commands_per_handoff, fewer) {
+                    .and_then(Row::commands_per_handoff);
+                let line = match (row.commands_per_handoff(), fewer) {
                     (Some(many), Some(few)) => format!(
-                        "{many:.1} | {few:.1} with {} processes (× {:.2}) | {}",
+                        "{many:.1} | {few:.1} with {} processes | {:.2} | {}",
                         processes / 4,
                         many / few,
                         verdict(many <= few * COMMANDS_GROWTH_MAX),
                     ),
                     (Some(many), None) => {
-                        format!("{many:.1} | — | no run with {} processes", processes / 4)
+                        format!(
+                            "{many:.1} | — | — | no run with {} processes",
+                            processes / 4
+                        )
                     }
-                    (None, _) => "— | — | no server to count".to_owned(),
+                    (None, _) => "— | — | — | no server to count".to_owned(),
                 };
                 let _ = writeln!(
                     out,
@@ -881,14 +980,20 @@ fn targets(rows: &[Row], processes: usize) -> String {
                 }
             }
             for (target, ours) in judged {
+                let (ratio, verdict) = match ours.paired_ratio(row) {
+                    Some((ratio, n)) => (
+                        format!("{ratio:.2} (median of {n} paired rounds)"),
+                        verdict(ratio >= 1.0),
+                    ),
+                    None => ("—".to_owned(), "no round to pair"),
+                };
                 let _ = writeln!(
                     out,
-                    "| {label}{} | {runtime} | {target} | {:.0}/s | {:.0}/s ({}) | {} |",
+                    "| {label}{} | {runtime} | {target} | {:.0}/s | {:.0}/s ({}) | {ratio} | {verdict} |",
                     start.label(),
-                    ours.per_second,
-                    row.per_second,
+                    ours.per_second(),
+                    row.per_second(),
                     peer.library(),
-                    verdict(ours.per_second >= row.per_second),
                 );
             }
         }
@@ -927,11 +1032,11 @@ fn floors(rows: &[Row], processes: usize) -> String {
                 "| {} | {} | {:.0}/s | {} | {:.0}/s | {:.2} | {} |",
                 floor.backend.label(),
                 floor.flavour.name(),
-                floor.per_second,
+                floor.per_second(),
                 label(row.client),
-                row.per_second,
-                row.per_second / floor.per_second,
-                share(row.straight_back),
+                row.per_second(),
+                row.per_second() / floor.per_second(),
+                share(row.straight_back()),
             );
         }
     }
