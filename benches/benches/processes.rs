@@ -56,8 +56,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use lockkit_benches::{
-    Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, percentile, runtime,
-    runtime_of, save_summary, selected, wall_ns,
+    Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, median, percentile,
+    round_order, runtime, runtime_of, save_summary, selected, wall_ns,
 };
 use lockkit_testkit::{RedisServer, TestServer, info_field};
 use redis::AsyncCommands as _;
@@ -91,7 +91,7 @@ fn main() {
         return;
     }
     // Each library's time on a backend and runtime, split into rounds
-    // that take every library in turn (see `interleaved`).
+    // that take every library in turn (see `round_order`).
     let (processes, run, rounds) = match mode {
         RunMode::Bench => (16, Duration::from_secs(6), 3),
         RunMode::Quick => (16, Duration::from_secs(3), 3),
@@ -117,10 +117,11 @@ fn main() {
                     })
                     .collect();
                 let mut merged: Vec<Option<Row>> = runs.iter().map(|_| None).collect();
+                let part = run / rounds as u32;
                 for round in 0..rounds {
-                    for i in interleaved(runs.len(), round) {
+                    for step in 0..runs.len() {
+                        let i = round_order(round, step, runs.len());
                         let (library, n) = runs[i];
-                        let part = run / rounds as u32;
                         let row =
                             contend(&servers, backend, library, flavour, &section, n, part).await;
                         match &mut merged[i] {
@@ -142,17 +143,6 @@ fn main() {
         "processes",
         &summary(mode, processes, run, rounds, &rows),
     );
-}
-
-/// The order of `n` runs in round `round`: turned by one each round and
-/// reversed every other round, so that no library always runs first,
-/// last, or after the same one, and the machine's drift spreads over all.
-fn interleaved(n: usize, round: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).map(|i| (i + round) % n.max(1)).collect();
-    if round % 2 == 1 {
-        order.reverse();
-    }
-    order
 }
 
 /// The process counts `library` runs with on `flavour`: every library with
@@ -801,21 +791,15 @@ impl Row {
     /// The median over rounds of this row's throughput ÷ `base`'s in the
     /// same round, and the number of rounds paired.
     fn paired_ratio(&self, base: &Row) -> Option<(f64, usize)> {
-        let mut ratios: Vec<f64> = self
+        let ratios: Vec<f64> = self
             .rounds
             .iter()
             .zip(&base.rounds)
             .filter(|(_, b)| **b > 0.0)
             .map(|(a, b)| a / b)
             .collect();
-        ratios.sort_by(f64::total_cmp);
         let n = ratios.len();
-        let median = match n {
-            0 => return None,
-            _ if n % 2 == 1 => ratios[n / 2],
-            _ => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
-        };
-        Some((median, n))
+        (n > 0).then(|| (median(ratios), n))
     }
 
     fn line(&self) -> String {

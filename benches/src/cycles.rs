@@ -107,7 +107,7 @@ pub fn bench_then_pair<F: CycleFixture, T>(
 /// of its neighbours equally often. (A kind that runs right after another
 /// on the same server finds the server, and the machine, in the state the
 /// other left them: awake, or not.)
-fn order(round: usize, step: usize, kinds: usize) -> usize {
+pub fn round_order(round: usize, step: usize, kinds: usize) -> usize {
     let first = round / 2;
     if round.is_multiple_of(2) {
         (first + step) % kinds
@@ -148,7 +148,7 @@ impl<K: CycleKind> Interleaved<K> {
         for round in 0..rounds {
             let mut means = vec![f64::NAN; kinds];
             for step in 0..kinds {
-                let index = order(round, step, kinds);
+                let index = round_order(round, step, kinds);
                 let mut total = Duration::ZERO;
                 for _ in 0..per_round {
                     total += fixture.run_timed(K::ALL[index]).await;
@@ -404,7 +404,9 @@ mod tests {
         // (a, b): how often a ran right before b.
         let mut before = vec![vec![0; kinds]; kinds];
         for round in 0..2 * kinds {
-            let steps: Vec<usize> = (0..kinds).map(|step| order(round, step, kinds)).collect();
+            let steps: Vec<usize> = (0..kinds)
+                .map(|step| round_order(round, step, kinds))
+                .collect();
             let mut seen = steps.clone();
             seen.sort_unstable();
             assert_eq!(

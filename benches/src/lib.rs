@@ -29,7 +29,7 @@ pub use catalog::{Deployment, RawFloor, Servers, benched, connect, connect_patie
 pub use contention::{Contender, Contention, contention};
 pub use cycles::{
     BackendRow, CycleFixture, CycleKind, Estimates, Interleaved, Row, bench_cycles,
-    bench_then_pair, pair_every_backend,
+    bench_then_pair, pair_every_backend, round_order,
 };
 pub use etcd_raw::RawEtcd;
 pub use handoff::{HandoffDiag, HandoffProbe, Handoffs};
