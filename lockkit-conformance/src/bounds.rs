@@ -86,31 +86,42 @@ async fn hold_to_the_limit(
     kind: &str,
     opts: LockOptions,
 ) {
+    // Renewed twice before the limit, and a lease far past it, at once on
+    // two names: both end at the limit.
+    let each = [Duration::from_secs(2), Duration::from_secs(30)]
+        .map(|ttl| held_to_the_limit(a, b, kind, opts.clone().ttl(ttl)));
+    futures_util::future::join_all(each).await;
+}
+
+/// One holding of `opts` (its TTL set) held to a `max_hold` limit.
+async fn held_to_the_limit(
+    a: &dyn DistributedLock,
+    b: &dyn DistributedLock,
+    kind: &str,
+    opts: LockOptions,
+) {
     let limit = Duration::from_secs(3);
+    let ttl = opts.lease_ttl();
     let name = unique("max-hold");
-    // Renewed twice before the limit, and a lease far past it: both end
-    // at the limit.
-    for ttl in [Duration::from_secs(2), Duration::from_secs(30)] {
-        let opts = opts.clone().ttl(ttl).max_hold(limit);
-        let asked = Instant::now();
-        let guard = must_acquire(a, &name, &opts).await;
-        let reason = tokio::time::timeout(limit + Duration::from_secs(10), guard.lost())
-            .await
-            .unwrap_or_else(|_| panic!("{kind}, ttl {ttl:?}: never lost"));
-        assert_eq!(reason, LostReason::HoldLimit, "{kind}, ttl {ttl:?}");
-        assert!(
-            asked.elapsed() >= limit,
-            "{kind}, ttl {ttl:?}: lost after {:?}, before its max_hold of {limit:?}",
-            asked.elapsed()
-        );
-        assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
-        let probe = opts.clone().ttl(Duration::from_secs(5)).max_hold(limit);
-        let probe = b
-            .acquire(&name, &probe.wait_for(NOTICE))
-            .await
-            .unwrap_or_else(|e| panic!("{kind}: the name stayed taken past max_hold: {e}"));
-        probe.release().await.expect("release");
-    }
+    let opts = opts.max_hold(limit);
+    let asked = Instant::now();
+    let guard = must_acquire(a, &name, &opts).await;
+    let reason = tokio::time::timeout(limit + Duration::from_secs(10), guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{kind}, ttl {ttl:?}: never lost"));
+    assert_eq!(reason, LostReason::HoldLimit, "{kind}, ttl {ttl:?}");
+    assert!(
+        asked.elapsed() >= limit,
+        "{kind}, ttl {ttl:?}: lost after {:?}, before its max_hold of {limit:?}",
+        asked.elapsed()
+    );
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    let probe = opts.ttl(Duration::from_secs(5)).wait_for(NOTICE);
+    let probe = b
+        .acquire(&name, &probe)
+        .await
+        .unwrap_or_else(|e| panic!("{kind}: the name stayed taken past max_hold: {e}"));
+    probe.release().await.expect("release");
 }
 
 /// `min_hold`: a holding released at once keeps its name taken until
@@ -225,33 +236,54 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
     drop(must_acquire(a.as_ref(), &name, &long).await);
     freed_after(b.as_ref(), &name, Instant::now(), NOTICE).await;
 
-    // Lapsed: the guard is lost when its lease runs out, and the name
-    // stays taken for the delay.
+    // Lapsed and crashed, at once on two names (each waits out a lease
+    // and its delay).
+    futures_util::future::join(
+        lapsed_name_waits(a.as_ref(), b.as_ref(), delay),
+        crashed_name_waits(a.as_ref(), b.as_ref(), delay),
+    )
+    .await;
+}
+
+/// The lease of [`lapsed_name_waits`] and [`crashed_name_waits`], and
+/// their options: not renewed, with a lock delay of `delay`.
+fn lapsing(delay: Duration) -> (Duration, LockOptions) {
     let ttl = Duration::from_secs(1);
-    let lapsing = LockOptions::new()
+    let opts = LockOptions::new()
         .ttl(ttl)
         .auto_renew(false)
         .lock_delay(delay);
+    (ttl, opts)
+}
+
+/// A holding (not renewed, with a lock delay) whose lease runs out: the
+/// guard is lost, and the name stays taken for the delay.
+async fn lapsed_name_waits(a: &dyn DistributedLock, b: &dyn DistributedLock, delay: Duration) {
+    let (ttl, lapsing) = lapsing(delay);
     let name = unique("lock-delay-lapsed");
     let asked = Instant::now();
-    let guard = must_acquire(a.as_ref(), &name, &lapsing).await;
+    let guard = must_acquire(a, &name, &lapsing).await;
     let reason = tokio::time::timeout(ttl + Duration::from_secs(10), guard.lost())
         .await
         .expect("a lapsing holding is lost");
     assert_eq!(reason, LostReason::Expired);
-    let after = freed_after(b.as_ref(), &name, asked, ttl + delay + NOTICE).await;
+    let after = freed_after(b, &name, asked, ttl + delay + NOTICE).await;
     assert!(
         after + SLACK >= ttl + delay,
         "a lapsed holding's name came free after {after:?}, before its lease and delay ({:?})",
         ttl + delay
     );
     drop(guard);
+}
 
-    // Crashed: the holder is gone without a word.
+/// A holding (not renewed, with a lock delay) whose holder is gone without
+/// a word: the name stays taken for its lease and the delay.
+async fn crashed_name_waits(a: &dyn DistributedLock, b: &dyn DistributedLock, delay: Duration) {
+    let (ttl, lapsing) = lapsing(delay);
     let name = unique("lock-delay-crashed");
     let asked = Instant::now();
-    std::mem::forget(must_acquire(a.as_ref(), &name, &lapsing).await);
-    let after = freed_after(b.as_ref(), &name, asked, ttl + delay + NOTICE).await;
+    std::mem::forget(must_acquire(a, &name, &lapsing).await);
+    let after = freed_after(b, &name, asked, ttl + delay + NOTICE).await;
     assert!(
         after + SLACK >= ttl + delay,
         "a crashed holding's name came free after {after:?}, before its lease and delay ({:?})",
