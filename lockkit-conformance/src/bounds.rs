@@ -74,22 +74,12 @@ pub async fn max_hold_ends_the_holding(h: &dyn Harness) {
     if caps.semaphore {
         kinds.push(("permit", LockOptions::new().semaphore(1)));
     }
-    let each = kinds
-        .into_iter()
-        .map(|(kind, opts)| hold_to_the_limit(a.as_ref(), b.as_ref(), kind, opts));
-    futures_util::future::join_all(each).await;
-}
-
-async fn hold_to_the_limit(
-    a: &dyn DistributedLock,
-    b: &dyn DistributedLock,
-    kind: &str,
-    opts: LockOptions,
-) {
-    // Renewed twice before the limit, and a lease far past it, at once on
-    // two names: both end at the limit.
-    let each = [Duration::from_secs(2), Duration::from_secs(30)]
-        .map(|ttl| held_to_the_limit(a, b, kind, opts.clone().ttl(ttl)));
+    // Each kind renewed twice before the limit, and with a lease far past
+    // it, all at once on names of their own: every one ends at the limit.
+    let each = kinds.into_iter().flat_map(|(kind, opts)| {
+        [Duration::from_secs(2), Duration::from_secs(30)]
+            .map(|ttl| held_to_the_limit(a.as_ref(), b.as_ref(), kind, opts.clone().ttl(ttl)))
+    });
     futures_util::future::join_all(each).await;
 }
 
@@ -245,21 +235,20 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
     .await;
 }
 
-/// The lease of [`lapsed_name_waits`] and [`crashed_name_waits`], and
-/// their options: not renewed, with a lock delay of `delay`.
-fn lapsing(delay: Duration) -> (Duration, LockOptions) {
-    let ttl = Duration::from_secs(1);
-    let opts = LockOptions::new()
-        .ttl(ttl)
+/// The options of [`lapsed_name_waits`] and [`crashed_name_waits`]: a
+/// lease of a second, not renewed, with a lock delay of `delay`.
+fn lapsing(delay: Duration) -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(1))
         .auto_renew(false)
-        .lock_delay(delay);
-    (ttl, opts)
+        .lock_delay(delay)
 }
 
 /// A holding (not renewed, with a lock delay) whose lease runs out: the
 /// guard is lost, and the name stays taken for the delay.
 async fn lapsed_name_waits(a: &dyn DistributedLock, b: &dyn DistributedLock, delay: Duration) {
-    let (ttl, lapsing) = lapsing(delay);
+    let lapsing = lapsing(delay);
+    let ttl = lapsing.lease_ttl();
     let name = unique("lock-delay-lapsed");
     let asked = Instant::now();
     let guard = must_acquire(a, &name, &lapsing).await;
@@ -279,7 +268,8 @@ async fn lapsed_name_waits(a: &dyn DistributedLock, b: &dyn DistributedLock, del
 /// A holding (not renewed, with a lock delay) whose holder is gone without
 /// a word: the name stays taken for its lease and the delay.
 async fn crashed_name_waits(a: &dyn DistributedLock, b: &dyn DistributedLock, delay: Duration) {
-    let (ttl, lapsing) = lapsing(delay);
+    let lapsing = lapsing(delay);
+    let ttl = lapsing.lease_ttl();
     let name = unique("lock-delay-crashed");
     let asked = Instant::now();
     std::mem::forget(must_acquire(a, &name, &lapsing).await);
