@@ -2,7 +2,7 @@
 //! `advisory` mode (`pg_advisory_lock` on the name's 64-bit key).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgPool};
@@ -21,6 +21,11 @@ use crate::statement::{Answer, Bind as _, trusted, whole_millis};
 /// acquire closes its connection, and the server then drops the wait.
 const CLIENT_CHECK: &str = "SET client_connection_check_interval = '100ms'";
 
+/// How many acquires that may wait go straight to the waiting statement
+/// after a try of this client was refused (see
+/// [`PgSession::lock_advisory`]).
+const WAITS_AFTER_REFUSAL: u32 = 16;
+
 /// Postgres session locks on dedicated connections: `advisory` mode, and
 /// the connections of `row` mode (see the `row` module).
 #[derive(Debug)]
@@ -29,6 +34,9 @@ pub(super) struct PgSession {
     pub(super) pool: PgPool,
     pub(super) sql: Arc<PgSql>,
     pub(super) settings: Settings,
+    /// Acquires left to send the waiting statement without a try first:
+    /// set to [`WAITS_AFTER_REFUSAL`] when a try is refused.
+    waits_untried: AtomicU32,
 }
 
 /// A dedicated connection and the `lock_timeout` currently set on it.
@@ -62,6 +70,7 @@ impl PgSession {
             pool,
             sql,
             settings: settings.clone(),
+            waits_untried: AtomicU32::new(0),
         }
     }
 }
@@ -91,8 +100,13 @@ impl PgSession {
     /// and `wait` allows, a wait. A free lock, the common case, is then
     /// taken by the try, which sets no `lock_timeout`: the wait form's
     /// setting costs the server more than the lock itself. A busy one
-    /// costs a round trip more before its wait, which is queued on the
-    /// server all the same.
+    /// costs a statement more before its wait, which is queued on the
+    /// server all the same; so once a try of this client was refused, its
+    /// next [`WAITS_AFTER_REFUSAL`] acquires that may wait send the waiting
+    /// statement alone (granted at once if the lock is free, at the price
+    /// of the setting): under contention an acquire is one statement, as
+    /// a hand-written `pg_advisory_lock` is, and a client whose contention
+    /// has passed goes back to trying first soon after.
     async fn lock_advisory(
         &self,
         conn: &mut PgConn,
@@ -100,13 +114,28 @@ impl PgSession {
         shared: bool,
         wait: ServerWait,
     ) -> sqlx::Result<Option<i64>> {
+        if wait != ServerWait::NoWait && self.take_untried_wait() {
+            return self.lock_advisory_once(conn, key, shared, wait).await;
+        }
         let tried = self
             .lock_advisory_once(conn, key, shared, ServerWait::NoWait)
             .await?;
         if tried.is_some() || wait == ServerWait::NoWait {
             return Ok(tried);
         }
+        self.waits_untried
+            .store(WAITS_AFTER_REFUSAL, Ordering::Relaxed);
         self.lock_advisory_once(conn, key, shared, wait).await
+    }
+
+    /// Whether this acquire goes straight to the waiting statement (see
+    /// [`lock_advisory`](Self::lock_advisory)), counting it if so.
+    fn take_untried_wait(&self) -> bool {
+        self.waits_untried
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
     }
 
     /// One statement for the advisory lock on `key`: the try form for
