@@ -159,6 +159,115 @@ async fn postgres_a_greater_token_writes_after_a_smaller_one() {
     assert_eq!(by, 11);
 }
 
+/// The fence inside MariaDB's `UPDATE`, in its `WHERE` (a row found by key)
+/// and in a derived table: a stale statement fails and writes nothing, an
+/// admitted one writes, and a key that finds no row writes nothing and
+/// admits nothing. Bad input sent as SQL (which `admit` would refuse before
+/// sending) is refused by the function and recorded nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_the_fence_rides_in_the_update() {
+    let (server, pool) = mariadb().await;
+    const KEYED: &str =
+        "UPDATE report SET written_by = ? WHERE id = ? AND lockkit_fence(?, ?) IS NOT NULL";
+    const DERIVED: &str = "UPDATE report JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence \
+                           SET written_by = ? WHERE id = ?";
+    let write = |statement: &'static str, id: i64, by: u64| {
+        let pool = pool.clone();
+        async move {
+            let value = lockkit_fence::bigint(token(by)).expect("a BIGINT token");
+            let query = if statement == KEYED {
+                sqlx::query(statement)
+                    .bind(value)
+                    .bind(id)
+                    .bind("report")
+                    .bind(value)
+            } else {
+                sqlx::query(statement)
+                    .bind("report")
+                    .bind(value)
+                    .bind(value)
+                    .bind(id)
+            };
+            let mut tx = pool.begin().await.expect("begin");
+            let written = query
+                .execute(&mut *tx)
+                .await
+                .map_err(|error| lockkit_fence::mysql::refusal(error, "report", token(by)))?;
+            tx.commit().await.expect("commit");
+            Ok::<_, FenceError>(written.rows_affected())
+        }
+    };
+    let greatest = || async {
+        let row: Option<i64> =
+            sqlx::query_scalar("SELECT token FROM lockkit_fences WHERE resource = 'report'")
+                .fetch_optional(&pool)
+                .await
+                .expect("read the fence");
+        row
+    };
+    let written_by = || async {
+        let by: i64 = sqlx::query_scalar("SELECT written_by FROM report WHERE id = 1")
+            .fetch_one(&pool)
+            .await
+            .expect("read");
+        by
+    };
+
+    // No row for the key: nothing written, and the fence never ran.
+    assert_eq!(write(KEYED, 2, 5).await.expect("no row, no fence"), 0);
+    assert_eq!(greatest().await, None);
+
+    // The first token records the resource; the same and greater ones write.
+    assert_eq!(write(KEYED, 1, 5).await.expect("5 admitted"), 1);
+    assert_eq!(write(KEYED, 1, 5).await.expect("5 again"), 1);
+    assert_eq!(write(DERIVED, 1, 7).await.expect("7 admitted"), 1);
+    assert_eq!((greatest().await, written_by().await), (Some(7), 7));
+
+    // Stale in either form: refused, nothing written, 7 still the greatest.
+    for statement in [KEYED, DERIVED] {
+        let refused = write(statement, 1, 6).await.unwrap_err();
+        assert!(
+            matches!(refused, FenceError::Stale { greatest, .. } if greatest == token(7)),
+            "{refused:?}"
+        );
+    }
+    assert_eq!((greatest().await, written_by().await), (Some(7), 7));
+    assert_eq!(write(KEYED, 1, 8).await.expect("8 admitted"), 1);
+    assert_eq!((greatest().await, written_by().await), (Some(8), 8));
+
+    // Bad input as SQL: the function's own refusal, nothing recorded.
+    for (call, expected) in [
+        (
+            "lockkit_fence('', 1)",
+            "the resource must be 1 to 255 bytes",
+        ),
+        (
+            "lockkit_fence(NULL, 1)",
+            "the resource must be 1 to 255 bytes",
+        ),
+        (
+            "lockkit_fence('report', -1)",
+            "the token must be a number from 0",
+        ),
+        (
+            "lockkit_fence('fresh', -1)",
+            "the token must be a number from 0",
+        ),
+        (
+            "lockkit_fence('report', NULL)",
+            "the token must be a number from 0",
+        ),
+    ] {
+        let refused = server.sql(&format!("SELECT {call}")).await.expect_err(call);
+        assert!(refused.to_string().contains(expected), "{call}: {refused}");
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM lockkit_fences")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!((count, greatest().await), (1, Some(8)));
+}
+
 #[tokio::test]
 async fn sqlite_a_stale_write_in_a_transaction_is_refused() {
     let dir = tempfile::tempdir().expect("a temporary directory");
