@@ -7,11 +7,12 @@
 
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use lockkit_core::{DistributedLock, LockError, LockOptions, LostReason};
 use tokio::time::Instant;
 
 use super::Harness;
-use crate::cases::{assert_refused, is_free_for, must_acquire, unique};
+use crate::cases::{assert_held, assert_refused, is_free_for, must_acquire, unique};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -231,6 +232,67 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
     futures_util::future::join(
         lapsed_name_waits(a.as_ref(), b.as_ref(), delay),
         crashed_name_waits(a.as_ref(), b.as_ref(), delay),
+    )
+    .await;
+}
+
+/// `lock_delay`, for a holder that comes back after its validity ran out
+/// but before its watchdog noticed (a paused process, a busy runtime): its
+/// `release()` is told `Lost` and leaves the name taken for the delay, and
+/// so does dropping such a guard; only a valid holding is freed at once.
+pub async fn a_lapsed_guard_keeps_its_lock_delay(h: &dyn Harness) {
+    let b = h.client().await;
+    if !b.capabilities().lock_delay {
+        return;
+    }
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .lock_delay(Duration::from_secs(60));
+    let (released, dropped) = (unique("lapsed-released"), unique("lapsed-dropped"));
+    // The holder gets a runtime of its own, which the sleep below freezes
+    // whole, its watchdogs included: the guards see their validity over
+    // before anything else could mark them lost.
+    let frozen_holder = || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the holder");
+        runtime.block_on(async {
+            let a = h.client().await;
+            let first = must_acquire(a.as_ref(), &released, &opts).await;
+            let second = must_acquire(a.as_ref(), &dropped, &opts).await;
+            let second_lost = second.lost();
+            std::thread::sleep(opts.lease_ttl());
+            let release = first.release().await;
+            drop(second);
+            let marked = second_lost.now_or_never();
+            // Room for what the drop spawned.
+            tokio::time::sleep(ms(200)).await;
+            (release, marked)
+        })
+    };
+    let (release, marked) = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| scope.spawn(frozen_holder).join())
+    })
+    .expect("the frozen holder panicked");
+    assert!(
+        matches!(release, Err(LockError::Lost { .. })),
+        "a release past the validity is a loss, got {release:?}"
+    );
+    assert!(
+        marked.is_some(),
+        "a guard dropped past its validity is marked lost at once"
+    );
+    assert_held(
+        b.as_ref(),
+        &released,
+        "a lapsed holding's release keeps its lock delay",
+    )
+    .await;
+    assert_held(
+        b.as_ref(),
+        &dropped,
+        "a lapsed holding dropped keeps its lock delay",
     )
     .await;
 }

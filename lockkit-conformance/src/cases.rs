@@ -48,7 +48,7 @@ pub(crate) async fn is_free_for(lock: &dyn DistributedLock, name: &str) -> bool 
     }
 }
 
-async fn assert_held(lock: &dyn DistributedLock, name: &str, why: &str) {
+pub(crate) async fn assert_held(lock: &dyn DistributedLock, name: &str, why: &str) {
     let probe = lock
         .try_acquire(name, &opts(Duration::from_secs(5)))
         .await

@@ -172,6 +172,7 @@ macro_rules! conformance_suite {
             max_hold_ends_the_holding,
             min_hold_keeps_the_name_after_an_early_release,
             lock_delay_keeps_an_unreleased_name,
+            a_lapsed_guard_keeps_its_lock_delay,
             at_risk_rises_when_cut_off_and_clears_when_healed,
             invalid_bounds_rejected,
         );

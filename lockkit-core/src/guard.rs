@@ -208,6 +208,27 @@ impl Shared {
         self.lease.release().await
     }
 
+    /// Marks the holding lost if its validity has run out and no loss is
+    /// recorded yet (a holder that was paused, or whose runtime was busy,
+    /// past its lease may come back before its watchdog does); the reason,
+    /// if this call marked it. The caller then ends it with
+    /// [`end_lost`](Self::end_lost).
+    fn lapse(&self) -> Option<LostReason> {
+        let reason = lock(&self.timing).lapsed(Instant::now(), self.auto_renew)?;
+        self.mark_lost(reason).then_some(reason)
+    }
+
+    /// Ends a holding just marked lost for `reason` on the server, as far as
+    /// the client still can: for session-based backends this frees the node
+    /// or session lock; for lease backends it is a harmless
+    /// compare-and-delete, or nothing with a lock delay (the server keeps
+    /// the name for it). Bounded: the lease ends by itself anyway.
+    async fn end_lost(&self, reason: LostReason) {
+        let _ops = self.ops.lock().await;
+        let end = self.end_on_server(End::Lost(reason));
+        let _ = tokio::time::timeout(LOST_END_TIMEOUT, end).await;
+    }
+
     /// Marks the holding lost; true if this call did it.
     fn mark_lost(&self, reason: LostReason) -> bool {
         let first = self.lost.mark(reason, || {
@@ -240,6 +261,10 @@ impl Shared {
         }
     }
 }
+
+/// How long [`Shared::end_lost`] tries before it leaves the lease to end
+/// by itself.
+const LOST_END_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a holding ends, for [`Shared::end_on_server`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -521,7 +546,10 @@ impl LockGuard {
     }
 
     /// Releases the lock with an atomic compare-and-delete. `LockError::Lost` if
-    /// the lease was already gone (it is never someone else's that gets deleted).
+    /// the lease was already gone (it is never someone else's that gets deleted),
+    /// or if its validity has run out (see [`is_lost`](Self::is_lost)): that
+    /// holding ended without a release, and a
+    /// [`lock_delay`](LockOptions::lock_delay) then keeps the name taken.
     pub async fn release(mut self) -> Result<()> {
         self.stop_watchdog();
         let shared = self.shared.clone();
@@ -532,6 +560,11 @@ impl LockGuard {
             outcome = tracing::field::Empty,
         );
         let result = async {
+            // Past its validity the holding ended without a release: a
+            // loss, whose lock delay (if asked) keeps the name taken.
+            if let Some(reason) = shared.lapse() {
+                shared.end_lost(reason).await;
+            }
             if let Some(reason) = shared.lost_reason() {
                 return Err(LockError::lost(&shared.name, reason));
             }
@@ -579,10 +612,21 @@ fn outcome<T>(result: &Result<T>) -> &'static str {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_watchdog();
-        if self.finished || self.shared.lost_reason().is_some() {
+        if self.finished {
             return;
         }
-        release_in_background(self.shared.clone());
+        if let Some(reason) = self.shared.lapse() {
+            end_in_background(self.shared.clone(), reason);
+        } else if self.shared.lost_reason().is_none() {
+            release_in_background(self.shared.clone());
+        }
+    }
+}
+
+/// Spawns [`Shared::end_lost`] for a guard dropped past its validity.
+fn end_in_background(shared: Arc<Shared>, reason: LostReason) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { shared.end_lost(reason).await });
     }
 }
 

@@ -62,6 +62,21 @@ impl Timing {
         self.valid_until
     }
 
+    /// Why the holding is over at `now`, if its validity has run out: the
+    /// max hold reached, renewals that failed until then, or (without
+    /// auto-renew) the lease expired.
+    pub(super) fn lapsed(&self, now: Instant, auto_renew: bool) -> Option<LostReason> {
+        (now >= self.valid_until).then(|| {
+            if self.limit_reached(now) {
+                LostReason::HoldLimit
+            } else if auto_renew {
+                LostReason::RenewalFailed
+            } else {
+                LostReason::Expired
+            }
+        })
+    }
+
     /// When the watchdog next has something to do: the next renewal (or its
     /// retry) when auto-renew is on, and in any case the end of the validity.
     /// The renewal is put off to the next point of the renewal grid (see
@@ -330,31 +345,19 @@ async fn watchdog_step(shared: Arc<Shared>) {
         return;
     }
     let now = Instant::now();
-    let (ttl, valid_until, renew_due, at_limit, limit_reached) = {
+    let (ttl, valid_until, renew_due, at_limit, lapsed) = {
         let timing = lock(&shared.timing);
         (
             timing.ttl,
             timing.valid_until,
             timing.renew_due(),
             timing.at_limit(),
-            timing.limit_reached(now),
+            timing.lapsed(now, shared.auto_renew),
         )
     };
-    if now >= valid_until {
-        let reason = if limit_reached {
-            LostReason::HoldLimit
-        } else if shared.auto_renew {
-            LostReason::RenewalFailed
-        } else {
-            LostReason::Expired
-        };
+    if let Some(reason) = lapsed {
         if shared.mark_lost(reason) {
-            // For session-based backends this frees the node or session
-            // lock; for lease backends it is a harmless compare-and-delete
-            // (or nothing, with a lock delay: the server keeps the name).
-            let _ops = shared.ops.lock().await;
-            let end = shared.end_on_server(super::End::Lost(reason));
-            let _ = tokio::time::timeout(Duration::from_secs(5), end).await;
+            shared.end_lost(reason).await;
         }
         shared.stop_watchdog();
         return;
