@@ -239,7 +239,8 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
 /// `lock_delay`, for a holder that comes back after its validity ran out
 /// but before its watchdog noticed (a paused process, a busy runtime): its
 /// `release()` is told `Lost` and leaves the name taken for the delay, and
-/// so does dropping such a guard; only a valid holding is freed at once.
+/// so does dropping such a guard; only a valid holding is freed at once. An
+/// `extend()` then is `Lost` too: the lease the delay keeps revives nothing.
 pub async fn a_lapsed_guard_keeps_its_lock_delay(h: &dyn Harness) {
     let b = h.client().await;
     if !b.capabilities().lock_delay {
@@ -248,7 +249,11 @@ pub async fn a_lapsed_guard_keeps_its_lock_delay(h: &dyn Harness) {
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(1))
         .lock_delay(Duration::from_secs(60));
-    let (released, dropped) = (unique("lapsed-released"), unique("lapsed-dropped"));
+    let (released, dropped, extended) = (
+        unique("lapsed-released"),
+        unique("lapsed-dropped"),
+        unique("lapsed-extended"),
+    );
     // The holder gets a runtime of its own, which the sleep below freezes
     // whole, its watchdogs included: the guards see their validity over
     // before anything else could mark them lost.
@@ -261,23 +266,29 @@ pub async fn a_lapsed_guard_keeps_its_lock_delay(h: &dyn Harness) {
             let a = h.client().await;
             let first = must_acquire(a.as_ref(), &released, &opts).await;
             let second = must_acquire(a.as_ref(), &dropped, &opts).await;
+            let third = must_acquire(a.as_ref(), &extended, &opts).await;
             let second_lost = second.lost();
             std::thread::sleep(opts.lease_ttl());
+            let extend = third.extend(opts.lease_ttl()).await;
             let release = first.release().await;
             drop(second);
             let marked = second_lost.now_or_never();
             // Room for what the drop spawned.
             tokio::time::sleep(ms(200)).await;
-            (release, marked)
+            (release, marked, extend, third.is_lost())
         })
     };
-    let (release, marked) = tokio::task::block_in_place(|| {
+    let (release, marked, extend, still_lost) = tokio::task::block_in_place(|| {
         std::thread::scope(|scope| scope.spawn(frozen_holder).join())
     })
     .expect("the frozen holder panicked");
     assert!(
         matches!(release, Err(LockError::Lost { .. })),
         "a release past the validity is a loss, got {release:?}"
+    );
+    assert!(
+        matches!(extend, Err(LockError::Lost { .. })) && still_lost,
+        "an extension past the validity is a loss and revives nothing, got {extend:?}"
     );
     assert!(
         marked.is_some(),

@@ -244,6 +244,11 @@ impl Shared {
     }
 
     async fn extend(self: &Arc<Self>, ttl: Duration) -> Result<()> {
+        // A lapsed holding is lost for good, even where its lease is still
+        // on the server (a lock delay keeps it): no extension revives it.
+        if let Some(reason) = self.lapse() {
+            self.end_lost(reason).await;
+        }
         let _ops = self.ops.lock().await;
         if let Some(reason) = self.lost_reason() {
             return Err(LockError::lost(&self.name, reason));
@@ -531,7 +536,7 @@ impl LockGuard {
 
     /// Extends the lease so that it ends `ttl` from now; the watchdog uses `ttl`
     /// from then on. Only the holder can extend: `LockError::Lost` if the lease is
-    /// already gone.
+    /// already gone, or its validity has run out (a lost holding stays lost).
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         check_ttl(ttl)?;
         let span = tracing::debug_span!(
