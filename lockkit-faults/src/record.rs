@@ -90,6 +90,67 @@ pub struct Trace {
     pub stores: Vec<StoreRecord>,
 }
 
+impl Trace {
+    /// The run as text, one event a line in the order of the run's clock:
+    /// the faults' starts and ends, and every worker's steps. Written for
+    /// every run beside its timeline, and printed for a run that failed.
+    pub fn events(&self) -> String {
+        let mut lines: Vec<(Micros, String)> =
+            Vec::with_capacity(self.records.len() + 2 * self.faults.len());
+        for fault in &self.faults {
+            lines.push((fault.start, format!("fault   {}: begins", fault.label)));
+            if fault.end > fault.start {
+                lines.push((fault.end, format!("fault   {}: healed", fault.label)));
+            }
+        }
+        for record in &self.records {
+            lines.push((
+                record.at,
+                format!(
+                    "worker {} section {}: {}",
+                    record.client, record.section, record.kind
+                ),
+            ));
+        }
+        // Stable: records that arrived at the same microsecond keep their order.
+        lines.sort_by_key(|(at, _)| *at);
+        let mut out = String::new();
+        for (at, line) in lines {
+            out.push_str(&format!("{:>10.6} s  {line}\n", at as f64 / 1e6));
+        }
+        out
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let token = |token: &Option<u64>| {
+            token.map_or_else(|| "no token".to_owned(), |t| format!("token {t}"))
+        };
+        match self {
+            Kind::Attempt => write!(f, "attempt"),
+            Kind::Acquired(t) => write!(f, "acquired ({})", token(t)),
+            Kind::Write {
+                token: t,
+                index,
+                accepted,
+            } => write!(
+                f,
+                "write {index} ({}) {}",
+                token(t),
+                if *accepted { "accepted" } else { "rejected" }
+            ),
+            Kind::Failed(kind) => write!(f, "failed: {kind}"),
+            Kind::Lost => write!(f, "saw the lease lost (is_lost)"),
+            Kind::Released(ok) => {
+                write!(f, "released {}", if *ok { "ok" } else { "with an error" })
+            }
+            Kind::AtRisk => write!(f, "at risk"),
+            Kind::LostSignal => write!(f, "lost signal"),
+        }
+    }
+}
+
 /// Formats microseconds as seconds with millisecond precision.
 #[derive(Clone, Copy, Debug)]
 pub struct Seconds(pub Micros);

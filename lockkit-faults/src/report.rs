@@ -58,6 +58,22 @@ pub fn problems(results: &[RunResult]) -> Vec<String> {
     problems
 }
 
+/// The runs that `problems` (from [`problems`]) name, with every event
+/// each recorded: what a failed suite prints, so that a log shows what
+/// happened in the run that failed.
+pub fn failed_runs_events(results: &[RunResult], problems: &[String]) -> String {
+    let mut out = String::new();
+    for result in results {
+        let slug = result.slug();
+        let prefix = format!("{slug}:");
+        if problems.iter().any(|problem| problem.starts_with(&prefix)) {
+            let _ = writeln!(out, "events of {slug}:");
+            out.push_str(&result.trace.events());
+        }
+    }
+    out
+}
+
 /// Stale writes admitted / refused at each real store, e.g. `0 / 2, 0 / 2`
 /// (`–` without stores or tokens).
 fn stores_text(result: &RunResult) -> String {
@@ -364,12 +380,18 @@ pub fn write(
     problems: &[String],
 ) -> io::Result<()> {
     let timelines = dir.join("timelines");
+    let events = dir.join("events");
     std::fs::create_dir_all(&timelines)?;
+    std::fs::create_dir_all(&events)?;
     for result in results {
         let title = format!("{} — {}", result.backend, result.scenario);
         std::fs::write(
             timelines.join(format!("{}.svg", result.slug())),
             timeline::svg(&title, &result.trace),
+        )?;
+        std::fs::write(
+            events.join(format!("{}.txt", result.slug())),
+            result.trace.events(),
         )?;
     }
     let mut out = String::new();
@@ -460,5 +482,46 @@ mod tests {
         let problems = problems(&[result(vec![Some(1_000), None])]);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("did not recover"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_failed_run_prints_its_events_in_the_order_of_the_run() {
+        use crate::record::{Fault, Kind, Record};
+        let mut failed = result(vec![Some(1_000)]);
+        failed.outcome.stale_accepted = 1;
+        failed.trace.records = vec![
+            Record::new(
+                2_500_000,
+                0,
+                3,
+                Kind::Write {
+                    token: Some(7),
+                    index: 1,
+                    accepted: true,
+                },
+            ),
+            Record::new(10, 0, 3, Kind::Acquired(Some(7))),
+        ];
+        failed.trace.faults = vec![Fault {
+            label: "worker 0 paused".into(),
+            start: 20,
+            end: 2_400_000,
+        }];
+        let mut passed = result(vec![Some(1_000)]);
+        passed.scenario = Scenario::HolderKilled;
+        passed.trace.records = vec![Record::new(5, 1, 0, Kind::Attempt)];
+        let results = [failed, passed];
+        let text = failed_runs_events(&results, &problems(&results));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "events of redis--server-killed:",
+                "  0.000010 s  worker 0 section 3: acquired (token 7)",
+                "  0.000020 s  fault   worker 0 paused: begins",
+                "  2.400000 s  fault   worker 0 paused: healed",
+                "  2.500000 s  worker 0 section 3: write 1 (token 7) accepted",
+            ]
+        );
     }
 }

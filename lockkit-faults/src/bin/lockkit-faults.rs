@@ -47,7 +47,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Runs the scenarios and writes DIR/report.md and DIR/timelines/*.svg.
+    /// Runs the scenarios and writes DIR/report.md, DIR/timelines/*.svg and
+    /// DIR/events/*.txt (every run's events as text; a failed run's are also printed).
     Run(RunArgs),
     /// One worker process (started by `run`).
     #[command(hide = true)]
@@ -513,6 +514,7 @@ async fn run_suite(args: RunArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
 
+    let _ = std::io::stderr().write_all(report::failed_runs_events(&results, &problems).as_bytes());
     for problem in &problems {
         tracing::error!("{problem}");
     }
