@@ -61,7 +61,9 @@ pub struct RedlockBackend {
     instance_timeout: Option<Duration>,
     /// By owner token: the acquire requests of a held lease that had not
     /// answered when it was granted. Its release to those instances waits for
-    /// them, so that a late `SET` can never land after the `DEL`.
+    /// them, so that a late `SET` can never land after the `DEL`. Entries
+    /// whose requests have all finished go when the next one is added (see
+    /// [`forget_finished`]).
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// The requests left running in the background, by instance.
     stragglers: Stragglers,
@@ -356,6 +358,14 @@ pub struct Placed {
 }
 
 /// Now, in microseconds since the Unix epoch (0 before it).
+/// Drops the entries of [`RedlockBackend::in_flight`] whose requests have
+/// all finished: a release has nothing left to wait for there, and a
+/// holding that ends without a release (lost, its lease kept for a lock
+/// delay) would otherwise leave its entry for the life of the client.
+fn forget_finished(in_flight: &mut HashMap<String, InFlight>) {
+    in_flight.retain(|_, late| late.iter().any(|(_, done)| done.has_changed().is_ok()));
+}
+
 fn unix_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -475,8 +485,9 @@ impl LeaseBackend for RedlockBackend {
         // Known before the outcome, so that a release after this call was
         // cut off (rolling back, below) waits for them as well.
         if !late.is_empty() {
-            self.in_flight()
-                .insert(owner.as_str().to_owned(), late.clone());
+            let mut in_flight = self.in_flight();
+            forget_finished(&mut in_flight);
+            in_flight.insert(owner.as_str().to_owned(), late.clone());
         }
         if yes >= quorum {
             // Redlock has no safe fencing token.
@@ -667,7 +678,34 @@ impl LeaseBackend for RedlockBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::bounding_quorum;
+    use std::collections::HashMap;
+
+    use tokio::sync::watch;
+
+    use super::{bounding_quorum, forget_finished};
+
+    /// An entry goes once every request in it has finished (its signal's
+    /// sender dropped), and not before.
+    #[test]
+    fn finished_requests_are_forgotten() {
+        let (first, first_done) = watch::channel(());
+        let (second, second_done) = watch::channel(());
+        let (third, third_done) = watch::channel(());
+        let mut in_flight = HashMap::from([
+            ("a".to_owned(), vec![(0, first_done), (2, second_done)]),
+            ("b".to_owned(), vec![(1, third_done)]),
+        ]);
+        forget_finished(&mut in_flight);
+        assert_eq!(in_flight.len(), 2, "nothing has finished yet");
+        drop(first);
+        drop(third);
+        forget_finished(&mut in_flight);
+        let left: Vec<&String> = in_flight.keys().collect();
+        assert_eq!(left, ["a"], "b's only request finished; a's second runs");
+        drop(second);
+        forget_finished(&mut in_flight);
+        assert!(in_flight.is_empty());
+    }
 
     /// `permits + 1` holders of `q` instances each fit on `n` instances of
     /// `permits` places each exactly when `(permits + 1)·q <= n·permits`
