@@ -241,6 +241,8 @@ pub async fn lock_delay_keeps_an_unreleased_name(h: &dyn Harness) {
 /// `release()` is told `Lost` and leaves the name taken for the delay, and
 /// so does dropping such a guard; only a valid holding is freed at once. An
 /// `extend()` then is `Lost` too: the lease the delay keeps revives nothing.
+/// Runs on a multi-thread runtime, as the suite's macro gives every case
+/// (the frozen holder blocks a thread of its own).
 pub async fn a_lapsed_guard_keeps_its_lock_delay(h: &dyn Harness) {
     let b = h.client().await;
     if !b.capabilities().lock_delay {
