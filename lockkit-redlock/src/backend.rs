@@ -15,7 +15,7 @@ use lockkit_redis::{RedisInstance, RedisKey, Release, Waiting, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
-use crate::quorum::{Stragglers, Until, Votes, ask, finished};
+use crate::quorum::{Stragglers, Until, Votes, ask, finished, has_finished};
 
 /// How many times a status read is made while its answers leave the
 /// lock's state open (an instance slower than the instance timeout).
@@ -357,15 +357,15 @@ pub struct Placed {
     since: u64,
 }
 
-/// Now, in microseconds since the Unix epoch (0 before it).
 /// Drops the entries of [`RedlockBackend::in_flight`] whose requests have
 /// all finished: a release has nothing left to wait for there, and a
 /// holding that ends without a release (lost, its lease kept for a lock
 /// delay) would otherwise leave its entry for the life of the client.
 fn forget_finished(in_flight: &mut HashMap<String, InFlight>) {
-    in_flight.retain(|_, late| late.iter().any(|(_, done)| done.has_changed().is_ok()));
+    in_flight.retain(|_, late| !late.iter().all(|(_, done)| has_finished(done)));
 }
 
+/// Now, in microseconds since the Unix epoch (0 before it).
 fn unix_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -63,6 +63,11 @@ pub(crate) async fn finished(mut done: watch::Receiver<()>) {
     while done.changed().await.is_ok() {}
 }
 
+/// Whether the request whose signal `done` is has finished already.
+pub(crate) fn has_finished(done: &watch::Receiver<()>) -> bool {
+    done.has_changed().is_err()
+}
+
 /// By instance: the last request that [`ask`] left to finish in the
 /// background, with the lock it was about, until it has finished.
 ///
@@ -104,7 +109,7 @@ impl Stragglers {
         let mut slot = self.slot(index);
         if slot
             .as_ref()
-            .is_some_and(|straggler| straggler.done.has_changed().is_err())
+            .is_some_and(|straggler| has_finished(&straggler.done))
         {
             *slot = None;
         }
