@@ -50,43 +50,89 @@ const WARM_UP_BLOCKS: usize = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Store {
-    Postgres(Form),
-    MariaDb(Form),
+    Postgres(PgForm),
+    MariaDb(MariaDbForm),
     Redis,
     Http,
 }
 
-/// Where a SQL write carries its fence.
+/// Where a PostgreSQL write carries its fence.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Form {
-    /// In the write's own statement, as a row source (PostgreSQL's `FROM`,
-    /// MariaDB's derived table): called once whatever the statement reads.
-    Inline,
-    /// In the `WHERE` of an `UPDATE` that finds its row by key (MariaDB):
-    /// called for each row the key finds.
-    Keyed,
+enum PgForm {
+    /// In the `UPDATE` itself, as a row source (`FROM lockkit_fence(…)`):
+    /// called once whatever the statement reads.
+    Update,
     /// A statement of its own before the write (`admit`).
     Admit,
 }
 
+/// Where a MariaDB write carries its fence.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum MariaDbForm {
+    /// In the `WHERE` of an `UPDATE` that finds its row by key: called for
+    /// each row the key finds.
+    Where,
+    /// In a derived table of the `UPDATE`, which the server materialises:
+    /// called once whatever the statement reads.
+    Derived,
+    /// A statement of its own before the write (`admit`).
+    Admit,
+}
+
+impl PgForm {
+    /// The fenced `UPDATE` (binding the resource, then the token), or
+    /// `None` where the fence is a statement of its own.
+    fn fenced_update(self) -> Option<&'static str> {
+        match self {
+            PgForm::Update => Some(
+                "UPDATE bench_fence SET hits = hits + 1 \
+                 FROM lockkit_fence($1, $2) AS fence WHERE id = 1",
+            ),
+            PgForm::Admit => None,
+        }
+    }
+}
+
+impl MariaDbForm {
+    /// The fenced `UPDATE` (binding the resource, then the token), or
+    /// `None` where the fence is a statement of its own.
+    fn fenced_update(self) -> Option<&'static str> {
+        match self {
+            MariaDbForm::Where => Some(
+                "UPDATE bench_fence SET hits = hits + 1 \
+                 WHERE id = 1 AND lockkit_fence(?, ?) IS NOT NULL",
+            ),
+            MariaDbForm::Derived => Some(
+                "UPDATE bench_fence JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence \
+                 SET hits = hits + 1 WHERE id = 1",
+            ),
+            MariaDbForm::Admit => None,
+        }
+    }
+}
+
 impl Store {
     const ALL: [Store; 7] = [
-        Store::Postgres(Form::Inline),
-        Store::Postgres(Form::Admit),
-        Store::MariaDb(Form::Keyed),
-        Store::MariaDb(Form::Inline),
-        Store::MariaDb(Form::Admit),
+        Store::Postgres(PgForm::Update),
+        Store::Postgres(PgForm::Admit),
+        Store::MariaDb(MariaDbForm::Where),
+        Store::MariaDb(MariaDbForm::Derived),
+        Store::MariaDb(MariaDbForm::Admit),
         Store::Redis,
         Store::Http,
     ];
 
     fn name(self) -> &'static str {
         match self {
-            Store::Postgres(Form::Inline | Form::Keyed) => "postgres, fence in the UPDATE",
-            Store::Postgres(Form::Admit) => "postgres, admit() then UPDATE",
-            Store::MariaDb(Form::Keyed) => "mariadb, fence in the UPDATE's WHERE (a row by key)",
-            Store::MariaDb(Form::Inline) => "mariadb, fence in a derived table of the UPDATE",
-            Store::MariaDb(Form::Admit) => "mariadb, admit() then UPDATE",
+            Store::Postgres(PgForm::Update) => "postgres, fence in the UPDATE",
+            Store::Postgres(PgForm::Admit) => "postgres, admit() then UPDATE",
+            Store::MariaDb(MariaDbForm::Where) => {
+                "mariadb, fence in the UPDATE's WHERE (a row by key)"
+            }
+            Store::MariaDb(MariaDbForm::Derived) => {
+                "mariadb, fence in a derived table of the UPDATE"
+            }
+            Store::MariaDb(MariaDbForm::Admit) => "mariadb, admit() then UPDATE",
             Store::Redis => "redis, FencedWrite",
             Store::Http => "http, FenceLayer",
         }
@@ -98,10 +144,10 @@ impl Store {
     /// reported per request).
     fn target(self) -> Option<f64> {
         match self {
-            Store::Postgres(Form::Inline | Form::Keyed) | Store::MariaDb(Form::Keyed) => Some(1.3),
+            Store::Postgres(PgForm::Update) | Store::MariaDb(MariaDbForm::Where) => Some(1.3),
             Store::Redis => Some(1.2),
-            Store::Postgres(Form::Admit)
-            | Store::MariaDb(Form::Inline | Form::Admit)
+            Store::Postgres(PgForm::Admit)
+            | Store::MariaDb(MariaDbForm::Derived | MariaDbForm::Admit)
             | Store::Http => None,
         }
     }
@@ -134,8 +180,8 @@ type HttpService = BoxCloneSyncService<Request<String>, Response<String>, Infall
 
 /// The clients of one store, on the runtime that measures them.
 enum Client {
-    Postgres(sqlx::PgPool, Form),
-    MariaDb(sqlx::MySqlPool, Form),
+    Postgres(sqlx::PgPool, PgForm),
+    MariaDb(sqlx::MySqlPool, MariaDbForm),
     Redis(redis::aio::MultiplexedConnection),
     Http {
         plain: HttpService,
@@ -309,15 +355,15 @@ impl Fixture {
     }
 }
 
-/// One write in a transaction on `$pool`: plain, or fenced with `$inline`
-/// (the fence inside the `UPDATE`) or by `$fence::admit` first.
+/// One write in a transaction on `$pool`: plain, or fenced by `$update`
+/// (the fenced `UPDATE`, where the form has one) or by `$fence::admit` first.
 macro_rules! sql_write {
-    ($pool:expr, $form:expr, $fenced:expr, $token:expr, $inline:expr, $fence:path) => {{
+    ($pool:expr, $update:expr, $fenced:expr, $token:expr, $fence:path) => {{
         use $fence as fence;
         let mut tx = $pool.begin().await.expect("begin");
-        match ($fenced, $form) {
-            (true, Form::Inline | Form::Keyed) => {
-                sqlx::query($inline)
+        match ($fenced, $update) {
+            (true, Some(update)) => {
+                sqlx::query(update)
                     .bind("bench")
                     .bind(lockkit_fence::bigint($token).expect("a BIGINT token"))
                     .execute(&mut *tx)
@@ -351,27 +397,18 @@ impl CycleFixture for Fixture {
             Client::Postgres(pool, form) => {
                 sql_write!(
                     pool,
-                    *form,
+                    form.fenced_update(),
                     fenced,
                     token,
-                    "UPDATE bench_fence SET hits = hits + 1 \
-                     FROM lockkit_fence($1, $2) AS fence WHERE id = 1",
                     lockkit_fence::postgres
                 );
             }
             Client::MariaDb(pool, form) => {
                 sql_write!(
                     pool,
-                    *form,
+                    form.fenced_update(),
                     fenced,
                     token,
-                    if *form == Form::Keyed {
-                        "UPDATE bench_fence SET hits = hits + 1 \
-                         WHERE id = 1 AND lockkit_fence(?, ?) IS NOT NULL"
-                    } else {
-                        "UPDATE bench_fence JOIN (SELECT lockkit_fence(?, ?) AS admitted) AS fence \
-                         SET hits = hits + 1 WHERE id = 1"
-                    },
                     lockkit_fence::mysql
                 );
             }
