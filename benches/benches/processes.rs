@@ -790,7 +790,9 @@ impl Row {
 
     /// The median over rounds of this row's throughput ÷ `base`'s in the
     /// same round, and the number of rounds paired.
-    fn paired_ratio(&self, base: &Row) -> Option<(f64, usize)> {
+    /// This row's throughput over `base`'s, round by round (rounds in
+    /// which `base` made no section left out), and their median.
+    fn paired_ratio(&self, base: &Row) -> Option<(f64, Vec<f64>)> {
         let ratios: Vec<f64> = self
             .rounds
             .iter()
@@ -798,8 +800,7 @@ impl Row {
             .filter(|(_, b)| **b > 0.0)
             .map(|(a, b)| a / b)
             .collect();
-        let n = ratios.len();
-        (n > 0).then(|| (median(ratios), n))
+        (!ratios.is_empty()).then(|| (median(ratios.clone()), ratios))
     }
 
     fn line(&self) -> String {
@@ -965,8 +966,15 @@ fn targets(rows: &[Row], processes: usize) -> String {
             }
             for (target, ours) in judged {
                 let (ratio, verdict) = match ours.paired_ratio(row) {
-                    Some((ratio, n)) => (
-                        format!("{ratio:.2} (median of {n} paired rounds)"),
+                    Some((ratio, rounds)) => (
+                        format!(
+                            "{ratio:.3} (median of the rounds' {})",
+                            rounds
+                                .iter()
+                                .map(|r| format!("{r:.2}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
                         verdict(ratio >= 1.0),
                     ),
                     None => ("—".to_owned(), "no round to pair"),
