@@ -460,6 +460,17 @@ impl Testbed {
         Ok(self.sentinels()?.wait_for_failover(old, timeout).await)
     }
 
+    /// What the servers say of themselves, for a run whose fault did not
+    /// recover: a ZooKeeper ensemble's members, each with its mode and the
+    /// last `lines` lines of its log (an ensemble that formed no quorum
+    /// serves no client). `None` for the other deployments.
+    pub async fn describe(&self, lines: usize) -> Option<String> {
+        match self.deployment {
+            Deployment::ZkEnsemble => Some(self.servers.zk_ensemble().describe(lines).await),
+            _ => None,
+        }
+    }
+
     /// The index of the leader of a ZooKeeper ensemble or an etcd cluster.
     pub async fn leader(&self) -> Option<usize> {
         match self.deployment {

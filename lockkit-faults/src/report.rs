@@ -69,6 +69,9 @@ pub fn failed_runs_events(results: &[RunResult], problems: &[String]) -> String 
         if problems.iter().any(|problem| problem.starts_with(&prefix)) {
             let _ = writeln!(out, "events of {slug}:");
             out.push_str(&result.trace.events());
+            if let Some(servers) = &result.servers {
+                let _ = writeln!(out, "servers of {slug} at the end of the run:\n{servers}");
+            }
         }
     }
     out
@@ -453,6 +456,7 @@ mod tests {
             },
             error: None,
             lock_delay: None,
+            servers: None,
         }
     }
 
@@ -523,5 +527,23 @@ mod tests {
                 "  2.500000 s  worker 0 section 3: write 1 (token 7) accepted",
             ]
         );
+    }
+
+    #[test]
+    fn a_run_that_did_not_recover_prints_what_its_servers_said() {
+        let mut stuck = result(vec![None]);
+        stuck.servers = Some("--- member 0 (myid 1), mode no answer".into());
+        let mut recovered = result(vec![Some(1_000)]);
+        recovered.scenario = Scenario::HolderKilled;
+        recovered.servers = Some("never printed".into());
+        let results = [stuck, recovered];
+        let text = failed_runs_events(&results, &problems(&results));
+        assert!(
+            text.contains(
+                "servers of redis--server-killed at the end of the run:\n--- member 0 (myid 1), mode no answer"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("never printed"), "{text}");
     }
 }

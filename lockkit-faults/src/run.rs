@@ -16,6 +16,8 @@ use crate::stores::FenceStores;
 
 /// Critical sections that must complete before the fault is injected.
 const WARMUP_SECTIONS: u64 = 2;
+/// How many of each server's last log lines a run that did not recover keeps.
+const SERVER_LOG_LINES: usize = 80;
 
 /// How a suite runs.
 #[derive(Clone, Debug)]
@@ -64,6 +66,10 @@ pub struct RunResult {
     pub error: Option<String>,
     /// The workers' lock delay, if they asked for one.
     pub lock_delay: Option<Duration>,
+    /// What the servers said of themselves at the end of a run whose fault
+    /// did not recover, where they say more than their clients do (a
+    /// ZooKeeper ensemble's members: each one's mode and last log lines).
+    pub servers: Option<String>,
 }
 
 impl RunResult {
@@ -177,9 +183,8 @@ pub async fn run(
         Ok(resource) => resource,
         Err(e) => return failed(backend, scenario, lock_delay, format!("resource: {e}")),
     };
-    let mut fencing = false;
-    let mut workers = Vec::new();
-    let staged = tokio::time::timeout(
+    let mut staged = Staged::default();
+    let finished = tokio::time::timeout(
         settings.run_timeout,
         stage(
             backend,
@@ -187,16 +192,20 @@ pub async fn run(
             lock_delay,
             settings,
             &resource,
-            &mut fencing,
-            &mut workers,
+            &mut staged,
         ),
     )
     .await;
-    let error = match staged {
+    let error = match finished {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e),
         Err(_) => Some(format!("not done within {:?}", settings.run_timeout)),
     };
+    let Staged {
+        fencing,
+        mut workers,
+        servers,
+    } = staged;
     for worker in &mut workers {
         worker.kill();
     }
@@ -213,6 +222,7 @@ pub async fn run(
         outcome,
         error,
         lock_delay,
+        servers,
     }
 }
 
@@ -230,7 +240,20 @@ fn failed(
         outcome: Outcome::default(),
         error: Some(error),
         lock_delay,
+        servers: None,
     }
+}
+
+/// What [`stage`] leaves behind, also when it is cut off by the run's
+/// timeout.
+#[derive(Default)]
+struct Staged {
+    /// Whether the backend claims fencing.
+    fencing: bool,
+    /// The worker processes, to be killed.
+    workers: Vec<ServerProcess>,
+    /// What the servers said of themselves, if the fault did not recover.
+    servers: Option<String>,
 }
 
 async fn stage(
@@ -239,8 +262,7 @@ async fn stage(
     lock_delay: Option<Duration>,
     settings: &Settings,
     resource: &Resource,
-    fencing: &mut bool,
-    workers: &mut Vec<ServerProcess>,
+    staged: &mut Staged,
 ) -> Result<(), String> {
     let slug = &slug(backend, scenario, lock_delay);
     let lease = scenario.lease(settings.lease);
@@ -248,9 +270,10 @@ async fn stage(
     let probe = lockkit::connect(&deployment.url(None))
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    *fencing = probe.capabilities().fencing;
+    staged.fencing = probe.capabilities().fencing;
     drop(probe);
-    *workers = spawn_workers(settings, scenario, lock_delay, &deployment, resource, slug).await?;
+    staged.workers =
+        spawn_workers(settings, scenario, lock_delay, &deployment, resource, slug).await?;
     let warmup = lease * 10;
     if !resource.wait_completed(WARMUP_SECTIONS, warmup).await {
         return Err(format!(
@@ -262,14 +285,19 @@ async fn stage(
     let mut stage = Stage {
         deployment: &deployment,
         resource,
-        workers,
+        workers: &mut staged.workers,
         lease,
         lock_name: &lock_name(slug),
     };
     scenario.inject(&mut stage).await?;
     // A lock delay keeps a lost holder's name taken that much longer.
     tail(resource, lease, lock_delay.unwrap_or_default(), settings).await;
-    for worker in workers.iter_mut() {
+    if !check(&resource.trace(settings.clients)).recovered() {
+        // Taken while they still run: a fault that did not recover may be
+        // the servers' doing.
+        staged.servers = deployment.describe(SERVER_LOG_LINES).await;
+    }
+    for worker in &mut staged.workers {
         worker.kill();
     }
     Ok(())
