@@ -788,8 +788,6 @@ impl Row {
             .map(|n| n as f64 / self.sections as f64)
     }
 
-    /// The median over rounds of this row's throughput ÷ `base`'s in the
-    /// same round, and the number of rounds paired.
     /// This row's throughput over `base`'s, round by round (rounds in
     /// which `base` made no section left out), and their median.
     fn paired_ratio(&self, base: &Row) -> Option<(f64, Vec<f64>)> {

@@ -291,8 +291,7 @@ async fn stage(
     };
     scenario.inject(&mut stage).await?;
     // A lock delay keeps a lost holder's name taken that much longer.
-    tail(resource, lease, lock_delay.unwrap_or_default(), settings).await;
-    if !check(&resource.trace(settings.clients)).recovered() {
+    if !tail(resource, lease, lock_delay.unwrap_or_default(), settings).await {
         // Taken while they still run: a fault that did not recover may be
         // the servers' doing.
         staged.servers = deployment.describe(SERVER_LOG_LINES).await;
@@ -307,23 +306,26 @@ async fn stage(
 /// that much longer): the whole tail, or with
 /// [`Settings::cut_tail`] until every fault has recovered (after one lease
 /// at least, so that a holder resumed at the end of the faults has
-/// written). Whether they all did is the report's verdict
+/// written). Whether they all did, the answer, is the report's verdict
 /// ([`problems`](crate::report::problems)).
-async fn tail(resource: &Resource, lease: Duration, delay: Duration, settings: &Settings) {
+async fn tail(resource: &Resource, lease: Duration, delay: Duration, settings: &Settings) -> bool {
+    let recovered = || check(&resource.trace(settings.clients)).recovered();
     let longest = lease * settings.tail_leases + delay;
     if !settings.cut_tail {
         tokio::time::sleep(longest).await;
-        return;
+        return recovered();
     }
     let shortest = lease.min(longest);
     let deadline = tokio::time::Instant::now() + longest;
     tokio::time::sleep(shortest).await;
     loop {
         let done = resource.completed();
-        let recovered = check(&resource.trace(settings.clients)).recovered();
+        if recovered() {
+            return true;
+        }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if recovered || !resource.wait_completed(done + 1, left).await {
-            return;
+        if !resource.wait_completed(done + 1, left).await {
+            return recovered();
         }
     }
 }
