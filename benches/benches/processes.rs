@@ -22,7 +22,10 @@
 //!   too) (Redis `total_commands_processed`, ZooKeeper
 //!   `zk_packets_received`, etcd's `grpc_server_handled_total`, PostgreSQL's
 //!   committed and rolled-back transactions, MariaDB's `Questions`), over the
-//!   number of sections; none for SQLite, which has no server.
+//!   number of sections; none for SQLite, which has no server;
+//! * CPU time per section: the workers' loops (each worker reads its
+//!   process's CPU clock when its loop starts and ends), and the lock
+//!   servers' processes (`/proc/<pid>/stat`), over the number of sections.
 //!
 //! A library's time on a backend and runtime is split into three rounds,
 //! and each round runs every library of that backend and runtime in turn
@@ -52,6 +55,7 @@
 
 use std::fmt::Write as _;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -59,7 +63,7 @@ use lockkit_benches::{
     Client, Deployment, LoadKind, Locker, RunMode, Servers, fmt_duration, median, percentile,
     round_order, runtime, runtime_of, save_summary, selected, wall_ns,
 };
-use lockkit_testkit::{RedisServer, TestServer, info_field};
+use lockkit_testkit::{FaultControl, RedisServer, TestServer, info_field};
 use redis::AsyncCommands as _;
 use serde_json::{Value, json};
 use sqlx::Connection as _;
@@ -374,6 +378,7 @@ async fn contend(
         Entrant::Client(_) => servers.url_with(backend, &hosts, &extra),
     };
     let before = commands(servers, backend).await;
+    let server_before = server_cpu(servers, backend);
     // Every worker starts at the same moment, after its connections are up.
     // (Sixteen processes open their connections in well under a second.)
     let start_at = wall_ns()
@@ -407,6 +412,7 @@ async fn contend(
         .collect();
     let mut sections: Vec<(usize, Section)> = Vec::new();
     let mut errors = Vec::new();
+    let mut cpu = Duration::ZERO;
     for (process, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().await.expect("a worker's output");
         let text = String::from_utf8_lossy(&out.stdout);
@@ -416,6 +422,7 @@ async fn contend(
                     let n = |i: usize| s[i].as_u64().unwrap_or(0);
                     sections.push((process, (n(0), n(1), n(2))));
                 }
+                cpu += Duration::from_nanos(value["cpu_ns"].as_u64().unwrap_or(0));
                 if let Some(e) = value["error"].as_str() {
                     errors.push(e.to_owned());
                 }
@@ -432,6 +439,9 @@ async fn contend(
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     let after = commands(servers, backend).await;
+    let server_used = server_before
+        .zip(server_cpu(servers, backend))
+        .map(|(b, a)| a.saturating_sub(b));
     if let Some(instance) = dead {
         let mut del = vec!["DEL"];
         del.extend(DEAD_KEYS);
@@ -456,6 +466,10 @@ async fn contend(
         sections,
         counted,
         before.zip(after).map(|(b, a)| a.saturating_sub(b)),
+        Cpu {
+            clients: cpu,
+            servers: server_used,
+        },
         errors,
     )
 }
@@ -499,11 +513,12 @@ fn worker(spec: &str) {
             }
             Entrant::Ring => ring(&url, index, processes, &mut conn, times).await,
         };
+        let cpu = process_cpu().as_nanos() as u64 - LOOP_CPU.load(Ordering::SeqCst);
         // Redlock finishes a slow instance's part of the last release in
         // the background: exiting at once would leave that instance's grant
         // to expire into the next run.
         tokio::time::sleep(LINGER).await;
-        json!({"sections": sections, "error": error})
+        json!({"sections": sections, "error": error, "cpu_ns": cpu})
     };
     let out = flavour
         .runtime()
@@ -516,10 +531,28 @@ fn worker(spec: &str) {
 /// error that ended them early, if one did.
 type Worked = (Vec<Value>, Option<String>);
 
+/// The CPU time this process had used when its loop started (see
+/// [`start`]), in ns.
+static LOOP_CPU: AtomicU64 = AtomicU64::new(0);
+
+/// The CPU time this process's threads have run so far: the first field
+/// of each `/proc/self/task/<tid>/schedstat`, in ns (a thread that ended
+/// before is not counted; a runtime's threads live as long as it).
+fn process_cpu() -> Duration {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
 /// Waits until `start_at` (wall-clock ns), then answers the instant the
-/// run ends, `end_at`.
+/// run ends, `end_at`; the CPU time used from here on is the loop's.
 async fn start(start_at: u64, end_at: u64) -> Instant {
     tokio::time::sleep(Duration::from_nanos(start_at.saturating_sub(wall_ns()))).await;
+    LOOP_CPU.store(process_cpu().as_nanos() as u64, Ordering::SeqCst);
     Instant::now() + Duration::from_nanos(end_at.saturating_sub(wall_ns()))
 }
 
@@ -672,6 +705,43 @@ async fn commands(servers: &Servers, backend: Deployment) -> Option<u64> {
     }
 }
 
+/// The kernel's ticks per second in `/proc/<pid>/stat`, `USER_HZ`: 100 on
+/// Linux, whatever the kernel's own tick.
+const USER_HZ: u64 = 100;
+
+/// The CPU time the lock servers' processes have used so far, their
+/// children that ended counted too (PostgreSQL's backends, once their
+/// sessions closed), from `/proc/<pid>/stat` (in the kernel's ticks of
+/// 10 ms); `None` for SQLite, which has no server, or if a figure is
+/// missing.
+fn server_cpu(servers: &Servers, backend: Deployment) -> Option<Duration> {
+    use Deployment::*;
+    let pids: Vec<Option<u32>> = match backend {
+        Redis | Redlock3 | Redlock5 => servers.redis()[..backend.redis_masters()]
+            .iter()
+            .map(FaultControl::pid)
+            .collect(),
+        Zk => vec![servers.zk().pid()],
+        Etcd => vec![servers.etcd().pid()],
+        PgLease | PgRow | PgAdvisory => vec![servers.pg().pid()],
+        MariaDbLease | MariaDbRow | MariaDbNamed => vec![servers.my().pid()],
+        _ => return None,
+    };
+    let mut sum = 0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+        // The fields after the command's name (in parentheses, which may
+        // hold spaces): utime, stime, cutime and cstime are the 14th to
+        // 17th of the line, the 12th to 15th after the name.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        for field in fields.get(11..15)? {
+            sum += field.parse::<u64>().ok()?;
+        }
+    }
+    Some(Duration::from_millis(sum * 1000 / USER_HZ))
+}
+
 /// The sum of etcd's `grpc_server_handled_total` (every gRPC request it
 /// answered), from its `/metrics` page.
 async fn etcd_requests(endpoint: &str) -> Option<u64> {
@@ -690,6 +760,14 @@ async fn etcd_requests(endpoint: &str) -> Option<u64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     Some(sum as u64)
+}
+
+/// The CPU time a run used: its workers' loops, and the lock servers'
+/// processes (none without a figure).
+#[derive(Clone, Copy)]
+struct Cpu {
+    clients: Duration,
+    servers: Option<Duration>,
 }
 
 /// A library's figures: one run's, or the sum of its interleaved rounds
@@ -711,6 +789,8 @@ struct Row {
     handoffs: Vec<Duration>,
     /// The lock servers' commands over every round (none without a count).
     commands: Option<u64>,
+    /// The CPU time used over every round.
+    cpu: Cpu,
     /// Critical sections per second, round by round (paired with the
     /// other libraries' rounds of the same backend and runtime).
     rounds: Vec<f64>,
@@ -730,6 +810,7 @@ impl Row {
         mut sections: Vec<(usize, Section)>,
         counted: u64,
         commands: Option<u64>,
+        cpu: Cpu,
         errors: Vec<String>,
     ) -> Row {
         sections.sort_by_key(|(_, (place, _, _))| *place);
@@ -754,6 +835,7 @@ impl Row {
             straight: sections.windows(2).filter(|w| w[0].0 == w[1].0).count(),
             handoffs,
             commands,
+            cpu,
             rounds: vec![sections.len() as f64 / run.as_secs_f64()],
             books,
             errors,
@@ -769,6 +851,8 @@ impl Row {
         self.handoffs.extend(round.handoffs);
         self.handoffs.sort();
         self.commands = self.commands.zip(round.commands).map(|(a, b)| a + b);
+        self.cpu.clients += round.cpu.clients;
+        self.cpu.servers = self.cpu.servers.zip(round.cpu.servers).map(|(a, b)| a + b);
         self.rounds.extend(round.rounds);
         self.books &= round.books;
         self.errors.extend(round.errors);
@@ -801,10 +885,23 @@ impl Row {
         (!ratios.is_empty()).then(|| (median(ratios.clone()), ratios))
     }
 
+    /// CPU time per critical section: the workers' and the lock
+    /// servers'.
+    fn cpu_per_section(&self) -> (Option<Duration>, Option<Duration>) {
+        let per = |d: Duration| {
+            u32::try_from(self.sections)
+                .ok()
+                .filter(|&n| n > 0)
+                .map(|n| d / n)
+        };
+        (per(self.cpu.clients), self.cpu.servers.and_then(per))
+    }
+
     fn line(&self) -> String {
         let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
+        let (clients_cpu, servers_cpu) = self.cpu_per_section();
         format!(
-            "| {}{} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
             self.backend.label(),
             self.client.2.label(),
             label(self.client),
@@ -817,6 +914,8 @@ impl Row {
             opt(percentile(&self.handoffs, 99.0)),
             self.commands_per_handoff()
                 .map_or("—".into(), |c| format!("{c:.1}")),
+            opt(clients_cpu),
+            opt(servers_cpu),
             match (self.books, self.errors.first()) {
                 (true, None) => "OK".to_owned(),
                 (true, Some(e)) => format!("OK; error: {}", e.replace('|', "/")),
@@ -836,9 +935,10 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: 
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
          One instance held by a dead client: a lease on the lock's key on one of the three instances outlives the run, so every grant needs both others. \
          The floor (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, publishes to the next process's channel, written by hand with redis-rs: what a handoff between processes through that server costs at least. \
+         CPU per section: the CPU time the workers' loops used (every process, every thread, waiters included), and that the lock servers' processes used (from `/proc`, in ticks of 10 ms), ÷ critical sections: on this shared machine of two cores a library's throughput is bounded by what its sections cost the CPU. \
          Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
-         | backend | library | runtime | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | books |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | backend | library | runtime | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | client CPU per section | lock server CPU per section | books |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         mode.label(),
         run.as_secs(),
         quarter = processes / 4,
@@ -848,6 +948,7 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: 
     }
     out.push_str(&targets(rows, processes));
     out.push_str(&floors(rows, processes));
+    out.push_str(&cpu_table(rows, processes));
     out
 }
 
@@ -1027,6 +1128,61 @@ fn floors(rows: &[Row], processes: usize) -> String {
                 row.per_second(),
                 row.per_second() / floor.per_second(),
                 share(row.straight_back()),
+            );
+        }
+    }
+    out
+}
+
+/// Where the CPU goes: each library's CPU time per critical section, the
+/// workers' and the lock servers', beside the peer's on the same backend
+/// and runtime (with `processes` processes, from a clean start).
+fn cpu_table(rows: &[Row], processes: usize) -> String {
+    let peers: Vec<&Row> = rows
+        .iter()
+        .filter(|r| {
+            r.processes == processes
+                && r.client.2 == Start::Clean
+                && matches!(r.client.0, Entrant::Client(c) if c != Client::Lockkit)
+        })
+        .collect();
+    if peers.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n### CPU time per critical section, against the peer\n\n\
+         The CPU time of the workers' loops and of the lock servers' processes, ÷ critical sections, with {processes} processes, beside the peer's on the same backend and runtime; \
+         the section's own work (two round trips to another Redis server) is in every library's client figure. \
+         On a machine of two cores that these processes and the servers share, a section's CPU time bounds the throughput, and the lock server's time is spent while the holder waits for its answer.\n\n\
+         | backend | runtime | library | client CPU per section | × peer | lock server CPU per section | × peer |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    let ratio = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}", a.as_secs_f64() / b.as_secs_f64()),
+        _ => "—".to_owned(),
+    };
+    let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
+    for peer in peers {
+        let (peer_client, peer_server) = peer.cpu_per_section();
+        let same = rows.iter().filter(|r| {
+            r.backend == peer.backend
+                && r.flavour == peer.flavour
+                && r.processes == processes
+                && r.client.2 == Start::Clean
+                && r.client.0 == Entrant::Client(Client::Lockkit)
+        });
+        for row in same.chain([peer]) {
+            let (client, server) = row.cpu_per_section();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                row.backend.label(),
+                row.flavour.name(),
+                label(row.client),
+                opt(client),
+                ratio(client, peer_client),
+                opt(server),
+                ratio(server, peer_server),
             );
         }
     }
