@@ -24,10 +24,10 @@
 //!   committed and rolled-back transactions, MariaDB's `Questions`), over the
 //!   number of sections; none for SQLite, which has no server;
 //! * CPU time per section: the workers' loops (each worker reads its
-//!   process's CPU clock when its loop starts and ends), and the lock
+//!   threads' run time when its loop starts and ends), and the lock
 //!   servers' processes (`/proc/<pid>/stat`), over the number of sections.
 //!
-//! A library's time on a backend and runtime is split into three rounds,
+//! A library's time on a backend and runtime is split into five rounds,
 //! and each round runs every library of that backend and runtime in turn
 //! (the order turned and reversed every other round), so that a drift of
 //! the machine falls on all of them; the throughput targets are judged on
@@ -97,8 +97,8 @@ fn main() {
     // Each library's time on a backend and runtime, split into rounds
     // that take every library in turn (see `round_order`).
     let (processes, run, rounds) = match mode {
-        RunMode::Bench => (16, Duration::from_secs(6), 3),
-        RunMode::Quick => (16, Duration::from_secs(3), 3),
+        RunMode::Bench => (16, Duration::from_secs(6), 5),
+        RunMode::Quick => (16, Duration::from_secs(3), 5),
         _ => (4, Duration::from_millis(500), 1),
     };
     // memory:// is one process's store: no contention across processes.
@@ -380,12 +380,14 @@ async fn contend(
     let before = commands(servers, backend).await;
     let server_before = server_cpu(servers, backend);
     // Every worker starts at the same moment, after its connections are up.
-    // (Sixteen processes open their connections in well under a second.)
+    // (Sixteen processes open their connections in well under a second:
+    // a second and a half leaves them room on a loaded machine, and a
+    // late one only joins late.)
     let start_at = wall_ns()
         + if processes > 4 {
-            3_000_000_000
-        } else {
             1_500_000_000
+        } else {
+            1_000_000_000
         };
     let spec = json!({
         "url": url,
