@@ -260,6 +260,11 @@ fn share(straight_back: Option<f64>) -> String {
     straight_back.map_or("—".into(), |s| format!("{:.0} %", s * 100.0))
 }
 
+/// A duration as a report shows it, or `—` where there is none.
+fn duration(d: Option<Duration>) -> String {
+    d.map_or("—".into(), fmt_duration)
+}
+
 /// Extra URL parameters of a lockkit run.
 type Params = &'static [(&'static str, &'static str)];
 const NONE: Params = &[];
@@ -900,7 +905,6 @@ impl Row {
     }
 
     fn line(&self) -> String {
-        let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
         let (clients_cpu, servers_cpu) = self.cpu_per_section();
         format!(
             "| {}{} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
@@ -912,12 +916,12 @@ impl Row {
             self.sections,
             self.per_second(),
             share(self.straight_back()),
-            opt(percentile(&self.handoffs, 50.0)),
-            opt(percentile(&self.handoffs, 99.0)),
+            duration(percentile(&self.handoffs, 50.0)),
+            duration(percentile(&self.handoffs, 99.0)),
             self.commands_per_handoff()
                 .map_or("—".into(), |c| format!("{c:.1}")),
-            opt(clients_cpu),
-            opt(servers_cpu),
+            duration(clients_cpu),
+            duration(servers_cpu),
             match (self.books, self.errors.first()) {
                 (true, None) => "OK".to_owned(),
                 (true, Some(e)) => format!("OK; error: {}", e.replace('|', "/")),
@@ -1163,7 +1167,6 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
         (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}", a.as_secs_f64() / b.as_secs_f64()),
         _ => "—".to_owned(),
     };
-    let opt = |d: Option<Duration>| d.map_or("—".into(), fmt_duration);
     for peer in peers {
         let (peer_client, peer_server) = peer.cpu_per_section();
         let same = rows.iter().filter(|r| {
@@ -1181,9 +1184,9 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
                 row.backend.label(),
                 row.flavour.name(),
                 label(row.client),
-                opt(client),
+                duration(client),
                 ratio(client, peer_client),
-                opt(server),
+                duration(server),
                 ratio(server, peer_server),
             );
         }
