@@ -44,9 +44,11 @@
 //! on the backoff, in no line. On Redis and Redlock `rslock` 0.10 runs the same work in
 //! as many processes, and `distributed-lock` 0.2 on PostgreSQL (advisory)
 //! and MariaDB (`GET_LOCK`), one after the other on the same servers. On
-//! Redis a ring of processes without a lock, each publishing to the next
-//! one's channel when its section is done, measures the floor of a handoff
-//! between processes (see [`Entrant::Ring`]).
+//! Redis a ring of processes without a lock, each handing over to the next
+//! one when its section is done, measures the floors of a handoff between
+//! processes: by one `PUBLISH`, by the server work of lockkit's default
+//! mode written by hand, and by one script that releases and keeps the
+//! releasing process's place in line (see [`Handoff`]).
 //!
 //! Run with `cargo bench -p lockkit-benches --bench processes`
 //! (`LOCKKIT_BENCH_BACKENDS=redis,pg-advisory` limits the backends,
@@ -168,7 +170,7 @@ fn counts(
         RunMode::Test if library == lockkit && (multi || backend == Deployment::Redis) => {
             vec![processes]
         }
-        RunMode::Test if library.0 == Entrant::Ring && multi => vec![processes],
+        RunMode::Test if library.0.is_ring() && multi => vec![processes],
         RunMode::Test => vec![],
         _ if library == lockkit && multi => vec![processes / 4, processes],
         // Barging is judged against the peers on both runtimes.
@@ -212,26 +214,140 @@ impl std::str::FromStr for Flavour {
     }
 }
 
-/// Who contends in a run: a lock library, or the floor of a handoff
+/// Who contends in a run: a lock library, or a floor of a handoff
 /// between processes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Entrant {
     Client(Client),
     /// No lock: the processes pass the critical section round a ring, each
     /// waiting for a message on a channel of its own on the lock's Redis
-    /// server and publishing to the next one's when its section is done,
-    /// by hand through redis-rs. What any lock that hands over between
-    /// processes through that server pays at least: one `PUBLISH`, its
-    /// delivery, and the next process's wake-up.
-    Ring,
+    /// server and, when its section is done, handing over to the next one
+    /// as the [`Handoff`] says, by hand through redis-rs.
+    Ring(Handoff),
 }
+
+/// What a process of the ring sends the lock's server when its section is
+/// done (see [`Entrant::Ring`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handoff {
+    /// One `PUBLISH` to the next process's channel: what any lock that
+    /// hands over between processes through that server pays at least
+    /// (the `PUBLISH`, its delivery, the next process's wake-up).
+    Publish,
+    /// The server work of lockkit's default mode, with nothing of its
+    /// client: a script that runs the commands of the default mode's
+    /// release on its path that grants the head of the line, its `PUBLISH`
+    /// to the next process included ([`RING_RELEASE`]); then, as lockkit's
+    /// releasing process asks again at once, a second script that runs the
+    /// commands of a refused waiting acquire taking its place in line
+    /// ([`RING_PLACE`]).
+    ReleaseThenPlace,
+    /// One script that does both: the release's commands, then the
+    /// releasing process's place in line ([`RING_RELEASE`] with its
+    /// caller placed): the handoff of a lock whose release keeps the
+    /// releasing process's place, so that asking again sends nothing.
+    ReleasePlacing,
+}
+
+/// The ring's forms, in the order reports show them.
+const HANDOFFS: [Handoff; 3] = [
+    Handoff::Publish,
+    Handoff::ReleaseThenPlace,
+    Handoff::ReleasePlacing,
+];
+
+/// The ring's release script, as lockkit's default-mode release runs when
+/// the head of the line recorded its turn (see lockkit-redis's `RELEASE`):
+/// the holder checked, the head popped from the line and its record taken
+/// from the turns, the server's clock read, the lease set for the head's
+/// owner, the waiting-writer record deleted, a fencing token drawn for the
+/// head (`SET … GET` on the counter), and the turn published, here to the
+/// next process of the ring (`ARGV[2]`). With `ARGV[7]`, the caller's place
+/// in line is then kept as [`RING_PLACE`] takes it (`ARGV[7]` how long a
+/// place lasts, ms; `ARGV[8]` its stamp; `ARGV[9]` the ttl its turn is to
+/// grant, ms; `ARGV[10]` its next owner token).
+/// KEYS: lock, waiting writer, fence counter, line, turns; ARGV[1] the
+/// caller's owner token, ARGV[4] its waiter id, ARGV[5] the reservation
+/// (ms), ARGV[6] "1" to draw tokens. Answers the processes that heard the
+/// turn.
+const RING_RELEASE: &str = r"
+local held = redis.call('GET', KEYS[1])
+local released = held == ARGV[1]
+local message = ''
+local head = redis.call('ZPOPMIN', KEYS[4])[1]
+local turn = head and redis.call('HGET', KEYS[5], head)
+local t
+if turn then
+  redis.call('HDEL', KEYS[5], head)
+  local fresh, since, ttl, fencing, owner = string.match(turn, '^(%d+)|(%d+)|(%d+)|(%d)|(.*)$')
+  t = redis.call('TIME')
+  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if fresh and tonumber(fresh) >= n or released then
+    redis.call('SET', KEYS[1], owner, 'PX', ttl)
+    redis.call('DEL', KEYS[2])
+    if fencing == ARGV[6] then
+      local last = redis.call('SET', KEYS[3], string.format('%d', n), 'PX', ttl, 'GET')
+      last = last and tonumber(last)
+      if last and last >= n then
+        n = last + 1
+        redis.call('SET', KEYS[3], string.format('%d', n), 'PX', ttl)
+      end
+    end
+    message = since .. '|' .. string.format('%d', n) .. '|' .. owner
+  end
+end
+if ARGV[7] then
+  t = t or redis.call('TIME')
+  local place = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('ZADD', KEYS[4], 'NX', place, ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[7])
+  local fresh = string.format('%d', place + tonumber(ARGV[7]) * 750)
+  redis.call('HSET', KEYS[5], ARGV[4], fresh .. '|' .. ARGV[8] .. '|' .. ARGV[9] .. '|' .. ARGV[6] .. '|' .. ARGV[10])
+  redis.call('PEXPIRE', KEYS[5], ARGV[7])
+end
+return redis.call('PUBLISH', ARGV[2], message)
+";
+
+/// The ring's place in line, as lockkit's acquire runs when it waits and is
+/// refused (see lockkit-redis's `ACQUIRE`, with a waiter whose turn grants
+/// it the lease): `SET NX` refused, the holder read and its lease's time
+/// left, the server's clock read, a place in line (kept if there already)
+/// and the turn's record, each of the two keys living as long as a place.
+/// KEYS: lock, fence counter, readers, waiting writer, line, turns; ARGV[1]
+/// owner token, ARGV[2] ttl (ms), ARGV[3] "1" to draw a token, ARGV[4]
+/// "1" (waits), ARGV[5] waiter id, ARGV[6] how long a place lasts (ms),
+/// ARGV[7] "" (placed by the server's clock), ARGV[8] the stamp.
+const RING_PLACE: &str = r"
+local granted = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if not granted then
+  local held = redis.call('GET', KEYS[1])
+  granted = held == '\30' .. ARGV[5] or held == ARGV[1]
+end
+local wait = redis.call('PTTL', KEYS[1])
+if ARGV[4] == '1' and ARGV[5] ~= '' then
+  local t = redis.call('TIME')
+  local place = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
+  redis.call('PEXPIRE', KEYS[5], ARGV[6])
+  local fresh = string.format('%d', place + tonumber(ARGV[6]) * 750)
+  redis.call('HSET', KEYS[6], ARGV[5], fresh .. '|' .. ARGV[8] .. '|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[1])
+  redis.call('PEXPIRE', KEYS[6], ARGV[6])
+  local half = math.floor(tonumber(ARGV[6]) / 2)
+  if wait == -1 or wait > half then
+    wait = half
+  end
+end
+return -3 - wait
+";
 
 impl Entrant {
     /// The name the worker's settings carry.
     fn name(self) -> &'static str {
         match self {
             Entrant::Client(client) => client.name(),
-            Entrant::Ring => "ring",
+            Entrant::Ring(Handoff::Publish) => "ring",
+            Entrant::Ring(Handoff::ReleaseThenPlace) => "ring-release-then-place",
+            Entrant::Ring(Handoff::ReleasePlacing) => "ring-release-placing",
         }
     }
 
@@ -239,8 +355,19 @@ impl Entrant {
     fn library(self) -> &'static str {
         match self {
             Entrant::Client(client) => client.library(),
-            Entrant::Ring => "floor: a ring of `PUBLISH`es, no lock",
+            Entrant::Ring(Handoff::Publish) => "floor: a ring of `PUBLISH`es, no lock",
+            Entrant::Ring(Handoff::ReleaseThenPlace) => {
+                "floor: a ring of the default mode's release and place scripts, no lock"
+            }
+            Entrant::Ring(Handoff::ReleasePlacing) => {
+                "floor: a ring of one script that releases and keeps the place, no lock"
+            }
         }
+    }
+
+    /// Whether this is one of the ring's forms.
+    fn is_ring(self) -> bool {
+        matches!(self, Entrant::Ring(_))
     }
 }
 
@@ -302,20 +429,24 @@ type Library = (Entrant, Params, Start);
 /// fair lock; on Redis and Redlock also as a barging one), the peers where
 /// they have a lock of that kind; on Redlock with three instances, lockkit
 /// (both modes) and rslock once more with one instance held by a dead
-/// client; on Redis the handoff ring, the floor of a handoff.
+/// client; on Redis the handoff ring in each of its forms, the floors of
+/// a handoff.
 fn libraries(backend: Deployment) -> Vec<Library> {
     use Deployment::*;
     let lockkit = Entrant::Client(Client::Lockkit);
     let rslock = Entrant::Client(Client::Rslock);
     let mut libraries = vec![(lockkit, NONE, Start::Clean)];
     match backend {
-        Redis => libraries.extend([
-            (lockkit, FAIR, Start::Clean),
-            (lockkit, BARGING, Start::Clean),
-            (lockkit, BARGING_UNFENCED, Start::Clean),
-            (rslock, NONE, Start::Clean),
-            (Entrant::Ring, NONE, Start::Clean),
-        ]),
+        Redis => libraries.extend(
+            [
+                (lockkit, FAIR, Start::Clean),
+                (lockkit, BARGING, Start::Clean),
+                (lockkit, BARGING_UNFENCED, Start::Clean),
+                (rslock, NONE, Start::Clean),
+            ]
+            .into_iter()
+            .chain(HANDOFFS.map(|h| (Entrant::Ring(h), NONE, Start::Clean))),
+        ),
         Redlock3 => libraries.extend([
             (lockkit, BARGING, Start::Clean),
             (rslock, NONE, Start::Clean),
@@ -379,7 +510,7 @@ async fn contend(
         .map(|&(key, value)| (key, value.to_owned()))
         .collect();
     let url = match entrant {
-        Entrant::Ring => servers.redis()[0].url(),
+        Entrant::Ring(_) => servers.redis()[0].url(),
         Entrant::Client(_) => servers.url_with(backend, &hosts, &extra),
     };
     let before = commands(servers, backend).await;
@@ -488,7 +619,11 @@ fn worker(spec: &str) {
     let (url, section) = (field("url"), field("section"));
     let flavour: Flavour = field("flavour").parse().expect("a runtime flavour");
     let entrant = match field("client").as_str() {
-        "ring" => Entrant::Ring,
+        ring if ring.starts_with("ring") => HANDOFFS
+            .into_iter()
+            .map(Entrant::Ring)
+            .find(|r| r.name() == ring)
+            .expect("a form of the ring"),
         client => Entrant::Client(client.parse().expect("a client")),
     };
     let index: usize = std::env::var(INDEX)
@@ -518,7 +653,7 @@ fn worker(spec: &str) {
                 };
                 locked(&locker, &mut conn, times).await
             }
-            Entrant::Ring => ring(&url, index, processes, &mut conn, times).await,
+            Entrant::Ring(handoff) => ring(&url, handoff, index, processes, &mut conn, times).await,
         };
         let cpu = process_cpu().as_nanos() as u64 - LOOP_CPU.load(Ordering::SeqCst);
         // Redlock finishes a slow instance's part of the last release in
@@ -608,11 +743,12 @@ async fn locked(
 }
 
 /// The handoff ring's worker (see [`Entrant::Ring`]): worker 0 starts with
-/// the section; each one, when its section is done, publishes to the next
-/// one's channel. After the run's end a worker that gets its turn passes it
-/// on without a section and stops.
+/// the section; each one, when its section is done, hands over to the next
+/// one as `handoff` says. After the run's end a worker that gets its turn
+/// passes it on without a section and stops.
 async fn ring(
     url: &str,
+    handoff: Handoff,
     index: usize,
     processes: usize,
     conn: &mut redis::aio::MultiplexedConnection,
@@ -631,6 +767,12 @@ async fn ring(
         .await
         .expect("connect to the lock server");
     let next = format!("{RING}{}", (index + 1) % processes.max(1));
+    let line = RingLine::new(index, &next);
+    if handoff != Handoff::Publish {
+        // Every process waits in line from the start, as lockkit's waiters
+        // do once they have asked.
+        line.place(&mut publisher).await;
+    }
     let deadline = start(start_at, end_at).await;
     let mut turn = index == 0;
     loop {
@@ -648,7 +790,11 @@ async fn ring(
         } else {
             None
         };
-        let heard: i64 = publisher.publish(&next, "turn").await.expect("PUBLISH");
+        let heard: i64 = match handoff {
+            Handoff::Publish => publisher.publish(&next, "turn").await.expect("PUBLISH"),
+            Handoff::ReleaseThenPlace => line.release(&mut publisher, false).await,
+            Handoff::ReleasePlacing => line.release(&mut publisher, done.is_some()).await,
+        };
         let Some(done) = done else {
             return (sections, None);
         };
@@ -656,7 +802,92 @@ async fn ring(
         if heard != 1 {
             return (sections, Some(format!("{heard} workers heard the turn")));
         }
+        if handoff == Handoff::ReleaseThenPlace {
+            line.place(&mut publisher).await;
+        }
     }
+}
+
+/// A ring process's release and place in line, by lockkit's default mode's
+/// commands (see [`RING_RELEASE`] and [`RING_PLACE`]), on keys of the ring's
+/// own that outlive no run by more than the lock's TTL.
+struct RingLine {
+    release: redis::Script,
+    place: redis::Script,
+    /// This process's owner token (36 characters, as lockkit's) and waiter
+    /// id, and the next process's channel.
+    owner: String,
+    waiter: String,
+    next: String,
+}
+
+impl RingLine {
+    /// How long a place in line lasts without being asked for again (ms).
+    const PLACE_MS: &str = "3000";
+    /// How long a reservation lasts (ms).
+    const RESERVED_MS: &str = "1000";
+
+    fn new(index: usize, next: &str) -> Self {
+        Self {
+            release: redis::Script::new(RING_RELEASE),
+            place: redis::Script::new(RING_PLACE),
+            owner: format!("{index:08x}-0000-4000-8000-{index:012x}"),
+            waiter: format!("{index:016x}"),
+            next: next.to_owned(),
+        }
+    }
+
+    fn key(part: &str) -> String {
+        format!("{RING}{{line}}:{part}")
+    }
+
+    /// The release: the head of the line granted, the next process told;
+    /// with `placing`, this process's place in line kept by the same
+    /// script. Answers the processes that heard the turn.
+    async fn release(&self, conn: &mut redis::aio::MultiplexedConnection, placing: bool) -> i64 {
+        let mut call = self.release.prepare_invoke();
+        for part in ["lock", "waiting", "fence", "line", "turns"] {
+            call.key(Self::key(part));
+        }
+        call.arg(&self.owner)
+            .arg(&self.next)
+            .arg("1")
+            .arg(&self.waiter)
+            .arg(Self::RESERVED_MS)
+            .arg("1");
+        if placing {
+            call.arg(Self::PLACE_MS)
+                .arg(stamp())
+                .arg(TTL.as_millis().to_string())
+                .arg(&self.owner);
+        }
+        call.invoke_async(conn).await.expect("the ring's release")
+    }
+
+    /// The refused waiting acquire that takes this process's place in line.
+    async fn place(&self, conn: &mut redis::aio::MultiplexedConnection) {
+        let mut call = self.place.prepare_invoke();
+        for part in ["lock", "fence", "readers", "waiting", "line", "turns"] {
+            call.key(Self::key(part));
+        }
+        call.arg(&self.owner)
+            .arg(TTL.as_millis().to_string())
+            .arg("1")
+            .arg("1")
+            .arg(&self.waiter)
+            .arg(Self::PLACE_MS)
+            .arg("")
+            .arg(stamp());
+        let _: i64 = call
+            .invoke_async(conn)
+            .await
+            .expect("the ring's place in line");
+    }
+}
+
+/// A stamp as lockkit's waiters send (µs on a clock of their own).
+fn stamp() -> u64 {
+    wall_ns() / 1000
 }
 
 /// The lock servers' count of commands (see the module's documentation);
@@ -940,8 +1171,8 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: 
          Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
          One instance held by a dead client: a lease on the lock's key on one of the three instances outlives the run, so every grant needs both others. \
-         The floor (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, publishes to the next process's channel, written by hand with redis-rs: what a handoff between processes through that server costs at least. \
-         CPU per section: the CPU time the workers' loops used (every process, every thread, waiters included), and that the lock servers' processes used (from `/proc`, in ticks of 10 ms), ÷ critical sections: on this shared machine of two cores a library's throughput is bounded by what its sections cost the CPU. \
+         The floors (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, hands over to the next process, written by hand with redis-rs: by one `PUBLISH` to its channel (what a handoff between processes through that server costs at least); by a script of the commands of lockkit's default-mode release, then a script of those of its place in line (the default mode's server work); by one script of both. \
+         CPU per section: the CPU time the workers' loops used (every process, every thread, waiters included; from each thread's `schedstat`), and that the lock servers' processes used (from `/proc/<pid>/stat`, in ticks of 10 ms), ÷ critical sections: on this shared machine of two cores a library's throughput is bounded by what its sections cost the CPU. \
          Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
          | backend | library | runtime | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | client CPU per section | lock server CPU per section | books |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
@@ -1098,41 +1329,60 @@ fn targets(rows: &[Row], processes: usize) -> String {
     out
 }
 
-/// lockkit's default mode and the peers beside the floor of a handoff
-/// between processes (the ring), on each runtime where the floor ran.
+/// lockkit's modes and the peers beside the floors of a handoff between
+/// processes (the ring's forms), on each runtime where the floors ran.
 fn floors(rows: &[Row], processes: usize) -> String {
-    let floors: Vec<&Row> = rows
+    let floor = |row: &Row, handoff: Handoff| {
+        rows.iter().find(|r| {
+            r.client.0 == Entrant::Ring(handoff)
+                && r.backend == row.backend
+                && r.flavour == row.flavour
+                && r.processes == processes
+        })
+    };
+    let bases: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.client.0 == Entrant::Ring && r.processes == processes)
+        .filter(|r| r.client.0 == Entrant::Ring(Handoff::Publish) && r.processes == processes)
         .collect();
-    if floors.is_empty() {
+    if bases.is_empty() {
         return String::new();
     }
     let mut out = format!(
-        "\n### Against the floor of a handoff between processes\n\n\
-         Critical sections per second over those of the floor (the ring, which hands every section to the next process and never back) on the same backend and runtime, with {processes} processes. \
-         A library above 1 gives grants straight back: a process that keeps the lock skips the handoff the floor pays every time.\n\n\
-         | backend | runtime | floor | library | per second | × floor | straight back |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n"
+        "\n### Against the floors of a handoff between processes\n\n\
+         Critical sections per second over those of each floor on the same backend and runtime, with {processes} processes. \
+         Every floor is a ring that hands every section to the next process and never back, written by hand with redis-rs: \
+         by one `PUBLISH` (the least a handoff between processes through that server costs); \
+         by the default mode's release script, then the releasing process's place in line by a second script, as lockkit's default mode asks again at once (its server work, without its client); \
+         by one script that does both (a release that keeps the releasing process's place, so that asking again sends nothing). \
+         A library above 1 gives grants straight back: a process that keeps the lock skips the handoff every floor pays.\n\n\
+         | backend | runtime | library | per second | × `PUBLISH` ring | × release then place | × release placing | straight back |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
-    for floor in floors {
+    for base in bases {
         let same = rows.iter().filter(|r| {
-            r.backend == floor.backend
-                && r.flavour == floor.flavour
+            r.backend == base.backend
+                && r.flavour == base.flavour
                 && r.processes == processes
-                && r.client.0 != Entrant::Ring
                 && r.client.2 == Start::Clean
         });
         for row in same {
+            let ratios: Vec<String> = HANDOFFS
+                .iter()
+                .map(|&h| match floor(row, h) {
+                    Some(f) if f.per_second() > 0.0 && row.client.0 != Entrant::Ring(h) => {
+                        format!("{:.2}", row.per_second() / f.per_second())
+                    }
+                    _ => "—".to_owned(),
+                })
+                .collect();
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0}/s | {} | {:.0}/s | {:.2} | {} |",
-                floor.backend.label(),
-                floor.flavour.name(),
-                floor.per_second(),
+                "| {} | {} | {} | {:.0}/s | {} | {} |",
+                base.backend.label(),
+                base.flavour.name(),
                 label(row.client),
                 row.per_second(),
-                row.per_second() / floor.per_second(),
+                ratios.join(" | "),
                 share(row.straight_back()),
             );
         }
