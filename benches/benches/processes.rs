@@ -814,11 +814,15 @@ async fn ring(
 struct RingLine {
     release: redis::Script,
     place: redis::Script,
+    /// The keys of each script, in its order.
+    release_keys: [String; 5],
+    place_keys: [String; 6],
     /// This process's owner token (36 characters, as lockkit's) and waiter
-    /// id, and the next process's channel.
+    /// id, the next process's channel, and the lock's TTL in ms.
     owner: String,
     waiter: String,
     next: String,
+    ttl: String,
 }
 
 impl RingLine {
@@ -831,9 +835,12 @@ impl RingLine {
         Self {
             release: redis::Script::new(RING_RELEASE),
             place: redis::Script::new(RING_PLACE),
+            release_keys: ["lock", "waiting", "fence", "line", "turns"].map(Self::key),
+            place_keys: ["lock", "fence", "readers", "waiting", "line", "turns"].map(Self::key),
             owner: format!("{index:08x}-0000-4000-8000-{index:012x}"),
             waiter: format!("{index:016x}"),
             next: next.to_owned(),
+            ttl: TTL.as_millis().to_string(),
         }
     }
 
@@ -846,8 +853,8 @@ impl RingLine {
     /// script. Answers the processes that heard the turn.
     async fn release(&self, conn: &mut redis::aio::MultiplexedConnection, placing: bool) -> i64 {
         let mut call = self.release.prepare_invoke();
-        for part in ["lock", "waiting", "fence", "line", "turns"] {
-            call.key(Self::key(part));
+        for key in &self.release_keys {
+            call.key(key);
         }
         call.arg(&self.owner)
             .arg(&self.next)
@@ -858,7 +865,7 @@ impl RingLine {
         if placing {
             call.arg(Self::PLACE_MS)
                 .arg(stamp())
-                .arg(TTL.as_millis().to_string())
+                .arg(&self.ttl)
                 .arg(&self.owner);
         }
         call.invoke_async(conn).await.expect("the ring's release")
@@ -867,11 +874,11 @@ impl RingLine {
     /// The refused waiting acquire that takes this process's place in line.
     async fn place(&self, conn: &mut redis::aio::MultiplexedConnection) {
         let mut call = self.place.prepare_invoke();
-        for part in ["lock", "fence", "readers", "waiting", "line", "turns"] {
-            call.key(Self::key(part));
+        for key in &self.place_keys {
+            call.key(key);
         }
         call.arg(&self.owner)
-            .arg(TTL.as_millis().to_string())
+            .arg(&self.ttl)
             .arg("1")
             .arg("1")
             .arg(&self.waiter)
