@@ -651,7 +651,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
             judged,
         ),
         (
-            "postgres row (a) raw floor: row made if missing + BEGIN + FOR UPDATE with nextval + ROLLBACK + row deleted if free; ratio to SELECT 1",
+            "postgres row (a) raw floor: row made if missing + BEGIN + the name's gate and FOR UPDATE with nextval + ROLLBACK + row deleted if free; ratio to SELECT 1",
             PgRawRow,
             PgSelect,
             None,

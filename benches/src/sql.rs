@@ -92,16 +92,32 @@ pub struct RawPg {
     owners: Owners,
 }
 
-const PG_ROW_LOCK: &str = "WITH l AS MATERIALIZED (SELECT 1 FROM lockkit_locks WHERE name = $1 FOR UPDATE) \
+/// The name's gate first (a transaction-scoped advisory lock on the two
+/// halves `$2`, `$3` of its key, see [`gate_halves`]), then its row: the
+/// gate queues a reader behind a waiting writer, which row locks alone do
+/// not, and lockkit's row mode takes it for that guarantee.
+const PG_ROW_LOCK: &str = "WITH g AS MATERIALIZED (SELECT pg_advisory_xact_lock($2::int4, $3::int4)), \
+    l AS MATERIALIZED (SELECT 1 FROM lockkit_locks AS t, g WHERE t.name = $1 FOR UPDATE OF t) \
     SELECT nextval('lockkit_locks_fence_seq') FROM l";
 /// The row of a name, made if missing (a released name has none).
 const PG_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
     VALUES ($1, NULL, 0, '-infinity') ON CONFLICT (name) DO NOTHING";
-/// After the release, the row goes unless someone holds it.
-const PG_ROW_DELETE: &str = "DELETE FROM lockkit_locks WHERE name IN \
-    (SELECT name FROM lockkit_locks WHERE name = $1 FOR UPDATE SKIP LOCKED)";
+/// After the release, the row goes unless someone holds it or holds or
+/// waits for its gate (a waiter the release let through locks the row a
+/// moment later).
+const PG_ROW_DELETE: &str = "WITH g AS MATERIALIZED (SELECT 1 WHERE pg_try_advisory_xact_lock($2::int4, $3::int4)) \
+    DELETE FROM lockkit_locks WHERE name IN \
+    (SELECT t.name FROM lockkit_locks AS t, g WHERE t.name = $1 FOR UPDATE OF t SKIP LOCKED)";
 const PG_ADVISORY_LOCK: &str = "WITH l AS MATERIALIZED (SELECT pg_advisory_lock($1)) \
     SELECT nextval('lockkit_locks_fence_seq') FROM l";
+
+/// The two 32-bit halves of `name`'s gate key in `row` mode: its
+/// advisory key ([`lockkit_sql::advisory_key`]) split, a key space apart
+/// from `advisory` mode's 64-bit keys.
+fn gate_halves(name: &str) -> (i32, i32) {
+    let key = lockkit_sql::advisory_key(name);
+    ((key >> 32) as i32, key as i32)
+}
 
 impl RawPg {
     /// A connection to `url` (whose lock table lockkit has migrated).
@@ -140,10 +156,12 @@ impl RawPg {
         assert_eq!(released.len(), 1, "raw lease: release missed");
     }
 
-    /// The row made if missing, `BEGIN`, the row lock with its token,
-    /// `ROLLBACK`, the row deleted unless someone holds it: a released name
-    /// leaves no row.
+    /// The row made if missing, `BEGIN`, the name's gate and the row lock
+    /// with its token, `ROLLBACK`, the row deleted unless someone holds it
+    /// or its gate: a released name leaves no row. These are the statements
+    /// of lockkit's row mode.
     pub async fn row_cycle(&self, name: &str) {
+        let (high, low) = gate_halves(name);
         let mut conn = self.conn.lock().await;
         sqlx::query(PG_ROW_ENSURE)
             .bind(name)
@@ -156,6 +174,8 @@ impl RawPg {
             .expect("BEGIN");
         let fence: Option<i64> = sqlx::query_scalar(PG_ROW_LOCK)
             .bind(name)
+            .bind(high)
+            .bind(low)
             .fetch_optional(&mut *conn)
             .await
             .expect("row lock");
@@ -166,6 +186,8 @@ impl RawPg {
             .expect("ROLLBACK");
         sqlx::query(PG_ROW_DELETE)
             .bind(name)
+            .bind(high)
+            .bind(low)
             .execute(&mut *conn)
             .await
             .expect("row deleted");
