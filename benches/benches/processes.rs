@@ -1032,6 +1032,12 @@ struct Row {
     straight: usize,
     /// Every handoff to another process, sorted.
     handoffs: Vec<Duration>,
+    /// Every critical section, from the grant to the `release` call,
+    /// sorted.
+    held: Vec<Duration>,
+    /// Every step from a `release` call to the same process's next grant
+    /// (a straight-back grant), sorted.
+    returns: Vec<Duration>,
     /// The lock servers' commands over every round (none without a count).
     commands: Option<u64>,
     /// The CPU time used over every round.
@@ -1063,12 +1069,25 @@ impl Row {
         let books = counted == sections.len() as u64
             && places_unique
             && sections.first().is_none_or(|(_, s)| s.0 == 0);
-        let mut handoffs: Vec<Duration> = sections
-            .windows(2)
-            .filter(|w| w[0].0 != w[1].0)
-            .map(|w| Duration::from_nanos(w[1].1.1.saturating_sub(w[0].1.2)))
+        // From a release call to the next grant: to another process (a
+        // handoff) or back to the same one.
+        let steps = |same: bool| {
+            let mut steps: Vec<Duration> = sections
+                .windows(2)
+                .filter(|w| (w[0].0 == w[1].0) == same)
+                .map(|w| Duration::from_nanos(w[1].1.1.saturating_sub(w[0].1.2)))
+                .collect();
+            steps.sort();
+            steps
+        };
+        let (handoffs, returns) = (steps(false), steps(true));
+        let mut held: Vec<Duration> = sections
+            .iter()
+            .map(|(_, (_, acquired, released))| {
+                Duration::from_nanos(released.saturating_sub(*acquired))
+            })
             .collect();
-        handoffs.sort();
+        held.sort();
         Row {
             backend,
             client,
@@ -1077,8 +1096,10 @@ impl Row {
             sections: sections.len(),
             run,
             pairs: sections.len().saturating_sub(1),
-            straight: sections.windows(2).filter(|w| w[0].0 == w[1].0).count(),
+            straight: returns.len(),
             handoffs,
+            held,
+            returns,
             commands,
             cpu,
             rounds: vec![sections.len() as f64 / run.as_secs_f64()],
@@ -1093,8 +1114,14 @@ impl Row {
         self.run += round.run;
         self.pairs += round.pairs;
         self.straight += round.straight;
-        self.handoffs.extend(round.handoffs);
-        self.handoffs.sort();
+        for (all, more) in [
+            (&mut self.handoffs, round.handoffs),
+            (&mut self.held, round.held),
+            (&mut self.returns, round.returns),
+        ] {
+            all.extend(more);
+            all.sort();
+        }
         self.commands = self.commands.zip(round.commands).map(|(a, b)| a + b);
         self.cpu.clients += round.cpu.clients;
         self.cpu.servers = self.cpu.servers.zip(round.cpu.servers).map(|(a, b)| a + b);
@@ -1193,6 +1220,7 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: 
     out.push_str(&targets(rows, processes));
     out.push_str(&floors(rows, processes));
     out.push_str(&cpu_table(rows, processes));
+    out.push_str(&steps_table(rows, processes));
     out
 }
 
@@ -1445,6 +1473,60 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
                 ratio(client, peer_client),
                 duration(server),
                 ratio(server, peer_server),
+            );
+        }
+    }
+    out
+}
+
+/// Where a section's time goes: each library's time per critical section
+/// split into the section itself and the step from its `release` call to
+/// the next grant, back to the same process or to another one, beside the
+/// peer's on the same backend and runtime (with `processes` processes,
+/// from a clean start).
+fn steps_table(rows: &[Row], processes: usize) -> String {
+    let peers: Vec<&Row> = rows
+        .iter()
+        .filter(|r| {
+            r.processes == processes
+                && r.client.2 == Start::Clean
+                && matches!(r.client.0, Entrant::Client(c) if c != Client::Lockkit)
+        })
+        .collect();
+    if peers.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n### Where a section's time goes, against the peer\n\n\
+         With {processes} processes, each library's time per critical section (the run ÷ its sections) is the section itself \
+         (from the grant to the `release` call: two round trips to another Redis server, the same work in every library) \
+         and the step from the `release` call to the next grant: back to the same process (its release and its next `acquire`), \
+         or to another process (the handoff), in the mix of the straight-back share. \
+         Medians over every section of the run; the time per section also counts the longer steps the medians leave out.\n\n\
+         | backend | runtime | library | time per section | section p50 | release → next grant, same process, p50 | release → next grant, another process, p50 | straight back |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    for peer in peers {
+        let same = rows.iter().filter(|r| {
+            r.backend == peer.backend
+                && r.flavour == peer.flavour
+                && r.processes == processes
+                && r.client.2 == Start::Clean
+                && r.client.0 == Entrant::Client(Client::Lockkit)
+        });
+        for row in same.chain([peer]) {
+            let each = (row.sections > 0).then(|| row.run.div_f64(row.sections as f64));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                row.backend.label(),
+                row.flavour.name(),
+                label(row.client),
+                duration(each),
+                duration(percentile(&row.held, 50.0)),
+                duration(percentile(&row.returns, 50.0)),
+                duration(percentile(&row.handoffs, 50.0)),
+                share(row.straight_back()),
             );
         }
     }
