@@ -1425,19 +1425,36 @@ fn floors(rows: &[Row], processes: usize) -> String {
     out
 }
 
+/// Each peer run with `processes` processes from a clean start, with the
+/// runs to set beside it: lockkit's (every mode) on the same backend and
+/// runtime, then the peer's own.
+fn beside_peers(rows: &[Row], processes: usize) -> Vec<(&Row, Vec<&Row>)> {
+    let clean = |r: &&Row| r.processes == processes && r.client.2 == Start::Clean;
+    rows.iter()
+        .filter(clean)
+        .filter(|r| matches!(r.client.0, Entrant::Client(c) if c != Client::Lockkit))
+        .map(|peer| {
+            let group = rows
+                .iter()
+                .filter(clean)
+                .filter(|r| {
+                    r.backend == peer.backend
+                        && r.flavour == peer.flavour
+                        && r.client.0 == Entrant::Client(Client::Lockkit)
+                })
+                .chain([peer])
+                .collect();
+            (peer, group)
+        })
+        .collect()
+}
+
 /// Where the CPU goes: each library's CPU time per critical section, the
 /// workers' and the lock servers', beside the peer's on the same backend
 /// and runtime (with `processes` processes, from a clean start).
 fn cpu_table(rows: &[Row], processes: usize) -> String {
-    let peers: Vec<&Row> = rows
-        .iter()
-        .filter(|r| {
-            r.processes == processes
-                && r.client.2 == Start::Clean
-                && matches!(r.client.0, Entrant::Client(c) if c != Client::Lockkit)
-        })
-        .collect();
-    if peers.is_empty() {
+    let groups = beside_peers(rows, processes);
+    if groups.is_empty() {
         return String::new();
     }
     let mut out = format!(
@@ -1452,16 +1469,9 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
         (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}", a.as_secs_f64() / b.as_secs_f64()),
         _ => "—".to_owned(),
     };
-    for peer in peers {
+    for (peer, group) in groups {
         let (peer_client, peer_server) = peer.cpu_per_section();
-        let same = rows.iter().filter(|r| {
-            r.backend == peer.backend
-                && r.flavour == peer.flavour
-                && r.processes == processes
-                && r.client.2 == Start::Clean
-                && r.client.0 == Entrant::Client(Client::Lockkit)
-        });
-        for row in same.chain([peer]) {
+        for row in group {
             let (client, server) = row.cpu_per_section();
             let _ = writeln!(
                 out,
@@ -1485,15 +1495,8 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
 /// peer's on the same backend and runtime (with `processes` processes,
 /// from a clean start).
 fn steps_table(rows: &[Row], processes: usize) -> String {
-    let peers: Vec<&Row> = rows
-        .iter()
-        .filter(|r| {
-            r.processes == processes
-                && r.client.2 == Start::Clean
-                && matches!(r.client.0, Entrant::Client(c) if c != Client::Lockkit)
-        })
-        .collect();
-    if peers.is_empty() {
+    let groups = beside_peers(rows, processes);
+    if groups.is_empty() {
         return String::new();
     }
     let mut out = format!(
@@ -1506,15 +1509,8 @@ fn steps_table(rows: &[Row], processes: usize) -> String {
          | backend | runtime | library | time per section | section p50 | release → next grant, same process, p50 | release → next grant, another process, p50 | straight back |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
-    for peer in peers {
-        let same = rows.iter().filter(|r| {
-            r.backend == peer.backend
-                && r.flavour == peer.flavour
-                && r.processes == processes
-                && r.client.2 == Start::Clean
-                && r.client.0 == Entrant::Client(Client::Lockkit)
-        });
-        for row in same.chain([peer]) {
+    for (_, group) in groups {
+        for row in group {
             let each = (row.sections > 0).then(|| row.run.div_f64(row.sections as f64));
             let _ = writeln!(
                 out,
