@@ -1026,17 +1026,16 @@ struct Row {
     sections: usize,
     /// How long the workers looped, over every round.
     run: Duration,
-    /// Consecutive grants, and those among them to the process that had
-    /// just released (counted within each round).
+    /// Consecutive grants (counted within each round).
     pairs: usize,
-    straight: usize,
     /// Every handoff to another process, sorted.
     handoffs: Vec<Duration>,
     /// Every critical section, from the grant to the `release` call,
     /// sorted.
     held: Vec<Duration>,
     /// Every step from a `release` call to the same process's next grant
-    /// (a straight-back grant), sorted.
+    /// (a straight-back grant: their count is the straight-back grants),
+    /// sorted.
     returns: Vec<Duration>,
     /// The lock servers' commands over every round (none without a count).
     commands: Option<u64>,
@@ -1096,7 +1095,6 @@ impl Row {
             sections: sections.len(),
             run,
             pairs: sections.len().saturating_sub(1),
-            straight: returns.len(),
             handoffs,
             held,
             returns,
@@ -1113,7 +1111,6 @@ impl Row {
         self.sections += round.sections;
         self.run += round.run;
         self.pairs += round.pairs;
-        self.straight += round.straight;
         for (all, more) in [
             (&mut self.handoffs, round.handoffs),
             (&mut self.held, round.held),
@@ -1135,7 +1132,7 @@ impl Row {
     }
 
     fn straight_back(&self) -> Option<f64> {
-        (self.pairs > 0).then(|| self.straight as f64 / self.pairs as f64)
+        (self.pairs > 0).then(|| self.returns.len() as f64 / self.pairs as f64)
     }
 
     fn commands_per_handoff(&self) -> Option<f64> {
