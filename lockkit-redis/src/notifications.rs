@@ -63,6 +63,11 @@ pub(crate) struct Notifications {
     address: String,
     command_timeout: Duration,
     linger: Duration,
+    /// The channels whose watchers are all gone, each with the instant its
+    /// subscription may go (its last watcher's end plus `linger`): one
+    /// task per channel waits for that instant, however often the channel
+    /// goes idle and busy again meanwhile (see `unsubscribe_later`).
+    lingering: std::sync::Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 /// The subscriber's connection: to one server, or to a cluster's shards.
@@ -131,6 +136,7 @@ impl Notifications {
             address,
             command_timeout,
             linger,
+            lingering: std::sync::Mutex::default(),
         });
         let _ = this.set(Arc::downgrade(&notifications));
         if let Target::Sentinel(resolver) = &notifications.target
@@ -272,31 +278,88 @@ impl Notifications {
         let _ = tokio::time::timeout(self.command_timeout, self.connection(&mut subscriber)).await;
     }
 
+    /// Unsubscribes from `channel` once it has had no watcher for
+    /// `linger`. Called whenever its last watcher goes: a waiter that
+    /// acquires drops its watch, so on a busy name this happens at every
+    /// grant. One task per channel waits (spawning one per call would cost
+    /// a spawn, a timer and a wake-up of another worker thread per grant);
+    /// a later call only moves the instant it waits for.
     fn unsubscribe_later(self: Arc<Self>, channel: &str) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let channel = channel.to_owned();
-        let weak = Arc::downgrade(&self);
+        let mut at = tokio::time::Instant::now() + self.linger;
+        {
+            let mut lingering = lock(&self.lingering);
+            if let Some(until) = lingering.get_mut(channel) {
+                *until = at;
+                return;
+            }
+            lingering.insert(channel.to_owned(), at);
+        }
+        let mut linger = Linger {
+            notifications: Arc::downgrade(&self),
+            channel: channel.to_owned(),
+            waiting: true,
+        };
         drop(self);
         runtime.spawn(async move {
-            let linger = match weak.upgrade() {
-                Some(this) => this.linger,
-                None => return,
-            };
-            tokio::time::sleep(linger).await;
-            let Some(this) = weak.upgrade() else { return };
-            let mut subscriber = this.subscriber.lock().await;
-            if this.hub.remove_if_idle(&channel) {
-                subscriber.channels.remove(&channel);
-                lock(&this.mailbox).remove(&channel);
-                if let Some((_, conn)) = &subscriber.conn {
-                    let mut conn = conn.clone();
-                    let _ = tokio::time::timeout(this.command_timeout, conn.unsubscribe(&channel))
-                        .await;
+            loop {
+                tokio::time::sleep_until(at).await;
+                let Some(this) = linger.notifications.upgrade() else {
+                    return;
+                };
+                let later = {
+                    let mut lingering = lock(&this.lingering);
+                    match lingering.get(&linger.channel) {
+                        Some(&until) if until > at => Some(until),
+                        _ => {
+                            lingering.remove(&linger.channel);
+                            None
+                        }
+                    }
+                };
+                match later {
+                    Some(until) => at = until,
+                    None => {
+                        linger.waiting = false;
+                        return this.unsubscribe_if_idle(&linger.channel).await;
+                    }
                 }
             }
         });
+    }
+
+    /// Unsubscribes from `channel` unless it has watchers again.
+    async fn unsubscribe_if_idle(&self, channel: &str) {
+        let mut subscriber = self.subscriber.lock().await;
+        if self.hub.remove_if_idle(channel) {
+            subscriber.channels.remove(channel);
+            lock(&self.mailbox).remove(channel);
+            if let Some((_, conn)) = &subscriber.conn {
+                let mut conn = conn.clone();
+                let _ = tokio::time::timeout(self.command_timeout, conn.unsubscribe(channel)).await;
+            }
+        }
+    }
+}
+
+/// The task of a lingering channel (see `Notifications::unsubscribe_later`).
+/// Dropped while it waits (its runtime shut down), it takes the channel's
+/// entry with it, so that the channel's next idle time starts a task again.
+struct Linger {
+    notifications: Weak<Notifications>,
+    channel: String,
+    waiting: bool,
+}
+
+impl Drop for Linger {
+    fn drop(&mut self) {
+        if self.waiting
+            && let Some(notifications) = self.notifications.upgrade()
+        {
+            lock(&notifications.lingering).remove(&self.channel);
+        }
     }
 }
 
@@ -333,8 +396,8 @@ impl Drop for PendingTopic<'_> {
     }
 }
 
-fn lock(mailbox: &Mailbox) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-    mailbox.lock().unwrap_or_else(|p| p.into_inner())
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Wakes the watchers of a message's channel, after leaving a message with
@@ -365,5 +428,82 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, push: PushInfo) {
         // Messages may have been missed while disconnected: let every waiter retry.
         PushKind::Disconnection => hub.notify_all(),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Notifications whose subscriber never connects (nothing here
+    /// subscribes on a server), lingering `linger`.
+    fn notifications(linger: Duration) -> Arc<Notifications> {
+        Notifications::new(
+            |_| {
+                Ok(Target::Fixed(Box::new(
+                    Client::open("redis://127.0.0.1:1").expect("a client"),
+                )))
+            },
+            ConnectionManagerConfig::new(),
+            "127.0.0.1:1".to_owned(),
+            Duration::from_secs(1),
+            linger,
+        )
+        .expect("notifications")
+    }
+
+    fn lingers(notifications: &Notifications, channel: &str) -> bool {
+        lock(&notifications.lingering).contains_key(channel)
+    }
+
+    /// A channel that goes idle at every grant has one task waiting to
+    /// unsubscribe it, not one per grant; the wait counts from the last
+    /// time it went idle, and then the channel goes.
+    #[tokio::test(start_paused = true)]
+    async fn one_task_waits_per_idle_channel_from_its_last_idle_time() {
+        let notifications = notifications(Duration::from_secs(10));
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        for _ in 0..100 {
+            let (watch, _) = notifications.hub.watch("c");
+            drop(watch);
+        }
+        assert_eq!(tasks(), before + 1, "one task for the channel");
+        assert!(lingers(&notifications, "c"));
+
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let (watch, new) = notifications.hub.watch("c");
+        assert!(!new, "the topic is still there");
+        drop(watch);
+        // Past the first idle time's linger, within the last one's.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(lingers(&notifications, "c"));
+        assert_eq!(notifications.hub.len(), 1, "the topic is still there");
+
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!lingers(&notifications, "c"));
+        assert!(notifications.hub.is_empty(), "the idle topic went");
+        assert_eq!(tasks(), before, "the task ended");
+    }
+
+    /// A channel watched again when its wait ends stays, and its next idle
+    /// time starts a wait of its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_channel_watched_again_stays_and_lingers_anew() {
+        let notifications = notifications(Duration::from_secs(10));
+        let (watch, _) = notifications.hub.watch("c");
+        drop(watch);
+        let (kept, _) = notifications.hub.watch("c");
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(!lingers(&notifications, "c"));
+        assert_eq!(notifications.hub.len(), 1, "a watched topic stays");
+        drop(kept);
+        assert!(lingers(&notifications, "c"));
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(notifications.hub.is_empty());
     }
 }
