@@ -321,12 +321,14 @@ pub(crate) struct Settings {
 impl Settings {
     /// A statement's answer, or `Err(Elapsed)` when none came within the
     /// command timeout (for [`Loan::finish`](crate::pool::Loan::finish)).
+    /// Not an `async fn`, which would hold the statement twice (as its
+    /// argument and inside the timeout) in every statement's future.
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    pub(crate) async fn timed<T>(
-        &self,
-        statement: impl Future<Output = sqlx::Result<T>>,
-    ) -> std::result::Result<sqlx::Result<T>, tokio::time::error::Elapsed> {
-        tokio::time::timeout(self.command_timeout, statement).await
+    pub(crate) fn timed<T, F>(&self, statement: F) -> tokio::time::Timeout<F>
+    where
+        F: Future<Output = sqlx::Result<T>>,
+    {
+        tokio::time::timeout(self.command_timeout, statement)
     }
 
     /// Runs a statement bounded by the command timeout.

@@ -288,7 +288,12 @@ impl<B: LeaseBackend> LeaseLock<B> {
                     .try_enter(name)
                     .ok_or_else(|| waiter.timeout_error())?,
             ),
-            (true, _) => Some(waiter.until_deadline(self.local.enter(name)).await?),
+            // The wait (boxed: it would make every acquisition's future as
+            // large) only when another task of this client has the turn.
+            (true, _) => match self.local.try_enter(name) {
+                Some(entered) => Some(entered),
+                None => Some(Box::pin(waiter.until_deadline(self.local.enter(name))).await?),
+            },
             (false, _) => None,
         };
         if let Some(entered) = &slot
@@ -308,11 +313,14 @@ impl<B: LeaseBackend> LeaseLock<B> {
                 Ok(Attempt::Acquired(fencing)) => return Ok(grant.into_guard(fencing, slot)),
                 Ok(Attempt::Busy { retry_after }) => {
                     let key = grant.key.clone();
-                    waiter
-                        .busy(retry_after, &mut watch, || async move {
-                            self.backend.watch(&key).await
-                        })
-                        .await
+                    // Boxed, as the other waits below: an uncontended
+                    // acquisition's future stays small (one allocation of
+                    // under a kilobyte, which glibc serves from its small
+                    // bins without first sorting every freed chunk).
+                    Box::pin(waiter.busy(retry_after, &mut watch, || async move {
+                        self.backend.watch(&key).await
+                    }))
+                    .await
                 }
                 Err(error) => Err(error),
             };
@@ -325,10 +333,13 @@ impl<B: LeaseBackend> LeaseLock<B> {
                 // Giving up: what the acquisition and its watch hold on the
                 // server (a waiting record, a place in line) goes before the
                 // caller hears of it.
-                grant.give_up().await;
-                if let Some(watch) = watch.take() {
-                    watch.close().await;
-                }
+                Box::pin(async {
+                    grant.give_up().await;
+                    if let Some(watch) = watch.take() {
+                        watch.close().await;
+                    }
+                })
+                .await;
                 return Err(error);
             }
         }
@@ -371,7 +382,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
         );
         if opts.lease_ttl() != passed.ttl {
             // Dropped on failure, which releases whatever is left of it.
-            guard.extend(opts.lease_ttl()).await.ok()?;
+            Box::pin(guard.extend(opts.lease_ttl())).await.ok()?;
         }
         tracing::trace!(lock.name = %name, "took over the lease the previous local holder passed on");
         Some(guard)

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use futures_util::FutureExt as _;
 use tracing::Instrument;
 
 use crate::error::{LockError, Result};
@@ -12,13 +13,17 @@ use crate::error::{LockError, Result};
 /// `false`), `timeout` or `error`; with the `metrics` feature, it also
 /// counts the acquire and records its duration ([`crate::metrics`]). For
 /// backend implementors, so that every backend's traces look alike.
-pub async fn traced_acquire<T>(
+///
+/// The returned future holds `acquire` once: an `async fn` would keep the
+/// argument and the instrumented future it is moved into side by side,
+/// doubling what every acquisition allocates.
+pub fn traced_acquire<T>(
     op: &'static str,
     name: &str,
     backend: &'static str,
     acquire: impl Future<Output = Result<T>>,
     acquired: impl FnOnce(&T) -> bool,
-) -> Result<T> {
+) -> impl Future<Output = Result<T>> {
     let span = tracing::debug_span!(
         "lockkit.acquire",
         op,
@@ -27,14 +32,15 @@ pub async fn traced_acquire<T>(
         outcome = tracing::field::Empty,
     );
     let started = tokio::time::Instant::now();
-    let result = acquire.instrument(span.clone()).await;
-    let outcome = match &result {
-        Ok(value) if acquired(value) => "acquired",
-        Ok(_) => "busy",
-        Err(LockError::Timeout { .. }) => "timeout",
-        Err(_) => "error",
-    };
-    span.record("outcome", outcome);
-    crate::metrics::acquire(backend, op, outcome, started.elapsed());
-    result
+    acquire.instrument(span.clone()).map(move |result| {
+        let outcome = match &result {
+            Ok(value) if acquired(value) => "acquired",
+            Ok(_) => "busy",
+            Err(LockError::Timeout { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+        crate::metrics::acquire(backend, op, outcome, started.elapsed());
+        result
+    })
 }

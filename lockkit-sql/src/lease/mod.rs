@@ -389,11 +389,12 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
                     )
                 });
                 let record = record.as_ref().map(|(row, o)| (row.as_str(), o.as_str()));
-                self.acquire_reader(name, waiting, token, ttl, record, recorded)
-                    .await
+                // Boxed, as a permit's: the other kinds' attempts would
+                // make every writer's attempt's future as large.
+                Box::pin(self.acquire_reader(name, waiting, token, ttl, record, recorded)).await
             }
             Holding::Permit { slots, taken } => {
-                self.rows.acquire_permit(slots, taken, &owner, ttl).await
+                Box::pin(self.rows.acquire_permit(slots, taken, &owner, ttl)).await
             }
         }
     }
@@ -444,7 +445,9 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
             Holding::Lock { name, waiting } => {
                 let released = self.rows.release_row(name, &owner).await?;
                 if waiting.maybe.swap(false, Ordering::SeqCst) {
-                    self.rows.unmark_waiting(name, Some(&owner)).await?;
+                    // Boxed, as the other kinds' releases: seldom needed,
+                    // they would make every release's future as large.
+                    Box::pin(self.rows.unmark_waiting(name, Some(&owner))).await?;
                 }
                 Ok(released)
             }
@@ -456,11 +459,14 @@ impl<D: LeaseDialect> LeaseBackend for LeaseRows<D> {
             } => match token.swap(0, Ordering::SeqCst) {
                 0 => Ok(false),
                 token => {
-                    if recorded.swap(false, Ordering::SeqCst) {
-                        let row = holder_row_name(name, LockKind::Shared);
-                        self.rows.release_row(&row, &owner).await?;
-                    }
-                    self.rows.leave(name, token as i64).await
+                    Box::pin(async {
+                        if recorded.swap(false, Ordering::SeqCst) {
+                            let row = holder_row_name(name, LockKind::Shared);
+                            self.rows.release_row(&row, &owner).await?;
+                        }
+                        self.rows.leave(name, token as i64).await
+                    })
+                    .await
                 }
             },
             holding => match holding.row() {

@@ -214,10 +214,12 @@ impl<D: LeaseDialect> Rows<D> {
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         let half = ttl / 2;
+        // The waits' statements are boxed: an uncontended attempt's future
+        // stays small.
         if D::READ_FIRST
             && intent == Intent::Wait
             && waiting.fresh(ttl / 4)
-            && let Some(live) = self.row_status(name).await?
+            && let Some(live) = Box::pin(self.row_status(name)).await?
         {
             return Ok(Attempt::Busy {
                 retry_after: Some(live.remaining.min(half)),
@@ -228,14 +230,14 @@ impl<D: LeaseDialect> Rows<D> {
             Attempt::Busy { retry_after } if intent == Intent::Wait => {
                 // Set first: a record made by an abandoned attempt is withdrawn too.
                 waiting.maybe.store(true, Ordering::SeqCst);
-                self.mark_waiting(name, owner, ttl).await?;
+                Box::pin(self.mark_waiting(name, owner, ttl)).await?;
                 waiting.written();
                 Ok(Attempt::Busy {
                     retry_after: Some(retry_after.map_or(half, |r| r.min(half))),
                 })
             }
             Attempt::Acquired(_) if waiting.maybe.swap(false, Ordering::SeqCst) => {
-                if let Err(error) = self.unmark_granted(name).await {
+                if let Err(error) = Box::pin(self.unmark_granted(name)).await {
                     tracing::warn!(lock.name = %name, %error, "could not withdraw a granted writer's waiting record; it ends with its TTL");
                 }
                 Ok(answer)
