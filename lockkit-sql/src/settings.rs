@@ -7,6 +7,8 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+
 use lockkit_core::backend::connect_retrying;
 use lockkit_core::{Capabilities, LockError, ReleaseOnCrash, Result};
 
@@ -333,12 +335,12 @@ impl Settings {
 
     /// Runs a statement bounded by the command timeout.
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    pub(crate) async fn bounded<T>(
+    pub(crate) fn bounded<T>(
         &self,
         what: &str,
         statement: impl Future<Output = sqlx::Result<T>>,
-    ) -> Result<T> {
-        self.within(self.command_timeout, what, statement).await
+    ) -> impl Future<Output = Result<T>> {
+        self.within(self.command_timeout, what, statement)
     }
 
     /// Runs the statements that check or create the lock table, part of
@@ -354,16 +356,17 @@ impl Settings {
             .await
     }
 
-    async fn within<T>(
+    /// Not an `async fn`, for the reason [`timed`](Self::timed) gives.
+    fn within<T>(
         &self,
         limit: Duration,
         what: &str,
         statement: impl Future<Output = sqlx::Result<T>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(limit, statement).await {
+    ) -> impl Future<Output = Result<T>> {
+        tokio::time::timeout(limit, statement).map(move |answer| match answer {
             Ok(result) => result.map_err(|e| self.error(what, e)),
             Err(_) => Err(timed_out(self.backend, &self.address, what, limit)),
-        }
+        })
     }
 
     /// The error of a statement about `what` that got no answer within the
