@@ -348,12 +348,13 @@ impl Settings {
     /// create tables, which syncs files, so they may take far longer than
     /// a lock's statement (the command timeout is often set short, to
     /// notice an outage well inside a lease).
-    pub(crate) async fn migrating<T>(
+    ///
+    /// Not an `async fn`, for the reason [`timed`](Self::timed) gives.
+    pub(crate) fn migrating<T>(
         &self,
         statements: impl Future<Output = sqlx::Result<T>>,
-    ) -> Result<T> {
+    ) -> impl Future<Output = Result<T>> {
         self.within(self.connect_timeout, "create the lock table", statements)
-            .await
     }
 
     /// Not an `async fn`, for the reason [`timed`](Self::timed) gives.
@@ -387,12 +388,14 @@ impl Settings {
     }
 
     /// Opens a connection bounded by the connect timeout.
-    pub(crate) async fn connecting<T>(
+    ///
+    /// Not an `async fn`, for the reason [`timed`](Self::timed) gives.
+    pub(crate) fn connecting<T>(
         &self,
         what: &str,
         connect: impl Future<Output = sqlx::Result<T>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.connect_timeout, connect).await {
+    ) -> impl Future<Output = Result<T>> {
+        tokio::time::timeout(self.connect_timeout, connect).map(move |answer| match answer {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(error)) => {
                 // A wrong password stays what it is; any other failure to
@@ -417,7 +420,7 @@ impl Settings {
                 what,
                 self.connect_timeout,
             )),
-        }
+        })
     }
 
     /// Opens a client's first connection: like
