@@ -266,3 +266,49 @@ pub async fn holder_identities_are_read_back(h: &dyn Harness) {
         second.release().await.expect("release");
     }
 }
+
+/// Where a lock changes hands, `status` shows the identity of the holder of
+/// the moment: a waiter's, granted at the release; then, in quick turns
+/// between two clients, each holder's that took the name as soon as the
+/// other released it (a record written while the release before deletes
+/// its own), after waits with a deadline as well; none once the last
+/// holding ended.
+pub async fn holder_identities_follow_the_holding(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    if !a.capabilities().holder {
+        // `holder_identities_are_read_back` checks the refusal.
+        return;
+    }
+    let name = unique("holder-follows");
+    let with = |who: &str| {
+        LockOptions::new()
+            .ttl(Duration::from_secs(10))
+            .holder(who)
+            .wait_for(Duration::from_secs(20))
+    };
+    let first = a.acquire(&name, &with("first")).await.expect("first");
+    let waiter = {
+        let (b, name, opts) = (b.clone(), name.clone(), with("second"));
+        tokio::spawn(async move { b.acquire(&name, &opts).await })
+    };
+    // In its wait or not yet there, the waiter holds next.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.release().await.expect("release");
+    let second = waiter
+        .await
+        .expect("the waiter's task")
+        .expect("the waiter gets the lock");
+    let status = a.status(&name).await.expect("status");
+    assert_eq!(status.holder.as_deref(), Some("second"), "{status:?}");
+    second.release().await.expect("release");
+    for turn in 0..10 {
+        let (client, other) = if turn % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let who = format!("turn-{turn}");
+        let guard = client.acquire(&name, &with(&who)).await.expect("a turn");
+        let status = other.status(&name).await.expect("status");
+        assert_eq!(status.holder.as_deref(), Some(who.as_str()), "{status:?}");
+        guard.release().await.expect("release");
+    }
+    let status = a.status(&name).await.expect("status");
+    assert!(!status.held && status.holder.is_none(), "{status:?}");
+}

@@ -168,6 +168,7 @@ macro_rules! conformance_suite {
             elections_have_one_leader_at_a_time,
             lost_leadership_is_told_before_a_new_leader,
             holder_identities_are_read_back,
+            holder_identities_follow_the_holding,
             released_names_leave_bounded_storage,
             max_hold_ends_the_holding,
             min_hold_keeps_the_name_after_an_early_release,

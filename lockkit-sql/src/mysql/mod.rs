@@ -3,9 +3,11 @@
 //!
 //! [`open`] connects a client; [`statements`] holds every SQL text of a lock
 //! table, [`migration`] creates it, [`lease`] runs `lease` mode on it, and
-//! [`session`] and [`row`] the session modes; [`bells`] wakes the waiters
-//! of other clients in `lease` mode.
+//! [`session`] and [`row`] the session modes, which send some statements
+//! together ([`batch`]); [`bells`] wakes the waiters of other clients in
+//! `lease` mode.
 
+mod batch;
 mod bells;
 mod lease;
 mod migration;

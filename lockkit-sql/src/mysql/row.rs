@@ -8,11 +8,11 @@
 
 use std::sync::Arc;
 
-use futures_util::TryStreamExt as _;
 use lockkit_core::Capabilities;
 use lockkit_core::backend::Intent;
-use sqlx::{AssertSqlSafe, Either, MySqlConnection, Row as _};
+use sqlx::{AssertSqlSafe, MySqlConnection};
 
+use super::batch::batch;
 use super::session::{MyConn, MySqlSession};
 use super::statements::FenceSource;
 use crate::error::{is_deadlock, is_lock_busy};
@@ -20,56 +20,6 @@ use crate::names::hex_literal;
 use crate::session::{LockingSql, RowLocking, ServerWait};
 use crate::settings::MYSQL_ROW_CAPABILITIES;
 use crate::statement::{Answer, Bind as _, Value, Value::Bytes, trusted};
-
-/// What the server did with statements sent in one message.
-#[derive(Debug)]
-struct Batch {
-    /// How many of them it finished.
-    done: usize,
-    /// The first column of the first row any of them returned.
-    first: Option<i64>,
-    /// The error that stopped the rest, if one did.
-    error: Option<sqlx::Error>,
-}
-
-impl Batch {
-    /// The first row's value, or the error that stopped the statements.
-    fn answer(self) -> sqlx::Result<Option<i64>> {
-        match self.error {
-            Some(error) => Err(error),
-            None => Ok(self.first),
-        }
-    }
-}
-
-/// Sends `sql`, statements separated by `;` with nothing to bind, in one
-/// message on `conn`; the server runs them in order and stops at the first
-/// error.
-async fn batch(conn: &mut MySqlConnection, sql: String) -> Batch {
-    let mut answers = sqlx::raw_sql(AssertSqlSafe(sql)).fetch_many(conn);
-    let mut batch = Batch {
-        done: 0,
-        first: None,
-        error: None,
-    };
-    loop {
-        match answers.try_next().await {
-            Ok(Some(Either::Left(_))) => batch.done += 1,
-            Ok(Some(Either::Right(row))) if batch.first.is_none() => {
-                match row.try_get::<Option<i64>, _>(0) {
-                    Ok(value) => batch.first = value,
-                    Err(error) => batch.error = Some(error),
-                }
-            }
-            Ok(Some(Either::Right(_))) => {}
-            Ok(None) => return batch,
-            Err(error) => {
-                batch.error = Some(error);
-                return batch;
-            }
-        }
-    }
-}
 
 /// Each `?` of `sql` replaced by `literal` (every statement of `row` mode
 /// binds the row's name alone, once or more).

@@ -8,9 +8,10 @@ use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, MySqlConnection};
 
+use super::batch::batch;
 use super::statements::{FOREVER_SECS, FenceSource, MySql};
-use crate::names::{check_slot_permits, named_lock_name, semaphore_slot_name};
-use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
+use crate::names::{check_slot_permits, hex_literal, named_lock_name, semaphore_slot_name};
+use crate::session::{Locked, Record, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{NAMED_CAPABILITIES, Settings};
 use crate::statement::{Answer, Bind as _, Value::Float, Value::Text, trusted};
 
@@ -89,17 +90,49 @@ impl MySqlSession {
         name: &str,
         wait: ServerWait,
     ) -> sqlx::Result<Option<u64>> {
-        let seconds = match wait {
-            ServerWait::NoWait => 0.0,
-            ServerWait::For(left) => left.as_secs_f64(),
-            // MariaDB answers NULL to a negative (MySQL: infinite) timeout.
-            ServerWait::Forever => FOREVER_SECS,
-        };
         // Sequence: the token, or 0 (timed out). Counter: 1 or 0.
         let got: Option<i64> = sqlx::query_scalar(trusted(&self.sql.named_lock))
-            .bind_all(&[Text(name), Float(seconds)])
+            .bind_all(&[Text(name), Float(wait_seconds(wait))])
             .fetch_one(&mut conn.conn)
             .await?;
+        self.named_token(conn, got).await
+    }
+
+    /// [`lock_named`](Self::lock_named) and `record`, a holder identity's
+    /// record written if the lock was granted, in one message: the lock
+    /// statement and the record's upsert, which checks that this
+    /// connection holds the name (`IS_USED_LOCK`). Every error is one, never
+    /// a refusal: the lock may have been granted before it.
+    async fn lock_named_recording(
+        &self,
+        conn: &mut MyConn,
+        name: &str,
+        wait: ServerWait,
+        record: Record<'_>,
+    ) -> sqlx::Result<Option<u64>> {
+        let name = text_literal(name);
+        let lock = self.sql.named_lock.replacen('?', &name, 1).replacen(
+            '?',
+            &wait_seconds(wait).to_string(),
+            1,
+        );
+        let micros = i64::try_from(record.ttl.as_micros()).unwrap_or(i64::MAX);
+        let write = self
+            .sql
+            .named_record
+            .replace("{row}", &hex_literal(record.row))
+            .replace("{owner}", &text_literal(record.owner))
+            .replace("{ttl}", &micros.to_string())
+            .replace("{name}", &name);
+        let got = batch(&mut conn.conn, format!("{lock}; {write}"))
+            .await
+            .answer()?;
+        self.named_token(conn, got).await
+    }
+
+    /// The token of a lock statement's answer `got`: `None` when it timed
+    /// out; drawn now from the counter where the statement drew none.
+    async fn named_token(&self, conn: &mut MyConn, got: Option<i64>) -> sqlx::Result<Option<u64>> {
         match (got, self.sql.fence_source) {
             (Some(0), _) => Ok(None),
             (Some(token), FenceSource::Sequence) => Ok(Some(token as u64)),
@@ -137,6 +170,22 @@ impl MySqlSession {
         }
         Ok(())
     }
+}
+
+/// How long `GET_LOCK` waits, in seconds.
+fn wait_seconds(wait: ServerWait) -> f64 {
+    match wait {
+        ServerWait::NoWait => 0.0,
+        ServerWait::For(left) => left.as_secs_f64(),
+        // MariaDB answers NULL to a negative (MySQL: infinite) timeout.
+        ServerWait::Forever => FOREVER_SECS,
+    }
+}
+
+/// `text` as a `utf8mb4` string literal of hexadecimal digits (see
+/// [`hex_literal`]): a `GET_LOCK` name, an owner.
+fn text_literal(text: &str) -> String {
+    format!("_utf8mb4 {}", hex_literal(text))
 }
 
 impl SlotLocks for MySqlSession {
@@ -202,26 +251,70 @@ impl SessionDb for MySqlSession {
         })
     }
 
-    async fn lock(&self, conn: &mut MyConn, key: &MyKey, wait: ServerWait) -> Result<Locked> {
-        let locked = match key {
-            MyKey::Name(name) => self.lock_named(conn, name, wait).await,
-            MyKey::Slots { slots, taken } => lock_any_slot(self, conn, slots, taken, wait).await,
+    /// A name's holding (not a permit's: its slots are tried one by one).
+    fn carries_records(&self, key: &MyKey) -> bool {
+        matches!(key, MyKey::Name(_))
+    }
+
+    async fn lock(
+        &self,
+        conn: &mut MyConn,
+        key: &MyKey,
+        wait: ServerWait,
+        record: Option<Record<'_>>,
+    ) -> Result<Locked> {
+        let recorded = record.is_some();
+        let locked = match (key, record) {
+            (MyKey::Name(name), Some(record)) => {
+                self.lock_named_recording(conn, name, wait, record).await
+            }
+            (MyKey::Name(name), None) => self.lock_named(conn, name, wait).await,
+            (MyKey::Slots { slots, taken }, _) => {
+                lock_any_slot(self, conn, slots, taken, wait).await
+            }
         };
         match locked {
-            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence))),
+            Ok(Some(fence)) => Ok(Locked::Granted {
+                fence: FencingToken::new(fence),
+                recorded,
+            }),
             Ok(None) => Ok(Locked::Busy),
             Err(error) => Err(self.settings.error("lock", error)),
         }
     }
 
-    async fn unlock(&self, conn: &mut MyConn, key: &MyKey) -> Result<bool> {
+    /// With `record`, one message: the record's delete, then the unlock
+    /// (the next holder's record can only come after it).
+    async fn unlock(
+        &self,
+        conn: &mut MyConn,
+        key: &MyKey,
+        record: Option<Record<'_>>,
+    ) -> Result<bool> {
+        const UNLOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED)";
         let Some(name) = key.held_name() else {
             return Ok(false);
         };
-        sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
-            .bind(name)
-            .fetch_one(&mut conn.conn)
-            .await
+        let released = match record {
+            Some(record) => {
+                let forget = self
+                    .sql
+                    .named_forget
+                    .replace("{row}", &hex_literal(record.row))
+                    .replace("{owner}", &text_literal(record.owner));
+                let unlock = UNLOCK.replacen('?', &text_literal(name), 1);
+                batch(&mut conn.conn, format!("{forget}; {unlock}"))
+                    .await
+                    .answer()
+            }
+            None => {
+                sqlx::query_scalar::<_, Option<i64>>(UNLOCK)
+                    .bind(name)
+                    .fetch_one(&mut conn.conn)
+                    .await
+            }
+        };
+        released
             .map(|released| released == Some(1))
             .map_err(|error| self.settings.error("unlock", error))
     }

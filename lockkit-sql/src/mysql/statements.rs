@@ -110,6 +110,15 @@ pub(super) struct MySql {
     /// With `{rows}` to replace by one `VALUES` row per name.
     pub(super) ensure_rows: String,
     pub(super) named_lock: Arc<str>,
+    /// A holder identity's record written with a `named` lock, in the same
+    /// message (see `session`): the upsert of a lease record (see `lease`)
+    /// of row `{row}`, owner `{owner}`, for `{ttl}` µs, made only if this
+    /// connection holds the `GET_LOCK` name `{name}`. With the literals in
+    /// place of `{…}`.
+    pub(super) named_record: String,
+    /// A holder identity's record deleted with a `named` unlock, in the same
+    /// message, if it is still the holding's: row `{row}`, owner `{owner}`.
+    pub(super) named_forget: String,
     /// The release bell marks of a name (see `bells`), made or renewed for
     /// [`BELL_MARK_SECS`]: the name's mark (binds its row name), and the
     /// row of this client's sleeper (binds its row name and the sleeper's
@@ -386,6 +395,13 @@ impl MySql {
                  ON DUPLICATE KEY UPDATE name = name"
             ),
             named_lock: named_lock.into(),
+            named_record: format!(
+                "INSERT INTO {table} (name, owner, fence, expires_at) \
+                 SELECT {{row}}, {{owner}}, 0, UTC_TIMESTAMP(6) + INTERVAL {{ttl}} MICROSECOND \
+                 FROM DUAL WHERE IS_USED_LOCK({{name}}) = CONNECTION_ID() \
+                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
+            ),
+            named_forget: format!("DELETE FROM {table} WHERE name = {{row}} AND owner = {{owner}}"),
             bell_mark: format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, NULL, 0, UTC_TIMESTAMP(6) + INTERVAL {BELL_MARK_SECS} SECOND), \

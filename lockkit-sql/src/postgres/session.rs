@@ -11,15 +11,22 @@ use sqlx::{AssertSqlSafe, ConnectOptions as _, PgConnection};
 use super::statements::PgSql;
 use crate::error::is_lock_busy;
 use crate::names::{advisory_key, check_slot_permits, semaphore_slot_key};
-use crate::session::{Locked, ServerWait, SessionDb, SlotLocks, lock_any_slot};
+use crate::session::{Locked, Record, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{ADVISORY_CAPABILITIES, Settings};
 use crate::statement::Value::{Int, Text};
-use crate::statement::{Answer, Bind as _, trusted, whole_millis};
+use crate::statement::{Answer, Bind as _, millis, trusted, whole_millis};
 
 /// How often a waiting session-lock statement checks that its client is still
 /// connected (`client_connection_check_interval`, Postgres 14+): a cancelled
 /// acquire closes its connection, and the server then drops the wait.
-const CLIENT_CHECK: &str = "SET client_connection_check_interval = '100ms'";
+/// First, no `lock_timeout` (a try that writes a holder identity's record
+/// may wait for that row's lock, as a statement of its own would; see
+/// [`PgSession::lock_advisory`]). Both settings go back when the second
+/// fails (one implicit transaction): see [`NO_LOCK_TIMEOUT`].
+const CLIENT_CHECK: &str = "SET lock_timeout = 0; SET client_connection_check_interval = '100ms'";
+
+/// The first setting of [`CLIENT_CHECK`], for servers without the second.
+const NO_LOCK_TIMEOUT: &str = "SET lock_timeout = 0";
 
 /// How many acquires that may wait go straight to the waiting statement
 /// after a try of this client was refused (see
@@ -107,25 +114,63 @@ impl PgSession {
     /// of the setting): under contention an acquire is one statement, as
     /// a hand-written `pg_advisory_lock` is, and a client whose contention
     /// has passed goes back to trying first soon after.
+    ///
+    /// The try also writes `record`, a holder identity's record, when it is
+    /// granted, on a connection without a `lock_timeout` (the record's
+    /// upsert may wait a moment for a release deleting that row, which a
+    /// `lock_timeout` left by a wait could turn into a refusal after the
+    /// lock was granted); the answer says whether it did.
     async fn lock_advisory(
         &self,
         conn: &mut PgConn,
         key: i64,
         shared: bool,
         wait: ServerWait,
-    ) -> sqlx::Result<Option<i64>> {
+        record: Option<Record<'_>>,
+    ) -> sqlx::Result<Option<(i64, bool)>> {
         if wait != ServerWait::NoWait && self.take_untried_wait() {
-            return self.lock_advisory_once(conn, key, shared, wait).await;
+            let granted = self.lock_advisory_once(conn, key, shared, wait).await?;
+            return Ok(granted.map(|fence| (fence, false)));
         }
-        let tried = self
-            .lock_advisory_once(conn, key, shared, ServerWait::NoWait)
-            .await?;
+        let tried = match record.filter(|_| conn.lock_timeout_ms == Some(0)) {
+            Some(record) => self
+                .try_advisory_recording(conn, key, shared, record)
+                .await?
+                .map(|fence| (fence, true)),
+            None => self
+                .lock_advisory_once(conn, key, shared, ServerWait::NoWait)
+                .await?
+                .map(|fence| (fence, false)),
+        };
         if tried.is_some() || wait == ServerWait::NoWait {
             return Ok(tried);
         }
         self.waits_untried
             .store(WAITS_AFTER_REFUSAL, Ordering::Relaxed);
-        self.lock_advisory_once(conn, key, shared, wait).await
+        let granted = self.lock_advisory_once(conn, key, shared, wait).await?;
+        Ok(granted.map(|fence| (fence, false)))
+    }
+
+    /// The try for the advisory lock on `key` that also writes `record`
+    /// when granted: the token, `None` when refused. Every error is one
+    /// (never a refusal): the lock may have been granted before it.
+    async fn try_advisory_recording(
+        &self,
+        conn: &mut PgConn,
+        key: i64,
+        shared: bool,
+        record: Record<'_>,
+    ) -> sqlx::Result<Option<i64>> {
+        let statement = &self.sql.advisory_recording[usize::from(shared)];
+        sqlx::query_scalar(trusted(statement))
+            .bind_all(&[
+                Int(key),
+                Text(record.row),
+                Text(record.owner),
+                millis(record.ttl),
+            ])
+            .fetch_one(&mut conn.conn)
+            .await
     }
 
     /// Whether this acquire goes straight to the waiting statement (see
@@ -240,42 +285,79 @@ impl SessionDb for PgSession {
         // Best effort: servers before Postgres 14 do not have the setting.
         if let Err(error) = sqlx::raw_sql(CLIENT_CHECK).execute(&mut conn).await {
             tracing::debug!(%error, "client_connection_check_interval is not available; a cancelled wait ends when its lock is granted");
+            self.settings
+                .bounded(
+                    "clear the lock timeout",
+                    sqlx::raw_sql(NO_LOCK_TIMEOUT).execute(&mut conn),
+                )
+                .await?;
         }
         Ok(PgConn {
             conn,
-            lock_timeout_ms: None,
+            lock_timeout_ms: Some(0),
         })
     }
 
-    async fn lock(&self, conn: &mut PgConn, key: &PgKey, wait: ServerWait) -> Result<Locked> {
+    /// An exclusive or shared holding's (not a permit's: its slots are
+    /// tried one by one).
+    fn carries_records(&self, key: &PgKey) -> bool {
+        matches!(key, PgKey::Exclusive(_) | PgKey::Shared(_))
+    }
+
+    async fn lock(
+        &self,
+        conn: &mut PgConn,
+        key: &PgKey,
+        wait: ServerWait,
+        record: Option<Record<'_>>,
+    ) -> Result<Locked> {
         let locked = match key {
-            PgKey::Exclusive(key) => self.lock_advisory(conn, *key, false, wait).await,
-            PgKey::Shared(key) => self.lock_advisory(conn, *key, true, wait).await,
+            PgKey::Exclusive(key) => self.lock_advisory(conn, *key, false, wait, record).await,
+            PgKey::Shared(key) => self.lock_advisory(conn, *key, true, wait, record).await,
             PgKey::Slots { slots, taken } => lock_any_slot(self, conn, slots, taken, wait)
                 .await
-                .map(|token| token.map(|t| t as i64)),
+                .map(|token| token.map(|t| (t as i64, false))),
         };
         match locked {
-            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence as u64))),
+            Ok(Some((fence, recorded))) => Ok(Locked::Granted {
+                fence: FencingToken::new(fence as u64),
+                recorded,
+            }),
             Ok(None) => Ok(Locked::Busy),
             Err(error) => Err(self.settings.error("lock", error)),
         }
     }
 
-    async fn unlock(&self, conn: &mut PgConn, key: &PgKey) -> Result<bool> {
-        let (statement, key) = match key {
-            PgKey::Exclusive(key) => ("SELECT pg_advisory_unlock($1)", *key),
-            PgKey::Shared(key) => ("SELECT pg_advisory_unlock_shared($1)", *key),
-            PgKey::Slots { slots, taken } => (
-                "SELECT pg_advisory_unlock($1)",
-                slots[taken.load(Ordering::SeqCst)],
-            ),
+    async fn unlock(
+        &self,
+        conn: &mut PgConn,
+        key: &PgKey,
+        record: Option<Record<'_>>,
+    ) -> Result<bool> {
+        let (shared, key) = match key {
+            PgKey::Exclusive(key) => (false, *key),
+            PgKey::Shared(key) => (true, *key),
+            PgKey::Slots { slots, taken } => (false, slots[taken.load(Ordering::SeqCst)]),
         };
-        sqlx::query_scalar(statement)
-            .bind(key)
-            .fetch_one(&mut conn.conn)
-            .await
-            .map_err(|error| self.settings.error("unlock", error))
+        let unlocked = match record {
+            Some(record) => {
+                sqlx::query_scalar(trusted(&self.sql.advisory_forgetting[usize::from(shared)]))
+                    .bind_all(&[Int(key), Text(record.row), Text(record.owner)])
+                    .fetch_one(&mut conn.conn)
+                    .await
+            }
+            None => {
+                let statement = match shared {
+                    false => "SELECT pg_advisory_unlock($1)",
+                    true => "SELECT pg_advisory_unlock_shared($1)",
+                };
+                sqlx::query_scalar(statement)
+                    .bind(key)
+                    .fetch_one(&mut conn.conn)
+                    .await
+            }
+        };
+        unlocked.map_err(|error| self.settings.error("unlock", error))
     }
 
     async fn ping(&self, conn: &mut PgConn, _key: &PgKey) -> Result<bool> {

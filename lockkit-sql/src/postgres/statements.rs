@@ -38,6 +38,13 @@ pub(super) struct PgSql {
     pub(super) make_row: Arc<str>,
     /// `advisory` mode's lock, with its token.
     pub(super) advisory: LockingSql,
+    /// `advisory` mode's try that also writes a holder identity's record
+    /// when granted: exclusive, shared (see [`advisory_try_recording`]).
+    pub(super) advisory_recording: [Arc<str>; 2],
+    /// `advisory` mode's unlock that also deletes a holder identity's
+    /// record if it is still the holding's: exclusive, shared (see
+    /// [`advisory_unlock_forgetting`]).
+    pub(super) advisory_forgetting: [Arc<str>; 2],
     /// `row` mode's lock, with its token.
     pub(super) row: LockingSql,
     pub(super) row_free_slot: Arc<str>,
@@ -224,6 +231,10 @@ impl PgSql {
             // The same sequence for both sides: readers' and writers' tokens
             // are one order.
             advisory: LockingSql::of(|shared, intent| advisory_lock(&seq, shared, intent)),
+            advisory_recording: [false, true]
+                .map(|shared| advisory_try_recording(table, &seq, shared).into()),
+            advisory_forgetting: [false, true]
+                .map(|shared| advisory_unlock_forgetting(table, shared).into()),
             row: LockingSql::of(|shared, intent| row_lock(table, &seq, shared, intent)),
             // A permit: the first slot row no one holds. MATERIALIZED: the
             // token is drawn for the locked row only.
@@ -412,6 +423,34 @@ fn advisory_lock(seq: &str, shared: bool, intent: Intent) -> String {
              SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
         ),
     }
+}
+
+/// [`advisory_lock`]'s try, which also writes a holder identity's record
+/// once granted: the record's row `$2` made or taken over for owner `$3`,
+/// for `$4` ms (the upsert of a lease record, see `lease`), in the same
+/// statement, from the token's row (none when refused). The answer is the
+/// try's: the token, or `NULL` when refused.
+fn advisory_try_recording(table: &str, seq: &str, shared: bool) -> String {
+    let side = if shared { "_shared" } else { "" };
+    format!(
+        "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok), \
+         f AS MATERIALIZED (SELECT nextval('{seq}') AS fence FROM l WHERE ok), \
+         r AS (INSERT INTO {table} (name, owner, fence, expires_at) \
+               SELECT $2, $3, 0, now() + $4::bigint * interval '1 millisecond' FROM f \
+               ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at) \
+         SELECT (SELECT fence FROM f)"
+    )
+}
+
+/// `pg_advisory_unlock($1)` (`_shared`), which also deletes a holder
+/// identity's record, row `$2`, if its owner is still `$3`: the record of a
+/// next holder, which may be written meanwhile, is left alone.
+fn advisory_unlock_forgetting(table: &str, shared: bool) -> String {
+    let side = if shared { "_shared" } else { "" };
+    format!(
+        "WITH d AS (DELETE FROM {table} WHERE name = $2 AND owner = $3) \
+         SELECT pg_advisory_unlock{side}($1)"
+    )
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use lockkit_core::backend::{Lease, LossNotifier};
 use lockkit_core::{LockError, LostReason, Result};
 use tokio::time::Instant;
 
-use super::{Checkout, Connections, SessionDb};
+use super::{Checkout, Connections, Record, SessionDb};
 use crate::lease::IdentityRecords;
 
 /// A holding's identity record: its row and the stored owner.
@@ -17,6 +17,17 @@ use crate::lease::IdentityRecords;
 pub(super) struct Identity {
     pub(super) row: String,
     pub(super) owner: String,
+}
+
+impl Identity {
+    /// The record as a statement carries it, with a lease of `ttl`.
+    pub(super) fn record(&self, ttl: Duration) -> Record<'_> {
+        Record {
+            row: &self.row,
+            owner: &self.owner,
+            ttl,
+        }
+    }
 }
 
 /// The dedicated connection behind a guard.
@@ -133,16 +144,23 @@ impl<D: SessionDb> Lease for SessionLease<D> {
         let mut checkout = Checkout::new(&self.conns, conn);
         let db = &self.conns.db;
         let limit = db.settings().command_timeout;
-        // The identity record goes at the same time, on a pooled connection:
-        // it is deleted only while it is still this holding's.
+        // The identity record goes with the unlock where its statement
+        // carries it; else at the same time, on a pooled connection. Either
+        // way it is deleted only while it is still this holding's.
+        let carried = db.carries_records(&self.key);
+        let record = self
+            .identity
+            .as_ref()
+            .filter(|_| carried)
+            .map(|identity| identity.record(self.ttl));
         let forget = async {
-            if let Some(identity) = &self.identity
+            if let Some(identity) = self.identity.as_ref().filter(|_| !carried)
                 && let Err(error) = self.records.forget(&identity.row, &identity.owner).await
             {
                 tracing::warn!(backend = db.backend_name(), %error, "could not delete the holder's identity record; it ends with its TTL");
             }
         };
-        let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key));
+        let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key, record));
         let (unlocked, ()) = tokio::join!(unlock, forget);
         match unlocked {
             Ok(Ok(true)) => {

@@ -10,8 +10,11 @@
 //! query that marks the guard lost when the connection dies, the
 //! client-side TTL of the design contract, and holder identities (a session
 //! lock has no place for one: it is written into an identity record, see
-//! [`IdentityRecords`], after the grant, renewed with the holding and
-//! deleted at its release).
+//! [`IdentityRecords`], renewed with the holding and deleted at its
+//! release; a mode whose statements can carry the record (see
+//! [`SessionDb::carries_records`]) writes it in the lock statement that is
+//! granted and deletes it in the unlock statement, with no statement of
+//! its own).
 
 mod holding;
 mod row;
@@ -25,7 +28,7 @@ use lockkit_core::backend::{
     DEADLINE_GRACE, Intent, OwnerToken, QueueBackend, Request, Waiter, stored_owner,
 };
 use lockkit_core::{
-    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
+    Capabilities, FencingToken, LockError, LockGuard, LockKind, LockStatus, Result,
 };
 use tokio::time::Instant;
 
@@ -143,11 +146,22 @@ impl LockingSql {
     }
 }
 
+/// A holder identity's record as a lock or unlock statement carries it
+/// (see [`SessionDb::carries_records`]): the record's row, its stored
+/// owner, and its lease.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Record<'a> {
+    pub(crate) row: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) ttl: Duration,
+}
+
 /// What the answer of a lock statement says.
 #[derive(Debug)]
 pub(crate) enum Locked {
-    /// Granted, with the fencing token drawn afterwards.
-    Granted(FencingToken),
+    /// Granted, with the fencing token drawn afterwards, and whether the
+    /// statement also wrote the identity record it was given.
+    Granted { fence: FencingToken, recorded: bool },
     /// Still held by someone else when the server's wait ended.
     Busy,
 }
@@ -177,18 +191,39 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
         self.settings().backend
     }
 
+    /// Whether the statements of a holding of `key` carry its identity
+    /// record: [`lock`](Self::lock) may write it with the grant (it says
+    /// whether it did) and [`unlock`](Self::unlock) deletes it with the
+    /// release. Elsewhere the record is written and deleted by statements
+    /// of its own, on a pooled connection.
+    fn carries_records(&self, _key: &Self::Key) -> bool {
+        false
+    }
+
     /// Opens a new dedicated connection (bounded by the connect timeout).
     async fn connect(&self) -> Result<Self::Conn>;
-    /// One lock statement. On `Busy` the connection must be left clean (no
-    /// open transaction), ready for reuse.
+    /// One lock statement; with `record` (only where
+    /// [`carries_records`](Self::carries_records)), one that may also write
+    /// it when granted. On `Busy` the connection must be left clean (no
+    /// open transaction, no lock), ready for reuse; a statement that fails
+    /// once its lock may have been granted must answer an error (the
+    /// connection is then closed, which frees the lock).
     async fn lock(
         &self,
         conn: &mut Self::Conn,
         key: &Self::Key,
         wait: ServerWait,
+        record: Option<Record<'_>>,
     ) -> Result<Locked>;
-    /// Releases the lock held on `conn`; `Ok(false)` if it was not held.
-    async fn unlock(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool>;
+    /// Releases the lock held on `conn`, and deletes `record` (given only
+    /// where [`carries_records`](Self::carries_records)) if it is still its
+    /// owner's; `Ok(false)` if the lock was not held.
+    async fn unlock(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+        record: Option<Record<'_>>,
+    ) -> Result<bool>;
     /// Whether `conn` still holds the lock (a cheap liveness query).
     async fn ping(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool>;
     /// Whether the lock is held (and by how many it is awaited, where the
@@ -320,9 +355,10 @@ impl<D: SessionDb> SessionLock<D> {
         key: &D::Key,
         waiter: &Waiter<'_>,
         intent: Intent,
+        record: Option<Record<'_>>,
     ) -> Result<Locked> {
         let wait = Self::server_wait(waiter, intent);
-        let statement = self.conns.db.lock(checkout.conn(), key, wait);
+        let statement = self.conns.db.lock(checkout.conn(), key, wait, record);
         match (wait, waiter.deadline()) {
             (ServerWait::For(_), Some(deadline)) => {
                 match tokio::time::timeout_at(deadline + DEADLINE_GRACE, statement).await {
@@ -355,13 +391,24 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
         let key = db.key(name, opts.kind())?;
         // Opening a connection is bounded by the connect timeout, not by the
         // wait: like every first attempt, it runs to completion.
+        let identity = opts.holder_identity().map(|holder| Identity {
+            row: holder_row_name(name, opts.kind()),
+            owner: stored_owner(OwnerToken::new().as_str(), Some(holder)).into_owned(),
+        });
+        let record = identity
+            .as_ref()
+            .filter(|_| db.carries_records(&key))
+            .map(|identity| identity.record(opts.lease_ttl()));
         let (mut checkout, mut reused) = match self.conns.take_idle() {
             Some(conn) => (Checkout::new(&self.conns, conn), true),
             None => (Checkout::new(&self.conns, db.connect().await?), false),
         };
-        let fencing = loop {
-            match self.lock_once(&mut checkout, &key, waiter, intent).await {
-                Ok(Locked::Granted(fencing)) => break fencing,
+        let (fencing, recorded) = loop {
+            match self
+                .lock_once(&mut checkout, &key, waiter, intent, record)
+                .await
+            {
+                Ok(Locked::Granted { fence, recorded }) => break (fence, recorded),
                 Ok(Locked::Busy) if intent == Intent::Try || waiter.is_over() => {
                     self.conns.put_back(checkout.finish());
                     return Ok(None);
@@ -378,9 +425,12 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
             }
         };
         let granted_at = Instant::now();
-        let identity = match opts.holder_identity() {
-            Some(holder) => Some(self.record(name, opts, holder, &mut checkout).await?),
-            None => None,
+        let identity = match identity {
+            Some(identity) if !recorded => Some(
+                self.record(identity, opts.lease_ttl(), &mut checkout)
+                    .await?,
+            ),
+            identity => identity,
         };
         let lease = Arc::new_cyclic(|this| SessionLease {
             this: this.clone(),
@@ -422,21 +472,15 @@ impl<D: SessionDb> SessionLock<D> {
     /// the next holder's.
     async fn record(
         &self,
-        name: &str,
-        opts: &LockOptions,
-        holder: &str,
+        identity: Identity,
+        ttl: Duration,
         checkout: &mut Checkout<D>,
     ) -> Result<Identity> {
-        let identity = Identity {
-            row: holder_row_name(name, opts.kind()),
-            owner: stored_owner(OwnerToken::new().as_str(), Some(holder)).into_owned(),
-        };
         let (records, row, owner) = (
             self.records.clone(),
             identity.row.clone(),
             identity.owner.clone(),
         );
-        let ttl = opts.lease_ttl();
         let written = tokio::spawn(async move { records.record(&row, &owner, ttl).await }).await;
         match written {
             Ok(Ok(())) => Ok(identity),

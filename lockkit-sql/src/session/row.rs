@@ -11,7 +11,7 @@ use lockkit_core::backend::Intent;
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
 use sqlx::{Database, Executor};
 
-use super::{Locked, LockingSql, ServerWait, SessionDb};
+use super::{Locked, LockingSql, Record, ServerWait, SessionDb};
 use crate::error::{is_deadlock, is_lock_busy};
 use crate::lease::permit_row_name;
 use crate::names::check_slot_permits;
@@ -158,7 +158,13 @@ where
         self.0.connect().await
     }
 
-    async fn lock(&self, conn: &mut R::Conn, key: &RowKey, wait: ServerWait) -> Result<Locked> {
+    async fn lock(
+        &self,
+        conn: &mut R::Conn,
+        key: &RowKey,
+        wait: ServerWait,
+        _record: Option<Record<'_>>,
+    ) -> Result<Locked> {
         let locking = &self.0;
         let locked = match key {
             RowKey::Slots { slots, taken } => {
@@ -170,13 +176,21 @@ where
             },
         };
         match locked {
-            Ok(Some(fence)) => Ok(Locked::Granted(FencingToken::new(fence as u64))),
+            Ok(Some(fence)) => Ok(Locked::Granted {
+                fence: FencingToken::new(fence as u64),
+                recorded: false,
+            }),
             Ok(None) => Ok(Locked::Busy),
             Err(error) => Err(self.settings().error("lock", error)),
         }
     }
 
-    async fn unlock(&self, conn: &mut R::Conn, key: &RowKey) -> Result<bool> {
+    async fn unlock(
+        &self,
+        conn: &mut R::Conn,
+        key: &RowKey,
+        _record: Option<Record<'_>>,
+    ) -> Result<bool> {
         let name = match key {
             RowKey::Row { name, .. } => name,
             RowKey::Slots { slots, taken } => &slots[taken.load(Ordering::SeqCst)],
