@@ -203,9 +203,12 @@ impl PgSession {
         } else {
             &values[..1]
         };
-        // The setting stays when the statement succeeds; a failed one puts
-        // the session's back, which `set_lock_timeout` then no longer knows.
-        conn.lock_timeout_ms = None;
+        // A wait's setting stays when the statement succeeds; a failed one
+        // puts the session's back, which `set_lock_timeout` then no longer
+        // knows. A try leaves the setting as it was.
+        if timeout_ms.is_some() {
+            conn.lock_timeout_ms = None;
+        }
         // A try answers NULL when busy; a wait, `lock_not_available`.
         match sqlx::query_scalar(trusted(statement))
             .bind_all(values)
@@ -213,7 +216,9 @@ impl PgSession {
             .await
         {
             Ok(fence) => {
-                conn.lock_timeout_ms = timeout_ms;
+                if timeout_ms.is_some() {
+                    conn.lock_timeout_ms = timeout_ms;
+                }
                 Ok(fence)
             }
             Err(error) if is_lock_busy(&error) => Ok(None),
