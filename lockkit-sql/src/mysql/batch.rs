@@ -3,7 +3,6 @@
 //! [`hex_literal`](crate::names::hex_literal)).
 
 use futures_util::TryStreamExt as _;
-use sqlx::mysql::MySqlRow;
 use sqlx::{AssertSqlSafe, Either, MySqlConnection, Row as _};
 
 /// What the server did with statements sent in one message.
@@ -11,24 +10,15 @@ use sqlx::{AssertSqlSafe, Either, MySqlConnection, Row as _};
 pub(super) struct Batch {
     /// How many of them it finished.
     pub(super) done: usize,
-    /// The first row any of them returned.
-    pub(super) first: Option<MySqlRow>,
+    /// The first column of the first row any of them returned.
+    pub(super) first: Option<i64>,
     /// The error that stopped the rest, if one did.
     pub(super) error: Option<sqlx::Error>,
 }
 
 impl Batch {
-    /// The first row's first column (`None` for no row, or `NULL`), or the
-    /// error that stopped the statements.
+    /// The first row's value, or the error that stopped the statements.
     pub(super) fn answer(self) -> sqlx::Result<Option<i64>> {
-        match self.row()? {
-            Some(row) => row.try_get(0),
-            None => Ok(None),
-        }
-    }
-
-    /// The first row, or the error that stopped the statements.
-    pub(super) fn row(self) -> sqlx::Result<Option<MySqlRow>> {
         match self.error {
             Some(error) => Err(error),
             None => Ok(self.first),
@@ -49,7 +39,12 @@ pub(super) async fn batch(conn: &mut MySqlConnection, sql: String) -> Batch {
     loop {
         match answers.try_next().await {
             Ok(Some(Either::Left(_))) => batch.done += 1,
-            Ok(Some(Either::Right(row))) if batch.first.is_none() => batch.first = Some(row),
+            Ok(Some(Either::Right(row))) if batch.first.is_none() => {
+                match row.try_get::<Option<i64>, _>(0) {
+                    Ok(value) => batch.first = value,
+                    Err(error) => batch.error = Some(error),
+                }
+            }
             Ok(Some(Either::Right(_))) => {}
             Ok(None) => return batch,
             Err(error) => {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use lockkit_core::Capabilities;
 use lockkit_core::backend::Intent;
-use sqlx::{AssertSqlSafe, MySqlConnection, Row as _};
+use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use super::batch::batch;
 use super::session::{MyConn, MySqlSession};
@@ -90,32 +90,19 @@ impl RowLocking for MySqlSession {
     }
 
     /// The `IN` list has one placeholder per slot (at most
-    /// [`MAX_SLOT_PERMITS`](crate::MAX_SLOT_PERMITS)). With `begin`, one
-    /// round trip: `BEGIN` and the `SELECT` in one message, the names as
-    /// hexadecimal literals.
+    /// [`MAX_SLOT_PERMITS`](crate::MAX_SLOT_PERMITS)).
     fn select_free<'c>(
         &'c self,
         conn: &'c mut MyConn,
         names: &'c [String],
-        begin: bool,
     ) -> Answer<'c, Option<(String, i64)>> {
         Box::pin(async move {
-            let row = if begin {
-                let literals: Vec<String> = names.iter().map(|name| hex_literal(name)).collect();
-                let select = (self.sql.row_free_slot).replace("{slots}", &literals.join(", "));
-                let answer = batch(&mut conn.conn, format!("BEGIN; {select}")).await;
-                match answer.row()? {
-                    Some(row) => Some((row.try_get::<Vec<u8>, _>(0)?, row.try_get::<i64, _>(1)?)),
-                    None => None,
-                }
-            } else {
-                let sql = (self.sql.row_free_slot).replace("{slots}", &placeholders(names.len()));
-                let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(AssertSqlSafe(sql));
-                for name in names {
-                    query = query.bind(name.as_bytes());
-                }
-                query.fetch_optional(&mut conn.conn).await?
-            };
+            let sql = (self.sql.row_free_slot).replace("{slots}", &placeholders(names.len()));
+            let mut query = sqlx::query_as::<_, (Vec<u8>, i64)>(AssertSqlSafe(sql));
+            for name in names {
+                query = query.bind(name.as_bytes());
+            }
+            let row = query.fetch_optional(&mut conn.conn).await?;
             row.map(|(name, token)| {
                 String::from_utf8(name)
                     .map(|name| (name, token))

@@ -71,17 +71,9 @@ impl RowLocking for PgSession {
         &'c self,
         conn: &'c mut PgConn,
         names: &'c [String],
-        begin: bool,
     ) -> Answer<'c, Option<(String, i64)>> {
-        Box::pin(async move {
-            if begin {
-                sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
-            }
-            sqlx::query_as(trusted(&self.sql.row_free_slot))
-                .bind(names)
-                .fetch_optional(&mut conn.conn)
-                .await
-        })
+        let query = sqlx::query_as(trusted(&self.sql.row_free_slot)).bind(names);
+        Box::pin(query.fetch_optional(&mut conn.conn))
     }
 
     fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()> {

@@ -50,14 +50,11 @@ pub(crate) trait RowLocking: SessionDb {
 
     /// The first row of `names` that no one has locked, locked `FOR UPDATE
     /// SKIP LOCKED`: its name and a token; `None` when every existing one is
-    /// locked. With `begin`, a transaction is begun first (in the same
-    /// message where the database takes several); after an error the
-    /// caller rolls back.
+    /// locked.
     fn select_free<'c>(
         &'c self,
         conn: &'c mut Self::Conn,
         names: &'c [String],
-        begin: bool,
     ) -> Answer<'c, Option<(String, i64)>>;
 
     /// Creates the missing rows of `names` in one statement, committed on
@@ -360,8 +357,9 @@ where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
     for round in 0..2 {
-        let free = match locking.select_free(conn, &slots[first..=first], true).await {
-            Ok(None) if slots.len() > 1 => locking.select_free(conn, slots, false).await,
+        run::<R>(conn, "BEGIN").await?;
+        let free = match locking.select_free(conn, &slots[first..=first]).await {
+            Ok(None) if slots.len() > 1 => locking.select_free(conn, slots).await,
             answer => answer,
         };
         match free {
