@@ -107,10 +107,16 @@ pub(crate) fn millis(d: Duration) -> Value<'static> {
     Value::Int(whole_millis(d))
 }
 
+/// A duration in whole microseconds.
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) fn whole_micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
 /// A duration as the whole microseconds a statement binds.
 #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn micros(d: Duration) -> Value<'static> {
-    Value::Int(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    Value::Int(whole_micros(d))
 }
 
 /// A remaining time in milliseconds as a server answered it (never

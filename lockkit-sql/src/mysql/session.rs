@@ -13,7 +13,7 @@ use super::statements::{FOREVER_SECS, FenceSource, MySql};
 use crate::names::{check_slot_permits, hex_literal, named_lock_name, semaphore_slot_name};
 use crate::session::{Locked, Record, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{NAMED_CAPABILITIES, Settings};
-use crate::statement::{Answer, Bind as _, Value::Float, Value::Text, trusted};
+use crate::statement::{Answer, Bind as _, Value::Float, Value::Text, trusted, whole_micros};
 
 /// MySQL/MariaDB session locks on dedicated connections: `named` mode, and
 /// the connections of `row` mode (see the `row` module).
@@ -116,13 +116,12 @@ impl MySqlSession {
             &wait_seconds(wait).to_string(),
             1,
         );
-        let micros = i64::try_from(record.ttl.as_micros()).unwrap_or(i64::MAX);
         let write = self
             .sql
             .named_record
             .replace("{row}", &hex_literal(record.row))
             .replace("{owner}", &text_literal(record.owner))
-            .replace("{ttl}", &micros.to_string())
+            .replace("{ttl}", &whole_micros(record.ttl).to_string())
             .replace("{name}", &name);
         let got = batch(&mut conn.conn, format!("{lock}; {write}"))
             .await

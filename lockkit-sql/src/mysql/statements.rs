@@ -9,6 +9,13 @@ use crate::lease::Param::{Client, Name, Owner, To, Token, Ttl, Waiting};
 use crate::lease::{LeaseSql, LeaseStatements};
 use crate::session::LockingSql;
 
+/// How a record's upsert takes over an earlier record of its row (a
+/// crashed holder's, whose lease may still run): the lease rows' `record`
+/// statement (a waiting writer's, a holder identity's) and the one a
+/// `named` lock sends with it.
+const RECORD_TAKEN_OVER: &str =
+    "ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)";
+
 /// The prefix of a reader group's owner (see the `lease` module).
 const GROUP: &str = "CONCAT(CHAR(1), 'r')";
 
@@ -337,7 +344,7 @@ impl MySql {
                 record: LeaseSql::new(format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES (?, ?, 0, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
+                 {RECORD_TAKEN_OVER}"
             ), &[Name, Owner, Ttl]),
                 forget: LeaseSql::new(format!("DELETE FROM {table} WHERE name = ? AND owner = COALESCE(?, owner)"), &[Name, Owner]),
                 channel: String::new(),
@@ -399,7 +406,7 @@ impl MySql {
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  SELECT {{row}}, {{owner}}, 0, UTC_TIMESTAMP(6) + INTERVAL {{ttl}} MICROSECOND \
                  FROM DUAL WHERE IS_USED_LOCK({{name}}) = CONNECTION_ID() \
-                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), expires_at = VALUES(expires_at)"
+                 {RECORD_TAKEN_OVER}"
             ),
             named_forget: format!("DELETE FROM {table} WHERE name = {{row}} AND owner = {{owner}}"),
             bell_mark: format!(

@@ -10,6 +10,13 @@ use lockkit_core::backend::Intent;
 use crate::names::advisory_key;
 use crate::session::LockingSql;
 
+/// How a record's upsert takes over an earlier record of its row (a
+/// crashed holder's, whose lease may still run): the lease rows' `record`
+/// statement (a waiting writer's, a holder identity's) and
+/// [`advisory_try_recording`]'s.
+const RECORD_TAKEN_OVER: &str =
+    "ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at";
+
 /// The statements of one lock table, built once from the validated table name.
 #[derive(Debug)]
 pub(super) struct PgSql {
@@ -175,7 +182,7 @@ impl PgSql {
                 record: LeaseSql::new(format!(
                 "INSERT INTO {table} (name, owner, fence, expires_at) \
                  VALUES ($1, $2, 0, now() + $3::bigint * interval '1 millisecond') \
-                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+                 {RECORD_TAKEN_OVER}"
             ), &[Name, Owner, Ttl]),
                 // Notifies only with a name to wake (`$4` not empty): every
                 // listening session's server process reads each `NOTIFY`.
@@ -437,7 +444,7 @@ fn advisory_try_recording(table: &str, seq: &str, shared: bool) -> String {
          f AS MATERIALIZED (SELECT nextval('{seq}') AS fence FROM l WHERE ok), \
          r AS (INSERT INTO {table} (name, owner, fence, expires_at) \
                SELECT $2, $3, 0, now() + $4::bigint * interval '1 millisecond' FROM f \
-               ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at) \
+               {RECORD_TAKEN_OVER}) \
          SELECT (SELECT fence FROM f)"
     )
 }
