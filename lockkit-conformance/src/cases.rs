@@ -507,6 +507,36 @@ pub async fn a_waiter_that_gives_up_leaves_the_line(h: &dyn Harness) {
     holder.release().await.unwrap();
 }
 
+/// A wait its client gave up on never takes the lock later: once the holder
+/// releases, the client's next try gets it. (A server may go on with a
+/// wait after its client gave up: MySQL and MariaDB until the wait is
+/// killed, ZooKeeper and etcd until the waiter's key is deleted.) Several
+/// rounds, each release coming at once after the give-up, when what the
+/// wait left is most likely still on the server.
+pub async fn a_wait_given_up_never_takes_the_lock_later(h: &dyn Harness) {
+    let (a, b) = (h.client().await, h.client().await);
+    let name = unique("given-up");
+    let o = opts(Duration::from_secs(30));
+    for round in 0..5 {
+        let holder = must_acquire(a.as_ref(), &name, &o).await;
+        let err = b
+            .acquire(&name, &o.clone().wait_for(ms(100)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, LockError::Timeout { .. }),
+            "round {round}: {err}"
+        );
+        holder.release().await.unwrap();
+        let guard = b
+            .try_acquire(&name, &o)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: a wait given up took the lock"));
+        guard.release().await.unwrap();
+    }
+}
+
 /// `no_wait` and `try_acquire` make one attempt and return at once.
 pub async fn no_wait_gives_timeout_at_once(h: &dyn Harness) {
     let (a, b) = (h.client().await, h.client().await);

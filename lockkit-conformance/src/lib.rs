@@ -133,6 +133,7 @@ macro_rules! conformance_suite {
             acquire_succeeds_when_holder_releases,
             acquire_times_out_near_deadline,
             a_waiter_that_gives_up_leaves_the_line,
+            a_wait_given_up_never_takes_the_lock_later,
             no_wait_gives_timeout_at_once,
             no_overlap_under_contention,
             cancelled_acquires_leak_no_lease,

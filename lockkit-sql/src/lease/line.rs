@@ -511,6 +511,7 @@ impl Turns {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "postgres")]
     #[tokio::test(start_paused = true)]
     async fn names_left_are_counted_a_while_and_stay_bounded() {
         let in_line = InLine::default();
