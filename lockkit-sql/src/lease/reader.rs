@@ -1,13 +1,15 @@
 //! A reader's attempt in `lease` mode, cancellation-safe: a token its
 //! caller no longer takes leaves the group.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use lockkit_core::backend::Attempt;
-use lockkit_core::{FencingToken, LockError, Result};
-use tokio::sync::oneshot;
+use lockkit_core::{FencingToken, Result};
 
 use super::rows::Rows;
 use super::{LeaseDialect, LeaseRows};
@@ -54,6 +56,44 @@ impl<D: LeaseDialect> Drop for Joined<D> {
     }
 }
 
+/// A future that, dropped before it is done, finishes in a task of its own
+/// (its output dropped there): a caller that gives up does not cut a
+/// statement off halfway, and a caller that waits costs no task.
+struct Finishing<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output: Send> + Send + 'static> Finishing<F> {
+    fn new(future: F) -> Self {
+        Finishing(Some(Box::pin(future)))
+    }
+}
+
+impl<F: Future<Output: Send> + Send + 'static> Future for Finishing<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(future) = self.0.as_mut() else {
+            panic!("a finished attempt polled again");
+        };
+        let output = ready!(future.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future<Output: Send> + Send + 'static> Drop for Finishing<F> {
+    fn drop(&mut self) {
+        let Some(future) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move { drop(future.await) })),
+            Err(_) => tracing::warn!(
+                "a shared acquire given up outside a runtime cannot finish; its group ends with its TTL"
+            ),
+        }
+    }
+}
+
 /// What a reader's attempt answers its caller.
 enum Shared<D: LeaseDialect> {
     Joined(Joined<D>),
@@ -61,9 +101,10 @@ enum Shared<D: LeaseDialect> {
 }
 
 impl<D: LeaseDialect> LeaseRows<D> {
-    /// A reader's attempt, cancellation-safe: the statement runs in a task
-    /// of its own, and a token its caller no longer takes leaves the group
-    /// (a reader has no owner of its own in the row to undo by).
+    /// A reader's attempt, cancellation-safe: an attempt its caller gives
+    /// up on finishes in a task of its own, and a token its caller no
+    /// longer takes leaves the group (a reader has no owner of its own in
+    /// the row to undo by).
     /// A reader that records an identity (`record`: the record's row and
     /// the stored owner) then takes the record if no live reader has it.
     pub(super) async fn acquire_reader(
@@ -75,44 +116,31 @@ impl<D: LeaseDialect> LeaseRows<D> {
         record: Option<(&str, &str)>,
         recorded: &AtomicBool,
     ) -> Result<Attempt<Option<FencingToken>>> {
-        let (tx, rx) = oneshot::channel();
         let (rows, name, waiting) = (self.rows.clone(), name.to_owned(), waiting.to_owned());
         let record = record.map(|(row, owner)| (row.to_owned(), owner.to_owned()));
-        tokio::spawn(async move {
-            let answer = match rows.share_row(&name, &waiting, ttl).await {
-                Ok(Attempt::Acquired(token)) => {
+        let join = async move {
+            match rows.share_row(&name, &waiting, ttl).await? {
+                Attempt::Acquired(token) => {
                     let mut joined = Joined {
                         rows: rows.clone(),
                         name,
                         token: Some(token.map_or(0, |t| t.get() as i64)),
                         record: None,
                     };
-                    match record {
-                        Some((row, owner)) => match rows.acquire_row(&row, &owner, ttl).await {
-                            Ok(taken) => {
-                                if matches!(taken, Attempt::Acquired(_)) {
-                                    joined.record = Some((row, owner));
-                                }
-                                Ok(Shared::Joined(joined))
-                            }
-                            // Dropped, `joined` leaves the group.
-                            Err(error) => Err(error),
-                        },
-                        None => Ok(Shared::Joined(joined)),
+                    if let Some((row, owner)) = record {
+                        // An error drops `joined`, which leaves the group.
+                        if let Attempt::Acquired(_) = rows.acquire_row(&row, &owner, ttl).await? {
+                            joined.record = Some((row, owner));
+                        }
                     }
+                    Ok(Shared::Joined(joined))
                 }
-                Ok(Attempt::Busy { retry_after }) => Ok(Shared::Busy(retry_after)),
-                Err(error) => Err(error),
-            };
-            // Undelivered, a `Joined` drops here or in the channel and leaves.
-            let _ = tx.send(answer);
-        });
-        let answer = rx.await.map_err(|_| {
-            LockError::backend(
-                self.rows.settings.backend,
-                "a shared acquire's statement task ended without an answer",
-            )
-        })??;
+                Attempt::Busy { retry_after } => Ok(Shared::Busy(retry_after)),
+            }
+        };
+        // Given up, the attempt finishes in a task, where a `Joined` drops
+        // and leaves.
+        let answer = Finishing::new(join).await?;
         Ok(match answer {
             Shared::Joined(joined) => {
                 let (token, took_record) = joined.take();
@@ -122,5 +150,41 @@ impl<D: LeaseDialect> LeaseRows<D> {
             }
             Shared::Busy(retry_after) => Attempt::Busy { retry_after },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_attempt_given_up_finishes_in_a_task() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let attempt = Finishing::new({
+            let finished = finished.clone();
+            async move {
+                let _ = wait.await;
+                finished.store(true, Ordering::SeqCst);
+            }
+        });
+        let given_up = tokio::time::timeout(Duration::from_millis(1), attempt).await;
+        assert!(given_up.is_err(), "the attempt waits for `go`");
+        go.send(()).unwrap();
+        let done = async {
+            while !finished.load(Ordering::SeqCst) {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), done)
+            .await
+            .expect("the attempt given up never finished");
+    }
+
+    #[tokio::test]
+    async fn an_attempt_awaited_answers_its_caller() {
+        assert_eq!(Finishing::new(async { 7 }).await, 7);
     }
 }

@@ -163,9 +163,15 @@ impl PgSql {
                  WHERE name = $1 AND expires_at > now() AND {IN_GROUP}",
                 IN_GROUP = in_group("$2"),
             ), &[Name, Token, Ttl]),
-                // The group's row, locked first (its latest version), then
+                // A reader alone in the group it started deletes the row
+                // (tried first: one probe of the name). Otherwise the
+                // group's row, locked first (its latest version), then
                 // counted down, or deleted with its last reader.
                 leave: vec![LeaseSql::new(format!(
+                "DELETE FROM {table} WHERE name = $1 AND expires_at > now() \
+                    AND owner = {GROUP} || $2::bigint || ':1' \
+                 RETURNING pg_notify($3, $1)::text"
+            ), &[Name, Token, Channel]), LeaseSql::new(format!(
                 "WITH cur AS MATERIALIZED (\
                     SELECT name, {COUNT} AS n FROM {table} \
                     WHERE name = $1 AND expires_at > now() AND {IN_GROUP} FOR UPDATE), \
