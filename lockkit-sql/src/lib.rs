@@ -12,6 +12,7 @@ use lockkit_core::backend::{Driver, boxed_connect};
 
 mod config;
 mod error;
+mod finishing;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod lease;
 mod lock;

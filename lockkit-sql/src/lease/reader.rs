@@ -1,11 +1,8 @@
 //! A reader's attempt in `lease` mode, cancellation-safe: a token its
 //! caller no longer takes leaves the group.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use lockkit_core::backend::Attempt;
@@ -13,6 +10,7 @@ use lockkit_core::{FencingToken, Result};
 
 use super::rows::Rows;
 use super::{LeaseDialect, LeaseRows};
+use crate::finishing::Finishing;
 
 /// A reader's token that no caller has taken yet: dropped, the reader
 /// leaves its group (and gives up the identity record it took, if any).
@@ -53,44 +51,6 @@ impl<D: LeaseDialect> Drop for Joined<D> {
                 Err(error) => tracing::warn!(lock.name = %name, %error, "could not undo an abandoned shared acquire; its group ends with its TTL"),
             }
         });
-    }
-}
-
-/// A future that, dropped before it is done, finishes in a task of its own
-/// (its output dropped there): a caller that gives up does not cut a
-/// statement off halfway, and a caller that waits costs no task.
-struct Finishing<F: Future<Output: Send> + Send + 'static>(Option<Pin<Box<F>>>);
-
-impl<F: Future<Output: Send> + Send + 'static> Finishing<F> {
-    fn new(future: F) -> Self {
-        Finishing(Some(Box::pin(future)))
-    }
-}
-
-impl<F: Future<Output: Send> + Send + 'static> Future for Finishing<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(future) = self.0.as_mut() else {
-            panic!("a finished attempt polled again");
-        };
-        let output = ready!(future.as_mut().poll(cx));
-        self.0 = None;
-        Poll::Ready(output)
-    }
-}
-
-impl<F: Future<Output: Send> + Send + 'static> Drop for Finishing<F> {
-    fn drop(&mut self) {
-        let Some(future) = self.0.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move { drop(future.await) })),
-            Err(_) => tracing::warn!(
-                "a shared acquire given up outside a runtime cannot finish; its group ends with its TTL"
-            ),
-        }
     }
 }
 
@@ -150,41 +110,5 @@ impl<D: LeaseDialect> LeaseRows<D> {
             }
             Shared::Busy(retry_after) => Attempt::Busy { retry_after },
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicBool;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn an_attempt_given_up_finishes_in_a_task() {
-        let finished = Arc::new(AtomicBool::new(false));
-        let (go, wait) = tokio::sync::oneshot::channel::<()>();
-        let attempt = Finishing::new({
-            let finished = finished.clone();
-            async move {
-                let _ = wait.await;
-                finished.store(true, Ordering::SeqCst);
-            }
-        });
-        let given_up = tokio::time::timeout(Duration::from_millis(1), attempt).await;
-        assert!(given_up.is_err(), "the attempt waits for `go`");
-        go.send(()).unwrap();
-        let done = async {
-            while !finished.load(Ordering::SeqCst) {
-                tokio::task::yield_now().await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(30), done)
-            .await
-            .expect("the attempt given up never finished");
-    }
-
-    #[tokio::test]
-    async fn an_attempt_awaited_answers_its_caller() {
-        assert_eq!(Finishing::new(async { 7 }).await, 7);
     }
 }

@@ -32,6 +32,7 @@ use lockkit_core::{
 };
 use tokio::time::Instant;
 
+use crate::finishing::Finishing;
 use crate::lease::{IdentityRecords, holder_row_name};
 use crate::settings::{SESSION_CAPABILITIES, Settings};
 use crate::slots::SlotPlan;
@@ -466,10 +467,10 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
 
 impl<D: SessionDb> SessionLock<D> {
     /// Writes the identity record of a holding just granted on `checkout`.
-    /// The write runs in a task of its own, so it is never cut off
-    /// half-way; if the caller gives up meanwhile, the checkout is abandoned
-    /// (the server frees the lock) and the record ends with its TTL or with
-    /// the next holder's.
+    /// The write is never cut off half-way: if the caller gives up
+    /// meanwhile, it finishes in a task of its own, the checkout is
+    /// abandoned (the server frees the lock) and the record ends with its
+    /// TTL or with the next holder's.
     async fn record(
         &self,
         identity: Identity,
@@ -481,19 +482,12 @@ impl<D: SessionDb> SessionLock<D> {
             identity.row.clone(),
             identity.owner.clone(),
         );
-        let written = tokio::spawn(async move { records.record(&row, &owner, ttl).await }).await;
+        let written = Finishing::new(async move { records.record(&row, &owner, ttl).await }).await;
         match written {
-            Ok(Ok(())) => Ok(identity),
-            Ok(Err(error)) => {
+            Ok(()) => Ok(identity),
+            Err(error) => {
                 self.give_up(checkout);
                 Err(error)
-            }
-            Err(_) => {
-                self.give_up(checkout);
-                Err(LockError::backend(
-                    self.conns.db.backend_name(),
-                    "the task writing the holder's identity ended without an answer",
-                ))
             }
         }
     }
