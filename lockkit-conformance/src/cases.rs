@@ -512,12 +512,15 @@ pub async fn a_waiter_that_gives_up_leaves_the_line(h: &dyn Harness) {
 /// wait after its client gave up: MySQL and MariaDB until the wait is
 /// killed, ZooKeeper and etcd until the waiter's key is deleted.) Several
 /// rounds, each release coming at once after the give-up, when what the
-/// wait left is most likely still on the server.
+/// wait left is most likely still on the server. (On a loaded machine, a
+/// MariaDB `row` wait cut off by its client and killed in the background
+/// took the lock in rounds 3, 7 and 191 of three runs of 400: its
+/// `Timeout` now comes once the wait is stopped.)
 pub async fn a_wait_given_up_never_takes_the_lock_later(h: &dyn Harness) {
     let (a, b) = (h.client().await, h.client().await);
     let name = unique("given-up");
     let o = opts(Duration::from_secs(30));
-    for round in 0..5 {
+    for round in 0..12 {
         let holder = must_acquire(a.as_ref(), &name, &o).await;
         let err = b
             .acquire(&name, &o.clone().wait_for(ms(100)))

@@ -356,6 +356,22 @@ impl SessionDb for MySqlSession {
         })
     }
 
+    /// The connection id (`CONNECTION_ID()`), for `KILL QUERY`.
+    fn session_id(&self, conn: &MyConn) -> Option<u64> {
+        Some(conn.id)
+    }
+
+    /// `KILL QUERY`, on a pooled connection: the server cancels a lock wait
+    /// of the killed statement before it answers (a `KILL QUERY` that comes
+    /// between two statements is dropped, so it cannot stop the next one).
+    async fn interrupt(&self, id: u64) -> Result<()> {
+        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}"))).execute(&self.pool);
+        self.settings
+            .bounded("stop a lock wait", kill)
+            .await
+            .map(drop)
+    }
+
     /// MySQL keeps a `GET_LOCK` or row-lock wait going after its client has
     /// gone, so the wait is killed from another connection before this one is
     /// closed. Connection ids are not reused, so the `KILL` can only hit this

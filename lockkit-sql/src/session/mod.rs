@@ -6,7 +6,9 @@
 //! what every mode needs: the shared wait semantics (server-side waits bounded
 //! by the caller's deadline), a per-name local FIFO, a pool of idle dedicated
 //! connections, cancellation safety (a connection whose statement was
-//! abandoned is closed, and the database stops its wait), a periodic liveness
+//! abandoned is closed, and the database stops its wait; a wait the server
+//! would keep past the caller's deadline is stopped, and what it took let
+//! go, before the caller hears `Timeout`), a periodic liveness
 //! query that marks the guard lost when the connection dies, the
 //! client-side TTL of the design contract, and holder identities (a session
 //! lock has no place for one: it is written into an identity record, see
@@ -235,6 +237,20 @@ pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {
     /// state is unknown: closes it and makes sure no wait is left behind on
     /// the server that could be granted later. Must not block.
     fn abandon(&self, conn: Self::Conn);
+
+    /// The server's id of `conn`'s session, for [`interrupt`](Self::interrupt);
+    /// `None` (the default) where every wait of a lock statement ends on the
+    /// server by itself at its deadline.
+    fn session_id(&self, _conn: &Self::Conn) -> Option<u64> {
+        None
+    }
+
+    /// Stops the statement that session `id` runs, from another connection:
+    /// once this returns, a lock wait there ends without the lock (or the
+    /// statement had ended before). Default: nothing to do.
+    async fn interrupt(&self, _id: u64) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Dedicated connections: the database, and the idle ones kept for reuse.
@@ -348,8 +364,8 @@ impl<D: SessionDb> SessionLock<D> {
         }
     }
 
-    /// Runs one lock statement, cut off shortly after the deadline (the
-    /// abandoned connection then stops the server's wait).
+    /// Runs one lock statement, cut off shortly after the deadline if the
+    /// server's wait outlasts it, and then stopped (see [`clear`](Self::clear)).
     async fn lock_once(
         &self,
         checkout: &mut Checkout<D>,
@@ -358,16 +374,82 @@ impl<D: SessionDb> SessionLock<D> {
         intent: Intent,
         record: Option<Record<'_>>,
     ) -> Result<Locked> {
+        let db = &self.conns.db;
         let wait = Self::server_wait(waiter, intent);
-        let statement = self.conns.db.lock(checkout.conn(), key, wait, record);
-        match (wait, waiter.deadline()) {
-            (ServerWait::For(_), Some(deadline)) => {
-                match tokio::time::timeout_at(deadline + DEADLINE_GRACE, statement).await {
-                    Ok(result) => result,
-                    Err(_) => Err(waiter.timeout_error()),
+        let (ServerWait::For(_), Some(deadline)) = (wait, waiter.deadline()) else {
+            return db.lock(checkout.conn(), key, wait, record).await;
+        };
+        let session = db.session_id(checkout.conn());
+        let mut statement = db.lock(checkout.conn(), key, wait, record);
+        if let Ok(result) = tokio::time::timeout_at(deadline + DEADLINE_GRACE, &mut statement).await
+        {
+            return result;
+        }
+        let stop_by = Instant::now() + db.settings().command_timeout;
+        let ended = tokio::time::timeout_at(stop_by, async move {
+            if let Some(id) = session {
+                db.interrupt(id).await?;
+            }
+            Ok::<_, LockError>(statement.await)
+        })
+        .await;
+        match ended {
+            // Busy: the connection is clean (see `SessionDb::lock`).
+            Ok(Ok(Ok(Locked::Busy))) => {
+                if let Some(conn) = checkout.conn.take() {
+                    self.conns.put_back(conn);
                 }
             }
-            _ => statement.await,
+            // Granted after all, or failed: whatever it took is let go.
+            Ok(Ok(_)) => self.clear(checkout, key, record, stop_by).await,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "could not interrupt a lock wait cut off at its deadline; its connection is abandoned");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "a lock wait cut off at its deadline did not end in time; its connection is abandoned"
+                );
+            }
+        }
+        Err(waiter.timeout_error())
+    }
+
+    /// After a lock statement cut off at its deadline has been stopped and
+    /// answered a grant or an error (see [`lock_once`](Self::lock_once)):
+    /// releases whatever it took before the caller is told it timed out,
+    /// and puts the connection, clean, back with the idle ones; if that
+    /// fails or does not finish by `stop_by`, the connection stays in
+    /// `checkout`, to be abandoned (closed, its wait killed).
+    ///
+    /// The server may wait longer than the caller (MySQL's lock waits last
+    /// whole seconds). A wait it granted after the caller was told it timed
+    /// out would hold the lock against the next one to ask until the
+    /// connection's close reached the server: so the statement is
+    /// interrupted ([`SessionDb::interrupt`]) and its end heard first.
+    async fn clear(
+        &self,
+        checkout: &mut Checkout<D>,
+        key: &D::Key,
+        record: Option<Record<'_>>,
+        stop_by: Instant,
+    ) {
+        let unlocked =
+            tokio::time::timeout_at(stop_by, self.conns.db.unlock(checkout.conn(), key, record))
+                .await;
+        match unlocked {
+            Ok(Ok(_)) => {
+                if let Some(conn) = checkout.conn.take() {
+                    self.conns.put_back(conn);
+                }
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "could not release what a lock wait cut off at its deadline took; its connection is abandoned");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "the release of a lock wait cut off at its deadline did not finish in time; its connection is abandoned"
+                );
+            }
         }
     }
 }

@@ -238,6 +238,14 @@ where
     fn abandon(&self, conn: R::Conn) {
         self.0.abandon(conn);
     }
+
+    fn session_id(&self, conn: &R::Conn) -> Option<u64> {
+        self.0.session_id(conn)
+    }
+
+    async fn interrupt(&self, id: u64) -> Result<()> {
+        self.0.interrupt(id).await
+    }
 }
 
 /// A permit: a free slot row if there is one, otherwise a wait on one slot
