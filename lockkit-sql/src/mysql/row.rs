@@ -89,6 +89,31 @@ impl RowLocking for MySqlSession {
         })
     }
 
+    /// One round trip, as [`begin_and_select`](RowLocking::begin_and_select):
+    /// the slot's row made if it is missing, `BEGIN` and the slot's locking
+    /// `SELECT … SKIP LOCKED`; after an upsert that found the row held (or
+    /// deadlocked), a second message with `BEGIN` and the `SELECT`.
+    fn begin_and_select_slot<'c>(
+        &'c self,
+        conn: &'c mut MyConn,
+        slot: &'c [String],
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(async move {
+            let literal = hex_literal(&slot[0]);
+            let select = with_name(&self.sql.row_free_one, &literal);
+            let make = with_name(&self.sql.make_row, &literal);
+            let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
+            match &first.error {
+                Some(error) if first.done == 0 && (is_lock_busy(error) || is_deadlock(error)) => {
+                    batch(&mut conn.conn, format!("BEGIN; {select}"))
+                        .await
+                        .answer()
+                }
+                _ => first.answer(),
+            }
+        })
+    }
+
     /// The `IN` list has one placeholder per slot (at most
     /// [`MAX_SLOT_PERMITS`](crate::MAX_SLOT_PERMITS)).
     fn select_free<'c>(

@@ -112,6 +112,9 @@ pub(super) struct MySql {
     pub(super) row_exists: Arc<str>,
     /// With `{slots}` to replace by one placeholder per slot.
     pub(super) row_free_slot: String,
+    /// One slot's row and its token, unless someone holds it: `?` the
+    /// slot's name (see [`row_free_slot`](Self::row_free_slot)).
+    pub(super) row_free_one: String,
     /// With `{slots}` to replace by one placeholder per slot.
     pub(super) rows_present: String,
     /// With `{rows}` to replace by one `VALUES` row per name.
@@ -395,6 +398,10 @@ impl MySql {
             row_free_slot: format!(
                 "SELECT name, CAST({row_token} AS SIGNED) FROM {table} \
                  WHERE name IN ({{slots}}) LIMIT 1 FOR UPDATE SKIP LOCKED"
+            ),
+            row_free_one: format!(
+                "SELECT CAST({row_token} AS SIGNED) FROM {table} \
+                 WHERE name = ? FOR UPDATE SKIP LOCKED"
             ),
             rows_present: format!("SELECT name FROM {table} WHERE name IN ({{slots}})"),
             ensure_rows: format!(

@@ -76,6 +76,20 @@ impl RowLocking for PgSession {
         Box::pin(query.fetch_optional(&mut conn.conn))
     }
 
+    /// Two round trips: `BEGIN`, then [`select_free`](RowLocking::select_free)
+    /// of the one slot (its row is not made first: Postgres has no upsert
+    /// that gives up at once on a held row without a statement of its own).
+    fn begin_and_select_slot<'c>(
+        &'c self,
+        conn: &'c mut PgConn,
+        slot: &'c [String],
+    ) -> Answer<'c, Option<i64>> {
+        Box::pin(async move {
+            sqlx::raw_sql("BEGIN").execute(&mut conn.conn).await?;
+            Ok(self.select_free(conn, slot).await?.map(|(_, token)| token))
+        })
+    }
+
     fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()> {
         let query = sqlx::query(trusted(&self.sql.ensure_rows)).bind(names);
         Box::pin(query.execute(&self.pool).map_ok(drop))

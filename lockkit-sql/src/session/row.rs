@@ -57,6 +57,18 @@ pub(crate) trait RowLocking: SessionDb {
         names: &'c [String],
     ) -> Answer<'c, Option<(String, i64)>>;
 
+    /// `BEGIN`, then the row of the one permit slot `slot` locked `FOR
+    /// UPDATE SKIP LOCKED` (as [`select_free`](Self::select_free)): its
+    /// token, `None` when it is missing or held (the transaction stays
+    /// open). Where the database can, the slot's row is made first if it is
+    /// missing, as [`begin_and_select`](Self::begin_and_select) makes a
+    /// lock's, all in one round trip.
+    fn begin_and_select_slot<'c>(
+        &'c self,
+        conn: &'c mut Self::Conn,
+        slot: &'c [String],
+    ) -> Answer<'c, Option<i64>>;
+
     /// Creates the missing rows of `names` in one statement, committed on
     /// another connection.
     fn ensure_rows<'c>(&'c self, names: &'c [String]) -> Answer<'c, ()>;
@@ -365,10 +377,12 @@ where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
     for round in 0..2 {
-        run::<R>(conn, "BEGIN").await?;
-        let free = match locking.select_free(conn, &slots[first..=first]).await {
+        let slot = &slots[first..=first];
+        let free = match locking.begin_and_select_slot(conn, slot).await {
+            Ok(Some(token)) => Ok(Some((slot[0].clone(), token))),
             Ok(None) if slots.len() > 1 => locking.select_free(conn, slots).await,
-            answer => answer,
+            Ok(None) => Ok(None),
+            Err(error) => Err(error),
         };
         match free {
             Ok(Some((row, token))) => {
