@@ -72,21 +72,8 @@ impl RowLocking for MySqlSession {
         intent: Intent,
         shared: bool,
     ) -> Answer<'c, Option<i64>> {
-        Box::pin(async move {
-            let literal = hex_literal(name);
-            let select = with_name(self.locking().form(shared, intent), &literal);
-            let make = with_name(&self.sql.make_row, &literal);
-            let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
-            match &first.error {
-                // The upsert's: no transaction began.
-                Some(error) if first.done == 0 && (is_lock_busy(error) || is_deadlock(error)) => {
-                    batch(&mut conn.conn, format!("BEGIN; {select}"))
-                        .await
-                        .answer()
-                }
-                _ => first.answer(),
-            }
-        })
+        let form = self.locking().form(shared, intent);
+        Box::pin(self.make_begin_and_select(conn, name, form))
     }
 
     /// One round trip, as [`begin_and_select`](RowLocking::begin_and_select):
@@ -98,20 +85,7 @@ impl RowLocking for MySqlSession {
         conn: &'c mut MyConn,
         slot: &'c [String],
     ) -> Answer<'c, Option<i64>> {
-        Box::pin(async move {
-            let literal = hex_literal(&slot[0]);
-            let select = with_name(&self.sql.row_free_one, &literal);
-            let make = with_name(&self.sql.make_row, &literal);
-            let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
-            match &first.error {
-                Some(error) if first.done == 0 && (is_lock_busy(error) || is_deadlock(error)) => {
-                    batch(&mut conn.conn, format!("BEGIN; {select}"))
-                        .await
-                        .answer()
-                }
-                _ => first.answer(),
-            }
-        })
+        Box::pin(self.make_begin_and_select(conn, &slot[0], &self.sql.row_free_one))
     }
 
     /// The `IN` list has one placeholder per slot (at most
@@ -201,6 +175,34 @@ impl RowLocking for MySqlSession {
             tx.rollback().await?;
             Ok((held, None))
         })
+    }
+}
+
+impl MySqlSession {
+    /// `name`'s row made if it is missing, `BEGIN` and `select` (a locking
+    /// `SELECT` of that row, `?` its name), in one message: the first
+    /// column of its row. An upsert that found the row held (or
+    /// deadlocked) stops the message before `BEGIN`: a second one sends
+    /// `BEGIN` and the `SELECT`.
+    async fn make_begin_and_select(
+        &self,
+        conn: &mut MyConn,
+        name: &str,
+        select: &str,
+    ) -> sqlx::Result<Option<i64>> {
+        let literal = hex_literal(name);
+        let select = with_name(select, &literal);
+        let make = with_name(&self.sql.make_row, &literal);
+        let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
+        match &first.error {
+            // The upsert's: no transaction began.
+            Some(error) if first.done == 0 && (is_lock_busy(error) || is_deadlock(error)) => {
+                batch(&mut conn.conn, format!("BEGIN; {select}"))
+                    .await
+                    .answer()
+            }
+            _ => first.answer(),
+        }
     }
 }
 
