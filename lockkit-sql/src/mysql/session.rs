@@ -171,6 +171,16 @@ impl MySqlSession {
     }
 }
 
+/// `KILL QUERY` of connection `id`, on a pooled connection. (An integer
+/// we formatted ourselves: no name is in this SQL.)
+async fn kill_query(pool: &MySqlPool, id: u64) -> sqlx::Result<()> {
+    let kill = format!("KILL QUERY {id}");
+    sqlx::raw_sql(AssertSqlSafe(kill))
+        .execute(pool)
+        .await
+        .map(drop)
+}
+
 /// How long `GET_LOCK` waits, in seconds.
 fn wait_seconds(wait: ServerWait) -> f64 {
     match wait {
@@ -365,11 +375,9 @@ impl SessionDb for MySqlSession {
     /// of the killed statement before it answers (a `KILL QUERY` that comes
     /// between two statements is dropped, so it cannot stop the next one).
     async fn interrupt(&self, id: u64) -> Result<()> {
-        let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}"))).execute(&self.pool);
         self.settings
-            .bounded("stop a lock wait", kill)
+            .bounded("stop a lock wait", kill_query(&self.pool, id))
             .await
-            .map(drop)
     }
 
     /// MySQL keeps a `GET_LOCK` or row-lock wait going after its client has
@@ -385,8 +393,7 @@ impl SessionDb for MySqlSession {
             return;
         };
         runtime.spawn(async move {
-            let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL QUERY {id}"))).execute(&pool);
-            match tokio::time::timeout(limit, kill).await {
+            match tokio::time::timeout(limit, kill_query(&pool, id)).await {
                 Ok(Ok(_)) => tracing::debug!(connection = id, "killed an abandoned lock wait"),
                 // Unknown thread id: the connection is already gone.
                 Ok(Err(error)) => tracing::trace!(connection = id, %error, "KILL QUERY"),

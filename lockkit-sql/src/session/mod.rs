@@ -300,6 +300,13 @@ impl<D: SessionDb> Checkout<D> {
         self.conn.take().expect("a checkout is finished once")
     }
 
+    /// Hands the connection, clean, back to the idle ones now.
+    fn put_back(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.conns.put_back(conn);
+        }
+    }
+
     /// Closes a connection that is known to be idle on the server side (its
     /// last statement failed or finished): nothing to stop there.
     fn close(mut self) {
@@ -396,9 +403,7 @@ impl<D: SessionDb> SessionLock<D> {
         match ended {
             // Busy: the connection is clean (see `SessionDb::lock`).
             Ok(Ok(Ok(Locked::Busy))) => {
-                if let Some(conn) = checkout.conn.take() {
-                    self.conns.put_back(conn);
-                }
+                checkout.put_back();
             }
             // Granted after all, or failed: whatever it took is let go.
             Ok(Ok(_)) => self.clear(checkout, key, record, stop_by).await,
@@ -438,9 +443,7 @@ impl<D: SessionDb> SessionLock<D> {
                 .await;
         match unlocked {
             Ok(Ok(_)) => {
-                if let Some(conn) = checkout.conn.take() {
-                    self.conns.put_back(conn);
-                }
+                checkout.put_back();
             }
             Ok(Err(error)) => {
                 tracing::debug!(%error, "could not release what a lock wait cut off at its deadline took; its connection is abandoned");

@@ -377,21 +377,25 @@ where
     for<'c> &'c mut <R::Db as Database>::Connection: Executor<'c, Database = R::Db>,
 {
     for round in 0..2 {
-        let slot = &slots[first..=first];
-        let free = match locking.begin_and_select_slot(conn, slot).await {
-            Ok(Some(token)) => Ok(Some((slot[0].clone(), token))),
-            Ok(None) if slots.len() > 1 => locking.select_free(conn, slots).await,
-            Ok(None) => Ok(None),
-            Err(error) => Err(error),
-        };
-        match free {
-            Ok(Some((row, token))) => {
-                let granted = match slots.iter().position(|slot| *slot == row) {
-                    Some(slot) => locking.granted(conn, token).await.map(|t| (slot, t)),
+        let free = match locking
+            .begin_and_select_slot(conn, &slots[first..=first])
+            .await
+        {
+            Ok(Some(token)) => Ok(Some((first, token))),
+            Ok(None) if slots.len() > 1 => match locking.select_free(conn, slots).await {
+                Ok(Some((row, token))) => match slots.iter().position(|slot| *slot == row) {
+                    Some(slot) => Ok(Some((slot, token))),
                     None => Err(sqlx::Error::Protocol(format!(
                         "the server locked {row:?}, which is not a slot of this semaphore"
                     ))),
-                };
+                },
+                answer => answer.map(|_| None),
+            },
+            answer => answer.map(|_| None),
+        };
+        match free {
+            Ok(Some((slot, token))) => {
+                let granted = locking.granted(conn, token).await.map(|t| (slot, t));
                 if granted.is_err() {
                     run::<R>(conn, "ROLLBACK").await?;
                 }
