@@ -194,6 +194,48 @@ struct Fixture {
     tokens: AtomicU64,
 }
 
+/// One command's count and time in the Redis server's `INFO commandstats`.
+#[derive(Clone, Copy, Debug, Default)]
+struct CommandTime {
+    calls: u64,
+    usec: u64,
+}
+
+impl CommandTime {
+    /// The server's own time a call (µs).
+    fn per_call(self) -> f64 {
+        self.usec as f64 / self.calls.max(1) as f64
+    }
+}
+
+/// What the Redis server spent on the writes of one runtime's runs: `SET`
+/// (the plain writes, and the two `SET`s each fenced write's script calls)
+/// and `EVALSHA` (the fenced writes whole, their `SET`s included).
+#[derive(Clone, Copy, Debug)]
+struct ServerTimes {
+    set: CommandTime,
+    evalsha: CommandTime,
+}
+
+/// `cmdstat_<command>` of an `INFO commandstats` reply.
+fn command_time(info: &str, command: &str) -> CommandTime {
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find(|line| line.starts_with(&prefix)) else {
+        return CommandTime::default();
+    };
+    let field = |name: &str| {
+        line[prefix.len()..]
+            .split(',')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
+    CommandTime {
+        calls: field("calls"),
+        usec: field("usec"),
+    }
+}
+
 struct Run {
     plain_us: f64,
     fenced_us: f64,
@@ -229,13 +271,29 @@ fn main() {
                 .split(',')
                 .any(|name| store.name().starts_with(name.trim()))
     });
+    let mut server_times = Vec::new();
     for store in stores {
         for flavour in ["current_thread", "multi_thread"] {
             let rt = runtime_of(flavour);
             let fixture = rt.block_on(Fixture::new(&servers, store));
+            if store == Store::Redis {
+                rt.block_on(fixture.redis_stats(true));
+            }
             let measured: Vec<Run> = (0..runs)
                 .map(|_| rt.block_on(fixture.measure(blocks, per_block)))
                 .collect();
+            if store == Store::Redis
+                && let Some(times) = rt.block_on(fixture.redis_stats(false))
+            {
+                println!(
+                    "redis server {flavour}: SET {:.2} µs a call ({} calls), EVALSHA {:.2} µs a call ({} calls)",
+                    times.set.per_call(),
+                    times.set.calls,
+                    times.evalsha.per_call(),
+                    times.evalsha.calls
+                );
+                server_times.push((flavour, times));
+            }
             for (i, run) in measured.iter().enumerate() {
                 println!(
                     "{} {flavour} run {i}: plain {:.1} µs, fenced {:.1} µs, paired ratio {:.3}",
@@ -248,7 +306,9 @@ fn main() {
             rows.push((store, flavour, measured));
         }
     }
-    save_summary(mode, "fence", &summary(mode, &rows));
+    let mut out = summary(mode, &rows);
+    out.push_str(&server_summary(&rows, &server_times));
+    save_summary(mode, "fence", &out);
 }
 
 /// The fence and a one-row table on each SQL server.
@@ -348,6 +408,32 @@ impl Fixture {
                 .paired_ratio(Write::Fenced, Write::Plain)
                 .expect("measured blocks"),
         }
+    }
+
+    /// On Redis: with `reset`, clears the server's command counters
+    /// (`CONFIG RESETSTAT`); else reads what they counted since.
+    async fn redis_stats(&self, reset: bool) -> Option<ServerTimes> {
+        let Client::Redis(conn) = &self.client else {
+            return None;
+        };
+        let mut conn = conn.clone();
+        if reset {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut conn)
+                .await
+                .expect("CONFIG RESETSTAT");
+            return None;
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO commandstats");
+        Some(ServerTimes {
+            set: command_time(&info, "set"),
+            evalsha: command_time(&info, "evalsha"),
+        })
     }
 
     fn next_token(&self) -> FencingToken {
@@ -467,6 +553,38 @@ fn summary(mode: RunMode, rows: &[(Store, &str, Vec<Run>)]) -> String {
             store.name(),
             flavour.replace('_', "-"),
             each.join(", "),
+        ));
+    }
+    out
+}
+
+/// The Redis server's own time a write, beside what the fence added end to
+/// end in the same runs.
+fn server_summary(rows: &[(Store, &str, Vec<Run>)], times: &[(&str, ServerTimes)]) -> String {
+    if times.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\n## The Redis server's own time a write\n\n\
+         From the server's `INFO commandstats` over the runs above (its counters cleared before each runtime's runs): a plain write is one `SET`, a fenced write one `EVALSHA` of the fence script, whose time includes the two `SET`s it calls (the fence's and the write's; `SET`'s own figure counts those too). The last column is the fenced write's extra time end to end (the medians above).\n\n\
+         | runtime | `SET`, a call | `EVALSHA` of the fence script, a call | the script's extra server time | the fenced write's extra time, end to end |\n\
+         | --- | --- | --- | --- | --- |\n",
+    );
+    for (flavour, t) in times {
+        let Some((_, _, runs)) = rows
+            .iter()
+            .find(|(store, f, _)| *store == Store::Redis && f == flavour)
+        else {
+            continue;
+        };
+        let plain = median(runs.iter().map(|r| r.plain_us).collect());
+        let fenced = median(runs.iter().map(|r| r.fenced_us).collect());
+        let (set, script) = (t.set.per_call(), t.evalsha.per_call());
+        out.push_str(&format!(
+            "| {} | {set:.2} µs | {script:.2} µs | +{:.2} µs | +{:.2} µs |\n",
+            flavour.replace('_', "-"),
+            script - set,
+            fenced - plain,
         ));
     }
     out
