@@ -276,15 +276,11 @@ fn main() {
         for flavour in ["current_thread", "multi_thread"] {
             let rt = runtime_of(flavour);
             let fixture = rt.block_on(Fixture::new(&servers, store));
-            if store == Store::Redis {
-                rt.block_on(fixture.redis_stats(true));
-            }
+            rt.block_on(fixture.reset_redis_stats());
             let measured: Vec<Run> = (0..runs)
                 .map(|_| rt.block_on(fixture.measure(blocks, per_block)))
                 .collect();
-            if store == Store::Redis
-                && let Some(times) = rt.block_on(fixture.redis_stats(false))
-            {
+            if let Some(times) = rt.block_on(fixture.redis_stats()) {
                 println!(
                     "redis server {flavour}: SET {:.2} µs a call ({} calls), EVALSHA {:.2} µs a call ({} calls)",
                     times.set.per_call(),
@@ -410,24 +406,26 @@ impl Fixture {
         }
     }
 
-    /// On Redis: with `reset`, clears the server's command counters
-    /// (`CONFIG RESETSTAT`); else reads what they counted since.
-    async fn redis_stats(&self, reset: bool) -> Option<ServerTimes> {
+    /// On Redis, clears the server's command counters (`CONFIG RESETSTAT`).
+    async fn reset_redis_stats(&self) {
+        if let Client::Redis(conn) = &self.client {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut conn.clone())
+                .await
+                .expect("CONFIG RESETSTAT");
+        }
+    }
+
+    /// On Redis, what the server's command counters counted since
+    /// [`reset_redis_stats`](Self::reset_redis_stats).
+    async fn redis_stats(&self) -> Option<ServerTimes> {
         let Client::Redis(conn) = &self.client else {
             return None;
         };
-        let mut conn = conn.clone();
-        if reset {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query_async(&mut conn)
-                .await
-                .expect("CONFIG RESETSTAT");
-            return None;
-        }
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
-            .query_async(&mut conn)
+            .query_async(&mut conn.clone())
             .await
             .expect("INFO commandstats");
         Some(ServerTimes {
