@@ -57,6 +57,17 @@ RETURNS bigint LANGUAGE plpgsql VOLATILE AS $lockkit$
 DECLARE
     greatest_token bigint;
 BEGIN
+    -- The common case first: the resource has a row and the token is at
+    -- least its greatest. The update locks the row and, under READ
+    -- COMMITTED, judges the latest version of a row another transaction
+    -- changed meanwhile. Bad input matches no row (no row has an empty
+    -- name or a negative token), nor does a stale token, nor a row
+    -- committed after this statement's snapshot: the full check follows.
+    UPDATE lockkit_fences SET token = fence_token, admitted_at = now()
+        WHERE resource = fence_resource AND token <= fence_token;
+    IF FOUND THEN
+        RETURN fence_token;
+    END IF;
     IF fence_resource IS NULL OR length(fence_resource) = 0 OR octet_length(fence_resource) > 255 THEN
         RAISE EXCEPTION 'lockkit_fence: the resource must be 1 to 255 bytes' USING ERRCODE = '22023';
     END IF;
