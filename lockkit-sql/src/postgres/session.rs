@@ -195,20 +195,19 @@ impl PgSession {
     ) -> sqlx::Result<Option<i64>> {
         let statement = self.sql.advisory.form(shared, wait.intent());
         // A wait sets its `lock_timeout` in the same statement (`$2`).
-        let timeout_ms = lock_timeout_ms(wait);
-        let timeout = timeout_ms.map(|ms| ms.to_string()).unwrap_or_default();
-        let values = [Int(key), Text(&timeout)];
-        let values = if timeout_ms.is_some() {
-            &values[..]
-        } else {
-            &values[..1]
-        };
+        let timeout = lock_timeout_ms(wait);
+        let text = timeout.map(|ms| ms.to_string()).unwrap_or_default();
+        let all = [Int(key), Text(&text)];
         // A wait's setting stays when the statement succeeds; a failed one
         // puts the session's back, which `set_lock_timeout` then no longer
         // knows. A try leaves the setting as it was.
-        if timeout_ms.is_some() {
-            conn.lock_timeout_ms = None;
-        }
+        let (values, known_after) = match timeout {
+            Some(ms) => {
+                conn.lock_timeout_ms = None;
+                (&all[..], Some(ms))
+            }
+            None => (&all[..1], conn.lock_timeout_ms),
+        };
         // A try answers NULL when busy; a wait, `lock_not_available`.
         match sqlx::query_scalar(trusted(statement))
             .bind_all(values)
@@ -216,9 +215,7 @@ impl PgSession {
             .await
         {
             Ok(fence) => {
-                if timeout_ms.is_some() {
-                    conn.lock_timeout_ms = timeout_ms;
-                }
+                conn.lock_timeout_ms = known_after;
                 Ok(fence)
             }
             Err(error) if is_lock_busy(&error) => Ok(None),
