@@ -1166,6 +1166,14 @@ impl Row {
         (per(self.cpu.clients), self.cpu.servers.and_then(per))
     }
 
+    /// The share of `cores` cores that the workers and the lock servers
+    /// kept busy over the run; `None` without the servers' figure.
+    fn cores_busy(&self, cores: usize) -> Option<f64> {
+        let used = self.cpu.clients + self.cpu.servers?;
+        let offered = self.run.as_secs_f64() * cores as f64;
+        (offered > 0.0).then(|| used.as_secs_f64() / offered)
+    }
+
     fn line(&self) -> String {
         let (clients_cpu, servers_cpu) = self.cpu_per_section();
         format!(
@@ -1203,7 +1211,7 @@ fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: 
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
          One instance held by a dead client: a lease on the lock's key on one of the three instances outlives the run, so every grant needs both others. \
          The floors (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, hands over to the next process, written by hand with redis-rs: by one `PUBLISH` to its channel (what a handoff between processes through that server costs at least); by a script of the commands of lockkit's default-mode release, then a script of those of its place in line (the default mode's server work); by one script of both. \
-         CPU per section: the CPU time the workers' loops used (every process, every thread, waiters included; from each thread's `schedstat`), and that the lock servers' processes used (from `/proc/<pid>/stat`, in ticks of 10 ms), ÷ critical sections: on this shared machine of two cores a library's throughput is bounded by what its sections cost the CPU. \
+         CPU per section: the CPU time the workers' loops used (every process, every thread, waiters included; from each thread's `schedstat`), and that the lock servers' processes used (from `/proc/<pid>/stat`, in ticks of 10 ms), ÷ critical sections. The sections run one at a time, so a library's throughput is bounded by the time on that one path (the lock server's time for each of the holder's requests, on the server's one thread; the holder's own client; the wake-ups between processes), not by the machine's cores as such: the CPU table says how busy the loops kept them. \
          Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
          | backend | library | runtime | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | client CPU per section | lock server CPU per section | books |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
@@ -1454,13 +1462,15 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
     if groups.is_empty() {
         return String::new();
     }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let mut out = format!(
         "\n### CPU time per critical section, against the peer\n\n\
          The CPU time of the workers' loops and of the lock servers' processes, ÷ critical sections, with {processes} processes, beside the peer's on the same backend and runtime; \
          the section's own work (two round trips to another Redis server) is in every library's client figure. \
-         On a machine of two cores that these processes and the servers share, a section's CPU time bounds the throughput, and the lock server's time is spent while the holder waits for its answer.\n\n\
-         | backend | runtime | library | client CPU per section | × peer | lock server CPU per section | × peer |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n"
+         The lock server's time is spent while the holder waits for its answer: on the one path the sections take, one after another. \
+         Cores busy: the workers' and the lock servers' CPU time over the run's time on the machine's {cores} cores; below 100 %, the machine had CPU to spare, and what bounds the throughput is the time on that path, not the CPU the waiters use beside it.\n\n\
+         | backend | runtime | library | client CPU per section | × peer | lock server CPU per section | × peer | cores busy |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
     let ratio = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
         (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}", a.as_secs_f64() / b.as_secs_f64()),
@@ -1472,7 +1482,7 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
             let (client, server) = row.cpu_per_section();
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.backend.label(),
                 row.flavour.name(),
                 label(row.client),
@@ -1480,6 +1490,8 @@ fn cpu_table(rows: &[Row], processes: usize) -> String {
                 ratio(client, peer_client),
                 duration(server),
                 ratio(server, peer_server),
+                row.cores_busy(cores)
+                    .map_or("—".into(), |busy| format!("{:.0} %", busy * 100.0)),
             );
         }
     }
