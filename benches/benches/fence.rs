@@ -33,7 +33,7 @@ use lockkit_benches::{
 use lockkit_core::FencingToken;
 use lockkit_fence::http::{FenceLayer, Fences};
 use lockkit_fence::redis::{FencedWrite, data_key};
-use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, TestServer};
+use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, TestServer, info_field};
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -219,12 +219,11 @@ struct ServerTimes {
 
 /// `cmdstat_<command>` of an `INFO commandstats` reply.
 fn command_time(info: &str, command: &str) -> CommandTime {
-    let prefix = format!("cmdstat_{command}:");
-    let Some(line) = info.lines().find(|line| line.starts_with(&prefix)) else {
+    let Some(stats) = info_field(info, &format!("cmdstat_{command}")) else {
         return CommandTime::default();
     };
     let field = |name: &str| {
-        line[prefix.len()..]
+        stats
             .split(',')
             .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
             .and_then(|value| value.parse().ok())
@@ -527,6 +526,14 @@ impl CycleFixture for Fixture {
     }
 }
 
+/// The median over `runs` of the plain and of the fenced write's time (µs).
+fn medians(runs: &[Run]) -> (f64, f64) {
+    (
+        median(runs.iter().map(|r| r.plain_us).collect()),
+        median(runs.iter().map(|r| r.fenced_us).collect()),
+    )
+}
+
 fn summary(mode: RunMode, rows: &[(Store, &str, Vec<Run>)]) -> String {
     let mut out = format!(
         "## A fenced write over the same write without the fence, one client ({} run)\n\n\
@@ -537,8 +544,7 @@ fn summary(mode: RunMode, rows: &[(Store, &str, Vec<Run>)]) -> String {
     for (store, flavour, runs) in rows {
         let each: Vec<String> = runs.iter().map(|r| format!("{:.2}", r.ratio)).collect();
         let ratio = median(runs.iter().map(|r| r.ratio).collect());
-        let plain = median(runs.iter().map(|r| r.plain_us).collect());
-        let fenced = median(runs.iter().map(|r| r.fenced_us).collect());
+        let (plain, fenced) = medians(runs);
         let (ratio, verdict) = match store.target() {
             Some(target) => Limit::AtMost(target).judge(Some(ratio)),
             None => (
@@ -575,8 +581,7 @@ fn server_summary(rows: &[(Store, &str, Vec<Run>)], times: &[(&str, ServerTimes)
         else {
             continue;
         };
-        let plain = median(runs.iter().map(|r| r.plain_us).collect());
-        let fenced = median(runs.iter().map(|r| r.fenced_us).collect());
+        let (plain, fenced) = medians(runs);
         let (set, script) = (t.set.per_call(), t.evalsha.per_call());
         out.push_str(&format!(
             "| {} | {set:.2} µs | {script:.2} µs | +{:.2} µs | +{:.2} µs |\n",
