@@ -41,7 +41,9 @@
 //! rslock run once more with one instance held by a client that died
 //! (multi-thread). On Redis and Redlock lockkit also runs as a barging lock
 //! (`barging=true`, on Redis also without fencing tokens), whose waiters ask
-//! on the backoff, in no line. On Redis and Redlock `rslock` 0.10 runs the same work in
+//! on the backoff, in no line; on PostgreSQL (advisory) and MariaDB
+//! (`GET_LOCK`) also without fencing tokens (`fencing=false`), which
+//! `distributed-lock` does not draw either. On Redis and Redlock `rslock` 0.10 runs the same work in
 //! as many processes, and `distributed-lock` 0.2 on PostgreSQL (advisory)
 //! and MariaDB (`GET_LOCK`), one after the other on the same servers. On
 //! Redis a ring of processes without a lock, each handing over to the next
@@ -400,6 +402,9 @@ const BARGING: Params = &[("barging", "true")];
 /// Barging without fencing tokens, as `rslock` grants them (Redis only;
 /// Redlock draws none).
 const BARGING_UNFENCED: Params = &[("barging", "true"), ("fencing", "false")];
+/// Without fencing tokens, as `distributed-lock` grants them (the SQL
+/// session modes).
+const UNFENCED: Params = &[("fencing", "false")];
 
 /// What the lock servers hold of the run's lock when a run starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -458,9 +463,10 @@ fn libraries(backend: Deployment) -> Vec<Library> {
             (lockkit, BARGING, Start::Clean),
             (rslock, NONE, Start::Clean),
         ]),
-        PgAdvisory | MariaDbNamed => {
-            libraries.push((Entrant::Client(Client::DistributedLock), NONE, Start::Clean));
-        }
+        PgAdvisory | MariaDbNamed => libraries.extend([
+            (lockkit, UNFENCED, Start::Clean),
+            (Entrant::Client(Client::DistributedLock), NONE, Start::Clean),
+        ]),
         _ => {}
     }
     libraries
@@ -1333,6 +1339,7 @@ fn targets(rows: &[Row], processes: usize) -> String {
             for (mode, params) in [
                 ("throughput, `barging=true`", BARGING),
                 ("throughput, `barging=true&fencing=false`", BARGING_UNFENCED),
+                ("throughput, `fencing=false`", UNFENCED),
             ] {
                 let barging = (Entrant::Client(Client::Lockkit), params, start);
                 if let Some(barging) = find(rows, row.backend, barging, row.flavour, row.processes)

@@ -30,6 +30,7 @@ use crate::settings::{
 /// | `command_timeout` | per statement that does not wait for a lock | 5 s |
 /// | `liveness` | how often a session lock's connection is checked | 1 s |
 /// | `max_connections` | size of the shared pool | 10 |
+/// | `fencing` | `false`: the session modes' grants carry no fencing token, and spare the sequence draw that makes one ([`fencing`](SqlLockBuilder::fencing)) | `true` |
 ///
 /// Other parameters go to the database driver (e.g. `sslmode=require`).
 ///
@@ -80,6 +81,7 @@ impl SqlLockBuilder {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             liveness_interval: DEFAULT_LIVENESS_INTERVAL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            fencing: true,
             mysql_counter_fencing: false,
         };
         let mut passed_on = url::form_urlencoded::Serializer::new(String::new());
@@ -91,6 +93,7 @@ impl SqlLockBuilder {
                 }
                 "table" => builder.table = value.into_owned(),
                 "migrate" => builder.migrate = bool_param(&key, &value).map_err(bad)?,
+                "fencing" => builder.fencing = bool_param(&key, &value).map_err(bad)?,
                 "connect_timeout" => {
                     builder.connect_timeout = timeout_param(&key, &value).map_err(bad)?
                 }
@@ -169,6 +172,32 @@ impl SqlLockBuilder {
     /// Sets the size of the shared connection pool.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.config.max_connections = n;
+        self
+    }
+
+    /// Whether the grants of the session modes (`row`, `advisory`,
+    /// `named`) carry fencing tokens (default true; `fencing=false` in the
+    /// URL). Without, a grant spares the draw from the lock table's
+    /// sequence (on MariaDB, `NEXTVAL` in the lock statement; on MySQL, a
+    /// statement of its own), the guards'
+    /// [`fencing_token`](lockkit_core::LockGuard::fencing_token) is `None`
+    /// and [`capabilities().fencing`](lockkit_core::Capabilities::fencing)
+    /// is false. For clients that fence nothing, as a lock without tokens
+    /// (`distributed-lock`'s) is used. `lease` mode refuses it: its token is
+    /// the lease row's own, written with the grant, and other clients of
+    /// the name read it.
+    ///
+    /// ```
+    /// use lockkit_sql::SqlLockBuilder;
+    ///
+    /// let builder = SqlLockBuilder::from_url("mysql://app@db.internal/jobs?mode=named")?
+    ///     .fencing(false);
+    /// # drop(builder);
+    /// assert!(SqlLockBuilder::from_url("mysql://db.internal/jobs?fencing=false").is_err());
+    /// # Ok::<(), lockkit_core::LockError>(())
+    /// ```
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.config.fencing = on;
         self
     }
 
@@ -301,6 +330,11 @@ mod tests {
             ("postgres://h:99999/db", "not a valid URL"),
             ("mysql://h/db?connect_timeout=0s", "connect_timeout"),
             ("mysql://h/db?migrate=maybe", "migrate"),
+            ("mysql://h/db?mode=named&fencing=maybe", "fencing"),
+            (
+                "postgres://h/db?fencing=false",
+                "lease mode draws its token",
+            ),
             ("mysql://h/db?max_connections=0", "max_connections"),
             ("sqlite://", "no database path"),
             ("oracle://h/db", "not a SQL URL scheme"),

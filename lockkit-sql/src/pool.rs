@@ -473,6 +473,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_secs(1),
             liveness_interval: Duration::from_secs(1),
+            fencing: true,
         };
         let lend = kept.lend(&settings);
         let size = size_of_val(&lend);

@@ -251,6 +251,8 @@ pub(crate) struct SqlConfig {
     pub(crate) command_timeout: Duration,
     pub(crate) liveness_interval: Duration,
     pub(crate) max_connections: u32,
+    /// Whether session-mode grants draw fencing tokens.
+    pub(crate) fencing: bool,
     /// MySQL/MariaDB: draw session-mode tokens from the counter table even
     /// where sequences exist (tests of MySQL's path on MariaDB).
     pub(crate) mysql_counter_fencing: bool,
@@ -268,6 +270,7 @@ impl fmt::Debug for SqlConfig {
             .field("command_timeout", &self.command_timeout)
             .field("liveness_interval", &self.liveness_interval)
             .field("max_connections", &self.max_connections)
+            .field("fencing", &self.fencing)
             .finish()
     }
 }
@@ -275,6 +278,13 @@ impl fmt::Debug for SqlConfig {
 impl SqlConfig {
     pub(crate) fn check(&self) -> Result<()> {
         crate::names::validate_table(&self.table)?;
+        if !self.fencing && !self.mode.is_session() {
+            return Err(LockError::invalid_options(
+                "fencing=false is an option of the session modes (row, advisory, named): \
+                 lease mode draws its token with the lease row's own write, and other clients \
+                 of the name read it",
+            ));
+        }
         if !self.database.modes().contains(&self.mode) {
             return Err(LockError::invalid_options(format!(
                 "mode {} is not available on {}; it has {}",
@@ -298,6 +308,7 @@ impl SqlConfig {
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
             liveness_interval: self.liveness_interval,
+            fencing: self.fencing,
         }
     }
 
@@ -318,6 +329,10 @@ pub(crate) struct Settings {
     pub(crate) command_timeout: Duration,
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) liveness_interval: Duration,
+    /// Whether session-mode grants draw fencing tokens (see
+    /// [`SqlLockBuilder::fencing`](crate::SqlLockBuilder::fencing)).
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fencing: bool,
 }
 
 impl Settings {

@@ -157,6 +157,20 @@ mod row {
     lockkit_conformance::conformance_suite!(SqlHarness::<MariaDbServer>::start(Mode::Row).await);
 }
 
+mod named_tokenless {
+    use super::*;
+    common::tokenless_suite!(
+        SqlHarness::<MariaDbServer>::start_with(Mode::Named, "&fencing=false").await
+    );
+}
+
+mod row_tokenless {
+    use super::*;
+    common::tokenless_suite!(
+        SqlHarness::<MariaDbServer>::start_with(Mode::Row, "&fencing=false").await
+    );
+}
+
 /// `KILL` of the holder's connection in `row` mode: the transaction is rolled
 /// back, its row lock freed, and the holder's lost signal fires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,6 +478,28 @@ async fn session_tokens_from_the_counter_table() {
         .await
         .unwrap();
     assert_eq!(n, tokens.last().unwrap().to_string());
+}
+
+/// Clients without tokens (`fencing=false`) draw none, in `named` and
+/// `row` mode: not from the sequence, nor, on MySQL's path, from the
+/// counter table (whose `row` mode readers use MySQL's `FOR SHARE`, which
+/// MariaDB does not have).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenless_grants_draw_nothing() {
+    let server = MariaDbServer::start().await;
+    let (permit, reader) = (opts().semaphore(2), opts().shared());
+    for (mode, others) in [
+        (Mode::Named, vec![permit.clone()]),
+        (Mode::Row, vec![permit.clone(), reader]),
+    ] {
+        common::tokenless_grants_draw_nothing(&server, mode, &others, |b| b).await;
+    }
+    for mode in [Mode::Named, Mode::Row] {
+        common::tokenless_grants_draw_nothing(&server, mode, std::slice::from_ref(&permit), |b| {
+            b.table("lockkit_counter_none").mysql_counter_fencing(true)
+        })
+        .await;
+    }
 }
 
 /// A lock's first use (its row inserted) while permits of a semaphore are

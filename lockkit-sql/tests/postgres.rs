@@ -87,6 +87,31 @@ mod advisory {
     );
 }
 
+mod advisory_tokenless {
+    use super::*;
+    common::tokenless_suite!(
+        SqlHarness::<PostgresServer>::start_with(Mode::Advisory, "&fencing=false").await
+    );
+}
+
+mod row_tokenless {
+    use super::*;
+    common::tokenless_suite!(
+        SqlHarness::<PostgresServer>::start_with(Mode::Row, "&fencing=false").await
+    );
+}
+
+/// Clients without tokens (`fencing=false`) draw none from the sequence, in
+/// `advisory` and `row` mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenless_grants_draw_nothing() {
+    let server = PostgresServer::start().await;
+    let others = [opts().shared(), opts().semaphore(2)];
+    for mode in [Mode::Advisory, Mode::Row] {
+        common::tokenless_grants_draw_nothing(&server, mode, &others, |b| b).await;
+    }
+}
+
 /// `pg_terminate_backend` of the holder's connection frees the lock at once
 /// and fires the holder's lost signal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

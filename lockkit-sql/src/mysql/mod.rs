@@ -33,7 +33,7 @@ use statements::{FenceSource, MySql};
 /// The upsert and release of `lease` mode on `table` (see
 /// [`lease_statements`](crate::lease_statements)).
 pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
-    let sql = MySql::new(table, FenceSource::Sequence);
+    let sql = MySql::new(table, FenceSource::Sequence, true);
     (sql.lease.acquire.text, sql.lease.release[0].text.clone())
 }
 
@@ -63,7 +63,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
         false => FenceSource::for_version(&version),
     };
     tracing::debug!(%version, ?fence_source, "MySQL/MariaDB server");
-    let sql = Arc::new(MySql::new(&config.table, fence_source));
+    let sql = Arc::new(MySql::new(&config.table, fence_source, config.fencing));
     let bells = Bells::new(options.clone(), sql.clone(), settings, &config.table);
     let lease = MyLease {
         sql: sql.clone(),

@@ -14,7 +14,6 @@ use sqlx::{AssertSqlSafe, MySqlConnection};
 
 use super::batch::batch;
 use super::session::{MyConn, MySqlSession};
-use super::statements::FenceSource;
 use crate::error::{is_deadlock, is_lock_busy};
 use crate::names::hex_literal;
 use crate::session::{LockingSql, RowLocking, ServerWait};
@@ -138,18 +137,17 @@ impl RowLocking for MySqlSession {
         })
     }
 
-    /// With a sequence the `SELECT` drew the token. With the counter it is
-    /// drawn now, on the pool, so the counter's row lock is not held for
-    /// the whole holding and a rollback cannot undo it.
+    /// With a sequence the `SELECT` drew the token (without tokens, it
+    /// answered 1). With the counter it is drawn now, on the pool, so the
+    /// counter's row lock is not held for the whole holding and a rollback
+    /// cannot undo it.
     fn granted<'c>(&'c self, _conn: &'c mut MyConn, token: i64) -> Answer<'c, i64> {
         Box::pin(async move {
-            match self.sql.fence_source {
-                FenceSource::Sequence => Ok(token),
-                FenceSource::Counter => {
-                    let mut conn = self.pool.acquire().await?;
-                    self.next_fence(&mut conn).await.map(|n| n as i64)
-                }
+            if !self.sql.draws_after_grant() {
+                return Ok(token);
             }
+            let mut conn = self.pool.acquire().await?;
+            self.next_fence(&mut conn).await.map(|n| n as i64)
         })
     }
 
@@ -209,14 +207,17 @@ impl MySqlSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mysql::statements::MySql;
+    use crate::mysql::statements::{FenceSource, MySql};
 
     /// The statements sent in one message: each `?` is the row's name,
     /// and none sits inside a quoted string.
     #[test]
     fn every_placeholder_of_a_batched_statement_is_the_name() {
-        for source in [FenceSource::Sequence, FenceSource::Counter] {
-            let sql = MySql::new("lockkit_locks", source);
+        let forms = [FenceSource::Sequence, FenceSource::Counter]
+            .into_iter()
+            .flat_map(|source| [(source, true), (source, false)]);
+        for (source, tokens) in forms {
+            let sql = MySql::new("lockkit_locks", source, tokens);
             let mut texts = vec![sql.make_row.to_string()];
             for shared in [false, true] {
                 for intent in [Intent::Wait, Intent::Try] {

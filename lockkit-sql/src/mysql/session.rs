@@ -9,7 +9,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, MySqlConnection};
 
 use super::batch::batch;
-use super::statements::{FOREVER_SECS, FenceSource, MySql};
+use super::statements::{FOREVER_SECS, MySql};
 use crate::names::{check_slot_permits, hex_literal, named_lock_name, semaphore_slot_name};
 use crate::session::{Locked, Record, ServerWait, SessionDb, SlotLocks, lock_any_slot};
 use crate::settings::{NAMED_CAPABILITIES, Settings};
@@ -130,13 +130,16 @@ impl MySqlSession {
     }
 
     /// The token of a lock statement's answer `got`: `None` when it timed
-    /// out; drawn now from the counter where the statement drew none.
+    /// out; drawn now from the counter where the statement drew none (and
+    /// the answer, 1, without tokens).
     async fn named_token(&self, conn: &mut MyConn, got: Option<i64>) -> sqlx::Result<Option<u64>> {
-        match (got, self.sql.fence_source) {
-            (Some(0), _) => Ok(None),
-            (Some(token), FenceSource::Sequence) => Ok(Some(token as u64)),
-            (Some(_), FenceSource::Counter) => self.next_fence(&mut conn.conn).await.map(Some),
-            (None, _) => Err(sqlx::Error::Protocol(
+        match got {
+            Some(0) => Ok(None),
+            Some(_) if self.sql.draws_after_grant() => {
+                self.next_fence(&mut conn.conn).await.map(Some)
+            }
+            Some(token) => Ok(Some(token as u64)),
+            None => Err(sqlx::Error::Protocol(
                 "GET_LOCK returned NULL (the wait was killed or failed)".into(),
             )),
         }

@@ -166,6 +166,9 @@ pub(super) struct MySql {
     /// `Counter` only: the `UPDATE` that draws a token.
     pub(super) next_fence: Arc<str>,
     pub(super) fence_source: FenceSource,
+    /// Whether the session modes' grants draw tokens: without, their lock
+    /// statements answer 1 for a grant (see [`draws_after_grant`](Self::draws_after_grant)).
+    pub(super) tokens: bool,
     /// Queries that each answer a row only when the schema is in place.
     pub(super) migrated: Vec<String>,
     pub(super) migrate: Vec<String>,
@@ -176,8 +179,17 @@ pub(super) struct MySql {
 }
 
 impl MySql {
+    /// Whether a session-mode grant draws its token after the lock
+    /// statement, from the counter: with tokens, on MySQL (a sequence draws
+    /// inside the statement).
+    pub(super) fn draws_after_grant(&self) -> bool {
+        self.tokens && self.fence_source == FenceSource::Counter
+    }
+
     /// `table` must have passed [`validate_table`](crate::validate_table).
-    pub(super) fn new(table: &str, fence_source: FenceSource) -> Self {
+    /// With `tokens` false, the session modes' lock statements draw no
+    /// token (see [`Settings::fencing`](crate::settings::Settings)).
+    pub(super) fn new(table: &str, fence_source: FenceSource, tokens: bool) -> Self {
         let counter = format!("{table}_fence");
         let seq = format!("{table}_fence_seq");
         let gate = format!("{table}_gate");
@@ -186,6 +198,10 @@ impl MySql {
         // (and its select list evaluated) once its lock is granted, and CASE
         // evaluates NEXTVAL only when GET_LOCK answered 1.
         let (row_token, named_lock) = match fence_source {
+            _ if !tokens => (
+                "1".to_owned(),
+                "SELECT CAST(GET_LOCK(?, ?) AS SIGNED)".to_owned(),
+            ),
             FenceSource::Sequence => (
                 format!("NEXTVAL({seq})"),
                 format!(
@@ -464,6 +480,7 @@ impl MySql {
             next_fence: format!("UPDATE {counter} SET n = LAST_INSERT_ID(n + 1) WHERE id = 1")
                 .into(),
             fence_source,
+            tokens,
             migrated,
             migrate,
             sequence_floor: (fence_source == FenceSource::Sequence).then(|| {

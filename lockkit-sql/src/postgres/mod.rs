@@ -32,7 +32,7 @@ use statements::PgSql;
 /// The upsert and release of `lease` mode on `table` (see
 /// [`lease_statements`](crate::lease_statements)).
 pub(crate) fn lease_statements(table: &str) -> (Arc<str>, Arc<str>) {
-    let sql = PgSql::new(table);
+    let sql = PgSql::new(table, true);
     (sql.lease.acquire.text, sql.lease.release[0].text.clone())
 }
 
@@ -54,7 +54,7 @@ pub(crate) async fn open(config: &SqlConfig, settings: &Settings) -> Result<Open
             .await?,
     )
     .await;
-    let sql = Arc::new(PgSql::new(&config.table));
+    let sql = Arc::new(PgSql::new(&config.table, config.fencing));
     let lease = PgLease {
         sql: sql.clone(),
         notifications: PgNotifications::new(options.clone(), pool.clone(), sql.clone(), settings),

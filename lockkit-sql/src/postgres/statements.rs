@@ -68,8 +68,16 @@ impl PgSql {
     }
 
     /// `table` must have passed [`validate_table`](crate::validate_table).
-    pub(super) fn new(table: &str) -> Self {
+    /// With `tokens` false, the session modes' lock statements draw no
+    /// token: a grant answers 1 (see
+    /// [`Settings::fencing`](crate::settings::Settings)).
+    pub(super) fn new(table: &str, tokens: bool) -> Self {
         let seq = format!("{table}_fence_seq");
+        // The session modes' token, drawn once granted.
+        let token = match tokens {
+            true => format!("nextval('{seq}')"),
+            false => "1::int8".to_owned(),
+        };
         PgSql {
             lease: LeaseStatements {
                 // Also granted on a row its release reserved for this
@@ -243,18 +251,18 @@ impl PgSql {
             .into(),
             // The same sequence for both sides: readers' and writers' tokens
             // are one order.
-            advisory: LockingSql::of(|shared, intent| advisory_lock(&seq, shared, intent)),
+            advisory: LockingSql::of(|shared, intent| advisory_lock(&token, shared, intent)),
             advisory_recording: [false, true]
-                .map(|shared| advisory_try_recording(table, &seq, shared).into()),
+                .map(|shared| advisory_try_recording(table, &token, shared).into()),
             advisory_forgetting: [false, true]
                 .map(|shared| advisory_unlock_forgetting(table, shared).into()),
-            row: LockingSql::of(|shared, intent| row_lock(table, &seq, shared, intent)),
+            row: LockingSql::of(|shared, intent| row_lock(table, &token, shared, intent)),
             // A permit: the first slot row no one holds. MATERIALIZED: the
             // token is drawn for the locked row only.
             row_free_slot: format!(
                 "WITH l AS MATERIALIZED (\
                     SELECT name FROM {table} WHERE name = ANY($1) LIMIT 1 FOR UPDATE SKIP LOCKED) \
-                 SELECT name, nextval('{seq}') FROM l"
+                 SELECT name, {token} FROM l"
             )
             .into(),
             ensure_rows: format!(
@@ -382,13 +390,13 @@ fn in_group(token: &str) -> String {
 /// transaction-scoped advisory lock on the two 32-bit halves (`$2`, `$3`) of
 /// [`advisory_key`] (a key space apart from `advisory` mode's 64-bit keys),
 /// exclusive for a writer and shared for a reader; then the row, `FOR
-/// UPDATE` or `FOR SHARE`, and a token from `seq`. The row locks exclude;
+/// UPDATE` or `FOR SHARE`, and `token` (see [`PgSql::new`]). The row locks exclude;
 /// the gate queues: Postgres' lock manager puts a new shared request behind
 /// a waiting exclusive one, which row locks alone do not (a `FOR SHARE`
 /// joins the current share-lockers even past a waiting `FOR UPDATE`). With
 /// [`Intent::Try`], the gate waits at most 1 ms (`lock_timeout`, for this
 /// transaction only) and the row not at all: both end in `lock_not_available`.
-fn row_lock(table: &str, seq: &str, shared: bool, intent: Intent) -> String {
+fn row_lock(table: &str, token: &str, shared: bool, intent: Intent) -> String {
     let (gate, rows) = match shared {
         false => ("pg_advisory_xact_lock", "FOR UPDATE OF t"),
         true => ("pg_advisory_xact_lock_shared", "FOR SHARE OF t"),
@@ -403,7 +411,7 @@ fn row_lock(table: &str, seq: &str, shared: bool, intent: Intent) -> String {
     format!(
         "WITH g AS MATERIALIZED (SELECT {gate}($2::int4, $3::int4) WHERE {limit}), \
               l AS MATERIALIZED (SELECT 1 FROM {table} AS t, g WHERE t.name = $1 {rows}{nowait}) \
-         SELECT nextval('{seq}') FROM l"
+         SELECT {token} FROM l"
     )
 }
 
@@ -415,7 +423,7 @@ pub(super) fn gate_halves(name: &str) -> (i32, i32) {
 }
 
 /// `pg_advisory_lock($1)`, or `pg_try_advisory_lock` for [`Intent::Try`]
-/// (`_shared` for a shared holding), drawing a token from `seq` only once
+/// (`_shared` for a shared holding), drawing `token` (see [`PgSql::new`]) only once
 /// granted (MATERIALIZED); a try that is refused answers `NULL`. A wait
 /// first sets the session's `lock_timeout` to `$2` (ms as text, `0` for no
 /// limit) in the same statement, so that a wait with a deadline costs no
@@ -423,17 +431,17 @@ pub(super) fn gate_halves(name: &str) -> (i32, i32) {
 /// reads comes first), and the server reads the setting when its wait
 /// begins. (A wait that times out aborts the statement, which puts the
 /// setting back.)
-fn advisory_lock(seq: &str, shared: bool, intent: Intent) -> String {
+fn advisory_lock(token: &str, shared: bool, intent: Intent) -> String {
     let side = if shared { "_shared" } else { "" };
     match intent {
         Intent::Wait => format!(
             "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $2, false)), \
              l AS MATERIALIZED (SELECT pg_advisory_lock{side}($1) FROM t) \
-             SELECT nextval('{seq}') FROM l"
+             SELECT {token} FROM l"
         ),
         Intent::Try => format!(
             "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok) \
-             SELECT CASE WHEN ok THEN nextval('{seq}') END FROM l"
+             SELECT CASE WHEN ok THEN {token} END FROM l"
         ),
     }
 }
@@ -443,11 +451,11 @@ fn advisory_lock(seq: &str, shared: bool, intent: Intent) -> String {
 /// for `$4` ms (the upsert of a lease record, see `lease`), in the same
 /// statement, from the token's row (none when refused). The answer is the
 /// try's: the token, or `NULL` when refused.
-fn advisory_try_recording(table: &str, seq: &str, shared: bool) -> String {
+fn advisory_try_recording(table: &str, token: &str, shared: bool) -> String {
     let side = if shared { "_shared" } else { "" };
     format!(
         "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock{side}($1) AS ok), \
-         f AS MATERIALIZED (SELECT nextval('{seq}') AS fence FROM l WHERE ok), \
+         f AS MATERIALIZED (SELECT {token} AS fence FROM l WHERE ok), \
          r AS (INSERT INTO {table} (name, owner, fence, expires_at) \
                SELECT $2, $3, 0, now() + $4::bigint * interval '1 millisecond' FROM f \
                {RECORD_TAKEN_OVER}) \

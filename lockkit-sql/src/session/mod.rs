@@ -162,8 +162,9 @@ pub(crate) struct Record<'a> {
 /// What the answer of a lock statement says.
 #[derive(Debug)]
 pub(crate) enum Locked {
-    /// Granted, with the fencing token drawn afterwards, and whether the
-    /// statement also wrote the identity record it was given.
+    /// Granted, with the fencing token drawn (a placeholder where
+    /// [`Settings::fencing`] is off: the guard then carries none), and
+    /// whether the statement also wrote the identity record it was given.
     Granted { fence: FencingToken, recorded: bool },
     /// Still held by someone else when the server's wait ended.
     Busy,
@@ -464,7 +465,8 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.conns.db.capabilities()
+        let db = &self.conns.db;
+        db.capabilities().with_fencing(db.settings().fencing)
     }
 
     /// The server queues the waiters (`pg_advisory_lock`, `SELECT … FOR
@@ -529,7 +531,9 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
             ttl: opts.lease_ttl(),
             liveness: Mutex::new(None),
         });
-        let guard = LockGuard::granted(name, lease.clone(), Some(fencing), granted_at, opts);
+        // Without tokens, the statement answered a grant without drawing one.
+        let fencing = db.settings().fencing.then_some(fencing);
+        let guard = LockGuard::granted(name, lease.clone(), fencing, granted_at, opts);
         let _ = lease.notifier.set(guard.loss_notifier());
         schedule_liveness(
             &lease,

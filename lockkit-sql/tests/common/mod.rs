@@ -85,22 +85,36 @@ pub(crate) fn opts() -> LockOptions {
 pub(crate) struct SqlHarness<S> {
     server: S,
     mode: Mode,
+    /// More URL parameters, each after a `&`.
+    extra: &'static str,
 }
 
 impl<S: SqlServer> SqlHarness<S> {
     /// Starts the server.
     pub(crate) async fn start(mode: Mode) -> Self {
+        Self::start_with(mode, "").await
+    }
+
+    /// Starts the server, for clients whose URLs also carry `extra`
+    /// (`&name=value…`).
+    pub(crate) async fn start_with(mode: Mode, extra: &'static str) -> Self {
         SqlHarness {
             server: S::start().await,
             mode,
+            extra,
         }
+    }
+
+    fn url_of(&self, server: &S) -> String {
+        format!("{}{}", url(server, self.mode), self.extra)
     }
 }
 
 #[async_trait::async_trait]
 impl<S: SqlServer> Harness for SqlHarness<S> {
     async fn client(&self) -> Arc<dyn DistributedLock> {
-        connect(&self.server, self.mode).await.expect("connect")
+        let url = self.url_of(&self.server);
+        Arc::new(lockkit_sql::connect(&url).await.expect("connect"))
     }
 
     async fn revoke(&self, name: &str) {
@@ -109,7 +123,7 @@ impl<S: SqlServer> Harness for SqlHarness<S> {
 
     async fn disposable(&self) -> Box<dyn Disposable> {
         let server = S::start().await;
-        let url = url(&server, self.mode);
+        let url = self.url_of(&server);
         Box::new(DisposableServer::new(server, url, SQL_DRIVER))
     }
 
@@ -365,3 +379,72 @@ pub(crate) async fn tokens_rise_above_an_earlier_table<S: SqlServer>(server: &S)
         guard.release().await.expect("release");
     }
 }
+
+/// In `mode` on `server`, with the clients `tweak` sets up: between two
+/// grants of a client with tokens, a client without (`fencing=false`)
+/// holds the name ten times, then once with each of `others` (readers,
+/// permits), with no token, and its grants draw none: the second token
+/// follows the first.
+pub(crate) async fn tokenless_grants_draw_nothing<S: SqlServer>(
+    server: &S,
+    mode: Mode,
+    others: &[LockOptions],
+    tweak: impl Fn(lockkit_sql::SqlLockBuilder) -> lockkit_sql::SqlLockBuilder,
+) {
+    let client = |fencing| {
+        let builder = lockkit_sql::SqlLockBuilder::from_url(&url(server, mode)).unwrap();
+        tweak(builder).fencing(fencing).connect()
+    };
+    let (fenced, tokenless) = (client(true).await.unwrap(), client(false).await.unwrap());
+    assert!(fenced.capabilities().fencing);
+    let caps = tokenless.capabilities();
+    assert!(!caps.fencing, "{mode}: {caps:?}");
+    let name = format!("tokenless-{mode}-{:x}", fastrand::u64(..));
+    let token = || async {
+        let guard = fenced.acquire(&name, &opts().no_wait()).await.unwrap();
+        let token = guard.fencing_token().expect("a token").get();
+        guard.release().await.unwrap();
+        token
+    };
+    let first = token().await;
+    let exclusive = opts();
+    for opts in std::iter::repeat_n(&exclusive, 10).chain(others) {
+        let opts = opts.clone().no_wait();
+        let guard = tokenless
+            .acquire(&name, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("{mode} {opts:?}: {e}"));
+        assert_eq!(guard.fencing_token(), None, "{mode} {opts:?}");
+        guard.release().await.unwrap();
+    }
+    assert_eq!(
+        token().await,
+        first + 1,
+        "{mode}: a tokenless grant drew a token"
+    );
+}
+
+/// The conformance cases about what a grant carries and what it excludes,
+/// for a session mode's clients without fencing tokens (`fencing=false`):
+/// their guards carry none, as their capabilities say, and every other
+/// guarantee holds as with tokens.
+macro_rules! tokenless_suite {
+    ($harness:expr) => {
+        lockkit_conformance::conformance_suite!(@cases $harness;
+            mutual_exclusion_between_two_clients,
+            acquire_succeeds_when_holder_releases,
+            fencing_tokens_strictly_increase,
+            fencing_tokens_across_kinds,
+            is_current_tells_the_holding,
+            guard_reports_its_state,
+            status_reports_the_holder,
+            local_handoffs_keep_exclusion_and_fencing,
+            no_overlap_under_contention,
+            two_readers_hold_together,
+            semaphore_admits_exactly_its_permits,
+            holder_identities_are_read_back,
+            lost_signal_when_lease_deleted,
+        );
+    };
+}
+pub(crate) use tokenless_suite;
