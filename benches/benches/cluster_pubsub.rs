@@ -23,7 +23,7 @@ use std::time::Duration;
 use lockkit_benches::{RunMode, runtime, save_summary};
 use lockkit_core::{DistributedLock, LockOptions};
 use lockkit_redis::{DEFAULT_PREFIX, RedisLock};
-use lockkit_testkit::{RedisCluster, RedisServer, TestServer, info_field};
+use lockkit_testkit::{RedisCluster, RedisServer, TestServer, command_stat, info_field};
 
 const NAME: &str = "bench-cluster-pubsub";
 
@@ -165,20 +165,17 @@ async fn counts(nodes: &[RedisServer]) -> Vec<u64> {
             .command(&["INFO", "commandstats"])
             .await
             .expect("INFO commandstats");
-        // `name:N`, or `name:calls=N,usec=…` in `INFO commandstats`.
-        let field = |text: &str, name: &str| -> u64 {
-            info_field(text, name)
-                .and_then(|value| {
-                    let value = value.strip_prefix("calls=").unwrap_or(value);
-                    value.split(',').next()?.trim().parse().ok()
-                })
+        let received = |name: &str| -> u64 {
+            info_field(&bus, name)
+                .and_then(|n| n.trim().parse().ok())
                 .unwrap_or(0)
         };
+        let calls = |command: &str| command_stat(&stats, command, "calls").unwrap_or(0);
         out.push(
-            field(&bus, "cluster_stats_messages_publish_received")
-                + field(&bus, "cluster_stats_messages_publishshard_received")
-                + field(&stats, "cmdstat_publish")
-                + field(&stats, "cmdstat_spublish"),
+            received("cluster_stats_messages_publish_received")
+                + received("cluster_stats_messages_publishshard_received")
+                + calls("publish")
+                + calls("spublish"),
         );
     }
     out

@@ -33,7 +33,7 @@ use lockkit_benches::{
 use lockkit_core::FencingToken;
 use lockkit_fence::http::{FenceLayer, Fences};
 use lockkit_fence::redis::{FencedWrite, data_key};
-use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, TestServer, info_field};
+use lockkit_testkit::{MariaDbServer, PostgresServer, RedisServer, TestServer, command_stat};
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -219,19 +219,10 @@ struct ServerTimes {
 
 /// `cmdstat_<command>` of an `INFO commandstats` reply.
 fn command_time(info: &str, command: &str) -> CommandTime {
-    let Some(stats) = info_field(info, &format!("cmdstat_{command}")) else {
-        return CommandTime::default();
-    };
-    let field = |name: &str| {
-        stats
-            .split(',')
-            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    };
+    let stat = |stat: &str| command_stat(info, command, stat).unwrap_or(0);
     CommandTime {
-        calls: field("calls"),
-        usec: field("usec"),
+        calls: stat("calls"),
+        usec: stat("usec"),
     }
 }
 

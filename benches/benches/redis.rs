@@ -37,8 +37,8 @@ use lockkit_benches::{
 use lockkit_core::backend::{Attempt, Intent, LeaseBackend, OwnerToken};
 use lockkit_core::{DistributedLock, LockKind, LockOptions};
 use lockkit_redis::RedisLock;
-use lockkit_testkit::RedisServer;
 use lockkit_testkit::TestServer;
+use lockkit_testkit::{RedisServer, command_stat};
 use redis::aio::ConnectionManager;
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
@@ -216,11 +216,7 @@ async fn evalsha_calls(conn: &ConnectionManager) -> u64 {
         .query_async(&mut conn)
         .await
         .expect("INFO commandstats");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    command_stat(&info, "evalsha", "calls").unwrap_or(0)
 }
 
 /// The handoff's view of the Redis server, on the admin connection.

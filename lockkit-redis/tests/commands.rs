@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockOptions};
-use lockkit_testkit::{RedisServer, TestServer, waiter};
+use lockkit_testkit::{RedisServer, TestServer, command_stat, waiter};
 
 mod common;
 
@@ -96,12 +96,7 @@ async fn a_cycle_without_tokens_spares_their_commands() {
         "{} commands inside the scripts per cycle: {info}",
         inside as f64 / CYCLES as f64
     );
-    let calls = |name: &str| {
-        command_calls(&info)
-            .find(|(command, _)| *command == name)
-            .map_or(0, |(_, calls)| calls)
-    };
-    assert_eq!(calls("time"), 0, "{info}");
+    assert_eq!(command_stat(&info, "time", "calls"), None, "{info}");
     let next = take(&fenced).await.expect("a fenced client's token");
     assert!(next > first, "token {next} after {first}");
 }
@@ -188,9 +183,9 @@ async fn renewals_of_many_leases_share_round_trips() {
     // Each lease renews every ttl / 3, and nothing else runs meanwhile: an
     // exclusive renewal checks its owner with one GET, a permit's with one
     // ZSCORE.
-    let renewals: u64 = command_calls(&info)
-        .filter(|(name, _)| matches!(*name, "get" | "zscore"))
-        .map(|(_, calls)| calls)
+    let renewals: u64 = ["get", "zscore"]
+        .map(|command| command_stat(&info, command, "calls").unwrap_or(0))
+        .iter()
         .sum();
     let calls = evalsha_calls(&info);
     assert!(
@@ -204,7 +199,7 @@ async fn renewals_of_many_leases_share_round_trips() {
     // A server that lost its scripts (a restart) gets them again.
     let info = hold(Duration::from_millis(700), true).await;
     assert!(
-        command_calls(&info).any(|(name, calls)| name == "script|load" && calls > 0),
+        command_stat(&info, "script|load", "calls").is_some_and(|calls| calls > 0),
         "{info}"
     );
     for guard in guards {
@@ -230,9 +225,7 @@ fn calls_inside_scripts(info: &str) -> u64 {
 }
 
 fn evalsha_calls(info: &str) -> u64 {
-    command_calls(info)
-        .find(|(name, _)| *name == "evalsha")
-        .map_or(0, |(_, calls)| calls)
+    command_stat(info, "evalsha", "calls").unwrap_or(0)
 }
 
 /// A waiter is woken by the release's pub/sub message, not by polling: with a

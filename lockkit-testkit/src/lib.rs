@@ -70,7 +70,7 @@ pub use process::{ClosedPort, ProcessSlot, ServerError, ServerProcess, free_port
 pub use proxy::TcpProxy;
 pub use python_peer::{PythonPeer, assert_mutual_exclusion_with};
 pub use redis_cluster::RedisCluster;
-pub use redis_resp::info_field;
+pub use redis_resp::{command_stat, info_field};
 pub use redis_sentinel::{RedisSentinel, RedisSentinels};
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use server::{FaultControl, TestServer};

@@ -200,3 +200,35 @@ pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
             .and_then(|rest| rest.strip_prefix(':'))
     })
 }
+
+/// Statistic `stat` (`calls`, `usec`, `failed_calls`, …) of `command` in
+/// an `INFO commandstats` text, from its line
+/// `cmdstat_<command>:calls=…,usec=…`; `None` where the server has not
+/// run the command since its statistics were reset. A subcommand is named
+/// as the server names it (`config|resetstat`).
+pub fn command_stat(info: &str, command: &str, stat: &str) -> Option<u64> {
+    info_field(info, &format!("cmdstat_{command}"))?
+        .split(',')
+        .find_map(|pair| pair.strip_prefix(stat)?.strip_prefix('='))?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_stats_are_read_from_their_own_line() {
+        let info = "# Commandstats\r\n\
+            cmdstat_getex:calls=9,usec=90,usec_per_call=10.00\r\n\
+            cmdstat_get:calls=3,usec=12,usec_per_call=4.00,rejected_calls=0\r\n\
+            cmdstat_config|resetstat:calls=1,usec=5,usec_per_call=5.00\r\n";
+        assert_eq!(command_stat(info, "get", "calls"), Some(3));
+        assert_eq!(command_stat(info, "get", "usec"), Some(12));
+        assert_eq!(command_stat(info, "get", "rejected_calls"), Some(0));
+        assert_eq!(command_stat(info, "config|resetstat", "calls"), Some(1));
+        assert_eq!(command_stat(info, "set", "calls"), None);
+        assert_eq!(command_stat(info, "get", "failed_calls"), None);
+    }
+}

@@ -41,6 +41,7 @@ use lockkit_benches::{
     Deployment, LoadKind, Locker, Outcome, Scenario, Servers, Stock, fmt_duration, run, target_dir,
 };
 use lockkit_core::{DistributedLock, LockOptions};
+use lockkit_testkit::{command_stat, info_field};
 use tokio::time::Instant;
 
 /// The global allocator: mimalloc, as a service that holds a million
@@ -458,16 +459,9 @@ async fn server_counts(conn: &mut redis::aio::ConnectionManager) -> Result<Serve
         .query_async(conn)
         .await
         .map_err(|e| e.to_string())?;
-    let calls = |command: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
+    let calls = |command: &str| command_stat(&info, command, "calls").unwrap_or(0);
     let seconds = |field: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        info_field(&info, field)
             .and_then(|n| n.trim().parse::<f64>().ok())
             .unwrap_or(0.0)
     };
