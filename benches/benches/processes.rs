@@ -1281,7 +1281,8 @@ fn targets(rows: &[Row], processes: usize) -> String {
          at most {COMMANDS_GROWTH_MAX} × the figure with {} (four times the waiters). \
          Throughput: at least that of every peer that ran on the same backend and runtime, with as many processes, \
          judged on the median over rounds of lockkit's throughput ÷ the peer's in the same round; \
-         also judged for lockkit's barging mode (`barging=true`: waiters ask on the backoff, in no line), where it ran, whose straight-back share is not held to the default mode's bound.\n\n\
+         also judged for lockkit's barging mode (`barging=true`: waiters ask on the backoff, in no line), where it ran, whose straight-back share is not held to the default mode's bound, \
+         and for lockkit without fencing tokens (`fencing=false`), where it ran.\n\n\
          | backend | runtime | target | lockkit | yardstick | lockkit ÷ yardstick | verdict |\n\
          | --- | --- | --- | --- | --- | --- | --- |\n",
         STRAIGHT_BACK_MAX * 100.0,
