@@ -324,7 +324,7 @@ impl RawMy {
             .await
             .expect("GET_LOCK");
         assert!(token > Some(0), "raw named: GET_LOCK({name:?})");
-        let released: Option<i64> = sqlx::query_scalar("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+        let released: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
             .bind(name)
             .fetch_one(&mut *conn)
             .await

@@ -303,7 +303,8 @@ impl SessionDb for MySqlSession {
         key: &MyKey,
         record: Option<Record<'_>>,
     ) -> Result<bool> {
-        const UNLOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED)";
+        // A signed integer or NULL: read as an `Option<i64>`, no `CAST`.
+        const UNLOCK: &str = "SELECT RELEASE_LOCK(?)";
         let Some(name) = key.held_name() else {
             return Ok(false);
         };

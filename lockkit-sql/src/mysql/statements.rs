@@ -196,22 +196,18 @@ impl MySql {
         let lease = LeaseTokens::new(fence_source, table, &seq, &gate);
         // The token is computed only for a granted lock: a row is returned
         // (and its select list evaluated) once its lock is granted, and CASE
-        // evaluates NEXTVAL only when GET_LOCK answered 1.
+        // evaluates NEXTVAL only when GET_LOCK answered 1. `GET_LOCK` alone
+        // answers a signed integer, which sqlx reads as an `i64` of any
+        // width: no `CAST`, which the server would evaluate on every grant.
         let (row_token, named_lock) = match fence_source {
-            _ if !tokens => (
-                "1".to_owned(),
-                "SELECT CAST(GET_LOCK(?, ?) AS SIGNED)".to_owned(),
-            ),
+            _ if !tokens => ("1".to_owned(), "SELECT GET_LOCK(?, ?)".to_owned()),
             FenceSource::Sequence => (
                 format!("NEXTVAL({seq})"),
                 format!(
                     "SELECT CAST(CASE GET_LOCK(?, ?) WHEN 1 THEN NEXTVAL({seq}) WHEN 0 THEN 0 END AS SIGNED)"
                 ),
             ),
-            FenceSource::Counter => (
-                "0".to_owned(),
-                "SELECT CAST(GET_LOCK(?, ?) AS SIGNED)".to_owned(),
-            ),
+            FenceSource::Counter => ("0".to_owned(), "SELECT GET_LOCK(?, ?)".to_owned()),
         };
         // Plain reads: they wait for no lock a holder may keep. (A `CREATE …
         // IF NOT EXISTS` of an existing table waits for the metadata lock of
