@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, LockKind, LockStatus, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, MySqlConnection};
 
@@ -287,7 +287,7 @@ impl SessionDb for MySqlSession {
         };
         match locked {
             Ok(Some(fence)) => Ok(Locked::Granted {
-                fence: FencingToken::new(fence),
+                fence: self.settings.token(fence),
                 recorded,
             }),
             Ok(None) => Ok(Locked::Busy),

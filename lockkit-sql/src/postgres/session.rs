@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, LockKind, LockStatus, Result};
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{AssertSqlSafe, ConnectOptions as _, PgConnection};
 
@@ -322,7 +322,7 @@ impl SessionDb for PgSession {
         };
         match locked {
             Ok(Some((fence, recorded))) => Ok(Locked::Granted {
-                fence: FencingToken::new(fence as u64),
+                fence: self.settings.token(fence as u64),
                 recorded,
             }),
             Ok(None) => Ok(Locked::Busy),

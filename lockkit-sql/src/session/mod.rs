@@ -162,10 +162,14 @@ pub(crate) struct Record<'a> {
 /// What the answer of a lock statement says.
 #[derive(Debug)]
 pub(crate) enum Locked {
-    /// Granted, with the fencing token drawn (a placeholder where
-    /// [`Settings::fencing`] is off: the guard then carries none), and
-    /// whether the statement also wrote the identity record it was given.
-    Granted { fence: FencingToken, recorded: bool },
+    /// Granted, with the fencing token drawn (none where
+    /// [`Settings::fencing`] is off: the statement's answer is then only a
+    /// grant), and whether the statement also wrote the identity record it
+    /// was given.
+    Granted {
+        fence: Option<FencingToken>,
+        recorded: bool,
+    },
     /// Still held by someone else when the server's wait ended.
     Busy,
 }
@@ -531,8 +535,6 @@ impl<D: SessionDb> QueueBackend for SessionLock<D> {
             ttl: opts.lease_ttl(),
             liveness: Mutex::new(None),
         });
-        // Without tokens, the statement answered a grant without drawing one.
-        let fencing = db.settings().fencing.then_some(fencing);
         let guard = LockGuard::granted(name, lease.clone(), fencing, granted_at, opts);
         let _ = lease.notifier.set(guard.loss_notifier());
         schedule_liveness(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures_util::TryFutureExt as _;
 use lockkit_core::backend::Intent;
-use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, Result};
+use lockkit_core::{Capabilities, LockKind, LockStatus, Result};
 use sqlx::{Database, Executor};
 
 use super::{Locked, LockingSql, Record, ServerWait, SessionDb};
@@ -189,7 +189,7 @@ where
         };
         match locked {
             Ok(Some(fence)) => Ok(Locked::Granted {
-                fence: FencingToken::new(fence as u64),
+                fence: self.settings().token(fence as u64),
                 recorded: false,
             }),
             Ok(None) => Ok(Locked::Busy),
