@@ -230,8 +230,8 @@ const MY_ROW_DELETE: &str = "DELETE t FROM lockkit_locks AS t JOIN \
     (SELECT name FROM lockkit_locks WHERE name = ? FOR UPDATE SKIP LOCKED) AS free USING (name)";
 const MY_ROW_LOCK: &str = "SELECT CAST(NEXTVAL(lockkit_locks_fence_seq) AS SIGNED) \
     FROM lockkit_locks WHERE name = ? FOR UPDATE";
-const MY_NAMED_LOCK: &str = "SELECT CAST(CASE GET_LOCK(?, ?) \
-    WHEN 1 THEN NEXTVAL(lockkit_locks_fence_seq) WHEN 0 THEN 0 END AS SIGNED)";
+const MY_NAMED_LOCK: &str = "SELECT CASE GET_LOCK(?, ?) \
+    WHEN 1 THEN NEXTVAL(lockkit_locks_fence_seq) WHEN 0 THEN 0 END";
 /// lockkit's server-side wait of an acquire that waits forever: a year.
 const MY_FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 

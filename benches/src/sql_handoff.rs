@@ -38,8 +38,8 @@ const MY_ROW_HOLD: &str = "SELECT 1 FROM lockkit_locks WHERE name = ? FOR UPDATE
 const MY_ROW_WAIT: &str = "SELECT CAST(NEXTVAL(lockkit_locks_fence_seq) AS SIGNED) \
     FROM lockkit_locks WHERE name = ? FOR UPDATE";
 const MY_NAMED_HOLD: &str = "SELECT GET_LOCK(?, 3600)";
-const MY_NAMED_WAIT: &str = "SELECT CAST(CASE GET_LOCK(?, 3600) \
-    WHEN 1 THEN NEXTVAL(lockkit_locks_fence_seq) WHEN 0 THEN 0 END AS SIGNED)";
+const MY_NAMED_WAIT: &str = "SELECT CASE GET_LOCK(?, 3600) \
+    WHEN 1 THEN NEXTVAL(lockkit_locks_fence_seq) WHEN 0 THEN 0 END";
 const MY_NAMED_UNLOCK: &str = "SELECT RELEASE_LOCK(?)";
 
 /// The statements of one side of a raw handoff, on one database's connection.

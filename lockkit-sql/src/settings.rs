@@ -336,15 +336,6 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// The fencing token of a session-mode grant whose statement answered
-    /// `answer`: none where grants draw no tokens (the statement then
-    /// answers only that it granted).
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    pub(crate) fn token(&self, answer: u64) -> Option<lockkit_core::FencingToken> {
-        self.fencing
-            .then(|| lockkit_core::FencingToken::new(answer))
-    }
-
     /// A statement's answer, or `Err(Elapsed)` when none came within the
     /// command timeout (for [`Loan::finish`](crate::pool::Loan::finish)).
     /// Not an `async fn`, which would hold the statement twice (as its

@@ -276,7 +276,7 @@ impl SessionDb for MySqlSession {
         record: Option<Record<'_>>,
     ) -> Result<Locked> {
         let recorded = record.is_some();
-        let locked = match (key, record) {
+        let drawn = match (key, record) {
             (MyKey::Name(name), Some(record)) => {
                 self.lock_named_recording(conn, name, wait, record).await
             }
@@ -285,14 +285,8 @@ impl SessionDb for MySqlSession {
                 lock_any_slot(self, conn, slots, taken, wait).await
             }
         };
-        match locked {
-            Ok(Some(fence)) => Ok(Locked::Granted {
-                fence: self.settings.token(fence),
-                recorded,
-            }),
-            Ok(None) => Ok(Locked::Busy),
-            Err(error) => Err(self.settings.error("lock", error)),
-        }
+        let granted = drawn.map(|drawn| drawn.map(|drawn| (drawn, recorded)));
+        Locked::of(&self.settings, granted)
     }
 
     /// With `record`, one message: the record's delete, then the unlock

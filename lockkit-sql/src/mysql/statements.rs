@@ -196,16 +196,15 @@ impl MySql {
         let lease = LeaseTokens::new(fence_source, table, &seq, &gate);
         // The token is computed only for a granted lock: a row is returned
         // (and its select list evaluated) once its lock is granted, and CASE
-        // evaluates NEXTVAL only when GET_LOCK answered 1. `GET_LOCK` alone
-        // answers a signed integer, which sqlx reads as an `i64` of any
-        // width: no `CAST`, which the server would evaluate on every grant.
+        // evaluates NEXTVAL only when GET_LOCK answered 1. Both forms answer
+        // a signed integer (`GET_LOCK`'s, or the `BIGINT` of a sequence),
+        // which sqlx reads as an `i64` of any width: no `CAST`, which the
+        // server would evaluate on every grant.
         let (row_token, named_lock) = match fence_source {
             _ if !tokens => ("1".to_owned(), "SELECT GET_LOCK(?, ?)".to_owned()),
             FenceSource::Sequence => (
                 format!("NEXTVAL({seq})"),
-                format!(
-                    "SELECT CAST(CASE GET_LOCK(?, ?) WHEN 1 THEN NEXTVAL({seq}) WHEN 0 THEN 0 END AS SIGNED)"
-                ),
+                format!("SELECT CASE GET_LOCK(?, ?) WHEN 1 THEN NEXTVAL({seq}) WHEN 0 THEN 0 END"),
             ),
             FenceSource::Counter => ("0".to_owned(), "SELECT GET_LOCK(?, ?)".to_owned()),
         };

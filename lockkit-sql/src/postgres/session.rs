@@ -320,14 +320,8 @@ impl SessionDb for PgSession {
                 .await
                 .map(|token| token.map(|t| (t as i64, false))),
         };
-        match locked {
-            Ok(Some((fence, recorded))) => Ok(Locked::Granted {
-                fence: self.settings.token(fence as u64),
-                recorded,
-            }),
-            Ok(None) => Ok(Locked::Busy),
-            Err(error) => Err(self.settings.error("lock", error)),
-        }
+        let granted = locked.map(|locked| locked.map(|(drawn, recorded)| (drawn as u64, recorded)));
+        Locked::of(&self.settings, granted)
     }
 
     async fn unlock(

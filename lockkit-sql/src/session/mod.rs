@@ -174,6 +174,26 @@ pub(crate) enum Locked {
     Busy,
 }
 
+impl Locked {
+    /// What a lock statement answered: when granted, the number it drew
+    /// (the fencing token, where [`Settings::fencing`] is on; otherwise
+    /// only a grant) and whether it wrote the identity record; `None` when
+    /// busy.
+    pub(crate) fn of(
+        settings: &Settings,
+        answer: sqlx::Result<Option<(u64, bool)>>,
+    ) -> Result<Self> {
+        match answer {
+            Ok(Some((drawn, recorded))) => Ok(Locked::Granted {
+                fence: settings.fencing.then(|| FencingToken::new(drawn)),
+                recorded,
+            }),
+            Ok(None) => Ok(Locked::Busy),
+            Err(error) => Err(settings.error("lock", error)),
+        }
+    }
+}
+
 /// One database's session-lock statements.
 #[lockkit_core::async_trait]
 pub(crate) trait SessionDb: Send + Sync + fmt::Debug + 'static {

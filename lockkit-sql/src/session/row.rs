@@ -187,14 +187,8 @@ where
                 Err(error) => Err(error),
             },
         };
-        match locked {
-            Ok(Some(fence)) => Ok(Locked::Granted {
-                fence: self.settings().token(fence as u64),
-                recorded: false,
-            }),
-            Ok(None) => Ok(Locked::Busy),
-            Err(error) => Err(self.settings().error("lock", error)),
-        }
+        let granted = locked.map(|locked| locked.map(|drawn| (drawn as u64, false)));
+        Locked::of(self.settings(), granted)
     }
 
     async fn unlock(
