@@ -313,14 +313,17 @@ impl SessionDb for PgSession {
         wait: ServerWait,
         record: Option<Record<'_>>,
     ) -> Result<Locked> {
-        let locked = match key {
-            PgKey::Exclusive(key) => self.lock_advisory(conn, *key, false, wait, record).await,
-            PgKey::Shared(key) => self.lock_advisory(conn, *key, true, wait, record).await,
+        let granted = match key {
+            PgKey::Exclusive(advisory) | PgKey::Shared(advisory) => {
+                let shared = matches!(key, PgKey::Shared(_));
+                self.lock_advisory(conn, *advisory, shared, wait, record)
+                    .await
+                    .map(|locked| locked.map(|(drawn, recorded)| (drawn as u64, recorded)))
+            }
             PgKey::Slots { slots, taken } => lock_any_slot(self, conn, slots, taken, wait)
                 .await
-                .map(|token| token.map(|t| (t as i64, false))),
+                .map(|drawn| drawn.map(|drawn| (drawn, false))),
         };
-        let granted = locked.map(|locked| locked.map(|(drawn, recorded)| (drawn as u64, recorded)));
         Locked::of(&self.settings, granted)
     }
 
