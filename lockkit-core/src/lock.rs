@@ -124,35 +124,50 @@ pub type DynDistributedLock = dyn DistributedLock;
 /// Implements the trait for smart pointers by forwarding every method. The
 /// lint makes a method added to the trait later, and not forwarded here, a
 /// compile error instead of a silent fall back to its default.
+///
+/// Each method hands back the pointee's own future, as `async_trait`
+/// spells the signature, rather than an `async fn` awaiting it: an
+/// application calls its `Arc<dyn DistributedLock>` through this impl, and
+/// an `async fn` would box a second future around the backend's on every
+/// call.
 macro_rules! forward_impl {
     ($($ptr:ty),*) => {$(
         #[async_trait::async_trait]
         #[deny(clippy::missing_trait_methods)]
         impl<T: DistributedLock + ?Sized> DistributedLock for $ptr {
-            async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-                (**self).try_acquire(name, opts).await
+            fn try_acquire<'s, 'n, 'o, 'f>(&'s self, name: &'n str, opts: &'o LockOptions) -> Forwarded<'f, Option<LockGuard>>
+            where 's: 'f, 'n: 'f, 'o: 'f, Self: 'f {
+                (**self).try_acquire(name, opts)
             }
-            async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-                (**self).acquire(name, opts).await
+            fn acquire<'s, 'n, 'o, 'f>(&'s self, name: &'n str, opts: &'o LockOptions) -> Forwarded<'f, LockGuard>
+            where 's: 'f, 'n: 'f, 'o: 'f, Self: 'f {
+                (**self).acquire(name, opts)
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
             }
-            async fn status(&self, name: &str) -> Result<LockStatus> {
-                (**self).status(name).await
+            fn status<'s, 'n, 'f>(&'s self, name: &'n str) -> Forwarded<'f, LockStatus>
+            where 's: 'f, 'n: 'f, Self: 'f {
+                (**self).status(name)
             }
-            async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
-                (**self).status_of(name, kind).await
+            fn status_of<'s, 'n, 'f>(&'s self, name: &'n str, kind: LockKind) -> Forwarded<'f, LockStatus>
+            where 's: 'f, 'n: 'f, Self: 'f {
+                (**self).status_of(name, kind)
             }
-            async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
-                (**self).attempt(name, opts).await
+            fn attempt<'s, 'n, 'o, 'f>(&'s self, name: &'n str, opts: &'o LockOptions) -> Forwarded<'f, Attempt<LockGuard>>
+            where 's: 'f, 'n: 'f, 'o: 'f, Self: 'f {
+                (**self).attempt(name, opts)
             }
-            async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
-                (**self).watch_releases(name).await
+            fn watch_releases<'s, 'n, 'f>(&'s self, name: &'n str) -> Forwarded<'f, ReleaseWatch>
+            where 's: 'f, 'n: 'f, Self: 'f {
+                (**self).watch_releases(name)
             }
         }
     )*};
 }
+
+/// The future of a trait method as `async_trait` declares it.
+type Forwarded<'f, T> = futures_util::future::BoxFuture<'f, Result<T>>;
 
 forward_impl!(Arc<T>, Box<T>);
 

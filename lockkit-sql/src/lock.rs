@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use futures_util::future::BoxFuture;
+
 use lockkit_core::backend::{Attempt, ReleaseWatch};
 use lockkit_core::{
     Capabilities, DistributedLock, LockError, LockGuard, LockKind, LockOptions, LockStatus, Result,
@@ -104,33 +106,85 @@ impl SqlLock {
     }
 }
 
+/// Every method hands back the mode's own future, as `async_trait` spells
+/// the signature: an `async fn` awaiting it would box one more future on
+/// every call.
 #[lockkit_core::async_trait]
 impl DistributedLock for SqlLock {
-    async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Option<LockGuard>> {
-        self.inner.try_acquire(name, opts).await
+    fn try_acquire<'s, 'n, 'o, 'f>(
+        &'s self,
+        name: &'n str,
+        opts: &'o LockOptions,
+    ) -> BoxFuture<'f, Result<Option<LockGuard>>>
+    where
+        's: 'f,
+        'n: 'f,
+        'o: 'f,
+        Self: 'f,
+    {
+        self.inner.try_acquire(name, opts)
     }
 
-    async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<LockGuard> {
-        self.inner.acquire(name, opts).await
+    fn acquire<'s, 'n, 'o, 'f>(
+        &'s self,
+        name: &'n str,
+        opts: &'o LockOptions,
+    ) -> BoxFuture<'f, Result<LockGuard>>
+    where
+        's: 'f,
+        'n: 'f,
+        'o: 'f,
+        Self: 'f,
+    {
+        self.inner.acquire(name, opts)
     }
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
 
-    async fn attempt(&self, name: &str, opts: &LockOptions) -> Result<Attempt<LockGuard>> {
-        self.inner.attempt(name, opts).await
+    fn attempt<'s, 'n, 'o, 'f>(
+        &'s self,
+        name: &'n str,
+        opts: &'o LockOptions,
+    ) -> BoxFuture<'f, Result<Attempt<LockGuard>>>
+    where
+        's: 'f,
+        'n: 'f,
+        'o: 'f,
+        Self: 'f,
+    {
+        self.inner.attempt(name, opts)
     }
 
-    async fn watch_releases(&self, name: &str) -> Result<ReleaseWatch> {
-        self.inner.watch_releases(name).await
+    fn watch_releases<'s, 'n, 'f>(&'s self, name: &'n str) -> BoxFuture<'f, Result<ReleaseWatch>>
+    where
+        's: 'f,
+        'n: 'f,
+        Self: 'f,
+    {
+        self.inner.watch_releases(name)
     }
 
-    async fn status(&self, name: &str) -> Result<LockStatus> {
-        self.inner.status(name).await
+    fn status<'s, 'n, 'f>(&'s self, name: &'n str) -> BoxFuture<'f, Result<LockStatus>>
+    where
+        's: 'f,
+        'n: 'f,
+        Self: 'f,
+    {
+        self.inner.status(name)
     }
 
-    async fn status_of(&self, name: &str, kind: LockKind) -> Result<LockStatus> {
-        self.inner.status_of(name, kind).await
+    fn status_of<'s, 'n, 'f>(
+        &'s self,
+        name: &'n str,
+        kind: LockKind,
+    ) -> BoxFuture<'f, Result<LockStatus>>
+    where
+        's: 'f,
+        'n: 'f,
+        Self: 'f,
+    {
+        self.inner.status_of(name, kind)
     }
 }

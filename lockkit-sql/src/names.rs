@@ -128,7 +128,7 @@ pub fn semaphore_slot_name(name: &str, slot: u32) -> String {
 pub fn named_lock_name(name: &str) -> Cow<'_, str> {
     let verbatim = name.chars().count() <= NAMED_LOCK_MAX_CHARS
         && name.len() <= NAMED_LOCK_MAX_BYTES
-        && name.to_lowercase() == name;
+        && is_lowercase(name);
     if verbatim {
         Cow::Borrowed(name)
     } else {
@@ -138,6 +138,20 @@ pub fn named_lock_name(name: &str) -> Cow<'_, str> {
             data_encoding::BASE32_NOPAD.encode(&digest)
         ))
     }
+}
+
+/// Whether `text` is its own lowercase (`text.to_lowercase() == text`),
+/// without building the lowercase: each character maps to itself alone.
+/// (`str::to_lowercase` differs from the characters' own mapping only for
+/// a capital sigma, which maps to another character either way.)
+fn is_lowercase(text: &str) -> bool {
+    if text.is_ascii() {
+        return !text.bytes().any(|b| b.is_ascii_uppercase());
+    }
+    text.chars().all(|c| {
+        let mut lower = c.to_lowercase();
+        lower.next() == Some(c) && lower.next().is_none()
+    })
 }
 
 /// Checks a table name: an ASCII letter or `_`, then letters, digits or `_`,
@@ -202,6 +216,20 @@ mod tests {
         assert_ne!(named_lock_name("Job"), named_lock_name("JOB"));
         // A verbatim name never looks like a hashed one.
         assert!(named_lock_name("lk#abc").starts_with("lk#"));
+    }
+
+    #[test]
+    fn the_lowercase_check_agrees_with_to_lowercase() {
+        let agrees = |text: &str| is_lowercase(text) == (text.to_lowercase() == text);
+        for text in [
+            "", "job", "Job", "ß", "ẞ", "σς", "Σ", "aΣ", "aΣb", "İ", "ǅ", "ᾳ", "ᾼ",
+        ] {
+            assert!(agrees(text), "{text:?}");
+        }
+        for c in (0..=0x10_FFFF).filter_map(char::from_u32) {
+            let mut buf = [0; 4];
+            assert!(agrees(c.encode_utf8(&mut buf)), "{c:?}");
+        }
     }
 
     #[test]

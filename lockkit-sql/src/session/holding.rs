@@ -153,15 +153,18 @@ impl<D: SessionDb> Lease for SessionLease<D> {
             .as_ref()
             .filter(|_| carried)
             .map(|identity| identity.record(self.ttl));
-        let forget = async {
-            if let Some(identity) = self.identity.as_ref().filter(|_| !carried)
-                && let Err(error) = self.records.forget(&identity.row, &identity.owner).await
-            {
-                tracing::warn!(backend = db.backend_name(), %error, "could not delete the holder's identity record; it ends with its TTL");
+        let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key, record));
+        let unlocked = match self.identity.as_ref().filter(|_| !carried) {
+            None => unlock.await,
+            Some(identity) => {
+                let forget = async {
+                    if let Err(error) = self.records.forget(&identity.row, &identity.owner).await {
+                        tracing::warn!(backend = db.backend_name(), %error, "could not delete the holder's identity record; it ends with its TTL");
+                    }
+                };
+                tokio::join!(unlock, forget).0
             }
         };
-        let unlock = tokio::time::timeout(limit, db.unlock(checkout.conn(), &self.key, record));
-        let (unlocked, ()) = tokio::join!(unlock, forget);
         match unlocked {
             Ok(Ok(true)) => {
                 self.conns.put_back(checkout.finish());

@@ -15,7 +15,6 @@
 //! database, a directory that cannot be made) waiters back off, never past
 //! the holder's expiry, as they do without bells.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -45,7 +44,36 @@ pub(crate) fn bells_dir(database: &Path) -> PathBuf {
 
 /// The file name of the bell of the clients of `client`'s bucket.
 fn client_bell(client: &str) -> String {
-    format!("client-{}", bucket(client))
+    Bell::Client(bucket(client)).file_name()
+}
+
+/// A bell file: a bucket of names' (see [`bucket`]), or a bucket of
+/// clients' (see [`client_bell`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bell {
+    Name(u64),
+    Client(u64),
+}
+
+impl Bell {
+    /// How many bell files there are.
+    const SLOTS: usize = 2 * BUCKETS as usize;
+
+    /// Where the bell's file is kept among [`SLOTS`](Self::SLOTS).
+    fn slot(self) -> usize {
+        match self {
+            Bell::Name(bucket) => bucket as usize,
+            Bell::Client(bucket) => (BUCKETS + bucket) as usize,
+        }
+    }
+
+    /// The file's name in the bells' directory.
+    fn file_name(self) -> String {
+        match self {
+            Bell::Name(bucket) => bucket.to_string(),
+            Bell::Client(bucket) => format!("client-{bucket}"),
+        }
+    }
 }
 
 /// A client's bells: the files it rang (kept open), and its watch.
@@ -58,8 +86,8 @@ pub(super) struct Bells {
     /// What the client does when its own bell rings; none without a line.
     turns: Option<Turns>,
     hub: NotifyHub,
-    /// Open bell files by name.
-    rung: Mutex<HashMap<String, File>>,
+    /// The bell files rung so far, kept open: by [`Bell::slot`].
+    rung: Mutex<Vec<Option<File>>>,
     /// Once the first waiter asked: the task that reads the watch, or why
     /// there is none.
     watching: Mutex<Option<Watching>>,
@@ -83,7 +111,7 @@ impl Bells {
             own: client_bell(client),
             turns,
             hub: NotifyHub::new(),
-            rung: Mutex::new(HashMap::new()),
+            rung: Mutex::new(std::iter::repeat_with(|| None).take(Bell::SLOTS).collect()),
             watching: Mutex::new(None),
         }
     }
@@ -92,39 +120,41 @@ impl Bells {
     /// bells (their directory exists). Failures are only traced: the
     /// waiters then find the release on their next try.
     pub(super) fn ring(&self, name: &str) {
-        self.ring_file(bucket(name).to_string());
+        self.ring_file(Bell::Name(bucket(name)));
     }
 
     /// Rings the bell of `client` (see [`client_bell`]): its turn came.
     pub(super) fn ring_client(&self, client: &str) {
-        self.ring_file(client_bell(client));
+        self.ring_file(Bell::Client(bucket(client)));
     }
 
-    fn ring_file(&self, bell: String) {
+    /// Rings `bell`, opening its file the first time (each release rings
+    /// one: the files stay open, and no name is formatted once they are).
+    fn ring_file(&self, bell: Bell) {
         let Some(dir) = &self.dir else { return };
         let mut rung = self.rung.lock().unwrap_or_else(|p| p.into_inner());
-        let file = match rung.entry(bell.clone()) {
-            std::collections::hash_map::Entry::Occupied(file) => file.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                let path = dir.join(entry.key());
-                match std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(&path)
-                {
-                    Ok(file) => entry.insert(file),
-                    // No directory: nobody has waited yet.
-                    Err(error) => {
-                        tracing::trace!(path = %path.display(), %error, "no bell to ring");
-                        return;
-                    }
+        let slot = &mut rung[bell.slot()];
+        if slot.is_none() {
+            let path = dir.join(bell.file_name());
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+            {
+                Ok(file) => *slot = Some(file),
+                // No directory: nobody has waited yet.
+                Err(error) => {
+                    tracing::trace!(path = %path.display(), %error, "no bell to ring");
+                    return;
                 }
             }
-        };
-        if let Err(error) = write_bell(file) {
+        }
+        if let Some(file) = slot
+            && let Err(error) = write_bell(file)
+        {
             tracing::debug!(%error, "could not ring a release bell");
-            rung.remove(&bell);
+            *slot = None;
         }
     }
 
@@ -241,6 +271,21 @@ mod tests {
             "names spread over every bucket"
         );
         assert!(buckets.iter().all(|b| *b < BUCKETS));
+    }
+
+    #[test]
+    fn every_bell_has_a_slot_and_a_file_of_its_own() {
+        let bells: Vec<Bell> = (0..BUCKETS)
+            .flat_map(|b| [Bell::Name(b), Bell::Client(b)])
+            .collect();
+        let slots: std::collections::HashSet<usize> = bells.iter().map(|b| b.slot()).collect();
+        let files: std::collections::HashSet<String> =
+            bells.iter().map(|b| b.file_name()).collect();
+        assert_eq!(slots.len(), Bell::SLOTS);
+        assert!(slots.iter().all(|s| *s < Bell::SLOTS));
+        assert_eq!(files.len(), Bell::SLOTS);
+        assert_eq!(Bell::Name(7).file_name(), "7");
+        assert_eq!(client_bell("c"), format!("client-{}", bucket("c")));
     }
 
     #[test]
