@@ -461,9 +461,6 @@ struct Grant<'a, B: LeaseBackend> {
     /// Whether the owner stays across attempts: an exclusive acquisition on
     /// a backend that grants turns ([`LeaseBackend::grants_turns`]).
     keeps_owner: bool,
-    /// Whether an attempt has been made with `owner` (the first one takes
-    /// the token drawn with the acquisition, not one more).
-    owner_sent: bool,
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
@@ -480,7 +477,6 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             waiting_recorded: false,
             records_waiting: opts.kind() == LockKind::Exclusive && backend.capabilities().shared,
             keeps_owner: opts.kind() == LockKind::Exclusive && backend.grants_turns(),
-            owner_sent: false,
         }
     }
 
@@ -523,10 +519,9 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         crate::metrics::attempt(self.backend.backend_name());
-        if self.owner_sent && !self.keeps_owner {
+        if !self.keeps_owner {
             self.owner = OwnerToken::new();
         }
-        self.owner_sent = true;
         self.sent = Instant::now();
         self.in_doubt = true;
         // The new attempt replaces (or, granted, removes) any record the
