@@ -47,6 +47,9 @@ fn client_bell(client: &str) -> String {
     Bell::Client(bucket(client)).file_name()
 }
 
+/// How the file name of a clients' bell begins (see [`Bell::file_name`]).
+const CLIENT_BELL_PREFIX: &str = "client-";
+
 /// A bell file: a bucket of names' (see [`bucket`]), or a bucket of
 /// clients' (see [`client_bell`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +74,7 @@ impl Bell {
     fn file_name(self) -> String {
         match self {
             Bell::Name(bucket) => bucket.to_string(),
-            Bell::Client(bucket) => format!("client-{bucket}"),
+            Bell::Client(bucket) => format!("{CLIENT_BELL_PREFIX}{bucket}"),
         }
     }
 }
@@ -173,7 +176,7 @@ impl Bells {
             }
         });
         match watching {
-            Watching::On(_) => self.hub.watch(&bucket(name).to_string()).0,
+            Watching::On(_) => self.hub.watch(&Bell::Name(bucket(name)).file_name()).0,
             Watching::Off => ReleaseWatch::none(),
         }
     }
@@ -228,7 +231,7 @@ fn start(
                             turns.came_for_some();
                         }
                     }
-                    Some(bell) if bell.starts_with("client-") => {}
+                    Some(bell) if bell.starts_with(CLIENT_BELL_PREFIX) => {}
                     Some(bucket) => {
                         hub.notify(bucket);
                     }
