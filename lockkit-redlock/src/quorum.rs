@@ -1,7 +1,8 @@
 //! Sending one request to every instance in parallel and counting the answers.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
@@ -11,8 +12,14 @@ use lockkit_redis::RedisInstance;
 use tokio::sync::watch;
 
 /// The least time that instances behind (see [`ask`]) are waited for once
-/// every other instance has answered.
+/// every other instance has answered, or once the outcome is decided while
+/// they are still answering.
 const BEHIND_GRACE: Duration = Duration::from_millis(1);
+
+/// How many of a client's requests about one lock an instance that is
+/// still answering may be left with, unanswered, before a decided [`ask`]
+/// waits for it.
+const MAX_BEHIND: usize = 3;
 
 /// The answers of the instances that answered in time (by instance index), and
 /// why the others did not.
@@ -82,8 +89,19 @@ pub(crate) fn has_finished(done: &watch::Receiver<()>) -> bool {
 /// it and find the old holding there. One slot per instance keeps this
 /// bounded whatever the number of names; a second lock's straggler there
 /// replaces the first's (both are then seldom still running).
-#[derive(Debug)]
-pub(crate) struct Stragglers(Vec<Mutex<Option<Straggler>>>);
+///
+/// Each slot also counts the answers its instance has given (in [`ask`] or
+/// in the background): an instance behind that answered meanwhile is alive
+/// and catching up, one that did not may be frozen.
+#[derive(Clone, Debug)]
+pub(crate) struct Stragglers(Arc<[Slot]>);
+
+/// One instance's request in the background, and its answers so far.
+#[derive(Debug, Default)]
+struct Slot {
+    straggler: Mutex<Option<Straggler>>,
+    answers: AtomicU64,
+}
 
 /// A request left running in the background, and its lock's channel (one
 /// per lock or semaphore name, whatever the kind).
@@ -91,21 +109,55 @@ pub(crate) struct Stragglers(Vec<Mutex<Option<Straggler>>>);
 struct Straggler {
     lock: String,
     done: watch::Receiver<()>,
+    /// How many of the client's requests to the instance about `lock` are
+    /// still running, this one and those it waits for (each for the one
+    /// before): one count that they share, less one as each finishes.
+    backlog: Arc<AtomicUsize>,
+}
+
+/// A request left running in the background: its instance, its signal
+/// (fired by dropping it, once it has finished) and its backlog's count.
+struct Running {
+    index: usize,
+    _signal: watch::Sender<()>,
+    backlog: Arc<AtomicUsize>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.backlog.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Stragglers {
     /// No request in the background on any of `instances`.
     pub(crate) fn new(instances: usize) -> Self {
-        Stragglers((0..instances).map(|_| Mutex::new(None)).collect())
+        Stragglers((0..instances).map(|_| Slot::default()).collect())
     }
 
     fn slot(&self, index: usize) -> std::sync::MutexGuard<'_, Option<Straggler>> {
-        self.0[index].lock().unwrap_or_else(|p| p.into_inner())
+        self.0[index]
+            .straggler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The answers instance `index` has given so far (failures not
+    /// counted: a frozen instance's requests fail on their timeouts).
+    fn answers(&self, index: usize) -> u64 {
+        self.0[index].answers.load(Ordering::Relaxed)
+    }
+
+    /// Counts `answer` of instance `index`, if it is one.
+    fn count<T>(&self, index: usize, answer: &Result<T>) {
+        if answer.is_ok() {
+            self.0[index].answers.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The request about `lock` still running in the background on
     /// instance `index`.
-    fn running(&self, index: usize, lock: &str) -> Option<watch::Receiver<()>> {
+    fn running(&self, index: usize, lock: &str) -> Option<(watch::Receiver<()>, Arc<AtomicUsize>)> {
         let mut slot = self.slot(index);
         if slot
             .as_ref()
@@ -115,7 +167,7 @@ impl Stragglers {
         }
         slot.as_ref()
             .filter(|straggler| straggler.lock == lock)
-            .map(|straggler| straggler.done.clone())
+            .map(|straggler| (straggler.done.clone(), Arc::clone(&straggler.backlog)))
     }
 }
 
@@ -162,6 +214,24 @@ pub(crate) struct Until<D> {
 /// waited out the timeout on every attempt, and a name under contention
 /// changed hands many times more slowly while one instance of five was
 /// frozen.
+///
+/// Once the outcome is decided, the answers that arrived meanwhile count,
+/// and once more after one turn of the runtime (which then polls its I/O
+/// driver and runs the tasks that drive this client's earlier requests):
+/// on a current-thread runtime the answers of the last instance, and of
+/// the request before it there, are seldom read before the decision.
+/// Then an instance behind by [`MAX_BEHIND`] of this client's requests
+/// about `lock` that has answered any request since this one began (it is
+/// alive, working through them) is waited for, as long again as the
+/// decision took (at least [`BEHIND_GRACE`]); a frozen one, which answers
+/// nothing, is not, nor is one behind by fewer. Without these, an instance
+/// that once answered late could stay behind for good on a client that
+/// locks and releases in a loop: each request to it waited for the one
+/// before, each decision was made without it, and the line of requests to
+/// it grew (40 deep after a few thousand cycles on a current-thread
+/// runtime), until a `try_acquire` of a free lock that needed its vote was
+/// refused. (Waiting for it without the turn made one request in ten wait
+/// there.)
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
     stragglers: &Stragglers,
@@ -187,8 +257,8 @@ where
             // future (over a kilobyte) beside a timer's, and stays small
             // enough for the allocator's per-thread cache.
             let answer = Box::pin(request(index, instances[index].clone()));
-            let before = stragglers.running(index, lock).map(|before| {
-                behind.push(index);
+            let before = stragglers.running(index, lock).map(|(before, backlog)| {
+                behind.push((index, backlog));
                 // Bounded: see above.
                 Box::pin(tokio::time::timeout(timeout, finished(before)))
             });
@@ -200,12 +270,23 @@ where
             }
         })
         .collect();
+    // What the instances far behind had answered before this request.
+    let far_behind: Vec<(usize, u64)> = behind
+        .iter()
+        .filter(|(_, backlog)| backlog.load(Ordering::Relaxed) >= MAX_BEHIND)
+        .map(|(index, _)| (*index, stragglers.answers(*index)))
+        .collect();
+    let is_behind = |index: &usize| behind.iter().any(|(i, _)| i == index);
     let mut votes = Votes {
         answers: Vec::with_capacity(asked.len()),
         failures: Vec::new(),
         late: Vec::new(),
     };
     let mut heard = Vec::with_capacity(asked.len());
+    let hear = |votes: &mut Votes<T>, heard: &mut Vec<usize>, index, answer| {
+        stragglers.count(index, &answer);
+        votes.hear(heard, index, answer);
+    };
     let started = tokio::time::Instant::now();
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
@@ -213,22 +294,47 @@ where
     // as long again as the others took (at least `BEHIND_GRACE`), not the
     // rest of `timeout`.
     let mut waiting_for_behind = false;
+    // Once decided: the instances far behind that are still answering,
+    // waited for (see above).
+    let mut catching_up: Option<Vec<usize>> = None;
     loop {
-        if (until.decided)(&votes) {
+        if catching_up.is_none() && (until.decided)(&votes) {
             // Polls every request once (see above), and the answers
             // already in count too: an instance left behind costs its
             // caller a rollback, or a wait before its next request there.
             while let Some(Some((index, answer))) = pending.next().now_or_never() {
-                votes.hear(&mut heard, index, answer);
+                hear(&mut votes, &mut heard, index, answer);
             }
-            break;
+            if !pending.is_empty() {
+                // Once more after a turn of the runtime (see above).
+                tokio::task::yield_now().await;
+                while let Some(Some((index, answer))) = pending.next().now_or_never() {
+                    hear(&mut votes, &mut heard, index, answer);
+                }
+            }
+            let alive: Vec<usize> = far_behind
+                .iter()
+                .filter(|&&(index, before)| {
+                    !heard.contains(&index) && stragglers.answers(index) != before
+                })
+                .map(|&(index, _)| index)
+                .collect();
+            if alive.is_empty() {
+                break;
+            }
+            let grace = started.elapsed().max(BEHIND_GRACE);
+            let cut = deadline.deadline().min(tokio::time::Instant::now() + grace);
+            deadline.as_mut().reset(cut);
+            catching_up = Some(alive);
         }
-        if !waiting_for_behind
+        if let Some(alive) = &catching_up {
+            if alive.iter().all(|i| heard.contains(i)) {
+                break;
+            }
+        } else if !waiting_for_behind
             && votes.answers.len() >= until.enough
             && !behind.is_empty()
-            && asked
-                .iter()
-                .all(|i| heard.contains(i) || behind.contains(i))
+            && asked.iter().all(|i| heard.contains(i) || is_behind(i))
         {
             waiting_for_behind = true;
             let grace = started.elapsed().max(BEHIND_GRACE);
@@ -239,11 +345,15 @@ where
             biased;
             next = pending.next() => match next {
                 None => break,
-                Some((index, answer)) => votes.hear(&mut heard, index, answer),
+                Some((index, answer)) => hear(&mut votes, &mut heard, index, answer),
             },
             () = &mut deadline => {
+                if catching_up.is_some() {
+                    // Decided: those still behind finish in the background.
+                    break;
+                }
                 for &index in asked.iter().filter(|i| !heard.contains(i)) {
-                    let why = if behind.contains(&index) {
+                    let why = if is_behind(&index) {
                         "behind (an earlier request about this lock is unanswered)".to_owned()
                     } else {
                         format!("no reply within {timeout:?}")
@@ -259,23 +369,144 @@ where
     if !pending.is_empty()
         && let Ok(runtime) = tokio::runtime::Handle::try_current()
     {
-        // A signal for each request left running, fired (its sender
-        // dropped) by the task that drives them once it has finished.
-        let mut signals = Vec::new();
+        // Each request left running, dropped by the task that drives them
+        // once it has finished.
+        let mut running = Vec::new();
+        let stragglers = stragglers.clone();
         for &index in asked.iter().filter(|i| !heard.contains(i)) {
             let (signal, done) = watch::channel(());
+            // The backlog of the request this one waits for, if any.
+            let backlog = behind
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map_or_else(Arc::default, |(_, backlog)| Arc::clone(backlog));
+            backlog.fetch_add(1, Ordering::Relaxed);
             *stragglers.slot(index) = Some(Straggler {
                 lock: lock.to_owned(),
                 done: done.clone(),
+                backlog: Arc::clone(&backlog),
             });
             votes.late.push((index, done));
-            signals.push((index, signal));
+            running.push(Running {
+                index,
+                _signal: signal,
+                backlog,
+            });
         }
         runtime.spawn(async move {
-            while let Some((index, _)) = pending.next().await {
-                signals.retain(|(i, _)| *i != index);
+            while let Some((index, answer)) = pending.next().await {
+                stragglers.count(index, &answer);
+                running.retain(|r| r.index != index);
             }
         });
     }
     votes
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use lockkit_redis::{RedisConfig, RedisInstance};
+    use tokio::time::{Instant, sleep};
+
+    use super::{MAX_BEHIND, Stragglers, Until, Votes, ask};
+
+    /// The others' answer time in [`asks`], and a slower instance's (whole
+    /// milliseconds: the timer's resolution).
+    const ANSWER: Duration = Duration::from_millis(3);
+    const SLOWER: Duration = Duration::from_millis(4);
+
+    /// Counts a request from its creation until it is dropped (answered, or
+    /// given up on).
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Counted {
+        fn new(count: &Arc<AtomicUsize>) -> Counted {
+            count.fetch_add(1, Ordering::Relaxed);
+            Counted(Arc::clone(count))
+        }
+    }
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `cycles` asks in a row about one lock of 3 instances, each decided by
+    /// 2 answers, as a client that locks and releases in a loop makes them.
+    /// Instances 1 and 2 answer after [`ANSWER`], instance 0 after `first`
+    /// (never: `None`). Returns how long each ask took, and the requests to
+    /// instance 0 not finished when the last one returned. (No traffic: the
+    /// requests only sleep, on the test's paused clock.)
+    async fn asks(first: Option<Duration>, cycles: usize) -> (Vec<Duration>, usize) {
+        let instances: Vec<RedisInstance> = (1..=3)
+            .map(|port| {
+                let config = RedisConfig::from_url(&format!("redis://127.0.0.1:{port}"))
+                    .expect("a redis URL");
+                RedisInstance::connect_lazy(config).expect("a lazy instance")
+            })
+            .collect();
+        let stragglers = Stragglers::new(instances.len());
+        let unfinished = Arc::new(AtomicUsize::new(0));
+        let mut took = Vec::with_capacity(cycles);
+        for _ in 0..cycles {
+            let started = Instant::now();
+            ask(
+                &instances,
+                &stragglers,
+                "lock",
+                0..3,
+                Duration::from_secs(1),
+                |index, _| {
+                    let counted = (index == 0).then(|| Counted::new(&unfinished));
+                    async move {
+                        let _counted = counted;
+                        match (index, first) {
+                            (0, Some(after)) => sleep(after).await,
+                            (0, None) => std::future::pending().await,
+                            _ => sleep(ANSWER).await,
+                        }
+                        Ok(())
+                    }
+                },
+                Until {
+                    decided: |votes: &Votes<()>| votes.answers.len() >= 2,
+                    enough: 2,
+                },
+            )
+            .await;
+            took.push(started.elapsed());
+        }
+        (took, unfinished.load(Ordering::Relaxed))
+    }
+
+    /// An instance a little slower than the others is left behind by most
+    /// decisions, and catches up: no more than [`MAX_BEHIND`] requests to
+    /// it wait for one another (they piled up, by one for every four
+    /// cycles here, before a decided ask waited for it).
+    #[tokio::test(start_paused = true)]
+    async fn a_slower_instance_does_not_fall_further_behind() {
+        let (took, unfinished) = asks(Some(SLOWER), 200).await;
+        assert!(
+            unfinished <= MAX_BEHIND,
+            "{unfinished} requests to the slower instance unfinished after 200 asks"
+        );
+        // The wait for it is as long again as the decision took, at most.
+        let slowest = took.iter().max().expect("asks");
+        assert!(*slowest <= ANSWER * 2, "an ask took {slowest:?}");
+    }
+
+    /// A frozen instance answers nothing: no decided ask waits for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_instance_is_not_waited_for() {
+        let (took, _) = asks(None, 50).await;
+        assert!(
+            took.iter().all(|t| *t == ANSWER),
+            "each ask is decided by the others' answers: {took:?}"
+        );
+    }
 }
