@@ -219,9 +219,8 @@ pub(crate) struct Until<D> {
 /// and on a current-thread runtime once more after one turn of it (it then
 /// polls its I/O driver and runs the tasks that drive this client's earlier
 /// requests): there the answers of the last instance, and of the request
-/// before it, are seldom read before the decision. (A multi-thread
-/// runtime's other workers read them meanwhile; the turn cost its cycle on
-/// five instances about 5 %.)
+/// before it, are seldom read before the decision (a multi-thread
+/// runtime's other workers read them meanwhile).
 /// Then an instance behind by [`MAX_BEHIND`] of this client's requests
 /// about `lock` that has answered any request since this one began (it is
 /// alive, working through them) is waited for, as long again as the
@@ -232,7 +231,7 @@ pub(crate) struct Until<D> {
 /// before, each decision was made without it, and the line of requests to
 /// it grew (40 deep after a few thousand cycles on a current-thread
 /// runtime), until a `try_acquire` of a free lock that needed its vote was
-/// refused. (Waiting for it without the turn made one request in ten wait
+/// refused. (Without the turn, about one request in ten waited for it
 /// there.)
 pub(crate) async fn ask<T, F, Fut>(
     instances: &[RedisInstance],
