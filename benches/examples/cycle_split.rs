@@ -14,7 +14,9 @@
 //!   NX PX`), the same release;
 //! * `lockkit`: `try_acquire` (ttl 30 s, `auto_renew(false)`) and `release`
 //!   through `lockkit::connect`, fencing token and release notification
-//!   included.
+//!   included;
+//! * `lockkit, fencing=false`: the same without the token (the cycle the
+//!   `cycle_overhead` bench judges).
 //!
 //! Run it as it is, and pinned to one core (`taskset -c 0`), where the
 //! server and the client take turns on one CPU and the wall time is their
@@ -47,9 +49,16 @@ enum Kind {
     RawTimeouts,
     LuaSet,
     Lockkit,
+    Tokenless,
 }
 
-const KINDS: [Kind; 4] = [Kind::Raw, Kind::RawTimeouts, Kind::LuaSet, Kind::Lockkit];
+const KINDS: [Kind; 5] = [
+    Kind::Raw,
+    Kind::RawTimeouts,
+    Kind::LuaSet,
+    Kind::Lockkit,
+    Kind::Tokenless,
+];
 
 impl Kind {
     fn label(self) -> &'static str {
@@ -58,6 +67,7 @@ impl Kind {
             Kind::RawTimeouts => "raw + timeouts",
             Kind::LuaSet => "Lua SET NX",
             Kind::Lockkit => "lockkit",
+            Kind::Tokenless => "lockkit, fencing=false",
         }
     }
 }
@@ -87,6 +97,7 @@ struct Fixture {
     release: redis::Script,
     min_set: redis::Script,
     locks: std::sync::Arc<dyn DistributedLock>,
+    tokenless: std::sync::Arc<dyn DistributedLock>,
     opts: LockOptions,
     server_stat: String,
 }
@@ -98,10 +109,14 @@ impl Fixture {
             Kind::Raw => "split:raw",
             Kind::RawTimeouts => "split:timeouts",
             Kind::LuaSet => "split:lua",
-            Kind::Lockkit => {
-                let guard = self
-                    .locks
-                    .try_acquire("split:lockkit", &self.opts)
+            Kind::Lockkit | Kind::Tokenless => {
+                let (locks, name) = if kind == Kind::Lockkit {
+                    (&self.locks, "split:lockkit")
+                } else {
+                    (&self.tokenless, "split:tokenless")
+                };
+                let guard = locks
+                    .try_acquire(name, &self.opts)
                     .await
                     .expect("try_acquire")
                     .expect("an uncontended lock");
@@ -198,6 +213,9 @@ fn main() {
             release: redis::Script::new(RAW_RELEASE),
             min_set: redis::Script::new(MIN_SET),
             locks: lockkit::connect(&url).await.expect("a lockkit client"),
+            tokenless: lockkit::connect(&format!("{url}?fencing=false"))
+                .await
+                .expect("a lockkit client without tokens"),
             opts: LockOptions::new()
                 .ttl(Duration::from_millis(TTL_MS))
                 .auto_renew(false),
