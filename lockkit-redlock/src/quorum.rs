@@ -1,6 +1,7 @@
 //! Sending one request to every instance in parallel and counting the answers.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -323,9 +324,7 @@ where
             if alive.is_empty() {
                 break;
             }
-            let grace = started.elapsed().max(BEHIND_GRACE);
-            let cut = deadline.deadline().min(tokio::time::Instant::now() + grace);
-            deadline.as_mut().reset(cut);
+            cut_to_grace(deadline.as_mut(), started);
             catching_up = Some(alive);
         }
         if let Some(alive) = &catching_up {
@@ -338,9 +337,7 @@ where
             && asked.iter().all(|i| heard.contains(i) || is_behind(i))
         {
             waiting_for_behind = true;
-            let grace = started.elapsed().max(BEHIND_GRACE);
-            let cut = deadline.deadline().min(tokio::time::Instant::now() + grace);
-            deadline.as_mut().reset(cut);
+            cut_to_grace(deadline.as_mut(), started);
         }
         tokio::select! {
             biased;
@@ -402,6 +399,15 @@ where
         });
     }
     votes
+}
+
+/// Brings `deadline` forward, if that is sooner, to as long again from now
+/// as has passed since `started` (at least [`BEHIND_GRACE`]): the wait for
+/// instances behind.
+fn cut_to_grace(deadline: Pin<&mut tokio::time::Sleep>, started: tokio::time::Instant) {
+    let grace = started.elapsed().max(BEHIND_GRACE);
+    let cut = deadline.deadline().min(tokio::time::Instant::now() + grace);
+    deadline.reset(cut);
 }
 
 /// Whether this task runs on a current-thread runtime.
