@@ -82,12 +82,18 @@ impl Kind {
         }
     }
 
-    /// The index in [`KINDS`] of the raw floor this kind is compared with.
-    fn floor(self) -> usize {
+    /// The raw floor this kind is compared with.
+    fn floor(self) -> Kind {
         match self {
-            Kind::MyRaw | Kind::MyLockkit | Kind::MyRawAndMemory | Kind::Memory => 0,
-            Kind::SqliteRaw | Kind::SqliteLockkit => 3,
+            Kind::SqliteRaw | Kind::SqliteLockkit => Kind::SqliteRaw,
+            _ => Kind::MyRaw,
         }
+    }
+
+    /// Whether this kind's cycles run on the MariaDB server (its CPU time
+    /// is theirs).
+    fn on_mariadb(self) -> bool {
+        matches!(self, Kind::MyRaw | Kind::MyLockkit | Kind::MyRawAndMemory)
     }
 }
 
@@ -180,7 +186,7 @@ impl Fixture {
         let wall = start.elapsed();
         let per_cycle_us = |ns: u64| ns as f64 / CYCLES_PER_BLOCK as f64 / 1e3;
         Block {
-            wall_us: wall.as_nanos() as f64 / CYCLES_PER_BLOCK as f64 / 1e3,
+            wall_us: per_cycle_us(wall.as_nanos() as u64),
             thread_cpu_us: per_cycle_us(
                 schedstat(Path::new("/proc/thread-self/schedstat")) - thread0,
             ),
@@ -262,14 +268,15 @@ fn main() {
         let _ = std::fs::remove_dir_all(&dir);
         for (kind, measured) in KINDS.iter().zip(&blocks) {
             let of = |f: fn(&Block) -> f64| median(measured.iter().map(f).collect());
+            let floor = KINDS.iter().position(|&k| k == kind.floor());
             let ratio = median(
                 measured
                     .iter()
-                    .zip(&blocks[kind.floor()])
+                    .zip(&blocks[floor.expect("every floor is a kind")])
                     .map(|(b, raw)| b.wall_us / raw.wall_us)
                     .collect(),
             );
-            let server = if kind.floor() == 0 && *kind != Kind::Memory {
+            let server = if kind.on_mariadb() {
                 format!("{:.1} µs", of(|b| b.server_cpu_us))
             } else {
                 "—".to_owned()
