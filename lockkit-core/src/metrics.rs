@@ -3,8 +3,10 @@
 //! With the cargo feature `metrics` (of `lockkit-core`, or of `lockkit`),
 //! every backend emits the metrics below to whatever recorder the
 //! application installed (Prometheus, StatsD, OpenTelemetry exporters all
-//! plug into the facade); without a recorder they cost one atomic load
-//! each. Without the feature nothing is compiled in. The names are fixed
+//! plug into the facade). The keys of the metrics every acquire records
+//! are made once per backend, so that without a recorder those cost a
+//! thread-local read and an atomic load. Without the feature nothing is
+//! compiled in. The names are fixed
 //! here as constants.
 //!
 //! Labels are bounded: the backend (`redis`, `zookeeper`, …) and an outcome
@@ -50,7 +52,90 @@ pub const LEADER_CHANGES: &str = "lockkit_leader_changes_total";
 
 #[cfg(feature = "metrics")]
 mod emit {
+    use std::cell::Cell;
+    use std::sync::Mutex;
+
+    use metrics::{Key, Label, Level, Metadata};
+
     use super::*;
+
+    /// What the metrics macros would pass for a metric of this module.
+    static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    /// The `op` labels of [`ACQUIRES`] and [`ACQUIRE_WAIT`].
+    const OPS: [&str; 2] = ["acquire", "try_acquire"];
+    /// Their `outcome` labels.
+    const OUTCOMES: [&str; 4] = ["acquired", "busy", "timeout", "error"];
+
+    /// The keys of one backend's per-acquire metrics, made once per backend
+    /// name and kept for the rest of the process (a program has a handful
+    /// of backends, each named by a static string): an acquire hands the
+    /// recorder a key it already has, where the metrics macros would build
+    /// one (its labels allocated and hashed) each time, recorder or not.
+    struct AcquireKeys {
+        backend: &'static str,
+        /// [`ACQUIRES`] by op and outcome.
+        ended: [[Key; OUTCOMES.len()]; OPS.len()],
+        /// [`ACQUIRE_WAIT`] by op and outcome.
+        waited: [[Key; OUTCOMES.len()]; OPS.len()],
+        /// [`ACQUIRE_ATTEMPTS`].
+        attempts: Key,
+    }
+
+    impl AcquireKeys {
+        fn new(backend: &'static str) -> Self {
+            let labelled = |name: &'static str, op: &'static str, outcome: &'static str| {
+                Key::from_parts(
+                    name,
+                    vec![
+                        Label::from_static_parts("backend", backend),
+                        Label::from_static_parts("op", op),
+                        Label::from_static_parts("outcome", outcome),
+                    ],
+                )
+            };
+            let by_op_and_outcome = |name: &'static str| {
+                OPS.map(|op| OUTCOMES.map(|outcome| labelled(name, op, outcome)))
+            };
+            AcquireKeys {
+                backend,
+                ended: by_op_and_outcome(ACQUIRES),
+                waited: by_op_and_outcome(ACQUIRE_WAIT),
+                attempts: Key::from_parts(
+                    ACQUIRE_ATTEMPTS,
+                    vec![Label::from_static_parts("backend", backend)],
+                ),
+            }
+        }
+    }
+
+    /// The keys of `backend`: those this thread used last, else those of
+    /// the process's list (made and added the first time).
+    fn keys_of(backend: &'static str) -> &'static AcquireKeys {
+        thread_local! {
+            static LAST: Cell<Option<&'static AcquireKeys>> = const { Cell::new(None) };
+        }
+        static ALL: Mutex<Vec<&'static AcquireKeys>> = Mutex::new(Vec::new());
+        if let Some(keys) = LAST.get()
+            && keys.backend == backend
+        {
+            return keys;
+        }
+        let keys = {
+            let mut all = ALL.lock().unwrap_or_else(|p| p.into_inner());
+            match all.iter().find(|keys| keys.backend == backend) {
+                Some(keys) => *keys,
+                None => {
+                    let keys: &'static AcquireKeys = Box::leak(Box::new(AcquireKeys::new(backend)));
+                    all.push(keys);
+                    keys
+                }
+            }
+        };
+        LAST.set(Some(keys));
+        keys
+    }
 
     pub(crate) fn acquire(
         backend: &'static str,
@@ -58,14 +143,33 @@ mod emit {
         outcome: &'static str,
         took: Duration,
     ) {
-        metrics::counter!(ACQUIRES, "backend" => backend, "op" => op, "outcome" => outcome)
-            .increment(1);
-        metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "op" => op, "outcome" => outcome)
-            .record(took.as_secs_f64());
+        let known = |labels: &[&str], label| labels.iter().position(|l| *l == label);
+        let (Some(op), Some(outcome)) = (known(&OPS, op), known(&OUTCOMES, outcome)) else {
+            // An op or outcome of a backend of its own: keyed afresh.
+            metrics::counter!(ACQUIRES, "backend" => backend, "op" => op, "outcome" => outcome)
+                .increment(1);
+            metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "op" => op, "outcome" => outcome)
+                .record(took.as_secs_f64());
+            return;
+        };
+        let keys = keys_of(backend);
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_counter(&keys.ended[op][outcome], &METADATA)
+                .increment(1);
+            recorder
+                .register_histogram(&keys.waited[op][outcome], &METADATA)
+                .record(took.as_secs_f64());
+        });
     }
 
     pub(crate) fn attempt(backend: &'static str) {
-        metrics::counter!(ACQUIRE_ATTEMPTS, "backend" => backend).increment(1);
+        let keys = keys_of(backend);
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_counter(&keys.attempts, &METADATA)
+                .increment(1);
+        });
     }
 
     pub(crate) fn renewal(backend: &'static str, outcome: &'static str) {

@@ -461,6 +461,9 @@ struct Grant<'a, B: LeaseBackend> {
     /// Whether the owner stays across attempts: an exclusive acquisition on
     /// a backend that grants turns ([`LeaseBackend::grants_turns`]).
     keeps_owner: bool,
+    /// Whether an attempt has used `owner` yet (the first attempt takes the
+    /// one made with the grant).
+    owner_used: bool,
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
@@ -477,6 +480,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             waiting_recorded: false,
             records_waiting: opts.kind() == LockKind::Exclusive && backend.capabilities().shared,
             keeps_owner: opts.kind() == LockKind::Exclusive && backend.grants_turns(),
+            owner_used: false,
         }
     }
 
@@ -519,9 +523,10 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         intent: Intent,
     ) -> Result<Attempt<Option<FencingToken>>> {
         crate::metrics::attempt(self.backend.backend_name());
-        if !self.keeps_owner {
+        if self.owner_used && !self.keeps_owner {
             self.owner = OwnerToken::new();
         }
+        self.owner_used = true;
         self.sent = Instant::now();
         self.in_doubt = true;
         // The new attempt replaces (or, granted, removes) any record the
@@ -572,11 +577,14 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
 
     /// The guard of the granted holding; `slot` is the client's turn on the
     /// name (exclusive holdings only), through which it may be passed on.
-    fn into_guard(self, fencing: Option<FencingToken>, slot: Option<LocalSlot>) -> LockGuard {
+    fn into_guard(mut self, fencing: Option<FencingToken>, slot: Option<LocalSlot>) -> LockGuard {
+        // Granted, so nothing is left in doubt for the drop to release: the
+        // owner moves to the holding.
+        debug_assert!(!self.in_doubt && !self.waiting_recorded);
         let held = HeldLease {
             backend: self.backend.clone(),
             key: self.key.clone(),
-            owner: self.owner.clone(),
+            owner: self.owner.take(),
             ttl: self.ttl,
             // A bounded holding is never passed on: its bounds are its own.
             queue: slot

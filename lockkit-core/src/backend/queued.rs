@@ -109,7 +109,13 @@ impl<B: QueueBackend> QueuedLock<B> {
                     Some(slot) => Some(slot),
                     None => return Ok(None),
                 },
-                Intent::Wait => Some(waiter.until_deadline(self.local.enter(name)).await?),
+                // The wait (boxed: it would make every acquisition's future
+                // as large) only when another task of this client has the
+                // turn.
+                Intent::Wait => match self.local.try_enter(name) {
+                    Some(slot) => Some(slot),
+                    None => Some(Box::pin(waiter.until_deadline(self.local.enter(name))).await?),
+                },
             }
         };
         crate::metrics::attempt(self.backend.backend_name());

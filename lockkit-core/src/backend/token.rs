@@ -21,6 +21,12 @@ impl OwnerToken {
         OwnerToken((*text).to_owned())
     }
 
+    /// Moves the token out, leaving an empty one (which no holding has) in
+    /// its place.
+    pub(crate) fn take(&mut self) -> OwnerToken {
+        OwnerToken(std::mem::take(&mut self.0))
+    }
+
     /// The token as a 36-character lowercase hyphenated UUID.
     pub fn as_str(&self) -> &str {
         &self.0
