@@ -27,6 +27,11 @@
 //! cycles (outside the timing) the lock table is checked to hold no live
 //! lease and no advisory or named lock to be left held.
 //!
+//! The benchmark pins itself, and so the servers it starts, to one CPU
+//! ([`lockkit_benches::cpu`]): otherwise each connection's server thread
+//! lands where the scheduler puts it, and a floor and the lockkit cycle
+//! paired with it are each served at a speed of their own.
+//!
 //! The servers are the testkit's, tuned for tests: Postgres with
 //! `fsync=off`, MariaDB with `innodb_flush_log_at_trx_commit=2`; SQLite in WAL
 //! mode with `synchronous=NORMAL` (lockkit's settings) in a temporary
@@ -72,6 +77,8 @@ const LOCKKIT_NAME: &str = "bench-lockkit";
 
 fn main() {
     let mode = RunMode::from_env();
+    // Before the servers start, which inherit it.
+    let pinned = lockkit_benches::cpu::pin_to_one_cpu();
     let runtime = lockkit_benches::runtime();
     // Estimates older than this belong to an earlier run.
     let run_started = SystemTime::now();
@@ -105,7 +112,7 @@ fn main() {
     save_summary(
         mode,
         "sql",
-        &summary(mode, run_started, &paired, &handoffs, &floors),
+        &summary(mode, run_started, &pinned, &paired, &handoffs, &floors),
     );
     // The connections end before the servers do.
     drop(fixture);
@@ -730,6 +737,7 @@ fn cycle_rows() -> Vec<Row<'static, Cycle>> {
 fn summary(
     mode: RunMode,
     run_started: SystemTime,
+    pinned: &str,
     paired: &Interleaved<Cycle>,
     handoffs: &[HandoffDiag],
     floors: &[Floor],
@@ -738,7 +746,7 @@ fn summary(
         mode,
         "lockkit-sql on PostgreSQL, MariaDB and SQLite",
         "",
-        "Targets, from paired measurements: each cycle ratio is the median over rounds of the ratio of two cycles run in the same round, and each handoff is compared with a `SELECT 1` on the same database timed just before it, so that the shared machine's slow and fast phases cancel out. lockkit's cycles run with auto-renew off.",
+        &format!("Targets, from paired measurements: each cycle ratio is the median over rounds of the ratio of two cycles run in the same round, and each handoff is compared with a `SELECT 1` on the same database timed just before it, so that the shared machine's slow and fast phases cancel out. lockkit's cycles run with auto-renew off. {pinned}"),
         &cycle_rows(),
     );
     for (&(db, lock_mode, park), diag) in HANDOFFS.iter().zip(handoffs) {

@@ -220,6 +220,8 @@ fn main() {
         .nth(1)
         .and_then(|r| r.parse().ok())
         .unwrap_or(10);
+    // As the `sql` bench does, before the server starts.
+    println!("{}\n", lockkit_benches::cpu::pin_to_one_cpu());
     println!(
         "| runtime | kind | wall per cycle | × raw (paired) | thread CPU | process CPU | MariaDB CPU | polls |"
     );

@@ -12,6 +12,7 @@
 
 mod catalog;
 mod contention;
+pub mod cpu;
 mod cycles;
 mod etcd_raw;
 mod handoff;
