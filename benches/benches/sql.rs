@@ -27,10 +27,10 @@
 //! cycles (outside the timing) the lock table is checked to hold no live
 //! lease and no advisory or named lock to be left held.
 //!
-//! The benchmark pins itself, and so the servers it starts, to one CPU
-//! ([`lockkit_benches::cpu`]): otherwise each connection's server thread
-//! lands where the scheduler puts it, and a floor and the lockkit cycle
-//! paired with it are each served at a speed of their own.
+//! The benchmark's client runs on one CPU and the servers on the other
+//! ([`lockkit_benches::cpu`]): left to the scheduler, each connection's
+//! server thread landed on either, and a floor and the lockkit cycle paired
+//! with it were each served at a speed of their own.
 //!
 //! The servers are the testkit's, tuned for tests: Postgres with
 //! `fsync=off`, MariaDB with `innodb_flush_log_at_trx_commit=2`; SQLite in WAL
@@ -55,7 +55,7 @@ use lockkit_benches::{
 };
 use lockkit_core::LockOptions;
 use lockkit_sql::SqlLock;
-use lockkit_testkit::TestServer;
+use lockkit_testkit::{FaultControl, TestServer};
 use lockkit_testkit::{MariaDbServer, PostgresServer};
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
@@ -77,13 +77,16 @@ const LOCKKIT_NAME: &str = "bench-lockkit";
 
 fn main() {
     let mode = RunMode::from_env();
-    // Before the servers start, which inherit it.
-    let pinned = lockkit_benches::cpu::pin_to_one_cpu();
+    // Before the servers start, which are then moved to a CPU of their own.
+    let pinned = lockkit_benches::cpu::pin_client();
     let runtime = lockkit_benches::runtime();
     // Estimates older than this belong to an earlier run.
     let run_started = SystemTime::now();
     let (pg_server, my_server) =
         runtime.block_on(async { tokio::join!(PostgresServer::start(), MariaDbServer::start()) });
+    for pid in [pg_server.pid(), my_server.pid()] {
+        lockkit_benches::cpu::pin_server(pid.expect("a running server"));
+    }
     let sqlite_dir = std::env::temp_dir().join(format!("lockkit-bench-sql-{}", std::process::id()));
     std::fs::create_dir_all(&sqlite_dir).expect("a directory for the SQLite file");
     let urls = Urls {

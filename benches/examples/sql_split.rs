@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use lockkit_benches::{RawMy, RawSqlite, flavours, median, round_order};
 use lockkit_core::{DistributedLock, LockOptions, MemoryLock, MemoryStore};
 use lockkit_sql::SqlLock;
-use lockkit_testkit::{MariaDbServer, TestServer};
+use lockkit_testkit::{FaultControl, MariaDbServer, TestServer};
 
 const CYCLES_PER_BLOCK: usize = 1000;
 
@@ -220,8 +220,8 @@ fn main() {
         .nth(1)
         .and_then(|r| r.parse().ok())
         .unwrap_or(10);
-    // As the `sql` bench does, before the server starts.
-    println!("{}\n", lockkit_benches::cpu::pin_to_one_cpu());
+    // As the `sql` bench does.
+    println!("{}\n", lockkit_benches::cpu::pin_client());
     println!(
         "| runtime | kind | wall per cycle | × raw (paired) | thread CPU | process CPU | MariaDB CPU | polls |"
     );
@@ -231,6 +231,7 @@ fn main() {
         std::fs::create_dir_all(&dir).expect("a directory for the SQLite file");
         let blocks = runtime.block_on(async {
             let server = MariaDbServer::start().await;
+            lockkit_benches::cpu::pin_server(server.pid().expect("a running server"));
             let url = server.url();
             let sqlite = dir.join("locks.db");
             // lockkit's clients first: their `connect` creates the tables.

@@ -1,44 +1,94 @@
-//! One CPU for a benchmark and its servers.
+//! Where a benchmark's client and its servers run.
 //!
 //! MariaDB serves each connection on a thread of its own, PostgreSQL on a
-//! process of its own, and sqlx runs each SQLite connection on a worker
-//! thread: a cycle's round trips wake those threads, and on a machine of
-//! few cores a wake-up on another CPU costs several times what one on the
-//! same CPU does. A floor and the lockkit cycle it is paired with run on
-//! different connections, so each got a placement of its own, and their
-//! ratio swung with it from run to run (`examples/sql_split.rs` shows each
-//! cycle's CPU time and the server's).
-//! Pinned to one CPU, every connection is served as every other is, and
-//! the lockkit cycle's own work counts in full.
+//! process of its own: a cycle's round trips wake those, and on a machine of
+//! few cores a wake-up costs several times more on another CPU than on the
+//! same one. Left to the scheduler, each connection's server thread sat on
+//! the client's CPU or on the other one, and since a floor and the lockkit
+//! cycle paired with it run on different connections, each was served at
+//! a speed of its own, and their ratio swung from run to run
+//! (`examples/sql_split.rs` shows each cycle's CPU time and the server's).
+//! So the client is pinned to one CPU and the servers to another, as if
+//! each ran on a host of its own: every round trip crosses from one CPU to
+//! the other, the same for every connection. (An SQLite database is part of
+//! the client: sqlx's worker threads share the client's CPU.)
 
 use std::process::Command;
 
-/// The CPU [`pin_to_one_cpu`] pins to.
-pub const BENCH_CPU: usize = 0;
+/// The CPU [`pin_client`] pins the benchmark process to.
+pub const CLIENT_CPU: usize = 0;
+/// The CPU [`pin_server`] pins a server to.
+pub const SERVER_CPU: usize = 1;
 
-/// Pins this process (each of its threads, and every thread and process
-/// started afterwards, the servers among them) to CPU [`BENCH_CPU`], with
-/// util-linux's `taskset`. Call it before the servers start. What it did,
-/// for the summary.
+/// Pins this process (each of its threads, and every thread and process it
+/// starts afterwards) to CPU [`CLIENT_CPU`]. What it did, for the summary.
 ///
 /// # Panics
 ///
-/// If `taskset` is missing or fails: a run that meant to pin and did not
-/// would measure something else.
-pub fn pin_to_one_cpu() -> String {
-    let pid = std::process::id().to_string();
-    let cpu = BENCH_CPU.to_string();
+/// If `taskset` (util-linux) is missing or fails, or the machine has a
+/// single CPU: a run that meant to pin and did not would measure something
+/// else.
+pub fn pin_client() -> String {
+    taskset(std::process::id(), CLIENT_CPU);
+    format!(
+        "The benchmark's client ran on CPU {CLIENT_CPU} and its servers on CPU {SERVER_CPU} \
+         (`taskset`), so that every connection's round trips cross between the same two CPUs \
+         (see `lockkit_benches::cpu`)."
+    )
+}
+
+/// Pins the server process `pid` and the processes it started (each of
+/// their threads, and every thread and process they start afterwards: the
+/// threads or processes of the connections made after this) to CPU
+/// [`SERVER_CPU`].
+///
+/// # Panics
+///
+/// As [`pin_client`].
+pub fn pin_server(pid: u32) {
+    taskset(pid, SERVER_CPU);
+    for child in children(pid) {
+        taskset(child, SERVER_CPU);
+    }
+}
+
+/// The processes whose parent is `pid` (PostgreSQL's background workers).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&candidate| {
+            // `pid (comm) state ppid …`; the name may hold spaces and parentheses.
+            std::fs::read_to_string(format!("/proc/{candidate}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn taskset(pid: u32, cpu: usize) {
+    let cpus = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|info| info.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(0);
+    assert!(
+        cpus > cpu,
+        "pinning to CPU {cpu} (the client and the servers apart) needs at least 2 CPUs; this machine has {cpus}"
+    );
     let output = Command::new("taskset")
-        .args(["--all-tasks", "--pid", "--cpu-list", &cpu, &pid])
+        .args(["--all-tasks", "--pid", "--cpu-list"])
+        .arg(cpu.to_string())
+        .arg(pid.to_string())
         .output()
         .unwrap_or_else(|e| panic!("taskset (util-linux) is needed to pin the benchmark: {e}"));
     assert!(
         output.status.success(),
-        "taskset could not pin the benchmark to CPU {cpu}: {}",
+        "taskset could not pin process {pid} to CPU {cpu}: {}",
         String::from_utf8_lossy(&output.stderr).trim()
     );
-    format!(
-        "The benchmark process and the servers it started were pinned to CPU {cpu} (`taskset`), \
-         so that each connection's server thread shares the client's CPU (see `lockkit_benches::cpu`)."
-    )
 }

@@ -98,7 +98,16 @@ fn machine() -> String {
         .find_map(|l| l.strip_prefix("model name"))
         .and_then(|l| l.split_once(':'))
         .map(|(_, m)| m.trim().to_owned());
-    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    // The machine's CPUs, not the ones this process may use (a benchmark
+    // may have pinned itself to one).
+    let cores = match cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count()
+    {
+        0 => std::thread::available_parallelism().map_or(0, usize::from),
+        n => n,
+    };
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
