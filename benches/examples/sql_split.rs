@@ -30,10 +30,14 @@
 //! done in the client per poll.
 //!
 //! ```sh
-//! cargo run --release -p lockkit-benches --example sql_split [-- ROUNDS]
+//! cargo run --release -p lockkit-benches --example sql_split [-- ROUNDS [unpinned]]
 //! ```
 //!
-//! Linux only (it reads `/proc`).
+//! As the `sql` bench, it runs the client on one CPU and the server on
+//! another (`lockkit_benches::cpu`); `unpinned` leaves both to the
+//! scheduler, and then the MariaDB server's CPU time per cycle differs
+//! between the raw and the lockkit connection as their server threads
+//! happened to land. Linux only (it reads `/proc`).
 
 #![allow(clippy::print_stdout)]
 
@@ -220,8 +224,10 @@ fn main() {
         .nth(1)
         .and_then(|r| r.parse().ok())
         .unwrap_or(10);
-    // As the `sql` bench does.
-    println!("{}\n", lockkit_benches::cpu::pin_client());
+    let pinned = std::env::args().nth(2).as_deref() != Some("unpinned");
+    if pinned {
+        println!("{}\n", lockkit_benches::cpu::pin_client());
+    }
     println!(
         "| runtime | kind | wall per cycle | × raw (paired) | thread CPU | process CPU | MariaDB CPU | polls |"
     );
@@ -231,7 +237,9 @@ fn main() {
         std::fs::create_dir_all(&dir).expect("a directory for the SQLite file");
         let blocks = runtime.block_on(async {
             let server = MariaDbServer::start().await;
-            lockkit_benches::cpu::pin_server(server.pid().expect("a running server"));
+            if pinned {
+                lockkit_benches::cpu::pin_server(server.pid().expect("a running server"));
+            }
             let url = server.url();
             let sqlite = dir.join("locks.db");
             // lockkit's clients first: their `connect` creates the tables.
