@@ -70,7 +70,8 @@ mod emit {
 
     /// The keys of one backend's per-acquire metrics, made once per backend
     /// name and kept for the rest of the process (a program has a handful
-    /// of backends, each named by a static string): an acquire hands the
+    /// of backends, each named by a static string; at most
+    /// [`MAX_BACKENDS`] are kept): an acquire hands the
     /// recorder a key it already has, where the metrics macros would build
     /// one (its labels allocated and hashed) each time, recorder or not.
     struct AcquireKeys {
@@ -110,9 +111,14 @@ mod emit {
         }
     }
 
+    /// How many backends' keys the process keeps at most: past that (a
+    /// program that makes up backend names), keys are built per use.
+    const MAX_BACKENDS: usize = 64;
+
     /// The keys of `backend`: those this thread used last, else those of
-    /// the process's list (made and added the first time).
-    fn keys_of(backend: &'static str) -> &'static AcquireKeys {
+    /// the process's list (made and added the first time); `None` when the
+    /// list is full.
+    fn keys_of(backend: &'static str) -> Option<&'static AcquireKeys> {
         thread_local! {
             static LAST: Cell<Option<&'static AcquireKeys>> = const { Cell::new(None) };
         }
@@ -120,12 +126,13 @@ mod emit {
         if let Some(keys) = LAST.get()
             && keys.backend == backend
         {
-            return keys;
+            return Some(keys);
         }
         let keys = {
             let mut all = ALL.lock().unwrap_or_else(|p| p.into_inner());
             match all.iter().find(|keys| keys.backend == backend) {
                 Some(keys) => *keys,
+                None if all.len() >= MAX_BACKENDS => return None,
                 None => {
                     let keys: &'static AcquireKeys = Box::leak(Box::new(AcquireKeys::new(backend)));
                     all.push(keys);
@@ -134,7 +141,7 @@ mod emit {
             }
         };
         LAST.set(Some(keys));
-        keys
+        Some(keys)
     }
 
     pub(crate) fn acquire(
@@ -144,15 +151,17 @@ mod emit {
         took: Duration,
     ) {
         let known = |labels: &[&str], label| labels.iter().position(|l| *l == label);
-        let (Some(op), Some(outcome)) = (known(&OPS, op), known(&OUTCOMES, outcome)) else {
-            // An op or outcome of a backend of its own: keyed afresh.
+        let (Some(op), Some(outcome), Some(keys)) =
+            (known(&OPS, op), known(&OUTCOMES, outcome), keys_of(backend))
+        else {
+            // An op of a backend of its own, or too many backends: keyed
+            // afresh.
             metrics::counter!(ACQUIRES, "backend" => backend, "op" => op, "outcome" => outcome)
                 .increment(1);
             metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "op" => op, "outcome" => outcome)
                 .record(took.as_secs_f64());
             return;
         };
-        let keys = keys_of(backend);
         metrics::with_recorder(|recorder| {
             recorder
                 .register_counter(&keys.ended[op][outcome], &METADATA)
@@ -164,7 +173,10 @@ mod emit {
     }
 
     pub(crate) fn attempt(backend: &'static str) {
-        let keys = keys_of(backend);
+        let Some(keys) = keys_of(backend) else {
+            metrics::counter!(ACQUIRE_ATTEMPTS, "backend" => backend).increment(1);
+            return;
+        };
         metrics::with_recorder(|recorder| {
             recorder
                 .register_counter(&keys.attempts, &METADATA)
