@@ -29,7 +29,7 @@ pub const SERVER_CPU: usize = 1;
 /// single CPU: a run that meant to pin and did not would measure something
 /// else.
 pub fn pin_client() -> String {
-    taskset(std::process::id(), CLIENT_CPU);
+    taskset(std::process::id(), CLIENT_CPU).unwrap_or_else(|error| panic!("{error}"));
     format!(
         "The benchmark's client ran on CPU {CLIENT_CPU} and its servers on CPU {SERVER_CPU} \
          (`taskset`), so that every connection's round trips cross between the same two CPUs \
@@ -46,9 +46,15 @@ pub fn pin_client() -> String {
 ///
 /// As [`pin_client`].
 pub fn pin_server(pid: u32) {
-    taskset(pid, SERVER_CPU);
+    taskset(pid, SERVER_CPU).unwrap_or_else(|error| panic!("{error}"));
     for child in children(pid) {
-        taskset(child, SERVER_CPU);
+        // A worker that ended meanwhile (PostgreSQL's autovacuum workers
+        // come and go) has nothing left to pin.
+        if let Err(error) = taskset(child, SERVER_CPU)
+            && std::path::Path::new(&format!("/proc/{child}")).exists()
+        {
+            panic!("{error}");
+        }
     }
 }
 
@@ -72,7 +78,8 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-fn taskset(pid: u32, cpu: usize) {
+/// Pins `pid`'s threads to `cpu`; what went wrong otherwise.
+fn taskset(pid: u32, cpu: usize) -> Result<(), String> {
     let cpus = std::fs::read_to_string("/proc/cpuinfo")
         .map(|info| info.lines().filter(|l| l.starts_with("processor")).count())
         .unwrap_or(0);
@@ -85,10 +92,13 @@ fn taskset(pid: u32, cpu: usize) {
         .arg(cpu.to_string())
         .arg(pid.to_string())
         .output()
-        .unwrap_or_else(|e| panic!("taskset (util-linux) is needed to pin the benchmark: {e}"));
-    assert!(
-        output.status.success(),
-        "taskset could not pin process {pid} to CPU {cpu}: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
+        .map_err(|e| format!("taskset (util-linux) is needed to pin the benchmark: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "taskset could not pin process {pid} to CPU {cpu}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
 }
