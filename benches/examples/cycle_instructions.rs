@@ -30,7 +30,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lockkit_benches::{RawMy, RawSqlite};
+use lockkit_benches::{RawMy, RawSqlite, lockkit_cycle};
 use lockkit_core::{DistributedLock, LockOptions, MemoryLock, MemoryStore};
 use lockkit_testkit::{MariaDbServer, TestServer};
 use tokio::runtime::Runtime;
@@ -57,10 +57,7 @@ enum Target {
 impl Target {
     async fn cycle(&self, opts: &LockOptions) {
         match self {
-            Target::Lockkit(lock) => {
-                let guard = lock.acquire(NAME, opts).await.expect("acquire");
-                guard.release().await.expect("release");
-            }
+            Target::Lockkit(lock) => lockkit_cycle(lock.as_ref(), NAME, opts).await,
             Target::MyRaw(raw) => raw.named_cycle(NAME).await,
             Target::SqliteRaw(raw) => raw.lease_cycle(NAME).await,
         }

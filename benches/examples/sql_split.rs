@@ -171,11 +171,7 @@ impl Fixture {
     }
 
     async fn lockkit_cycle(&self, lockkit: &dyn DistributedLock) {
-        let guard = lockkit
-            .acquire("split-lockkit", &self.opts)
-            .await
-            .expect("acquire");
-        guard.release().await.expect("release");
+        lockkit_benches::lockkit_cycle(lockkit, "split-lockkit", &self.opts).await;
     }
 
     async fn block(&self, kind: Kind) -> Block {

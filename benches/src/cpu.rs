@@ -29,6 +29,7 @@ pub const SERVER_CPU: usize = 1;
 /// single CPU: a run that meant to pin and did not would measure something
 /// else.
 pub fn pin_client() -> String {
+    check_cpus();
     taskset(std::process::id(), CLIENT_CPU).unwrap_or_else(|error| panic!("{error}"));
     format!(
         "The benchmark's client ran on CPU {CLIENT_CPU} and its servers on CPU {SERVER_CPU} \
@@ -46,6 +47,7 @@ pub fn pin_client() -> String {
 ///
 /// As [`pin_client`].
 pub fn pin_server(pid: u32) {
+    check_cpus();
     taskset(pid, SERVER_CPU).unwrap_or_else(|error| panic!("{error}"));
     for child in children(pid) {
         // A worker that ended meanwhile (PostgreSQL's autovacuum workers
@@ -78,15 +80,17 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Both CPUs exist.
+fn check_cpus() {
+    let cpus = lockkit_testkit::stamp::machine_cpus();
+    assert!(
+        [CLIENT_CPU, SERVER_CPU].iter().all(|&cpu| cpu < cpus),
+        "pinning the client and the servers apart needs CPUs {CLIENT_CPU} and {SERVER_CPU}; this machine has {cpus}"
+    );
+}
+
 /// Pins `pid`'s threads to `cpu`; what went wrong otherwise.
 fn taskset(pid: u32, cpu: usize) -> Result<(), String> {
-    let cpus = std::fs::read_to_string("/proc/cpuinfo")
-        .map(|info| info.lines().filter(|l| l.starts_with("processor")).count())
-        .unwrap_or(0);
-    assert!(
-        cpus > cpu,
-        "pinning to CPU {cpu} (the client and the servers apart) needs at least 2 CPUs; this machine has {cpus}"
-    );
     let output = Command::new("taskset")
         .args(["--all-tasks", "--pid", "--cpu-list"])
         .arg(cpu.to_string())

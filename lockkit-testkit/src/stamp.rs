@@ -91,6 +91,20 @@ fn commit() -> String {
     }
 }
 
+/// The machine's CPUs (from `/proc/cpuinfo`), not the ones this process
+/// may use: a benchmark may have pinned itself to one.
+pub fn machine_cpus() -> usize {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    match cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count()
+    {
+        0 => std::thread::available_parallelism().map_or(0, usize::from),
+        n => n,
+    }
+}
+
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -98,16 +112,7 @@ fn machine() -> String {
         .find_map(|l| l.strip_prefix("model name"))
         .and_then(|l| l.split_once(':'))
         .map(|(_, m)| m.trim().to_owned());
-    // The machine's CPUs, not the ones this process may use (a benchmark
-    // may have pinned itself to one).
-    let cores = match cpuinfo
-        .lines()
-        .filter(|l| l.starts_with("processor"))
-        .count()
-    {
-        0 => std::thread::available_parallelism().map_or(0, usize::from),
-        n => n,
-    };
+    let cores = machine_cpus();
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {
