@@ -288,12 +288,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
                     .try_enter(name)
                     .ok_or_else(|| waiter.timeout_error())?,
             ),
-            // The wait (boxed: it would make every acquisition's future as
-            // large) only when another task of this client has the turn.
-            (true, _) => match self.local.try_enter(name) {
-                Some(entered) => Some(entered),
-                None => Some(Box::pin(waiter.until_deadline(self.local.enter(name))).await?),
-            },
+            (true, _) => Some(waiter.local_turn(&self.local, name).await?),
             (false, _) => None,
         };
         if let Some(entered) = &slot

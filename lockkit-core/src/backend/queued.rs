@@ -109,13 +109,7 @@ impl<B: QueueBackend> QueuedLock<B> {
                     Some(slot) => Some(slot),
                     None => return Ok(None),
                 },
-                // The wait (boxed: it would make every acquisition's future
-                // as large) only when another task of this client has the
-                // turn.
-                Intent::Wait => match self.local.try_enter(name) {
-                    Some(slot) => Some(slot),
-                    None => Some(Box::pin(waiter.until_deadline(self.local.enter(name))).await?),
-                },
+                Intent::Wait => Some(waiter.local_turn(&self.local, name).await?),
             }
         };
         crate::metrics::attempt(self.backend.backend_name());

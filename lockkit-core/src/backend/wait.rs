@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::backend::local_queue::{LocalQueue, LocalSlot};
 use crate::backend::notify::ReleaseWatch;
 use crate::backoff::Delays;
 use crate::error::{LockError, Result};
@@ -136,6 +137,17 @@ impl<'a> Waiter<'a> {
                 }
             }
             _ => attempt.await,
+        }
+    }
+
+    /// This client's turn on `name` in `queue`, waited for until the
+    /// deadline. The wait (boxed: it would make every acquisition's future
+    /// as large) is set up only when another task of this client has the
+    /// turn.
+    pub(crate) async fn local_turn(&self, queue: &LocalQueue, name: &str) -> Result<LocalSlot> {
+        match queue.try_enter(name) {
+            Some(slot) => Ok(slot),
+            None => Box::pin(self.until_deadline(queue.enter(name))).await,
         }
     }
 
