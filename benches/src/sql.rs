@@ -221,10 +221,12 @@ pub struct RawMy {
     owners: Owners,
 }
 
-/// The row of a name, made if missing (a released name has none); waits
-/// for a holder's lock as the locking read would.
+/// The row of a name, made if missing (a released name has none), as
+/// lockkit's waiting attempt makes it: from a plain read that finds no row.
 const MY_ROW_ENSURE: &str = "INSERT INTO lockkit_locks (name, owner, fence, expires_at) \
-    VALUES (?, NULL, 0, '1000-01-01 00:00:00') ON DUPLICATE KEY UPDATE name = name";
+    SELECT ?, NULL, 0, '1000-01-01 00:00:00' FROM DUAL \
+    WHERE NOT EXISTS (SELECT 1 FROM lockkit_locks WHERE name = ?) \
+    ON DUPLICATE KEY UPDATE name = lockkit_locks.name";
 /// After the release, the row goes unless someone holds it.
 const MY_ROW_DELETE: &str = "DELETE t FROM lockkit_locks AS t JOIN \
     (SELECT name FROM lockkit_locks WHERE name = ? FOR UPDATE SKIP LOCKED) AS free USING (name)";
@@ -237,15 +239,19 @@ const MY_FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
 impl RawMy {
     /// A connection to `url` (whose lock table lockkit has migrated), with a
-    /// lock wait as long as lockkit's.
+    /// lock wait as long as lockkit's and its isolation level (`READ
+    /// COMMITTED`, under which the row's insert reads without a lock).
     pub async fn connect(url: &str) -> RawMy {
         let mut conn = MySqlConnection::connect(url)
             .await
             .expect("a MySQL connection");
-        sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 1073741824")
-            .execute(&mut conn)
-            .await
-            .expect("innodb_lock_wait_timeout");
+        sqlx::raw_sql(
+            "SET SESSION innodb_lock_wait_timeout = 1073741824; \
+             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("the session's lock wait and isolation level");
         RawMy {
             conn: Mutex::new(conn),
             lease: lease_statements(Database::MySql),
@@ -289,6 +295,7 @@ impl RawMy {
     pub async fn row_cycle(&self, name: &str) {
         let mut conn = self.conn.lock().await;
         sqlx::query(MY_ROW_ENSURE)
+            .bind(name.as_bytes())
             .bind(name.as_bytes())
             .execute(&mut *conn)
             .await

@@ -1,7 +1,7 @@
 //! `row` mode's statements on MySQL and MariaDB.
 //!
-//! A lock's try sends the row's upsert, `BEGIN` and the locking `SELECT` in
-//! one message: an uncontended cycle takes three round trips with the
+//! A lock's attempt sends the row's insert (where it is missing), `BEGIN`
+//! and the locking `SELECT` in one message: an uncontended cycle takes three round trips with the
 //! release's two, where one statement at a time takes five. Statements sent
 //! several at once bind nothing (the text protocol): the name goes in as a
 //! hexadecimal literal (see [`hex_literal`]).
@@ -56,12 +56,13 @@ impl RowLocking for MySqlSession {
         vec![Bytes(name.as_bytes())]
     }
 
-    /// One round trip: the row's upsert, `BEGIN` and the locking `SELECT`.
-    /// The upsert's duplicate check would wait for a holder's row lock: on
-    /// MariaDB it gives up at once (a row held is a row that exists), on
-    /// MySQL the insert comes from a `SELECT` that finds no row, a plain
-    /// read on the lock's connection (which reads committed rows and takes
-    /// no gap locks); see `MySql::make_row`. An upsert that found the row
+    /// One round trip: the row made if it is missing, `BEGIN` and the
+    /// locking `SELECT`. An upsert's duplicate check would wait for a
+    /// holder's row lock: an attempt that waits inserts from a plain read
+    /// that finds no row (on the lock's connection, which reads committed
+    /// rows and takes no gap locks), and so does a try on MySQL; a try on
+    /// MariaDB sends an upsert that gives up at once (a row held is a row
+    /// that exists); see `MySql::make_row`. An insert that found the row
     /// held (or deadlocked) stops the message before `BEGIN`: a second one
     /// sends `BEGIN` and the `SELECT`, which waits for the holder.
     fn begin_and_select<'c>(
@@ -72,7 +73,7 @@ impl RowLocking for MySqlSession {
         shared: bool,
     ) -> Answer<'c, Option<i64>> {
         let form = self.locking().form(shared, intent);
-        Box::pin(self.make_begin_and_select(conn, name, form))
+        Box::pin(self.make_begin_and_select(conn, name, self.sql.make_row(intent), form))
     }
 
     /// One round trip, as [`begin_and_select`](RowLocking::begin_and_select):
@@ -84,7 +85,8 @@ impl RowLocking for MySqlSession {
         conn: &'c mut MyConn,
         slot: &'c [String],
     ) -> Answer<'c, Option<i64>> {
-        Box::pin(self.make_begin_and_select(conn, &slot[0], &self.sql.row_free_one))
+        let make = self.sql.make_row(Intent::Try);
+        Box::pin(self.make_begin_and_select(conn, &slot[0], make, &self.sql.row_free_one))
     }
 
     /// The `IN` list has one placeholder per slot (at most
@@ -179,21 +181,22 @@ impl RowLocking for MySqlSession {
 impl MySqlSession {
     /// `name`'s row made if it is missing, `BEGIN` and `select` (a locking
     /// `SELECT` of that row, `?` its name), in one message: the first
-    /// column of its row. An upsert that found the row held (or
-    /// deadlocked) stops the message before `BEGIN`: a second one sends
-    /// `BEGIN` and the `SELECT`.
+    /// column of its row. `make` (see `MySql::make_row`) that found the row
+    /// held (or deadlocked) stops the message before `BEGIN`: a second one
+    /// sends `BEGIN` and the `SELECT`.
     async fn make_begin_and_select(
         &self,
         conn: &mut MyConn,
         name: &str,
+        make: &str,
         select: &str,
     ) -> sqlx::Result<Option<i64>> {
         let literal = hex_literal(name);
         let select = with_name(select, &literal);
-        let make = with_name(&self.sql.make_row, &literal);
+        let make = with_name(make, &literal);
         let first = batch(&mut conn.conn, format!("{make}; BEGIN; {select}")).await;
         match &first.error {
-            // The upsert's: no transaction began.
+            // The insert's: no transaction began.
             Some(error) if first.done == 0 && (is_lock_busy(error) || is_deadlock(error)) => {
                 batch(&mut conn.conn, format!("BEGIN; {select}"))
                     .await
@@ -218,9 +221,10 @@ mod tests {
             .flat_map(|source| [(source, true), (source, false)]);
         for (source, tokens) in forms {
             let sql = MySql::new("lockkit_locks", source, tokens);
-            let mut texts = vec![sql.make_row.to_string()];
-            for shared in [false, true] {
-                for intent in [Intent::Wait, Intent::Try] {
+            let mut texts = Vec::new();
+            for intent in [Intent::Wait, Intent::Try] {
+                texts.push(sql.make_row(intent).to_string());
+                for shared in [false, true] {
                     texts.push(sql.row.form(shared, intent).to_string());
                 }
             }

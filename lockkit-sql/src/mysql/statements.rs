@@ -101,10 +101,10 @@ pub(super) const CONNECTION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
 pub(super) struct MySql {
     /// The statements the lease engine runs as they are.
     pub(super) lease: LeaseStatements,
-    /// The row of a name inserted where it is missing, without waiting for
-    /// a holder's row lock (under `READ COMMITTED`): on MariaDB it fails at
-    /// once with a lock wait timeout (1205) when the row is held.
-    pub(super) make_row: Arc<str>,
+    /// The row of a name inserted where it is missing, in two forms (see
+    /// [`make_row`](Self::make_row)): for an attempt that waits, then for a
+    /// try.
+    make_rows: [Arc<str>; 2],
     /// `row` mode's lock, with its token.
     pub(super) row: LockingSql,
     pub(super) row_free: Arc<str>,
@@ -179,6 +179,17 @@ pub(super) struct MySql {
 }
 
 impl MySql {
+    /// The statement that inserts a name's row where it is missing, for an
+    /// attempt with `intent`. An attempt that waits makes it from a plain
+    /// read, which does not wait for the row's holder: on MariaDB, a
+    /// statement that gave up a lock wait on the held row (the upsert
+    /// that a try sends) before the locking `SELECT` queued made the
+    /// handoff to that waiter about one and a half times the server's own
+    /// (the MariaDB `row` handoff of docs/reports/sql.md, up to 5464ecd).
+    pub(super) fn make_row(&self, intent: Intent) -> &Arc<str> {
+        &self.make_rows[usize::from(intent == Intent::Try)]
+    }
+
     /// Whether a session-mode grant draws its token after the lock
     /// statement, from the counter: with tokens, on MySQL (a sequence draws
     /// inside the statement).
@@ -365,30 +376,32 @@ impl MySql {
                 client: format!("{:016x}", fastrand::u64(..)),
             },
 
-            make_row: match fence_source {
-                // An upsert whose duplicate check gives up at once on a
-                // held row (lock wait timeout 0, MariaDB 10.3 and later):
-                // the server runs it faster than the insert from a
-                // `SELECT` of the same table below (a row-mode cycle about
-                // a fifth faster, see docs/reports/sql.md).
-                FenceSource::Sequence => format!(
-                    "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
-                     INSERT INTO {table} (name, owner, fence, expires_at) \
-                     VALUES (?, NULL, 0, '1000-01-01 00:00:00') \
-                     ON DUPLICATE KEY UPDATE name = name"
-                )
-                .into(),
-                // MySQL's least wait is a second: the insert comes from a
-                // plain read that finds no row. Its duplicate check (of a
-                // row that appeared after the read) waits for that row's
-                // holder, as an upsert would for any.
-                FenceSource::Counter => format!(
+            make_rows: {
+                // A plain read that finds no row, then the insert (under
+                // `READ COMMITTED` the read takes no lock). Its duplicate
+                // check, of a row that appeared after the read, waits for
+                // that row's holder, as an upsert would for any.
+                let from_read = format!(
                     "INSERT INTO {table} (name, owner, fence, expires_at) \
                      SELECT ?, NULL, 0, '1000-01-01 00:00:00' FROM DUAL \
                      WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE name = ?) \
                      ON DUPLICATE KEY UPDATE name = {table}.name"
-                )
-                .into(),
+                );
+                let to_try = match fence_source {
+                    // An upsert whose duplicate check gives up at once on a
+                    // held row (lock wait timeout 0, MariaDB 10.3 and
+                    // later): a try that finds the row held fails without
+                    // a wait.
+                    FenceSource::Sequence => format!(
+                        "SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
+                         INSERT INTO {table} (name, owner, fence, expires_at) \
+                         VALUES (?, NULL, 0, '1000-01-01 00:00:00') \
+                         ON DUPLICATE KEY UPDATE name = name"
+                    ),
+                    // MySQL's least wait is a second.
+                    FenceSource::Counter => from_read.clone(),
+                };
+                [from_read.into(), to_try.into()]
             },
             // MariaDB spells the share lock `LOCK IN SHARE MODE` (with
             // NOWAIT); MySQL 8, whose tokens come from the counter, `FOR SHARE`.
