@@ -52,6 +52,11 @@
 //! mode written by hand, and by one script that releases and keeps the
 //! releasing process's place in line (see [`Handoff`]).
 //!
+//! The workers run on one CPU and the servers on the other
+//! ([`lockkit_benches::cpu`]), as if each ran on a host of its own:
+//! left to the scheduler, a holder that kept the lock looped against a
+//! server on its own CPU at a speed no other placement gave.
+//!
 //! Run with `cargo bench -p lockkit-benches --bench processes`
 //! (`LOCKKIT_BENCH_BACKENDS=redis,pg-advisory` limits the backends,
 //! `LOCKKIT_BENCH_QUICK=1` shortens the runs); the summary is printed and
@@ -110,9 +115,18 @@ fn main() {
         .into_iter()
         .filter(|d| *d != Deployment::Memory)
         .collect();
+    // Before the servers start, which are then moved to a CPU of their
+    // own; the workers, started by this process, run on its CPU.
+    let pinned = lockkit_benches::cpu::pin_client();
     let rows = runtime().block_on(async {
         let servers = Servers::start(&backends).await;
         let section = RedisServer::start().await;
+        let lock_servers = backends
+            .iter()
+            .flat_map(|&backend| lock_server_pids(&servers, backend).unwrap_or_default());
+        for pid in lock_servers.chain([section.pid()]) {
+            lockkit_benches::cpu::pin_server(pid.expect("a running server"));
+        }
         let mut rows = Vec::new();
         for &backend in &backends {
             for flavour in FLAVOURS {
@@ -149,7 +163,7 @@ fn main() {
     save_summary(
         mode,
         "processes",
-        &summary(mode, processes, run, rounds, &rows),
+        &summary(mode, processes, run, rounds, &pinned, &rows),
     );
 }
 
@@ -960,14 +974,11 @@ async fn commands(servers: &Servers, backend: Deployment) -> Option<u64> {
 /// Linux, whatever the kernel's own tick.
 const USER_HZ: u64 = 100;
 
-/// The CPU time the lock servers' processes have used so far, their
-/// children that ended counted too (PostgreSQL's backends, once their
-/// sessions closed), from `/proc/<pid>/stat` (in the kernel's ticks of
-/// 10 ms); `None` for SQLite, which has no server, or if a figure is
-/// missing.
-fn server_cpu(servers: &Servers, backend: Deployment) -> Option<Duration> {
+/// The processes of `backend`'s lock servers (`None` for SQLite, which
+/// has no server; a `None` pid for a server that is not running).
+fn lock_server_pids(servers: &Servers, backend: Deployment) -> Option<Vec<Option<u32>>> {
     use Deployment::*;
-    let pids: Vec<Option<u32>> = match backend {
+    Some(match backend {
         Redis | Redlock3 | Redlock5 => servers.redis()[..backend.redis_masters()]
             .iter()
             .map(FaultControl::pid)
@@ -977,9 +988,17 @@ fn server_cpu(servers: &Servers, backend: Deployment) -> Option<Duration> {
         PgLease | PgRow | PgAdvisory => vec![servers.pg().pid()],
         MariaDbLease | MariaDbRow | MariaDbNamed => vec![servers.my().pid()],
         _ => return None,
-    };
+    })
+}
+
+/// The CPU time the lock servers' processes have used so far, their
+/// children that ended counted too (PostgreSQL's backends, once their
+/// sessions closed), from `/proc/<pid>/stat` (in the kernel's ticks of
+/// 10 ms); `None` for SQLite, which has no server, or if a figure is
+/// missing.
+fn server_cpu(servers: &Servers, backend: Deployment) -> Option<Duration> {
     let mut sum = 0;
-    for pid in pids {
+    for pid in lock_server_pids(servers, backend)? {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
         // The fields after the command's name (in parentheses, which may
         // hold spaces): utime, stime, cutime and cstime are the 14th to
@@ -1207,11 +1226,19 @@ impl Row {
     }
 }
 
-fn summary(mode: RunMode, processes: usize, run: Duration, rounds: usize, rows: &[Row]) -> String {
+fn summary(
+    mode: RunMode,
+    processes: usize,
+    run: Duration,
+    rounds: usize,
+    pinned: &str,
+    rows: &[Row],
+) -> String {
     let mut out = format!(
         "## {processes} processes on one name ({} run, {} s per library, backend, runtime and process count, in {rounds} interleaved rounds)\n\n\
          Each process one client, looping `acquire` → two round trips to another Redis server → `release`. \
-         Runtime: the workers' tokio runtime, multi-thread (a worker thread per core) or current-thread. \
+         Runtime: the workers' tokio runtime, multi-thread (a worker thread per core it may use) or current-thread. \
+         {pinned} The workers ran on the client's CPU, and the lock servers and the sections' Redis server on the servers'. \
          Straight back: of consecutive grants, the share that went to the process that had just released. \
          Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \

@@ -20,8 +20,19 @@ pub const CLIENT_CPU: usize = 0;
 /// The CPU [`pin_server`] pins a server to.
 pub const SERVER_CPU: usize = 1;
 
+/// The variable that, set (to anything), leaves the client and the servers
+/// of the benchmarks that pin them to the scheduler instead, to compare:
+/// [`pin_client`] and [`pin_server`] then do nothing.
+pub const UNPINNED: &str = "LOCKKIT_BENCH_UNPINNED";
+
+/// Whether [`UNPINNED`] is set.
+fn unpinned() -> bool {
+    std::env::var_os(UNPINNED).is_some()
+}
+
 /// Pins this process (each of its threads, and every thread and process it
-/// starts afterwards) to CPU [`CLIENT_CPU`]. What it did, for the summary.
+/// starts afterwards) to CPU [`CLIENT_CPU`], unless [`UNPINNED`] is set.
+/// What it did, for the summary.
 ///
 /// # Panics
 ///
@@ -29,6 +40,12 @@ pub const SERVER_CPU: usize = 1;
 /// single CPU: a run that meant to pin and did not would measure something
 /// else.
 pub fn pin_client() -> String {
+    if unpinned() {
+        return format!(
+            "The benchmark's client and its servers ran wherever the scheduler put them \
+             (`{UNPINNED}` was set; see `lockkit_benches::cpu`)."
+        );
+    }
     check_cpus();
     taskset(std::process::id(), CLIENT_CPU).unwrap_or_else(|error| panic!("{error}"));
     format!(
@@ -41,12 +58,15 @@ pub fn pin_client() -> String {
 /// Pins the server process `pid` and the processes it started (each of
 /// their threads, and every thread and process they start afterwards: the
 /// threads or processes of the connections made after this) to CPU
-/// [`SERVER_CPU`].
+/// [`SERVER_CPU`], unless [`UNPINNED`] is set.
 ///
 /// # Panics
 ///
 /// As [`pin_client`].
 pub fn pin_server(pid: u32) {
+    if unpinned() {
+        return;
+    }
     check_cpus();
     taskset(pid, SERVER_CPU).unwrap_or_else(|error| panic!("{error}"));
     for child in children(pid) {
