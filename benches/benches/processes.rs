@@ -55,7 +55,11 @@
 //! The workers run on one CPU and the servers on the other
 //! ([`lockkit_benches::cpu`]), as if each ran on a host of its own:
 //! left to the scheduler, a holder that kept the lock looped against a
-//! server on its own CPU at a speed no other placement gave.
+//! server on its own CPU at a speed no other placement gave. Every CPU
+//! also runs a busy loop at the lowest priority
+//! ([`lockkit_benches::cpu::keep_awake`]): an idle vCPU halts, and the
+//! library that left the CPUs idle more often paid for it in the wake-ups
+//! of its critical sections.
 //!
 //! Run with `cargo bench -p lockkit-benches --bench processes`
 //! (`LOCKKIT_BENCH_BACKENDS=redis,pg-advisory` limits the backends,
@@ -118,6 +122,7 @@ fn main() {
     // Before the servers start, which are then moved to a CPU of their
     // own; the workers, started by this process, run on its CPU.
     let pinned = lockkit_benches::cpu::pin_client();
+    let (awake, kept_awake) = lockkit_benches::cpu::keep_awake();
     let rows = runtime().block_on(async {
         let servers = Servers::start(&backends).await;
         let section = RedisServer::start().await;
@@ -163,8 +168,16 @@ fn main() {
     save_summary(
         mode,
         "processes",
-        &summary(mode, processes, run, rounds, &pinned, &rows),
+        &summary(
+            mode,
+            processes,
+            run,
+            rounds,
+            &format!("{pinned} {kept_awake}"),
+            &rows,
+        ),
     );
+    drop(awake);
 }
 
 /// The process counts `library` runs with on `flavour`: every library with
@@ -1231,14 +1244,14 @@ fn summary(
     processes: usize,
     run: Duration,
     rounds: usize,
-    pinned: &str,
+    placement: &str,
     rows: &[Row],
 ) -> String {
     let mut out = format!(
         "## {processes} processes on one name ({} run, {} s per library, backend, runtime and process count, in {rounds} interleaved rounds)\n\n\
          Each process one client, looping `acquire` → two round trips to another Redis server → `release`. \
          Runtime: the workers' tokio runtime, multi-thread (a worker thread per core it may use) or current-thread. \
-         {pinned} The workers ran on the client's CPU, and the lock servers and the sections' Redis server on the servers'. \
+         {placement} \
          Straight back: of consecutive grants, the share that went to the process that had just released. \
          Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \

@@ -13,7 +13,7 @@
 //! the other, the same for every connection. (An SQLite database is part of
 //! the client: sqlx's worker threads share the client's CPU.)
 
-use std::process::Command;
+use std::process::{Child, Command};
 
 /// The CPU [`pin_client`] pins the benchmark process to.
 pub const CLIENT_CPU: usize = 0;
@@ -124,5 +124,62 @@ fn taskset(pid: u32, cpu: usize) -> Result<(), String> {
             "taskset could not pin process {pid} to CPU {cpu}: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         ))
+    }
+}
+
+/// Busy loops at the lowest priority, one on each CPU, while it lives (see
+/// [`keep_awake`]).
+#[derive(Debug)]
+pub struct Awake {
+    loops: Vec<Child>,
+}
+
+/// Keeps every CPU of the machine busy, at the lowest priority
+/// (`SCHED_IDLE`, `chrt --idle`), until the returned value is dropped.
+/// What it did, for the summary.
+///
+/// On a virtual machine an idle vCPU halts, and a wake-up on it (a reply
+/// for a thread that sleeps there) first has to bring it back, which costs
+/// more than a wake-up on a CPU that runs something. A library that leaves
+/// the CPUs idle more often then pays for it in every round trip of its
+/// critical sections, the same work in every library, while one that keeps
+/// them busy does not. A loop at the lowest priority gives way at once to
+/// any other thread, and keeps the CPU from halting. Each loop ends when
+/// this process does, also without a drop (a run killed midway).
+///
+/// # Panics
+///
+/// If `chrt` or `taskset` (util-linux) is missing.
+pub fn keep_awake() -> (Awake, String) {
+    let cpus = lockkit_testkit::stamp::machine_cpus();
+    let loops = (0..cpus)
+        .map(|cpu| {
+            Command::new("chrt")
+                .args(["--idle", "0", "taskset", "--cpu-list"])
+                .arg(cpu.to_string())
+                // `$PPID` is this process: once it is gone, the loop ends.
+                .args(["sh", "-c", "while kill -0 $PPID 2>/dev/null; do :; done"])
+                .spawn()
+                .unwrap_or_else(|e| panic!("chrt and taskset (util-linux) are needed: {e}"))
+        })
+        .collect();
+    (
+        Awake { loops },
+        format!(
+            "Every one of the machine's {cpus} CPUs ran a busy loop at the lowest priority \
+             (`SCHED_IDLE`), which gives way to any other thread at once, so that no vCPU \
+             halted while idle and a wake-up cost the same whoever had left the CPU idle \
+             (see `lockkit_benches::cpu::keep_awake`)."
+        ),
+    )
+}
+
+impl Drop for Awake {
+    fn drop(&mut self) {
+        for busy in &mut self.loops {
+            // Our own children, by their handles.
+            let _ = busy.kill();
+            let _ = busy.wait();
+        }
     }
 }
