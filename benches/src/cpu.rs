@@ -12,6 +12,10 @@
 //! each ran on a host of its own: every round trip crosses from one CPU to
 //! the other, the same for every connection. (An SQLite database is part of
 //! the client: sqlx's worker threads share the client's CPU.)
+//!
+//! A CPU left idle on a virtual machine halts, and a wake-up on it costs
+//! more than one on a CPU that runs something: [`keep_awake`] keeps every
+//! CPU busy at the lowest priority while a benchmark runs.
 
 use std::process::{Child, Command};
 
