@@ -1,10 +1,11 @@
 //! `row` mode's statements on MySQL and MariaDB.
 //!
 //! A lock's attempt sends the row's insert (where it is missing), `BEGIN`
-//! and the locking `SELECT` in one message: an uncontended cycle takes three round trips with the
-//! release's two, where one statement at a time takes five. Statements sent
-//! several at once bind nothing (the text protocol): the name goes in as a
-//! hexadecimal literal (see [`hex_literal`]).
+//! and the locking `SELECT` in one message: an uncontended cycle takes
+//! three round trips with the release's two, where one statement at a time
+//! takes five. Statements sent several at once bind nothing (the text
+//! protocol): the name goes in as a hexadecimal literal (see
+//! [`hex_literal`]).
 
 use std::sync::Arc;
 
