@@ -48,9 +48,10 @@
 //! and MariaDB (`GET_LOCK`), one after the other on the same servers. On
 //! Redis a ring of processes without a lock, each handing over to the next
 //! one when its section is done, measures the floors of a handoff between
-//! processes: by one `PUBLISH`, by the server work of lockkit's default
-//! mode written by hand, and by one script that releases and keeps the
-//! releasing process's place in line (see [`Handoff`]).
+//! processes: by one `PUBLISH`, by a release script then a script that
+//! takes the releasing process's place in line, and by one script that
+//! releases and keeps that place, as lockkit's default mode does (see
+//! [`Handoff`]), each written by hand.
 //!
 //! The workers run on one CPU and the servers on the other
 //! ([`lockkit_benches::cpu`]), as if each ran on a host of its own:
@@ -263,18 +264,19 @@ enum Handoff {
     /// hands over between processes through that server pays at least
     /// (the `PUBLISH`, its delivery, the next process's wake-up).
     Publish,
-    /// The server work of lockkit's default mode, with nothing of its
-    /// client: a script that runs the commands of the default mode's
-    /// release on its path that grants the head of the line, its `PUBLISH`
-    /// to the next process included ([`RING_RELEASE`]); then, as lockkit's
-    /// releasing process asks again at once, a second script that runs the
-    /// commands of a refused waiting acquire taking its place in line
-    /// ([`RING_PLACE`]).
+    /// A handoff in two scripts, with nothing of a client: one that runs
+    /// the commands of the default mode's release on its path that grants
+    /// the head of the line, its `PUBLISH` to the next process included
+    /// ([`RING_RELEASE`]); then, as a releasing process asks again at
+    /// once, a second script that runs the commands of a refused waiting
+    /// acquire taking its place in line ([`RING_PLACE`]): lockkit's
+    /// default mode before its release kept the place.
     ReleaseThenPlace,
     /// One script that does both: the release's commands, then the
     /// releasing process's place in line ([`RING_RELEASE`] with its
-    /// caller placed): the handoff of a lock whose release keeps the
-    /// releasing process's place, so that asking again sends nothing.
+    /// caller placed): the server work of lockkit's default mode, whose
+    /// release keeps the releasing process's place, so that asking again
+    /// sends nothing.
     ReleasePlacing,
 }
 
@@ -386,10 +388,10 @@ impl Entrant {
             Entrant::Client(client) => client.library(),
             Entrant::Ring(Handoff::Publish) => "floor: a ring of `PUBLISH`es, no lock",
             Entrant::Ring(Handoff::ReleaseThenPlace) => {
-                "floor: a ring of the default mode's release and place scripts, no lock"
+                "floor: a ring of a release script and a place script, no lock"
             }
             Entrant::Ring(Handoff::ReleasePlacing) => {
-                "floor: a ring of one script that releases and keeps the place, no lock"
+                "floor: a ring of one script that releases and keeps the place (the default mode's), no lock"
             }
         }
     }
@@ -1256,7 +1258,7 @@ fn summary(
          Handoff: from the holder's `release` call to the next holder's `acquire` returning. \
          Commands per handoff: the lock servers' own count over the run ÷ critical sections (on Redis the commands that scripts call count too; lockkit also runs with {quarter} processes, to show whether that count grows with the waiters). \
          One instance held by a dead client: a lease on the lock's key on one of the three instances outlives the run, so every grant needs both others. \
-         The floors (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, hands over to the next process, written by hand with redis-rs: by one `PUBLISH` to its channel (what a handoff between processes through that server costs at least); by a script of the commands of lockkit's default-mode release, then a script of those of its place in line (the default mode's server work); by one script of both. \
+         The floors (Redis): no lock; each process waits for a message on a channel of its own on the lock's Redis server and, its section done, hands over to the next process, written by hand with redis-rs: by one `PUBLISH` to its channel (what a handoff between processes through that server costs at least); by a script of the commands of lockkit's default-mode release, then a script of those of its place in line (as before the release kept the place); by one script of both (the default mode's server work). \
          CPU per section: the CPU time the workers' loops used (every process, every thread, waiters included; from each thread's `schedstat`), and that the lock servers' processes used (from `/proc/<pid>/stat`, in ticks of 10 ms), ÷ critical sections. The sections run one at a time, so a library's throughput is bounded by the time on that one path (the lock server's time for each of the holder's requests, on the server's one thread; the holder's own client; the wake-ups between processes), not by the machine's cores as such: the CPU table says how busy the loops kept them. \
          Books: the counter the sections advanced agrees with the sections (no two holders at once).\n\n\
          | backend | library | runtime | processes | critical sections | per second | straight back | handoff p50 | handoff p99 | server commands per handoff | client CPU per section | lock server CPU per section | books |\n\
@@ -1440,8 +1442,8 @@ fn floors(rows: &[Row], processes: usize) -> String {
          Critical sections per second over those of each floor on the same backend and runtime, with {processes} processes. \
          Every floor is a ring that hands every section to the next process and never back, written by hand with redis-rs: \
          by one `PUBLISH` (the least a handoff between processes through that server costs); \
-         by the default mode's release script, then the releasing process's place in line by a second script, as lockkit's default mode asks again at once (its server work, without its client); \
-         by one script that does both (a release that keeps the releasing process's place, so that asking again sends nothing). \
+         by the default mode's release script, then the releasing process's place in line by a second script (as lockkit's default mode asked again before its release kept the place); \
+         by one script that does both (the default mode's release, which keeps the releasing process's place, so that asking again sends nothing: its server work, without its client). \
          A library above 1 gives grants straight back: a process that keeps the lock skips the handoff every floor pays.\n\n\
          | backend | runtime | library | per second | × `PUBLISH` ring | × release then place | × release placing | straight back |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- |\n"

@@ -127,6 +127,55 @@ pub async fn a_release_goes_to_a_waiting_client(h: &dyn Harness) {
     );
 }
 
+/// Where waits are notified: a client that waited for a name, then
+/// released it to a client waiting for it, and does not ask for it again,
+/// holds up none of the turns that follow. Once the client it released to
+/// lets go at once, a third client gets the lock within a wait far shorter
+/// than the leases: a place in line that the release kept for the client
+/// (as the Redis backend keeps one, for a next acquisition that comes at
+/// once) is given up, and its turn passed on; a lease granted on that turn
+/// to nobody would hold the name for its whole ttl.
+pub async fn a_client_that_does_not_ask_again_holds_up_no_turn(h: &dyn Harness) {
+    let (a, b, c) = (h.client().await, h.client().await, h.client().await);
+    if !a.capabilities().notified_wait {
+        return;
+    }
+    let name = unique("no-ask");
+    let o = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait_for(Duration::from_secs(30));
+    // `a` waits once, as a worker does, so that it hears its turns.
+    let first = b.acquire(&name, &o).await.expect("the first holder");
+    let a_waits = {
+        let (a, name, o) = (a.clone(), name.clone(), o.clone());
+        tokio::spawn(async move { a.acquire(&name, &o).await })
+    };
+    until_queued(b.as_ref(), &name, 1).await;
+    first.release().await.expect("the first holder releases");
+    let held = a_waits.await.expect("a's task").expect("a gets the lock");
+    // `b` waits; `a` releases to it and does not ask again; `b` lets go
+    // at once.
+    let b_waits = {
+        let (b, name, o) = (b.clone(), name.clone(), o.clone());
+        tokio::spawn(async move {
+            let guard = b.acquire(&name, &o).await?;
+            guard.release().await.map(drop)
+        })
+    };
+    until_queued(a.as_ref(), &name, 1).await;
+    held.release().await.expect("a releases");
+    let passed: Result<(), LockError> = b_waits.await.expect("b's task");
+    passed.expect("b gets the lock and releases it");
+    let wait = Duration::from_secs(20);
+    let guard = c
+        .acquire(&name, &o.clone().wait_for(wait))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("a client that did not ask again held the lock up past {wait:?}: {e}")
+        });
+    guard.release().await.expect("the third client releases");
+}
+
 /// Where a client watches a name's releases (an active
 /// [`watch_releases`](DistributedLock::watch_releases), as its waiters do
 /// between tries), a release by another client wakes the watch: a wake-up

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockkit_core::backend::{
-    Attempt, Handover, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch, Turn,
+    Attempt, Handover, Intent, KeptPlace, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch, Turn,
 };
 use lockkit_core::{Capabilities, FencingToken, LockKind, LockStatus, ReleaseOnCrash, Result};
 
@@ -12,6 +12,7 @@ use crate::error::BACKEND;
 use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::Keys;
+use crate::places::{NextTurn, Places};
 use crate::renewals::Renewing;
 use crate::scripts::{Release, Waiting};
 
@@ -57,12 +58,16 @@ pub struct RedisBackend {
     /// Whether waiters of exclusive locks ask on the backoff, out of any
     /// line and deaf to releases (see [`barging`](Self::barging)).
     barging: bool,
+    /// The places in line releases kept for this client's next
+    /// acquisitions (see `crate::places`).
+    places: Arc<Places>,
 }
 
 impl RedisBackend {
     /// A backend on a connected instance with a key prefix.
     pub fn new(instance: RedisInstance, prefix: impl Into<String>) -> Self {
         RedisBackend {
+            places: Arc::new(Places::new(instance.clone())),
             instance,
             prefix: prefix.into(),
             waiter: None,
@@ -243,6 +248,58 @@ impl LeaseBackend for RedisBackend {
         let (since, token) = self.instance.take_turn(keys, &key.stored(owner.as_str()))?;
         let fencing = self.fences().then(|| FencingToken::new(token));
         Some(Turn { fencing, since })
+    }
+
+    /// On one server, where turns are granted
+    /// ([`grants_turns`](LeaseBackend::grants_turns)) and this client's
+    /// turn channel is subscribed already: when the release hands the lock
+    /// to the head of the line, this client takes the end of the line in
+    /// the same script, as if it had asked again at once (see
+    /// `crate::places`).
+    async fn release_keeping_place(
+        &self,
+        key: &RedisKey,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let RedisKey::Exclusive(keys) = key else {
+            return self.release(key, owner).await;
+        };
+        let watch = (self.grants_turns() && self.instance.is_single())
+            .then(|| self.instance.live_turn_watch(keys))
+            .flatten()
+            .filter(ReleaseWatch::tells_turns);
+        let Some(watch) = watch else {
+            return self.release(key, owner).await;
+        };
+        let next = OwnerToken::new();
+        let stored = key.stored(next.as_str()).into_owned();
+        let (released, kept) = self
+            .instance
+            .release_keeping_place(
+                keys,
+                &key.stored(owner.as_str()),
+                self.fences(),
+                &stored,
+                ttl,
+            )
+            .await?;
+        if kept {
+            let next = NextTurn {
+                owner: next,
+                stored,
+                ttl,
+            };
+            self.places.keep(keys, next, self.fences(), watch);
+        }
+        Ok(released)
+    }
+
+    fn resume_place(&self, key: &RedisKey) -> Option<KeptPlace> {
+        let RedisKey::Exclusive(keys) = key else {
+            return None;
+        };
+        self.places.resume(&keys.lock)
     }
 
     /// Not while every grant must be acknowledged by replicas (`WAIT`): a

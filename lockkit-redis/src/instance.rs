@@ -582,14 +582,7 @@ impl RedisInstance {
                 call
             }
             None => {
-                let line = LineKeys::of(keys, release == Release::Grant);
-                let mut call = Call::new(&self.inner.releases.release, line.after(lock_keys));
-                call.arg(owner)
-                    .arg(&keys.channel)
-                    .arg(release.arg())
-                    .arg(&*self.inner.waiter)
-                    .arg(ttl_millis(self.inner.turn))
-                    .arg(flag(fencing));
+                let mut call = self.line_release(keys, owner, fencing, release);
                 if let Release::Back(place) = release {
                     call.arg(place).arg(ttl_millis(QUEUE_PLACE));
                 }
@@ -598,6 +591,49 @@ impl RedisInstance {
         };
         let released: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok(released == 1)
+    }
+
+    /// As [`release`](Self::release) with [`Release::Grant`] (not for a
+    /// fair lock), and when the lock goes to the head of the line this
+    /// client takes the end of the line in the same step, as if it had
+    /// asked again at once: its turn is to grant `next` (an owner as
+    /// stored) a lease of `ttl`, stamped now (see [`Waiting::Turn`]), its
+    /// place lasting [`QUEUE_PLACE`] as an attempt's would. Returns whether
+    /// the holding was released, and whether the place was kept.
+    pub(crate) async fn release_keeping_place(
+        &self,
+        keys: &Keys,
+        owner: &str,
+        fencing: bool,
+        next: &str,
+        ttl: Duration,
+    ) -> Result<(bool, bool)> {
+        let mut conn = self.inner.commands.clone();
+        let mut call = self.line_release(keys, owner, fencing, Release::Grant);
+        let record = format!(
+            "{}|{}|{}|{next}",
+            turns::stamp(),
+            ttl_millis(ttl),
+            flag(fencing)
+        );
+        call.arg("").arg(ttl_millis(QUEUE_PLACE)).arg(record);
+        let answer: i64 = self.run("release", call.invoke(&mut conn)).await?;
+        Ok((answer & 1 == 1, answer >= 2))
+    }
+
+    /// The call of the release script of a lock with a line, with its
+    /// first six arguments.
+    fn line_release(&self, keys: &Keys, owner: &str, fencing: bool, release: Release) -> Call {
+        let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
+        let line = LineKeys::of(keys, release == Release::Grant);
+        let mut call = Call::new(&self.inner.releases.release, line.after(lock_keys));
+        call.arg(owner)
+            .arg(&keys.channel)
+            .arg(release.arg())
+            .arg(&*self.inner.waiter)
+            .arg(ttl_millis(self.inner.turn))
+            .arg(flag(fencing));
+        call
     }
 
     /// Makes `owner`'s lease in the sorted set `set` (readers, permits) end
@@ -676,6 +712,14 @@ impl RedisInstance {
         let message = self.inner.notifications.take_message(&channel)?;
         let (stamp, token) = turns::read(&message, owner)?;
         Some((turns::instant_of(stamp), token))
+    }
+
+    /// Marks the turn channel of `keys`' line for this client as that of a
+    /// kept place (see `crate::places`), whose first message is to be told
+    /// as `turn` says; `None` unmarks it.
+    pub(crate) fn mark_kept(&self, keys: &Keys, turn: Option<crate::notifications::KeptTurn>) {
+        let channel = keys.turn_channel(&self.inner.waiter);
+        self.inner.notifications.mark_kept(channel, turn);
     }
 
     /// Whether a waiting attempt of this connection can have its turn grant

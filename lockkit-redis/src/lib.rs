@@ -12,6 +12,7 @@ mod holding;
 mod instance;
 mod keys;
 mod notifications;
+mod places;
 mod renewals;
 mod scripts;
 mod sentinel;

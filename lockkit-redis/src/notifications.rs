@@ -54,9 +54,24 @@ struct Subscriber {
 /// waiter takes it. One per channel, dropped with the subscription.
 type Mailbox = Arc<std::sync::Mutex<HashMap<String, String>>>;
 
+/// The turn channels of the places in line kept for this client (see
+/// `crate::places`), each with where to say that a message came on it:
+/// the first message there, before an acquisition takes the place over,
+/// is the place's turn (or its reservation), which the client then gives
+/// up. An entry goes with its first message.
+type KeptTurns = Arc<std::sync::Mutex<HashMap<String, KeptTurn>>>;
+
+/// Where [`KeptTurns`] says that a kept place's turn came: the place's lock key
+/// is sent to its client's keeper.
+pub(crate) struct KeptTurn {
+    pub(crate) lock: String,
+    pub(crate) tell: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
 pub(crate) struct Notifications {
     hub: NotifyHub,
     mailbox: Mailbox,
+    kept: KeptTurns,
     subscriber: tokio::sync::Mutex<Subscriber>,
     target: Target,
     config: ConnectionManagerConfig,
@@ -119,8 +134,10 @@ impl Notifications {
         let push_hub = hub.clone();
         let mailbox = Mailbox::default();
         let push_mailbox = mailbox.clone();
+        let kept = KeptTurns::default();
+        let push_kept = kept.clone();
         let push: PushSender = Arc::new(move |push: PushInfo| {
-            dispatch(&push_hub, &push_mailbox, push);
+            dispatch(&push_hub, &push_mailbox, &push_kept, push);
             Ok(())
         });
         let target = target(push.clone())?;
@@ -130,6 +147,7 @@ impl Notifications {
         let notifications = Arc::new(Notifications {
             hub,
             mailbox,
+            kept,
             subscriber: tokio::sync::Mutex::default(),
             target,
             config,
@@ -208,6 +226,16 @@ impl Notifications {
     /// The message `channel` left for its waiter, if any (see [`Mailbox`]).
     pub(crate) fn take_message(&self, channel: &str) -> Option<String> {
         lock(&self.mailbox).remove(channel)
+    }
+
+    /// Marks `channel` as the turn channel of a kept place (see [`KeptTurns`]),
+    /// or unmarks it (`None`).
+    pub(crate) fn mark_kept(&self, channel: String, turn: Option<KeptTurn>) {
+        let mut kept = lock(&self.kept);
+        match turn {
+            Some(turn) => kept.insert(channel, turn),
+            None => kept.remove(&channel),
+        };
     }
 
     /// The subscriber connection to the current target: the existing one,
@@ -403,12 +431,15 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Wakes the watchers of a message's channel, after leaving a message with
 /// more to say than "released" in the mailbox (of a subscribed channel
 /// only: the mailbox stays as bounded as the subscriptions).
-fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, push: PushInfo) {
+fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, kept: &KeptTurns, push: PushInfo) {
     match push.kind {
         PushKind::Message | PushKind::SMessage => {
             if let Some(Value::BulkString(channel)) = push.data.first()
                 && let Ok(channel) = std::str::from_utf8(channel)
             {
+                if let Some(turn) = lock(kept).remove(channel) {
+                    let _ = turn.tell.send(turn.lock);
+                }
                 match push.data.get(1) {
                     // In the mailbox before the waiter wakes, and out again
                     // if nobody watches the channel.

@@ -667,6 +667,34 @@ return 0
     };
 }
 
+/// The end of a [`RELEASE`] that handed the lock to the head of the line
+/// (granted or reserved): with ARGV[9] (the record of the releasing
+/// client's next turn, `<stamp>|<ttl>|<fencing flag>|<owner>`, see
+/// [`ACQUIRE`]), the releasing client takes the last place in the line at
+/// once, as a refused attempt that waits would (ARGV[8] how long a place
+/// lasts, its record fresh for three quarters of that), its record marked
+/// `k` (a kept place: its turn goes to the next in line when nobody
+/// listens on its turn channel), and the answer is 2 more.
+macro_rules! keep_place {
+    () => {
+        concat!(
+            r"
+      if ARGV[9] and released == 1 and head ~= ARGV[4] then
+        t = t or redis.call('TIME')
+        local now = ",
+            time_us!(),
+            r"
+        redis.call('ZADD', KEYS[4], 'NX', string.format('%d', now), ARGV[4])
+        redis.call('PEXPIRE', KEYS[4], ARGV[8])
+        redis.call('HSET', KEYS[5], ARGV[4], 'k' .. string.format('%d', now + tonumber(ARGV[8]) * 750) .. '|' .. ARGV[9])
+        redis.call('PEXPIRE', KEYS[5], ARGV[8])
+        return released + 2
+      end
+"
+        )
+    };
+}
+
 /// What [`RELEASE`] does with the fence counter of a holding that drew a
 /// token (`released` 1, ARGV[6] "1"), unless the next holder draws from it
 /// at once: `fence` is true when the counter can go (the server's clock
@@ -724,6 +752,16 @@ end
 /// client and costs the same whatever the number of waiters, and a holder
 /// that releases and asks again at once queues behind them.
 ///
+/// A holder's release that hands the lock to the head of the line can
+/// also keep the releasing client's place (ARGV[7] "", ARGV[8] how long a
+/// place lasts, ARGV[9], see [`keep_place!`]): the client
+/// goes to the end of the line in the same step, with the record of its
+/// next turn, as if it had asked again at once, and a next acquisition
+/// that comes soon waits for that turn without asking (see
+/// `crate::places`). The turn of such a kept place goes to the next in
+/// line instead when no client listens on its turn channel any more (the
+/// `PUBLISH` reached nobody: the client went away, or gave the place up).
+///
 /// A rollback (ARGV[3] "0": Redlock undoing a grant that won no quorum)
 /// deletes the key and wakes nobody. With ARGV[7], a waiting caller's
 /// place (µs, see [`Release::Back`]), and ARGV[8], how long a place lasts
@@ -742,7 +780,10 @@ end
 /// rollback (ARGV[3] not "1") leaves it the caller's. Otherwise the
 /// caller's record as a waiting writer goes, if it is there (waking the
 /// readers it kept waiting), and, unless this is a rollback (whose caller
-/// still waits), its place in the line. Returns 1 if released.
+/// still waits), its place in the line, unless the place's recorded turn
+/// is another owner's (a later acquisition of the same client took the
+/// place over). Returns 1 if released, 3 if released with the place kept,
+/// else 0.
 const RELEASE: &str = concat!(
     r"
 local held = redis.call('GET', KEYS[1])
@@ -756,9 +797,12 @@ elseif held == '\30' .. ARGV[4] then
   redis.call('ZREM', KEYS[4], ARGV[4])
 else
   if ARGV[3] == '1' then
-    redis.call('ZREM', KEYS[4], ARGV[4])
-    if KEYS[5] then
-      redis.call('HDEL', KEYS[5], ARGV[4])
+    local record = KEYS[5] and redis.call('HGET', KEYS[5], ARGV[4])
+    if not record or string.sub(record, -1 - #ARGV[1]) == '|' .. ARGV[1] then
+      redis.call('ZREM', KEYS[4], ARGV[4])
+      if record then
+        redis.call('HDEL', KEYS[5], ARGV[4])
+      end
     end
   end
   if redis.call('GET', KEYS[2]) == ARGV[1] then
@@ -775,16 +819,19 @@ elseif ARGV[7] then
   redis.call('PEXPIRE', KEYS[4], ARGV[8])
   head = redis.call('ZPOPMIN', KEYS[4])[1]
 end
-local turn = head and KEYS[5] and redis.call('HGET', KEYS[5], head)
-if turn then
-  redis.call('HDEL', KEYS[5], head)
-  local fresh, since, ttl, fencing, owner = string.match(turn, '^(%d+)|(%d+)|(%d+)|(%d)|(.*)$')
-  local t = redis.call('TIME')
+local t = nil
+while head do
+  local turn = KEYS[5] and redis.call('HGET', KEYS[5], head)
+  local kept, fresh, since, ttl, fencing, owner
+  if turn then
+    redis.call('HDEL', KEYS[5], head)
+    kept, fresh, since, ttl, fencing, owner = string.match(turn, '^(k?)(%d+)|(%d+)|(%d+)|(%d)|(.*)$')
+    t = redis.call('TIME')
+  end
+  kept = kept or ''
   if fresh and tonumber(fresh) >= ",
     time_us!(),
     r" then
-    redis.call('SET', KEYS[1], owner, 'PX', ttl)
-    redis.call('DEL', KEYS[2])
     local token = 0
     if fencing == '1' then
       local key = KEYS[3]
@@ -800,23 +847,42 @@ if turn then
         redis.call('DEL', KEYS[3])
       end
     end
-    redis.call('PUBLISH', ARGV[2] .. ':' .. head, since .. '|' .. string.format('%d', token) .. '|' .. owner)
-    return released
+    local told = redis.call('PUBLISH', ARGV[2] .. ':' .. head, since .. '|' .. string.format('%d', token) .. '|' .. owner)
+    if told > 0 or kept == '' then
+      redis.call('SET', KEYS[1], owner, 'PX', ttl)
+      redis.call('DEL', KEYS[2])
+",
+    keep_place!(),
+    r"
+      return released
+    end
+  else
+",
+    releasers_fence!(),
+    r"
+    local told = 1
+    if kept ~= '' then
+      told = redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+    end
+    if told > 0 then
+      redis.call('SET', KEYS[1], '\30' .. head, 'PX', ARGV[5])
+      if fence then
+        redis.call('DEL', KEYS[3])
+      end
+      if kept == '' and (ARGV[3] == '1' or head ~= ARGV[4]) then
+        redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
+      end
+",
+    keep_place!(),
+    r"
+      return released
+    end
   end
+  head = redis.call('ZPOPMIN', KEYS[4])[1]
 end
 ",
     releasers_fence!(),
     r"
-if head then
-  redis.call('SET', KEYS[1], '\30' .. head, 'PX', ARGV[5])
-  if fence then
-    redis.call('DEL', KEYS[3])
-  end
-  if ARGV[3] == '1' or head ~= ARGV[4] then
-    redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
-  end
-  return released
-end
 if fence then
   redis.call('DEL', KEYS[1], KEYS[3])
 else

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockkit_core::{DistributedLock, LockError, LockOptions};
 use lockkit_redis::{RedisLock, RedisLockBuilder};
-use lockkit_testkit::{ClosedPort, FaultControl, TestServer, waiter};
+use lockkit_testkit::{ClosedPort, FaultControl, TestServer, eventually, waiter};
 use lockkit_testkit::{
     PythonPeer, RedisServer, TestCerts, assert_mutual_exclusion_with, free_port,
 };
@@ -710,6 +710,119 @@ async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
         }
         server
             .command(&["DEL", "lockkit:granted", "{lockkit:granted}:fence"])
+            .await
+            .unwrap();
+    }
+}
+
+/// A client whose turn channel is subscribed (it waited for the lock
+/// before) and whose release hands the lock to a client in line keeps its
+/// own place in the same step: it is at the end of the line with a kept
+/// record (`k…`) at once, and asking again it waits for that turn and gets
+/// the lock after the client it handed it to, with a higher token. A kept
+/// place that its client does not take over is given up: the name is left
+/// with no key.
+#[tokio::test]
+async fn a_release_keeps_the_place_of_a_client_that_waited() {
+    let server = RedisServer::start().await;
+    let a = std::sync::Arc::new(connect(&server.url()).await);
+    let b = std::sync::Arc::new(connect(&server.url()).await);
+    let (line, turns) = ("{lockkit:kept}:line", "{lockkit:kept}:turns");
+    // An acquire of the name that waits, in a task of its own.
+    let waits = |locks: &std::sync::Arc<RedisLock>| {
+        let (locks, o) = (locks.clone(), opts().wait_for(Duration::from_secs(30)));
+        tokio::spawn(async move { locks.acquire("kept", &o).await })
+    };
+    let in_line = |n: &'static str| {
+        let server = &server;
+        async move {
+            eventually(Duration::from_secs(10), || async {
+                server.command(&["ZCARD", line]).await.unwrap() == n
+            })
+            .await
+        }
+    };
+    // `a` waits once, so that its turn channel is subscribed.
+    let first = b.acquire("kept", &opts()).await.unwrap();
+    let a_waits = waits(&a);
+    assert!(in_line("1").await, "a never took its place in line");
+    first.release().await.unwrap();
+    let held = a_waits.await.unwrap().unwrap();
+    let b_waits = waits(&b);
+    assert!(in_line("1").await, "b never took its place in line");
+    held.release().await.unwrap();
+    let b_guard = b_waits.await.unwrap().unwrap();
+    assert_eq!(server.command(&["ZCARD", line]).await.unwrap(), "1");
+    let record = server.command(&["HVALS", turns]).await.unwrap();
+    assert!(record.starts_with('k'), "a kept record: {record:?}");
+    let again = waits(&a);
+    let b_token = b_guard.fencing_token().expect("a token").get();
+    b_guard.release().await.unwrap();
+    let a_guard = again.await.unwrap().unwrap();
+    let a_token = a_guard.fencing_token().expect("a token").get();
+    assert!(a_token > b_token, "token {a_token} after {b_token}");
+    a_guard.release().await.unwrap();
+    // `b` kept its place too, and does not ask again: its turn (now) is
+    // given up by its client, and the name is left with no key.
+    let cleared = eventually(Duration::from_secs(10), || async {
+        server
+            .command(&["EXISTS", "lockkit:kept", line, turns])
+            .await
+            .unwrap()
+            == "0"
+    })
+    .await;
+    assert!(cleared, "a kept place nobody took over was never given up");
+}
+
+/// The turn of a kept place (a record marked `k`) goes to the next in line
+/// when nobody listens on its turn channel (its client went away): fresh,
+/// the next waiter's recorded lease is granted instead; stale, the next
+/// waiter gets the reservation. A place without the mark keeps its turn
+/// whoever listens, as before. Records put there by hand.
+#[tokio::test]
+async fn a_kept_place_nobody_listens_for_is_passed_over() {
+    let server = RedisServer::start().await;
+    let holder = connect(&server.url()).await;
+    let (line, turns) = ("{lockkit:passed}:line", "{lockkit:passed}:turns");
+    let future = "99999999999999999";
+    for (gone, next, expected) in [
+        (
+            format!("k{future}|7|30000|1|gone-owner"),
+            format!("{future}|8|30000|1|next-owner"),
+            "next-owner",
+        ),
+        (
+            "k1|7|30000|1|gone-owner".to_owned(),
+            "1|8|30000|1|next-owner".to_owned(),
+            "\u{1e}next",
+        ),
+        (
+            format!("{future}|7|30000|1|gone-owner"),
+            format!("{future}|8|30000|1|next-owner"),
+            "gone-owner",
+        ),
+    ] {
+        let guard = holder.acquire("passed", &opts()).await.unwrap();
+        server
+            .command(&["ZADD", line, "1", "gone", "2", "next"])
+            .await
+            .unwrap();
+        server
+            .command(&["HSET", turns, "gone", &gone, "next", &next])
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+        let value = server.command(&["GET", "lockkit:passed"]).await.unwrap();
+        assert_eq!(value, expected, "records {gone:?}, {next:?}");
+        server
+            .command(&[
+                "DEL",
+                "lockkit:passed",
+                "{lockkit:passed}:fence",
+                line,
+                turns,
+            ])
             .await
             .unwrap();
     }

@@ -181,6 +181,50 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
         let _ = (key, owner);
         None
     }
+
+    /// As [`release`](Self::release), for an exclusive holding of a
+    /// `ttl` lease whose release found no task of this client waiting for
+    /// the name: a backend whose line grants turns
+    /// ([`grants_turns`](Self::grants_turns)) may keep this client's place
+    /// in line in the same step, when it hands the lock to another
+    /// client, so that a next acquisition of the name by this client
+    /// (which [`resume_place`](Self::resume_place) then gives) waits for
+    /// its turn without asking the server first. A place that no
+    /// acquisition resumes soon is the backend's to give up. Default:
+    /// [`release`](Self::release).
+    async fn release_keeping_place(
+        &self,
+        key: &Self::Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let _ = ttl;
+        self.release(key, owner).await
+    }
+
+    /// The place in line a release of this client kept for the name
+    /// ([`release_keeping_place`](Self::release_keeping_place)), taken
+    /// over by a waiting exclusive acquisition: its owner token is the
+    /// acquisition's from then on, as after a refused attempt, and its
+    /// turn comes through [`take_turn`](Self::take_turn). `None` (the
+    /// default) when no place is kept.
+    fn resume_place(&self, key: &Self::Key) -> Option<KeptPlace> {
+        let _ = key;
+        None
+    }
+}
+
+/// A place in line kept for this client's next acquisition of a name (see
+/// [`LeaseBackend::resume_place`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptPlace {
+    /// The owner its turn grants the lease to.
+    pub owner: OwnerToken,
+    /// The lease its turn grants, counted from the turn.
+    pub ttl: Duration,
+    /// When to ask the server again if the turn has not come by then, as
+    /// after a refused attempt.
+    pub retry_after: Duration,
 }
 
 /// A lease the server granted a waiting acquisition when its turn came,
@@ -303,8 +347,25 @@ impl<B: LeaseBackend> LeaseLock<B> {
             Intent::Wait => self.backend.live_watch(&grant.key),
             Intent::Try => None,
         };
+        // A place in line this client's last release kept: its turn may
+        // have come already; if not, the wait starts without an attempt.
+        let mut resumed = match (intent, &slot) {
+            (Intent::Wait, Some(_)) => grant.resume_place(),
+            _ => None,
+        };
+        if resumed.is_some()
+            && let Some(turn) = grant.take_turn()
+        {
+            return grant.into_resumed_guard(turn, slot).await;
+        }
         loop {
-            let waited = match grant.attempt(&mut waiter, intent).await {
+            let attempt = match resumed.take() {
+                Some(retry_after) => Ok(Attempt::Busy {
+                    retry_after: Some(retry_after),
+                }),
+                None => grant.attempt(&mut waiter, intent).await,
+            };
+            let waited = match attempt {
                 Ok(Attempt::Acquired(fencing)) => return Ok(grant.into_guard(fencing, slot)),
                 Ok(Attempt::Busy { retry_after }) => {
                     let key = grant.key.clone();
@@ -322,7 +383,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
             if waited.is_ok()
                 && let Some(turn) = grant.take_turn()
             {
-                return Ok(grant.into_turn_guard(turn, slot));
+                return grant.into_resumed_guard(turn, slot).await;
             }
             if let Err(error) = waited {
                 // Giving up: what the acquisition and its watch hold on the
@@ -459,6 +520,9 @@ struct Grant<'a, B: LeaseBackend> {
     /// Whether an attempt has used `owner` yet (the first attempt takes the
     /// one made with the grant).
     owner_used: bool,
+    /// The lease a resumed place's turn grants (see
+    /// [`LeaseBackend::resume_place`]), where the acquisition resumed one.
+    kept_ttl: Option<Duration>,
 }
 
 impl<'a, B: LeaseBackend> Grant<'a, B> {
@@ -476,7 +540,28 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             records_waiting: opts.kind() == LockKind::Exclusive && backend.capabilities().shared,
             keeps_owner: opts.kind() == LockKind::Exclusive && backend.grants_turns(),
             owner_used: false,
+            kept_ttl: None,
         }
+    }
+
+    /// Takes over the place in line this client's last release kept for
+    /// the name, if the backend kept one (see
+    /// [`LeaseBackend::resume_place`]): its owner becomes this
+    /// acquisition's, as after a refused attempt that left a place in line.
+    /// Returns how long to wait for the turn before asking the server.
+    fn resume_place(&mut self) -> Option<Duration> {
+        if !self.keeps_owner || self.opts.bounds().any() {
+            return None;
+        }
+        let place = self.backend.resume_place(&self.key)?;
+        self.owner = place.owner;
+        self.owner_used = true;
+        self.sent = Instant::now();
+        self.in_doubt = false;
+        self.waiting_recorded = true;
+        self.kept_ttl = Some(place.ttl);
+        tracing::trace!(lock.name = %self.name, "waiting on the place in line the last release kept");
+        Some(place.retry_after)
     }
 
     /// A lease the server granted this acquisition on its turn (see
@@ -488,8 +573,21 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
             return None;
         }
         let turn = self.backend.take_turn(&self.key, &self.owner)?;
-        let fresh = Instant::now() < turn.since + self.ttl - clock_drift(self.ttl);
+        let ttl = self.kept_ttl.map_or(self.ttl, |kept| kept.min(self.ttl));
+        let fresh = Instant::now() < turn.since + ttl - clock_drift(ttl);
         fresh.then_some(turn)
+    }
+
+    /// As [`into_turn_guard`](Self::into_turn_guard); a turn a resumed
+    /// place granted with a shorter lease than this acquisition asks for
+    /// is extended to it first (dropped on failure, which releases it).
+    async fn into_resumed_guard(self, turn: Turn, slot: Option<LocalSlot>) -> Result<LockGuard> {
+        let (ttl, kept) = (self.ttl, self.kept_ttl);
+        let guard = self.into_turn_guard(turn, slot);
+        if kept.is_some_and(|kept| kept < ttl) {
+            Box::pin(guard.extend(ttl)).await?;
+        }
+        Ok(guard)
     }
 
     /// The guard of a lease granted on this acquisition's turn: as
@@ -773,9 +871,20 @@ impl<B: LeaseBackend> Lease for HeldLease<B> {
         self.backend.extend(&self.key, &self.owner, ttl)
     }
 
+    /// Passed on to the next local task where one waits; else released,
+    /// and where the holding went through the client's queue (an
+    /// exclusive holding without bounds), with this client's place in line
+    /// kept where the backend keeps one (see
+    /// [`LeaseBackend::release_keeping_place`]).
     async fn release(&self) -> Result<bool> {
         if let Some(passed) = self.pass_on().await {
             return passed;
+        }
+        if self.queue.is_some() {
+            return self
+                .backend
+                .release_keeping_place(&self.key, &self.owner, self.ttl)
+                .await;
         }
         self.backend.release(&self.key, &self.owner).await
     }

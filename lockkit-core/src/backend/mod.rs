@@ -57,7 +57,7 @@ pub use crate::options::{check_ttl, clock_drift};
 pub use connect::{CONNECT_BACKOFF, connect_retrying};
 pub use deferred::{ScheduledSpawn, spawn_at};
 pub use driver::{ConnectFn, ConnectFuture, Driver, boxed_connect};
-pub use lease::{Handover, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES, Turn};
+pub use lease::{Handover, KeptPlace, LeaseBackend, LeaseLock, MAX_LOCAL_PASSES, Turn};
 pub use local_queue::{Baton, LocalHandle, LocalQueue, LocalSlot};
 pub use notify::{NotifyHub, ReleaseWatch};
 pub use queued::{QueueBackend, QueuedLock, Request};
