@@ -58,7 +58,8 @@ type Mailbox = Arc<std::sync::Mutex<HashMap<String, String>>>;
 /// `crate::places`), each with where to say that a message came on it:
 /// the first message there, before an acquisition takes the place over,
 /// is the place's turn (or its reservation), which the client then gives
-/// up. An entry goes with its first message.
+/// up. An entry goes with its first message, or when the subscriber's
+/// connection drops (a turn may have been missed).
 type KeptTurns = Arc<std::sync::Mutex<HashMap<String, KeptTurn>>>;
 
 /// Where [`KeptTurns`] says that a kept place's turn came: the place's lock key
@@ -456,8 +457,14 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, kept: &KeptTurns, push: PushInfo
                 }
             }
         }
-        // Messages may have been missed while disconnected: let every waiter retry.
-        PushKind::Disconnection => hub.notify_all(),
+        // Messages may have been missed while disconnected: let every waiter
+        // retry, and give up the kept places, whose turns may have come.
+        PushKind::Disconnection => {
+            for (_, turn) in lock(kept).drain() {
+                let _ = turn.tell.send(turn.lock);
+            }
+            hub.notify_all();
+        }
         _ => {}
     }
 }
