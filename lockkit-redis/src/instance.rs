@@ -714,12 +714,21 @@ impl RedisInstance {
         Some((turns::instant_of(stamp), token))
     }
 
-    /// Marks the turn channel of `keys`' line for this client as that of a
-    /// kept place (see `crate::places`), whose first message is to be told
-    /// as `turn` says; `None` unmarks it.
-    pub(crate) fn mark_kept(&self, keys: &Keys, turn: Option<crate::notifications::KeptTurn>) {
-        let channel = keys.turn_channel(&self.inner.waiter);
+    /// This client's turn channel on the line of `keys`.
+    pub(crate) fn turn_channel(&self, keys: &Keys) -> String {
+        keys.turn_channel(&self.inner.waiter)
+    }
+
+    /// Marks `channel` (a turn channel of this client) as that of a kept
+    /// place (see `crate::places`), whose first message is to be told as
+    /// `turn` says.
+    pub(crate) fn mark_kept(&self, channel: String, turn: crate::notifications::KeptTurn) {
         self.inner.notifications.mark_kept(channel, turn);
+    }
+
+    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)).
+    pub(crate) fn unmark_kept(&self, channel: &str) {
+        self.inner.notifications.unmark_kept(channel);
     }
 
     /// Whether a waiting attempt of this connection can have its turn grant

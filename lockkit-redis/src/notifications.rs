@@ -69,6 +69,13 @@ pub(crate) struct KeptTurn {
     pub(crate) tell: tokio::sync::mpsc::UnboundedSender<String>,
 }
 
+impl KeptTurn {
+    /// Tells the keeper that this place's turn may have come.
+    fn told(self) {
+        let _ = self.tell.send(self.lock);
+    }
+}
+
 pub(crate) struct Notifications {
     hub: NotifyHub,
     mailbox: Mailbox,
@@ -229,14 +236,15 @@ impl Notifications {
         lock(&self.mailbox).remove(channel)
     }
 
-    /// Marks `channel` as the turn channel of a kept place (see [`KeptTurns`]),
-    /// or unmarks it (`None`).
-    pub(crate) fn mark_kept(&self, channel: String, turn: Option<KeptTurn>) {
-        let mut kept = lock(&self.kept);
-        match turn {
-            Some(turn) => kept.insert(channel, turn),
-            None => kept.remove(&channel),
-        };
+    /// Marks `channel` as the turn channel of a kept place (see
+    /// [`KeptTurns`]).
+    pub(crate) fn mark_kept(&self, channel: String, turn: KeptTurn) {
+        lock(&self.kept).insert(channel, turn);
+    }
+
+    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)).
+    pub(crate) fn unmark_kept(&self, channel: &str) {
+        lock(&self.kept).remove(channel);
     }
 
     /// The subscriber connection to the current target: the existing one,
@@ -439,7 +447,7 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, kept: &KeptTurns, push: PushInfo
                 && let Ok(channel) = std::str::from_utf8(channel)
             {
                 if let Some(turn) = lock(kept).remove(channel) {
-                    let _ = turn.tell.send(turn.lock);
+                    turn.told();
                 }
                 match push.data.get(1) {
                     // In the mailbox before the waiter wakes, and out again
@@ -461,7 +469,7 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, kept: &KeptTurns, push: PushInfo
         // retry, and give up the kept places, whose turns may have come.
         PushKind::Disconnection => {
             for (_, turn) in lock(kept).drain() {
-                let _ = turn.tell.send(turn.lock);
+                turn.told();
             }
             hub.notify_all();
         }

@@ -60,6 +60,8 @@ pub(crate) struct NextTurn {
 /// One kept place.
 struct Place {
     keys: Keys,
+    /// This client's turn channel on the place's line.
+    channel: String,
     next: NextTurn,
     fencing: bool,
     kept_at: Instant,
@@ -94,18 +96,20 @@ impl Places {
             tell
         });
         let now = Instant::now();
+        let channel = self.instance.turn_channel(keys);
+        let turn = KeptTurn {
+            lock: keys.lock.clone(),
+            tell: tell.clone(),
+        };
+        self.instance.mark_kept(channel.clone(), turn);
         let place = Place {
             keys: keys.clone(),
+            channel,
             next,
             fencing,
             kept_at: now,
             _watch: watch,
         };
-        let turn = KeptTurn {
-            lock: keys.lock.clone(),
-            tell: tell.clone(),
-        };
-        self.instance.mark_kept(keys, Some(turn));
         let old = {
             let mut kept = lock_map(&self.kept);
             // Not expected (one release of a name at a time per client); a
@@ -115,7 +119,7 @@ impl Places {
             kept.sweep(now)
         };
         for place in old {
-            self.instance.mark_kept(&place.keys, None);
+            self.instance.unmark_kept(&place.channel);
             let places = Arc::clone(self);
             tokio::spawn(async move { places.give_up(place).await });
         }
@@ -124,7 +128,7 @@ impl Places {
     /// The place kept on the line of `lock`, taken over by an acquisition.
     pub(crate) fn resume(&self, lock: &str) -> Option<KeptPlace> {
         let place = lock_map(&self.kept).places.remove(lock)?;
-        self.instance.mark_kept(&place.keys, None);
+        self.instance.unmark_kept(&place.channel);
         // Asked again within half a place, as after a refused attempt.
         let ask_by = place.kept_at + QUEUE_PLACE / 2;
         Some(KeptPlace {
@@ -195,7 +199,7 @@ impl Drop for Places {
     /// Unmarks the turn channels of the places still kept.
     fn drop(&mut self) {
         for place in lock_map(&self.kept).places.values() {
-            self.instance.mark_kept(&place.keys, None);
+            self.instance.unmark_kept(&place.channel);
         }
     }
 }

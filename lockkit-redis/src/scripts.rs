@@ -211,6 +211,36 @@ end
     };
 }
 
+/// The record of a waiter's turn, beside its place in the line (see
+/// [`ACQUIRE`]): in the hash `$turns`, under `$waiter`, `$mark` (Lua that
+/// prefixes it, or nothing), the time it is fresh until (three quarters of
+/// a place's life `$life`, in ms, past its place `$place`, in µs), then
+/// `$tail` (`<stamp>|<ttl>|<fencing flag>|<owner>`); the hash lives as long
+/// as a place. Each argument is Lua.
+macro_rules! record_turn {
+    ($turns:literal, $waiter:literal, $place:literal, $life:literal, $mark:literal, $tail:literal) => {
+        concat!(
+            "    redis.call('HSET', ",
+            $turns,
+            ", ",
+            $waiter,
+            ", ",
+            $mark,
+            "string.format('%d', tonumber(",
+            $place,
+            ") + tonumber(",
+            $life,
+            ") * 750) .. '|' .. ",
+            $tail,
+            ")\n    redis.call('PEXPIRE', ",
+            $turns,
+            ", ",
+            $life,
+            ")\n"
+        )
+    };
+}
+
 /// `take_lock()`: the exclusive attempt of [`ACQUIRE`], over its keys and
 /// arguments.
 macro_rules! take_lock {
@@ -394,9 +424,16 @@ if ARGV[4] == '1' and ARGV[5] ~= '' then
   redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
   if ARGV[8] then
-    local fresh = string.format('%d', tonumber(place) + tonumber(ARGV[6]) * 750)
-    redis.call('HSET', KEYS[6], ARGV[5], fresh .. '|' .. ARGV[8] .. '|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[1])
-    redis.call('PEXPIRE', KEYS[6], ARGV[6])
+",
+    record_turn!(
+        "KEYS[6]",
+        "ARGV[5]",
+        "place",
+        "ARGV[6]",
+        "",
+        "ARGV[8] .. '|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[1]"
+    ),
+    r"
   end
   local half = math.floor(tonumber(ARGV[6]) / 2)
   if wait == -1 or wait > half then
@@ -686,8 +723,9 @@ macro_rules! keep_place {
             r"
         redis.call('ZADD', KEYS[4], 'NX', string.format('%d', now), ARGV[4])
         redis.call('PEXPIRE', KEYS[4], ARGV[8])
-        redis.call('HSET', KEYS[5], ARGV[4], 'k' .. string.format('%d', now + tonumber(ARGV[8]) * 750) .. '|' .. ARGV[9])
-        redis.call('PEXPIRE', KEYS[5], ARGV[8])
+",
+            record_turn!("KEYS[5]", "ARGV[4]", "now", "ARGV[8]", "'k' .. ", "ARGV[9]"),
+            r"
         return released + 2
       end
 "
