@@ -282,6 +282,7 @@ impl LeaseBackend for RedisBackend {
                 self.fences(),
                 &stored,
                 ttl,
+                None,
             )
             .await?;
         if kept {
