@@ -282,7 +282,6 @@ impl LeaseBackend for RedisBackend {
                 self.fences(),
                 &stored,
                 ttl,
-                None,
             )
             .await?;
         if kept {

@@ -600,11 +600,6 @@ impl RedisInstance {
     /// stored) a lease of `ttl`, stamped now (see [`Waiting::Turn`]), its
     /// place lasting [`QUEUE_PLACE`] as an attempt's would. Returns whether
     /// the holding was released, and whether the place was kept.
-    ///
-    /// With `place` (Redlock: µs since the Unix epoch by the client's
-    /// clock, as [`Waiting::Since`]) the place is there, and its turn
-    /// reserves the lock for this client rather than granting `next` a
-    /// lease (`ttl` and `fencing` are then not used for it).
     pub(crate) async fn release_keeping_place(
         &self,
         keys: &Keys,
@@ -612,23 +607,16 @@ impl RedisInstance {
         fencing: bool,
         next: &str,
         ttl: Duration,
-        place: Option<u64>,
     ) -> Result<(bool, bool)> {
         let mut conn = self.inner.commands.clone();
         let mut call = self.line_release(keys, owner, fencing, Release::Grant);
-        let record = match place {
-            Some(_) => format!("0|0|0|{next}"),
-            None => format!(
-                "{}|{}|{}|{next}",
-                turns::stamp(),
-                ttl_millis(ttl),
-                flag(fencing)
-            ),
-        };
+        let record = format!(
+            "{}|{}|{}|{next}",
+            turns::stamp(),
+            ttl_millis(ttl),
+            flag(fencing)
+        );
         call.arg("").arg(ttl_millis(QUEUE_PLACE)).arg(record);
-        if let Some(place) = place {
-            call.arg(place);
-        }
         let answer: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok((answer & 1 == 1, answer >= 2))
     }
@@ -738,10 +726,9 @@ impl RedisInstance {
         self.inner.notifications.mark_kept(channel, turn);
     }
 
-    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)); false if its
-    /// turn came meanwhile.
-    pub(crate) fn unmark_kept(&self, channel: &str) -> bool {
-        self.inner.notifications.unmark_kept(channel)
+    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)).
+    pub(crate) fn unmark_kept(&self, channel: &str) {
+        self.inner.notifications.unmark_kept(channel);
     }
 
     /// Whether a waiting attempt of this connection can have its turn grant

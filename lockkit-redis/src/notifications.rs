@@ -242,10 +242,9 @@ impl Notifications {
         lock(&self.kept).insert(channel, turn);
     }
 
-    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)); false if it
-    /// was no longer marked (its turn came, or the connection dropped).
-    pub(crate) fn unmark_kept(&self, channel: &str) -> bool {
-        lock(&self.kept).remove(channel).is_some()
+    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)).
+    pub(crate) fn unmark_kept(&self, channel: &str) {
+        lock(&self.kept).remove(channel);
     }
 
     /// The subscriber connection to the current target: the existing one,

@@ -27,7 +27,6 @@ use lockkit_core::backend::{KeptPlace, OwnerToken, ReleaseWatch};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::{Keys, QUEUE_PLACE};
 use crate::notifications::KeptTurn;
@@ -120,48 +119,23 @@ impl Places {
             kept.sweep(now)
         };
         for place in old {
-            self.spawn_give_up(place);
+            self.instance.unmark_kept(&place.channel);
+            let places = Arc::clone(self);
+            tokio::spawn(async move { places.give_up(place).await });
         }
     }
 
     /// The place kept on the line of `lock`, taken over by an acquisition.
     pub(crate) fn resume(&self, lock: &str) -> Option<KeptPlace> {
         let place = lock_map(&self.kept).places.remove(lock)?;
-        // Its turn came just now, and the keeper found the place gone:
-        // asked again at once (the turn's message may have come before the
-        // acquisition watched for it).
-        let came = !self.instance.unmark_kept(&place.channel);
-        // Else asked again within half a place, as after a refused attempt.
+        self.instance.unmark_kept(&place.channel);
+        // Asked again within half a place, as after a refused attempt.
         let ask_by = place.kept_at + QUEUE_PLACE / 2;
         Some(KeptPlace {
             owner: place.next.owner,
             ttl: place.next.ttl,
-            retry_after: if came {
-                Duration::ZERO
-            } else {
-                ask_by.saturating_duration_since(Instant::now())
-            },
+            retry_after: ask_by.saturating_duration_since(Instant::now()),
         })
-    }
-
-    /// Whether a place is kept on the line of `lock`.
-    fn is_kept(&self, lock: &str) -> bool {
-        lock_map(&self.kept).places.contains_key(lock)
-    }
-
-    /// Gives up the place kept on the line of `lock`, if any, in the
-    /// background.
-    fn give_up_kept(self: &Arc<Self>, lock: &str) {
-        let place = lock_map(&self.kept).places.remove(lock);
-        if let Some(place) = place {
-            self.spawn_give_up(place);
-        }
-    }
-
-    fn spawn_give_up(self: &Arc<Self>, place: Place) {
-        self.instance.unmark_kept(&place.channel);
-        let places = Arc::clone(self);
-        tokio::spawn(async move { places.give_up(place).await });
     }
 
     /// The keeper: gives up each place whose turn came before an
@@ -195,92 +169,6 @@ impl Places {
         {
             tracing::debug!(lock.key = %keys.lock, %error,
                 "could not give up a kept place in line; its turn ends with its reservation or lease");
-        }
-    }
-}
-
-/// The places in line kept on one Redis server for a client of several
-/// (Redlock): what [`RedisBackend`](crate::RedisBackend) keeps for its one
-/// server, by instance. A release of such a client that hands the lock to
-/// the next in line also keeps the client's place there, in the same
-/// script, at a place in time the client gives (the same on every
-/// instance, as [`Waiting::Since`](crate::Waiting::Since) places are); its
-/// turn reserves the lock for the client, as every turn of such a line
-/// does. A place that no acquisition resumes is given up when its turn
-/// comes, as on one server (see [`RedisBackend`](crate::RedisBackend)).
-#[derive(Clone, Debug)]
-pub struct KeptPlaces(Arc<Places>);
-
-impl KeptPlaces {
-    /// The places kept on `instance`.
-    pub fn new(instance: RedisInstance) -> KeptPlaces {
-        KeptPlaces(Arc::new(Places::new(instance)))
-    }
-
-    /// Ends `owner`'s exclusive holding `key` (without fencing tokens), as
-    /// [`release_holding`](RedisInstance::release_holding) with
-    /// [`Release::Grant`] does; where that hands the lock to the next client
-    /// in line, and this client waited in that line before (its turn
-    /// channel is still subscribed), its place is kept at `place` (µs since
-    /// the Unix epoch, by this client's clock) for a next acquisition
-    /// ([`resume`](Self::resume)) whose owner is `next` and whose lease is
-    /// `ttl`. Returns whether the holding was released.
-    pub async fn release_keeping_place(
-        &self,
-        key: &RedisKey,
-        owner: &str,
-        next: &OwnerToken,
-        ttl: Duration,
-        place: u64,
-    ) -> lockkit_core::Result<bool> {
-        let instance = &self.0.instance;
-        let watch = match key {
-            RedisKey::Exclusive(keys) => instance
-                .live_turn_watch(keys)
-                .filter(ReleaseWatch::tells_turns)
-                .map(|watch| (keys, watch)),
-            _ => None,
-        };
-        let Some((keys, watch)) = watch else {
-            return instance
-                .release_holding(key, owner, false, Release::Grant)
-                .await;
-        };
-        let stored = key.stored(next.as_str()).into_owned();
-        let (released, kept) = instance
-            .release_keeping_place(keys, &key.stored(owner), false, &stored, ttl, Some(place))
-            .await?;
-        if kept {
-            let next = NextTurn {
-                owner: next.clone(),
-                stored,
-                ttl,
-            };
-            self.0.keep(keys, next, false, watch);
-        }
-        Ok(released)
-    }
-
-    /// Whether a place is kept for `key`.
-    pub fn is_kept(&self, key: &RedisKey) -> bool {
-        matches!(key, RedisKey::Exclusive(keys) if self.0.is_kept(&keys.lock))
-    }
-
-    /// The place kept for `key`, taken over by an acquisition: its owner,
-    /// its lease, and when to ask again if no turn came by then (at once
-    /// if its turn came just before).
-    pub fn resume(&self, key: &RedisKey) -> Option<KeptPlace> {
-        match key {
-            RedisKey::Exclusive(keys) => self.0.resume(&keys.lock),
-            _ => None,
-        }
-    }
-
-    /// Gives up the place kept for `key`, if any (in the background): it
-    /// leaves the line, or passes its turn on if the turn came.
-    pub fn give_up(&self, key: &RedisKey) {
-        if let RedisKey::Exclusive(keys) = key {
-            self.0.give_up_kept(&keys.lock);
         }
     }
 }

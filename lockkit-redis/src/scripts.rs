@@ -711,32 +711,20 @@ return 0
 /// once, as a refused attempt that waits would (ARGV[8] how long a place
 /// lasts, its record fresh for three quarters of that), its record marked
 /// `k` (a kept place: its turn goes to the next in line when nobody
-/// listens on its turn channel), and the answer is 2 more. With ARGV[10]
-/// (Redlock: µs since the Unix epoch by the client's clock, as
-/// [`Waiting::Since`]) the place is there, not at the server's clock, so
-/// that it is the same on every instance, and its record is never fresh:
-/// its turn reserves the lock, as every turn of a Redlock line does.
+/// listens on its turn channel), and the answer is 2 more.
 macro_rules! keep_place {
     () => {
         concat!(
             r"
       if ARGV[9] and released == 1 and head ~= ARGV[4] then
-        local place, from = ARGV[10], nil
-        if place then
-          from = -tonumber(ARGV[8]) * 750
-        else
-          t = t or redis.call('TIME')
-          place = string.format('%d', ",
+        t = t or redis.call('TIME')
+        local now = ",
             time_us!(),
-            r")
-          from = place
-        end
-        redis.call('ZADD', KEYS[4], 'NX', place, ARGV[4])
+            r"
+        redis.call('ZADD', KEYS[4], 'NX', string.format('%d', now), ARGV[4])
         redis.call('PEXPIRE', KEYS[4], ARGV[8])
 ",
-            record_turn!(
-                "KEYS[5]", "ARGV[4]", "from", "ARGV[8]", "'k' .. ", "ARGV[9]"
-            ),
+            record_turn!("KEYS[5]", "ARGV[4]", "now", "ARGV[8]", "'k' .. ", "ARGV[9]"),
             r"
         return released + 2
       end
@@ -804,7 +792,7 @@ end
 ///
 /// A holder's release that hands the lock to the head of the line can
 /// also keep the releasing client's place (ARGV[7] "", ARGV[8] how long a
-/// place lasts, ARGV[9], optionally ARGV[10], see [`keep_place!`]): the client
+/// place lasts, ARGV[9], see [`keep_place!`]): the client
 /// goes to the end of the line in the same step, with the record of its
 /// next turn, as if it had asked again at once, and a next acquisition
 /// that comes soon waits for that turn without asking (see

@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use lockkit_core::backend::{
-    Attempt, Intent, KeptPlace, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch,
-};
+use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
 };
-use lockkit_redis::{KeptPlaces, RedisInstance, RedisKey, Release, Waiting, holder_of};
+use lockkit_redis::{RedisInstance, RedisKey, Release, Waiting, holder_of};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
@@ -72,10 +70,6 @@ pub struct RedlockBackend {
     /// Whether waiters of exclusive locks ask on the backoff, out of any
     /// line and deaf to releases (see [`barging`](Self::barging)).
     barging: bool,
-    /// By instance: the places in line releases kept for this client's
-    /// next acquisitions (see
-    /// [`release_keeping_place`](LeaseBackend::release_keeping_place)).
-    places: Vec<KeptPlaces>,
 }
 
 impl RedlockBackend {
@@ -87,7 +81,6 @@ impl RedlockBackend {
     ) -> Self {
         let quorum = instances.len() / 2 + 1;
         let stragglers = Stragglers::new(instances.len());
-        let places = instances.iter().cloned().map(KeptPlaces::new).collect();
         RedlockBackend {
             instances,
             prefix: prefix.into(),
@@ -96,7 +89,6 @@ impl RedlockBackend {
             in_flight: Mutex::default(),
             stragglers,
             barging: false,
-            places,
         }
     }
 
@@ -176,11 +168,10 @@ impl RedlockBackend {
         owner: &OwnerToken,
         which: impl IntoIterator<Item = usize>,
         late: &InFlight,
-        release: Ending,
+        release: Release,
         until: Until<impl Fn(&Votes<bool>) -> bool>,
     ) -> Votes<bool> {
         let (keys, owner) = (Arc::clone(keys), Arc::new(owner.clone()));
-        let release = Arc::new(release);
         ask(
             &self.instances,
             &self.stragglers,
@@ -193,63 +184,18 @@ impl RedlockBackend {
                     .find(|(i, _)| *i == index)
                     .map(|(_, done)| done.clone());
                 let (keys, owner) = (Arc::clone(&keys), Arc::clone(&owner));
-                let (release, places) = (Arc::clone(&release), self.places[index].clone());
                 async move {
                     if let Some(done) = after {
                         finished(done).await;
                     }
-                    match &*release {
-                        Ending::Release(release) => {
-                            instance
-                                .release_holding(&keys, owner.as_str(), FENCING, *release)
-                                .await
-                        }
-                        Ending::KeepingPlace { next, ttl, place } => {
-                            places
-                                .release_keeping_place(&keys, owner.as_str(), next, *ttl, *place)
-                                .await
-                        }
-                    }
+                    instance
+                        .release_holding(&keys, owner.as_str(), FENCING, release)
+                        .await
                 }
             },
             until,
         )
         .await
-    }
-
-    /// [`release`](LeaseBackend::release) with `ending` on every instance.
-    /// A release that keeps places waits for every instance that is not
-    /// behind (see [`ask`]), so that the places it kept are known before
-    /// the next acquisition looks for them.
-    async fn end(&self, placed: &Placed, owner: &OwnerToken, ending: Ending) -> Result<bool> {
-        let keys = &placed.keys;
-        let quorum = self.quorum_for(keys);
-        let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
-        let every = matches!(ending, Ending::KeepingPlace { .. });
-        let votes = self
-            .delete(
-                keys,
-                owner,
-                self.all(),
-                &late,
-                ending,
-                Until {
-                    decided: |votes: &Votes<bool>| {
-                        !every
-                            && (votes.count(|gone| *gone) >= quorum
-                                || votes.count(|gone| !*gone) >= quorum)
-                    },
-                    enough: quorum,
-                },
-            )
-            .await;
-        if votes.count(|released| !*released) >= quorum {
-            Ok(false)
-        } else if votes.answers.len() >= quorum {
-            Ok(true)
-        } else {
-            Err(self.undecided(&votes, quorum))
-        }
     }
 
     /// `request` sent to every instance at once about `keys`, each bounded
@@ -411,20 +357,6 @@ pub struct Placed {
     since: u64,
 }
 
-/// How [`RedlockBackend::delete`] ends a holding on each instance.
-enum Ending {
-    /// [`RedisInstance::release_holding`] with this.
-    Release(Release),
-    /// [`KeptPlaces::release_keeping_place`]: the releasing client's next
-    /// turn is `next`'s, for a lease of `ttl`, at `place` (µs since the
-    /// Unix epoch).
-    KeepingPlace {
-        next: OwnerToken,
-        ttl: Duration,
-        place: u64,
-    },
-}
-
 /// Drops the entries of [`RedlockBackend::in_flight`] whose requests have
 /// all finished: a release has nothing left to wait for there, and a
 /// holding that ends without a release (lost, its lease kept for a lock
@@ -569,10 +501,10 @@ impl LeaseBackend for RedlockBackend {
             owner,
             granted_by.iter().copied().chain(silent),
             &late,
-            Ending::Release(match waiting {
+            match waiting {
                 Waiting::Since(place) => Release::Back(place),
                 _ => Release::Quiet,
-            }),
+            },
             Until {
                 decided: |votes: &Votes<bool>| {
                     granted_by
@@ -642,85 +574,32 @@ impl LeaseBackend for RedlockBackend {
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
     /// a quorum answered.
-    ///
-    /// The release reads the turn records of the head of each line too
-    /// ([`Release::Grant`]), which on these lines only kept places have (see
-    /// [`release_keeping_place`](Self::release_keeping_place)): the turn of
-    /// a kept place whose client went away passes to the next in line.
     async fn release(&self, placed: &Placed, owner: &OwnerToken) -> Result<bool> {
-        self.end(placed, owner, Ending::Release(Release::Grant))
-            .await
-    }
-
-    /// As [`release`](Self::release), and on each instance where the lock
-    /// goes to the next client in line, this client takes the end of the
-    /// line in the same script, as if it had asked again at once: at one
-    /// place in time (this client's clock now), the same on every instance,
-    /// as a waiting attempt's place is (see `Placed`). A next acquisition
-    /// that finds the place kept on a quorum of instances
-    /// ([`resume_place`](Self::resume_place)) waits for its turn without
-    /// asking first. Not for a barging client, whose waiters take no
-    /// place.
-    async fn release_keeping_place(
-        &self,
-        placed: &Placed,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<bool> {
         let keys = &placed.keys;
-        // Only where this client waits on every instance: a place kept on
-        // some instances and not on the others would put it at the head of
-        // some lines and behind others in the rest, and the instances would
-        // reserve the lock for different waiters.
-        let everywhere = || {
-            self.instances.iter().all(|instance| {
-                instance
-                    .live_watch_of(keys)
-                    .is_some_and(|watch| watch.tells_turns())
-            })
-        };
-        if keys.barges(self.barging) || !everywhere() {
-            return self.release(placed, owner).await;
-        }
-        let ending = Ending::KeepingPlace {
-            next: OwnerToken::new(),
-            ttl,
-            place: unix_micros(),
-        };
-        self.end(placed, owner, ending).await
-    }
-
-    /// The place a release kept on a quorum of the instances (see
-    /// [`release_keeping_place`](Self::release_keeping_place)); a place
-    /// kept on fewer is given up, and the acquisition asks as usual.
-    fn resume_place(&self, placed: &Placed) -> Option<KeptPlace> {
-        let keys = &placed.keys;
-        let kept = self.places.iter().filter(|p| p.is_kept(keys)).count();
-        if kept < self.quorum {
-            if kept > 0 {
-                self.places.iter().for_each(|p| p.give_up(keys));
-            }
-            return None;
-        }
-        let mut resumed = 0;
-        let place = self
-            .places
-            .iter()
-            .filter_map(|p| p.resume(keys))
-            .inspect(|_| resumed += 1)
-            .reduce(|first, other| KeptPlace {
-                retry_after: first.retry_after.min(other.retry_after),
-                ..first
-            })?;
-        // A keeper gave some up meanwhile (their turns came): asked at once.
-        Some(if resumed < self.quorum {
-            KeptPlace {
-                retry_after: Duration::ZERO,
-                ..place
-            }
+        let quorum = self.quorum_for(keys);
+        let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
+        let votes = self
+            .delete(
+                keys,
+                owner,
+                self.all(),
+                &late,
+                Release::Wake,
+                Until {
+                    decided: |votes: &Votes<bool>| {
+                        votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum
+                    },
+                    enough: quorum,
+                },
+            )
+            .await;
+        if votes.count(|released| !*released) >= quorum {
+            Ok(false)
+        } else if votes.answers.len() >= quorum {
+            Ok(true)
         } else {
-            place
-        })
+            Err(self.undecided(&votes, quorum))
+        }
     }
 
     /// An exclusive holding: held when a quorum of the instances that
@@ -757,16 +636,10 @@ impl LeaseBackend for RedlockBackend {
             return Ok(ReleaseWatch::none());
         }
         let quorum = self.quorum_for(keys);
-        // Each subscription in a task of its own: one that has not answered
-        // when a quorum has goes on, so that the next wait (and a release
-        // that keeps places, which needs every instance's) finds it live.
         let mut pending: FuturesUnordered<_> = self
             .instances
             .iter()
-            .map(|instance| {
-                let (instance, keys) = (instance.clone(), Arc::clone(keys));
-                tokio::spawn(async move { instance.watch_holding(&keys).await })
-            })
+            .map(|instance| instance.watch_holding(keys))
             .collect();
         let mut watches = Vec::with_capacity(self.instances.len());
         let _ = tokio::time::timeout(self.instance_timeout(None), async {
@@ -776,14 +649,13 @@ impl LeaseBackend for RedlockBackend {
             while live < quorum
                 && let Some(watch) = pending.next().await
             {
-                let watch = watch.unwrap_or_else(|_| ReleaseWatch::none());
                 live += usize::from(watch.is_active());
                 watches.push(watch);
             }
         })
         .await;
         while let Some(Some(watch)) = pending.next().now_or_never() {
-            watches.push(watch.unwrap_or_else(|_| ReleaseWatch::none()));
+            watches.push(watch);
         }
         Ok(ReleaseWatch::merge(watches))
     }

@@ -184,11 +184,12 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
 
     /// As [`release`](Self::release), for an exclusive holding of a
     /// `ttl` lease whose release found no task of this client waiting for
-    /// the name: a backend whose waiters wait in a line may keep this
-    /// client's place in line in the same step, when it hands the lock to
-    /// another client, so that a next acquisition of the name by this
-    /// client (which [`resume_place`](Self::resume_place) then gives)
-    /// waits for its turn without asking the server first. A place that no
+    /// the name: a backend whose line grants turns
+    /// ([`grants_turns`](Self::grants_turns)) may keep this client's place
+    /// in line in the same step, when it hands the lock to another
+    /// client, so that a next acquisition of the name by this client
+    /// (which [`resume_place`](Self::resume_place) then gives) waits for
+    /// its turn without asking the server first. A place that no
     /// acquisition resumes soon is the backend's to give up. Default:
     /// [`release`](Self::release).
     async fn release_keeping_place(
@@ -205,9 +206,7 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// ([`release_keeping_place`](Self::release_keeping_place)), taken
     /// over by a waiting exclusive acquisition: its owner token is the
     /// acquisition's from then on, as after a refused attempt, and its
-    /// turn comes through [`take_turn`](Self::take_turn) where the backend
-    /// [grants turns](Self::grants_turns), else as a release the
-    /// acquisition's watch hears, or at `retry_after`. `None` (the
+    /// turn comes through [`take_turn`](Self::take_turn). `None` (the
     /// default) when no place is kept.
     fn resume_place(&self, key: &Self::Key) -> Option<KeptPlace> {
         let _ = key;
@@ -551,7 +550,7 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
     /// acquisition's, as after a refused attempt that left a place in line.
     /// Returns how long to wait for the turn before asking the server.
     fn resume_place(&mut self) -> Option<Duration> {
-        if self.opts.kind() != LockKind::Exclusive || self.opts.bounds().any() {
+        if !self.keeps_owner || self.opts.bounds().any() {
             return None;
         }
         let place = self.backend.resume_place(&self.key)?;
