@@ -221,6 +221,25 @@ impl RedisInstance {
         }
     }
 
+    /// The stamp of the turn a release granted `owner` on `key`'s line
+    /// (an exclusive one) and told this client of, if its message came
+    /// (see [`Waiting::Turn`]); the message stays until
+    /// [`forget_turn`](Self::forget_turn), or the next one on the channel.
+    pub fn told_turn(&self, key: &RedisKey, owner: &str) -> Option<u64> {
+        match key {
+            RedisKey::Exclusive(keys) => self.told_turn_of(keys, &key.stored(owner)),
+            _ => None,
+        }
+    }
+
+    /// Drops the message of a turn on `key`'s line (see
+    /// [`told_turn`](Self::told_turn)).
+    pub fn forget_turn(&self, key: &RedisKey) {
+        if let RedisKey::Exclusive(keys) = key {
+            self.forget_turn_of(keys);
+        }
+    }
+
     /// The holdings of `key`'s lock (writer or readers) or semaphore.
     pub async fn holdings_of(&self, key: &RedisKey) -> Result<Holdings> {
         match key {

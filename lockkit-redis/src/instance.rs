@@ -347,7 +347,8 @@ impl RedisInstance {
                 &*queue.waiter,
             ),
             None => {
-                let line = LineKeys::of(keys, waiting == Waiting::Turn);
+                let turns = matches!(waiting, Waiting::Turn | Waiting::TurnSince { .. });
+                let line = LineKeys::of(keys, turns);
                 let call = Call::new(&SCRIPTS.acquire, line.after(lock_keys));
                 (call, &*self.inner.waiter)
             }
@@ -364,6 +365,9 @@ impl RedisInstance {
             }
             Waiting::Turn => {
                 call.arg("").arg(turns::stamp());
+            }
+            Waiting::TurnSince { place, stamp } => {
+                call.arg(place).arg(stamp);
             }
             Waiting::No | Waiting::ByArrival => {}
         }
@@ -625,7 +629,14 @@ impl RedisInstance {
     /// first six arguments.
     fn line_release(&self, keys: &Keys, owner: &str, fencing: bool, release: Release) -> Call {
         let lock_keys = [&keys.lock, &keys.writer_waiting, &keys.fence];
-        let line = LineKeys::of(keys, release == Release::Grant);
+        // A rollback reads the turns too, where turns are granted: it
+        // leaves a lease the caller's turn granted alone (see `RELEASE`).
+        let turns = match release {
+            Release::Grant => true,
+            Release::Back(_) => self.grants_turns(),
+            Release::Wake | Release::Quiet => false,
+        };
+        let line = LineKeys::of(keys, turns);
         let mut call = Call::new(&self.inner.releases.release, line.after(lock_keys));
         call.arg(owner)
             .arg(&keys.channel)
@@ -714,6 +725,26 @@ impl RedisInstance {
         Some((turns::instant_of(stamp), token))
     }
 
+    /// As [`take_turn`](Self::take_turn): the stamp of the turn's
+    /// message, left where it is (see [`forget_turn_of`](Self::forget_turn_of)).
+    pub(crate) fn told_turn_of(&self, keys: &Keys, owner: &str) -> Option<u64> {
+        if self.inner.waiter.is_empty() {
+            return None;
+        }
+        let channel = keys.turn_channel(&self.inner.waiter);
+        let message = self.inner.notifications.message(&channel)?;
+        turns::read(&message, owner).map(|(stamp, _)| stamp)
+    }
+
+    /// Drops the message left on this client's turn channel of `keys`, if
+    /// any.
+    pub(crate) fn forget_turn_of(&self, keys: &Keys) {
+        if !self.inner.waiter.is_empty() {
+            let channel = keys.turn_channel(&self.inner.waiter);
+            self.inner.notifications.take_message(&channel);
+        }
+    }
+
     /// This client's turn channel on the line of `keys`.
     pub(crate) fn turn_channel(&self, keys: &Keys) -> String {
         keys.turn_channel(&self.inner.waiter)
@@ -735,7 +766,7 @@ impl RedisInstance {
     /// it the lease ([`Waiting::Turn`]): where it waits in lines, and not
     /// where grants wait for replicas (a grant a release makes is not
     /// followed by `WAIT`).
-    pub(crate) fn grants_turns(&self) -> bool {
+    pub fn grants_turns(&self) -> bool {
         !self.inner.waiter.is_empty() && self.inner.wait.is_none()
     }
 

@@ -36,6 +36,7 @@ pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,
     DEFAULT_WAIT_TIMEOUT, RedisConfig,
 };
+pub use turns::{instant_of as turn_instant, stamp as turn_stamp};
 
 /// Connects to the Redis server of a `redis://` or `rediss://` URL, the Redis
 /// Cluster of a `redis+cluster://` URL, or the Sentinel-monitored master of a

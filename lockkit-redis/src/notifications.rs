@@ -236,6 +236,12 @@ impl Notifications {
         lock(&self.mailbox).remove(channel)
     }
 
+    /// As [`take_message`](Self::take_message), leaving the message
+    /// where it is.
+    pub(crate) fn message(&self, channel: &str) -> Option<String> {
+        lock(&self.mailbox).get(channel).cloned()
+    }
+
     /// Marks `channel` as the turn channel of a kept place (see
     /// [`KeptTurns`]).
     pub(crate) fn mark_kept(&self, channel: String, turn: KeptTurn) {

@@ -366,13 +366,15 @@ pub(crate) const TURN_MARK: char = '\x1e';
 /// line, for a moment, and wakes that waiter alone), or if it is the
 /// caller's already (its turn came, and the release made the lease this
 /// owner's: it is counted from now, with a new token); the caller then
-/// leaves the line. A waiting attempt that is refused joins the line (a
+/// leaves the line. (A caller in no line, ARGV[5] "", has neither: its
+/// refusal reads only the holder's `PTTL`.) A waiting attempt that is refused joins the line (a
 /// waiter already in it keeps its place) and is told to ask again within
 /// half a place, so that its place stays live; with ARGV[8], it also
 /// records the lease its turn is to give it (`<fresh until>|<stamp>|<ttl>|
 /// <fencing flag>|<owner>`, under its waiter id in KEYS[6], which lasts as
-/// long as the line), fresh for three quarters of a place (server time,
-/// µs): a live waiter asks again sooner. A waiter that vanished is taken
+/// long as the line), fresh for three quarters of a place from now
+/// (server time, µs, whatever ARGV[7] placed it by): a live waiter asks
+/// again sooner. A waiter that vanished is taken
 /// out of the line when its turn comes, and holds the lock up for one
 /// reservation; or, if its record is still fresh (it vanished in the
 /// second and a half before its turn), for the lease it asked for, as a
@@ -393,7 +395,7 @@ if granted then
 ",
     readers_refusal!("    redis.call('DEL', KEYS[1])"),
     r"
-else
+elseif ARGV[5] ~= '' then
   local held = redis.call('GET', KEYS[1])
   if held == '\30' .. ARGV[5] or held == ARGV[1] then
     granted = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -415,20 +417,28 @@ end
 local wait = redis.call('PTTL', KEYS[1])
 if ARGV[4] == '1' and ARGV[5] ~= '' then
   local place = ARGV[7]
+  local now = nil
   if not place or place == '' then
     local t = redis.call('TIME')
-    place = ",
+    now = ",
     time_us!(),
     r"
+    place = now
   end
   redis.call('ZADD', KEYS[5], 'NX', place, ARGV[5])
   redis.call('PEXPIRE', KEYS[5], ARGV[6])
   if ARGV[8] then
+    if not now then
+      local t = redis.call('TIME')
+      now = ",
+    time_us!(),
+    r"
+    end
 ",
     record_turn!(
         "KEYS[6]",
         "ARGV[5]",
-        "place",
+        "now",
         "ARGV[6]",
         "",
         "ARGV[8] .. '|' .. ARGV[2] .. '|' .. ARGV[3] .. '|' .. ARGV[1]"
@@ -784,7 +794,10 @@ end
 /// drawn for it if it asked
 /// (its waiting-writer record goes, as a grant's does), and the message on
 /// its channel says so: `<its stamp>|<token, 0 without>|<owner>`, so that
-/// it holds without asking again. With nobody in line the key goes and
+/// it holds without asking again. Its record becomes `g<owner>`: the
+/// lease came from its turn, and a rollback of that owner's attempt
+/// (Redlock: an attempt that won no quorum, whose rollback can reach this
+/// instance after the turn was granted) leaves it alone. With nobody in line the key goes and
 /// the release is published on the lock's channel (readers, and waiters
 /// of clients without a line, listen there). A handoff thus wakes one
 /// client and costs the same whatever the number of waiters, and a holder
@@ -801,7 +814,9 @@ end
 /// `PUBLISH` reached nobody: the client went away, or gave the place up).
 ///
 /// A rollback (ARGV[3] "0": Redlock undoing a grant that won no quorum)
-/// deletes the key and wakes nobody. With ARGV[7], a waiting caller's
+/// deletes the key and wakes nobody, unless the lease came from the
+/// caller's turn (its record `g<owner>`, see above: the release that
+/// granted it told the caller, which counts it). With ARGV[7], a waiting caller's
 /// place (µs, see [`Release::Back`]), and ARGV[8], how long a place lasts
 /// without being asked for again (ms), it puts the caller back in the line
 /// at that place, and the lock is reserved for the head of the line as a
@@ -827,6 +842,9 @@ const RELEASE: &str = concat!(
 local held = redis.call('GET', KEYS[1])
 local released = 0
 if held == ARGV[1] then
+  if ARGV[3] ~= '1' and KEYS[5] and redis.call('HGET', KEYS[5], ARGV[4]) == 'g' .. ARGV[1] then
+    return 0
+  end
   released = 1
 elseif held == '\30' .. ARGV[4] then
   if ARGV[3] ~= '1' then
@@ -836,7 +854,7 @@ elseif held == '\30' .. ARGV[4] then
 else
   if ARGV[3] == '1' then
     local record = KEYS[5] and redis.call('HGET', KEYS[5], ARGV[4])
-    if not record or string.sub(record, -1 - #ARGV[1]) == '|' .. ARGV[1] then
+    if not record or string.sub(record, 1, 1) == 'g' or string.sub(record, -1 - #ARGV[1]) == '|' .. ARGV[1] then
       redis.call('ZREM', KEYS[4], ARGV[4])
       if record then
         redis.call('HDEL', KEYS[5], ARGV[4])
@@ -862,7 +880,6 @@ while head do
   local turn = KEYS[5] and redis.call('HGET', KEYS[5], head)
   local kept, fresh, since, ttl, fencing, owner
   if turn then
-    redis.call('HDEL', KEYS[5], head)
     kept, fresh, since, ttl, fencing, owner = string.match(turn, '^(k?)(%d+)|(%d+)|(%d+)|(%d)|(.*)$')
     t = redis.call('TIME')
   end
@@ -888,6 +905,7 @@ while head do
     local told = redis.call('PUBLISH', ARGV[2] .. ':' .. head, since .. '|' .. string.format('%d', token) .. '|' .. owner)
     if told > 0 or kept == '' then
       redis.call('SET', KEYS[1], owner, 'PX', ttl)
+      redis.call('HSET', KEYS[5], head, 'g' .. owner)
       redis.call('DEL', KEYS[2])
 ",
     keep_place!(),
@@ -898,6 +916,10 @@ while head do
 ",
     releasers_fence!(),
     r"
+    if turn then
+      redis.call('HDEL', KEYS[5], head)
+      turn = nil
+    end
     local told = 1
     if kept ~= '' then
       told = redis.call('PUBLISH', ARGV[2] .. ':' .. head, '')
@@ -915,6 +937,9 @@ while head do
     r"
       return released
     end
+  end
+  if turn then
+    redis.call('HDEL', KEYS[5], head)
   end
   head = redis.call('ZPOPMIN', KEYS[4])[1]
 end
@@ -1068,6 +1093,18 @@ pub enum Waiting {
     /// again. Its record goes with its place in the line
     /// ([`Keys::turns`](crate::Keys::turns)).
     Turn,
+    /// As [`Since`](Self::Since) and [`Turn`](Self::Turn) at once:
+    /// placed in the line by `place` (alike on every Redlock instance),
+    /// and granted the lease on its turn, its record stamped `stamp` (a
+    /// [`turn_stamp`](crate::turn_stamp), taken before the attempt is
+    /// sent, the same on every instance), which the turn's message
+    /// carries back.
+    TurnSince {
+        /// Microseconds since the Unix epoch, by the client's clock.
+        place: u64,
+        /// The attempt's stamp.
+        stamp: u64,
+    },
 }
 
 impl Waiting {

@@ -11,15 +11,16 @@ use tokio::time::Instant;
 /// The instant stamps count from: the first one this process needed.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
-/// Now, as a stamp (µs since [`EPOCH`], rounded down): taken before the
+/// Now, as a stamp (µs since the first stamp this process took, rounded
+/// down; see [`turn_instant`](crate::turn_instant)): taken before the
 /// attempt that carries it is sent, so that its instant is no later than
 /// the sending.
-pub(crate) fn stamp() -> u64 {
+pub fn stamp() -> u64 {
     u64::try_from(EPOCH.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The instant of a stamp this process took.
-pub(crate) fn instant_of(stamp: u64) -> Instant {
+pub fn instant_of(stamp: u64) -> Instant {
     *EPOCH + Duration::from_micros(stamp)
 }
 

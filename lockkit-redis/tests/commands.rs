@@ -101,6 +101,29 @@ async fn a_cycle_without_tokens_spares_their_commands() {
     assert!(next > first, "token {next} after {first}");
 }
 
+/// A refused attempt of a client that keeps no line (a barging lock) runs
+/// two commands: the `SET NX` and the holder's `PTTL`. It has no
+/// reservation or turn of its own to look for; barging waiters ask again
+/// on the backoff, and under contention their refusals are much of the
+/// server's work.
+#[tokio::test]
+async fn a_barging_refusal_runs_two_commands() {
+    const TRIES: u64 = 20;
+    let server = RedisServer::start().await;
+    let holder = connect(&server.url()).await;
+    let barging = connect(&format!("{}?barging=true", server.url())).await;
+    let held = common::take(&holder, "barged", &opts()).await;
+    server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    for _ in 0..TRIES {
+        let refused = barging.try_acquire("barged", &opts()).await.unwrap();
+        assert!(refused.is_none(), "the lock is held");
+    }
+    let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+    assert_eq!(evalsha_calls(&info), TRIES, "{info}");
+    assert_eq!(calls_inside_scripts(&info), 2 * TRIES, "{info}");
+    held.release().await.unwrap();
+}
+
 /// A renewal of an exclusive lease runs three commands on the server: the
 /// read of the lock key and the new expiry of it and of its fence counter
 /// (renewals are what the server spends most on when a client holds many

@@ -675,9 +675,10 @@ async fn a_vanished_waiter_costs_one_reservation() {
 /// A release grants the first client in line the lease it recorded with
 /// its place (`{<key>}:turns`), while that record is fresh: the key holds
 /// the client's owner token for its TTL, with a fencing token above the
-/// releaser's, and the client's channel says so. A record gone stale (a
-/// client that stopped asking, as a crashed one does) gets a reservation
-/// instead, which costs the line one turn, not a lease. Records put there
+/// releaser's, and the client's channel says so; its record becomes
+/// `g<owner>`, the mark of a lease its turn granted. A record gone stale (a
+/// client that stopped asking, as a crashed one does) goes, and gets a
+/// reservation instead, which costs the line one turn, not a lease. Records put there
 /// by hand, as a client of another process leaves them; the freshness is
 /// the server's clock against a bound far in the past or the future.
 #[tokio::test]
@@ -697,14 +698,15 @@ async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
         guard.release().await.unwrap();
         let value = server.command(&["GET", "lockkit:granted"]).await.unwrap();
         let pttl: u64 = number(&server, &["PTTL", "lockkit:granted"]).await;
-        let left = server.command(&["HLEN", turns]).await.unwrap();
-        assert_eq!(left, "0", "the head's record went with its turn");
+        let left = server.command(&["HGET", turns, "gone"]).await.unwrap();
         if granted {
+            assert_eq!(left, "ggone-owner", "the head's record marks its grant");
             assert_eq!(value, "gone-owner", "the head's lease");
             assert!(pttl > 5_000 && pttl <= 30_000, "{pttl}");
             let fence: u64 = number(&server, &["GET", "{lockkit:granted}:fence"]).await;
             assert!(fence > releasers, "token {fence} after {releasers}");
         } else {
+            assert_eq!(left, "(nil)", "the head's stale record went with its turn");
             assert_eq!(value, "\u{1e}gone", "a stale record gets a reservation");
             assert!(pttl <= lockkit_redis::TURN.as_millis() as u64, "{pttl}");
         }
@@ -713,6 +715,76 @@ async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
             .await
             .unwrap();
     }
+}
+
+/// Redlock rolls back an attempt that won no quorum on the instances that
+/// granted it (`Release::Back`), and that rollback can reach an instance
+/// after a release there granted the same waiter its turn, which the
+/// waiter has been told of and counts: the rollback leaves such a lease
+/// alone (the waiter's record says `g<owner>`). A lease the attempt itself
+/// was granted is rolled back (and the lock reserved for the head of the
+/// line, the client itself, back in line at its place).
+#[tokio::test]
+async fn a_rollback_leaves_a_lease_the_turn_granted() {
+    use lockkit_core::LockKind;
+    use lockkit_core::backend::Attempt;
+    use lockkit_redis::{RedisConfig, RedisInstance, RedisKey, Release, Waiting, turn_stamp};
+
+    let server = RedisServer::start().await;
+    let config = RedisConfig::from_url(&server.url()).unwrap();
+    let instance = RedisInstance::connect(config).await.unwrap();
+    let key = RedisKey::new("lockkit:", "rolled", LockKind::Exclusive, false).unwrap();
+    let ttl = Duration::from_secs(10);
+    let place = 1_000_000;
+    let waiting = || Waiting::TurnSince {
+        place,
+        stamp: turn_stamp(),
+    };
+    server
+        .command(&["SET", "lockkit:rolled", "other", "PX", "30000"])
+        .await
+        .unwrap();
+    let refused = instance
+        .try_hold(&key, "mine", ttl, false, waiting())
+        .await
+        .unwrap();
+    assert!(matches!(refused, Attempt::Busy { .. }), "{refused:?}");
+    // The holder's release grants the client in line its turn.
+    let released = instance
+        .release_holding(&key, "other", false, Release::Grant)
+        .await
+        .unwrap();
+    assert!(released);
+    let held = || server.command(&["GET", "lockkit:rolled"]);
+    assert_eq!(held().await.unwrap(), "mine", "the turn's lease");
+    let rolled_back = instance
+        .release_holding(&key, "mine", false, Release::Back(place))
+        .await
+        .unwrap();
+    assert!(!rolled_back, "a rollback of the turn's lease");
+    assert_eq!(held().await.unwrap(), "mine", "the turn's lease stays");
+    // The holding ends with its release, and a lease an attempt was
+    // granted goes with the attempt's rollback.
+    assert!(
+        instance
+            .release_holding(&key, "mine", false, Release::Grant)
+            .await
+            .unwrap()
+    );
+    let granted = instance
+        .try_hold(&key, "next", ttl, false, waiting())
+        .await
+        .unwrap();
+    assert!(matches!(granted, Attempt::Acquired(_)), "{granted:?}");
+    let rolled_back = instance
+        .release_holding(&key, "next", false, Release::Back(place))
+        .await
+        .unwrap();
+    assert!(rolled_back, "the attempt's own grant is rolled back");
+    // Back in line at its place, the client is the head: the lock is
+    // reserved for it, as a release reserves it.
+    let after = held().await.unwrap();
+    assert!(after.starts_with('\u{1e}'), "{after:?}");
 }
 
 /// A client whose turn channel is subscribed (it waited for the lock

@@ -2,16 +2,21 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use futures_util::{FutureExt, StreamExt};
-use lockkit_core::backend::{Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch};
+use lockkit_core::backend::{
+    Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch, Turn,
+};
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
 };
-use lockkit_redis::{RedisInstance, RedisKey, Release, Waiting, holder_of};
+use lockkit_redis::{
+    RedisInstance, RedisKey, Release, Waiting, holder_of, turn_instant, turn_stamp,
+};
 use tokio::sync::watch;
 
 use crate::error::{BACKEND, no_quorum, unreachable_quorum, unsure_status};
@@ -44,6 +49,17 @@ pub const REDLOCK_CAPABILITIES: Capabilities = Capabilities::new(ReleaseOnCrash:
 pub const REDLOCK_BARGING_CAPABILITIES: Capabilities =
     REDLOCK_CAPABILITIES.with_notified_wait(false);
 
+/// How long a waiter that some instances, too few, told of its turn waits
+/// for the others' messages (at most an instance timeout) before it asks:
+/// a release's requests reach the instances at once, and their messages
+/// come within a fraction of this.
+const TURN_GRACE: Duration = Duration::from_millis(5);
+
+/// The least time the subscriptions of a waiter's other instances are
+/// waited for once a quorum of them is live (see
+/// [`RedlockBackend::watch`](LeaseBackend::watch)).
+const SUBSCRIBE_GRACE: Duration = Duration::from_millis(1);
+
 /// The default upper bound of one request to one instance; the effective
 /// default is min(this, ttl / 10).
 pub const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -67,6 +83,9 @@ pub struct RedlockBackend {
     in_flight: Mutex<HashMap<String, InFlight>>,
     /// The requests left running in the background, by instance.
     stragglers: Stragglers,
+    /// By instance: whether a subscription is being made in the
+    /// background (see [`subscribe_later`](Self::subscribe_later)).
+    subscribing: Arc<[AtomicBool]>,
     /// Whether waiters of exclusive locks ask on the backoff, out of any
     /// line and deaf to releases (see [`barging`](Self::barging)).
     barging: bool,
@@ -81,6 +100,9 @@ impl RedlockBackend {
     ) -> Self {
         let quorum = instances.len() / 2 + 1;
         let stragglers = Stragglers::new(instances.len());
+        let subscribing = (0..instances.len())
+            .map(|_| AtomicBool::new(false))
+            .collect();
         RedlockBackend {
             instances,
             prefix: prefix.into(),
@@ -88,6 +110,7 @@ impl RedlockBackend {
             instance_timeout,
             in_flight: Mutex::default(),
             stragglers,
+            subscribing,
             barging: false,
         }
     }
@@ -355,6 +378,50 @@ pub struct Placed {
     /// it sends (it may finish in the background).
     keys: Arc<RedisKey>,
     since: u64,
+    /// The stamp of the acquisition's last waiting attempt, where turns are
+    /// granted (see [`RedlockBackend::take_turn`](LeaseBackend::take_turn)):
+    /// a turn's message of an earlier attempt does not count. One more than
+    /// the stamp; 0 before the first.
+    attempt: Arc<AtomicU64>,
+}
+
+impl RedlockBackend {
+    /// Subscribes to what wakes a waiter of `keys` on instance `index` in
+    /// a task of its own, unless one already subscribes there: the
+    /// subscription lingers for the next wait (see `live_watch`). One
+    /// such task per instance at most, so that a frozen instance does not
+    /// gather them.
+    fn subscribe_later(&self, index: usize, keys: &Arc<RedisKey>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.subscribing[index].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (subscribing, instance) =
+            (Arc::clone(&self.subscribing), self.instances[index].clone());
+        let keys = Arc::clone(keys);
+        runtime.spawn(async move {
+            drop(instance.watch_holding(&keys).await);
+            subscribing[index].store(false, Ordering::Release);
+        });
+    }
+
+    /// The instances that told this client of `owner`'s turn for the last
+    /// waiting attempt of `placed`, with each message's stamp.
+    fn told_turns(&self, placed: &Placed, owner: &OwnerToken) -> Vec<(usize, u64)> {
+        let Some(attempt) = placed.attempt.load(Ordering::Relaxed).checked_sub(1) else {
+            return Vec::new();
+        };
+        self.instances
+            .iter()
+            .enumerate()
+            .filter_map(|(index, instance)| {
+                let stamp = instance.told_turn(&placed.keys, owner.as_str())?;
+                (stamp >= attempt).then_some((index, stamp))
+            })
+            .collect()
+    }
 }
 
 /// Drops the entries of [`RedlockBackend::in_flight`] whose requests have
@@ -417,6 +484,7 @@ impl LeaseBackend for RedlockBackend {
         Ok(Placed {
             keys: Arc::new(RedisKey::new(&self.prefix, name, kind, false)?),
             since: unix_micros(),
+            attempt: Arc::default(),
         })
     }
 
@@ -459,6 +527,14 @@ impl LeaseBackend for RedlockBackend {
             // In no line (its instances keep none), but still recorded as
             // the waiting writer where readers keep it out.
             Intent::Wait if keys.barges(self.barging) => Waiting::ByArrival,
+            Intent::Wait if self.grants_turns() && matches!(**keys, RedisKey::Exclusive(_)) => {
+                let stamp = turn_stamp();
+                placed.attempt.store(stamp + 1, Ordering::Relaxed);
+                Waiting::TurnSince {
+                    place: placed.since,
+                    stamp,
+                }
+            }
             Intent::Wait => Waiting::Since(placed.since),
             Intent::Try => Waiting::No,
         };
@@ -502,7 +578,7 @@ impl LeaseBackend for RedlockBackend {
             granted_by.iter().copied().chain(silent),
             &late,
             match waiting {
-                Waiting::Since(place) => Release::Back(place),
+                Waiting::Since(place) | Waiting::TurnSince { place, .. } => Release::Back(place),
                 _ => Release::Quiet,
             },
             Until {
@@ -584,7 +660,11 @@ impl LeaseBackend for RedlockBackend {
                 owner,
                 self.all(),
                 &late,
-                Release::Wake,
+                if self.grants_turns() {
+                    Release::Grant
+                } else {
+                    Release::Wake
+                },
                 Until {
                     decided: |votes: &Votes<bool>| {
                         votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum
@@ -600,6 +680,46 @@ impl LeaseBackend for RedlockBackend {
         } else {
             Err(self.undecided(&votes, quorum))
         }
+    }
+
+    /// Unless barging, where every instance can (see
+    /// [`RedisInstance::grants_turns`]): a release on each instance makes
+    /// the lease of the first waiter in its line (the same on every
+    /// instance: see `Placed`) that waiter's, and tells it; the waiter
+    /// holds once a quorum told it (see [`take_turn`](Self::take_turn)),
+    /// without asking again. A rollback of a waiting attempt leaves a lease
+    /// its turn granted alone (the instance's record says which), so that a
+    /// turn that was told is not taken back.
+    fn grants_turns(&self) -> bool {
+        !self.barging && self.instances.iter().all(RedisInstance::grants_turns)
+    }
+
+    /// The turn a quorum of instances told this client of, each for the
+    /// acquisition's last waiting attempt (an earlier attempt's turn may
+    /// have been granted where a later attempt was granted too, and rolled
+    /// back with it); counted from the attempt.
+    fn take_turn(&self, placed: &Placed, owner: &OwnerToken) -> Option<Turn> {
+        let told = self.told_turns(placed, owner);
+        if told.len() < self.quorum_for(&placed.keys) {
+            return None;
+        }
+        for &(index, _) in &told {
+            self.instances[index].forget_turn(&placed.keys);
+        }
+        let first = told.iter().map(|&(_, stamp)| stamp).min()?;
+        Some(Turn {
+            fencing: None,
+            since: turn_instant(first),
+        })
+    }
+
+    /// While some instances, too few, told this client of its turn: the
+    /// others' messages are waited for a little (5 ms, at most an
+    /// instance timeout).
+    fn turn_told_in_part(&self, placed: &Placed, owner: &OwnerToken) -> Option<Duration> {
+        let told = self.told_turns(placed, owner).len();
+        (told > 0 && told < self.quorum_for(&placed.keys))
+            .then(|| self.instance_timeout(None).min(TURN_GRACE))
     }
 
     /// An exclusive holding: held when a quorum of the instances that
@@ -625,11 +745,13 @@ impl LeaseBackend for RedlockBackend {
     }
 
     /// Release notifications from a quorum of instances that listen (or
-    /// from those that subscribe in time), and from any other that is
-    /// already listening. A quorum is enough: a release that counts
-    /// reaches a quorum of instances, and two quorums share one. A frozen
-    /// minority's subscription (which waits for its reply) thus costs the
-    /// waiter nothing.
+    /// from those that subscribe in time), and from every other that
+    /// subscribes within as long again (at least 1 ms). A
+    /// quorum is enough for a release: a release that counts reaches a
+    /// quorum of instances, and two quorums share one; a turn needs a
+    /// quorum of the instances that grant it, so the others are waited for
+    /// a little. A frozen minority's subscription (which waits for its
+    /// reply) thus costs the waiter that little.
     async fn watch(&self, placed: &Placed) -> Result<ReleaseWatch> {
         let keys = &placed.keys;
         if keys.barges(self.barging) {
@@ -639,24 +761,49 @@ impl LeaseBackend for RedlockBackend {
         let mut pending: FuturesUnordered<_> = self
             .instances
             .iter()
-            .map(|instance| instance.watch_holding(keys))
+            .enumerate()
+            .map(|(index, instance)| async move { (index, instance.watch_holding(keys).await) })
             .collect();
         let mut watches = Vec::with_capacity(self.instances.len());
+        let started = tokio::time::Instant::now();
+        // Counting the watches that can fire: one whose subscription
+        // failed waits by polling.
+        let mut live = 0;
         let _ = tokio::time::timeout(self.instance_timeout(None), async {
-            // Counting the watches that can fire: one whose subscription
-            // failed waits by polling.
-            let mut live = 0;
             while live < quorum
-                && let Some(watch) = pending.next().await
+                && let Some((index, watch)) = pending.next().await
             {
                 live += usize::from(watch.is_active());
-                watches.push(watch);
+                watches.push((index, watch));
             }
         })
         .await;
-        while let Some(Some(watch)) = pending.next().now_or_never() {
-            watches.push(watch);
+        // The other instances' subscriptions get as long again (at least
+        // `SUBSCRIBE_GRACE`): a waiter's turn comes from every instance
+        // that grants it, and one it does not hear costs it a wait for the
+        // rest (see `turn_told_in_part`), or costs every grant where a
+        // quorum needs every live instance (one held by a client that
+        // died).
+        let grace = if live >= quorum {
+            started.elapsed().max(SUBSCRIBE_GRACE)
+        } else {
+            Duration::ZERO
+        };
+        let _ = tokio::time::timeout(grace, async {
+            while let Some(answer) = pending.next().await {
+                watches.push(answer);
+            }
+        })
+        .await;
+        drop(pending);
+        // Those still subscribing subscribe in the background, for the
+        // waits after this one (their subscriptions linger).
+        for index in self.all() {
+            if !watches.iter().any(|(i, _)| *i == index) {
+                self.subscribe_later(index, keys);
+            }
         }
+        let watches = watches.into_iter().map(|(_, watch)| watch);
         Ok(ReleaseWatch::merge(watches))
     }
 
@@ -667,11 +814,15 @@ impl LeaseBackend for RedlockBackend {
         if keys.barges(self.barging) {
             return Some(ReleaseWatch::none());
         }
-        let live: Vec<ReleaseWatch> = self
-            .instances
-            .iter()
-            .filter_map(|instance| instance.live_watch_of(keys))
-            .collect();
+        let mut live = Vec::with_capacity(self.instances.len());
+        for (index, instance) in self.instances.iter().enumerate() {
+            match instance.live_watch_of(keys) {
+                Some(watch) => live.push(watch),
+                // A quorum may do, but a turn is heard from every
+                // instance that grants it.
+                None => self.subscribe_later(index, keys),
+            }
+        }
         (live.len() >= self.quorum_for(keys)).then(|| ReleaseWatch::merge(live))
     }
 }

@@ -163,9 +163,12 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// by itself when its turn in line comes, and tells it (see
     /// [`take_turn`](Self::take_turn)). Default: false. When true, an
     /// acquisition keeps one owner token across its refused attempts (the
-    /// server's line holds it), which is only sound where a refused attempt
-    /// leaves nothing in flight that a later one could meet (a rollback on
-    /// another server, say).
+    /// server's line holds it), which is only sound where nothing a refused
+    /// attempt leaves in flight can take back a lease a later attempt, or
+    /// a turn, granted: Redlock's rollback of an attempt that won no quorum
+    /// leaves a lease that the attempt's turn granted alone, and a later
+    /// attempt's request to an instance where the rollback still runs
+    /// waits for it, or is sent too late for its answer to count.
     fn grants_turns(&self) -> bool {
         false
     }
@@ -178,6 +181,16 @@ pub trait LeaseBackend: Send + Sync + fmt::Debug + 'static {
     /// finds a lease that is `owner`'s already and counts it from then, so
     /// a message that got lost costs one round trip, no more.
     fn take_turn(&self, key: &Self::Key, owner: &OwnerToken) -> Option<Turn> {
+        let _ = (key, owner);
+        None
+    }
+
+    /// How long a waiting acquisition whose turn some of the servers
+    /// told it of, too few for [`take_turn`](Self::take_turn) to give it
+    /// (Redlock: fewer than a quorum of instances), waits for the others'
+    /// messages before it asks again; `None` (the default) when no such
+    /// message came. Asked after a wake that gave no turn.
+    fn turn_told_in_part(&self, key: &Self::Key, owner: &OwnerToken) -> Option<Duration> {
         let _ = (key, owner);
         None
     }
@@ -358,6 +371,9 @@ impl<B: LeaseBackend> LeaseLock<B> {
         {
             return grant.into_resumed_guard(turn, slot).await;
         }
+        // Whether the last wait was on a watch taken before it (not one
+        // just subscribed, which may have missed the messages of a turn).
+        let mut watched = false;
         loop {
             let attempt = match resumed.take() {
                 Some(retry_after) => Ok(Attempt::Busy {
@@ -368,6 +384,7 @@ impl<B: LeaseBackend> LeaseLock<B> {
             let waited = match attempt {
                 Ok(Attempt::Acquired(fencing)) => return Ok(grant.into_guard(fencing, slot)),
                 Ok(Attempt::Busy { retry_after }) => {
+                    watched = watch.is_some();
                     let key = grant.key.clone();
                     // Boxed, as the other waits below: an uncontended
                     // acquisition's future stays small (one allocation of
@@ -382,6 +399,13 @@ impl<B: LeaseBackend> LeaseLock<B> {
             };
             if waited.is_ok()
                 && let Some(turn) = grant.take_turn()
+            {
+                return grant.into_resumed_guard(turn, slot).await;
+            }
+            if waited.is_ok()
+                && watched
+                && let Some(grace) = grant.turn_told_in_part()
+                && let Some(turn) = Box::pin(grant.rest_of_turn(grace, &waiter, &mut watch)).await
             {
                 return grant.into_resumed_guard(turn, slot).await;
             }
@@ -576,6 +600,42 @@ impl<'a, B: LeaseBackend> Grant<'a, B> {
         let ttl = self.kept_ttl.map_or(self.ttl, |kept| kept.min(self.ttl));
         let fresh = Instant::now() < turn.since + ttl - clock_drift(ttl);
         fresh.then_some(turn)
+    }
+
+    /// How long to wait for the rest of a turn that some servers told this
+    /// acquisition of, too few (see [`LeaseBackend::turn_told_in_part`]).
+    fn turn_told_in_part(&self) -> Option<Duration> {
+        if !self.keeps_owner {
+            return None;
+        }
+        self.backend.turn_told_in_part(&self.key, &self.owner)
+    }
+
+    /// The rest of a turn told in part (see
+    /// [`turn_told_in_part`](Self::turn_told_in_part)): waits for the
+    /// others' messages on `watch` for `grace` (and no later than the
+    /// waiter's deadline); `None` when the turn has not come by then, and
+    /// the acquisition asks again.
+    async fn rest_of_turn(
+        &mut self,
+        grace: Duration,
+        waiter: &Waiter<'_>,
+        watch: &mut Option<ReleaseWatch>,
+    ) -> Option<Turn> {
+        let watch = watch.as_mut()?;
+        let mut until = Instant::now() + grace;
+        if let Some(deadline) = waiter.deadline() {
+            until = until.min(deadline);
+        }
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return self.take_turn(),
+                () = watch.changed() => {}
+            }
+            if let Some(turn) = self.take_turn() {
+                return Some(turn);
+            }
+        }
     }
 
     /// As [`into_turn_guard`](Self::into_turn_guard); a turn a resumed
