@@ -60,6 +60,11 @@ const TURN_GRACE: Duration = Duration::from_millis(5);
 /// [`RedlockBackend::watch`](LeaseBackend::watch)).
 const SUBSCRIBE_GRACE: Duration = Duration::from_millis(1);
 
+/// How long after a failed subscription in the background (see
+/// `RedlockBackend::subscribe_later`) the next one waits: an instance that
+/// is down is not asked on every wait.
+const RESUBSCRIBE_PAUSE: Duration = Duration::from_secs(1);
+
 /// The default upper bound of one request to one instance; the effective
 /// default is min(this, ttl / 10).
 pub const DEFAULT_INSTANCE_TIMEOUT: Duration = Duration::from_millis(50);
@@ -390,7 +395,7 @@ impl RedlockBackend {
     /// a task of its own, unless one already subscribes there: the
     /// subscription lingers for the next wait (see `live_watch`). One
     /// such task per instance at most, so that a frozen instance does not
-    /// gather them.
+    /// gather them, and after a failure none for [`RESUBSCRIBE_PAUSE`].
     fn subscribe_later(&self, index: usize, keys: &Arc<RedisKey>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -402,7 +407,10 @@ impl RedlockBackend {
             (Arc::clone(&self.subscribing), self.instances[index].clone());
         let keys = Arc::clone(keys);
         runtime.spawn(async move {
-            drop(instance.watch_holding(&keys).await);
+            if !instance.watch_holding(&keys).await.is_active() {
+                // Failed (the instance is down, say): not again at once.
+                tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
+            }
             subscribing[index].store(false, Ordering::Release);
         });
     }
