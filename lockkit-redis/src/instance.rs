@@ -716,10 +716,7 @@ impl RedisInstance {
     /// its message came: when the attempt whose place was granted was sent,
     /// and the fencing token drawn for it (0 without fencing).
     pub(crate) fn take_turn(&self, keys: &Keys, owner: &str) -> Option<(Instant, u64)> {
-        if self.inner.waiter.is_empty() {
-            return None;
-        }
-        let channel = keys.turn_channel(&self.inner.waiter);
+        let channel = self.lined_turn_channel(keys)?;
         let message = self.inner.notifications.take_message(&channel)?;
         let (stamp, token) = turns::read(&message, owner)?;
         Some((turns::instant_of(stamp), token))
@@ -728,10 +725,7 @@ impl RedisInstance {
     /// As [`take_turn`](Self::take_turn): the stamp of the turn's
     /// message, left where it is (see [`forget_turn_of`](Self::forget_turn_of)).
     pub(crate) fn told_turn_of(&self, keys: &Keys, owner: &str) -> Option<u64> {
-        if self.inner.waiter.is_empty() {
-            return None;
-        }
-        let channel = keys.turn_channel(&self.inner.waiter);
+        let channel = self.lined_turn_channel(keys)?;
         let message = self.inner.notifications.message(&channel)?;
         turns::read(&message, owner).map(|(stamp, _)| stamp)
     }
@@ -739,8 +733,7 @@ impl RedisInstance {
     /// Drops the message left on this client's turn channel of `keys`, if
     /// any.
     pub(crate) fn forget_turn_of(&self, keys: &Keys) {
-        if !self.inner.waiter.is_empty() {
-            let channel = keys.turn_channel(&self.inner.waiter);
+        if let Some(channel) = self.lined_turn_channel(keys) {
             self.inner.notifications.take_message(&channel);
         }
     }
@@ -748,6 +741,12 @@ impl RedisInstance {
     /// This client's turn channel on the line of `keys`.
     pub(crate) fn turn_channel(&self, keys: &Keys) -> String {
         keys.turn_channel(&self.inner.waiter)
+    }
+
+    /// [`turn_channel`](Self::turn_channel), where this connection waits
+    /// in lines (it has a waiter id); `None` where it keeps none.
+    fn lined_turn_channel(&self, keys: &Keys) -> Option<String> {
+        (!self.inner.waiter.is_empty()).then(|| self.turn_channel(keys))
     }
 
     /// Marks `channel` (a turn channel of this client) as that of a kept
