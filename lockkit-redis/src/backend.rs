@@ -12,9 +12,10 @@ use crate::error::BACKEND;
 use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::Keys;
-use crate::places::{NextTurn, Places};
+use crate::places::{Places, next_turn};
 use crate::renewals::Renewing;
 use crate::scripts::{Release, Waiting};
+use crate::turns;
 
 /// A lock client on one Redis server: [`LeaseLock`] over [`RedisBackend`].
 pub type RedisLock = LeaseLock<RedisBackend>;
@@ -262,37 +263,13 @@ impl LeaseBackend for RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
-        let RedisKey::Exclusive(keys) = key else {
+        if !(self.grants_turns() && self.instance.is_single()) {
             return self.release(key, owner).await;
-        };
-        let watch = (self.grants_turns() && self.instance.is_single())
-            .then(|| self.instance.live_turn_watch(keys))
-            .flatten()
-            .filter(ReleaseWatch::tells_turns);
-        let Some(watch) = watch else {
-            return self.release(key, owner).await;
-        };
-        let next = OwnerToken::new();
-        let stored = key.stored(next.as_str()).into_owned();
-        let (released, kept) = self
-            .instance
-            .release_keeping_place(
-                keys,
-                &key.stored(owner.as_str()),
-                self.fences(),
-                &stored,
-                ttl,
-            )
-            .await?;
-        if kept {
-            let next = NextTurn {
-                owner: next,
-                stored,
-                ttl,
-            };
-            self.places.keep(keys, next, self.fences(), watch);
         }
-        Ok(released)
+        let next = next_turn(key, OwnerToken::new(), ttl, turns::stamp(), None);
+        self.places
+            .release_keeping_place(key, owner.as_str(), self.fences(), next)
+            .await
     }
 
     fn resume_place(&self, key: &RedisKey) -> Option<KeptPlace> {

@@ -600,27 +600,33 @@ impl RedisInstance {
     /// As [`release`](Self::release) with [`Release::Grant`] (not for a
     /// fair lock), and when the lock goes to the head of the line this
     /// client takes the end of the line in the same step, as if it had
-    /// asked again at once: its turn is to grant `next` (an owner as
-    /// stored) a lease of `ttl`, stamped now (see [`Waiting::Turn`]), its
-    /// place lasting [`QUEUE_PLACE`] as an attempt's would. Returns whether
-    /// the holding was released, and whether the place was kept.
+    /// asked again at once: its turn is to grant `next` (see
+    /// [`Waiting::Turn`]), its place lasting [`QUEUE_PLACE`] as an
+    /// attempt's would. The place is at the server's clock, or at
+    /// `next.place` (Redlock: µs since the Unix epoch by the client's
+    /// clock, as [`Waiting::Since`], so that it is the same on every
+    /// instance). Returns whether the holding was released, and whether
+    /// the place was kept.
     pub(crate) async fn release_keeping_place(
         &self,
         keys: &Keys,
         owner: &str,
         fencing: bool,
-        next: &str,
-        ttl: Duration,
+        next: &turns::NextTurn,
     ) -> Result<(bool, bool)> {
         let mut conn = self.inner.commands.clone();
         let mut call = self.line_release(keys, owner, fencing, Release::Grant);
         let record = format!(
-            "{}|{}|{}|{next}",
-            turns::stamp(),
-            ttl_millis(ttl),
-            flag(fencing)
+            "{}|{}|{}|{}",
+            next.stamp,
+            ttl_millis(next.ttl),
+            flag(fencing),
+            next.stored
         );
         call.arg("").arg(ttl_millis(QUEUE_PLACE)).arg(record);
+        if let Some(place) = next.place {
+            call.arg(place);
+        }
         let answer: i64 = self.run("release", call.invoke(&mut conn)).await?;
         Ok((answer & 1 == 1, answer >= 2))
     }
@@ -756,9 +762,10 @@ impl RedisInstance {
         self.inner.notifications.mark_kept(channel, turn);
     }
 
-    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)).
-    pub(crate) fn unmark_kept(&self, channel: &str) {
-        self.inner.notifications.unmark_kept(channel);
+    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)); false if its
+    /// turn came meanwhile.
+    pub(crate) fn unmark_kept(&self, channel: &str) -> bool {
+        self.inner.notifications.unmark_kept(channel)
     }
 
     /// Whether a waiting attempt of this connection can have its turn grant

@@ -243,14 +243,25 @@ impl Notifications {
     }
 
     /// Marks `channel` as the turn channel of a kept place (see
-    /// [`KeptTurns`]).
+    /// [`KeptTurns`]); or, where the mailbox holds a message of that
+    /// channel already (the place's turn came before it was marked), tells
+    /// `turn` at once. Checked with the marks locked, and a message is in
+    /// the mailbox before its channel's mark is looked up (see
+    /// `dispatch`): a turn's message is told once, however the two meet.
     pub(crate) fn mark_kept(&self, channel: String, turn: KeptTurn) {
-        lock(&self.kept).insert(channel, turn);
+        let mut kept = lock(&self.kept);
+        if lock(&self.mailbox).contains_key(&channel) {
+            drop(kept);
+            turn.told();
+            return;
+        }
+        kept.insert(channel, turn);
     }
 
-    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)).
-    pub(crate) fn unmark_kept(&self, channel: &str) {
-        lock(&self.kept).remove(channel);
+    /// Unmarks `channel` (see [`mark_kept`](Self::mark_kept)); false if it
+    /// was no longer marked (its turn came, or the connection dropped).
+    pub(crate) fn unmark_kept(&self, channel: &str) -> bool {
+        lock(&self.kept).remove(channel).is_some()
     }
 
     /// The subscriber connection to the current target: the existing one,
@@ -452,9 +463,6 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, kept: &KeptTurns, push: PushInfo
             if let Some(Value::BulkString(channel)) = push.data.first()
                 && let Ok(channel) = std::str::from_utf8(channel)
             {
-                if let Some(turn) = lock(kept).remove(channel) {
-                    turn.told();
-                }
                 match push.data.get(1) {
                     // In the mailbox before the waiter wakes, and out again
                     // if nobody watches the channel.
@@ -468,6 +476,11 @@ fn dispatch(hub: &NotifyHub, mailbox: &Mailbox, kept: &KeptTurns, push: PushInfo
                     _ => {
                         hub.notify(channel);
                     }
+                }
+                // After the mailbox: a keeper that gives the turn up takes
+                // its message out (see `crate::places`).
+                if let Some(turn) = lock(kept).remove(channel) {
+                    turn.told();
                 }
             }
         }
@@ -540,6 +553,60 @@ mod tests {
         assert!(!lingers(&notifications, "c"));
         assert!(notifications.hub.is_empty(), "the idle topic went");
         assert_eq!(tasks(), before, "the task ended");
+    }
+
+    /// A turn's message on `channel`, as the subscriber hands it over.
+    fn message(channel: &str, text: &str) -> PushInfo {
+        PushInfo {
+            kind: PushKind::Message,
+            data: vec![
+                Value::BulkString(channel.as_bytes().to_vec()),
+                Value::BulkString(text.as_bytes().to_vec()),
+            ],
+        }
+    }
+
+    /// A kept place's turn channel, marked for `lock`: what its keeper is told.
+    fn kept_turn(lock: &str) -> (KeptTurn, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (tell, told) = tokio::sync::mpsc::unbounded_channel();
+        let turn = KeptTurn {
+            lock: lock.to_owned(),
+            tell,
+        };
+        (turn, told)
+    }
+
+    /// A kept place's turn is told to its keeper once, with its message in
+    /// the mailbox by then, whether the message comes after the place's
+    /// channel was marked or before (a release that came before the
+    /// releasing client had marked its place): a turn the keeper is not
+    /// told of would hold the lock until its lease ran out.
+    #[tokio::test]
+    async fn a_kept_turn_is_told_once_whenever_its_message_came() {
+        let n = notifications(Duration::from_secs(10));
+        let (_watch, _) = n.hub.watch("turn");
+
+        let (turn, mut told) = kept_turn("lock");
+        n.mark_kept("turn".to_owned(), turn);
+        dispatch(&n.hub, &n.mailbox, &n.kept, message("turn", "1|0|o"));
+        assert_eq!(told.try_recv().ok().as_deref(), Some("lock"));
+        assert_eq!(n.message("turn").as_deref(), Some("1|0|o"));
+        assert!(!n.unmark_kept("turn"), "told, and unmarked");
+
+        n.take_message("turn");
+        dispatch(&n.hub, &n.mailbox, &n.kept, message("turn", "2|0|p"));
+        let (turn, mut told) = kept_turn("lock");
+        n.mark_kept("turn".to_owned(), turn);
+        assert_eq!(told.try_recv().ok().as_deref(), Some("lock"));
+        assert!(!n.unmark_kept("turn"), "told at once, never marked");
+        dispatch(&n.hub, &n.mailbox, &n.kept, message("turn", "3|0|q"));
+        assert!(told.try_recv().is_err(), "told once");
+
+        n.take_message("turn");
+        let (turn, mut told) = kept_turn("lock");
+        n.mark_kept("turn".to_owned(), turn);
+        assert!(told.try_recv().is_err(), "no message, nothing told");
+        assert!(n.unmark_kept("turn"), "still marked");
     }
 
     /// A channel watched again when its wait ends stays, and its next idle

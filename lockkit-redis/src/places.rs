@@ -14,9 +14,13 @@
 //! or a reservation) goes to the client's keeper task, which releases that
 //! turn to the next in line at once (one release). A place older than
 //! [`QUEUE_PLACE`] that never got its turn is given up by the next place
-//! kept (it leaves the line). A client that went away gives nothing up: the
-//! release that comes to its place finds nobody listening on its turn
-//! channel and goes on to the next in line.
+//! kept (it leaves the line). A turn whose message came before its place
+//! was marked kept is told to the keeper when it is marked. A client that
+//! is dropped gives its places up in the background (its subscriptions may
+//! outlive it, and a turn granted to one of its places would hold the lock
+//! until the lease ran out); a client that went away without that finds
+//! nobody listening on its turn channel: the release that comes to its
+//! place goes on to the next in line.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -27,10 +31,12 @@ use lockkit_core::backend::{KeptPlace, OwnerToken, ReleaseWatch};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::{Keys, QUEUE_PLACE};
 use crate::notifications::KeptTurn;
 use crate::scripts::Release;
+use crate::turns::NextTurn;
 
 /// The places kept by one client, by lock key: at most one per lock (a
 /// client's tasks queue for a name among themselves first).
@@ -49,12 +55,23 @@ struct Kept {
     sweep_at: Option<Instant>,
 }
 
-/// The turn a kept place is to grant: a lease of `ttl` for `owner`
-/// (`stored` as the lock key holds it).
-pub(crate) struct NextTurn {
-    pub(crate) owner: OwnerToken,
-    pub(crate) stored: String,
-    pub(crate) ttl: Duration,
+/// The turn of `owner`'s exclusive holding of `key` that a kept place is
+/// to grant (see [`NextTurn`]).
+pub(crate) fn next_turn(
+    key: &RedisKey,
+    owner: OwnerToken,
+    ttl: Duration,
+    stamp: u64,
+    place: Option<u64>,
+) -> NextTurn {
+    let stored = key.stored(owner.as_str()).into_owned();
+    NextTurn {
+        owner,
+        stored,
+        ttl,
+        stamp,
+        place,
+    }
 }
 
 /// One kept place.
@@ -101,10 +118,9 @@ impl Places {
             lock: keys.lock.clone(),
             tell: tell.clone(),
         };
-        self.instance.mark_kept(channel.clone(), turn);
         let place = Place {
             keys: keys.clone(),
-            channel,
+            channel: channel.clone(),
             next,
             fencing,
             kept_at: now,
@@ -115,27 +131,104 @@ impl Places {
             // Not expected (one release of a name at a time per client); a
             // place replaced is left to its turn.
             kept.places.insert(keys.lock.clone(), place);
+            // Marked with the place in the map (a turn that came already is
+            // told now), and both taken out together (see `resume`): the
+            // keeper finds every place whose turn it is told of, unless an
+            // acquisition took that place over.
+            self.instance.mark_kept(channel, turn);
             kept.sweep_at.get_or_insert(now + QUEUE_PLACE);
             kept.sweep(now)
         };
         for place in old {
-            self.instance.unmark_kept(&place.channel);
-            let places = Arc::clone(self);
-            tokio::spawn(async move { places.give_up(place).await });
+            self.spawn_give_up(place);
         }
     }
 
     /// The place kept on the line of `lock`, taken over by an acquisition.
     pub(crate) fn resume(&self, lock: &str) -> Option<KeptPlace> {
-        let place = lock_map(&self.kept).places.remove(lock)?;
-        self.instance.unmark_kept(&place.channel);
-        // Asked again within half a place, as after a refused attempt.
+        // Its turn came just now, and the keeper found the place gone:
+        // asked again at once (the turn's message may have come before the
+        // acquisition watched for it).
+        let (place, came) = {
+            let mut kept = lock_map(&self.kept);
+            let place = kept.places.remove(lock)?;
+            let came = !self.instance.unmark_kept(&place.channel);
+            (place, came)
+        };
+        // Else asked again within half a place, as after a refused attempt.
         let ask_by = place.kept_at + QUEUE_PLACE / 2;
         Some(KeptPlace {
             owner: place.next.owner,
             ttl: place.next.ttl,
-            retry_after: ask_by.saturating_duration_since(Instant::now()),
+            retry_after: if came {
+                Duration::ZERO
+            } else {
+                ask_by.saturating_duration_since(Instant::now())
+            },
         })
+    }
+
+    /// Ends `owner`'s exclusive holding `key` as
+    /// [`release_holding`](RedisInstance::release_holding) with
+    /// [`Release::Grant`] does; where that hands the lock to the next
+    /// client in line, and this client's turn channel there is subscribed
+    /// (it waited in that line before), its place is kept for a next
+    /// acquisition ([`resume`](Self::resume)), whose turn is `next` (see
+    /// [`RedisInstance::release_keeping_place`]). Returns whether the
+    /// holding was released.
+    pub(crate) async fn release_keeping_place(
+        self: &Arc<Self>,
+        key: &RedisKey,
+        owner: &str,
+        fencing: bool,
+        next: NextTurn,
+    ) -> lockkit_core::Result<bool> {
+        let watch = match key {
+            RedisKey::Exclusive(keys) => self
+                .instance
+                .live_turn_watch(keys)
+                .filter(ReleaseWatch::tells_turns)
+                .map(|watch| (keys, watch)),
+            _ => None,
+        };
+        let Some((keys, watch)) = watch else {
+            return self
+                .instance
+                .release_holding(key, owner, fencing, Release::Grant)
+                .await;
+        };
+        // A message left on the turn channel is of an earlier turn: out,
+        // so that one there once the place is kept is its turn's (see
+        // `keep`).
+        self.instance.forget_turn_of(keys);
+        let (released, kept) = self
+            .instance
+            .release_keeping_place(keys, &key.stored(owner), fencing, &next)
+            .await?;
+        if kept {
+            self.keep(keys, next, fencing, watch);
+        }
+        Ok(released)
+    }
+
+    /// Whether a place is kept on the line of `lock`.
+    fn is_kept(&self, lock: &str) -> bool {
+        lock_map(&self.kept).places.contains_key(lock)
+    }
+
+    /// Gives up the place kept on the line of `lock`, if any, in the
+    /// background.
+    fn give_up_kept(&self, lock: &str) {
+        let place = lock_map(&self.kept).places.remove(lock);
+        if let Some(place) = place {
+            self.spawn_give_up(place);
+        }
+    }
+
+    fn spawn_give_up(&self, place: Place) {
+        self.instance.unmark_kept(&place.channel);
+        let instance = self.instance.clone();
+        tokio::spawn(async move { place.give_up(&instance).await });
     }
 
     /// The keeper: gives up each place whose turn came before an
@@ -146,29 +239,106 @@ impl Places {
             let Some(places) = places.upgrade() else {
                 return;
             };
-            let place = lock_map(&places.kept).places.remove(&lock);
+            // The turn's message goes with the place, in one step that an
+            // acquisition resuming the place does not split: an
+            // acquisition that found the place gone does not count the
+            // turn this gives up (Redlock counts each instance's).
+            let place = {
+                let mut kept = lock_map(&places.kept);
+                let place = kept.places.remove(&lock);
+                if let Some(place) = &place {
+                    places.instance.forget_turn_of(&place.keys);
+                }
+                place
+            };
             if let Some(place) = place {
-                places.give_up(place).await;
+                place.give_up(&places.instance).await;
             }
         }
     }
+}
 
-    /// Passes on a turn that came to `place` (the lock is its owner's, or
-    /// reserved for this client), or takes the place out of the line.
-    async fn give_up(&self, place: Place) {
+impl Place {
+    /// Passes on a turn that came to this place (the lock is its owner's,
+    /// or reserved for this client), or takes the place out of the line.
+    async fn give_up(self, instance: &RedisInstance) {
         let Place {
             keys,
             next,
             fencing,
             ..
-        } = place;
-        if let Err(error) = self
-            .instance
+        } = self;
+        if let Err(error) = instance
             .release(&keys, &next.stored, fencing, Release::Grant)
             .await
         {
             tracing::debug!(lock.key = %keys.lock, %error,
                 "could not give up a kept place in line; its turn ends with its reservation or lease");
+        }
+    }
+}
+
+/// The places in line kept on one Redis server for a client of several
+/// (Redlock): what [`RedisBackend`](crate::RedisBackend) keeps for its one
+/// server, by instance. A release of such a client that hands the lock to
+/// the next in line also keeps the client's place there, in the same
+/// script, at a place in time the client gives (the same on every
+/// instance, as [`Waiting::Since`](crate::Waiting::Since) places are), with
+/// the record of the turn it is to grant, as a waiting attempt's
+/// ([`Waiting::TurnSince`](crate::Waiting::TurnSince)). A place that no acquisition resumes is given up when its turn
+/// comes, as on one server (see [`RedisBackend`](crate::RedisBackend)).
+#[derive(Clone, Debug)]
+pub struct KeptPlaces(Arc<Places>);
+
+impl KeptPlaces {
+    /// The places kept on `instance`.
+    pub fn new(instance: RedisInstance) -> KeptPlaces {
+        KeptPlaces(Arc::new(Places::new(instance)))
+    }
+
+    /// Ends `owner`'s exclusive holding `key` (without fencing tokens) as
+    /// [`release_holding`](RedisInstance::release_holding) with
+    /// [`Release::Grant`] does; where that hands the lock to the next client
+    /// in line, and this client waited in that line before (its turn
+    /// channel is still subscribed), its place is kept at `place` (µs since
+    /// the Unix epoch, by this client's clock) for a next acquisition
+    /// ([`resume`](Self::resume)) whose owner is `next`, whose lease is
+    /// `ttl`, and whose turn carries `stamp` (see
+    /// [`turn_stamp`](crate::turn_stamp)). Returns whether the holding was
+    /// released.
+    pub async fn release_keeping_place(
+        &self,
+        key: &RedisKey,
+        owner: &str,
+        next: &OwnerToken,
+        ttl: Duration,
+        place: u64,
+        stamp: u64,
+    ) -> lockkit_core::Result<bool> {
+        let next = next_turn(key, next.clone(), ttl, stamp, Some(place));
+        self.0.release_keeping_place(key, owner, false, next).await
+    }
+
+    /// Whether a place is kept for `key`.
+    pub fn is_kept(&self, key: &RedisKey) -> bool {
+        matches!(key, RedisKey::Exclusive(keys) if self.0.is_kept(&keys.lock))
+    }
+
+    /// The place kept for `key`, taken over by an acquisition: its owner,
+    /// its lease, and when to ask again if no turn came by then (at once
+    /// if its turn came just before).
+    pub fn resume(&self, key: &RedisKey) -> Option<KeptPlace> {
+        match key {
+            RedisKey::Exclusive(keys) => self.0.resume(&keys.lock),
+            _ => None,
+        }
+    }
+
+    /// Gives up the place kept for `key`, if any (in the background): it
+    /// leaves the line, or passes its turn on if the turn came.
+    pub fn give_up(&self, key: &RedisKey) {
+        if let RedisKey::Exclusive(keys) = key {
+            self.0.give_up_kept(&keys.lock);
         }
     }
 }
@@ -196,10 +366,26 @@ impl Kept {
 }
 
 impl Drop for Places {
-    /// Unmarks the turn channels of the places still kept.
+    /// Gives up the places still kept, in the background (where a runtime
+    /// runs): the client is going away, and its subscriptions may linger
+    /// after it (a subscriber shared with other clients of the server, or
+    /// one that closes when its last task ends), so that a release would
+    /// grant such a place its turn, which nobody would pass on before its
+    /// lease ran out. A place left (no runtime) is passed over once its
+    /// client's subscriptions are gone.
     fn drop(&mut self) {
-        for place in lock_map(&self.kept).places.values() {
+        let places: Vec<Place> = lock_map(&self.kept)
+            .places
+            .drain()
+            .map(|(_, place)| place)
+            .collect();
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        for place in places {
             self.instance.unmark_kept(&place.channel);
+            if let Some(runtime) = &runtime {
+                let instance = self.instance.clone();
+                runtime.spawn(async move { place.give_up(&instance).await });
+            }
         }
     }
 }

@@ -721,7 +721,11 @@ return 0
 /// once, as a refused attempt that waits would (ARGV[8] how long a place
 /// lasts, its record fresh for three quarters of that), its record marked
 /// `k` (a kept place: its turn goes to the next in line when nobody
-/// listens on its turn channel), and the answer is 2 more.
+/// listens on its turn channel), and the answer is 2 more. With ARGV[10]
+/// (Redlock: µs since the Unix epoch by the client's clock, as
+/// [`Waiting::TurnSince`]) the place is there, not at the server's clock,
+/// so that it is the same on every instance (its record's freshness is
+/// still counted by the server's clock).
 macro_rules! keep_place {
     () => {
         concat!(
@@ -731,7 +735,7 @@ macro_rules! keep_place {
         local now = ",
             time_us!(),
             r"
-        redis.call('ZADD', KEYS[4], 'NX', string.format('%d', now), ARGV[4])
+        redis.call('ZADD', KEYS[4], 'NX', ARGV[10] or string.format('%d', now), ARGV[4])
         redis.call('PEXPIRE', KEYS[4], ARGV[8])
 ",
             record_turn!("KEYS[5]", "ARGV[4]", "now", "ARGV[8]", "'k' .. ", "ARGV[9]"),
@@ -805,7 +809,7 @@ end
 ///
 /// A holder's release that hands the lock to the head of the line can
 /// also keep the releasing client's place (ARGV[7] "", ARGV[8] how long a
-/// place lasts, ARGV[9], see [`keep_place!`]): the client
+/// place lasts, ARGV[9], optionally ARGV[10], see [`keep_place!`]): the client
 /// goes to the end of the line in the same step, with the record of its
 /// next turn, as if it had asked again at once, and a next acquisition
 /// that comes soon waits for that turn without asking (see
@@ -854,7 +858,7 @@ elseif held == '\30' .. ARGV[4] then
 else
   if ARGV[3] == '1' then
     local record = KEYS[5] and redis.call('HGET', KEYS[5], ARGV[4])
-    if not record or string.sub(record, 1, 1) == 'g' or string.sub(record, -1 - #ARGV[1]) == '|' .. ARGV[1] then
+    if not record or record == 'g' .. ARGV[1] or string.sub(record, -1 - #ARGV[1]) == '|' .. ARGV[1] then
       redis.call('ZREM', KEYS[4], ARGV[4])
       if record then
         redis.call('HDEL', KEYS[5], ARGV[4])

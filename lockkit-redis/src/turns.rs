@@ -6,7 +6,21 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use lockkit_core::backend::OwnerToken;
 use tokio::time::Instant;
+
+/// The turn a kept place in line is to grant (see `crate::places`): a
+/// lease of `ttl` for `owner` (`stored` as the lock key holds it), its
+/// record stamped `stamp` (see [`stamp`]); the place at `place` (µs since
+/// the Unix epoch by the client's clock, see
+/// `RedisInstance::release_keeping_place`) or at the server's clock.
+pub(crate) struct NextTurn {
+    pub(crate) owner: OwnerToken,
+    pub(crate) stored: String,
+    pub(crate) ttl: Duration,
+    pub(crate) stamp: u64,
+    pub(crate) place: Option<u64>,
+}
 
 /// The instant stamps count from: the first one this process needed.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);

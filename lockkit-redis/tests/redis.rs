@@ -721,7 +721,8 @@ async fn a_release_grants_the_head_its_lease_while_its_record_is_fresh() {
 /// granted it (`Release::Back`), and that rollback can reach an instance
 /// after a release there granted the same waiter its turn, which the
 /// waiter has been told of and counts: the rollback leaves such a lease
-/// alone (the waiter's record says `g<owner>`). A lease the attempt itself
+/// alone (the waiter's record says `g<owner>`, which a release by another
+/// acquisition of the same client does not take). A lease the attempt itself
 /// was granted is rolled back (and the lock reserved for the head of the
 /// line, the client itself, back in line at its place).
 #[tokio::test]
@@ -757,6 +758,13 @@ async fn a_rollback_leaves_a_lease_the_turn_granted() {
     assert!(released);
     let held = || server.command(&["GET", "lockkit:rolled"]);
     assert_eq!(held().await.unwrap(), "mine", "the turn's lease");
+    // A release by another acquisition of the same client, which holds
+    // nothing (a kept place given up in the background), leaves the mark.
+    let stale = instance
+        .release_holding(&key, "older", false, Release::Grant)
+        .await
+        .unwrap();
+    assert!(!stale, "not the older acquisition's");
     let rolled_back = instance
         .release_holding(&key, "mine", false, Release::Back(place))
         .await

@@ -9,13 +9,13 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use lockkit_core::backend::{
-    Attempt, Intent, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch, Turn,
+    Attempt, Intent, KeptPlace, LeaseBackend, LeaseLock, OwnerToken, ReleaseWatch, Turn,
 };
 use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
 };
 use lockkit_redis::{
-    RedisInstance, RedisKey, Release, Waiting, holder_of, turn_instant, turn_stamp,
+    KeptPlaces, RedisInstance, RedisKey, Release, Waiting, holder_of, turn_instant, turn_stamp,
 };
 use tokio::sync::watch;
 
@@ -94,6 +94,10 @@ pub struct RedlockBackend {
     /// Whether waiters of exclusive locks ask on the backoff, out of any
     /// line and deaf to releases (see [`barging`](Self::barging)).
     barging: bool,
+    /// By instance: the places in line releases kept for this client's
+    /// next acquisitions (see
+    /// [`release_keeping_place`](LeaseBackend::release_keeping_place)).
+    places: Vec<KeptPlaces>,
 }
 
 impl RedlockBackend {
@@ -108,6 +112,7 @@ impl RedlockBackend {
         let subscribing = (0..instances.len())
             .map(|_| AtomicBool::new(false))
             .collect();
+        let places = instances.iter().cloned().map(KeptPlaces::new).collect();
         RedlockBackend {
             instances,
             prefix: prefix.into(),
@@ -117,6 +122,7 @@ impl RedlockBackend {
             stragglers,
             subscribing,
             barging: false,
+            places,
         }
     }
 
@@ -196,10 +202,11 @@ impl RedlockBackend {
         owner: &OwnerToken,
         which: impl IntoIterator<Item = usize>,
         late: &InFlight,
-        release: Release,
+        release: Ending,
         until: Until<impl Fn(&Votes<bool>) -> bool>,
     ) -> Votes<bool> {
         let (keys, owner) = (Arc::clone(keys), Arc::new(owner.clone()));
+        let release = Arc::new(release);
         ask(
             &self.instances,
             &self.stragglers,
@@ -212,18 +219,75 @@ impl RedlockBackend {
                     .find(|(i, _)| *i == index)
                     .map(|(_, done)| done.clone());
                 let (keys, owner) = (Arc::clone(&keys), Arc::clone(&owner));
+                let (release, places) = (Arc::clone(&release), self.places[index].clone());
                 async move {
                     if let Some(done) = after {
                         finished(done).await;
                     }
-                    instance
-                        .release_holding(&keys, owner.as_str(), FENCING, release)
-                        .await
+                    match &*release {
+                        Ending::Release(release) => {
+                            instance
+                                .release_holding(&keys, owner.as_str(), FENCING, *release)
+                                .await
+                        }
+                        Ending::KeepingPlace {
+                            next,
+                            ttl,
+                            place,
+                            stamp,
+                        } => {
+                            places
+                                .release_keeping_place(
+                                    &keys,
+                                    owner.as_str(),
+                                    next,
+                                    *ttl,
+                                    *place,
+                                    *stamp,
+                                )
+                                .await
+                        }
+                    }
                 }
             },
             until,
         )
         .await
+    }
+
+    /// [`release`](LeaseBackend::release) with `ending` on every instance.
+    /// A release that keeps places waits for every instance that is not
+    /// behind (see [`ask`]), so that the places it kept are known before
+    /// the next acquisition looks for them.
+    async fn end(&self, placed: &Placed, owner: &OwnerToken, ending: Ending) -> Result<bool> {
+        let keys = &placed.keys;
+        let quorum = self.quorum_for(keys);
+        let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
+        let every = matches!(ending, Ending::KeepingPlace { .. });
+        let votes = self
+            .delete(
+                keys,
+                owner,
+                self.all(),
+                &late,
+                ending,
+                Until {
+                    decided: |votes: &Votes<bool>| {
+                        !every
+                            && (votes.count(|gone| *gone) >= quorum
+                                || votes.count(|gone| !*gone) >= quorum)
+                    },
+                    enough: quorum,
+                },
+            )
+            .await;
+        if votes.count(|released| !*released) >= quorum {
+            Ok(false)
+        } else if votes.answers.len() >= quorum {
+            Ok(true)
+        } else {
+            Err(self.undecided(&votes, quorum))
+        }
     }
 
     /// `request` sent to every instance at once about `keys`, each bounded
@@ -386,7 +450,9 @@ pub struct Placed {
     /// The stamp of the acquisition's last waiting attempt, where turns are
     /// granted (see [`RedlockBackend::take_turn`](LeaseBackend::take_turn)):
     /// a turn's message of an earlier attempt does not count. One more than
-    /// the stamp; 0 before the first.
+    /// the stamp; 0 before the first; 1 (any stamp) on a place a release
+    /// kept, whose turns are all of that place (see
+    /// [`resume_place`](LeaseBackend::resume_place)).
     attempt: Arc<AtomicU64>,
 }
 
@@ -430,6 +496,21 @@ impl RedlockBackend {
             })
             .collect()
     }
+}
+
+/// How [`RedlockBackend::delete`] ends a holding on each instance.
+enum Ending {
+    /// [`RedisInstance::release_holding`] with this.
+    Release(Release),
+    /// [`KeptPlaces::release_keeping_place`]: the releasing client's next
+    /// turn grants `next` a lease of `ttl`, stamped `stamp` (see
+    /// [`turn_stamp`]), from a place at `place` (µs since the Unix epoch).
+    KeepingPlace {
+        next: OwnerToken,
+        ttl: Duration,
+        place: u64,
+        stamp: u64,
+    },
 }
 
 /// Drops the entries of [`RedlockBackend::in_flight`] whose requests have
@@ -585,10 +666,10 @@ impl LeaseBackend for RedlockBackend {
             owner,
             granted_by.iter().copied().chain(silent),
             &late,
-            match waiting {
+            Ending::Release(match waiting {
                 Waiting::Since(place) | Waiting::TurnSince { place, .. } => Release::Back(place),
                 _ => Release::Quiet,
-            },
+            }),
             Until {
                 decided: |votes: &Votes<bool>| {
                     granted_by
@@ -658,36 +739,98 @@ impl LeaseBackend for RedlockBackend {
     /// `Ok(true)` when a quorum released it, or when enough instances answered
     /// and none of them holds our token any more; `Unavailable` when fewer than
     /// a quorum answered.
+    ///
+    /// Where turns are granted ([`grants_turns`](Self::grants_turns)),
+    /// each instance's release grants the head of its line its turn
+    /// ([`Release::Grant`]).
     async fn release(&self, placed: &Placed, owner: &OwnerToken) -> Result<bool> {
-        let keys = &placed.keys;
-        let quorum = self.quorum_for(keys);
-        let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
-        let votes = self
-            .delete(
-                keys,
-                owner,
-                self.all(),
-                &late,
-                if self.grants_turns() {
-                    Release::Grant
-                } else {
-                    Release::Wake
-                },
-                Until {
-                    decided: |votes: &Votes<bool>| {
-                        votes.count(|gone| *gone) >= quorum || votes.count(|gone| !*gone) >= quorum
-                    },
-                    enough: quorum,
-                },
-            )
-            .await;
-        if votes.count(|released| !*released) >= quorum {
-            Ok(false)
-        } else if votes.answers.len() >= quorum {
-            Ok(true)
+        let release = if self.grants_turns() {
+            Release::Grant
         } else {
-            Err(self.undecided(&votes, quorum))
+            Release::Wake
+        };
+        self.end(placed, owner, Ending::Release(release)).await
+    }
+
+    /// As [`release`](Self::release), and on each instance where the lock
+    /// goes to the next client in line, this client takes the end of the
+    /// line in the same script, as if it had asked again at once: at one
+    /// place in time (this client's clock now), the same on every instance,
+    /// as a waiting attempt's place is (see `Placed`), with the record of
+    /// the turn it is to grant (a new owner's lease of `ttl`, one stamp on
+    /// every instance). A next acquisition that finds the place kept on a
+    /// quorum of instances ([`resume_place`](Self::resume_place)) waits
+    /// for that turn without asking first: in a loop of acquisitions, the
+    /// releasing client's next refused attempt (one script per instance)
+    /// is not sent. Only where turns are granted
+    /// ([`grants_turns`](Self::grants_turns)), not for a barging client,
+    /// whose waiters take no place. The release waits for every instance
+    /// that is not behind (see `ask`), so that the next acquisition finds
+    /// every place it kept.
+    async fn release_keeping_place(
+        &self,
+        placed: &Placed,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let keys = &placed.keys;
+        // Only where this client waits on every instance: a place kept on
+        // some instances and not on the others would put it at the head of
+        // some lines and behind others in the rest, and the instances would
+        // grant the lock to different waiters.
+        let everywhere = || {
+            self.instances.iter().all(|instance| {
+                instance
+                    .live_watch_of(keys)
+                    .is_some_and(|watch| watch.tells_turns())
+            })
+        };
+        if !self.grants_turns() || keys.barges(self.barging) || !everywhere() {
+            return self.release(placed, owner).await;
         }
+        let ending = Ending::KeepingPlace {
+            next: OwnerToken::new(),
+            ttl,
+            place: unix_micros(),
+            stamp: turn_stamp(),
+        };
+        self.end(placed, owner, ending).await
+    }
+
+    /// The place a release kept on a quorum of the instances (see
+    /// [`release_keeping_place`](Self::release_keeping_place)); a place
+    /// kept on fewer is given up, and the acquisition asks as usual. Its
+    /// owner is new, so every turn told to that owner is the kept place's
+    /// ([`take_turn`](Self::take_turn) counts them all, until an attempt).
+    fn resume_place(&self, placed: &Placed) -> Option<KeptPlace> {
+        let keys = &placed.keys;
+        let kept = self.places.iter().filter(|p| p.is_kept(keys)).count();
+        if kept < self.quorum {
+            if kept > 0 {
+                self.places.iter().for_each(|p| p.give_up(keys));
+            }
+            return None;
+        }
+        let mut resumed = 0;
+        let place = self
+            .places
+            .iter()
+            .filter_map(|p| p.resume(keys))
+            .inspect(|_| resumed += 1)
+            .reduce(|first, other| KeptPlace {
+                retry_after: first.retry_after.min(other.retry_after),
+                ..first
+            })?;
+        placed.attempt.store(1, Ordering::Relaxed);
+        // A keeper gave some up meanwhile (their turns came): asked at once.
+        Some(if resumed < self.quorum {
+            KeptPlace {
+                retry_after: Duration::ZERO,
+                ..place
+            }
+        } else {
+            place
+        })
     }
 
     /// Unless barging, where every instance can (see

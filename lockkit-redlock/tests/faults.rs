@@ -587,3 +587,120 @@ async fn a_rolled_back_grant_reserves_the_lock_for_the_first_in_line() {
     a.abort();
     b.abort();
 }
+
+/// A client that waited for the lock before (its turn channels are
+/// subscribed) and whose release hands the lock to a client in line keeps
+/// its own place on every instance in the same step: one place at the same
+/// point in time on each, with a kept record (`k…`). Asking again, it waits
+/// for that turn and gets the lock after the client it handed it to. Kept
+/// places that their clients do not take over are given up: the name is
+/// left with no key on any instance.
+#[tokio::test]
+async fn a_release_keeps_the_place_on_every_instance() {
+    let servers = Arc::new(servers(3).await);
+    let a = Arc::new(connect(&servers).await);
+    let b = Arc::new(connect(&servers).await);
+    let (key, line, turns) = (
+        "lockkit:kept",
+        "{lockkit:kept}:line",
+        "{lockkit:kept}:turns",
+    );
+    let waits = |locks: &Arc<RedlockLock>| {
+        let (locks, o) = (locks.clone(), opts().wait_for(Duration::from_secs(30)));
+        tokio::spawn(async move { locks.acquire("kept", &o).await })
+    };
+    // The places in line on each instance, by their scores.
+    let places = |servers: Arc<Vec<RedisServer>>| async move {
+        let mut places = Vec::with_capacity(servers.len());
+        for server in servers.iter() {
+            let line = server
+                .command(&["ZRANGE", line, "0", "-1", "WITHSCORES"])
+                .await
+                .unwrap_or_else(|e| format!("error: {e}"));
+            let scores: Vec<String> = line
+                .split(' ')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect();
+            places.push(scores);
+        }
+        places
+    };
+    let one_in_line = || {
+        let servers = servers.clone();
+        lockkit_testkit::eventually(MARGIN, move || {
+            let places = places(servers.clone());
+            async move { places.await.iter().all(|scores| scores.len() == 1) }
+        })
+    };
+    // `a` waits once, so that its turn channels are subscribed.
+    let first = b.acquire("kept", &opts()).await.unwrap();
+    let a_waits = waits(&a);
+    assert!(one_in_line().await, "a never took its place in line");
+    first.release().await.unwrap();
+    let held = a_waits.await.unwrap().unwrap();
+    let b_waits = waits(&b);
+    assert!(one_in_line().await, "b never took its place in line");
+    // A wait goes on once a quorum of instances have its subscriptions; the
+    // others follow, and a place is kept only where every instance has
+    // them: the lock's channel and the two clients' turn channels.
+    let subscribed = lockkit_testkit::eventually(MARGIN, || {
+        let servers = servers.clone();
+        async move {
+            for server in servers.iter() {
+                let channels = server.command(&["PUBSUB", "CHANNELS", "*kept*"]).await;
+                if channels.map_or(0, |c| c.split(' ').count()) < 3 {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    assert!(
+        subscribed,
+        "the waits' subscriptions never reached every instance"
+    );
+    held.release().await.unwrap();
+    let b_guard = b_waits.await.unwrap().unwrap();
+    let kept = places(servers.clone()).await;
+    assert!(
+        kept.iter()
+            .all(|scores| scores.len() == 1 && scores == &kept[0]),
+        "a's place, the same on every instance: {kept:?}"
+    );
+    for server in servers.iter() {
+        // Beside the mark of b's lease, which its turn granted (`g…`).
+        let records = server.command(&["HVALS", turns]).await.unwrap();
+        assert!(
+            records.split(' ').any(|record| record.starts_with('k')),
+            "a kept record: {records:?}"
+        );
+    }
+    let again = waits(&a);
+    b_guard.release().await.unwrap();
+    let a_guard = tokio::time::timeout(MARGIN, again)
+        .await
+        .expect("a's kept turn came")
+        .unwrap()
+        .unwrap();
+    assert!(holders(&servers, "kept").await >= 2, "a holds a quorum");
+    a_guard.release().await.unwrap();
+    // `b` kept its place too, and does not ask again: its turn (now) is
+    // given up by its client, and so is `a`'s, kept by that release.
+    let cleared = lockkit_testkit::eventually(MARGIN, || {
+        let servers = servers.clone();
+        async move {
+            for server in servers.iter() {
+                if server.command(&["EXISTS", key, line, turns]).await.ok() != Some("0".to_owned())
+                {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    assert!(cleared, "a kept place nobody took over was never given up");
+}

@@ -80,6 +80,17 @@ async fn a_release_grants_the_head_its_turn_on_every_instance() {
                 task.await.unwrap().unwrap()
             };
             guard.release().await.unwrap();
+            // The two releases kept places (each client waited before):
+            // given up by their clients when their turns came, the name
+            // is left with nothing, and the second round starts as the
+            // first, but with the waiter's subscriptions live.
+            for server in &servers {
+                let left = eventually(Duration::from_secs(10), || async {
+                    server.command(&["EXISTS", key, line]).await.as_deref().ok() == Some("0")
+                })
+                .await;
+                assert!(left, "the kept places were never given up");
+            }
             continue;
         }
         // Its subscriptions lingering, the second wait asked once: the
