@@ -176,6 +176,58 @@ pub async fn a_client_that_does_not_ask_again_holds_up_no_turn(h: &dyn Harness) 
     guard.release().await.expect("the third client releases");
 }
 
+/// Where waits are notified: a client that waited for a name, then
+/// released it to a client waiting for it, and is dropped at once, holds
+/// up none of the turns that follow either. Its subscriptions may outlive
+/// it for a while (a subscriber lingers for the next wait), so that the
+/// server can still tell it a turn that a place kept for it brings; the
+/// client gives such places up as it goes. A third client gets the lock
+/// within a wait far shorter than the leases.
+pub async fn a_dropped_client_holds_up_no_turn(h: &dyn Harness) {
+    let (a, b, c) = (h.client().await, h.client().await, h.client().await);
+    if !a.capabilities().notified_wait {
+        return;
+    }
+    let name = unique("dropped");
+    let o = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .wait_for(Duration::from_secs(30));
+    // `a` waits once, as a worker does, so that it hears its turns.
+    let first = b.acquire(&name, &o).await.expect("the first holder");
+    let a_waits = {
+        let (a, name, o) = (a.clone(), name.clone(), o.clone());
+        tokio::spawn(async move { a.acquire(&name, &o).await })
+    };
+    until_queued(b.as_ref(), &name, 1).await;
+    first.release().await.expect("the first holder releases");
+    let held = a_waits.await.expect("a's task").expect("a gets the lock");
+    // `b` waits; `a` releases to it, and the client `a` is dropped.
+    let (go, let_go) = tokio::sync::oneshot::channel::<()>();
+    let b_waits = {
+        let (b, name, o) = (b.clone(), name.clone(), o.clone());
+        tokio::spawn(async move {
+            let guard = b.acquire(&name, &o).await?;
+            let _ = let_go.await;
+            guard.release().await.map(drop)
+        })
+    };
+    until_queued(a.as_ref(), &name, 1).await;
+    held.release().await.expect("a releases");
+    drop(a);
+    // `b` lets go once `a` is gone.
+    let _ = go.send(());
+    let passed: Result<(), LockError> = b_waits.await.expect("b's task");
+    passed.expect("b gets the lock and releases it");
+    let wait = Duration::from_secs(20);
+    let guard = c
+        .acquire(&name, &o.clone().wait_for(wait))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("a client dropped after its release held the lock up past {wait:?}: {e}")
+        });
+    guard.release().await.expect("the third client releases");
+}
+
 /// Where a client watches a name's releases (an active
 /// [`watch_releases`](DistributedLock::watch_releases), as its waiters do
 /// between tries), a release by another client wakes the watch: a wake-up

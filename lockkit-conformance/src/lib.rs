@@ -149,6 +149,7 @@ macro_rules! conformance_suite {
             fifo_backends_serve_waiters_in_order,
             a_release_goes_to_a_waiting_client,
             a_client_that_does_not_ask_again_holds_up_no_turn,
+            a_dropped_client_holds_up_no_turn,
             a_release_wakes_the_watchers_of_other_clients,
             local_handoffs_keep_exclusion_and_fencing,
             unsupported_kinds_are_refused,
