@@ -268,7 +268,7 @@ impl LeaseBackend for RedisBackend {
         }
         let next = next_turn(key, OwnerToken::new(), ttl, turns::stamp(), None);
         self.places
-            .release_keeping_place(key, owner.as_str(), self.fences(), next)
+            .release_keeping_place(key, owner.as_str(), self.fences(), next, None)
             .await
     }
 

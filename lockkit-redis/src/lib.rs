@@ -31,7 +31,7 @@ pub use keys::{
     DEFAULT_PREFIX, HOLDER_SEPARATOR, Keys, LeaseSet, QUEUE_PLACE, Queue, SemaphoreKeys, TURN,
     holder_of,
 };
-pub use places::KeptPlaces;
+pub use places::{Keeping, KeptPlaces};
 pub use scripts::{Release, Waiting};
 pub use settings::{
     DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_SUBSCRIPTION_LINGER,

@@ -182,6 +182,7 @@ impl Places {
         owner: &str,
         fencing: bool,
         next: NextTurn,
+        keeping: Option<&Keeping>,
     ) -> lockkit_core::Result<bool> {
         let watch = match key {
             RedisKey::Exclusive(keys) => self
@@ -206,7 +207,27 @@ impl Places {
             .release_keeping_place(keys, &key.stored(owner), fencing, &next)
             .await?;
         if kept {
-            self.keep(keys, next, fencing, watch);
+            match keeping.map(|keeping| lock_flag(&keeping.closed)) {
+                // Late: the release has returned, and its next acquisition
+                // may have looked for the places already.
+                Some(closed) if *closed => {
+                    drop(closed);
+                    let (instance, keys) = (self.instance.clone(), keys.clone());
+                    tokio::spawn(async move {
+                        if let Err(error) = instance
+                            .release(&keys, &next.stored, fencing, Release::Grant)
+                            .await
+                        {
+                            tracing::debug!(lock.key = %keys.lock, %error,
+                                "could not give up a place kept too late; its turn ends with its reservation or lease");
+                        }
+                    });
+                }
+                // Kept with the window held open: a release that returns
+                // waits for it (see `Keeping::close`).
+                Some(_open) => self.keep(keys, next, fencing, watch),
+                None => self.keep(keys, next, fencing, watch),
+            }
         }
         Ok(released)
     }
@@ -300,23 +321,23 @@ impl KeptPlaces {
     /// [`release_holding`](RedisInstance::release_holding) with
     /// [`Release::Grant`] does; where that hands the lock to the next client
     /// in line, and this client waited in that line before (its turn
-    /// channel is still subscribed), its place is kept at `place` (µs since
-    /// the Unix epoch, by this client's clock) for a next acquisition
-    /// ([`resume`](Self::resume)) whose owner is `next`, whose lease is
-    /// `ttl`, and whose turn carries `stamp` (see
-    /// [`turn_stamp`](crate::turn_stamp)). Returns whether the holding was
-    /// released.
+    /// channel is still subscribed), its place is kept where `keeping`
+    /// says, for a next acquisition ([`resume`](Self::resume)) whose owner
+    /// is `next` and whose lease is `ttl`; unless `keeping` is closed by
+    /// then, when the place is given up at once. Returns whether the
+    /// holding was released.
     pub async fn release_keeping_place(
         &self,
         key: &RedisKey,
         owner: &str,
         next: &OwnerToken,
         ttl: Duration,
-        place: u64,
-        stamp: u64,
+        keeping: &Keeping,
     ) -> lockkit_core::Result<bool> {
-        let next = next_turn(key, next.clone(), ttl, stamp, Some(place));
-        self.0.release_keeping_place(key, owner, false, next).await
+        let next = next_turn(key, next.clone(), ttl, keeping.stamp, Some(keeping.place));
+        self.0
+            .release_keeping_place(key, owner, false, next, Some(keeping))
+            .await
     }
 
     /// Whether a place is kept for `key`.
@@ -341,6 +362,43 @@ impl KeptPlaces {
             self.0.give_up_kept(&keys.lock);
         }
     }
+}
+
+/// A release that keeps places on several servers (Redlock): where the
+/// places go (`place`, µs since the Unix epoch by this client's clock, the
+/// same on every server), the stamp their turns carry (see
+/// [`turn_stamp`](crate::turn_stamp)), and until when it takes them: until
+/// it returns, and its next acquisition may look for them
+/// ([`close`](Self::close)). A server that answers later (one the release
+/// did not wait for) has its place given up at once, so that no place is
+/// kept that the acquisition did not take over.
+#[derive(Clone, Debug)]
+pub struct Keeping {
+    place: u64,
+    stamp: u64,
+    closed: Arc<Mutex<bool>>,
+}
+
+impl Keeping {
+    /// Places at `place`, whose turns carry `stamp`, taken until
+    /// [`close`](Self::close).
+    pub fn new(place: u64, stamp: u64) -> Keeping {
+        Keeping {
+            place,
+            stamp,
+            closed: Arc::default(),
+        }
+    }
+
+    /// Ends the release: a place kept before this is in the map, and one
+    /// kept after it is given up.
+    pub fn close(&self) {
+        *lock_flag(&self.closed) = true;
+    }
+}
+
+fn lock_flag(flag: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
+    flag.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Kept {

@@ -15,7 +15,8 @@ use lockkit_core::{
     Capabilities, FencingToken, LockError, LockKind, LockStatus, ReleaseOnCrash, Result,
 };
 use lockkit_redis::{
-    KeptPlaces, RedisInstance, RedisKey, Release, Waiting, holder_of, turn_instant, turn_stamp,
+    Keeping, KeptPlaces, RedisInstance, RedisKey, Release, Waiting, holder_of, turn_instant,
+    turn_stamp,
 };
 use tokio::sync::watch;
 
@@ -230,21 +231,9 @@ impl RedlockBackend {
                                 .release_holding(&keys, owner.as_str(), FENCING, *release)
                                 .await
                         }
-                        Ending::KeepingPlace {
-                            next,
-                            ttl,
-                            place,
-                            stamp,
-                        } => {
+                        Ending::KeepingPlace { next, ttl, keeping } => {
                             places
-                                .release_keeping_place(
-                                    &keys,
-                                    owner.as_str(),
-                                    next,
-                                    *ttl,
-                                    *place,
-                                    *stamp,
-                                )
+                                .release_keeping_place(&keys, owner.as_str(), next, *ttl, keeping)
                                 .await
                         }
                     }
@@ -263,7 +252,11 @@ impl RedlockBackend {
         let keys = &placed.keys;
         let quorum = self.quorum_for(keys);
         let late = self.in_flight().remove(owner.as_str()).unwrap_or_default();
-        let every = matches!(ending, Ending::KeepingPlace { .. });
+        let until = match &ending {
+            Ending::KeepingPlace { keeping, .. } => Some(keeping.clone()),
+            Ending::Release(_) => None,
+        };
+        let every = until.is_some();
         let votes = self
             .delete(
                 keys,
@@ -281,6 +274,10 @@ impl RedlockBackend {
                 },
             )
             .await;
+        // An instance not waited for keeps no place from now on.
+        if let Some(until) = until {
+            until.close();
+        }
         if votes.count(|released| !*released) >= quorum {
             Ok(false)
         } else if votes.answers.len() >= quorum {
@@ -454,6 +451,12 @@ pub struct Placed {
     /// kept, whose turns are all of that place (see
     /// [`resume_place`](LeaseBackend::resume_place)).
     attempt: Arc<AtomicU64>,
+    /// While a resumed place is waited for (no attempt since): the
+    /// instances, one bit each, where the acquisition took the place over,
+    /// whose turns alone count (a place an instance kept too late, or one
+    /// its keeper gave up, is released by the client, and its turn must
+    /// not count). 0: every instance.
+    resumed_on: Arc<AtomicU64>,
 }
 
 impl RedlockBackend {
@@ -487,9 +490,11 @@ impl RedlockBackend {
         let Some(attempt) = placed.attempt.load(Ordering::Relaxed).checked_sub(1) else {
             return Vec::new();
         };
+        let resumed_on = placed.resumed_on.load(Ordering::Relaxed);
         self.instances
             .iter()
             .enumerate()
+            .filter(|&(index, _)| resumed_on == 0 || resumed_on & (1 << index) != 0)
             .filter_map(|(index, instance)| {
                 let stamp = instance.told_turn(&placed.keys, owner.as_str())?;
                 (stamp >= attempt).then_some((index, stamp))
@@ -503,13 +508,13 @@ enum Ending {
     /// [`RedisInstance::release_holding`] with this.
     Release(Release),
     /// [`KeptPlaces::release_keeping_place`]: the releasing client's next
-    /// turn grants `next` a lease of `ttl`, stamped `stamp` (see
-    /// [`turn_stamp`]), from a place at `place` (µs since the Unix epoch).
+    /// turn grants `next` a lease of `ttl`, where `keeping` says (a place
+    /// in time and a stamp, one on every instance, and the window in
+    /// which instances keep places).
     KeepingPlace {
         next: OwnerToken,
         ttl: Duration,
-        place: u64,
-        stamp: u64,
+        keeping: Keeping,
     },
 }
 
@@ -574,6 +579,7 @@ impl LeaseBackend for RedlockBackend {
             keys: Arc::new(RedisKey::new(&self.prefix, name, kind, false)?),
             since: unix_micros(),
             attempt: Arc::default(),
+            resumed_on: Arc::default(),
         })
     }
 
@@ -619,6 +625,7 @@ impl LeaseBackend for RedlockBackend {
             Intent::Wait if self.grants_turns() && matches!(**keys, RedisKey::Exclusive(_)) => {
                 let stamp = turn_stamp();
                 placed.attempt.store(stamp + 1, Ordering::Relaxed);
+                placed.resumed_on.store(0, Ordering::Relaxed);
                 Waiting::TurnSince {
                     place: placed.since,
                     stamp,
@@ -785,14 +792,18 @@ impl LeaseBackend for RedlockBackend {
                     .is_some_and(|watch| watch.tells_turns())
             })
         };
-        if !self.grants_turns() || keys.barges(self.barging) || !everywhere() {
+        // Up to 64 instances (one bit each, see `Placed::resumed_on`).
+        if !self.grants_turns()
+            || keys.barges(self.barging)
+            || self.instances.len() > 64
+            || !everywhere()
+        {
             return self.release(placed, owner).await;
         }
         let ending = Ending::KeepingPlace {
             next: OwnerToken::new(),
             ttl,
-            place: unix_micros(),
-            stamp: turn_stamp(),
+            keeping: Keeping::new(unix_micros(), turn_stamp()),
         };
         self.end(placed, owner, ending).await
     }
@@ -811,17 +822,23 @@ impl LeaseBackend for RedlockBackend {
             }
             return None;
         }
-        let mut resumed = 0;
+        let (mut resumed, mut resumed_on) = (0, 0u64);
         let place = self
             .places
             .iter()
-            .filter_map(|p| p.resume(keys))
-            .inspect(|_| resumed += 1)
+            .enumerate()
+            .filter_map(|(index, p)| Some((index, p.resume(keys)?)))
+            .inspect(|&(index, _)| {
+                resumed += 1;
+                resumed_on |= 1 << index;
+            })
+            .map(|(_, place)| place)
             .reduce(|first, other| KeptPlace {
                 retry_after: first.retry_after.min(other.retry_after),
                 ..first
             })?;
         placed.attempt.store(1, Ordering::Relaxed);
+        placed.resumed_on.store(resumed_on, Ordering::Relaxed);
         // A keeper gave some up meanwhile (their turns came): asked at once.
         Some(if resumed < self.quorum {
             KeptPlace {
