@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockkit_core::{DistributedLock, LockError, LockOptions};
+use lockkit_core::{DistributedLock, LockError, LockGuard, LockOptions};
 use tokio::time::Instant;
 
 use super::Harness;
@@ -144,15 +144,7 @@ pub async fn a_client_that_does_not_ask_again_holds_up_no_turn(h: &dyn Harness) 
     let o = LockOptions::new()
         .ttl(Duration::from_secs(60))
         .wait_for(Duration::from_secs(30));
-    // `a` waits once, as a worker does, so that it hears its turns.
-    let first = b.acquire(&name, &o).await.expect("the first holder");
-    let a_waits = {
-        let (a, name, o) = (a.clone(), name.clone(), o.clone());
-        tokio::spawn(async move { a.acquire(&name, &o).await })
-    };
-    until_queued(b.as_ref(), &name, 1).await;
-    first.release().await.expect("the first holder releases");
-    let held = a_waits.await.expect("a's task").expect("a gets the lock");
+    let held = held_after_a_wait(&a, &b, &name, &o).await;
     // `b` waits; `a` releases to it and does not ask again; `b` lets go
     // at once.
     let b_waits = {
@@ -166,14 +158,7 @@ pub async fn a_client_that_does_not_ask_again_holds_up_no_turn(h: &dyn Harness) 
     held.release().await.expect("a releases");
     let passed: Result<(), LockError> = b_waits.await.expect("b's task");
     passed.expect("b gets the lock and releases it");
-    let wait = Duration::from_secs(20);
-    let guard = c
-        .acquire(&name, &o.clone().wait_for(wait))
-        .await
-        .unwrap_or_else(|e| {
-            panic!("a client that did not ask again held the lock up past {wait:?}: {e}")
-        });
-    guard.release().await.expect("the third client releases");
+    third_client_gets_the_lock(&c, &name, &o, "a client that did not ask again").await;
 }
 
 /// Where waits are notified: a client that waited for a name, then
@@ -192,15 +177,7 @@ pub async fn a_dropped_client_holds_up_no_turn(h: &dyn Harness) {
     let o = LockOptions::new()
         .ttl(Duration::from_secs(60))
         .wait_for(Duration::from_secs(30));
-    // `a` waits once, as a worker does, so that it hears its turns.
-    let first = b.acquire(&name, &o).await.expect("the first holder");
-    let a_waits = {
-        let (a, name, o) = (a.clone(), name.clone(), o.clone());
-        tokio::spawn(async move { a.acquire(&name, &o).await })
-    };
-    until_queued(b.as_ref(), &name, 1).await;
-    first.release().await.expect("the first holder releases");
-    let held = a_waits.await.expect("a's task").expect("a gets the lock");
+    let held = held_after_a_wait(&a, &b, &name, &o).await;
     // `b` waits; `a` releases to it, and the client `a` is dropped.
     let (go, let_go) = tokio::sync::oneshot::channel::<()>();
     let b_waits = {
@@ -218,13 +195,40 @@ pub async fn a_dropped_client_holds_up_no_turn(h: &dyn Harness) {
     let _ = go.send(());
     let passed: Result<(), LockError> = b_waits.await.expect("b's task");
     passed.expect("b gets the lock and releases it");
+    third_client_gets_the_lock(&c, &name, &o, "a client dropped after its release").await;
+}
+
+/// `a`'s holding of `name`, taken after waiting once while `b` held it (as
+/// a worker does), so that `a` hears its turns.
+async fn held_after_a_wait(
+    a: &Arc<dyn DistributedLock>,
+    b: &Arc<dyn DistributedLock>,
+    name: &str,
+    o: &LockOptions,
+) -> LockGuard {
+    let first = b.acquire(name, o).await.expect("the first holder");
+    let a_waits = {
+        let (a, name, o) = (a.clone(), name.to_owned(), o.clone());
+        tokio::spawn(async move { a.acquire(&name, &o).await })
+    };
+    until_queued(b.as_ref(), name, 1).await;
+    first.release().await.expect("the first holder releases");
+    a_waits.await.expect("a's task").expect("a gets the lock")
+}
+
+/// A third client, `c`, gets `name` within a wait far shorter than the
+/// leases of `o`; `who` is what would have held it up.
+async fn third_client_gets_the_lock(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    o: &LockOptions,
+    who: &str,
+) {
     let wait = Duration::from_secs(20);
     let guard = c
-        .acquire(&name, &o.clone().wait_for(wait))
+        .acquire(name, &o.clone().wait_for(wait))
         .await
-        .unwrap_or_else(|e| {
-            panic!("a client dropped after its release held the lock up past {wait:?}: {e}")
-        });
+        .unwrap_or_else(|e| panic!("{who} held the lock up past {wait:?}: {e}"));
     guard.release().await.expect("the third client releases");
 }
 
