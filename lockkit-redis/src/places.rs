@@ -213,15 +213,9 @@ impl Places {
                 Some(closed) if *closed => {
                     drop(closed);
                     let (instance, keys) = (self.instance.clone(), keys.clone());
-                    tokio::spawn(async move {
-                        if let Err(error) = instance
-                            .release(&keys, &next.stored, fencing, Release::Grant)
-                            .await
-                        {
-                            tracing::debug!(lock.key = %keys.lock, %error,
-                                "could not give up a place kept too late; its turn ends with its reservation or lease");
-                        }
-                    });
+                    tokio::spawn(
+                        async move { give_up_turn(&instance, &keys, &next, fencing).await },
+                    );
                 }
                 // Kept with the window held open: a release that returns
                 // waits for it (see `Keeping::close`).
@@ -283,19 +277,20 @@ impl Place {
     /// Passes on a turn that came to this place (the lock is its owner's,
     /// or reserved for this client), or takes the place out of the line.
     async fn give_up(self, instance: &RedisInstance) {
-        let Place {
-            keys,
-            next,
-            fencing,
-            ..
-        } = self;
-        if let Err(error) = instance
-            .release(&keys, &next.stored, fencing, Release::Grant)
-            .await
-        {
-            tracing::debug!(lock.key = %keys.lock, %error,
-                "could not give up a kept place in line; its turn ends with its reservation or lease");
-        }
+        give_up_turn(instance, &self.keys, &self.next, self.fencing).await;
+    }
+}
+
+/// Passes on the turn `next` of a place kept on `keys`' line (the lock is
+/// its owner's, or reserved for this client), or takes the place out of
+/// the line.
+async fn give_up_turn(instance: &RedisInstance, keys: &Keys, next: &NextTurn, fencing: bool) {
+    if let Err(error) = instance
+        .release(keys, &next.stored, fencing, Release::Grant)
+        .await
+    {
+        tracing::debug!(lock.key = %keys.lock, %error,
+            "could not give up a kept place in line; its turn ends with its reservation or lease");
     }
 }
 
