@@ -120,19 +120,23 @@ fn main() {
         .into_iter()
         .filter(|d| *d != Deployment::Memory)
         .collect();
-    // Before the servers start, which are then moved to a CPU of their
-    // own; the workers, started by this process, run on its CPU.
+    let runtime = runtime();
+    // The servers start on every CPU, then move to a CPU of their own; this
+    // process pins itself only then (its threads, and the workers it starts
+    // later, run on its CPU). Started on this process's one CPU, they took
+    // turns there: a ZooKeeper, a MariaDB and a PostgreSQL server starting
+    // together on one CPU left PostgreSQL unready after 30 s (a CI run).
+    let (servers, section) =
+        runtime.block_on(async { (Servers::start(&backends).await, RedisServer::start().await) });
+    let lock_servers = backends
+        .iter()
+        .flat_map(|&backend| lock_server_pids(&servers, backend).unwrap_or_default());
+    for pid in lock_servers.chain([section.pid()]) {
+        lockkit_benches::cpu::pin_server(pid.expect("a running server"));
+    }
     let pinned = lockkit_benches::cpu::pin_client();
     let (awake, kept_awake) = lockkit_benches::cpu::keep_awake();
-    let rows = runtime().block_on(async {
-        let servers = Servers::start(&backends).await;
-        let section = RedisServer::start().await;
-        let lock_servers = backends
-            .iter()
-            .flat_map(|&backend| lock_server_pids(&servers, backend).unwrap_or_default());
-        for pid in lock_servers.chain([section.pid()]) {
-            lockkit_benches::cpu::pin_server(pid.expect("a running server"));
-        }
+    let rows = runtime.block_on(async {
         let mut rows = Vec::new();
         for &backend in &backends {
             for flavour in FLAVOURS {

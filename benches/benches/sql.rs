@@ -77,16 +77,18 @@ const LOCKKIT_NAME: &str = "bench-lockkit";
 
 fn main() {
     let mode = RunMode::from_env();
-    // Before the servers start, which are then moved to a CPU of their own.
-    let pinned = lockkit_benches::cpu::pin_client();
     let runtime = lockkit_benches::runtime();
     // Estimates older than this belong to an earlier run.
     let run_started = SystemTime::now();
+    // The servers start on every CPU, then move to a CPU of their own; this
+    // process (its threads, and the SQLite pool's started later) pins
+    // itself only then, so that the servers do not start on its one CPU.
     let (pg_server, my_server) =
         runtime.block_on(async { tokio::join!(PostgresServer::start(), MariaDbServer::start()) });
     for pid in [pg_server.pid(), my_server.pid()] {
         lockkit_benches::cpu::pin_server(pid.expect("a running server"));
     }
+    let pinned = lockkit_benches::cpu::pin_client();
     let sqlite_dir = std::env::temp_dir().join(format!("lockkit-bench-sql-{}", std::process::id()));
     std::fs::create_dir_all(&sqlite_dir).expect("a directory for the SQLite file");
     let urls = Urls {

@@ -36,7 +36,9 @@ fn unpinned() -> bool {
 
 /// Pins this process (each of its threads, and every thread and process it
 /// starts afterwards) to CPU [`CLIENT_CPU`], unless [`UNPINNED`] is set.
-/// What it did, for the summary.
+/// What it did, for the summary. Call it once the servers have started
+/// and [`pin_server`] has moved them: a server started afterwards would
+/// start on this one CPU, beside every other server starting there.
 ///
 /// # Panics
 ///
