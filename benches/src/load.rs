@@ -367,6 +367,10 @@ impl Locker {
     }
 }
 
+/// How long a peer's release may take before the load loop counts it as
+/// an error and goes on.
+const PEER_RELEASE_BOUND: Duration = Duration::from_secs(10);
+
 /// Takes `name` with `distributed-lock`'s `provider`, trying again at once
 /// after each failed attempt until `deadline`; `wait`: whether each attempt
 /// is given the time left.
@@ -387,10 +391,23 @@ where
         if left.is_zero() {
             return Ok(None);
         }
-        match lock.acquire(wait.then_some(left)).await {
+        // Bounded here too: an attempt of its Redis lock once waited with
+        // no timer at all (a CI run's worker hung for minutes after its
+        // run's end), and the load loop must end by its deadline.
+        let Ok(attempt) = tokio::time::timeout(left, lock.acquire(wait.then_some(left))).await
+        else {
+            return Ok(None);
+        };
+        match attempt {
             Ok(handle) => {
-                let release: PeerRelease =
-                    Box::pin(async move { handle.release().await.map_err(|e| e.to_string()) });
+                let release: PeerRelease = Box::pin(async move {
+                    match tokio::time::timeout(PEER_RELEASE_BOUND, handle.release()).await {
+                        Ok(released) => released.map_err(|e| e.to_string()),
+                        Err(_) => Err(format!(
+                            "distributed-lock's release did not end within {PEER_RELEASE_BOUND:?}"
+                        )),
+                    }
+                });
                 return Ok(Some((Held::Peer(release), None)));
             }
             Err(distributed_lock::LockError::Timeout(_)) => continue,
