@@ -450,7 +450,9 @@ impl Drop for PendingTopic<'_> {
     }
 }
 
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks `mutex`, also when a thread panicked while it held it (what it
+/// guards is left consistent at every step).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 

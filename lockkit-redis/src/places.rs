@@ -34,7 +34,7 @@ use tokio::time::Instant;
 use crate::holding::RedisKey;
 use crate::instance::RedisInstance;
 use crate::keys::{Keys, QUEUE_PLACE};
-use crate::notifications::KeptTurn;
+use crate::notifications::{self, KeptTurn};
 use crate::scripts::Release;
 use crate::turns::NextTurn;
 
@@ -127,7 +127,7 @@ impl Places {
             _watch: watch,
         };
         let old = {
-            let mut kept = lock_map(&self.kept);
+            let mut kept = notifications::lock(&self.kept);
             // Not expected (one release of a name at a time per client); a
             // place replaced is left to its turn.
             kept.places.insert(keys.lock.clone(), place);
@@ -150,7 +150,7 @@ impl Places {
         // asked again at once (the turn's message may have come before the
         // acquisition watched for it).
         let (place, came) = {
-            let mut kept = lock_map(&self.kept);
+            let mut kept = notifications::lock(&self.kept);
             let place = kept.places.remove(lock)?;
             let came = !self.instance.unmark_kept(&place.channel);
             (place, came)
@@ -207,7 +207,7 @@ impl Places {
             .release_keeping_place(keys, &key.stored(owner), fencing, &next)
             .await?;
         if kept {
-            match keeping.map(|keeping| lock_flag(&keeping.closed)) {
+            match keeping.map(|keeping| notifications::lock(&keeping.closed)) {
                 // Late: the release has returned, and its next acquisition
                 // may have looked for the places already.
                 Some(closed) if *closed => {
@@ -217,10 +217,10 @@ impl Places {
                         async move { give_up_turn(&instance, &keys, &next, fencing).await },
                     );
                 }
-                // Kept with the window held open: a release that returns
-                // waits for it (see `Keeping::close`).
-                Some(_open) => self.keep(keys, next, fencing, watch),
-                None => self.keep(keys, next, fencing, watch),
+                // Kept, with the window (if any) held open until the place
+                // is in the map: a release that returns waits for it (see
+                // `Keeping::close`).
+                _open => self.keep(keys, next, fencing, watch),
             }
         }
         Ok(released)
@@ -228,13 +228,13 @@ impl Places {
 
     /// Whether a place is kept on the line of `lock`.
     fn is_kept(&self, lock: &str) -> bool {
-        lock_map(&self.kept).places.contains_key(lock)
+        notifications::lock(&self.kept).places.contains_key(lock)
     }
 
     /// Gives up the place kept on the line of `lock`, if any, in the
     /// background.
     fn give_up_kept(&self, lock: &str) {
-        let place = lock_map(&self.kept).places.remove(lock);
+        let place = notifications::lock(&self.kept).places.remove(lock);
         if let Some(place) = place {
             self.spawn_give_up(place);
         }
@@ -259,7 +259,7 @@ impl Places {
             // acquisition that found the place gone does not count the
             // turn this gives up (Redlock counts each instance's).
             let place = {
-                let mut kept = lock_map(&places.kept);
+                let mut kept = notifications::lock(&places.kept);
                 let place = kept.places.remove(&lock);
                 if let Some(place) = &place {
                     places.instance.forget_turn_of(&place.keys);
@@ -388,12 +388,8 @@ impl Keeping {
     /// Ends the release: a place kept before this is in the map, and one
     /// kept after it is given up.
     pub fn close(&self) {
-        *lock_flag(&self.closed) = true;
+        *notifications::lock(&self.closed) = true;
     }
-}
-
-fn lock_flag(flag: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
-    flag.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Kept {
@@ -427,7 +423,7 @@ impl Drop for Places {
     /// lease ran out. A place left (no runtime) is passed over once its
     /// client's subscriptions are gone.
     fn drop(&mut self) {
-        let places: Vec<Place> = lock_map(&self.kept)
+        let places: Vec<Place> = notifications::lock(&self.kept)
             .places
             .drain()
             .map(|(_, place)| place)
@@ -446,11 +442,7 @@ impl Drop for Places {
 impl fmt::Debug for Places {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Places")
-            .field("kept", &lock_map(&self.kept).places.len())
+            .field("kept", &notifications::lock(&self.kept).places.len())
             .finish()
     }
-}
-
-fn lock_map(kept: &Mutex<Kept>) -> std::sync::MutexGuard<'_, Kept> {
-    kept.lock().unwrap_or_else(|p| p.into_inner())
 }
